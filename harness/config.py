@@ -1,0 +1,286 @@
+"""The config a trace starts from: groups, pool size, policy knobs (docs/traces.md#config).
+
+Plain data shared by every target and the reference model. Derived sizes follow SPEC.md §0.3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from harness.errors import ConfigError
+
+GroupKind = Literal["full", "sliding_window", "chunked_local", "cross"]
+GROUP_KINDS: tuple[str, ...] = ("full", "sliding_window", "chunked_local", "cross")
+POLICIES: tuple[str, ...] = ("fcfs", "priority")
+
+
+def _positive_int(where: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{where} must be a positive int, got {value!r}")
+
+
+def _non_negative_int(where: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where} must be a non-negative int, got {value!r}")
+
+
+def _bool(where: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """One KV cache group: its attention kind and block size."""
+
+    kind: GroupKind
+    block_size: int
+    sliding_window: int | None = None
+    extra_retained_tokens: int = 0
+    attention_chunk_size: int | None = None
+    eagle: bool = False
+
+    def validate(self, where: str) -> None:
+        if self.kind not in GROUP_KINDS:
+            raise ConfigError(f"{where}.kind must be one of {GROUP_KINDS}, got {self.kind!r}")
+        _positive_int(f"{where}.block_size", self.block_size)
+        _bool(f"{where}.eagle", self.eagle)
+        if self.kind == "sliding_window":
+            _positive_int(f"{where}.sliding_window", self.sliding_window)
+            _non_negative_int(f"{where}.extra_retained_tokens", self.extra_retained_tokens)
+        elif self.sliding_window is not None or self.extra_retained_tokens:
+            raise ConfigError(f"{where}: sliding_window settings on a {self.kind!r} group")
+        if self.kind == "chunked_local":
+            _positive_int(f"{where}.attention_chunk_size", self.attention_chunk_size)
+        elif self.attention_chunk_size is not None:
+            raise ConfigError(f"{where}: attention_chunk_size on a {self.kind!r} group")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Knobs of the scheduler driver (docs/traces.md#the-driver-step)."""
+
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    token_budget: int = 32
+    max_running: int = 4
+    chunked_prefill: bool = True
+    full_sequence_must_fit: bool = False
+    num_lookahead_tokens: int = 0
+    reserved_blocks: int = 0
+    vocab_size: int = 4
+
+    def validate(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"scheduler.policy must be one of {POLICIES}, got {self.policy!r}")
+        _positive_int("scheduler.token_budget", self.token_budget)
+        _positive_int("scheduler.max_running", self.max_running)
+        _bool("scheduler.chunked_prefill", self.chunked_prefill)
+        _bool("scheduler.full_sequence_must_fit", self.full_sequence_must_fit)
+        _non_negative_int("scheduler.num_lookahead_tokens", self.num_lookahead_tokens)
+        _non_negative_int("scheduler.reserved_blocks", self.reserved_blocks)
+        _positive_int("scheduler.vocab_size", self.vocab_size)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a target needs to build its manager (and the driver) for a trace."""
+
+    num_blocks: int
+    groups: tuple[GroupConfig, ...]
+    name: str = "custom"
+    max_model_len: int = 128
+    enable_caching: bool = True
+    hash_block_size: int | None = None
+    max_in_flight_tokens: int | None = None
+    use_eagle: bool = False
+    partial_hits: bool = False
+    watermark: float = 0.0
+    none_hash_seed: str = "kvfuzz"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ----- derived sizes (SPEC.md §0.3) -----
+
+    @property
+    def block_sizes(self) -> tuple[int, ...]:
+        return tuple(g.block_size for g in self.groups)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return len(self.groups) > 1
+
+    @property
+    def scheduler_block_size(self) -> int:
+        return self.groups[0].block_size if not self.is_hybrid else math.lcm(*self.block_sizes)
+
+    @property
+    def resolved_hash_block_size(self) -> int:
+        if self.hash_block_size is not None:
+            return self.hash_block_size
+        if not self.is_hybrid:
+            return self.groups[0].block_size
+        if self.enable_caching:
+            return math.gcd(*self.block_sizes)
+        return self.scheduler_block_size
+
+    @property
+    def alignment_tokens(self) -> int:
+        """Hit alignment: bs_0 for one group, hbs with partial hits, else sbs."""
+        if not self.is_hybrid:
+            return self.groups[0].block_size
+        return self.resolved_hash_block_size if self.partial_hits else self.scheduler_block_size
+
+    @property
+    def resolved_max_in_flight_tokens(self) -> int:
+        if self.max_in_flight_tokens is None:
+            return self.max_model_len
+        return self.max_in_flight_tokens
+
+    @property
+    def has_cross_attention(self) -> bool:
+        return any(g.kind == "cross" for g in self.groups)
+
+    # ----- validation -----
+
+    def validate(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"name must be a string, got {self.name!r}")
+        if not isinstance(self.num_blocks, int) or isinstance(self.num_blocks, bool) or (
+            self.num_blocks < 2
+        ):
+            raise ConfigError(f"num_blocks must be an int >= 2, got {self.num_blocks!r}")
+        if not isinstance(self.max_model_len, int) or self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be an int >= 2, got {self.max_model_len!r}")
+        if not self.groups:
+            raise ConfigError("groups must list at least one KV cache group")
+        for i, group in enumerate(self.groups):
+            if not isinstance(group, GroupConfig):
+                raise ConfigError(f"groups[{i}] must be a group object, got {group!r}")
+            group.validate(f"groups[{i}]")
+        for flag in ("enable_caching", "use_eagle", "partial_hits"):
+            _bool(flag, getattr(self, flag))
+        if self.hash_block_size is not None:
+            _positive_int("hash_block_size", self.hash_block_size)
+        if self.max_in_flight_tokens is not None:
+            _positive_int("max_in_flight_tokens", self.max_in_flight_tokens)
+        if not isinstance(self.watermark, (int, float)) or isinstance(self.watermark, bool) or (
+            self.watermark < 0
+        ):
+            raise ConfigError(f"watermark must be a number >= 0, got {self.watermark!r}")
+        if not isinstance(self.none_hash_seed, str):
+            raise ConfigError(f"none_hash_seed must be a string, got {self.none_hash_seed!r}")
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise ConfigError(f"scheduler must be a scheduler object, got {self.scheduler!r}")
+        self.scheduler.validate()
+        self._validate_sizes()
+        self._validate_features()
+
+    def _validate_sizes(self) -> None:
+        sbs, hbs = self.scheduler_block_size, self.resolved_hash_block_size
+        if sbs % hbs:
+            raise ConfigError(
+                f"hash_block_size {hbs} does not divide the scheduler block size {sbs}"
+            )
+        for i, g in enumerate(self.groups):
+            if self.enable_caching and self.is_hybrid and g.block_size % hbs:
+                raise ConfigError(
+                    f"groups[{i}].block_size {g.block_size} is not a multiple of "
+                    f"hash_block_size {hbs}"
+                )
+        if self.enable_caching and not self.is_hybrid and hbs != self.groups[0].block_size:
+            raise ConfigError(
+                f"hash_block_size {hbs} must equal the block size "
+                f"{self.groups[0].block_size} of a single-group config with caching on"
+            )
+
+    def _validate_features(self) -> None:
+        kinds = [g.kind for g in self.groups]
+        if self.enable_caching and "cross" in kinds:
+            raise ConfigError("a cross-attention group needs enable_caching false")
+        if self.use_eagle and "chunked_local" in kinds:
+            raise ConfigError("use_eagle is not supported with a chunked_local group")
+        if self.enable_caching and self.is_hybrid:
+            for i, g in enumerate(self.groups):
+                if g.kind == "chunked_local" and g.block_size != self.alignment_tokens:
+                    raise ConfigError(
+                        f"groups[{i}] (chunked_local) block_size {g.block_size} must equal "
+                        f"the hit alignment {self.alignment_tokens}"
+                    )
+        if self.partial_hits:
+            if not self.enable_caching or not self.is_hybrid:
+                raise ConfigError("partial_hits needs enable_caching and at least two groups")
+            hbs = self.resolved_hash_block_size
+            for i, g in enumerate(self.groups):
+                if g.kind != "full" and g.block_size != hbs:
+                    raise ConfigError(
+                        f"partial_hits: groups[{i}] ({g.kind}) block_size {g.block_size} "
+                        f"must equal hash_block_size {hbs}"
+                    )
+
+    # ----- (de)serialisation -----
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as JSON-ready data, defaults left out."""
+        return _non_defaults(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Config:
+        """Build and validate a config; unknown or mistyped fields raise ConfigError."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"config must be an object, got {type(data).__name__}")
+        _reject_unknown("config", data, cls)
+        kwargs = dict(data)
+        if "num_blocks" not in kwargs or "groups" not in kwargs:
+            raise ConfigError("config needs num_blocks and groups")
+        groups = kwargs["groups"]
+        if not isinstance(groups, list):
+            raise ConfigError(f"groups must be a list, got {groups!r}")
+        parsed = []
+        for i, g in enumerate(groups):
+            if not isinstance(g, dict):
+                raise ConfigError(f"groups[{i}] must be an object, got {g!r}")
+            _reject_unknown(f"groups[{i}]", g, GroupConfig)
+            if "kind" not in g or "block_size" not in g:
+                raise ConfigError(f"groups[{i}] needs kind and block_size")
+            parsed.append(GroupConfig(**g))
+        kwargs["groups"] = tuple(parsed)
+        if "scheduler" in kwargs:
+            sched = kwargs["scheduler"]
+            if not isinstance(sched, dict):
+                raise ConfigError(f"scheduler must be an object, got {sched!r}")
+            _reject_unknown("scheduler", sched, SchedulerConfig)
+            kwargs["scheduler"] = SchedulerConfig(**sched)
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+def _reject_unknown(where: str, data: dict[str, Any], cls: type) -> None:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
+
+
+def _non_defaults(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, tuple):
+            out[f.name] = [_non_defaults(v) for v in value]
+            continue
+        if dataclasses.is_dataclass(value):
+            nested = _non_defaults(value)
+            if nested:
+                out[f.name] = nested
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
+        if default is dataclasses.MISSING or value != default:
+            out[f.name] = value
+    return out

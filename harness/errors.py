@@ -1,0 +1,29 @@
+"""Errors of the harness: bad configs and malformed traces (usage errors, never findings)."""
+
+
+class KvfuzzError(Exception):
+    """Base class of the harness's usage errors; the CLI maps them to exit code 2."""
+
+
+class ConfigError(KvfuzzError, ValueError):
+    """A config names an impossible or unsupported setting."""
+
+
+class TraceFormatError(KvfuzzError, ValueError):
+    """A trace file or trace object does not follow docs/traces.md."""
+
+
+class InvalidTrace(KvfuzzError):
+    """An op is not valid at the point of the trace where it stands.
+
+    Raised by the executor (through the reference model or a target's harness) before the op
+    reaches the implementation under test: the trace is malformed, not a counterexample.
+    """
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return base if self.step is None else f"step {self.step}: {base}"

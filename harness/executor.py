@@ -1,0 +1,284 @@
+"""The one executor: runs ops on targets and the reference model in lockstep and checks them.
+
+After every op it compares each target's result, probe outcomes and snapshot with the
+reference (the model, or the first target when the model is off), then runs every registered
+check on each target's snapshot. The first failure stops the run with a `Counterexample` that
+names the step and the check, shows both states side by side, and carries the trace up to that
+step. Every generator (state machines, atheris, a file) goes through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.config import Config
+from harness.errors import InvalidTrace
+from harness.sides import Observations, Side
+from harness.snapshot import Snapshot
+from harness.targets import get_target
+from harness.trace import Op, Trace, normalize_op
+
+TargetSpec = str | Callable[[Config, str], Side]
+
+DIFF_RESULT = "DIFF-result"
+DIFF_PROBE = "DIFF-probe"
+DIFF_STATE = "DIFF-state"
+CRASH = "CRASH"
+_DIFF_DESCRIPTIONS = {
+    DIFF_RESULT: "the op's result differs from the reference's",
+    DIFF_PROBE: "allocate_slots outcomes or predictions differ from the reference's",
+    DIFF_STATE: "the state after the op differs from the reference's",
+    CRASH: "the harness could not drive or read the target",
+}
+
+
+@dataclass
+class Finding:
+    """A failed check: where, what, and the trace that reproduces it."""
+
+    check: str
+    description: str
+    message: str
+    step: int
+    target: str
+    trace: Trace
+    details: str = ""
+
+    def headline(self) -> str:
+        return f"[{self.check}] step {self.step} on {self.target}: {self.message}"
+
+    def report(self) -> str:
+        op = self.trace.ops[self.step] if self.step < len(self.trace.ops) else None
+        lines = [self.headline(), f"  check: {self.check} — {self.description}"]
+        if op is not None:
+            lines.append(f"  op: {op}")
+        if self.details:
+            lines.append(self.details)
+        return "\n".join(lines)
+
+
+class Counterexample(Exception):
+    """Raised by `Execution.apply` when a check fails; carries the `Finding`."""
+
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(finding.report())
+        self.finding = finding
+
+
+@dataclass
+class _Tracked:
+    """One target and the history its checks need."""
+
+    name: str
+    side: Side
+    snapshot: Snapshot
+    memory: dict[str, Any] = field(default_factory=dict)
+
+
+class Execution:
+    """A trace being built and run op by op (generators call `apply` as they go)."""
+
+    def __init__(
+        self,
+        config: Config,
+        level: str,
+        targets: Sequence[TargetSpec] = ("kvcache",),
+        *,
+        model: bool = True,
+        checks: Iterable[Any] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        from properties import REGISTRY, RequestMeta
+
+        self._request_meta = RequestMeta
+        self.config = config
+        self.level = level
+        self.trace = Trace(config, level, [], dict(meta or {}))  # type: ignore[arg-type]
+        self.checks = list(REGISTRY if checks is None else checks)
+        self.requests: dict[str, Any] = {}
+        self.model: Side | None = None
+        if model:
+            from reference_model import ReferenceModel
+
+            self.model = ReferenceModel(config, level)
+        self.targets = [self._track(t) for t in targets]
+        if not self.targets and self.model is None:
+            raise ValueError("an execution needs at least one target or the model")
+        self.results: list[Any] = []
+        self.ops_checked = 0
+        self.checks_run = 0
+        for tracked in self.targets:
+            self._run_checks(tracked, None, tracked.snapshot, None, None, Observations())
+
+    def _track(self, target: TargetSpec) -> _Tracked:
+        if isinstance(target, str):
+            info = get_target(target)
+            side = info.build(self.config, self.level)
+            name = info.name
+        else:
+            side = target(self.config, self.level)
+            name = getattr(side, "name", "target")
+        return _Tracked(name, side, side.snapshot())
+
+    @property
+    def reference(self) -> Side:
+        """The side every target is compared with."""
+        return self.model if self.model is not None else self.targets[0].side
+
+    def apply(self, raw_op: Op) -> Any:
+        """Run one op everywhere and check it; returns the reference's result."""
+        op = normalize_op(raw_op, self.level, f"step {len(self.trace.ops)}")
+        step = len(self.trace.ops)
+        self.trace.ops.append(op)
+        if op["op"] == "add_request" and op["request_id"] not in self.requests:
+            self.requests[op["request_id"]] = self._request_meta(
+                tuple(op["prompt"]),
+                op["cache_salt"],
+                op["skip_reading_prefix_cache"],
+                op["num_encoder_tokens"],
+            )
+        ref_result = ref_obs = ref_snap = None
+        try:
+            if self.model is not None:
+                ref_result = self.model.apply(op)
+                ref_obs = self.model.observations()
+                ref_snap = self.model.snapshot()
+            for i, tracked in enumerate(self.targets):
+                result, obs, snap = self._apply_target(tracked, op, step)
+                if self.model is None and i == 0:
+                    ref_result, ref_obs, ref_snap = result, obs, snap
+                elif ref_snap is not None:
+                    self._compare(tracked, step, result, obs, snap, ref_result, ref_obs, ref_snap)
+                before, tracked.snapshot = tracked.snapshot, snap
+                self._run_checks(tracked, before, snap, op, result, obs, step)
+        except InvalidTrace as exc:
+            self.trace.ops.pop()
+            exc.step = step
+            raise
+        self.results.append(ref_result)
+        self.ops_checked += 1
+        return ref_result
+
+    def reference_snapshot(self) -> Snapshot:
+        return self.model.snapshot() if self.model is not None else self.targets[0].snapshot
+
+    def _apply_target(self, tracked: _Tracked, op: Op, step: int) -> tuple[Any, Observations, Snapshot]:
+        try:
+            result = tracked.side.apply(op)
+            return result, tracked.side.observations(), tracked.side.snapshot()
+        except InvalidTrace:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken target is a finding, not a crash
+            self._fail(CRASH, f"{type(exc).__name__}: {exc}", step, tracked.name)
+
+    def _compare(self, tracked: _Tracked, step: int, result: Any, obs: Observations,
+                 snap: Snapshot, ref_result: Any, ref_obs: Observations, ref_snap: Snapshot) -> None:
+        ref_name = "model" if self.model is not None else self.targets[0].name
+        if result != ref_result:
+            self._fail(
+                DIFF_RESULT,
+                f"{tracked.name} returned {result!r}, {ref_name} returned {ref_result!r}",
+                step, tracked.name, snap, ref_snap, ref_name,
+            )
+        mine = [p.compared() for p in obs.allocations]
+        theirs = [p.compared() for p in ref_obs.allocations]
+        if mine != theirs:
+            self._fail(
+                DIFF_PROBE,
+                f"allocate_slots (request, outcome, prediction): {tracked.name} {mine}, "
+                f"{ref_name} {theirs}",
+                step, tracked.name, snap, ref_snap, ref_name,
+            )
+        if snap != ref_snap:
+            diffs = snap.differences(ref_snap)
+            self._fail(
+                DIFF_STATE,
+                f"{tracked.name} vs {ref_name}: " + "; ".join(diffs[:3])
+                + (f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""),
+                step, tracked.name, snap, ref_snap, ref_name,
+            )
+
+    def _run_checks(self, tracked: _Tracked, before: Snapshot | None, after: Snapshot,
+                    op: Op | None, result: Any, obs: Observations, step: int = -1) -> None:
+        from properties import CheckContext
+
+        ctx = CheckContext(
+            self.config, self.level, step, op or {"op": "init"}, result, obs, self.requests,
+            tracked.memory,
+        )
+        for check in self.checks:
+            if check.kind == "transition":
+                if before is None:
+                    continue
+                message = check.fn(before, after, ctx)
+            else:
+                message = check.fn(after, ctx)
+            self.checks_run += 1
+            if message:
+                self._fail(check.name, message, step, tracked.name, after,
+                           check_description=check.description)
+
+    def _fail(self, check: str, message: str, step: int, target: str,
+              snap: Snapshot | None = None, ref_snap: Snapshot | None = None,
+              ref_name: str = "model", check_description: str | None = None) -> None:
+        description = check_description or _DIFF_DESCRIPTIONS.get(check, check)
+        trace = self.trace.prefix(step + 1)
+        trace.meta.update({"check": check, "target": target, "message": message})
+        details = ""
+        if snap is not None and ref_snap is not None:
+            details = side_by_side(f"{target} after step {step}", snap.render(),
+                                   f"{ref_name} after step {step}", ref_snap.render())
+        elif snap is not None:
+            details = f"--- {target} after step {step} ---\n{snap.render()}"
+        raise Counterexample(Finding(check, description, message, step, target, trace, details))
+
+
+def side_by_side(left_title: str, left: str, right_title: str, right: str, width: int = 60) -> str:
+    """Two renderings in columns, lines that differ marked with '|'."""
+    a, b = left.splitlines(), right.splitlines()
+    rows = [f"  {left_title:<{width}}   {right_title}"]
+    for i in range(max(len(a), len(b))):
+        x = a[i] if i < len(a) else ""
+        y = b[i] if i < len(b) else ""
+        mark = " " if x == y else "|"
+        shown = x if len(x) <= width else x[: width - 1] + "…"
+        rows.append(f"  {shown:<{width}} {mark} {y}")
+    return "\n".join(rows)
+
+
+@dataclass
+class RunResult:
+    """How a whole trace went."""
+
+    ops_run: int
+    finding: Finding | None = None
+    invalid: InvalidTrace | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.finding is None and self.invalid is None
+
+
+def run_trace(
+    trace: Trace,
+    targets: Sequence[TargetSpec] = ("kvcache",),
+    *,
+    model: bool = True,
+    checks: Iterable[Any] | None = None,
+    on_step: Callable[[int, Op, Any], None] | None = None,
+) -> RunResult:
+    """Replay a trace from a fresh manager; stop at the first finding or invalid op."""
+    execution = Execution(trace.config, trace.level, targets, model=model, checks=checks,
+                          meta=trace.meta)
+    for i, op in enumerate(trace.ops):
+        try:
+            result = execution.apply(op)
+        except Counterexample as exc:
+            return RunResult(i, finding=exc.finding)
+        except InvalidTrace as exc:
+            return RunResult(i, invalid=exc)
+        if on_step is not None:
+            on_step(i, op, result)
+    return RunResult(len(trace.ops))

@@ -1,0 +1,286 @@
+"""The harness half of a target: plays docs/traces.md against any vLLM-shaped KVCacheManager.
+
+A concrete target (kvcache, vLLM 0.33.0, a broken variant) only says how to build its manager
+and its Request objects from a config; everything else — validity, the lookup a request
+carries into allocate_slots, the copies a caller holds, the scheduler driver, probes and
+snapshots — is shared here, so every target is driven identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from harness.config import Config
+from harness.errors import InvalidTrace
+from harness.probes import ManagerProbes
+from harness.reading import KeyTranslator, read_snapshot
+from harness.sides import Observations
+from harness.snapshot import Snapshot
+from harness.trace import Op
+
+_KEEPS_LOOKUPS = frozenset({"get_computed_blocks", "add_request"})
+
+
+class ManagerSide:
+    """A `Side` over a vLLM-shaped KVCacheManager; subclasses build the manager and requests."""
+
+    name = "manager"
+    request_status: Any
+    """The RequestStatus enum of the implementation (vLLM's values; IntEnum)."""
+
+    def __init__(self, config: Config, level: str) -> None:
+        self.config = config
+        self.level = level
+        self.manager = self.build_manager(config)
+        self.probes = ManagerProbes(self.manager)
+        self.keys = KeyTranslator(config.resolved_hash_block_size)
+        self.requests: dict[str, Any] = {}
+        self.lookups: dict[str, tuple[Any, int]] = {}
+        self._live_lookups: dict[str, tuple[Any, int]] = {}
+        self.retained_pairs: list[tuple[int, int]] = []
+        self.retained_blocks: list[Any] = []
+        self.scheduler = self.build_scheduler(config) if level == "scheduler" else None
+        self._handlers: dict[str, Callable[[Op], Any]] = {
+            "add_request": self._add_request,
+            "get_computed_blocks": self._get_computed_blocks,
+            "allocate_slots": self._allocate_slots,
+            "free": self._free,
+            "append_tokens": self._append_tokens,
+            "cache_blocks": self._cache_blocks,
+            "evict_blocks": self._evict_blocks,
+            "reset_prefix_cache": self._reset_prefix_cache,
+            "take_new_block_ids": self._take_new_block_ids,
+            "take_kv_cache_block_copies": self._take_copies,
+            "release_copies": self._release_copies,
+            "step": self._step,
+            "abort": self._end_request,
+            "finish": self._end_request,
+        }
+
+    # ----- what a concrete target provides -----
+
+    def build_manager(self, config: Config) -> Any:
+        raise NotImplementedError
+
+    def make_request(self, op: Op, arrival_time: float) -> Any:
+        raise NotImplementedError
+
+    def build_scheduler(self, config: Config) -> Any:
+        from kvcache.scheduler import Scheduler
+
+        s = config.scheduler
+        return Scheduler(
+            self.manager,
+            max_model_len=config.max_model_len,
+            token_budget=s.token_budget,
+            max_running=s.max_running,
+            policy=s.policy,
+            chunked_prefill=s.chunked_prefill,
+            full_sequence_must_fit=s.full_sequence_must_fit,
+            num_lookahead_tokens=s.num_lookahead_tokens,
+            reserved_blocks=s.reserved_blocks,
+        )
+
+    # ----- Side -----
+
+    def apply(self, op: Op) -> Any:
+        self._live_lookups = self.lookups
+        if op["op"] not in _KEEPS_LOOKUPS:
+            self.lookups = {}
+        return self._handlers[op["op"]](op)
+
+    def snapshot(self) -> Snapshot:
+        for request in self.requests.values():
+            self.keys.learn(request)
+        scheduler = self.scheduler
+        return read_snapshot(
+            self.manager,
+            self.requests.values(),
+            self.keys,
+            self.retained_pairs,
+            waiting=scheduler.waiting if scheduler else (),
+            running=scheduler.running if scheduler else (),
+        )
+
+    def observations(self) -> Observations:
+        return self.probes.take()
+
+    # ----- validity (docs/traces.md), checked before anything reaches the manager -----
+
+    def _live_request(self, op: Op) -> Any:
+        request = self._known_request(op)
+        if self._is_finished(request):
+            raise InvalidTrace(f"{op['op']}: request {op['request_id']!r} has finished")
+        return request
+
+    def _known_request(self, op: Op) -> Any:
+        request = self.requests.get(op["request_id"])
+        if request is None:
+            raise InvalidTrace(f"{op['op']}: request {op['request_id']!r} was never added")
+        return request
+
+    def _is_finished(self, request: Any) -> bool:
+        return int(request.status) > int(self.request_status.PREEMPTED)
+
+    @staticmethod
+    def _call(fn: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run a manager call; an exception becomes the op's error result."""
+        try:
+            return True, fn()
+        except Exception as exc:  # noqa: BLE001 - every implementation error is a result
+            return False, {"error": type(exc).__name__}
+
+    # ----- ops -----
+
+    def _add_request(self, op: Op) -> None:
+        rid, prompt = op["request_id"], op["prompt"]
+        if rid in self.requests:
+            raise InvalidTrace(f"add_request: request {rid!r} was already added")
+        if not 1 <= len(prompt) < self.config.max_model_len:
+            raise InvalidTrace(
+                f"add_request {rid!r}: prompt of {len(prompt)} tokens, need 1 to "
+                f"{self.config.max_model_len - 1} (max_model_len - 1)"
+            )
+        if any(t < 0 for t in prompt):
+            raise InvalidTrace(f"add_request {rid!r}: negative token id in the prompt")
+        if op["max_tokens"] < 1 or op["num_encoder_tokens"] < 0:
+            raise InvalidTrace(
+                f"add_request {rid!r}: max_tokens {op['max_tokens']} must be >= 1 and "
+                f"num_encoder_tokens {op['num_encoder_tokens']} >= 0"
+            )
+        request = self.make_request(op, float(len(self.requests)))
+        self.requests[rid] = request
+        if self.scheduler is not None:
+            self.scheduler.add_request(request)
+
+    def _get_computed_blocks(self, op: Op) -> Any:
+        request = self._live_request(op)
+        ok, out = self._call(lambda: self.manager.get_computed_blocks(request))
+        if not ok:
+            return out
+        blocks, hit, _ = out
+        self.lookups[request.request_id] = (blocks, hit)
+        return {"block_ids": [list(g) for g in blocks.get_block_ids()], "num_computed_tokens": hit}
+
+    def _allocate_slots(self, op: Op) -> Any:
+        request = self._live_request(op)
+        blocks, hit = None, 0
+        live = self._live_lookups
+        if op["use_lookup"]:
+            if request.request_id not in live:
+                raise InvalidTrace(
+                    f"allocate_slots {request.request_id!r}: use_lookup without a live lookup "
+                    "(get_computed_blocks must come right before, with only get_computed_blocks "
+                    "or add_request ops between)"
+                )
+            blocks, hit = live[request.request_id]
+        new_tokens = op["num_new_tokens"]
+        if request.num_computed_tokens + hit + new_tokens > request.num_tokens:
+            raise InvalidTrace(
+                f"allocate_slots {request.request_id!r}: {request.num_computed_tokens} computed "
+                f"+ {hit} hit + {new_tokens} new tokens exceed its {request.num_tokens} tokens"
+            )
+        ok, out = self._call(
+            lambda: self.manager.allocate_slots(
+                request,
+                new_tokens,
+                num_new_computed_tokens=hit,
+                new_computed_blocks=blocks,
+                num_lookahead_tokens=op["num_lookahead_tokens"],
+                num_encoder_tokens=op["num_encoder_tokens"],
+                full_sequence_must_fit=op["full_sequence_must_fit"],
+                reserved_blocks=op["reserved_blocks"],
+                has_scheduled_reqs=op["has_scheduled_reqs"],
+            )
+        )
+        if not ok or out is None:
+            return out
+        request.num_computed_tokens += hit + new_tokens
+        request.status = self.request_status.RUNNING
+        return {"block_ids": [list(g) for g in out.get_block_ids()]}
+
+    def _free(self, op: Op) -> Any:
+        request = self._live_request(op)
+        ok, out = self._call(lambda: self.manager.free(request))
+        if not ok:
+            return out
+        if op["preempt"]:
+            request.status = self.request_status.PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_preemptions += 1
+        else:
+            request.status = self.request_status.FINISHED_STOPPED
+        return None
+
+    def _append_tokens(self, op: Op) -> Any:
+        request = self._live_request(op)
+        tokens = op["tokens"]
+        if not tokens or any(t < 0 for t in tokens):
+            raise InvalidTrace(f"append_tokens {request.request_id!r}: tokens {tokens!r}")
+        if request.num_tokens + len(tokens) > self.config.max_model_len:
+            raise InvalidTrace(
+                f"append_tokens {request.request_id!r}: {request.num_tokens} + {len(tokens)} "
+                f"tokens exceed max_model_len {self.config.max_model_len}"
+            )
+        ok, out = self._call(lambda: request.append_output_token_ids(list(tokens)))
+        return None if ok else out
+
+    def _cache_blocks(self, op: Op) -> Any:
+        request = self._live_request(op)
+        n = op["num_computed_tokens"]
+        n = request.num_computed_tokens if n is None else n
+        ok, out = self._call(lambda: self.manager.cache_blocks(request, n))
+        return None if ok else out
+
+    def _evict_blocks(self, op: Op) -> Any:
+        ok, out = self._call(lambda: self.manager.evict_blocks(set(op["block_ids"])))
+        return None if ok else out
+
+    def _reset_prefix_cache(self, op: Op) -> Any:
+        return self._call(self.manager.reset_prefix_cache)[1]
+
+    def _take_new_block_ids(self, op: Op) -> Any:
+        ok, out = self._call(self.manager.take_new_block_ids)
+        return list(out) if ok else out
+
+    def _take_copies(self, op: Op) -> Any:
+        ok, out = self._call(self.manager.take_kv_cache_block_copies)
+        if not ok:
+            return out
+        copies, retained = out
+        pairs = [(int(c[0]), int(c[1])) for c in copies]
+        self.retained_pairs.extend(pairs)
+        self.retained_blocks.extend(retained)
+        return [list(p) for p in pairs]
+
+    def _release_copies(self, op: Op) -> Any:
+        blocks, self.retained_blocks, self.retained_pairs = self.retained_blocks, [], []
+        ok, out = self._call(lambda: self.manager.block_pool.free_blocks(blocks))
+        return None if ok else out
+
+    def _step(self, op: Op) -> Any:
+        sample, vocab = op["sample"], self.config.scheduler.vocab_size
+        ok, out = self._call(
+            lambda: self.scheduler.step(lambda request: (sample + request.num_tokens) % vocab)
+        )
+        if not ok:
+            return out
+        return {
+            "scheduled": [[rid, n, hit] for rid, n, hit in out.scheduled],
+            "preempted": list(out.preempted),
+            "finished": list(out.finished),
+            "copies": [[int(s), int(d)] for s, d in out.copies],
+        }
+
+    def _end_request(self, op: Op) -> Any:
+        request = self._known_request(op)
+        if self._is_finished(request):
+            return None
+        status = (
+            self.request_status.FINISHED_ABORTED
+            if op["op"] == "abort"
+            else self.request_status.FINISHED_STOPPED
+        )
+        ok, out = self._call(lambda: self.scheduler.finish_request(request.request_id, status))
+        return None if ok else out

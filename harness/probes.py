@@ -1,0 +1,131 @@
+"""Probes around a vLLM-shaped KVCacheManager: what P1 and P4 need to see from outside layer 1.
+
+They wrap instance methods (so the same code probes kvcache and vLLM 0.33.0): layer 1's
+allocate_slots, layer 2's and every layer-3 manager's get_num_blocks_to_allocate, layer 3's
+add_local_computed_blocks and allocate_new_blocks, and layer 4's get_new_blocks. Both
+implementations pass `apply_admission_cap` by keyword, which is how the gate's call is told from
+the per-step one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from harness.sides import AllocationProbe, Observations
+
+
+class _Call:
+    """What one allocate_slots call did, filled in by the inner wrappers."""
+
+    __slots__ = ("request_id", "prediction", "free_before", "group_predictions", "group_taken")
+
+    def __init__(self, request_id: str, num_groups: int) -> None:
+        self.request_id = request_id
+        self.prediction: int | None = None
+        self.free_before: int | None = None
+        self.group_predictions: list[int] = [0] * num_groups
+        self.group_taken: list[int] = [0] * num_groups
+
+
+class ManagerProbes:
+    """Installs the wrappers on one manager and collects `Observations` per op."""
+
+    def __init__(self, manager: Any) -> None:
+        self.observations = Observations()
+        self._call: _Call | None = None
+        self._pool = manager.block_pool
+        managers = manager.coordinator.single_type_managers
+        self._num_groups = len(managers)
+        _wrap(manager, "allocate_slots", self._around_allocate_slots)
+        _wrap(manager.coordinator, "get_num_blocks_to_allocate", self._around_prediction)
+        _wrap(self._pool, "get_new_blocks", self._around_get_new_blocks)
+        for group_id, single in enumerate(managers):
+            _wrap(single, "get_num_blocks_to_allocate", self._group_prediction(group_id))
+            for name in ("add_local_computed_blocks", "allocate_new_blocks"):
+                _wrap(single, name, self._group_taking(group_id))
+
+    def take(self) -> Observations:
+        """The observations since the last take."""
+        obs, self.observations = self.observations, Observations()
+        return obs
+
+    def _around_allocate_slots(self, original: Callable[..., Any], request: Any, *args: Any,
+                               **kwargs: Any) -> Any:
+        call = self._call = _Call(request.request_id, self._num_groups)
+        try:
+            result = original(request, *args, **kwargs)
+        except Exception:
+            self._record(call, "error")
+            raise
+        finally:
+            self._call = None
+        if result is None:
+            self._record(call, "gate" if call.prediction is None else "capacity")
+        else:
+            self._record(call, "blocks", free_after=self._pool.get_num_free_blocks())
+        return result
+
+    def _record(self, call: _Call, outcome: str, free_after: int | None = None) -> None:
+        step_five = call.prediction is not None and outcome != "error"
+        self.observations.allocations.append(
+            AllocationProbe(
+                request_id=call.request_id,
+                outcome=outcome,  # type: ignore[arg-type]
+                prediction=call.prediction if step_five else None,
+                free_before=call.free_before,
+                free_after=free_after,
+                group_predictions=tuple(call.group_predictions) if step_five else None,
+                group_taken=tuple(call.group_taken) if outcome == "blocks" else None,
+            )
+        )
+
+    def _around_prediction(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        value = original(*args, **kwargs)
+        call = self._call
+        if call is not None and not kwargs.get("apply_admission_cap", False):
+            call.prediction = value
+            call.free_before = self._pool.get_num_free_blocks()
+        return value
+
+    def _group_prediction(self, group_id: int) -> Callable[..., Any]:
+        def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            value = original(*args, **kwargs)
+            call = self._call
+            if call is not None and not kwargs.get("apply_admission_cap", False):
+                call.group_predictions[group_id] = value
+            return value
+
+        return around
+
+    def _group_taking(self, group_id: int) -> Callable[..., Any]:
+        def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            before = self._pool.get_num_free_blocks()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                call = self._call
+                if call is not None:
+                    call.group_taken[group_id] += before - self._pool.get_num_free_blocks()
+
+        return around
+
+    def _around_get_new_blocks(self, original: Callable[..., Any], *args: Any,
+                               **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except ValueError as exc:
+            self.observations.pool_shortages.append(str(exc))
+            raise
+
+
+def _wrap(obj: Any, name: str, around: Callable[..., Any]) -> None:
+    """Shadow obj.name with an instance attribute that calls around(original, ...)."""
+    original = getattr(obj, name)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return around(original, *args, **kwargs)
+
+    setattr(obj, name, wrapper)

@@ -1,0 +1,75 @@
+"""What the executor sees of a target or of the reference model: a `Side`.
+
+A side is built from a config and a level, applies normalized ops (docs/traces.md), and after
+every op reports its result, a `Snapshot` and the `Observations` its probes made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from harness.config import Config
+from harness.snapshot import Snapshot
+from harness.trace import Op
+
+Outcome = Literal["blocks", "gate", "capacity", "error"]
+
+
+@dataclass(frozen=True)
+class AllocationProbe:
+    """One allocate_slots call, seen from outside layer 1.
+
+    `prediction` is the per-step prediction of SPEC.md §6.4 step 5 (None when the
+    full-sequence gate refused first), `free_before` the free count when step 5 ran,
+    `free_after` the free count when the call returned blocks. `group_predictions[g]` is what
+    group g's get_num_blocks_to_allocate returned at step 5 and `group_taken[g]` how many
+    blocks left the free queue while group g adopted hits and allocated (steps 7-8).
+    """
+
+    request_id: str
+    outcome: Outcome
+    prediction: int | None = None
+    free_before: int | None = None
+    free_after: int | None = None
+    group_predictions: tuple[int, ...] | None = None
+    group_taken: tuple[int, ...] | None = None
+
+    def compared(self) -> tuple[str, str, int | None]:
+        """The part two correct sides agree on."""
+        return (self.request_id, self.outcome, self.prediction)
+
+
+@dataclass
+class Observations:
+    """What the probes saw during one op."""
+
+    allocations: list[AllocationProbe] = field(default_factory=list)
+    pool_shortages: list[str] = field(default_factory=list)
+    """Messages of ValueErrors raised by BlockPool.get_new_blocks (P4)."""
+
+
+class Side(Protocol):
+    """A target under test or the reference model, as the executor drives it."""
+
+    name: str
+
+    def apply(self, op: Op) -> Any:
+        """Run one normalized op and return its result (plain data).
+
+        An exception of the implementation becomes `{"error": "<ClassName>"}`; an op that is
+        not valid at this point of the trace raises `harness.errors.InvalidTrace`.
+        """
+        ...
+
+    def snapshot(self) -> Snapshot:
+        """The state after the last op."""
+        ...
+
+    def observations(self) -> Observations:
+        """What the probes saw during the last op."""
+        ...
+
+
+class SideFactory(Protocol):
+    def __call__(self, config: Config, level: str) -> Side: ...

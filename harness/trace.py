@@ -1,0 +1,227 @@
+"""Trace files: the versioned JSON format of docs/traces.md, with a schema check on load.
+
+An op is a plain dict; `normalize_op` checks its fields and fills the defaults, so every side
+receives ops with every field present.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.config import Config
+from harness.errors import ConfigError, TraceFormatError
+
+FORMAT = "kvfuzz-trace"
+VERSION = 1
+LEVELS = ("api", "scheduler")
+
+Op = dict[str, Any]
+
+_INT, _BOOL, _STR, _INTS, _OPT_STR, _OPT_INT = "int", "bool", "str", "ints", "str?", "int?"
+
+_REQUEST_FIELDS = {
+    "request_id": (_STR, None),
+    "prompt": (_INTS, None),
+    "cache_salt": (_OPT_STR, None),
+    "priority": (_INT, 0),
+    "max_tokens": (_INT, 16),
+    "skip_reading_prefix_cache": (_BOOL, False),
+    "num_encoder_tokens": (_INT, 0),
+}
+
+OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
+    "api": {
+        "add_request": _REQUEST_FIELDS,
+        "get_computed_blocks": {"request_id": (_STR, None)},
+        "allocate_slots": {
+            "request_id": (_STR, None),
+            "num_new_tokens": (_INT, None),
+            "use_lookup": (_BOOL, False),
+            "num_lookahead_tokens": (_INT, 0),
+            "full_sequence_must_fit": (_BOOL, False),
+            "reserved_blocks": (_INT, 0),
+            "has_scheduled_reqs": (_BOOL, True),
+            "num_encoder_tokens": (_INT, 0),
+        },
+        "free": {"request_id": (_STR, None), "preempt": (_BOOL, False)},
+        "append_tokens": {"request_id": (_STR, None), "tokens": (_INTS, None)},
+        "cache_blocks": {"request_id": (_STR, None), "num_computed_tokens": (_OPT_INT, None)},
+        "evict_blocks": {"block_ids": (_INTS, None)},
+        "reset_prefix_cache": {},
+        "take_new_block_ids": {},
+        "take_kv_cache_block_copies": {},
+        "release_copies": {},
+    },
+    "scheduler": {
+        "add_request": _REQUEST_FIELDS,
+        "step": {"sample": (_INT, 0)},
+        "abort": {"request_id": (_STR, None)},
+        "finish": {"request_id": (_STR, None)},
+    },
+}
+
+# Fields whose schema default is None but which must be given.
+_MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids"}
+
+
+def _check_value(where: str, kind: str, value: Any) -> None:
+    ok = {
+        _INT: isinstance(value, int) and not isinstance(value, bool),
+        _BOOL: isinstance(value, bool),
+        _STR: isinstance(value, str),
+        _OPT_STR: value is None or isinstance(value, str),
+        _OPT_INT: value is None or (isinstance(value, int) and not isinstance(value, bool)),
+        _INTS: isinstance(value, list)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+    }[kind]
+    if not ok:
+        expected = {
+            _INT: "an int",
+            _BOOL: "true or false",
+            _STR: "a string",
+            _OPT_STR: "a string or null",
+            _OPT_INT: "an int or null",
+            _INTS: "a list of ints",
+        }[kind]
+        raise TraceFormatError(f"{where} must be {expected}, got {value!r}")
+
+
+def normalize_op(raw: Any, level: str, where: str = "op") -> Op:
+    """Check an op against its schema and return it with every default filled in."""
+    if not isinstance(raw, dict):
+        raise TraceFormatError(f"{where} must be an object, got {raw!r}")
+    name = raw.get("op")
+    schemas = OP_SCHEMAS[level]
+    if name not in schemas:
+        raise TraceFormatError(
+            f"{where}: unknown {level}-level op {name!r} (known: {', '.join(schemas)})"
+        )
+    schema = schemas[name]
+    unknown = sorted(set(raw) - set(schema) - {"op"})
+    if unknown:
+        raise TraceFormatError(f"{where} ({name}): unknown field(s) {', '.join(map(repr, unknown))}")
+    op: Op = {"op": name}
+    for key, (kind, default) in schema.items():
+        if key in raw:
+            _check_value(f"{where} ({name}).{key}", kind, raw[key])
+            value = raw[key]
+            op[key] = list(value) if isinstance(value, list) else value
+        elif key in _MANDATORY:
+            raise TraceFormatError(f"{where} ({name}) needs field {key!r}")
+        else:
+            op[key] = default
+    return op
+
+
+def compact_op(op: Op, level: str) -> Op:
+    """The op with fields at their default value left out (for readable files)."""
+    schema = OP_SCHEMAS[level][op["op"]]
+    out: Op = {"op": op["op"]}
+    for key, (_, default) in schema.items():
+        if key in _MANDATORY or op.get(key, default) != default:
+            out[key] = op[key]
+    return out
+
+
+@dataclass
+class Trace:
+    """A config, a level and the ops to run from a fresh manager."""
+
+    config: Config
+    level: Literal["api", "scheduler"]
+    ops: list[Op] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def prefix(self, n: int) -> Trace:
+        """The trace cut after its first n ops."""
+        return Trace(self.config, self.level, [dict(op) for op in self.ops[:n]], dict(self.meta))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "level": self.level,
+            "config": self.config.to_dict(),
+            "ops": [compact_op(op, self.level) for op in self.ops],
+            "meta": self.meta,
+        }
+
+    def to_json(self) -> str:
+        """One op per line: diffable, and readable in a terminal."""
+        data = self.to_dict()
+        ops = data.pop("ops")
+        head = json.dumps(data, sort_keys=False)[:-1]
+        body = ",\n".join("    " + json.dumps(op) for op in ops)
+        return f'{head}, "ops": [\n{body}\n]}}\n' if ops else f'{head}, "ops": []}}\n'
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Trace:
+        if not isinstance(data, dict):
+            raise TraceFormatError(f"a trace must be a JSON object, got {type(data).__name__}")
+        if data.get("format") != FORMAT:
+            raise TraceFormatError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
+        if data.get("version") != VERSION:
+            raise TraceFormatError(
+                f"unsupported trace version {data.get('version')!r}: this kvfuzz reads "
+                f"version {VERSION}"
+            )
+        unknown = sorted(set(data) - {"format", "version", "level", "config", "ops", "meta"})
+        if unknown:
+            raise TraceFormatError(f"unknown top-level field(s) {', '.join(map(repr, unknown))}")
+        level = data.get("level")
+        if level not in LEVELS:
+            raise TraceFormatError(f"level must be one of {LEVELS}, got {level!r}")
+        try:
+            config = Config.from_dict(data.get("config"))
+        except ConfigError as exc:
+            raise TraceFormatError(f"config: {exc}") from None
+        except TypeError as exc:
+            raise TraceFormatError(f"config: {exc}") from None
+        ops = data.get("ops")
+        if not isinstance(ops, list):
+            raise TraceFormatError(f"ops must be a list, got {ops!r}")
+        meta = data.get("meta", {})
+        if not isinstance(meta, dict):
+            raise TraceFormatError(f"meta must be an object, got {meta!r}")
+        normalized = [normalize_op(op, level, f"ops[{i}]") for i, op in enumerate(ops)]
+        return cls(config, level, normalized, meta)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trace:
+        """Read a trace file; TraceFormatError says what is wrong and where."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise TraceFormatError(f"cannot read {p}: {exc.strerror}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(
+                f"{p} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+            ) from None
+        try:
+            return cls.from_dict(data)
+        except TraceFormatError as exc:
+            raise TraceFormatError(f"{p}: {exc}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write atomically: a reader never sees a half-written file."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.to_json())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return p

@@ -1,0 +1,156 @@
+"""Target `vllm`: vLLM 0.33.0's own v1 KV cache manager, driven through the shared harness.
+
+Importing vLLM costs seconds (torch, transformers), so this module imports it only when a side
+is built. `ci/install-vllm.sh` makes a venv where it imports on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from harness.config import Config, GroupConfig
+from harness.errors import KvfuzzError
+from harness.manager_side import ManagerSide
+from harness.trace import Op
+
+VLLM_VERSION = "0.33.0"
+
+
+class VllmUnavailable(KvfuzzError):
+    """vLLM 0.33.0 cannot be imported in this Python."""
+
+
+def _vllm() -> Any:
+    """The vLLM modules the adapter uses, imported once."""
+    global _MODULES
+    if _MODULES is None:
+        try:
+            import vllm
+            import vllm.v1.core.kv_cache_coordinator as coordinator
+            import vllm.v1.core.kv_cache_utils as utils
+            from vllm.sampling_params import SamplingParams
+            from vllm.utils.hashing import sha256
+            from vllm.v1 import kv_cache_interface as interface
+            from vllm.v1.core.kv_cache_manager import KVCacheManager
+            from vllm.v1.request import Request, RequestStatus
+        except ImportError as exc:
+            raise VllmUnavailable(
+                f"vLLM {VLLM_VERSION} is not importable here ({exc}); run "
+                "`bash ci/install-vllm.sh` and use the kvfuzz of the venv it prints"
+            ) from None
+        if vllm.__version__ != VLLM_VERSION:
+            raise VllmUnavailable(f"found vLLM {vllm.__version__}, need {VLLM_VERSION}")
+        import torch
+
+        _MODULES = {
+            "coordinator": coordinator,
+            "utils": utils,
+            "interface": interface,
+            "KVCacheManager": KVCacheManager,
+            "Request": Request,
+            "RequestStatus": RequestStatus,
+            "SamplingParams": SamplingParams,
+            "sha256": sha256,
+            "dtype": torch.float16,
+        }
+    return _MODULES
+
+
+_MODULES: dict[str, Any] | None = None
+
+
+def vllm_available() -> bool:
+    try:
+        _vllm()
+    except VllmUnavailable:
+        return False
+    return True
+
+
+def _spec(group: GroupConfig, v: Any) -> Any:
+    iface = v["interface"]
+    common = {"block_size": group.block_size, "num_kv_heads": 1, "head_size": 8, "dtype": v["dtype"]}
+    if group.kind == "full":
+        return iface.FullAttentionSpec(**common)
+    if group.kind == "sliding_window":
+        return iface.SlidingWindowSpec(
+            **common,
+            sliding_window=group.sliding_window,
+            extra_retained_tokens=group.extra_retained_tokens,
+        )
+    if group.kind == "chunked_local":
+        return iface.ChunkedLocalAttentionSpec(
+            **common, attention_chunk_size=group.attention_chunk_size
+        )
+    return iface.CrossAttentionSpec(**common)
+
+
+@contextlib.contextmanager
+def _partial_hits_forced(v: Any, on: bool) -> Iterator[None]:
+    """vLLM enables fine-grained hits only beside Mamba "align" groups; force them on."""
+    if not on:
+        yield
+        return
+    coordinator = v["coordinator"]
+    original = coordinator.partial_hash_hits_enabled
+    coordinator.partial_hash_hits_enabled = lambda *args, **kwargs: True
+    try:
+        yield
+    finally:
+        coordinator.partial_hash_hits_enabled = original
+
+
+class VllmSide(ManagerSide):
+    """vLLM 0.33.0's KVCacheManager and Request, built from our config."""
+
+    name = "vllm"
+
+    def build_manager(self, config: Config) -> Any:
+        v = _vllm()
+        iface = v["interface"]
+        self.request_status = v["RequestStatus"]
+        utils = v["utils"]
+        # vLLM keeps its none hash in a module global, read whenever a request hashes.
+        utils.NONE_HASH = v["sha256"](config.none_hash_seed)
+        self._hasher = utils.get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
+        kv_cache_config = iface.KVCacheConfig(
+            num_blocks=config.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                iface.KVCacheGroupSpec([f"layer.{i}"], _spec(g, v), is_eagle_group=g.eagle)
+                for i, g in enumerate(config.groups)
+            ],
+        )
+        with _partial_hits_forced(v, config.partial_hits):
+            return v["KVCacheManager"](
+                kv_cache_config,
+                max_model_len=config.max_model_len,
+                scheduler_block_size=config.scheduler_block_size,
+                hash_block_size=config.resolved_hash_block_size,
+                max_in_flight_tokens=config.max_in_flight_tokens,
+                enable_caching=config.enable_caching,
+                use_eagle=config.use_eagle,
+                watermark=config.watermark,
+            )
+
+    def make_request(self, op: Op, arrival_time: float) -> Any:
+        v = _vllm()
+        params = v["SamplingParams"](
+            max_tokens=op["max_tokens"],
+            skip_reading_prefix_cache=op["skip_reading_prefix_cache"] or None,
+        )
+        request = v["Request"](
+            op["request_id"],
+            list(op["prompt"]),
+            params,
+            None,
+            arrival_time=arrival_time,
+            cache_salt=op["cache_salt"],
+            priority=op["priority"],
+            block_hasher=self._hasher,
+        )
+        # vLLM counts encoder tokens from multimodal features; the driver reads this instead.
+        request.num_encoder_tokens = op["num_encoder_tokens"]
+        return request

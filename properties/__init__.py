@@ -1,0 +1,23 @@
+"""Invariants and Hypothesis state machines over the executor (see registry.py for the API)."""
+
+from properties.registry import (
+    REGISTRY,
+    Check,
+    CheckContext,
+    Registry,
+    RequestMeta,
+    invariant,
+    transition,
+)
+from properties import mission as _mission  # noqa: F401  (registers P1-P4)
+from properties import invariants as _invariants  # noqa: F401  (registers I1-I19, H1)
+
+__all__ = [
+    "REGISTRY",
+    "Check",
+    "CheckContext",
+    "Registry",
+    "RequestMeta",
+    "invariant",
+    "transition",
+]

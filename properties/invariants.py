@@ -1,0 +1,465 @@
+"""The invariants of SPEC.md §8 beyond the mission properties (I2, I4 and I8 live in P1-P4).
+
+Each check reads snapshots (content keys, tables, queue) and the op's result; none reaches into
+an implementation, so the same checks judge kvcache, vLLM and the reference model.
+"""
+
+from __future__ import annotations
+
+from harness.config import Config, GroupConfig
+from harness.snapshot import CacheKey, Snapshot
+from properties.registry import CheckContext, invariant, transition
+
+_WINDOW_KINDS = ("sliding_window", "chunked_local")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def skipped_tokens(group: GroupConfig, n: int) -> int:
+    """Leading tokens no future token attends to, after n computed (SPEC.md §4.2)."""
+    if group.kind == "sliding_window":
+        return max(0, n - group.sliding_window + 1 - group.extra_retained_tokens)
+    if group.kind == "chunked_local":
+        return (n // group.attention_chunk_size) * group.attention_chunk_size
+    return 0
+
+
+def _salt(ctx: CheckContext, rid: str) -> str | None:
+    return ctx.requests[rid].cache_salt or None
+
+
+def _keys_of(s: Snapshot, block: int) -> set[CacheKey]:
+    keys = set(s.extra_keys.get(block, ()))
+    if s.block_keys[block] is not None:
+        keys.add(s.block_keys[block])
+    return keys
+
+
+@invariant(
+    "I1",
+    "free-queue shape: no block twice, links set exactly on queued blocks, the null block "
+    "neither queued nor counted",
+    covers=("BUGS 1", "FreeToken #202"),
+)
+def queue_shape(s: Snapshot, ctx: CheckContext) -> str | None:
+    if len(s.free_queue) != len(s.free_set()):
+        seen: set[int] = set()
+        twice = next(b for b in s.free_queue if b in seen or seen.add(b))
+        return f"block {twice} is in the free queue twice"
+    if s.linked != s.free_set():
+        stray = sorted(s.linked ^ s.free_set())
+        return f"free-queue links disagree with the queue for blocks {stray}"
+    if s.ref_cnt[0] != 0:
+        return f"the null block has ref_cnt {s.ref_cnt[0]}"
+    return None
+
+
+@invariant(
+    "I3",
+    "no non-null block twice in one request's table, and every block in the tables of one "
+    "group only",
+    covers=("BUGS 1",),
+)
+def no_duplicates(s: Snapshot, ctx: CheckContext) -> str | None:
+    group_of: dict[int, int] = {}
+    for rid, view in s.requests.items():
+        for g, table in enumerate(view.tables):
+            if not table:
+                continue
+            real = [b for b in table if b != 0]
+            if len(real) != len(set(real)):
+                return f"{rid} group {g} lists a block twice: {list(table)}"
+            for b in real:
+                if group_of.setdefault(b, g) != g:
+                    return f"block {b} is in tables of groups {group_of[b]} and {g}"
+    return None
+
+
+@invariant(
+    "I4",
+    "the free count equals the queue's length and the number of non-null blocks with ref_cnt 0",
+    covers=("BUGS 5",),
+)
+def free_count(s: Snapshot, ctx: CheckContext) -> str | None:
+    zero = sum(1 for b in range(1, s.num_blocks) if s.ref_cnt[b] == 0)
+    if not s.num_free_blocks == len(s.free_queue) == zero:
+        return (
+            f"free count {s.num_free_blocks}, queue length {len(s.free_queue)}, "
+            f"{zero} blocks with ref_cnt 0"
+        )
+    return None
+
+
+@invariant(
+    "I5",
+    "hash-map consistency: every mapped block carries its key, every key a block carries is "
+    "mapped, a key's group is its block's group, and the token count goes with the primary key",
+    covers=("BUGS 7", "BUGS 8", "BUGS 9", "kvcached #362"),
+)
+def map_consistent(s: Snapshot, ctx: CheckContext) -> str | None:
+    for key, ids in s.cache.items():
+        for b in ids:
+            if b == 0:
+                return "the null block is in the hash map"
+            if key not in _keys_of(s, b):
+                return f"the map lists block {b} under a key the block does not carry"
+    for b in range(s.num_blocks):
+        primary = s.block_keys[b]
+        if (primary is None) != (s.block_key_tokens[b] is None):
+            return f"block {b}: key {primary!r} but hash token count {s.block_key_tokens[b]!r}"
+        if primary is not None and primary[2] and s.block_key_tokens[b] != len(primary[2]):
+            return (
+                f"block {b}: its key covers {len(primary[2])} tokens but records "
+                f"{s.block_key_tokens[b]}"
+            )
+        for key in _keys_of(s, b):
+            if b not in s.cache.get(key, ()):
+                return f"block {b} carries a key the map does not list it under"
+    for view in s.requests.values():
+        for g, table in enumerate(view.tables):
+            for b in table or ():
+                if b and any(key[0] != g for key in _keys_of(s, b)):
+                    return f"block {b} in a group-{g} table carries another group's key"
+    return None
+
+
+@invariant(
+    "H1",
+    "block hashes are injective over the prefixes seen: no hash stands for two prefixes",
+    covers=("I13", "BUGS 16", "BUGS 17", "BUGS 19"),
+)
+def no_hash_collision(s: Snapshot, ctx: CheckContext) -> str | None:
+    return s.hash_collisions[0] if s.hash_collisions else None
+
+
+@transition(
+    "I6",
+    "a held block never loses its keys except through evict_blocks or reset_prefix_cache",
+    covers=("I6",),
+)
+def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    if ctx.op["op"] in ("evict_blocks", "reset_prefix_cache"):
+        return None
+    for b in range(1, before.num_blocks):
+        key = before.block_keys[b]
+        if key is not None and after.block_keys[b] is None and before.ref_cnt[b] > 0:
+            return f"held block {b} (ref_cnt {before.ref_cnt[b]}) lost its key"
+    return None
+
+
+@invariant(
+    "I7",
+    "eviction order: every uncached free block precedes every cached free block, except "
+    "blocks whose keys evict_blocks or reset_prefix_cache stripped in place",
+    covers=("BUGS 12", "BUGS 13", "BUGS 11"),
+)
+def uncached_first(s: Snapshot, ctx: CheckContext) -> str | None:
+    stripped: set[int] = ctx.memory.setdefault("I7", set())
+    free = s.free_set()
+    stripped &= free
+    if ctx.op["op"] in ("evict_blocks", "reset_prefix_cache"):
+        stripped.update(b for b in free if s.block_keys[b] is None)
+    seen_cached = None
+    for b in s.free_queue:
+        if s.block_keys[b] is not None:
+            seen_cached = b if seen_cached is None else seen_cached
+        elif seen_cached is not None and b not in stripped:
+            return f"uncached free block {b} sits behind cached free block {seen_cached}"
+    return None
+
+
+@transition(
+    "I9",
+    "get_computed_blocks changes no block, queue, map or table",
+    covers=("I9",),
+)
+def lookup_is_pure(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    if ctx.op["op"] == "get_computed_blocks" and before != after:
+        return "get_computed_blocks changed: " + "; ".join(before.differences(after)[:3])
+    return None
+
+
+@transition(
+    "I10",
+    "atomicity: an error changes nothing; a None from the gate changes nothing; a None from "
+    "the capacity check only nulls and frees out-of-window blocks of that request",
+    covers=("BUGS 10", "BUGS 23"),
+)
+def atomic_refusal(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    result = ctx.result
+    if isinstance(result, dict) and "error" in result:
+        if before != after:
+            return f"{ctx.op['op']} raised {result['error']} but changed: " + "; ".join(
+                before.differences(after)[:3]
+            )
+        return None
+    if ctx.op["op"] != "allocate_slots" or result is not None:
+        return None
+    outcome = ctx.observations.allocations[-1].outcome if ctx.observations.allocations else "gate"
+    if outcome == "gate":
+        if before != after:
+            return "the full-sequence gate refused but state changed: " + "; ".join(
+                before.differences(after)[:3]
+            )
+        return None
+    rid = ctx.op["request_id"]
+    if before.block_keys != after.block_keys or before.cache != after.cache:
+        return "a refused allocate_slots changed cache keys"
+    for b in range(1, before.num_blocks):
+        if after.ref_cnt[b] > before.ref_cnt[b]:
+            return f"a refused allocate_slots took a reference on block {b}"
+    for other, view in before.requests.items():
+        new = after.requests[other]
+        if other != rid:
+            if new != view:
+                return f"a refused allocate_slots of {rid} changed request {other}"
+            continue
+        if new.num_cached_blocks != view.num_cached_blocks:
+            return f"a refused allocate_slots changed num_cached_block of {rid}"
+        for g, (t0, t1) in enumerate(zip(view.tables, new.tables)):
+            if (t0 or ()) == (t1 or ()):
+                continue
+            if t0 is None or t1 is None or len(t0) != len(t1) or any(
+                b1 not in (b0, 0) for b0, b1 in zip(t0, t1)
+            ):
+                return f"a refused allocate_slots changed {rid}'s group-{g} table {t0} -> {t1}"
+    return None
+
+
+def _writes(before: Snapshot, after: Snapshot, ctx: CheckContext):
+    """(request id, first position, end position) of the KV each scheduled request writes."""
+    op = ctx.op
+    if op["op"] == "allocate_slots" and isinstance(ctx.result, dict) and "block_ids" in ctx.result:
+        rid = op["request_id"]
+        end = after.requests[rid].num_computed_tokens
+        yield rid, end - op["num_new_tokens"], end
+    elif op["op"] == "step" and isinstance(ctx.result, dict) and "scheduled" in ctx.result:
+        for rid, n, hit in ctx.result["scheduled"]:
+            if rid in before.requests:
+                start = before.requests[rid].num_computed_tokens + hit
+                yield rid, start, start + n
+
+
+@transition(
+    "I11",
+    "no KV is written into a block that already held a full-block key before the write was "
+    "scheduled (cached blocks are immutable)",
+    covers=("BUGS 6", "BUGS 18"),
+)
+def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    for rid, start, end in _writes(before, after, ctx):
+        view = after.requests.get(rid)
+        if view is None or view.status != "RUNNING":
+            continue
+        for g, group in enumerate(ctx.config.groups):
+            table = view.tables[g]
+            if group.kind == "cross" or not table:
+                continue
+            bs = group.block_size
+            for index in range(start // bs, min(cdiv(end, bs), len(table))):
+                b = table[index]
+                covered = before.block_key_tokens[b] if b else None
+                if covered is not None and before.ref_cnt[b] > 0 and covered > max(start, index * bs):
+                    return (
+                        f"{rid} writes positions {start}..{end - 1} into block {b} (group {g}), "
+                        f"which already held a key covering {covered} tokens"
+                    )
+    return None
+
+
+@transition(
+    "I12",
+    "hit bounds: 0 <= hit <= num_tokens-1, aligned, within the hashed tokens (but chunked "
+    "local's null prefix), cdiv(hit, bs_g) blocks per group, no nulls in full-attention lists, "
+    "skipped(hit)//bs leading nulls in sliding-window lists",
+    covers=("BUGS 14", "BUGS 15", "#46453"),
+)
+def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    config, op, result = ctx.config, ctx.op, ctx.result
+    if op["op"] == "step" and isinstance(result, dict) and "scheduled" in result:
+        for rid, _, hit in result["scheduled"]:
+            view = before.requests.get(rid)
+            if hit and view is not None:
+                problem = _hit_length_problem(config, hit, view.num_tokens)
+                if problem:
+                    return f"{rid}: {problem}"
+        return None
+    if op["op"] != "get_computed_blocks" or not isinstance(result, dict) or "error" in result:
+        return None
+    rid, hit = op["request_id"], result["num_computed_tokens"]
+    view = after.requests[rid]
+    problem = _hit_length_problem(config, hit, view.num_tokens) if hit else None
+    if problem:
+        return f"{rid}: {problem}"
+    if hit and ctx.requests[rid].skip_reading_prefix_cache:
+        return f"{rid} skips reading the prefix cache but hit {hit} tokens"
+    for g, (group, ids) in enumerate(zip(config.groups, result["block_ids"])):
+        if len(ids) != cdiv(hit, group.block_size):
+            return f"{rid}: group {g} lists {len(ids)} blocks for a {hit}-token hit"
+        if group.kind == "full" and 0 in ids:
+            return f"{rid}: the full-attention hit of group {g} contains the null block"
+        if group.kind == "sliding_window" and not group.extra_retained_tokens and (
+            not config.use_eagle
+        ):
+            nulls = next((i for i, b in enumerate(ids) if b != 0), len(ids))
+            expected = skipped_tokens(group, hit) // group.block_size
+            if nulls != expected:
+                return f"{rid}: group {g} hit starts with {nulls} nulls, expected {expected}"
+    return None
+
+
+def _hit_length_problem(config: Config, hit: int, num_tokens: int) -> str | None:
+    if not 0 <= hit <= num_tokens - 1:
+        return f"hit {hit} outside 0..{num_tokens - 1}"
+    if hit % config.alignment_tokens:
+        return f"hit {hit} is not a multiple of the alignment {config.alignment_tokens}"
+    hashed = (num_tokens // config.resolved_hash_block_size) * config.resolved_hash_block_size
+    if hit > hashed and not any(g.kind == "chunked_local" for g in config.groups):
+        return f"hit {hit} exceeds the {hashed} hashed tokens"
+    return None
+
+
+@transition(
+    "I13",
+    "a hit serves only the requester's own prefix: each hit block carries the key of the "
+    "request's salt and tokens up to that block (so salts isolate and collisions show)",
+    covers=("BUGS 16", "BUGS 17", "BUGS 18", "BUGS 19"),
+)
+def hits_match_prefix(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    op, result = ctx.op, ctx.result
+    if op["op"] != "get_computed_blocks" or not isinstance(result, dict) or "error" in result:
+        return None
+    rid, hit = op["request_id"], result["num_computed_tokens"]
+    salt, tokens = _salt(ctx, rid), after.requests[rid].tokens
+    for g, (group, ids) in enumerate(zip(ctx.config.groups, result["block_ids"])):
+        bs = group.block_size
+        for j, b in enumerate(ids):
+            if b == 0:
+                continue
+            end = min((j + 1) * bs, hit)
+            wanted = (g, salt, tuple(tokens[:end]))
+            if wanted not in _keys_of(after, b):
+                return (
+                    f"{rid} (salt {salt!r}) hit block {b} at group {g} position {j}, but the "
+                    f"block does not hold that request's {end}-token prefix"
+                )
+    return None
+
+
+@transition(
+    "I14",
+    "append-only tables: a running request's table entries never change, except replacement "
+    "by the null block in window groups",
+    covers=("I14", "BUGS 26"),
+)
+def append_only(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    for rid, old in before.requests.items():
+        new = after.requests.get(rid)
+        if new is None:
+            continue
+        for g, (t0, t1) in enumerate(zip(old.tables, new.tables)):
+            if not t0 or t1 is None:
+                continue
+            if len(t1) < len(t0):
+                return f"{rid}'s group-{g} table shrank from {len(t0)} to {len(t1)} blocks"
+            window = ctx.config.groups[g].kind in _WINDOW_KINDS
+            for j, (b0, b1) in enumerate(zip(t0, t1)):
+                if b0 != b1 and not (window and b1 == 0):
+                    return f"{rid}'s group-{g} table entry {j} changed from block {b0} to {b1}"
+    return None
+
+
+@invariant(
+    "I15",
+    "num_cached_block never exceeds the table's length",
+    covers=("I15",),
+)
+def cached_prefix_bookkeeping(s: Snapshot, ctx: CheckContext) -> str | None:
+    for rid, view in s.requests.items():
+        for g, (table, cached) in enumerate(zip(view.tables, view.num_cached_blocks)):
+            if cached is not None and cached > len(table or ()):
+                return f"{rid} group {g}: num_cached_block {cached} > {len(table or ())} blocks"
+    return None
+
+
+@invariant(
+    "I16",
+    "cleanup: a request that is not running has no table, num_cached_block or partial-hit "
+    "record in any group",
+    covers=("BUGS 22",),
+)
+def cleanup(s: Snapshot, ctx: CheckContext) -> str | None:
+    for rid, view in s.requests.items():
+        if view.status == "RUNNING":
+            continue
+        if any(t is not None for t in view.tables) or any(
+            c is not None for c in view.num_cached_blocks
+        ) or any(p is not None for p in view.partial_hit):
+            return f"{rid} is {view.status} but the manager still tracks it: {view.tables}"
+    return None
+
+
+@invariant(
+    "I17",
+    "status vs holdings: waiting and preempted requests have no computed tokens; a running "
+    "request's tables cover its computed tokens in every non-cross group",
+    covers=("BUGS 4", "BUGS 20"),
+)
+def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
+    for rid, view in s.requests.items():
+        if view.status in ("WAITING", "PREEMPTED") and view.num_computed_tokens:
+            return f"{rid} is {view.status} with {view.num_computed_tokens} computed tokens"
+        if view.status != "RUNNING":
+            continue
+        for g, group in enumerate(ctx.config.groups):
+            needed = cdiv(view.num_computed_tokens, group.block_size)
+            if group.kind != "cross" and len(view.tables[g] or ()) < needed:
+                return (
+                    f"{rid} computed {view.num_computed_tokens} tokens but holds "
+                    f"{len(view.tables[g] or ())} group-{g} blocks (needs {needed})"
+                )
+    return None
+
+
+@transition(
+    "I18",
+    "window nulls: after an allocation, every position of a window group below "
+    "skipped(settled tokens)//bs holds the null block",
+    covers=("BUGS 2", "BUGS 3"),
+)
+def window_nulls(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    for rid, start, _ in _writes(before, after, ctx):
+        view = after.requests.get(rid)
+        if view is None or view.status != "RUNNING":
+            continue
+        settled = min(start, ctx.config.max_model_len)
+        for g, group in enumerate(ctx.config.groups):
+            if group.kind not in _WINDOW_KINDS or not view.tables[g]:
+                continue
+            table = view.tables[g]
+            upto = min(skipped_tokens(group, settled) // group.block_size, len(table))
+            live = [j for j in range(upto) if table[j] != 0]
+            if live:
+                return (
+                    f"{rid} group {g}: position {live[0]} still holds block {table[live[0]]} "
+                    f"although {skipped_tokens(group, settled)} tokens are out of the window"
+                )
+    return None
+
+
+@transition(
+    "I19",
+    "reset_prefix_cache succeeds iff no non-null block is held, and leaves no key anywhere",
+    covers=("BUGS 23",),
+)
+def reset_rule(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    if ctx.op["op"] != "reset_prefix_cache" or not isinstance(ctx.result, bool):
+        return None
+    held = [b for b in range(1, before.num_blocks) if before.ref_cnt[b] > 0]
+    if ctx.result == bool(held):
+        return f"reset_prefix_cache returned {ctx.result} with held blocks {held[:8]}"
+    if ctx.result and (after.cache or after.extra_keys or any(after.block_keys)):
+        return "reset_prefix_cache returned True but keys remain"
+    return None

@@ -1,0 +1,83 @@
+"""The four mission properties P1-P4: the reasons kvfuzz exists.
+
+P1 predictor exactness, P2 no leaks, P3 ref_cnt == 0 exactly in the free queue, P4 the pool's
+"Cannot get N free blocks" ValueError is unreachable through allocate_slots.
+"""
+
+from __future__ import annotations
+
+from harness.snapshot import Snapshot
+from properties.registry import CheckContext, invariant, transition
+
+
+@transition(
+    "P1",
+    "predictor exactness: on every allocate_slots that returns blocks the free-count drop "
+    "equals the layer-1 prediction, and each group takes exactly what its "
+    "get_num_blocks_to_allocate returned",
+    covers=("I8", "BUGS 2", "BUGS 5", "BUGS 21"),
+)
+def predictor_exact(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    for probe in ctx.observations.allocations:
+        if probe.outcome != "blocks" or probe.prediction is None:
+            continue
+        taken = probe.free_before - probe.free_after
+        if taken != probe.prediction:
+            return (
+                f"allocate_slots({probe.request_id!r}) predicted {probe.prediction} blocks but "
+                f"the free count fell by {taken} ({probe.free_before} -> {probe.free_after})"
+            )
+        for g, (predicted, took) in enumerate(zip(probe.group_predictions, probe.group_taken)):
+            if predicted != took:
+                return (
+                    f"allocate_slots({probe.request_id!r}): group {g} predicted {predicted} "
+                    f"blocks but took {took}"
+                )
+    return None
+
+
+@invariant(
+    "P2",
+    "no leaks: every non-null block is free or held, its ref_cnt equals its holders (request "
+    "tables plus pending and retained copy endpoints), and with nothing held N-1 blocks are free",
+    covers=("I2", "I4", "BUGS 1", "BUGS 10", "BUGS 22"),
+)
+def no_leaks(s: Snapshot, ctx: CheckContext) -> str | None:
+    holders = s.holders()
+    for b in range(1, s.num_blocks):
+        if s.ref_cnt[b] != holders[b]:
+            return f"block {b} has ref_cnt {s.ref_cnt[b]} but {holders[b]} holders"
+    if not any(holders) and s.num_free_blocks != s.num_blocks - 1:
+        return (
+            f"nothing is held but {s.num_free_blocks} of {s.num_blocks - 1} blocks are free"
+        )
+    return None
+
+
+@invariant(
+    "P3",
+    "ref_cnt == 0 exactly when the block is in the free queue; the null block never is",
+    covers=("I1", "BUGS 1", "BUGS 12"),
+)
+def zero_iff_free(s: Snapshot, ctx: CheckContext) -> str | None:
+    free = s.free_set()
+    if 0 in free:
+        return "the null block 0 is in the free queue"
+    for b in range(1, s.num_blocks):
+        in_queue = b in free
+        if (s.ref_cnt[b] == 0) != in_queue:
+            where = "in" if in_queue else "not in"
+            return f"block {b} has ref_cnt {s.ref_cnt[b]} and is {where} the free queue"
+    return None
+
+
+@transition(
+    "P4",
+    "the layer-4 'Cannot get N free blocks' ValueError is never raised through allocate_slots "
+    "or a scheduler step",
+    covers=("I8", "BUGS 2", "BUGS 5"),
+)
+def no_pool_shortage(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    if ctx.observations.pool_shortages:
+        return f"BlockPool.get_new_blocks raised: {ctx.observations.pool_shortages[0]}"
+    return None
