@@ -107,6 +107,8 @@ class Execution:
         if not self.targets and self.model is None:
             raise ValueError("an execution needs at least one target or the model")
         self.results: list[Any] = []
+        self.state = self.model.snapshot() if self.model is not None else self.targets[0].snapshot
+        """The reference's snapshot after the last op (what generators consult)."""
         self.ops_checked = 0
         self.checks_run = 0
         for tracked in self.targets:
@@ -158,11 +160,9 @@ class Execution:
             exc.step = step
             raise
         self.results.append(ref_result)
+        self.state = ref_snap
         self.ops_checked += 1
         return ref_result
-
-    def reference_snapshot(self) -> Snapshot:
-        return self.model.snapshot() if self.model is not None else self.targets[0].snapshot
 
     def _apply_target(self, tracked: _Tracked, op: Op, step: int) -> tuple[Any, Observations, Snapshot]:
         try:

@@ -136,16 +136,21 @@ def no_hash_collision(s: Snapshot, ctx: CheckContext) -> str | None:
 
 @transition(
     "I6",
-    "a held block never loses its keys except through evict_blocks or reset_prefix_cache",
+    "a block held throughout an op keeps its keys, unless the op is evict_blocks or "
+    "reset_prefix_cache (eviction happens only to free blocks)",
     covers=("I6",),
 )
 def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     if ctx.op["op"] in ("evict_blocks", "reset_prefix_cache"):
         return None
-    for b in range(1, before.num_blocks):
-        key = before.block_keys[b]
-        if key is not None and after.block_keys[b] is None and before.ref_cnt[b] > 0:
-            return f"held block {b} (ref_cnt {before.ref_cnt[b]}) lost its key"
+    for rid, old in before.requests.items():
+        new = after.requests.get(rid)
+        if new is None:
+            continue
+        for t0, t1 in zip(old.tables, new.tables):
+            for b0, b1 in zip(t0 or (), t1 or ()):
+                if b0 and b0 == b1 and before.block_keys[b0] and after.block_keys[b0] is None:
+                    return f"block {b0}, held by {rid} throughout, lost its key"
     return None
 
 
@@ -244,27 +249,27 @@ def _writes(before: Snapshot, after: Snapshot, ctx: CheckContext):
 
 @transition(
     "I11",
-    "no KV is written into a block that already held a full-block key before the write was "
-    "scheduled (cached blocks are immutable)",
+    "no KV is written into a block the writer already held under a full-block key covering the "
+    "written positions (cached blocks are immutable)",
     covers=("BUGS 6", "BUGS 18"),
 )
 def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     for rid, start, end in _writes(before, after, ctx):
-        view = after.requests.get(rid)
-        if view is None or view.status != "RUNNING":
+        old, new = before.requests.get(rid), after.requests.get(rid)
+        if old is None or new is None or new.status != "RUNNING":
             continue
         for g, group in enumerate(ctx.config.groups):
-            table = view.tables[g]
-            if group.kind == "cross" or not table:
+            t0, t1 = old.tables[g], new.tables[g]
+            if group.kind == "cross" or not t0 or not t1:
                 continue
             bs = group.block_size
-            for index in range(start // bs, min(cdiv(end, bs), len(table))):
-                b = table[index]
+            for index in range(start // bs, min(cdiv(end, bs), len(t0), len(t1))):
+                b = t0[index]
                 covered = before.block_key_tokens[b] if b else None
-                if covered is not None and before.ref_cnt[b] > 0 and covered > max(start, index * bs):
+                if b == t1[index] and covered is not None and covered > max(start, index * bs):
                     return (
                         f"{rid} writes positions {start}..{end - 1} into block {b} (group {g}), "
-                        f"which already held a key covering {covered} tokens"
+                        f"which it already held under a key covering {covered} tokens"
                     )
     return None
 

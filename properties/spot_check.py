@@ -9,6 +9,7 @@ only their structure is checked.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from harness.config import Config, GroupConfig
@@ -26,6 +27,7 @@ def assert_invariants(
     keys = KeyTranslator(pool.hash_block_size, strict=bool(requests))
     for request in requests:
         keys.learn(request)
+    requests += _untold_requests(manager, {r.request_id for r in requests})
     pairs = [(src.block_id, dst.block_id) for src, dst in zip(retained[::2], retained[1::2])]
     snapshot = read_snapshot(manager, requests, keys, pairs)
     ctx = CheckContext(_config_of(manager), "api", -1, {"op": "spot_check"}, None,
@@ -36,6 +38,18 @@ def assert_invariants(
         message = check.fn(snapshot, ctx)
         if message:
             raise AssertionError(f"[{check.name}] {message}\n{snapshot.render()}")
+
+
+def _untold_requests(manager: Any, known: set[str]) -> list[Any]:
+    """Stand-ins for requests the manager tracks but the caller did not pass: their tables
+    still count as holders."""
+    ids = {rid for m in manager.coordinator.single_type_managers for rid in m.req_to_blocks}
+    running = SimpleNamespace(name="RUNNING")
+    return [
+        SimpleNamespace(request_id=rid, status=running, num_computed_tokens=0, num_tokens=0,
+                        all_token_ids=(), block_hashes=[], cache_salt=None)
+        for rid in sorted(ids - known)
+    ]
 
 
 def _config_of(manager: Any) -> Config:

@@ -1,0 +1,89 @@
+"""Target `kvcache`: kvfuzz's production implementation, driven through the shared harness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.config import Config, GroupConfig
+from harness.manager_side import ManagerSide
+from harness.trace import Op
+
+
+def kvcache_spec(group: GroupConfig) -> Any:
+    """The kvcache spec object of a config group."""
+    from kvcache import (
+        ChunkedLocalAttentionSpec,
+        CrossAttentionSpec,
+        FullAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    if group.kind == "full":
+        return FullAttentionSpec(block_size=group.block_size)
+    if group.kind == "sliding_window":
+        return SlidingWindowSpec(
+            block_size=group.block_size,
+            sliding_window=group.sliding_window,
+            extra_retained_tokens=group.extra_retained_tokens,
+        )
+    if group.kind == "chunked_local":
+        return ChunkedLocalAttentionSpec(
+            block_size=group.block_size, attention_chunk_size=group.attention_chunk_size
+        )
+    return CrossAttentionSpec(block_size=group.block_size)
+
+
+def build_kvcache_manager(config: Config) -> Any:
+    """A kvcache KVCacheManager for a harness config."""
+    from kvcache import KVCacheConfig, KVCacheGroupSpec, KVCacheManager
+
+    kv_cache_config = KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec([f"layer.{i}"], kvcache_spec(g), is_eagle_group=g.eagle)
+            for i, g in enumerate(config.groups)
+        ],
+    )
+    return KVCacheManager(
+        kv_cache_config,
+        max_model_len=config.max_model_len,
+        scheduler_block_size=config.scheduler_block_size,
+        hash_block_size=config.resolved_hash_block_size,
+        max_in_flight_tokens=config.max_in_flight_tokens,
+        enable_caching=config.enable_caching,
+        use_eagle=config.use_eagle,
+        watermark=config.watermark,
+        enable_partial_hash_hits=config.partial_hits,
+    )
+
+
+class KvcacheSide(ManagerSide):
+    """kvcache's KVCacheManager and Request."""
+
+    name = "kvcache"
+
+    def build_manager(self, config: Config) -> Any:
+        from kvcache import RequestStatus
+        from kvcache.kv_cache_utils import get_request_block_hasher
+
+        self.request_status = RequestStatus
+        self._hasher = get_request_block_hasher(
+            config.resolved_hash_block_size, none_hash_seed=config.none_hash_seed
+        )
+        return build_kvcache_manager(config)
+
+    def make_request(self, op: Op, arrival_time: float) -> Any:
+        from kvcache import Request
+
+        return Request(
+            op["request_id"],
+            list(op["prompt"]),
+            max_tokens=op["max_tokens"],
+            cache_salt=op["cache_salt"],
+            priority=op["priority"],
+            arrival_time=arrival_time,
+            block_hasher=self._hasher,
+            skip_reading_prefix_cache=op["skip_reading_prefix_cache"],
+            num_encoder_tokens=op["num_encoder_tokens"],
+        )

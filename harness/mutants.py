@@ -1,0 +1,311 @@
+"""Deliberately broken variants of kvcache: the planted bugs every property must be seen catching.
+
+Each variant is a target `bug:NAME`: kvcache with one method patched on the built instances,
+modelled on a row of ../shared/BUGS.md (or a classic of the field). Patches wrap the real
+methods where they can, so each variant differs from kvcache in exactly one behaviour.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from harness.config import Config
+from harness.kvcache_target import KvcacheSide
+from harness.targets import register_target
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    description: str
+    patch: Callable[[KvcacheSide], None]
+    bug: str = ""
+    """The BUGS.md row (or source) the plant is modelled on."""
+    configs: tuple[str, ...] | None = None
+    """Built-in configs where the bug can show (None: any)."""
+
+
+MUTANTS: dict[str, Mutant] = {}
+
+# The six plants the checker issue names; the campaign benchmark times these.
+REQUIRED = (
+    "predictor-off-by-one",
+    "touch-leaves-queued",
+    "free-forgets-decrement",
+    "free-forward-order",
+    "hit-reaches-num-tokens",
+    "salt-ignored",
+)
+
+
+def mutant(name: str, description: str, *, bug: str = "",
+           configs: tuple[str, ...] | None = None) -> Callable[[Callable[[KvcacheSide], None]], Any]:
+    def register(patch: Callable[[KvcacheSide], None]) -> Callable[[KvcacheSide], None]:
+        MUTANTS[name] = Mutant(name, description, patch, bug, configs)
+
+        class Broken(KvcacheSide):
+            def build_manager(self, config: Config) -> Any:
+                manager = super().build_manager(config)
+                self.manager = manager
+                patch(self)
+                return manager
+
+        Broken.name = f"bug:{name}"
+        Broken.__name__ = Broken.__qualname__ = f"Bug_{name.replace('-', '_')}"
+        register_target(f"bug:{name}", f"planted bug ({bug or 'classic'}): {description}", Broken)
+        return patch
+
+    return register
+
+
+def _around(obj: Any, name: str, around: Callable[..., Any]) -> None:
+    original = getattr(obj, name)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return around(original, *args, **kwargs)
+
+    setattr(obj, name, wrapper)
+
+
+def _pool(side: KvcacheSide) -> Any:
+    return side.manager.block_pool
+
+
+def _singles(side: KvcacheSide) -> tuple[Any, ...]:
+    return side.manager.coordinator.single_type_managers
+
+
+@mutant("predictor-off-by-one", "group 0's get_num_blocks_to_allocate says one block too few",
+        bug="BUGS 21")
+def _predictor_off_by_one(side: KvcacheSide) -> None:
+    def around(original, *args, **kwargs):
+        value = original(*args, **kwargs)
+        return value - 1 if value > 0 else value
+
+    _around(_singles(side)[0], "get_num_blocks_to_allocate", around)
+
+
+@mutant("touch-leaves-queued", "touch takes a reference on a free hit block but leaves it queued",
+        bug="BUGS 26 / v0 #16825")
+def _touch_leaves_queued(side: KvcacheSide) -> None:
+    def around(original, blocks):
+        original([b for b in blocks if b.ref_cnt > 0])
+        for b in blocks:
+            if b.ref_cnt == 0 and not b.is_null:
+                b.ref_cnt = 1
+
+    _around(_pool(side), "touch", around)
+
+
+@mutant("free-forgets-decrement", "free_blocks forgets the decrement of the last block it is given",
+        bug="BUGS 1 / BUGS 22")
+def _free_forgets_decrement(side: KvcacheSide) -> None:
+    def around(original, ordered_blocks):
+        blocks = list(ordered_blocks)
+        real = [b for b in blocks if not b.is_null]
+        if len(real) > 1:
+            real[-1].ref_cnt += 1
+        original(blocks)
+
+    _around(_pool(side), "free_blocks", around)
+
+
+@mutant("free-forward-order", "a request's blocks are freed head first instead of tail first",
+        bug="BUGS 11")
+def _free_forward_order(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        single.free = lambda request_id, m=single: m.block_pool.free_blocks(
+            m.pop_blocks_for_free(request_id)
+        )
+
+
+@mutant("hit-reaches-num-tokens", "the prefix hit may cover the whole prompt (no token left to "
+        "compute)", bug="SPEC §10.15")
+def _hit_reaches_num_tokens(side: KvcacheSide) -> None:
+    def around(original, request, max_cache_hit_length=None):
+        return original(request, request.num_tokens)
+
+    _around(side.manager, "get_computed_blocks", around)
+
+
+@mutant("salt-ignored", "the block-0 hash leaves the cache salt out", bug="BUGS 17 / BUGS 16")
+def _salt_ignored(side: KvcacheSide) -> None:
+    hasher = side._hasher
+
+    def unsalted(request):
+        return hasher(SimpleNamespace(
+            request_id=request.request_id, block_hashes=request.block_hashes,
+            num_tokens=request.num_tokens, all_token_ids=request.all_token_ids, cache_salt=None,
+        ))
+
+    side._hasher = unsalted
+
+
+@mutant("weak-hash", "block hashes chain only the sum of a block's tokens", bug="BUGS 19")
+def _weak_hash(side: KvcacheSide) -> None:
+    hbs = side.config.resolved_hash_block_size
+
+    def weak(request):
+        out, parent = [], request.block_hashes[-1] if request.block_hashes else b"seed"
+        tokens = request.all_token_ids
+        for k in range(len(request.block_hashes), request.num_tokens // hbs):
+            block = tokens[k * hbs:(k + 1) * hbs]
+            parent = hashlib.sha256(parent + str(sum(block)).encode()).digest()
+            out.append(parent)
+        return out
+
+    side._hasher = weak
+
+
+@mutant("uncached-to-tail", "freed blocks without a key go to the queue tail (FIFO reuse)",
+        bug="BUGS 12 / BUGS 13")
+def _uncached_to_tail(side: KvcacheSide) -> None:
+    pool = _pool(side)
+
+    def replacement(ordered_blocks):
+        released = []
+        for block in ordered_blocks:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                released.append(block)
+        pool.free_block_queue.append_n(released)
+
+    pool.free_blocks = replacement
+
+
+@mutant("cached-to-head", "freed cached blocks go to the queue head, evicted before uncached "
+        "ones", bug="SPEC §3.6 / BUGS 13")
+def _cached_to_head(side: KvcacheSide) -> None:
+    pool = _pool(side)
+
+    def replacement(ordered_blocks):
+        released = []
+        for block in ordered_blocks:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                released.append(block)
+        pool.free_block_queue.prepend_n(released)
+
+    pool.free_blocks = replacement
+
+
+@mutant("touch-before-check", "hit blocks are touched before the capacity check and not "
+        "released on None", bug="BUGS 10")
+def _touch_before_check(side: KvcacheSide) -> None:
+    pool = _pool(side)
+
+    def around(original, request, num_new_tokens, *args, **kwargs):
+        hits = kwargs.get("new_computed_blocks")
+        held = [b for group in hits.blocks for b in group if not b.is_null] if hits else []
+        pool.touch(held)
+        result = original(request, num_new_tokens, *args, **kwargs)
+        if result is not None:
+            for b in held:
+                b.ref_cnt -= 1
+        return result
+
+    _around(side.manager, "allocate_slots", around)
+
+
+@mutant("stale-hash-on-evict", "evicting one of several blocks under a key leaves its hash "
+        "set", bug="BUGS 8")
+def _stale_hash_on_evict(side: KvcacheSide) -> None:
+    pool = _pool(side)
+
+    def around(original, block):
+        entry = pool.cached_block_hash_to_block._cache.get(block.block_hash)
+        if isinstance(entry, dict) and len(entry) > 1:
+            pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            return
+        original(block)
+
+    _around(pool, "_remove_cached_block_hashes", around)
+
+
+@mutant("no-eviction-on-pop", "get_new_blocks hands out cached blocks without evicting their "
+        "keys", bug="v0 PR #4761 / kvcached #362")
+def _no_eviction_on_pop(side: KvcacheSide) -> None:
+    pool = _pool(side)
+
+    def around(original, num_blocks):
+        caching, pool.enable_caching = pool.enable_caching, False
+        try:
+            return original(num_blocks)
+        finally:
+            pool.enable_caching = caching
+
+    _around(pool, "get_new_blocks", around)
+
+
+@mutant("capped-step-predictor", "the per-step predictor applies the admission cap meant only for "
+        "the full-sequence gate", bug="BUGS 2", configs=("sliding_window", "chunked_local"))
+def _capped_step_predictor(side: KvcacheSide) -> None:
+    def around(original, *args, **kwargs):
+        kwargs["apply_admission_cap"] = True
+        return original(*args, **kwargs)
+
+    for single in _singles(side):
+        _around(single, "get_num_blocks_to_allocate", around)
+
+
+@mutant("window-never-freed", "remove_skipped_blocks never frees blocks that left the window",
+        bug="BUGS 3", configs=("sliding_window", "chunked_local", "hybrid", "hybrid3"))
+def _window_never_freed(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        single.remove_skipped_blocks = lambda *args, **kwargs: None
+
+
+@mutant("null-block-queued", "free_blocks puts the null block into the free queue",
+        bug="SPEC §10.8", configs=("sliding_window", "chunked_local", "hybrid", "hybrid3"))
+def _null_block_queued(side: KvcacheSide) -> None:
+    pool = _pool(side)
+
+    def around(original, ordered_blocks):
+        blocks = list(ordered_blocks)
+        original(blocks)
+        if any(b.is_null for b in blocks) and pool.null_block.prev_free_block is None:
+            pool.free_block_queue.append(pool.null_block)
+
+    _around(pool, "free_blocks", around)
+
+
+@mutant("reset-while-held", "reset_prefix_cache clears the cache even while blocks are held",
+        bug="BUGS 23")
+def _reset_while_held(side: KvcacheSide) -> None:
+    pool = _pool(side)
+
+    def replacement():
+        pool.cached_block_hash_to_block._cache.clear()
+        pool.cached_block_hashes_by_block.clear()
+        for block in pool.blocks:
+            block.reset_hash()
+        return True
+
+    pool.reset_prefix_cache = replacement
+
+
+@mutant("watermark-ignored", "the watermark is not applied to waiting requests",
+        bug="SPEC §10.19", configs=("watermark",))
+def _watermark_ignored(side: KvcacheSide) -> None:
+    side.manager.watermark_blocks = 0
+
+
+@mutant("cow-unretained", "the copy-on-write block gets no extra reference for the pending copy",
+        bug="SPEC §4.5 / §10.12", configs=("partial_hits",))
+def _cow_unretained(side: KvcacheSide) -> None:
+    def around(original, request_id, block_idx, source_block, cow_block):
+        original(request_id, block_idx, source_block, cow_block)
+        cow_block.ref_cnt -= 1
+
+    for single in _singles(side):
+        _around(single, "_apply_cow", around)

@@ -1,0 +1,71 @@
+"""kvcache: a clean-room paged KV-cache block manager with vLLM 0.33.0's four layers.
+
+Layer 1 KVCacheManager (policy) -> layer 2 KVCacheCoordinator (fan-out over groups) ->
+layer 3 SingleTypeKVCacheManager (per-group arithmetic) -> layer 4 BlockPool (ownership).
+"""
+
+from kvcache.block_pool import BlockHashToBlockMap, BlockPool
+from kvcache.kv_cache_coordinator import (
+    HybridKVCacheCoordinator,
+    KVCacheCoordinator,
+    KVCacheCoordinatorNoPrefixCache,
+    UnitaryKVCacheCoordinator,
+    get_kv_cache_coordinator,
+)
+from kvcache.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
+from kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from kvcache.kv_cache_utils import (
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+    get_request_block_hasher,
+    resolve_kv_cache_block_sizes,
+)
+from kvcache.request import Request, RequestStatus
+from kvcache.scheduler import Scheduler, StepOutput
+from kvcache.single_type_kv_cache_manager import (
+    ChunkedLocalAttentionManager,
+    CrossAttentionManager,
+    FullAttentionManager,
+    SingleTypeKVCacheManager,
+    SlidingWindowManager,
+)
+
+__all__ = [
+    "BlockHashToBlockMap",
+    "BlockPool",
+    "ChunkedLocalAttentionManager",
+    "ChunkedLocalAttentionSpec",
+    "CrossAttentionManager",
+    "CrossAttentionSpec",
+    "FreeKVCacheBlockQueue",
+    "FullAttentionManager",
+    "FullAttentionSpec",
+    "HybridKVCacheCoordinator",
+    "KVCacheBlock",
+    "KVCacheBlocks",
+    "KVCacheConfig",
+    "KVCacheCoordinator",
+    "KVCacheCoordinatorNoPrefixCache",
+    "KVCacheGroupSpec",
+    "KVCacheManager",
+    "KVCacheSpec",
+    "Request",
+    "RequestStatus",
+    "Scheduler",
+    "SingleTypeKVCacheManager",
+    "SlidingWindowManager",
+    "SlidingWindowSpec",
+    "StepOutput",
+    "UnitaryKVCacheCoordinator",
+    "get_kv_cache_coordinator",
+    "get_request_block_hasher",
+    "resolve_kv_cache_block_sizes",
+]

@@ -1,0 +1,317 @@
+"""Layer 4: the one owner of blocks, reference counts, the free queue and the hash map."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from kvcache.kv_cache_utils import (
+    BlockHash,
+    BlockHashWithGroupId,
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+    make_block_hash_with_group_id,
+    resolve_block_hashes,
+)
+
+if TYPE_CHECKING:
+    from kvcache.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+class BlockHashToBlockMap:
+    """Key -> one block, or -> {block_id: block} in insertion order when duplicated.
+
+    Identical content cached twice is kept twice (no de-duplication), so block ids already
+    handed out never change. The single-block form avoids an inner dict per key.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[BlockHashWithGroupId, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+
+    def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
+        """The earliest inserted block still present under key."""
+        blocks = self._cache.get(key)
+        if type(blocks) is dict:
+            return next(iter(blocks.values()))
+        return blocks
+
+    def contain(self, key: BlockHashWithGroupId, block_id: int) -> bool:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            return False
+        if type(blocks) is dict:
+            return block_id in blocks
+        return blocks.block_id == block_id
+
+    def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            self._cache[key] = block
+        elif type(blocks) is dict:
+            blocks[block.block_id] = block
+        else:
+            self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
+
+    def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
+        """Remove only `block_id` under key; another single block under key is left alone."""
+        blocks = self._cache.get(key)
+        if blocks is None:
+            return None
+        if type(blocks) is dict:
+            block = blocks.pop(block_id, None)
+            if not blocks:
+                del self._cache[key]
+            return block
+        if blocks.block_id != block_id:
+            return None
+        del self._cache[key]
+        return blocks
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+class BlockPool:
+    """All blocks of one pool. Block 0 is the null block: a placeholder for table positions that
+    hold no KV (tokens outside a window); it is never queued, cached, counted or handed out.
+    """
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int) -> None:
+        if not isinstance(num_gpu_blocks, int) or isinstance(num_gpu_blocks, bool) or (
+            num_gpu_blocks <= 0
+        ):
+            raise ValueError(f"num_gpu_blocks must be a positive int, got {num_gpu_blocks!r}")
+        if not isinstance(hash_block_size, int) or hash_block_size <= 0:
+            raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        # Keys beyond the primary one (partial entries), per block id.
+        self.cached_block_hashes_by_block: dict[int, set[BlockHashWithGroupId]] = {}
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+
+    def get_cached_block(
+        self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        """One cached block per group for this hash, or None if any group misses. Pure read."""
+        get_one_block = self.cached_block_hash_to_block.get_one_block
+        cached_blocks = []
+        for group_id in kv_cache_group_ids:
+            block = get_one_block(make_block_hash_with_group_id(block_hash, group_id))
+            if block is None:
+                return None
+            cached_blocks.append(block)
+        return cached_blocks
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """Register `blocks[num_cached_blocks:num_full_blocks]` under the request's hashes.
+
+        Null blocks and blocks masked out are skipped. A block that already has a key may only
+        be a partial entry being promoted to its full key.
+        """
+        if num_cached_blocks >= num_full_blocks:
+            return
+        assert len(blocks) >= num_full_blocks, (len(blocks), num_full_blocks)
+        assert block_mask is None or len(block_mask) == num_full_blocks - num_cached_blocks
+        block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if block.is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+                continue
+            num_tokens = (i + 1) * block_size
+            if block.block_hash is not None:
+                assert (
+                    block.block_hash_num_tokens is not None
+                    and block.block_hash_num_tokens < num_tokens
+                ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
+                self._remove_cached_block_hashes(block)
+            self._insert_block_hash(
+                make_block_hash_with_group_id(block_hashes[i], kv_cache_group_id),
+                block,
+                num_tokens,
+            )
+
+    def cache_partial_block(
+        self,
+        request: Request,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> BlockHashWithGroupId | None:
+        """Make `block` reachable from the interior prefix boundary `num_tokens` (Tier B).
+
+        The key is the fine hash at that boundary. A new key covering more tokens than the
+        block's current primary replaces its keys; otherwise it is added as an extra.
+        """
+        if block.is_null:
+            return None
+        hbs = self.hash_block_size
+        if block_size % hbs:
+            raise ValueError(f"block_size {block_size} is not a multiple of hash_block_size {hbs}")
+        if num_tokens <= 0 or num_tokens % hbs or num_tokens // hbs > len(request.block_hashes):
+            raise ValueError(
+                f"num_tokens {num_tokens} is not a positive multiple of {hbs} within the "
+                f"{len(request.block_hashes)} hashes of request {request.request_id!r}"
+            )
+        key = make_block_hash_with_group_id(
+            request.block_hashes[num_tokens // hbs - 1], kv_cache_group_id
+        )
+        if replace_existing_hashes:
+            self._remove_cached_block_hashes(block)
+        elif (
+            block.block_hash is not None
+            and not self._carries_key(block, key)
+            and block.block_hash_num_tokens is not None
+            and block.block_hash_num_tokens < num_tokens
+        ):
+            self._remove_cached_block_hashes(block)
+        self._insert_block_hash(key, block, num_tokens)
+        return key
+
+    def _carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
+        return block.block_hash == key or self.cached_block_hash_to_block.contain(
+            key, block.block_id
+        )
+
+    def _insert_block_hash(
+        self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int
+    ) -> None:
+        if self._carries_key(block, key):
+            return
+        if block.block_hash is None:
+            block.set_block_hash(key, num_tokens)
+        else:
+            self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
+        self.cached_block_hash_to_block.insert(key, block)
+
+    def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
+        """Drop every key of the block (primary and extras) from the map and the block."""
+        extras = self.cached_block_hashes_by_block.pop(block.block_id, ())
+        if block.block_hash is None and not extras:
+            return
+        cache = self.cached_block_hash_to_block
+        if block.block_hash is not None:
+            cache.pop(block.block_hash, block.block_id)
+        for key in extras:
+            cache.pop(key, block.block_id)
+        block.reset_hash()
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop blocks from the queue head, evicting their cache entries: the only place memory
+        pressure evicts. Nothing changes if the pool is short.
+        """
+        if not isinstance(num_blocks, int) or num_blocks < 0:
+            raise ValueError(f"Cannot get {num_blocks!r} blocks: the count must be >= 0")
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        for block in ret:
+            if self.enable_caching:
+                self._remove_cached_block_hashes(block)
+            assert block.ref_cnt == 0, block
+            block.ref_cnt = 1
+        return ret
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take a reference on each (prefix-hit) block, rescuing free ones from the queue.
+
+        Every block is checked before any is touched, so a bad block changes nothing.
+        """
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null and block.prev_free_block is None:
+                raise RuntimeError(
+                    f"touch(): block {block.block_id} has ref_cnt 0 but is not in the free queue"
+                )
+        remove = self.free_block_queue.remove
+        for block in blocks:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
+                remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference per block; the first block is the first to evict.
+
+        Blocks reaching zero without a key go to the queue head as one run (reused first, for
+        locality); cached ones go to the tail (evicted oldest release first). Releasing a block
+        that is not held raises ValueError and changes nothing.
+        """
+        blocks = list(ordered_blocks)
+        evict_first: list[KVCacheBlock] = []
+        evict_last: list[KVCacheBlock] = []
+        for i, block in enumerate(blocks):
+            if block.is_null:
+                continue
+            if block.ref_cnt <= 0:
+                for done in blocks[:i]:
+                    if not done.is_null:
+                        done.ref_cnt += 1
+                raise ValueError(f"free_blocks(): block {block.block_id} is not held")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None or not self.enable_caching:
+                    evict_first.append(block)
+                else:
+                    evict_last.append(block)
+        self.free_block_queue.prepend_n(evict_first)
+        self.free_block_queue.append_n(evict_last)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Strip the cache keys of these blocks without moving or releasing them."""
+        ids = tuple(block_ids)
+        for block_id in ids:
+            if not isinstance(block_id, int) or not 0 <= block_id < self.num_gpu_blocks:
+                raise ValueError(
+                    f"evict_blocks(): block id {block_id!r} is outside [0, {self.num_gpu_blocks})"
+                )
+        for block_id in ids:
+            self._remove_cached_block_hashes(self.blocks[block_id])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cache entry; refused (False, nothing changed) while any block is held."""
+        num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
+        if num_used_blocks != 1:
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet",
+                num_used_blocks - 1,
+            )
+            return False
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hashes_by_block.clear()
+        for block in self.blocks:
+            block.reset_hash()
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        """Free blocks, cached eviction candidates included."""
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of usable (non-null) blocks held."""
+        total = self.num_gpu_blocks - 1
+        if not total:
+            return 0.0
+        return 1.0 - self.get_num_free_blocks() / total
+
+    def is_block_writable(self, block: KVCacheBlock) -> bool:
+        """Only a sole, unhashed owner may write: hashed content is a function of its key."""
+        return not block.is_null and block.ref_cnt == 1 and block.block_hash is None

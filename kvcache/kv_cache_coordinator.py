@@ -1,0 +1,570 @@
+"""Layer 2: builds the pool and one manager per group, fans calls out, reconciles hits."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from kvcache.block_pool import BlockPool
+from kvcache.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+)
+from kvcache.kv_cache_utils import BlockHash, KVCacheBlock, cdiv
+from kvcache.single_type_kv_cache_manager import (
+    CrossAttentionManager,
+    SingleTypeKVCacheManager,
+    get_manager_class,
+    get_manager_for_kv_cache_spec,
+)
+
+if TYPE_CHECKING:
+    from kvcache.request import Request
+
+HitResult = tuple[tuple[list[KVCacheBlock], ...], int, int]
+"""Per-group hit blocks, the hit length, and the uncached common prefix (Tier C, else 0)."""
+
+
+def _check_positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class KVCacheCoordinator(ABC):
+    """Fan-out over the groups of one shared pool: groups compete for the same free blocks."""
+
+    enable_partial_hash_hits = False
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        enable_caching: bool,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        record_new_block_ids: bool = False,
+    ) -> None:
+        self.kv_cache_config = kv_cache_config
+        groups = kv_cache_config.kv_cache_groups
+        _check_positive("scheduler_block_size", scheduler_block_size)
+        _check_positive("hash_block_size", hash_block_size)
+        if scheduler_block_size % hash_block_size:
+            raise ValueError(
+                f"scheduler_block_size {scheduler_block_size} is not a multiple of "
+                f"hash_block_size {hash_block_size}"
+            )
+        for i, group in enumerate(groups):
+            block_size = group.kv_cache_spec.block_size
+            if scheduler_block_size % block_size:
+                raise ValueError(
+                    f"scheduler_block_size {scheduler_block_size} is not a multiple of "
+                    f"group {i}'s block_size {block_size}"
+                )
+        if kv_cache_config.prefix_cache_retention_interval is not None:
+            raise ValueError(
+                "prefix_cache_retention_interval "
+                f"{kv_cache_config.prefix_cache_retention_interval!r} is not supported; use None"
+            )
+        if enable_caching:
+            if not groups:
+                raise ValueError("a config with no KV cache groups needs enable_caching=False")
+            for i, group in enumerate(groups):
+                spec = group.kv_cache_spec
+                if isinstance(spec, CrossAttentionSpec):
+                    raise ValueError(
+                        f"group {i} is cross attention, which needs enable_caching=False"
+                    )
+                if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
+                    raise ValueError(
+                        f"group {i} is chunked local attention, which does not support EAGLE"
+                    )
+        self.enable_caching = enable_caching
+        self.scheduler_block_size = scheduler_block_size
+        self.hash_block_size = hash_block_size
+        self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, hash_block_size)
+
+        self.eagle_group_ids: set[int] = {i for i, g in enumerate(groups) if g.is_eagle_group}
+        if use_eagle and not self.eagle_group_ids:
+            self.eagle_group_ids = set(range(len(groups)))
+        # Groups whose lookups drop the last matched unit.
+        self.drop_eagle_group_ids: set[int] = self.eagle_group_ids if use_eagle else set()
+
+        self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
+            get_manager_for_kv_cache_spec(
+                group.kv_cache_spec,
+                max_in_flight_tokens,
+                max_model_len,
+                block_pool=self.block_pool,
+                enable_caching=enable_caching,
+                kv_cache_group_id=i,
+                scheduler_block_size=scheduler_block_size,
+                record_new_block_ids=record_new_block_ids,
+            )
+            for i, group in enumerate(groups)
+        )
+        self._is_cross = tuple(
+            isinstance(m, CrossAttentionManager) for m in self.single_type_managers
+        )
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """Sum of the groups' predictions. Pure.
+
+        Cross attention is sized by the encoder tokens alone. `apply_admission_cap` is for the
+        full-sequence gate only: the per-step check must equal what allocation takes.
+        """
+        num_blocks = 0
+        for i, manager in enumerate(self.single_type_managers):
+            if self._is_cross[i]:
+                num_blocks += manager.get_num_blocks_to_allocate(
+                    request_id,
+                    num_encoder_tokens,
+                    (),
+                    0,
+                    0,
+                    num_encoder_tokens,
+                    apply_admission_cap=apply_admission_cap,
+                )
+            else:
+                num_blocks += manager.get_num_blocks_to_allocate(
+                    request_id,
+                    num_tokens,
+                    new_computed_blocks[i],
+                    total_computed_tokens,
+                    num_local_computed_tokens,
+                    num_tokens_main_model,
+                    apply_admission_cap=apply_admission_cap,
+                    prefill_end=prefill_end,
+                )
+        return num_blocks
+
+    def tracks(self, request_id: str) -> bool:
+        """Whether some group holds a table for the request (it was allocated, not freed)."""
+        return any(request_id in m.req_to_blocks for m in self.single_type_managers)
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int = 0,
+    ) -> None:
+        """Adopt the hits of a request's first allocation in every group.
+
+        All touches finish before anything is popped, so no group's allocation can evict
+        another group's hit blocks (vLLM #33775). A tracked request never adopts.
+        """
+        if self.tracks(request_id):
+            assert all(not blocks for blocks in new_computed_blocks)
+            return
+        for i, manager in enumerate(self.single_type_managers):
+            manager.add_local_computed_blocks(
+                request_id,
+                new_computed_blocks[i],
+                num_local_computed_tokens,
+                num_external_computed_tokens,
+            )
+
+    def allocate_new_blocks(
+        self,
+        request_id: str,
+        num_tokens: int,
+        num_tokens_main_model: int,
+        num_encoder_tokens: int = 0,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        """Grow every group's table; commits group by group, no check and no rollback."""
+        return tuple(
+            manager.allocate_new_blocks(
+                request_id,
+                num_encoder_tokens if self._is_cross[i] else num_tokens,
+                num_tokens_main_model,
+            )
+            for i, manager in enumerate(self.single_type_managers)
+        )
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
+        """Prefix eligible for hashing in a group."""
+        return num_computed_tokens
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        for group_id, manager in enumerate(self.single_type_managers):
+            if manager.enable_caching:
+                manager.cache_blocks(
+                    request, self.get_num_cacheable_tokens(num_computed_tokens, group_id)
+                )
+
+    def free(self, request_id: str) -> None:
+        for manager in self.single_type_managers:
+            manager.free(request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """Every group's blocks, group after group; the caller frees each group tail first."""
+        blocks: list[KVCacheBlock] = []
+        for manager in self.single_type_managers:
+            blocks.extend(manager.pop_blocks_for_free(request_id))
+        return blocks
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        for manager in self.single_type_managers:
+            manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
+
+    def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(m.req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def new_step_starts(self) -> None:
+        for manager in self.single_type_managers:
+            manager.new_step_starts()
+
+    @abstractmethod
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> HitResult:
+        """The longest prefix of at most `max_cache_hit_length` tokens every group accepts."""
+
+
+class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
+    """Caching disabled; any number of groups, zero included."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        record_new_block_ids: bool = False,
+    ) -> None:
+        super().__init__(
+            kv_cache_config,
+            max_model_len,
+            max_in_flight_tokens,
+            use_eagle,
+            False,
+            scheduler_block_size,
+            hash_block_size,
+            record_new_block_ids,
+        )
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> HitResult:
+        return tuple([] for _ in self.single_type_managers), 0, 0
+
+
+class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    """Exactly one group: its manager's search is the whole lookup."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        enable_caching: bool,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        record_new_block_ids: bool = False,
+    ) -> None:
+        groups = kv_cache_config.kv_cache_groups
+        if len(groups) != 1:
+            raise ValueError(f"UnitaryKVCacheCoordinator needs one group, got {len(groups)}")
+        block_size = groups[0].kv_cache_spec.block_size
+        if enable_caching and hash_block_size != block_size:
+            raise ValueError(
+                f"hash_block_size {hash_block_size} must equal the block_size {block_size} "
+                "of a single-group config with caching on"
+            )
+        super().__init__(
+            kv_cache_config,
+            max_model_len,
+            max_in_flight_tokens,
+            use_eagle,
+            enable_caching,
+            scheduler_block_size,
+            hash_block_size,
+            record_new_block_ids,
+        )
+        self.kv_cache_spec = groups[0].kv_cache_spec
+        self.block_size = block_size
+        self._drop_eagle_block = 0 in self.drop_eagle_group_ids
+        self.single_type_managers[0].use_eagle = self._drop_eagle_block
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> HitResult:
+        hit_blocks, hit_length = self.single_type_managers[0].find_longest_cache_hit(
+            block_hashes,
+            max_cache_hit_length,
+            (0,),
+            self.block_pool,
+            self.kv_cache_spec,
+            self._drop_eagle_block,
+            self.block_size,
+        )
+        # One group: no other group can lag behind it.
+        return hit_blocks, hit_length, 0
+
+
+class SpecGroup(NamedTuple):
+    """Groups with one spec, looked up jointly; EAGLE drops for all if any member drops."""
+
+    spec: KVCacheSpec
+    group_ids: list[int]
+    manager_cls: type[SingleTypeKVCacheManager]
+    use_eagle: bool
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    """Several groups: a hit must land on a length every group accepts.
+
+    `enable_partial_hash_hits` (Tier B) forces fine-grained, hash-block-aligned hits; vLLM only
+    turns them on for Mamba "align" groups, so the default False equals vLLM 0.33.0 here.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        enable_caching: bool,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        record_new_block_ids: bool = False,
+        enable_partial_hash_hits: bool = False,
+    ) -> None:
+        super().__init__(
+            kv_cache_config,
+            max_model_len,
+            max_in_flight_tokens,
+            use_eagle,
+            enable_caching,
+            scheduler_block_size,
+            hash_block_size,
+            record_new_block_ids,
+        )
+        groups = kv_cache_config.kv_cache_groups
+        alignment = hash_block_size if enable_partial_hash_hits else scheduler_block_size
+        for i, group in enumerate(groups):
+            spec = group.kv_cache_spec
+            if not spec.prefix_cacheable:
+                continue
+            if spec.block_size % hash_block_size:
+                raise ValueError(
+                    f"group {i}'s block_size {spec.block_size} is not a multiple of "
+                    f"hash_block_size {hash_block_size}"
+                )
+            fine_grained = get_manager_class(spec).supports_fine_grained_hash_lookup
+            if enable_partial_hash_hits and not fine_grained and spec.block_size != hash_block_size:
+                raise ValueError(
+                    f"partial hash hits need group {i} ({type(spec).__name__}) to have "
+                    f"block_size {spec.block_size} equal to hash_block_size {hash_block_size}"
+                )
+            if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != alignment:
+                raise ValueError(
+                    f"group {i} (chunked local) block_size {spec.block_size} must equal "
+                    f"the hit alignment {alignment}"
+                )
+        self.enable_partial_hash_hits = enable_partial_hash_hits
+        self._cache_hit_alignment_tokens = alignment
+        for manager in self.single_type_managers:
+            manager.cache_hit_alignment_tokens = alignment
+        self.attention_groups = self._split_spec_groups()
+
+    def _split_spec_groups(self) -> list[SpecGroup]:
+        """Merge groups with equal spec, class and pool; full attention first, because its
+        left-to-right scan gives the tightest first bound.
+        """
+        spec_groups: list[SpecGroup] = []
+        for i, group in enumerate(self.kv_cache_config.kv_cache_groups):
+            spec = group.kv_cache_spec
+            if not spec.prefix_cacheable:
+                continue
+            manager = self.single_type_managers[i]
+            use_eagle = i in self.drop_eagle_group_ids
+            for idx, existing in enumerate(spec_groups):
+                if (
+                    existing.spec == spec
+                    and existing.manager_cls is type(manager)
+                    and self.single_type_managers[existing.group_ids[0]].block_pool
+                    is manager.block_pool
+                ):
+                    existing.group_ids.append(i)
+                    if use_eagle and not existing.use_eagle:
+                        spec_groups[idx] = existing._replace(use_eagle=True)
+                    break
+            else:
+                spec_groups.append(SpecGroup(spec, [i], type(manager), use_eagle))
+        if not spec_groups:
+            raise ValueError("HybridKVCacheCoordinator needs at least one prefix-cacheable group")
+        spec_groups.sort(key=lambda g: not isinstance(g.spec, FullAttentionSpec))
+        for spec_group in spec_groups:
+            if spec_group.use_eagle:
+                for group_id in spec_group.group_ids:
+                    self.single_type_managers[group_id].use_eagle = True
+        return spec_groups
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
+        """Round down to the hit alignment: a later hit cannot use the part past it. EAGLE
+        groups keep one block more, which their lookups match and then drop.
+        """
+        cacheable = self._align_cacheable(num_computed_tokens)
+        manager = self.single_type_managers[kv_cache_group_id]
+        if manager.use_eagle and cacheable > 0:
+            return min(num_computed_tokens, cacheable + manager.block_size)
+        return cacheable
+
+    def _align_cacheable(self, num_tokens: int) -> int:
+        if self.enable_partial_hash_hits:
+            return num_tokens
+        return num_tokens // self.scheduler_block_size * self.scheduler_block_size
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> HitResult:
+        """Fixed point: each spec group accepts the candidate length or lowers it, and any
+        lowering restarts the round. Terminates because the length only decreases.
+
+        Full attention is downward-closed (any prefix of a hit is a hit), so it is searched
+        once and truncated at the end. An EAGLE group drops at most once per candidate length
+        (vLLM #32802): a non-dropping search that shortens the candidate voids earlier drops.
+        """
+        num_groups = len(self.single_type_managers)
+        hit_length = max_cache_hit_length
+        longest_hit_length = 0
+        hit_blocks_by_group: list[list[KVCacheBlock] | None] = [None] * num_groups
+        hit_length_by_group = [0] * num_groups
+        # With only full attention plus one other kind, one round suffices: full attention
+        # accepts any shorter length.
+        is_simple_hybrid = len(self.attention_groups) == 2 and isinstance(
+            self.attention_groups[0].spec, FullAttentionSpec
+        )
+        eagle_verified: set[int] = set()
+        num_hashed_tokens = len(block_hashes) * self.hash_block_size
+        while True:
+            curr_hit_length = hit_length
+            for idx, (spec, group_ids, manager_cls, use_eagle) in enumerate(self.attention_groups):
+                first_id = group_ids[0]
+                if isinstance(spec, FullAttentionSpec) and hit_blocks_by_group[first_id] is not None:
+                    curr_hit_length = min(curr_hit_length, hit_length_by_group[first_id])
+                    continue
+                drop_eagle_block = use_eagle and idx not in eagle_verified
+                max_length = curr_hit_length
+                if drop_eagle_block:
+                    # Match one unit past the candidate, then drop it: back at the candidate.
+                    max_length = min(
+                        curr_hit_length + self._eagle_margin(spec, manager_cls), num_hashed_tokens
+                    )
+                hit_blocks, new_hit_length = manager_cls.find_longest_cache_hit(
+                    block_hashes,
+                    max_length,
+                    group_ids,
+                    self.block_pool,
+                    spec,
+                    drop_eagle_block,
+                    self._cache_hit_alignment_tokens,
+                )
+                if drop_eagle_block:
+                    eagle_verified.add(idx)
+                elif new_hit_length < curr_hit_length:
+                    eagle_verified.clear()
+                curr_hit_length = new_hit_length
+                for group_id, blocks in zip(group_ids, hit_blocks):
+                    hit_blocks_by_group[group_id] = blocks
+                    hit_length_by_group[group_id] = new_hit_length
+                longest_hit_length = max(longest_hit_length, curr_hit_length)
+            if curr_hit_length >= hit_length:
+                break
+            hit_length = curr_hit_length
+            if is_simple_hybrid:
+                break
+
+        for spec_group in self.attention_groups:
+            if not isinstance(spec_group.spec, FullAttentionSpec):
+                continue
+            num_blocks = cdiv(hit_length, spec_group.spec.block_size)
+            for group_id in spec_group.group_ids:
+                blocks = hit_blocks_by_group[group_id]
+                if blocks is not None:
+                    del blocks[num_blocks:]
+        return (
+            tuple(blocks if blocks is not None else [] for blocks in hit_blocks_by_group),
+            hit_length,
+            longest_hit_length - hit_length,
+        )
+
+    def _eagle_margin(self, spec: KVCacheSpec, manager_cls: type[SingleTypeKVCacheManager]) -> int:
+        """One hash unit for fine-grained lookups under partial hits, else one block."""
+        if (
+            self.enable_partial_hash_hits
+            and manager_cls.supports_fine_grained_hash_lookup
+            and spec.block_size > self.hash_block_size
+        ):
+            return self.hash_block_size
+        return spec.block_size
+
+
+def get_kv_cache_coordinator(
+    kv_cache_config: KVCacheConfig,
+    max_model_len: int,
+    max_in_flight_tokens: int,
+    use_eagle: bool,
+    enable_caching: bool,
+    scheduler_block_size: int,
+    hash_block_size: int,
+    record_new_block_ids: bool = False,
+    enable_partial_hash_hits: bool = False,
+) -> KVCacheCoordinator:
+    """Caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
+    if enable_partial_hash_hits and (
+        not enable_caching or len(kv_cache_config.kv_cache_groups) < 2
+    ):
+        raise ValueError(
+            "enable_partial_hash_hits needs prefix caching and at least two KV cache groups, "
+            f"got enable_caching={enable_caching} and "
+            f"{len(kv_cache_config.kv_cache_groups)} group(s)"
+        )
+    common = (
+        kv_cache_config,
+        max_model_len,
+        max_in_flight_tokens,
+        use_eagle,
+    )
+    if not enable_caching:
+        return KVCacheCoordinatorNoPrefixCache(
+            *common, scheduler_block_size, hash_block_size, record_new_block_ids
+        )
+    if len(kv_cache_config.kv_cache_groups) == 1:
+        return UnitaryKVCacheCoordinator(
+            *common, True, scheduler_block_size, hash_block_size, record_new_block_ids
+        )
+    return HybridKVCacheCoordinator(
+        *common,
+        True,
+        scheduler_block_size,
+        hash_block_size,
+        record_new_block_ids,
+        enable_partial_hash_hits,
+    )

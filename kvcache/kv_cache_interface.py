@@ -1,0 +1,117 @@
+"""KV cache specs and configs: immutable value objects describing the groups of a model.
+
+No tensors here: the manager only needs block sizes and attention windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcache.kv_cache_utils import cdiv
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVCacheSpec:
+    """The KV cache format of one layer; equal specs can share a lookup."""
+
+    block_size: int
+
+    def __post_init__(self) -> None:
+        _check_positive("block_size", self.block_size)
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether this spec's group takes part in prefix caching."""
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullAttentionSpec(KVCacheSpec):
+    """Every token keeps its KV for the request's lifetime.
+
+    `sliding_window` / `attention_chunk_size` are informational: window layers treated as full
+    attention when the hybrid allocator is off.
+    """
+
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowSpec(KVCacheSpec):
+    """The next token attends to the previous `sliding_window - 1` tokens and itself.
+
+    `extra_retained_tokens` keeps that many more tokens below the window alive (never attended).
+    """
+
+    sliding_window: int
+    extra_retained_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive("sliding_window", self.sliding_window)
+        if not isinstance(self.extra_retained_tokens, int) or self.extra_retained_tokens < 0:
+            raise ValueError(
+                f"extra_retained_tokens must be a non-negative int, "
+                f"got {self.extra_retained_tokens!r}"
+            )
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
+        """Most blocks one request holds at once; the one bound for admission and pool sizing.
+
+        The +1 covers a window that does not start on a block boundary.
+        """
+        num_tokens = min(
+            self.sliding_window - 1 + self.extra_retained_tokens + max_in_flight_tokens,
+            max_model_len,
+        )
+        return cdiv(num_tokens, self.block_size) + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkedLocalAttentionSpec(KVCacheSpec):
+    """Token t attends only within its chunk `[t // c * c, t]`."""
+
+    attention_chunk_size: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive("attention_chunk_size", self.attention_chunk_size)
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
+        """Most blocks one request holds at once: one chunk plus the in-flight tokens."""
+        num_tokens = min(self.attention_chunk_size + max_in_flight_tokens, max_model_len)
+        return cdiv(num_tokens, self.block_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossAttentionSpec(KVCacheSpec):
+    """Encoder-side KV of an encoder-decoder model: allocated once, never prefix-cached."""
+
+
+@dataclass
+class KVCacheGroupSpec:
+    """Layers sharing one block table."""
+
+    layer_names: list[str]
+    kv_cache_spec: KVCacheSpec
+    is_eagle_group: bool = False
+
+
+@dataclass
+class KVCacheConfig:
+    """The pool size and the groups of a model.
+
+    `num_blocks` counts the null block. `kv_cache_tensors` is opaque to the manager.
+    """
+
+    num_blocks: int
+    kv_cache_tensors: list[Any] = field(default_factory=list)
+    kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
+    prefix_cache_retention_interval: int | None = None

@@ -1,0 +1,404 @@
+"""Layer 1: admission policy and the public API the scheduler calls."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, overload
+
+from kvcache.kv_cache_coordinator import get_kv_cache_coordinator
+from kvcache.kv_cache_interface import CrossAttentionSpec, KVCacheConfig
+from kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
+from kvcache.request import RequestStatus
+from kvcache.stats import PrefixCacheStats
+
+if TYPE_CHECKING:
+    from kvcache.request import Request
+
+# Statuses measured against the watermark: admitting costs more than continuing to serve.
+_ADMITTED_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+@dataclass
+class KVCacheBlocks:
+    """Blocks per group (group-major: groups may hold different numbers of blocks).
+
+    Inner sequences of the manager's shared empty instance are tuples; never mutate them.
+    """
+
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(
+            tuple(list(itertools.chain(a, b)) for a, b in zip(self.blocks, other.blocks))
+        )
+
+    @overload
+    def get_block_ids(
+        self, allow_none: Literal[False] = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...]: ...
+
+    @overload
+    def get_block_ids(
+        self, allow_none: Literal[True], *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None: ...
+
+    def get_block_ids(
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        """Ids per selected group (nulls as 0); with `allow_none`, None if all are empty."""
+        groups = self.blocks if group_ids is None else tuple(self.blocks[g] for g in group_ids)
+        if allow_none and all(len(group) == 0 for group in groups):
+            return None
+        return tuple([block.block_id for block in group] for group in groups)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        """Single group only: ids of blocks without a cache key."""
+        if len(self.blocks) != 1:
+            raise ValueError(f"get_unhashed_block_ids needs one group, got {len(self.blocks)}")
+        return [block.block_id for block in self.blocks[0] if block.block_hash is None]
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(() for _ in self.blocks))
+
+
+class KVCacheManager:
+    """Decides whether an allocation happens, and checks before anything is committed: below
+    the capacity check there is no rollback, so the check must be exact.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        watermark: float = 0.0,
+        enable_partial_hash_hits: bool = False,
+        record_new_block_ids: bool = False,
+    ) -> None:
+        """`enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
+        `record_new_block_ids` records fresh blocks for a worker that zeroes them.
+        """
+        if not isinstance(max_model_len, int) or max_model_len <= 0:
+            raise ValueError(f"max_model_len must be a positive int, got {max_model_len!r}")
+        if max_in_flight_tokens is None:
+            # No effective admission cap: both caps are then at least the uncapped need.
+            max_in_flight_tokens = max_model_len
+        elif not isinstance(max_in_flight_tokens, int) or max_in_flight_tokens <= 0:
+            raise ValueError(
+                f"max_in_flight_tokens must be a positive int, got {max_in_flight_tokens!r}"
+            )
+        if not isinstance(watermark, int | float) or isinstance(watermark, bool) or watermark < 0:
+            raise ValueError(f"watermark must be a number >= 0, got {watermark!r}")
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.coordinator = get_kv_cache_coordinator(
+            kv_cache_config,
+            max_model_len,
+            max_in_flight_tokens,
+            use_eagle,
+            enable_caching,
+            scheduler_block_size,
+            hash_block_size,
+            record_new_block_ids,
+            enable_partial_hash_hits,
+        )
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        # Layer 1 reads the free count directly, skipping layer 2.
+        self.block_pool = self.coordinator.block_pool
+        # Counted on N including the null block, as vLLM does.
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        # Shared, immutable empty result: avoids garbage on every miss, and allocate_slots
+        # recognises "no hits to adopt" by the identity of its lists.
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        self._cross_group_ids = frozenset(
+            i
+            for i, group in enumerate(kv_cache_config.kv_cache_groups)
+            if isinstance(group.kv_cache_spec, CrossAttentionSpec)
+        )
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """Requests that must genuinely recompute their prompt never read the cache."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Record an admitted lookup; lookups whose admission failed are not counted."""
+        if self.prefix_cache_stats is None or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Return the stats gathered so far and start new ones (None when not logging)."""
+        if self.prefix_cache_stats is None:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        """The cached prefix of the request: (blocks, hit tokens, shared prefix boundary).
+
+        Read-only and reserves nothing: the blocks may be free eviction candidates, so pass
+        them to `allocate_slots` before any other pool mutation. The default ceiling is
+        `num_tokens - 1` because one token must be computed to get logits; with block-aligned
+        hits a fully cached prompt recomputes its whole last block.
+        """
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        elif max_cache_hit_length < 0:
+            raise ValueError(f"max_cache_hit_length must be >= 0, got {max_cache_hit_length}")
+        blocks, num_hit_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, max_cache_hit_length
+        )
+        shared_prefix_boundary = num_hit_tokens + num_uncached if num_uncached else 0
+        return self.create_kv_cache_blocks(blocks), num_hit_tokens, shared_prefix_boundary
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> KVCacheBlocks | None:
+        """Adopt the prefix hits and grow the tables for `num_new_tokens` (+ lookahead).
+
+        Layout after the call: [computed | new hits | new tokens | lookahead]; everything
+        after the computed part is allocated, and the real (non-draft) tokens are cached.
+        Returns only the blocks newly taken (a CoW copy first), or None when they do not fit.
+        A None from the full-sequence gate changes nothing; one from the capacity check leaves
+        only the out-of-window frees of step 4. External (connector) tokens are Tier C and
+        must be 0.
+        """
+        request_id = request.request_id
+        # 0. Argument checks: nothing is mutated before they pass.
+        if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
+            num_new_computed_tokens == 0
+        ):
+            raise ValueError(
+                f"allocate_slots({request_id!r}): num_new_tokens is 0 and there are no "
+                "computed tokens to adopt"
+            )
+        if (
+            num_new_tokens
+            | num_new_computed_tokens
+            | num_lookahead_tokens
+            | num_external_computed_tokens
+            | num_encoder_tokens
+            | reserved_blocks
+        ) < 0:
+            raise ValueError(
+                f"allocate_slots({request_id!r}): negative count in "
+                f"num_new_tokens={num_new_tokens}, "
+                f"num_new_computed_tokens={num_new_computed_tokens}, "
+                f"num_lookahead_tokens={num_lookahead_tokens}, "
+                f"num_external_computed_tokens={num_external_computed_tokens}, "
+                f"num_encoder_tokens={num_encoder_tokens}, reserved_blocks={reserved_blocks}"
+            )
+        if num_external_computed_tokens:
+            raise ValueError(
+                f"num_external_computed_tokens={num_external_computed_tokens}: external "
+                "(KV connector) tokens are not supported"
+            )
+        empty_blocks = self.empty_kv_cache_blocks.blocks
+        if new_computed_blocks is None:
+            hit_blocks = empty_blocks
+        else:
+            hit_blocks = new_computed_blocks.blocks
+            if hit_blocks is not empty_blocks and any(hit_blocks) and (
+                self.coordinator.tracks(request_id)
+            ):
+                raise ValueError(
+                    f"allocate_slots({request_id!r}): a running request cannot adopt prefix "
+                    f"hits {new_computed_blocks.get_block_ids()}"
+                )
+
+        # 1. Inputs.
+        num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        total_computed_tokens = min(
+            num_local_computed_tokens + num_external_computed_tokens, self.max_model_len
+        )
+        watermark_blocks = (
+            self.watermark_blocks
+            if has_scheduled_reqs and request.status in _ADMITTED_STATUSES
+            else 0
+        )
+
+        # 2. Full-sequence gate: chunked prefill alone would admit a huge request on the
+        # strength of its first chunk. Capped for recycling kinds; ignores the reserve.
+        if full_sequence_must_fit:
+            full_num_tokens = min(request.num_tokens, self.max_model_len)
+            num_blocks = self.coordinator.get_num_blocks_to_allocate(
+                request_id,
+                full_num_tokens,
+                hit_blocks,
+                num_encoder_tokens,
+                total_computed_tokens,
+                num_local_computed_tokens,
+                full_num_tokens,
+                apply_admission_cap=True,
+            )
+            if num_blocks + watermark_blocks > self.block_pool.get_num_free_blocks():
+                return None
+
+        # 3. Sizes.
+        num_tokens_main_model = total_computed_tokens + num_new_tokens
+        num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
+
+        # 4. Free out-of-window blocks first (fewer cached blocks get evicted), on the basis
+        # of settled tokens only; runs even if the request then does not fit.
+        self.coordinator.remove_skipped_blocks(
+            request_id,
+            max(0, total_computed_tokens - request.num_in_flight_tokens),
+            request.num_prompt_tokens,
+        )
+
+        # 5-6. Exact per-step prediction and capacity check.
+        num_blocks = self.coordinator.get_num_blocks_to_allocate(
+            request_id,
+            num_tokens_need_slot,
+            hit_blocks,
+            num_encoder_tokens,
+            num_local_computed_tokens + num_external_computed_tokens,
+            num_local_computed_tokens,
+            num_tokens_main_model,
+        )
+        available_blocks = self.block_pool.get_num_free_blocks() - reserved_blocks
+        if num_blocks + watermark_blocks > available_blocks:
+            return None
+
+        # 7. Adopt hits before popping, so the pops cannot evict them.
+        if hit_blocks is not empty_blocks or num_external_computed_tokens > 0:
+            self.coordinator.allocate_new_computed_blocks(
+                request_id, hit_blocks, num_local_computed_tokens, num_external_computed_tokens
+            )
+
+        # 8. Allocate.
+        new_blocks = self.coordinator.allocate_new_blocks(
+            request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
+        )
+        if delay_cache_blocks:
+            return self.create_kv_cache_blocks(new_blocks)
+
+        # 10. Cache the finalized tokens only: drafts and lookahead may be rejected.
+        self.coordinator.cache_blocks(
+            request, min(total_computed_tokens + num_new_tokens, request.num_tokens)
+        )
+        return self.create_kv_cache_blocks(new_blocks)
+
+    def _check_tracked(self, request_id: str, operation: str) -> None:
+        """A zero-group pool holds no tables, so every request counts as tracked there."""
+        if self.coordinator.single_type_managers and not self.coordinator.tracks(request_id):
+            raise ValueError(f"{operation}: request {request_id!r} is not tracked by the manager")
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, each group tail first."""
+        self._check_tracked(request.request_id, "free")
+        self.coordinator.free(request.request_id)
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        """Forget the request but keep its references, for a deferred free: the caller frees
+        each group's blocks in reverse order later.
+        """
+        return self.coordinator.pop_blocks_for_free(request.request_id)
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        self.coordinator.remove_skipped_blocks(
+            request_id, processed_computed_tokens, num_prompt_tokens
+        )
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's full blocks up to `num_computed_tokens` (if caching)."""
+        request_id = request.request_id
+        self._check_tracked(request_id, "cache_blocks")
+        if num_computed_tokens < 0:
+            raise ValueError(f"cache_blocks({request_id!r}): {num_computed_tokens} tokens < 0")
+        for group_id, manager in enumerate(self.coordinator.single_type_managers):
+            if group_id in self._cross_group_ids:
+                continue
+            num_slots = len(manager.req_to_blocks.get(request_id, ())) * manager.block_size
+            if num_computed_tokens > num_slots:
+                raise ValueError(
+                    f"cache_blocks({request_id!r}): {num_computed_tokens} tokens exceed the "
+                    f"{num_slots} slots of group {group_id}"
+                )
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, num_computed_tokens)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop these blocks' cache entries (their content became invalid)."""
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the whole cache; False (nothing changed) while any block is held."""
+        if not self.coordinator.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Deprecated (cascade attention is gone): zeros per group."""
+        return [0] * self.num_kv_cache_groups
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's full tables (live lists: do not mutate)."""
+        return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def take_new_block_ids(self) -> list[int]:
+        """Drain the ids recorded since the last call; drained every step so they cannot grow."""
+        ids: list[int] = []
+        for manager in self.coordinator.single_type_managers:
+            ids.extend(manager.take_new_block_ids())
+        return ids
+
+    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
+        """Drain pending CoW copies and their retained endpoints (src, dst per copy).
+
+        The caller runs the copies, then passes the endpoints to `block_pool.free_blocks`.
+        """
+        pairs: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        for manager in self.coordinator.single_type_managers:
+            pairs.extend(manager.take_pending_cow_copies())
+        copies = [KVCacheBlockCopy(src.block_id, dst.block_id) for src, dst in pairs]
+        return copies, [block for pair in pairs for block in pair]
+
+    def new_step_starts(self) -> None:
+        self.coordinator.new_step_starts()
+
+    def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
+        """A new result if any group is non-empty, else the shared empty one."""
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

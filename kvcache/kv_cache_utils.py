@@ -1,0 +1,342 @@
+"""Blocks, the free-block queue, block hashing and the hash views shared by every layer."""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import os
+import struct
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, NamedTuple, NewType, overload
+
+if TYPE_CHECKING:
+    from kvcache.kv_cache_interface import KVCacheConfig
+    from kvcache.request import Request
+
+BlockHash = NewType("BlockHash", bytes)
+"""SHA-256 digest fingerprinting a whole token prefix (see `get_request_block_hasher`)."""
+
+BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
+"""A map key: block hash bytes followed by the group id as 4 big-endian bytes (vLLM's format)."""
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(a // -b)
+
+
+def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
+    """Pack a key without building a tuple; identical content in two groups never collides."""
+    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
+
+
+def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
+    return BlockHash(key[:-4])
+
+
+def get_group_id(key: BlockHashWithGroupId) -> int:
+    return int.from_bytes(key[-4:], "big", signed=False)
+
+
+class KVCacheBlock:
+    """Metadata of one physical block; the free-queue links live on the block itself."""
+
+    __slots__ = (
+        "block_id",
+        "ref_cnt",
+        "_block_hash",
+        "_block_hash_num_tokens",
+        "prev_free_block",
+        "next_free_block",
+        "is_null",
+    )
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self._block_hash: BlockHashWithGroupId | None = None
+        self._block_hash_num_tokens: int | None = None
+        # Owned by FreeKVCacheBlockQueue: both set iff the block is linked in it.
+        self.prev_free_block: KVCacheBlock | None = None
+        self.next_free_block: KVCacheBlock | None = None
+        self.is_null = False
+
+    @property
+    def block_hash(self) -> BlockHashWithGroupId | None:
+        """The primary key, set only while the block is registered in the hash map."""
+        return self._block_hash
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        """Length of the prefix the primary key fingerprints."""
+        return self._block_hash_num_tokens
+
+    def set_block_hash(self, block_hash: BlockHashWithGroupId, num_tokens: int | None = None) -> None:
+        if self._block_hash is not None:
+            raise RuntimeError(f"block {self.block_id} already has a primary hash key")
+        self._block_hash = block_hash
+        self._block_hash_num_tokens = num_tokens
+
+    def reset_hash(self) -> None:
+        self._block_hash = None
+        self._block_hash_num_tokens = None
+
+    def __repr__(self) -> str:
+        prev_id = self.prev_free_block.block_id if self.prev_free_block else None
+        next_id = self.next_free_block.block_id if self.next_free_block else None
+        return (
+            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+            f"block_hash={self._block_hash!r}, "
+            f"block_hash_num_tokens={self._block_hash_num_tokens}, "
+            f"prev_free_block={prev_id}, next_free_block={next_id})"
+        )
+
+
+class KVCacheBlockCopy(NamedTuple):
+    src_block_id: int
+    dst_block_id: int
+
+
+def null_head_len(blocks: Sequence[KVCacheBlock]) -> int:
+    """Length of the leading run of null blocks (window tables null a prefix only)."""
+    if not blocks or not blocks[0].is_null:
+        return 0
+    return bisect.bisect_left(blocks, True, key=lambda block: not block.is_null)
+
+
+class FreeKVCacheBlockQueue:
+    """Doubly linked list of free blocks in eviction order (head is reused first).
+
+    Threaded through the blocks' own link fields between two sentinels, so removal from the
+    middle is O(1) and no list node is ever allocated. Ordering policy belongs to the pool,
+    which decides where freed blocks are inserted.
+    """
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self.num_free_blocks = len(blocks)
+        self.fake_free_list_head = KVCacheBlock(block_id=-1)
+        self.fake_free_list_tail = KVCacheBlock(block_id=-1)
+        prev = self.fake_free_list_head
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = self.fake_free_list_tail
+        self.fake_free_list_tail.prev_free_block = prev
+
+    def popleft(self) -> KVCacheBlock:
+        first = self.fake_free_list_head.next_free_block
+        if first is self.fake_free_list_tail or first is None:
+            raise ValueError("No free blocks available")
+        self.remove(first)
+        return first
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """The first n blocks in order; n must not exceed the free count (caller's contract)."""
+        assert 0 <= n <= self.num_free_blocks, (n, self.num_free_blocks)
+        if n == 0:
+            return []
+        head = self.fake_free_list_head
+        ret = []
+        block = head.next_free_block
+        for _ in range(n):
+            ret.append(block)
+            nxt = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            block = nxt
+        head.next_free_block = block
+        block.prev_free_block = head
+        self.num_free_blocks -= n
+        return ret
+
+    def remove(self, block: KVCacheBlock) -> None:
+        prev, nxt = block.prev_free_block, block.next_free_block
+        if prev is None or nxt is None:
+            raise RuntimeError(f"remove() called on block {block.block_id}, which is not free")
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        self.append_n((block,))
+
+    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Link blocks at the tail, keeping their order."""
+        if not blocks:
+            return
+        tail = self.fake_free_list_tail
+        self._link_after(tail.prev_free_block, blocks, tail)
+
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Link blocks at the head, keeping their order (blocks[0] becomes the head)."""
+        if not blocks:
+            return
+        head = self.fake_free_list_head
+        self._link_after(head, blocks, head.next_free_block)
+
+    def _link_after(
+        self, prev: KVCacheBlock, blocks: Sequence[KVCacheBlock], nxt: KVCacheBlock
+    ) -> None:
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """Head-to-tail list; O(free blocks), a testing aid."""
+        ret = []
+        block = self.fake_free_list_head.next_free_block
+        tail = self.fake_free_list_tail
+        while block is not tail:
+            ret.append(block)
+            block = block.next_free_block
+        return ret
+
+
+# ----- block hashing -----
+
+DEFAULT_NONE_HASH_SEED = "kvcache-none-hash"
+"""Fixed seed: SHA-256 collision resistance does not depend on a secret seed, and a fixed one
+lets separate processes agree. Isolation between tenants is the cache salt's job."""
+
+_TOKEN_COUNT = struct.Struct("<I")
+_SALT_TAG = b"\x01"
+
+
+def resolve_none_hash_seed(seed: str | None = None) -> str:
+    """An explicit seed wins, then PYTHONHASHSEED, then the fixed default."""
+    if seed is not None:
+        return seed
+    return os.environ.get("PYTHONHASHSEED", DEFAULT_NONE_HASH_SEED)
+
+
+def none_hash(seed: str | None = None) -> BlockHash:
+    """The parent hash of block 0 of every chain."""
+    return BlockHash(hashlib.sha256(resolve_none_hash_seed(seed).encode()).digest())
+
+
+def _salt_extra(cache_salt: str) -> bytes:
+    encoded = cache_salt.encode()
+    return _SALT_TAG + _TOKEN_COUNT.pack(len(encoded)) + encoded
+
+
+def get_request_block_hasher(
+    hash_block_size: int, none_hash_seed: str | None = None
+) -> Callable[[Request], list[BlockHash]]:
+    """A callback returning the hashes of the request's newly completed hash blocks.
+
+    Block k hashes `parent || u32 token count || tokens as u64 LE || extras` with SHA-256,
+    where parent is hash k-1 (the none hash for k = 0): fixed-width fields make the encoding
+    unambiguous, and chaining makes each hash fingerprint the whole prefix. The only extra key
+    is the cache salt, tagged and length-prefixed, on block 0 only, when non-empty.
+    """
+    if not isinstance(hash_block_size, int) or hash_block_size <= 0:
+        raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+    root = none_hash(none_hash_seed)
+    header = _TOKEN_COUNT.pack(hash_block_size)
+    stride = 8 * hash_block_size
+    sha256 = hashlib.sha256
+
+    def request_block_hasher(request: Request) -> list[BlockHash]:
+        block_hashes = request.block_hashes
+        start = len(block_hashes) * hash_block_size
+        end = request.num_tokens // hash_block_size * hash_block_size
+        if end <= start:
+            return []
+        data = array("Q", request.all_token_ids[start:end]).tobytes()
+        parent = block_hashes[-1] if block_hashes else root
+        new_hashes: list[BlockHash] = []
+        for offset in range(0, len(data), stride):
+            parts = [parent, header, data[offset : offset + stride]]
+            if start + offset == 0 and request.cache_salt:
+                parts.append(_salt_extra(request.cache_salt))
+            parent = BlockHash(sha256(b"".join(parts)).digest())
+            new_hashes.append(parent)
+        return new_hashes
+
+    return request_block_hasher
+
+
+class BlockHashListWithBlockSize:
+    """Lazy view of fine hashes at a coarser block size (a multiple of the hash block size).
+
+    Element j is the fine hash at block j's end boundary: it already fingerprints the whole
+    prefix, so no re-hashing is needed.
+    """
+
+    __slots__ = ("block_hashes", "scale_factor")
+
+    def __init__(
+        self, block_hashes: Sequence[BlockHash], hash_block_size: int, target_block_size: int
+    ) -> None:
+        assert target_block_size % hash_block_size == 0, (target_block_size, hash_block_size)
+        self.block_hashes = block_hashes
+        self.scale_factor = target_block_size // hash_block_size
+
+    def __len__(self) -> int:
+        return len(self.block_hashes) // self.scale_factor
+
+    @overload
+    def __getitem__(self, idx: int) -> BlockHash: ...
+
+    @overload
+    def __getitem__(self, idx: slice) -> list[BlockHash]: ...
+
+    def __getitem__(self, idx: int | slice) -> BlockHash | list[BlockHash]:
+        if isinstance(idx, slice):
+            return [self[i] for i in range(*idx.indices(len(self)))]
+        if idx < 0:
+            idx += len(self)
+        if not 0 <= idx < len(self):
+            raise IndexError(idx)
+        return self.block_hashes[(idx + 1) * self.scale_factor - 1]
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        hashes, m = self.block_hashes, self.scale_factor
+        for end in range(m - 1, len(hashes) - len(hashes) % m, m):
+            yield hashes[end]
+
+
+BlockHashList = Sequence[BlockHash]
+
+
+def resolve_block_hashes(
+    block_hashes: BlockHashList, hash_block_size: int, block_size: int
+) -> BlockHashList:
+    """The hashes viewed at `block_size`; the raw list itself when sizes are equal."""
+    if block_size == hash_block_size:
+        return block_hashes
+    if isinstance(block_hashes, BlockHashListWithBlockSize):
+        assert block_hashes.scale_factor == block_size // hash_block_size
+        return block_hashes
+    return BlockHashListWithBlockSize(block_hashes, hash_block_size, block_size)
+
+
+def resolve_kv_cache_block_sizes(
+    kv_cache_config: KVCacheConfig, enable_caching: bool = True, hash_block_size: int | None = None
+) -> tuple[int, int]:
+    """(scheduler block size, hash block size) as SPEC §0.3 derives them; not validated here.
+
+    One group: both equal its block size. Several: the LCM of all block sizes, and the GCD of
+    the prefix-cacheable ones (the LCM when caching is off). An explicit hash block size wins.
+    """
+    groups = kv_cache_config.kv_cache_groups
+    if not groups:
+        raise ValueError("a config with no KV cache groups has no block sizes to derive")
+    sizes = [g.kv_cache_spec.block_size for g in groups]
+    if len(groups) == 1:
+        scheduler_block_size = sizes[0]
+        default_hash = sizes[0]
+    else:
+        scheduler_block_size = math.lcm(*sizes)
+        cacheable = [g.kv_cache_spec.block_size for g in groups if g.kv_cache_spec.prefix_cacheable]
+        default_hash = math.gcd(*(cacheable or sizes)) if enable_caching else scheduler_block_size
+    if hash_block_size is None:
+        hash_block_size = default_hash
+    return scheduler_block_size, hash_block_size

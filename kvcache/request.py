@@ -1,0 +1,153 @@
+"""The request state the manager and the driver read, with vLLM's attribute names."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
+
+from kvcache.kv_cache_utils import BlockHash
+
+
+class RequestStatus(enum.IntEnum):
+    """vLLM 0.33.0's members, order and values: IntEnum compares by value, so statuses set
+    from here work on vLLM requests and managers too.
+    """
+
+    WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    WAITING_FOR_STREAMING_REQ = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def is_finished(status: int) -> bool:
+        """Finished means strictly after PREEMPTED."""
+        return status > RequestStatus.PREEMPTED
+
+
+class ConstantList(Sequence[int]):
+    """Read-only view of a list that keeps growing underneath."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[int]) -> None:
+        self._items = items
+
+    @overload
+    def __getitem__(self, idx: int) -> int: ...
+
+    @overload
+    def __getitem__(self, idx: slice) -> list[int]: ...
+
+    def __getitem__(self, idx: int | slice) -> int | list[int]:
+        return self._items[idx]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ConstantList):
+            return self._items == other._items
+        return self._items == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ConstantList({self._items!r})"
+
+
+class Request:
+    """A prompt plus sampled tokens; hashes its full hash blocks as tokens arrive."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        *,
+        max_tokens: int = 16,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        arrival_time: float = 0.0,
+        block_hasher: Callable[[Request], list[BlockHash]] | None = None,
+        skip_reading_prefix_cache: bool = False,
+        num_encoder_tokens: int = 0,
+    ) -> None:
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        if not isinstance(num_encoder_tokens, int) or num_encoder_tokens < 0:
+            raise ValueError(f"num_encoder_tokens must be an int >= 0, got {num_encoder_tokens!r}")
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.max_tokens = max_tokens
+        self.cache_salt = cache_salt
+        self.priority = priority
+        self.arrival_time = arrival_time
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.num_encoder_tokens = num_encoder_tokens
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        # Scheduled but not yet settled; always 0 in a synchronous driver.
+        self.num_in_flight_tokens = 0
+        self.num_preemptions = 0
+        self.spec_token_ids: list[int] = []
+        self.shared_prefix_boundary = 0
+        self._all_token_ids = list(prompt_token_ids)
+        self._output_token_ids: list[int] = []
+        self.all_token_ids = ConstantList(self._all_token_ids)
+        self.output_token_ids = ConstantList(self._output_token_ids)
+        self.block_hashes: list[BlockHash] = []
+        self._block_hasher = block_hasher
+        self.update_block_hashes()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Tokens including draft tokens, which are never hashed."""
+        return len(self._all_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            self._output_token_ids.append(token_ids)
+            self._all_token_ids.append(token_ids)
+        else:
+            self._output_token_ids.extend(token_ids)
+            self._all_token_ids.extend(token_ids)
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        """Append the hashes of newly completed hash blocks (the trailing partial block has
+        none). Preemption does not clear them.
+        """
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )

@@ -1,0 +1,238 @@
+"""A minimal synchronous scheduler driving a KV cache manager (docs/traces.md, "The driver").
+
+It uses only the manager's public API, `manager.block_pool.free_blocks` and vLLM's request
+attribute names, so the same driver runs vLLM 0.33.0's KVCacheManager with vLLM requests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvcache.request import RequestStatus
+
+Policy = Literal["fcfs", "priority"]
+
+
+@dataclass
+class StepOutput:
+    """What one step did, in the order it happened."""
+
+    scheduled: list[tuple[str, int, int]] = field(default_factory=list)
+    """(request id, tokens scheduled, prefix hit adopted at admission, else 0)."""
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    """(source, destination) block ids of the copy-on-write copies executed."""
+
+
+def _priority_key(request: Any) -> tuple[int, float]:
+    """Larger is less important: the victim under the priority policy."""
+    return (request.priority, request.arrival_time)
+
+
+class Scheduler:
+    """Token budget per step, a running list (admission order) and a waiting queue."""
+
+    def __init__(
+        self,
+        kv_cache_manager: Any,
+        *,
+        max_model_len: int,
+        token_budget: int,
+        max_running: int,
+        policy: Policy = "fcfs",
+        chunked_prefill: bool = True,
+        full_sequence_must_fit: bool = False,
+        num_lookahead_tokens: int = 0,
+        reserved_blocks: int = 0,
+    ) -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        for name, value in (
+            ("max_model_len", max_model_len),
+            ("token_budget", token_budget),
+            ("max_running", max_running),
+        ):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name, value in (
+            ("num_lookahead_tokens", num_lookahead_tokens),
+            ("reserved_blocks", reserved_blocks),
+        ):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        self.manager = kv_cache_manager
+        self.max_model_len = max_model_len
+        self.token_budget = token_budget
+        self.max_running = max_running
+        self.policy = policy
+        self.chunked_prefill = chunked_prefill
+        self.full_sequence_must_fit = full_sequence_must_fit
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.reserved_blocks = reserved_blocks
+        self._running: list[Any] = []
+        self._waiting: deque[Any] = deque()
+        self._requests: dict[str, Any] = {}
+
+    @property
+    def running(self) -> tuple[Any, ...]:
+        return tuple(self._running)
+
+    @property
+    def waiting(self) -> tuple[Any, ...]:
+        return tuple(self._waiting)
+
+    def add_request(self, request: Any) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request {request.request_id!r} was already added")
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+        self._sort_waiting()
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> None:
+        """Abort or finish: leaves its queue (a running request is freed); no-op if finished."""
+        if not RequestStatus.is_finished(status):
+            raise ValueError(f"finish_request needs a finished status, got {status!r}")
+        request = self._requests.get(request_id)
+        if request is None:
+            raise ValueError(f"unknown request {request_id!r}")
+        if RequestStatus.is_finished(request.status):
+            return
+        if request.status == RequestStatus.RUNNING:
+            self._running.remove(request)
+            self.manager.free(request)
+        else:
+            self._waiting.remove(request)
+        request.status = status
+
+    def step(self, sample_token: Callable[[Any], int]) -> StepOutput:
+        """Schedule running requests (preempting on shortage), then admit waiting ones, then
+        play the model: requests whose tokens are all computed get `sample_token(request)`.
+        """
+        manager = self.manager
+        manager.new_step_starts()
+        budget = self.token_budget
+        scheduled: list[tuple[Any, int, int]] = []
+        out = StepOutput()
+
+        i = 0
+        while i < len(self._running) and budget > 0:
+            request = self._running[i]
+            num_new_tokens = min(
+                request.num_tokens_with_spec - request.num_computed_tokens,
+                budget,
+                self.max_model_len - request.num_computed_tokens - 1,
+            )
+            if num_new_tokens <= 0:
+                i += 1
+                continue
+            preempted_self = False
+            while True:
+                new_blocks = manager.allocate_slots(
+                    request, num_new_tokens, num_lookahead_tokens=self.num_lookahead_tokens
+                )
+                if new_blocks is not None:
+                    break
+                victim = (
+                    self._running[-1]
+                    if self.policy == "fcfs"
+                    else max(self._running, key=_priority_key)
+                )
+                victim_index = self._running.index(victim)
+                del self._running[victim_index]
+                if self.policy == "priority":
+                    if victim_index < i:
+                        i -= 1
+                    for entry in scheduled:
+                        if entry[0] is victim:
+                            scheduled.remove(entry)
+                            budget += entry[1]
+                            break
+                self._preempt(victim)
+                out.preempted.append(victim.request_id)
+                if victim is request:
+                    preempted_self = True
+                    break
+            if new_blocks is None:
+                if self.policy == "priority" and preempted_self:
+                    continue
+                break
+            scheduled.append((request, num_new_tokens, 0))
+            budget -= num_new_tokens
+            i += 1
+
+        # One preemption cancels every admission of this step.
+        if not out.preempted:
+            self._admit_waiting(budget, scheduled)
+
+        copies, retained = manager.take_kv_cache_block_copies()
+        manager.take_new_block_ids()
+        out.copies = [(copy[0], copy[1]) for copy in copies]
+        manager.block_pool.free_blocks(retained)
+
+        for request, num_new_tokens, num_cached_tokens in scheduled:
+            out.scheduled.append((request.request_id, num_new_tokens, num_cached_tokens))
+            request.num_computed_tokens += num_new_tokens
+            if request.num_computed_tokens == request.num_tokens:
+                request.append_output_token_ids(sample_token(request))
+                if (
+                    request.num_output_tokens >= request.max_tokens
+                    or request.num_tokens >= self.max_model_len
+                ):
+                    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                    self._running.remove(request)
+                    manager.free(request)
+                    out.finished.append(request.request_id)
+        return out
+
+    def _admit_waiting(self, budget: int, scheduled: list[tuple[Any, int, int]]) -> None:
+        manager = self.manager
+        while budget > 0 and self._waiting and len(self._running) < self.max_running:
+            request = self._waiting[0]
+            if request.num_computed_tokens == 0:
+                hit_blocks, num_hit_tokens, _ = manager.get_computed_blocks(request)
+            else:
+                hit_blocks, num_hit_tokens = None, 0
+            num_new_tokens = request.num_tokens - request.num_computed_tokens - num_hit_tokens
+            if num_new_tokens > budget:
+                if not self.chunked_prefill:
+                    break
+                num_new_tokens = budget
+            new_blocks = manager.allocate_slots(
+                request,
+                num_new_tokens,
+                num_hit_tokens,
+                hit_blocks,
+                num_lookahead_tokens=self.num_lookahead_tokens,
+                num_encoder_tokens=getattr(request, "num_encoder_tokens", 0),
+                full_sequence_must_fit=self.full_sequence_must_fit,
+                reserved_blocks=self.reserved_blocks,
+                has_scheduled_reqs=bool(self._running),
+            )
+            if new_blocks is None:
+                break
+            self._waiting.popleft()
+            self._running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens += num_hit_tokens
+            manager.record_prefix_cache_stats(request, num_hit_tokens)
+            scheduled.append((request, num_new_tokens, num_hit_tokens))
+            budget -= num_new_tokens
+
+    def _preempt(self, request: Any) -> None:
+        """Free everything; the request re-prefills (after a fresh lookup) when readmitted."""
+        self.manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.num_preemptions += 1
+        self._waiting.appendleft(request)
+        self._sort_waiting()
+
+    def _sort_waiting(self) -> None:
+        """Priority order, smallest (priority, arrival) first; stable, so FCFS among equals."""
+        if self.policy == "priority":
+            self._waiting = deque(sorted(self._waiting, key=_priority_key))

@@ -1,0 +1,570 @@
+"""Layer 3: per-group arithmetic (tokens -> blocks), block tables and the per-kind hit search."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from kvcache.block_pool import BlockPool
+from kvcache.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
+from kvcache.kv_cache_utils import (
+    BlockHashList,
+    KVCacheBlock,
+    cdiv,
+    null_head_len,
+    resolve_block_hashes,
+)
+
+if TYPE_CHECKING:
+    from kvcache.request import Request
+
+HitBlocks = tuple[list[KVCacheBlock], ...]
+
+
+class SingleTypeKVCacheManager:
+    """Block tables of one KV cache group; every group shares the coordinator's one pool."""
+
+    supports_fine_grained_hash_lookup: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int,
+        record_new_block_ids: bool = False,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.block_pool = block_pool
+        self.enable_caching = enable_caching
+        self.kv_cache_group_id = kv_cache_group_id
+        self.scheduler_block_size = scheduler_block_size
+        # The hybrid coordinator may lower this (fine-grained hits) after validating groups.
+        self.cache_hit_alignment_tokens = scheduler_block_size
+        # Recycling kinds (window, chunk) cap what the full-sequence gate asks for.
+        self.max_admission_blocks_per_request = max_admission_blocks_per_request
+        self._record_new_block_ids = record_new_block_ids
+        self.new_block_ids: list[int] = []
+        # A plain dict: inspecting a request must never create its entry.
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Leading entries already registered (or null, or hits). Membership also marks a
+        # request that went through its first allocation (the predictor's fast path).
+        self.num_cached_block: dict[str, int] = {}
+        self._null_block = block_pool.null_block
+        # Set by the coordinator for groups that take the EAGLE last-block drop.
+        self.use_eagle = False
+        # Tier B copy-on-write: request -> (table index, shared source block) ...
+        self._partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
+        # ... and (source, private copy) pairs waiting for the worker.
+        self._pending_cow_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """Blocks that adopting the hits and growing to `num_tokens` slots take from the free
+        count: new blocks, evictable hit blocks rescued from the queue, and a CoW copy.
+
+        Pure. `num_tokens_main_model` and `prefill_end` only matter to recurrent kinds.
+        """
+        num_required_blocks = cdiv(num_tokens, self.block_size)
+        if apply_admission_cap and self.max_admission_blocks_per_request is not None:
+            num_required_blocks = min(num_required_blocks, self.max_admission_blocks_per_request)
+        req_blocks = self.req_to_blocks.get(request_id)
+        num_req_blocks = len(req_blocks) if req_blocks is not None else 0
+        if request_id in self.num_cached_block:
+            assert not new_computed_blocks, "a running request never adopts hits"
+            # Rejected drafts can leave more blocks than needed: nothing to allocate then.
+            return max(num_required_blocks - num_req_blocks, 0)
+
+        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_local_blocks = len(new_computed_blocks) + num_req_blocks
+        num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_blocks), 0)
+        # Leading hits that fall out of the window are replaced by nulls, not adopted.
+        num_dropped_hits = max(0, num_skipped_blocks - num_req_blocks)
+        num_evictable = 0
+        for block in new_computed_blocks[num_dropped_hits:]:
+            if block.ref_cnt == 0 and not block.is_null:
+                num_evictable += 1
+        if self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens):
+            num_new_blocks += 1
+        return num_new_blocks + num_evictable
+
+    def _has_partial_local_hit(
+        self, new_computed_blocks: Sequence[KVCacheBlock], num_local_computed_tokens: int
+    ) -> bool:
+        """A hit ending inside a block: the shared tail block needs a private copy."""
+        return bool(new_computed_blocks) and num_local_computed_tokens % self.block_size != 0
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int = 0,
+    ) -> None:
+        """Adopt prefix-hit blocks on a request's first allocation: touch them so they can no
+        longer be evicted, and pad the part outside the window with nulls.
+        """
+        assert request_id not in self.req_to_blocks, f"{request_id} already has a table"
+        num_skipped_blocks = (
+            self.get_num_skipped_tokens(num_local_computed_tokens + num_external_computed_tokens)
+            // self.block_size
+        )
+        if num_skipped_blocks > 0:
+            new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
+        if self.enable_caching:
+            self.block_pool.touch(new_computed_blocks)
+        else:
+            assert not new_computed_blocks, "hits without prefix caching"
+        req_blocks = [self._null_block] * num_skipped_blocks
+        req_blocks.extend(new_computed_blocks)
+        self.req_to_blocks[request_id] = req_blocks
+        self.num_cached_block[request_id] = len(req_blocks)
+        if self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens):
+            # Count only the full blocks as cached, so the private copy gets hashed once full.
+            block_idx = num_local_computed_tokens // self.block_size
+            self._partial_hit_reqs[request_id] = (block_idx, new_computed_blocks[-1])
+            self.num_cached_block[request_id] = block_idx
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        """Grow the table to `num_tokens` slots; the CoW copy of a partial hit comes first."""
+        cow_blocks: list[KVCacheBlock] = []
+        if request_id in self._partial_hit_reqs:
+            block_idx, source_block = self._partial_hit_reqs.pop(request_id)
+            cow_block = self.block_pool.get_new_blocks(1)[0]
+            self._apply_cow(request_id, block_idx, source_block, cow_block)
+            # Recorded even without zeroing: the worker must learn about the copy target.
+            self.new_block_ids.append(cow_block.block_id)
+            cow_blocks.append(cow_block)
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        if num_new_blocks <= 0:
+            return cow_blocks
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        if self._record_new_block_ids:
+            self.new_block_ids.extend(block.block_id for block in new_blocks)
+        return cow_blocks + new_blocks if cow_blocks else new_blocks
+
+    def _apply_cow(
+        self, request_id: str, block_idx: int, source_block: KVCacheBlock, cow_block: KVCacheBlock
+    ) -> None:
+        """Point the table at the private copy and retain both copy endpoints.
+
+        `source_block` keeps the reference its touch took although it leaves the table;
+        `cow_block` gets one more beyond the table's. The consumer of the pending copy frees
+        both after copying, so a same-step free cannot recycle either before the copy ran.
+        """
+        req_blocks = self.req_to_blocks[request_id]
+        assert block_idx < len(req_blocks) and req_blocks[block_idx] is source_block
+        assert not source_block.is_null and source_block.ref_cnt > 0
+        req_blocks[block_idx] = cow_block
+        self._pending_cow_copies.append((source_block, cow_block))
+        cow_block.ref_cnt += 1
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the request's full blocks up to `num_tokens` (and not beyond its hashes)."""
+        if not self.kv_cache_spec.prefix_cacheable:
+            return
+        request_id = request.request_id
+        num_cached_blocks = self.num_cached_block.get(request_id, 0)
+        num_hashed_tokens = len(request.block_hashes) * self.block_pool.hash_block_size
+        num_full_blocks = min(num_tokens, num_hashed_tokens) // self.block_size
+        if num_cached_blocks >= num_full_blocks:
+            return
+        self.block_pool.cache_full_blocks(
+            request,
+            self.req_to_blocks[request_id],
+            num_cached_blocks,
+            num_full_blocks,
+            self.block_size,
+            self.kv_cache_group_id,
+            self.reachable_block_mask(num_cached_blocks, num_full_blocks),
+        )
+        self.num_cached_block[request_id] = num_full_blocks
+
+    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
+        """Which of blocks [start, end) can ever serve a hit; None caches them all."""
+        return None
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """Forget the request; return its blocks, leading nulls dropped, still referenced.
+
+        The caller frees them later, in reverse order (tail first).
+        """
+        req_blocks = self.req_to_blocks.pop(request_id, [])
+        self.num_cached_block.pop(request_id, None)
+        self._partial_hit_reqs.pop(request_id, None)
+        num_nulls = null_head_len(req_blocks)
+        return req_blocks[num_nulls:] if num_nulls else req_blocks
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks tail first, so a chain is evicted from its end and the
+        surviving cached prefix stays reachable.
+        """
+        self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Null and release the blocks no future token attends to.
+
+        Walks back from the last skipped block and stops at the first null: everything below
+        a null is already null, so the cost is the number of newly skipped blocks.
+        """
+        num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        null_block = self._null_block
+        removed: list[KVCacheBlock] = []
+        for i in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
+            if blocks[i] is null_block:
+                break
+            removed.append(blocks[i])
+            blocks[i] = null_block
+        if removed:
+            self.block_pool.free_blocks(removed)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens no future token attends to, given `num_computed_tokens`."""
+        return 0
+
+    def new_step_starts(self) -> None:
+        """Hook at the start of each scheduling step; nothing to do for attention kinds."""
+
+    def take_new_block_ids(self) -> list[int]:
+        ids = self.new_block_ids
+        self.new_block_ids = []
+        return ids
+
+    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        copies = self._pending_cow_copies
+        self._pending_cow_copies = []
+        return copies
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+    ) -> tuple[HitBlocks, int]:
+        """Longest prefix of at most `max_length` tokens cached in every listed group, as one
+        block list per group (skipped positions hold the null block) and its length.
+
+        A classmethod: groups sharing a spec are looked up jointly, so all context comes in as
+        arguments. Pure with respect to the pool.
+        """
+        raise NotImplementedError
+
+
+def _empty_hit(kv_cache_group_ids: Sequence[int]) -> HitBlocks:
+    return tuple([] for _ in kv_cache_group_ids)
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    supports_fine_grained_hash_lookup: ClassVar[bool] = True
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+    ) -> tuple[HitBlocks, int]:
+        assert isinstance(kv_cache_spec, FullAttentionSpec | ChunkedLocalAttentionSpec)
+        block_size = kv_cache_spec.block_size
+        hash_block_size = block_pool.hash_block_size
+        full_block_hashes = resolve_block_hashes(block_hashes, hash_block_size, block_size)
+        fine_grained = alignment_tokens < block_size and block_size % alignment_tokens == 0
+        computed = _empty_hit(kv_cache_group_ids)
+        # Phase 1: hashes are chained, so the first miss ends the hit.
+        get_cached_block = block_pool.get_cached_block
+        for j in range(min(max_length // block_size, len(full_block_hashes))):
+            cached = get_cached_block(full_block_hashes[j], kv_cache_group_ids)
+            if cached is None:
+                break
+            for blocks, block in zip(computed, cached):
+                blocks.append(block)
+        num_full = len(computed[0])
+        hit_length = num_full * block_size
+
+        if fine_grained:
+            # Phase 2: interior boundaries of the first missing block, longest first. Only
+            # partial entries can match: its end boundary already missed.
+            assert alignment_tokens == hash_block_size, (alignment_tokens, hash_block_size)
+            scale = block_size // alignment_tokens
+            first = num_full * scale
+            top = min(first + scale - 1, max_length // alignment_tokens, len(block_hashes))
+            for fine_idx in range(top - 1, first - 1, -1):
+                cached = get_cached_block(block_hashes[fine_idx], kv_cache_group_ids)
+                if cached is None:
+                    continue
+                for blocks, block in zip(computed, cached):
+                    blocks.append(block)
+                hit_length = (fine_idx + 1) * alignment_tokens
+                break
+
+        # EAGLE recomputes the last matched unit: one hash unit when fine-grained, else a block.
+        if drop_eagle_block and hit_length > 0:
+            hit_length -= min(alignment_tokens, block_size)
+        hit_length -= hit_length % alignment_tokens
+        num_blocks = cdiv(hit_length, block_size)
+        for blocks in computed:
+            del blocks[num_blocks:]
+        return computed, hit_length
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        super().cache_blocks(request, num_tokens)
+        if self.block_size != self.block_pool.hash_block_size:
+            self._cache_partial_tail_block(request, num_tokens)
+
+    def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
+        """Register the prompt's last hash boundary when it ends inside a block (Tier B).
+
+        A resend matches at most `prompt - 1` tokens; EAGLE reads the whole prompt before
+        dropping a unit. Interior boundaries other than this one are not registered.
+        """
+        hash_block_size = self.block_pool.hash_block_size
+        token_limit = request.num_prompt_tokens - (0 if self.use_eagle else 1)
+        boundary = min(token_limit // hash_block_size, len(request.block_hashes)) * hash_block_size
+        if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
+            return
+        blocks = self.req_to_blocks[request.request_id]
+        block_idx = boundary // self.block_size
+        if block_idx >= len(blocks):
+            return
+        self.block_pool.cache_partial_block(
+            request, blocks[block_idx], boundary, self.kv_cache_group_id, self.block_size
+        )
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        self.sliding_window = kv_cache_spec.sliding_window
+        self.extra_retained_tokens = kv_cache_spec.extra_retained_tokens
+
+    @staticmethod
+    def _contiguous_blocks_for_hit(sliding_window: int, block_size: int, use_eagle: bool) -> int:
+        """Cached blocks ending at the boundary that cover the next token's window; EAGLE needs
+        one more, which it then drops.
+        """
+        return cdiv(sliding_window - 1, block_size) + (1 if use_eagle else 0)
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+    ) -> tuple[HitBlocks, int]:
+        """Scan right to left for the rightmost run of `need` cached blocks (longest hit first).
+
+        Costs O(max_length / block_size) on a miss, as in vLLM.
+        """
+        assert isinstance(kv_cache_spec, SlidingWindowSpec)
+        block_size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        need = cls._contiguous_blocks_for_hit(
+            kv_cache_spec.sliding_window, block_size, drop_eagle_block
+        )
+        max_num_blocks = min(max_length // block_size, len(hashes))
+        null_block = block_pool.null_block
+        computed = tuple([null_block] * max_num_blocks for _ in kv_cache_group_ids)
+        aligned = block_size == alignment_tokens
+        num_contiguous = 0
+        match_found = False
+        for i in range(max_num_blocks - 1, -1, -1):
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is None:
+                num_contiguous = 0
+                continue
+            if num_contiguous == 0 and not aligned:
+                right_edge = i if drop_eagle_block else i + 1
+                if right_edge * block_size % alignment_tokens:
+                    continue
+            for blocks, block in zip(computed, cached):
+                blocks[i] = block
+            num_contiguous += 1
+            if num_contiguous >= need:
+                for blocks in computed:
+                    del blocks[i + num_contiguous :]
+                match_found = True
+                break
+        if not match_found:
+            # The run reaching block 0 is a hit even when shorter than the window.
+            for blocks in computed:
+                del blocks[num_contiguous:]
+            cls._trim_to_alignment(computed, block_size, alignment_tokens)
+        if drop_eagle_block and computed[0]:
+            for blocks in computed:
+                blocks.pop()
+            cls._trim_to_alignment(computed, block_size, alignment_tokens)
+        return computed, len(computed[0]) * block_size
+
+    @staticmethod
+    def _trim_to_alignment(computed: HitBlocks, block_size: int, alignment_tokens: int) -> None:
+        while len(computed[0]) * block_size % alignment_tokens:
+            for blocks in computed:
+                blocks.pop()
+
+    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
+        """Cache only blocks that can end an aligned hit's window run (vLLM's hybrid default).
+
+        With `per` blocks per alignment unit, block i can be among the last `need` blocks
+        before an aligned boundary iff `(i - shift) % per >= per - need`; EAGLE's extra block
+        shifts the run right by one. Dense when every block qualifies or the alignment is not
+        a whole number of blocks.
+        """
+        alignment = self.cache_hit_alignment_tokens
+        if alignment % self.block_size:
+            return None
+        per = alignment // self.block_size
+        need = self._contiguous_blocks_for_hit(self.sliding_window, self.block_size, self.use_eagle)
+        if need >= per:
+            return None
+        shift = 1 if self.use_eagle else 0
+        return [
+            i >= shift and (i - shift) % per >= per - need for i in range(start_block, end_block)
+        ]
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Tokens before the window of the next token: with w = 4 and 7 computed, the next
+        token (7) attends to 4..7, so 4 are skipped. Extra retained tokens stay alive.
+        """
+        return max(
+            0, num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens
+        )
+
+
+class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    def __init__(self, kv_cache_spec: ChunkedLocalAttentionSpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+    ) -> tuple[HitBlocks, int]:
+        """Blocks before the current chunk count as computed without any lookup (nulls); the
+        chunk's blocks are probed left to right. A hit can be positive with no cached block.
+        """
+        assert isinstance(kv_cache_spec, ChunkedLocalAttentionSpec)
+        assert not drop_eagle_block, "EAGLE is not supported with chunked local attention"
+        block_size = kv_cache_spec.block_size
+        assert block_size == alignment_tokens, (block_size, alignment_tokens)
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        chunk = kv_cache_spec.attention_chunk_size
+        start_block = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
+        computed = tuple([block_pool.null_block] * start_block for _ in kv_cache_group_ids)
+        for i in range(start_block, min(max_length // block_size, len(hashes))):
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is None:
+                break
+            for blocks, block in zip(computed, cached):
+                blocks.append(block)
+        return computed, len(computed[0]) * block_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Tokens left of the current chunk: c = 8 gives 13 -> 8, 8 -> 8, 7 -> 0."""
+        return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
+
+
+class CrossAttentionManager(SingleTypeKVCacheManager):
+    """Encoder KV: sized once by the encoder token count, never shared, never cached."""
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int = 0,
+    ) -> None:
+        assert not new_computed_blocks, "cross attention has no prefix hits"
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        raise ValueError("cross-attention blocks are never cached; prefix caching must be off")
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+    ) -> tuple[HitBlocks, int]:
+        raise NotImplementedError("CrossAttentionManager does not support prefix caching")
+
+
+_MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
+    FullAttentionSpec: FullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    CrossAttentionSpec: CrossAttentionManager,
+}
+
+
+def get_manager_class(kv_cache_spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
+    manager_class = _MANAGER_CLASSES.get(type(kv_cache_spec))
+    if manager_class is None:
+        raise ValueError(f"no KV cache manager for spec {kv_cache_spec!r}")
+    return manager_class
+
+
+def get_manager_for_kv_cache_spec(
+    kv_cache_spec: KVCacheSpec, max_in_flight_tokens: int, max_model_len: int, **kwargs: object
+) -> SingleTypeKVCacheManager:
+    """The manager for the spec's kind; recycling kinds get the admission cap the pool sizer
+    uses, so admission and sizing cannot disagree (vLLM #39734).
+    """
+    if isinstance(kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec):
+        kwargs["max_admission_blocks_per_request"] = (
+            kv_cache_spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+        )
+    return get_manager_class(kv_cache_spec)(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+

@@ -1,0 +1,68 @@
+"""Hypothesis strategies for configs and prompts.
+
+Configs vary around the built-in shapes (harness/configs.py) with small pools; prompts are built
+from a few shared prefixes so that prefix hits, duplicates and evictions of shared blocks happen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import strategies as st
+
+from harness.config import Config, GroupConfig
+from harness.configs import BUILTIN
+
+TOKEN_VOCAB = 4
+"""Tokens are drawn from a tiny vocabulary: identical blocks arise by chance, too."""
+
+
+def _vary_group(draw: st.DrawFn, group: GroupConfig) -> GroupConfig:
+    if group.kind == "sliding_window":
+        return dataclasses.replace(group, sliding_window=draw(st.sampled_from([4, 5, 8, 9])))
+    if group.kind == "chunked_local":
+        return dataclasses.replace(
+            group, attention_chunk_size=draw(st.sampled_from([4, 8, 12]))
+        )
+    return group
+
+
+@st.composite
+def configs(draw: st.DrawFn, names: tuple[str, ...] | None = None, vary: bool = True) -> Config:
+    """A built-in config, optionally with its pool, window and driver knobs varied."""
+    name = draw(st.sampled_from(sorted(names or BUILTIN)))
+    base = BUILTIN[name][1]
+    if not vary:
+        return base
+    sched = base.scheduler
+    sched = dataclasses.replace(
+        sched,
+        token_budget=draw(st.sampled_from([8, 16, 32])),
+        max_running=draw(st.integers(1, 4)),
+        chunked_prefill=sched.chunked_prefill and draw(st.booleans()),
+    )
+    groups = tuple(_vary_group(draw, g) for g in base.groups)
+    blocks_per_request = max(-(-base.max_model_len // (2 * g.block_size)) for g in groups)
+    num_blocks = draw(st.integers(max(4, blocks_per_request // 2), base.num_blocks + 8))
+    return dataclasses.replace(base, num_blocks=num_blocks, groups=groups, scheduler=sched)
+
+
+def prefixes(max_len: int) -> st.SearchStrategy[list[list[int]]]:
+    """A few shared prompt prefixes for one run."""
+    token = st.integers(0, TOKEN_VOCAB - 1)
+    return st.lists(st.lists(token, min_size=1, max_size=max_len), min_size=1, max_size=3)
+
+
+def prompts(shared: list[list[int]], max_len: int) -> st.SearchStrategy[list[int]]:
+    """A prompt: a cut of one shared prefix, then a short random tail, 1..max_len tokens."""
+    token = st.integers(0, TOKEN_VOCAB - 1)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> list[int]:
+        prefix = draw(st.sampled_from(shared))
+        cut = len(prefix) if draw(st.booleans()) else draw(st.integers(0, len(prefix)))
+        tail = draw(st.lists(token, max_size=max(0, min(8, max_len - cut))))
+        prompt = (prefix[:cut] + tail)[:max_len]
+        return prompt or [draw(token)]
+
+    return build()

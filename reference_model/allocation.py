@@ -1,0 +1,217 @@
+"""allocate_slots (SPEC §6.4) and the per-group operations it is made of: the full-sequence
+gate's block count (§4.3, §5.2), adopting prefix hits (§4.4, §5.2), allocating new blocks with
+copy-on-write (§4.5), freeing out-of-window blocks (§4.7) and freeing a request (§4.7, §5.2).
+
+The per-step prediction (step 5) is *defined* as the number of blocks that steps 7-8 take from
+the free queue when run on a trial copy of the state; the copy is adopted when the capacity
+check passes, so a None leaves only step 4's effects and success takes exactly the prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference_model.caching import cache_request
+from reference_model.layout import Layout, cdiv
+from reference_model.lookup import Lists
+from reference_model.requests import WAITING_STATES, Request
+from reference_model.state import NULL, State
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What one allocate_slots call did, for the op result and the probe."""
+
+    outcome: str
+    """"blocks" (success), "gate" (full-sequence gate refused) or "capacity" (step 6 refused)."""
+    new_blocks: Lists | None = None
+    prediction: int | None = None
+    free_before: int | None = None
+    free_after: int | None = None
+    group_taken: tuple[int, ...] | None = None
+    shortage: str | None = None
+
+
+def gate_block_count(
+    layout: Layout,
+    state: State,
+    req: Request,
+    num_tokens: int,
+    hits: Lists,
+    num_encoder_tokens: int,
+    total_computed: int,
+    local_computed: int,
+) -> int:
+    """get_num_blocks_to_allocate with apply_admission_cap=True, as SPEC §4.3's formula
+    (summed over groups, §5.2); used only by the full-sequence gate."""
+    rid = req.request_id
+    need = 0
+    for g in layout.groups:
+        if g.kind == "cross":
+            T, group_hits, total, local = num_encoder_tokens, [], 0, 0
+        else:
+            T, group_hits, total, local = num_tokens, hits[g.gid], total_computed, local_computed
+        R = cdiv(T, g.bs)
+        if g.cap is not None:
+            R = min(R, g.cap)
+        table = state.tables[g.gid].get(rid)
+        H = len(table) if table is not None else 0
+        if rid in state.num_cached[g.gid]:
+            need += max(R - H, 0)
+            continue
+        S = g.skipped(total) // g.bs
+        L = len(group_hits) + H
+        new = max(R - max(S, L), 0)
+        skip_new = max(0, S - H)
+        E = sum(1 for b in group_hits[skip_new:] if b != NULL and state.ref_count(b) == 0)
+        P = 1 if group_hits and local % g.bs != 0 else 0
+        need += new + P + E
+    return need
+
+
+def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: int) -> list[int]:
+    """Coordinator allocate_new_computed_blocks (SPEC §5.2) = every group's
+    add_local_computed_blocks (§4.4), all touches before any pop. Only untracked requests get
+    here (API misuse 3 rejects hits for a tracked one). Returns per-group blocks taken from the
+    free queue (touched free hits)."""
+    rid = req.request_id
+    taken = [0] * len(layout.groups)
+    for g in layout.groups:
+        if g.kind == "cross":
+            assert not hits[g.gid], "cross-attention hits"
+            continue
+        assert not state.tables[g.gid].get(rid), "adopting into a non-empty table"
+        before = len(state.free)
+        S = g.skipped(local) // g.bs
+        remaining = hits[g.gid][S:]
+        assert layout.caching or not remaining
+        for b in remaining:
+            state.touch(b)
+        table = [NULL] * S + remaining
+        state.tables[g.gid][rid] = table
+        state.num_cached[g.gid][rid] = len(table)
+        if remaining and local % g.bs != 0:
+            state.partial_hits[g.gid][rid] = (local // g.bs, remaining[-1])
+            state.num_cached[g.gid][rid] = local // g.bs
+        taken[g.gid] = before - len(state.free)
+    return taken
+
+
+def allocate_new_blocks(
+    layout: Layout, state: State, req: Request, slots: int, num_encoder_tokens: int
+) -> tuple[Lists, list[int]]:
+    """Coordinator allocate_new_blocks (SPEC §5.2, §4.5): per group in order, the CoW block
+    (if a partial hit is pending) then enough blocks to cover the slots. Returns the new ids
+    per group and the number of blocks each group took."""
+    rid = req.request_id
+    new: Lists = []
+    taken: list[int] = []
+    for g in layout.groups:
+        T = num_encoder_tokens if g.kind == "cross" else slots
+        result: list[int] = []
+        table = state.tables[g.gid].setdefault(rid, [])
+        if rid in state.partial_hits[g.gid]:
+            index, src = state.partial_hits[g.gid].pop(rid)
+            cow = state.get_new_blocks(1)[0]
+            assert table[index] == src and src != NULL
+            table[index] = cow
+            state.pending_copies[g.gid].append((src, cow))
+            state.new_block_ids[g.gid].append(cow)
+            result.append(cow)
+        k = cdiv(T, g.bs) - len(table)
+        if k > 0:
+            blocks = state.get_new_blocks(k)
+            table.extend(blocks)
+            result.extend(blocks)
+        new.append(result)
+        taken.append(len(result))
+    return new, taken
+
+
+def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed: int) -> None:
+    """SPEC §4.7, every group: entries wholly before the window become null (walking back from
+    the last skipped block, stopping at the first null) and are freed, highest index first.
+    Reads the table without creating one (§10.1)."""
+    rid = req.request_id
+    for g in layout.groups:
+        skipped = g.skipped(processed)
+        table = state.tables[g.gid].get(rid)
+        if skipped <= 0 or table is None:
+            continue
+        replaced = []
+        for i in range(min(skipped // g.bs, len(table)) - 1, -1, -1):
+            if table[i] == NULL:
+                break
+            replaced.append(table[i])
+            table[i] = NULL
+        state.release(replaced)
+
+
+def free_request(layout: Layout, state: State, rid: str) -> None:
+    """Coordinator free (SPEC §5.2, §4.7): per group in order, drop the table, num_cached_block
+    and partial-hit record, then release the table without its leading nulls, tail first."""
+    for g in layout.groups:
+        table = state.tables[g.gid].pop(rid, [])
+        state.num_cached[g.gid].pop(rid, None)
+        state.partial_hits[g.gid].pop(rid, None)
+        while table and table[0] == NULL:
+            table.pop(0)
+        state.release(list(reversed(table)))
+
+
+def allocate_slots(
+    layout: Layout,
+    state: State,
+    req: Request,
+    num_new_tokens: int,
+    hit: int,
+    hits: Lists | None,
+    num_lookahead_tokens: int,
+    num_encoder_tokens: int,
+    full_sequence_must_fit: bool,
+    reserved_blocks: int,
+    has_scheduled_reqs: bool,
+) -> tuple[State, Allocation]:
+    """SPEC §6.4 steps 1-11 (step 0's ValueError is checked by the caller). `hits` is None when
+    no lookup is passed; a lookup whose lists are all empty is the shared empty instance, so
+    hits are adopted only when some list is non-empty (§2.8 create, §6.4 step 7).
+
+    Returns the state to continue from (the adopted trial copy on success) and what happened.
+    """
+    lists = hits if hits is not None else [[] for _ in layout.groups]
+    adopt = any(lists)
+    local = req.num_computed_tokens + hit
+    total = min(local, layout.max_model_len)
+    wm = layout.watermark_blocks if has_scheduled_reqs and req.status in WAITING_STATES else 0
+    if full_sequence_must_fit:
+        full = min(req.num_tokens, layout.max_model_len)
+        need = gate_block_count(layout, state, req, full, lists, num_encoder_tokens, total, local)
+        if need + wm > len(state.free):
+            return state, Allocation("gate")
+    main = total + num_new_tokens
+    slots = min(main + num_lookahead_tokens, layout.max_model_len)
+    remove_skipped_blocks(layout, state, req, total)
+
+    free_before = len(state.free)
+    trial = state.trial_copy()
+    adopted = adopt_hits(layout, trial, req, lists, local) if adopt else [0] * len(layout.groups)
+    new_blocks, allocated = allocate_new_blocks(layout, trial, req, slots, num_encoder_tokens)
+    group_taken = tuple(a + b for a, b in zip(adopted, allocated))
+    prediction = trial.blocks_taken_since(free_before)
+    assert prediction == sum(group_taken)
+    if prediction + wm > free_before - reserved_blocks:
+        return state, Allocation("capacity", prediction=prediction, free_before=free_before)
+    if trial.phantoms_used:
+        shortage = f"allocation of {prediction} blocks with {free_before} free"
+        return state, Allocation(
+            "capacity", prediction=prediction, free_before=free_before, shortage=shortage
+        )
+    cache_request(layout, trial, req, min(total + num_new_tokens, req.num_tokens))
+    return trial, Allocation(
+        "blocks",
+        new_blocks=new_blocks,
+        prediction=prediction,
+        free_before=free_before,
+        free_after=len(trial.free),
+        group_taken=group_taken,
+    )

@@ -1,0 +1,129 @@
+"""Static facts derived from a config: per-group kinds and sizes, EAGLE flags, admission caps,
+the hybrid spec groups and the pool-wide sizes (SPEC §0.3, §2.5, §4.2, §4.3, §5.1, §5.5, §6.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from harness.config import Config, SchedulerConfig
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling of a / b for non-negative a (SPEC §0.1)."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One KV cache group (one layer-3 manager)."""
+
+    gid: int
+    kind: str
+    bs: int
+    window: int
+    """Sliding window w (sliding_window groups only, else 0)."""
+    extra: int
+    """extra_retained_tokens x (sliding_window groups only, else 0)."""
+    chunk: int
+    """attention_chunk_size c (chunked_local groups only, else 0)."""
+    is_eagle_group: bool
+    """Member of the EAGLE group set of SPEC §5.1 step 3."""
+    drops: bool
+    """Actually drops the EAGLE block at lookup (use_eagle and an EAGLE group, §5.1 step 3)."""
+    use_eagle: bool
+    """The layer-3 manager's use_eagle flag (§5.4 unitary; §5.5 step 4 propagated per spec group)."""
+    cap: int | None
+    """Admission cap in blocks (§4.3), None for full and cross attention."""
+
+    @property
+    def spec(self) -> tuple[str, int, int, int, int]:
+        """The KVCacheSpec fields; equal specs merge into one hybrid spec group (§5.5 step 4)."""
+        return (self.kind, self.bs, self.window, self.extra, self.chunk)
+
+    def skipped(self, n: int) -> int:
+        """get_num_skipped_tokens (§4.2): leading tokens no future token attends to."""
+        if self.kind == "sliding_window":
+            return max(0, n - self.window + 1 - self.extra)
+        if self.kind == "chunked_local":
+            return (n // self.chunk) * self.chunk
+        return 0
+
+
+@dataclass(frozen=True)
+class SpecGroup:
+    """Hybrid spec group: groups with equal specs, looked up jointly (§5.5 step 4)."""
+
+    spec: Group
+    """The first member; every member has the same kind and sizes."""
+    gids: tuple[int, ...]
+    use_eagle: bool
+    """Some member drops the EAGLE block; propagated to every member's manager."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything about the manager that does not change while a trace runs."""
+
+    groups: tuple[Group, ...]
+    spec_groups: tuple[SpecGroup, ...]
+    """Sorted spec groups of the hybrid coordinator; empty unless hybrid with caching on."""
+    num_blocks: int
+    max_model_len: int
+    caching: bool
+    hybrid: bool
+    """Hybrid coordinator in use: caching on and more than one group (§5.6)."""
+    hbs: int
+    sbs: int
+    alignment: int
+    partial_hits: bool
+    watermark_blocks: int
+    scheduler: SchedulerConfig
+
+    @classmethod
+    def from_config(cls, config: Config) -> Layout:
+        flagged = [g.eagle for g in config.groups]
+        if config.use_eagle and not any(flagged):
+            flagged = [True] * len(flagged)
+        F, M = config.resolved_max_in_flight_tokens, config.max_model_len
+        groups = []
+        for gid, g in enumerate(config.groups):
+            window = g.sliding_window or 0
+            extra = g.extra_retained_tokens if g.kind == "sliding_window" else 0
+            chunk = g.attention_chunk_size or 0
+            cap: int | None = None
+            if g.kind == "sliding_window":
+                cap = cdiv(min(window - 1 + extra + F, M), g.block_size) + 1
+            elif g.kind == "chunked_local":
+                cap = cdiv(min(chunk + F, M), g.block_size)
+            drops = config.use_eagle and flagged[gid]
+            groups.append(
+                Group(gid, g.kind, g.block_size, window, extra, chunk, flagged[gid], drops, drops, cap)
+            )
+        hybrid = config.enable_caching and len(groups) > 1
+        spec_groups: list[SpecGroup] = []
+        if hybrid:
+            members: dict[tuple[str, int, int, int, int], list[int]] = {}
+            for g in groups:
+                members.setdefault(g.spec, []).append(g.gid)
+            spec_groups = [
+                SpecGroup(groups[gids[0]], tuple(gids), any(groups[m].drops for m in gids))
+                for gids in members.values()
+            ]
+            spec_groups.sort(key=lambda sg: 0 if sg.spec.kind == "full" else 1)
+            for sg in spec_groups:
+                for m in sg.gids:
+                    groups[m] = replace(groups[m], use_eagle=sg.use_eagle)
+        return cls(
+            groups=tuple(groups),
+            spec_groups=tuple(spec_groups),
+            num_blocks=config.num_blocks,
+            max_model_len=M,
+            caching=config.enable_caching,
+            hybrid=hybrid,
+            hbs=config.resolved_hash_block_size,
+            sbs=config.scheduler_block_size,
+            alignment=config.alignment_tokens,
+            partial_hits=config.partial_hits,
+            watermark_blocks=int(config.watermark * config.num_blocks),
+            scheduler=config.scheduler,
+        )

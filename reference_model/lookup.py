@@ -1,0 +1,199 @@
+"""Prefix-cache lookup: the per-kind hit searches (SPEC §4.9), the unitary and hybrid
+coordinators' reconciliation (§5.4, §5.5) and get_computed_blocks (§6.3).
+
+A position hits when, for every group in the call, some cache entry holds exactly the request's
+salt and token prefix ending at that position. Everything here only reads the state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference_model.layout import Group, Layout, cdiv
+from reference_model.requests import Request
+from reference_model.state import NULL, State
+
+Lists = list[list[int]]
+
+
+@dataclass(frozen=True)
+class Search:
+    """The arguments of one find_longest_cache_hit call (SPEC §4.9)."""
+
+    state: State
+    req: Request
+    hashed: int
+    """len(block_hashes) · hbs: prefixes longer than this have no hash."""
+    hbs: int
+    gids: tuple[int, ...]
+    spec: Group
+    max_length: int
+    drop_eagle: bool
+    alignment: int
+
+    def probe(self, num_tokens: int) -> list[int] | None:
+        """get_cached_block (SPEC §3.2) for the prefix of num_tokens tokens: one block per
+        group id, or None when some group misses (or the prefix has no hash)."""
+        if num_tokens > self.hashed:
+            return None
+        found = []
+        for g in self.gids:
+            block = self.state.find_block(self.req.key(g, num_tokens))
+            if block is None:
+                return None
+            found.append(block)
+        return found
+
+
+def search_full(s: Search) -> tuple[Lists, int]:
+    """Full attention (SPEC §4.9.1): left to right, stop at the first miss; Tier-B phase 2
+    probes partial entries inside the next block; EAGLE drop; alignment trim."""
+    bs = s.spec.bs
+    lists: Lists = [[] for _ in s.gids]
+    count = 0
+    for j in range(s.max_length // bs):
+        found = s.probe((j + 1) * bs)
+        if found is None:
+            break
+        for lst, b in zip(lists, found):
+            lst.append(b)
+        count += 1
+    hit = count * bs
+    if s.alignment < bs and bs % s.alignment == 0:
+        m = bs // s.alignment
+        first = count * m
+        top = min(first + m - 1, s.max_length // s.alignment, s.hashed // s.hbs)
+        for index in range(top - 1, first - 1, -1):
+            found = s.probe((index + 1) * s.hbs)
+            if found is not None:
+                for lst, b in zip(lists, found):
+                    lst.append(b)
+                hit = (index + 1) * s.alignment
+                break
+    if s.drop_eagle and hit > 0:
+        hit -= min(s.alignment, bs)
+    hit -= hit % s.alignment
+    return [lst[: cdiv(hit, bs)] for lst in lists], hit
+
+
+def search_sliding(s: Search) -> tuple[Lists, int]:
+    """Sliding window (SPEC §4.9.2): right to left for `need` contiguous hits ending at an
+    aligned edge; else the run from block 0; EAGLE drop; alignment trims."""
+    bs = s.spec.bs
+    need = cdiv(s.spec.window - 1, bs) + (1 if s.drop_eagle else 0)
+    max_blocks = s.max_length // bs
+    lists: Lists = [[NULL] * max_blocks for _ in s.gids]
+    run = 0
+    found_run = False
+    for i in range(max_blocks - 1, -1, -1):
+        found = s.probe((i + 1) * bs)
+        if found is None:
+            run = 0
+            continue
+        if run == 0 and bs != s.alignment:
+            edge = (i if s.drop_eagle else i + 1) * bs
+            if edge % s.alignment != 0:
+                continue
+        for lst, b in zip(lists, found):
+            lst[i] = b
+        run += 1
+        if run >= need:
+            lists = [lst[: i + run] for lst in lists]
+            found_run = True
+            break
+    if not found_run:
+        lists = [lst[:run] for lst in lists]
+        lists = _trim_to_alignment(lists, bs, s.alignment)
+    if s.drop_eagle and lists[0]:
+        lists = [lst[:-1] for lst in lists]
+        lists = _trim_to_alignment(lists, bs, s.alignment)
+    return lists, len(lists[0]) * bs
+
+
+def _trim_to_alignment(lists: Lists, bs: int, alignment: int) -> Lists:
+    """When bs != alignment, drop trailing blocks until len · bs is a multiple of alignment."""
+    length = len(lists[0])
+    if bs != alignment:
+        while length > 0 and (length * bs) % alignment != 0:
+            length -= 1
+    return [lst[:length] for lst in lists]
+
+
+def search_chunked(s: Search) -> tuple[Lists, int]:
+    """Chunked local (SPEC §4.9.3): nulls up to the current chunk, then left to right."""
+    bs, c = s.spec.bs, s.spec.chunk
+    max_blocks = s.max_length // bs
+    start = (s.max_length // c) * c if s.max_length > 0 else 0
+    lists: Lists = [[NULL] * (start // bs) for _ in s.gids]
+    for j in range(start // bs, max_blocks):
+        found = s.probe((j + 1) * bs)
+        if found is None:
+            break
+        for lst, b in zip(lists, found):
+            lst.append(b)
+    return lists, len(lists[0]) * bs
+
+
+SEARCHES = {"full": search_full, "sliding_window": search_sliding, "chunked_local": search_chunked}
+
+
+def find_longest_cache_hit(layout: Layout, state: State, req: Request) -> tuple[Lists, int]:
+    """The coordinator's lookup with max_cache_hit_length = num_tokens − 1 (SPEC §6.3 step 2)."""
+    max_hit = req.num_tokens - 1
+    hashed = req.hashed_tokens(layout.hbs)
+    if not layout.hybrid:
+        g = layout.groups[0]
+        s = Search(state, req, hashed, layout.hbs, (0,), g, max_hit, g.drops, g.bs)
+        return SEARCHES[g.kind](s)
+    return _hybrid_fixed_point(layout, state, req, max_hit, hashed)
+
+
+def _hybrid_fixed_point(
+    layout: Layout, state: State, req: Request, max_hit: int, hashed: int
+) -> tuple[Lists, int]:
+    """SPEC §5.5 "Lookup (fixed point)"."""
+    L = max_hit
+    results: dict[int, tuple[Lists, int]] = {}
+    """Spec-group index -> its latest search result."""
+    verified: set[int] = set()
+    sgs = layout.spec_groups
+    simple = len(sgs) == 2 and sgs[0].spec.kind == "full"
+    while True:
+        cur = L
+        for n, sg in enumerate(sgs):
+            if sg.spec.kind == "full" and n in results:
+                cur = min(cur, results[n][1])
+                continue
+            drop = sg.use_eagle and n not in verified
+            max_len = cur
+            if drop:
+                fine = sg.spec.kind == "full" and layout.partial_hits
+                margin = layout.hbs if fine else sg.spec.bs
+                max_len = min(cur + margin, hashed)
+            s = Search(state, req, hashed, layout.hbs, sg.gids, sg.spec, max_len, drop,
+                       layout.alignment)
+            lists, length = SEARCHES[sg.spec.kind](s)
+            if drop:
+                verified.add(n)
+            elif length < cur:
+                verified.clear()
+            cur = length
+            results[n] = (lists, length)
+        if cur >= L:
+            break
+        L = cur
+        if simple:
+            break
+    out: Lists = [[] for _ in layout.groups]
+    for n, sg in enumerate(sgs):
+        lists, _ = results[n]
+        for gid, lst in zip(sg.gids, lists):
+            out[gid] = lst[: cdiv(L, sg.spec.bs)] if sg.spec.kind == "full" else lst
+    return out, L
+
+
+def get_computed_blocks(layout: Layout, state: State, req: Request) -> tuple[Lists, int]:
+    """SPEC §6.3: (per-group hit lists, hit length); empty when the lookup is disabled."""
+    if not layout.caching or req.skip_reading_prefix_cache:
+        return [[] for _ in layout.groups], 0
+    return find_longest_cache_hit(layout, state, req)

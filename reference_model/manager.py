@@ -1,0 +1,106 @@
+"""The layer-1 KVCacheManager API (SPEC §6) over the model's state, recording an
+AllocationProbe for every allocate_slots it runs."""
+
+from __future__ import annotations
+
+from harness.sides import AllocationProbe, Observations
+from reference_model.allocation import allocate_slots, free_request
+from reference_model.caching import cache_request
+from reference_model.layout import Layout
+from reference_model.lookup import Lists, get_computed_blocks
+from reference_model.requests import Request
+from reference_model.state import NULL, State
+
+
+class Manager:
+    """Pool, tables and cache of one KVCacheManager (SPEC §6.1)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.state = State.fresh(layout.num_blocks, len(layout.groups), layout.caching)
+        self.observations = Observations()
+
+    def tracked(self, rid: str) -> bool:
+        """The request has a table entry (from its first successful allocation to its free)."""
+        return any(rid in group for group in self.state.tables)
+
+    def get_computed_blocks(self, req: Request) -> tuple[Lists, int]:
+        return get_computed_blocks(self.layout, self.state, req)
+
+    def allocate_slots(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        hit: int = 0,
+        hits: Lists | None = None,
+        num_lookahead_tokens: int = 0,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> Lists | None:
+        """SPEC §6.4 (arguments already checked): the new block ids per group, or None."""
+        self.state, done = allocate_slots(
+            self.layout,
+            self.state,
+            req,
+            num_new_tokens,
+            hit,
+            hits,
+            num_lookahead_tokens,
+            num_encoder_tokens,
+            full_sequence_must_fit,
+            reserved_blocks,
+            has_scheduled_reqs,
+        )
+        if done.shortage is not None:
+            self.observations.pool_shortages.append(done.shortage)
+        self.observations.allocations.append(
+            AllocationProbe(
+                req.request_id,
+                done.outcome,  # type: ignore[arg-type]
+                done.prediction,
+                done.free_before,
+                done.free_after,
+                done.group_taken,
+                done.group_taken,
+            )
+        )
+        return done.new_blocks
+
+    def record_error(self, rid: str) -> None:
+        """An allocate_slots that raised ValueError (API misuse)."""
+        self.observations.allocations.append(AllocationProbe(rid, "error"))
+
+    def free(self, rid: str) -> None:
+        free_request(self.layout, self.state, rid)
+
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        cache_request(self.layout, self.state, req, num_tokens)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """SPEC §3.7: strip keys; ref counts, queue positions and num_cached_block unchanged."""
+        for b in block_ids:
+            if b != NULL:
+                self.state.drop_keys(b)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.state.reset_cache()
+
+    def take_new_block_ids(self) -> list[int]:
+        ids = [b for group in self.state.new_block_ids for b in group]
+        self.state.new_block_ids = [[] for _ in self.layout.groups]
+        return ids
+
+    def take_kv_cache_block_copies(self) -> list[tuple[int, int]]:
+        """Drain every group's pending CoW pairs; their endpoints stay held (retained)."""
+        copies = [pair for group in self.state.pending_copies for pair in group]
+        self.state.pending_copies = [[] for _ in self.layout.groups]
+        self.state.retained.extend(copies)
+        return copies
+
+    def release_copies(self) -> None:
+        """free_blocks of every retained endpoint (src, dst per pair), in the order taken."""
+        ordered = [b for pair in self.state.retained for b in pair]
+        self.state.retained = []
+        self.state.release(ordered)

@@ -1,0 +1,284 @@
+"""ReferenceModel: the executable oracle, driven by normalized ops (docs/traces.md).
+
+Validity violations raise InvalidTrace; API misuse returns {"error": "ValueError"} and changes
+nothing (docs/traces.md "API misuse", checks in the documented order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.config import Config
+from harness.errors import InvalidTrace
+from harness.sides import Observations
+from harness.snapshot import CacheKey, RequestView, Snapshot
+from harness.trace import Op
+from reference_model.layout import Layout
+from reference_model.lookup import Lists
+from reference_model.manager import Manager
+from reference_model.requests import Request
+from reference_model.scheduler import Driver
+
+MISUSE = {"error": "ValueError"}
+
+API_OPS = (
+    "add_request",
+    "get_computed_blocks",
+    "allocate_slots",
+    "free",
+    "append_tokens",
+    "cache_blocks",
+    "evict_blocks",
+    "reset_prefix_cache",
+    "take_new_block_ids",
+    "take_kv_cache_block_copies",
+    "release_copies",
+)
+SCHEDULER_OPS = ("add_request", "step", "abort", "finish")
+
+
+class ReferenceModel:
+    """Slow, obviously-correct model of SPEC Tier A and B, implementing harness.sides.Side."""
+
+    name = "model"
+
+    def __init__(self, config: Config, level: str) -> None:
+        if level not in ("api", "scheduler"):
+            raise InvalidTrace(f"unknown level {level!r}")
+        self.config = config
+        self.level = level
+        self.layout = Layout.from_config(config)
+        self.manager = Manager(self.layout)
+        self.driver = Driver(self.manager)
+        self.requests: dict[str, Request] = {}
+        self.lookups: dict[str, tuple[Lists, int]] = {}
+        """API level: request id -> its live lookup (blocks, hit)."""
+
+    # ----- Side protocol -----
+
+    def apply(self, op: Op) -> Any:
+        name = op["op"]
+        allowed = API_OPS if self.level == "api" else SCHEDULER_OPS
+        if name not in allowed:
+            raise InvalidTrace(f"op {name!r} is not a {self.level}-level op")
+        self.manager.observations = Observations()
+        try:
+            return getattr(self, f"_op_{name}")(op)
+        finally:
+            if name not in ("get_computed_blocks", "add_request"):
+                self.lookups = {}  # a lookup dies at any other op
+
+    def observations(self) -> Observations:
+        return self.manager.observations
+
+    def snapshot(self) -> Snapshot:
+        state = self.manager.state
+        groups = range(len(self.layout.groups))
+        cache: dict[CacheKey, tuple[int, ...]] = {}
+        for key, block in state.entries:
+            cache[key] = cache.get(key, ()) + (block,)
+        views = {}
+        for rid, req in self.requests.items():
+            tables = tuple(
+                tuple(state.tables[g][rid]) if rid in state.tables[g] else None for g in groups
+            )
+            views[rid] = RequestView(
+                status=req.status,
+                num_computed_tokens=req.num_computed_tokens,
+                num_tokens=req.num_tokens,
+                tables=tables,
+                num_cached_blocks=tuple(state.num_cached[g].get(rid) for g in groups),
+                partial_hit=tuple(state.partial_hits[g].get(rid) for g in groups),
+            )
+        return Snapshot(
+            num_blocks=state.num_blocks,
+            ref_cnt=tuple(state.ref_counts()),
+            free_queue=tuple(state.free),
+            num_free_blocks=len(state.free),
+            linked=frozenset(state.free),
+            block_keys=tuple(state.primary),
+            block_key_tokens=tuple(state.primary_tokens),
+            extra_keys={b: frozenset(keys) for b, keys in state.extras.items() if keys},
+            cache=cache,
+            requests=views,
+            pending_copies=tuple(pair for g in state.pending_copies for pair in g),
+            retained_copies=tuple(state.retained),
+            new_block_ids=tuple(b for g in state.new_block_ids for b in g),
+            waiting=tuple(r.request_id for r in self.driver.waiting),
+            running=tuple(r.request_id for r in self.driver.running),
+        )
+
+    # ----- validity helpers -----
+
+    def _live(self, rid: str) -> Request:
+        """The request, which must have been added and not be finished."""
+        req = self.requests.get(rid)
+        if req is None:
+            raise InvalidTrace(f"request {rid!r} was not added")
+        if req.is_finished:
+            raise InvalidTrace(f"request {rid!r} is finished ({req.status})")
+        return req
+
+    def _added(self, rid: str) -> Request:
+        req = self.requests.get(rid)
+        if req is None:
+            raise InvalidTrace(f"request {rid!r} was not added")
+        return req
+
+    # ----- both levels -----
+
+    def _op_add_request(self, op: Op) -> None:
+        rid, prompt = op["request_id"], op["prompt"]
+        if rid in self.requests:
+            raise InvalidTrace(f"request {rid!r} was added before")
+        if not 1 <= len(prompt) <= self.layout.max_model_len - 1:
+            raise InvalidTrace(
+                f"prompt of {len(prompt)} tokens (needs 1 … {self.layout.max_model_len - 1})"
+            )
+        if any(t < 0 for t in prompt):
+            raise InvalidTrace(f"prompt has a negative token id: {prompt!r}")
+        if op["max_tokens"] < 1:
+            raise InvalidTrace(f"max_tokens must be >= 1, got {op['max_tokens']}")
+        if op["num_encoder_tokens"] < 0:
+            raise InvalidTrace(f"num_encoder_tokens must be >= 0, got {op['num_encoder_tokens']}")
+        req = Request(
+            request_id=rid,
+            prompt=list(prompt),
+            salt=op["cache_salt"] or None,
+            priority=op["priority"],
+            arrival_time=float(len(self.requests)),
+            max_tokens=op["max_tokens"],
+            skip_reading_prefix_cache=op["skip_reading_prefix_cache"],
+            num_encoder_tokens=op["num_encoder_tokens"],
+            tokens=list(prompt),
+        )
+        self.requests[rid] = req
+        if self.level == "scheduler":
+            self.driver.add(req)
+        return None
+
+    # ----- API level -----
+
+    def _op_get_computed_blocks(self, op: Op) -> Any:
+        req = self._live(op["request_id"])
+        lists, hit = self.manager.get_computed_blocks(req)
+        self.lookups[req.request_id] = (lists, hit)
+        return {"block_ids": [list(lst) for lst in lists], "num_computed_tokens": hit}
+
+    def _op_allocate_slots(self, op: Op) -> Any:
+        req = self._live(op["request_id"])
+        hits: Lists | None = None
+        hit = 0
+        if op["use_lookup"]:
+            if req.request_id not in self.lookups:
+                raise InvalidTrace(f"request {req.request_id!r} has no live lookup")
+            hits, hit = self.lookups[req.request_id]
+        n = op["num_new_tokens"]
+        if req.num_computed_tokens + hit + n > req.num_tokens:
+            raise InvalidTrace(
+                f"num_computed_tokens {req.num_computed_tokens} + hit {hit} + num_new_tokens "
+                f"{n} > num_tokens {req.num_tokens}"
+            )
+        counts = ("num_new_tokens", "num_lookahead_tokens", "reserved_blocks", "num_encoder_tokens")
+        if (
+            (n == 0 and hit == 0)
+            or any(op[f] < 0 for f in counts)
+            or (hits is not None and any(hits) and self.manager.tracked(req.request_id))
+        ):
+            self.manager.record_error(req.request_id)
+            return MISUSE
+        new = self.manager.allocate_slots(
+            req,
+            n,
+            hit,
+            hits,
+            op["num_lookahead_tokens"],
+            op["num_encoder_tokens"],
+            op["full_sequence_must_fit"],
+            op["reserved_blocks"],
+            op["has_scheduled_reqs"],
+        )
+        if new is None:
+            return None
+        req.num_computed_tokens += hit + n
+        req.status = "RUNNING"
+        return {"block_ids": [list(lst) for lst in new]}
+
+    def _op_free(self, op: Op) -> Any:
+        req = self._live(op["request_id"])
+        if not self.manager.tracked(req.request_id):
+            return MISUSE
+        self.manager.free(req.request_id)
+        if op["preempt"]:
+            req.status = "PREEMPTED"
+            req.num_computed_tokens = 0
+            req.num_preemptions += 1
+        else:
+            req.status = "FINISHED_STOPPED"
+        return None
+
+    def _op_append_tokens(self, op: Op) -> None:
+        req = self._live(op["request_id"])
+        tokens = op["tokens"]
+        if not tokens or any(t < 0 for t in tokens):
+            raise InvalidTrace(f"tokens must be a non-empty list of ids >= 0, got {tokens!r}")
+        if req.num_tokens + len(tokens) > self.layout.max_model_len:
+            raise InvalidTrace(
+                f"{req.num_tokens} + {len(tokens)} tokens exceed max_model_len "
+                f"{self.layout.max_model_len}"
+            )
+        req.tokens.extend(tokens)
+        return None
+
+    def _op_cache_blocks(self, op: Op) -> Any:
+        req = self._live(op["request_id"])
+        n = op["num_computed_tokens"]
+        if n is None:
+            n = req.num_computed_tokens
+        rid = req.request_id
+        state = self.manager.state
+        if (
+            not self.manager.tracked(rid)
+            or n < 0
+            or any(
+                n > len(state.tables[g.gid][rid]) * g.bs
+                for g in self.layout.groups
+                if g.kind != "cross"
+            )
+        ):
+            return MISUSE
+        self.manager.cache_blocks(req, n)
+        return None
+
+    def _op_evict_blocks(self, op: Op) -> Any:
+        ids = op["block_ids"]
+        if any(b < 0 or b >= self.layout.num_blocks for b in ids):
+            return MISUSE
+        self.manager.evict_blocks(set(ids))
+        return None
+
+    def _op_reset_prefix_cache(self, op: Op) -> bool:
+        return self.manager.reset_prefix_cache()
+
+    def _op_take_new_block_ids(self, op: Op) -> list[int]:
+        return self.manager.take_new_block_ids()
+
+    def _op_take_kv_cache_block_copies(self, op: Op) -> list[list[int]]:
+        return [[src, dst] for src, dst in self.manager.take_kv_cache_block_copies()]
+
+    def _op_release_copies(self, op: Op) -> None:
+        self.manager.release_copies()
+        return None
+
+    # ----- scheduler level -----
+
+    def _op_step(self, op: Op) -> dict[str, Any]:
+        return self.driver.step(op["sample"])
+
+    def _op_abort(self, op: Op) -> None:
+        self.driver.stop(self._added(op["request_id"]), "FINISHED_ABORTED")
+        return None
+
+    def _op_finish(self, op: Op) -> None:
+        self.driver.stop(self._added(op["request_id"]), "FINISHED_STOPPED")
+        return None

@@ -1,0 +1,55 @@
+"""The harness-side request (docs/traces.md "Requests", SPEC §2.7), with content keys instead of
+block hashes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.snapshot import CacheKey
+
+WAITING_STATES = ("WAITING", "PREEMPTED")
+
+
+@dataclass(eq=False)
+class Request:
+    """One request (compared by identity). Its hash list is implicit: hash unit k (SPEC §2.3) exists for every
+    k < num_tokens // hbs and fingerprints the prefix of (k+1)·hbs tokens plus the salt."""
+
+    request_id: str
+    prompt: list[int]
+    salt: str | None
+    """The cache salt; "" is stored as None (no salt)."""
+    priority: int
+    arrival_time: float
+    max_tokens: int
+    skip_reading_prefix_cache: bool
+    num_encoder_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    """all_token_ids: the prompt followed by the output tokens."""
+    num_computed_tokens: int = 0
+    status: str = "WAITING"
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.startswith("FINISHED")
+
+    def hashed_tokens(self, hbs: int) -> int:
+        """len(block_hashes) · hbs: tokens covered by full hash blocks (SPEC §2.3)."""
+        return (len(self.tokens) // hbs) * hbs
+
+    def key(self, group_id: int, num_tokens: int) -> CacheKey:
+        """The content key of this request's prefix of num_tokens tokens in a group."""
+        return (group_id, self.salt, tuple(self.tokens[:num_tokens]))

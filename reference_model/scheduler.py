@@ -1,0 +1,154 @@
+"""The scheduler driver of docs/traces.md ("The driver (step)", SPEC §7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reference_model.manager import Manager
+from reference_model.requests import Request
+
+
+class Driver:
+    """FCFS or priority driver with a waiting queue and a running list."""
+
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+        self.cfg = manager.layout.scheduler
+        self.max_model_len = manager.layout.max_model_len
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+
+    def _order_waiting(self) -> None:
+        """Priority keeps waiting sorted by (priority, arrival_time); FCFS keeps insertion order."""
+        if self.cfg.policy == "priority":
+            self.waiting.sort(key=lambda r: (r.priority, r.arrival_time))
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+        self._order_waiting()
+
+    def stop(self, req: Request, status: str) -> None:
+        """abort / finish: leave the queue it is in (freeing a running request)."""
+        if req.is_finished:
+            return
+        if req in self.waiting:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+            self.manager.free(req.request_id)
+        req.status = status
+
+    def _victim(self) -> Request:
+        """FCFS: the last running request; priority: the first with the largest
+        (priority, arrival_time)."""
+        if self.cfg.policy == "fcfs":
+            return self.running[-1]
+        victim = self.running[0]
+        for r in self.running[1:]:
+            if (r.priority, r.arrival_time) > (victim.priority, victim.arrival_time):
+                victim = r
+        return victim
+
+    def _preempt(self, victim: Request) -> None:
+        self.manager.free(victim.request_id)
+        victim.status = "PREEMPTED"
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.waiting.insert(0, victim)
+        self._order_waiting()
+
+    def step(self, sample: int) -> dict[str, Any]:
+        mgr, cfg, M = self.manager, self.cfg, self.max_model_len
+        la = cfg.num_lookahead_tokens
+        budget = cfg.token_budget
+        scheduled: list[tuple[Request, int, int]] = []
+        preempted: list[str] = []
+
+        # 2. Running loop.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.running[i]
+            n = min(
+                r.num_tokens - r.num_computed_tokens, budget, M - r.num_computed_tokens - 1
+            )
+            if n <= 0:
+                i += 1
+                continue
+            while True:
+                blocks = mgr.allocate_slots(r, n, num_lookahead_tokens=la)
+                if blocks is not None:
+                    break
+                victim = self._victim()
+                index = self.running.index(victim)
+                self.running.pop(index)
+                if index < i:
+                    i -= 1
+                for entry in scheduled:
+                    if entry[0] is victim:
+                        scheduled.remove(entry)
+                        budget += entry[1]
+                        break
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is r:
+                    break
+            if blocks is None:
+                if cfg.policy == "priority":
+                    continue
+                break
+            scheduled.append((r, n, 0))
+            budget -= n
+            i += 1
+
+        # 3. Waiting loop.
+        if not preempted:
+            while budget > 0 and self.waiting and len(self.running) < cfg.max_running:
+                r = self.waiting[0]
+                hits, hit = (
+                    mgr.get_computed_blocks(r) if r.num_computed_tokens == 0 else (None, 0)
+                )
+                n = r.num_tokens - r.num_computed_tokens - hit
+                if n > budget:
+                    if not cfg.chunked_prefill:
+                        break
+                    n = budget
+                blocks = mgr.allocate_slots(
+                    r,
+                    n,
+                    hit,
+                    hits,
+                    la,
+                    r.num_encoder_tokens,
+                    cfg.full_sequence_must_fit,
+                    cfg.reserved_blocks,
+                    bool(self.running),
+                )
+                if blocks is None:
+                    break
+                self.waiting.pop(0)
+                self.running.append(r)
+                r.status = "RUNNING"
+                r.num_computed_tokens += hit
+                scheduled.append((r, n, hit))
+                budget -= n
+
+        # 4. Step end.
+        copies = mgr.take_kv_cache_block_copies()
+        mgr.take_new_block_ids()
+        mgr.release_copies()
+        finished: list[str] = []
+        for r, n, _ in scheduled:
+            r.num_computed_tokens += n
+            if r.num_computed_tokens == r.num_tokens:
+                r.tokens.append((sample + r.num_tokens) % cfg.vocab_size)
+            if r.num_output_tokens >= r.max_tokens or r.num_tokens >= M:
+                r.status = "FINISHED_LENGTH_CAPPED"
+                self.running.remove(r)
+                mgr.free(r.request_id)
+                finished.append(r.request_id)
+        return {
+            "scheduled": [[r.request_id, n, hit] for r, n, hit in scheduled],
+            "preempted": preempted,
+            "finished": finished,
+            "copies": [[src, dst] for src, dst in copies],
+        }

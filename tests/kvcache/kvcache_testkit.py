@@ -1,0 +1,144 @@
+"""Builders and a full structural dump for the kvcache tests (module name kept unique: the
+tests directory has no packages).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcache import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheManager,
+    KVCacheSpec,
+    Request,
+    get_request_block_hasher,
+    resolve_kv_cache_block_sizes,
+)
+from kvcache.block_pool import BlockPool
+from kvcache.kv_cache_utils import KVCacheBlock
+
+
+def make_config(num_blocks: int, *specs: KVCacheSpec, eagle: tuple[int, ...] = ()) -> KVCacheConfig:
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec([f"layer.{i}"], spec, is_eagle_group=i in eagle)
+            for i, spec in enumerate(specs)
+        ],
+    )
+
+
+def make_manager(
+    num_blocks: int,
+    *specs: KVCacheSpec,
+    max_model_len: int = 1024,
+    enable_caching: bool = True,
+    hash_block_size: int | None = None,
+    **kwargs: Any,
+) -> KVCacheManager:
+    config = make_config(num_blocks, *specs)
+    sbs, hbs = resolve_kv_cache_block_sizes(config, enable_caching, hash_block_size)
+    return KVCacheManager(
+        config, max_model_len, sbs, hbs, enable_caching=enable_caching, **kwargs
+    )
+
+
+def make_request(
+    request_id: str,
+    tokens: list[int],
+    hash_block_size: int,
+    cache_salt: str | None = None,
+    **kwargs: Any,
+) -> Request:
+    return Request(
+        request_id,
+        list(tokens),
+        cache_salt=cache_salt,
+        block_hasher=get_request_block_hasher(hash_block_size, "kvfuzz-tests"),
+        **kwargs,
+    )
+
+
+def ids(blocks: Any) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def free_ids(pool: BlockPool) -> list[int]:
+    return ids(pool.free_block_queue.get_all_free_blocks())
+
+
+def table_ids(manager: KVCacheManager, request_id: str) -> list[list[int]]:
+    return [list(g) for g in manager.get_block_ids(request_id)]
+
+
+def _link(block: KVCacheBlock | None) -> int | None:
+    return None if block is None else block.block_id
+
+
+def dump_pool(pool: BlockPool) -> dict[str, Any]:
+    """Everything layer 4 holds, as plain data (links by id, map entries with their shape)."""
+    queue = pool.free_block_queue
+    cache = {}
+    for key, entry in pool.cached_block_hash_to_block._cache.items():
+        cache[key] = ("many", list(entry)) if isinstance(entry, dict) else ("one", entry.block_id)
+    return {
+        "blocks": [
+            (
+                b.block_id,
+                b.ref_cnt,
+                b.block_hash,
+                b.block_hash_num_tokens,
+                _link(b.prev_free_block),
+                _link(b.next_free_block),
+                b.is_null,
+            )
+            for b in pool.blocks
+        ],
+        "queue": free_ids(pool),
+        "num_free": queue.num_free_blocks,
+        "head": _link(queue.fake_free_list_head.next_free_block),
+        "tail": _link(queue.fake_free_list_tail.prev_free_block),
+        "cache": cache,
+        "extras": {bid: sorted(keys) for bid, keys in pool.cached_block_hashes_by_block.items()},
+    }
+
+
+def dump_manager(manager: KVCacheManager) -> dict[str, Any]:
+    """The pool plus every layer-3 manager's per-request state and the layer-1 stats."""
+    singles = []
+    for m in manager.coordinator.single_type_managers:
+        singles.append(
+            {
+                "req_to_blocks": {rid: ids(bs) for rid, bs in m.req_to_blocks.items()},
+                "num_cached_block": dict(m.num_cached_block),
+                "partial": {rid: (i, b.block_id) for rid, (i, b) in m._partial_hit_reqs.items()},
+                "pending": [(s.block_id, d.block_id) for s, d in m._pending_cow_copies],
+                "new_block_ids": list(m.new_block_ids),
+                "use_eagle": m.use_eagle,
+                "alignment": m.cache_hit_alignment_tokens,
+            }
+        )
+    return {
+        "pool": dump_pool(manager.block_pool),
+        "managers": singles,
+        "stats": repr(manager.prefix_cache_stats),
+    }
+
+
+def record_predictions(manager: KVCacheManager) -> list[int]:
+    """Wrap the coordinator's predictor on the instance (as the harness probes do) and collect
+    the per-step predictions (the full-sequence gate's capped calls are left out).
+    """
+    seen: list[int] = []
+    original = manager.coordinator.get_num_blocks_to_allocate
+
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        value = original(*args, **kwargs)
+        if not kwargs.get("apply_admission_cap", False):
+            seen.append(value)
+        return value
+
+    manager.coordinator.get_num_blocks_to_allocate = wrapper  # type: ignore[method-assign]
+    return seen

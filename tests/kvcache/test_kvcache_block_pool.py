@@ -1,0 +1,241 @@
+"""BlockHashToBlockMap and BlockPool (SPEC.md §2.4, §3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcache import BlockHashToBlockMap, BlockPool, KVCacheBlock
+from kvcache.kv_cache_utils import make_block_hash_with_group_id
+from kvcache_testkit import dump_pool, free_ids, ids, make_request
+
+KEY = make_block_hash_with_group_id(b"h" * 32, 0)
+OTHER = make_block_hash_with_group_id(b"h" * 32, 1)
+
+
+# ----- hash map -----
+
+
+def test_map_single_then_duplicates_keep_insertion_order():
+    m = BlockHashToBlockMap()
+    b1, b2, b3 = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
+    assert m.get_one_block(KEY) is None and not m.contain(KEY, 1)
+    m.insert(KEY, b2)
+    assert m._cache[KEY] is b2
+    m.insert(KEY, b1)
+    m.insert(KEY, b3)
+    assert list(m._cache[KEY]) == [2, 1, 3]
+    assert m.get_one_block(KEY) is b2
+    assert m.contain(KEY, 3) and not m.contain(KEY, 4) and not m.contain(OTHER, 2)
+    assert len(m) == 1
+
+
+def test_map_pop_specific_block_id():
+    m = BlockHashToBlockMap()
+    b1, b2 = KVCacheBlock(1), KVCacheBlock(2)
+    m.insert(KEY, b1)
+    m.insert(KEY, b2)
+    assert m.pop(KEY, 1) is b1
+    assert m.get_one_block(KEY) is b2
+    assert m.pop(KEY, 1) is None
+    assert m.pop(KEY, 2) is b2
+    assert len(m) == 0 and KEY not in m._cache
+
+
+def test_map_pop_leaves_a_different_single_block():
+    m = BlockHashToBlockMap()
+    b1 = KVCacheBlock(1)
+    m.insert(KEY, b1)
+    assert m.pop(KEY, 7) is None
+    assert m._cache[KEY] is b1
+    assert m.pop(OTHER, 1) is None
+    assert m.pop(KEY, 1) is b1 and len(m) == 0
+
+
+def test_same_hash_different_groups_are_different_keys():
+    m = BlockHashToBlockMap()
+    m.insert(KEY, KVCacheBlock(1))
+    m.insert(OTHER, KVCacheBlock(2))
+    assert len(m) == 2
+    assert OTHER[-4:] == (1).to_bytes(4, "big") and OTHER[:-4] == b"h" * 32
+
+
+# ----- pool -----
+
+
+def _pool(n: int = 8, hbs: int = 4) -> BlockPool:
+    return BlockPool(n, enable_caching=True, hash_block_size=hbs)
+
+
+def _cached(pool: BlockPool, tokens: list[int], n_blocks: int, request_id: str = "r"):
+    """A request holding n_blocks fresh blocks, all registered under its hashes."""
+    request = make_request(request_id, tokens, pool.hash_block_size)
+    blocks = pool.get_new_blocks(n_blocks)
+    pool.cache_full_blocks(request, blocks, 0, n_blocks, pool.hash_block_size, 0)
+    return request, blocks
+
+
+def test_construction_reserves_the_null_block():
+    pool = _pool(5)
+    assert pool.null_block is pool.blocks[0] and pool.null_block.is_null
+    assert free_ids(pool) == [1, 2, 3, 4]
+    assert pool.get_num_free_blocks() == 4 and pool.get_usage() == 0.0
+    assert BlockPool(1, True, 4).get_usage() == 0.0
+
+
+def test_get_new_blocks_pops_head_and_sets_ref():
+    pool = _pool()
+    blocks = pool.get_new_blocks(3)
+    assert ids(blocks) == [1, 2, 3] and all(b.ref_cnt == 1 for b in blocks)
+    assert pool.get_num_free_blocks() == 4
+    assert pool.get_usage() == pytest.approx(3 / 7)
+    assert pool.get_new_blocks(0) == []
+
+
+def test_get_new_blocks_evicts_cached_free_blocks_on_pop():
+    pool = _pool(4)
+    _, blocks = _cached(pool, list(range(12)), 3)
+    pool.free_blocks(reversed(blocks))
+    assert free_ids(pool) == [3, 2, 1]
+    evicted = pool.get_new_blocks(2)
+    assert ids(evicted) == [3, 2]
+    assert all(b.block_hash is None and b.block_hash_num_tokens is None for b in evicted)
+    assert len(pool.cached_block_hash_to_block) == 1
+    assert pool.blocks[1].block_hash is not None
+
+
+def test_get_new_blocks_evicts_a_duplicate_without_touching_the_other():
+    pool = _pool(4)
+    request, (a,) = _cached(pool, [1, 2, 3, 4], 1, "a")
+    _, (b,) = _cached(pool, [1, 2, 3, 4], 1, "b")
+    key = a.block_hash
+    assert list(pool.cached_block_hash_to_block._cache[key]) == [1, 2]
+    pool.free_blocks([a])
+    pool.get_new_blocks(2)
+    assert a.block_hash is None and b.block_hash == key
+    assert list(pool.cached_block_hash_to_block._cache[key]) == [2]
+
+
+def test_touch_rescues_free_blocks_and_counts_references():
+    pool = _pool(4)
+    _, blocks = _cached(pool, list(range(8)), 2)
+    pool.free_blocks([blocks[1], blocks[0]])
+    pool.touch(blocks)
+    assert [b.ref_cnt for b in blocks] == [1, 1] and free_ids(pool) == [3]
+    pool.touch([pool.null_block, blocks[0]])
+    assert blocks[0].ref_cnt == 2 and pool.null_block.ref_cnt == 0
+
+
+def test_free_blocks_uncached_to_head_as_one_run_cached_to_tail():
+    pool = _pool(8)
+    _, cached = _cached(pool, list(range(8)), 2)
+    plain = pool.get_new_blocks(2)
+    assert free_ids(pool) == [5, 6, 7]
+    pool.free_blocks([plain[1], cached[1], plain[0], cached[0]])
+    assert free_ids(pool) == [4, 3, 5, 6, 7, 2, 1]
+
+
+def test_free_blocks_only_queues_at_zero_and_skips_null():
+    pool = _pool(4)
+    (block,) = pool.get_new_blocks(1)
+    pool.touch([block])
+    pool.free_blocks([pool.null_block, block])
+    assert block.ref_cnt == 1 and free_ids(pool) == [2, 3]
+    pool.free_blocks([block])
+    assert free_ids(pool) == [1, 2, 3]
+
+
+def test_free_blocks_with_caching_disabled_always_goes_to_head():
+    pool = BlockPool(5, enable_caching=False, hash_block_size=4)
+    blocks = pool.get_new_blocks(3)
+    pool.free_blocks(reversed(blocks))
+    assert free_ids(pool) == [3, 2, 1, 4]
+
+
+def test_cache_full_blocks_sets_keys_and_token_counts():
+    pool = _pool(8, hbs=2)
+    request = make_request("r", list(range(9)), 2)
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    assert blocks[0].block_hash == make_block_hash_with_group_id(request.block_hashes[1], 0)
+    assert blocks[1].block_hash == make_block_hash_with_group_id(request.block_hashes[3], 0)
+    assert [b.block_hash_num_tokens for b in blocks] == [4, 8, None]
+    before = dump_pool(pool)
+    pool.cache_full_blocks(request, blocks, 2, 2, 4, 0)
+    assert dump_pool(pool) == before
+
+
+def test_cache_full_blocks_skips_null_and_masked_blocks():
+    pool = _pool(8)
+    request = make_request("r", list(range(12)), 4)
+    blocks = [pool.null_block, *pool.get_new_blocks(2)]
+    pool.cache_full_blocks(request, blocks, 0, 3, 4, 0, block_mask=[True, False, True])
+    assert pool.null_block.block_hash is None
+    assert blocks[1].block_hash is None
+    assert blocks[2].block_hash_num_tokens == 12
+    assert len(pool.cached_block_hash_to_block) == 1
+
+
+def test_partial_entry_then_promotion_to_full_key():
+    pool = _pool(8, hbs=2)
+    request = make_request("r", list(range(7)), 2)
+    blocks = pool.get_new_blocks(2)
+    partial = pool.cache_partial_block(request, blocks[1], 6, 0, 4)
+    assert partial == make_block_hash_with_group_id(request.block_hashes[2], 0)
+    assert blocks[1].block_hash == partial and blocks[1].block_hash_num_tokens == 6
+    assert not pool.is_block_writable(blocks[1]) and pool.is_block_writable(blocks[0])
+    assert pool.cache_partial_block(request, pool.null_block, 2, 0, 4) is None
+    request.append_output_token_ids([7])
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    full = make_block_hash_with_group_id(request.block_hashes[3], 0)
+    assert blocks[1].block_hash == full and blocks[1].block_hash_num_tokens == 8
+    assert partial not in pool.cached_block_hash_to_block._cache
+    assert pool.cached_block_hashes_by_block == {}
+
+
+def test_partial_entry_below_the_primary_becomes_an_extra_key():
+    pool = _pool(8, hbs=2)
+    request = make_request("r", list(range(8)), 2)
+    (block,) = pool.get_new_blocks(1)
+    high = pool.cache_partial_block(request, block, 6, 0, 8)
+    low = pool.cache_partial_block(request, block, 4, 0, 8)
+    assert block.block_hash == high and block.block_hash_num_tokens == 6
+    assert pool.cached_block_hashes_by_block == {1: {low}}
+    assert pool.cached_block_hash_to_block.get_one_block(low) is block
+    replaced = pool.cache_partial_block(request, block, 2, 0, 8, replace_existing_hashes=True)
+    assert block.block_hash == replaced and block.block_hash_num_tokens == 2
+    assert pool.cached_block_hashes_by_block == {} and len(pool.cached_block_hash_to_block) == 1
+    pool.free_blocks([block])
+    pool.get_new_blocks(7)
+    assert len(pool.cached_block_hash_to_block) == 0 and block.block_hash is None
+
+
+def test_evict_blocks_strips_keys_in_place():
+    pool = _pool(6)
+    _, blocks = _cached(pool, list(range(8)), 2)
+    pool.free_blocks([blocks[1]])
+    queue = free_ids(pool)
+    pool.evict_blocks({1, 2, 5})
+    assert all(b.block_hash is None for b in blocks)
+    assert blocks[0].ref_cnt == 1 and free_ids(pool) == queue
+    assert len(pool.cached_block_hash_to_block) == 0
+
+
+def test_reset_prefix_cache():
+    pool = _pool(6)
+    _, blocks = _cached(pool, list(range(8)), 2)
+    assert pool.reset_prefix_cache() is False
+    assert len(pool.cached_block_hash_to_block) == 2
+    pool.free_blocks(reversed(blocks))
+    queue = free_ids(pool)
+    assert pool.reset_prefix_cache() is True
+    assert len(pool.cached_block_hash_to_block) == 0
+    assert all(b.block_hash is None for b in pool.blocks) and free_ids(pool) == queue
+
+
+def test_get_cached_block_needs_every_group():
+    pool = _pool(6)
+    request, (block,) = _cached(pool, [1, 2, 3, 4], 1)
+    (other,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(request, [other], 0, 1, 4, 1)
+    assert ids(pool.get_cached_block(request.block_hashes[0], [0, 1])) == [1, 2]
+    assert pool.get_cached_block(request.block_hashes[0], [0, 2]) is None
