@@ -1,8 +1,8 @@
 """The one executor: runs ops on targets and the reference model in lockstep and checks them.
 
-After every op it compares each target's result, probe outcomes and snapshot with the
-reference (the model, or the first target when the model is off), then runs every registered
-check on each target's snapshot. The first failure stops the run with a `Counterexample` that
+After every op it runs every registered check on each target's snapshot, then compares the
+target's result, probe outcomes and snapshot with the reference (the model, or the first target
+when the model is off). The first failure stops the run with a `Counterexample` that
 names the step and the check, shows both states side by side, and carries the trace up to that
 step. Every generator (state machines, atheris, a file) goes through here.
 """
@@ -149,12 +149,14 @@ class Execution:
                 ref_snap = self.model.snapshot()
             for i, tracked in enumerate(self.targets):
                 result, obs, snap = self._apply_target(tracked, op, step)
+                before, tracked.snapshot = tracked.snapshot, snap
+                # Named properties first: a failure then says which rule broke, not only that
+                # the target and the reference disagree.
+                self._run_checks(tracked, before, snap, op, result, obs, step)
                 if self.model is None and i == 0:
                     ref_result, ref_obs, ref_snap = result, obs, snap
-                elif ref_snap is not None:
+                else:
                     self._compare(tracked, step, result, obs, snap, ref_result, ref_obs, ref_snap)
-                before, tracked.snapshot = tracked.snapshot, snap
-                self._run_checks(tracked, before, snap, op, result, obs, step)
         except InvalidTrace as exc:
             self.trace.ops.pop()
             exc.step = step

@@ -33,7 +33,7 @@ class ManagerSide:
         self.config = config
         self.level = level
         self.manager = self.build_manager(config)
-        self.probes = ManagerProbes(self.manager)
+        self.probes = ManagerProbes(self.manager, self.request_status)
         self.keys = KeyTranslator(config.resolved_hash_block_size)
         self.requests: dict[str, Any] = {}
         self.lookups: dict[str, tuple[Any, int]] = {}

@@ -265,18 +265,20 @@ def _window_never_freed(side: KvcacheSide) -> None:
         single.remove_skipped_blocks = lambda *args, **kwargs: None
 
 
-@mutant("null-block-queued", "free_blocks puts the null block into the free queue",
-        bug="SPEC §10.8", configs=("sliding_window", "chunked_local", "hybrid", "hybrid3"))
+@mutant("null-block-queued", "freeing keeps a window table's leading nulls and queues the null "
+        "block", bug="SPEC §10.8", configs=("sliding_window", "chunked_local", "hybrid", "hybrid3"))
 def _null_block_queued(side: KvcacheSide) -> None:
     pool = _pool(side)
 
-    def around(original, ordered_blocks):
-        blocks = list(ordered_blocks)
-        original(blocks)
-        if any(b.is_null for b in blocks) and pool.null_block.prev_free_block is None:
+    def free(request_id: str, m: Any) -> None:
+        blocks = m.req_to_blocks.get(request_id, [])
+        has_null = any(b.is_null for b in blocks)
+        m.block_pool.free_blocks(reversed(m.pop_blocks_for_free(request_id)))
+        if has_null and pool.null_block.prev_free_block is None:
             pool.free_block_queue.append(pool.null_block)
 
-    _around(pool, "free_blocks", around)
+    for single in _singles(side):
+        single.free = functools.partial(free, m=single)
 
 
 @mutant("reset-while-held", "reset_prefix_cache clears the cache even while blocks are held",

@@ -19,10 +19,14 @@ from harness.sides import AllocationProbe, Observations
 class _Call:
     """What one allocate_slots call did, filled in by the inner wrappers."""
 
-    __slots__ = ("request_id", "prediction", "free_before", "group_predictions", "group_taken")
+    __slots__ = ("request_id", "prediction", "free_before", "group_predictions", "group_taken",
+                 "reserved_blocks", "admission")
 
-    def __init__(self, request_id: str, num_groups: int) -> None:
+    def __init__(self, request_id: str, num_groups: int, reserved_blocks: int,
+                 admission: bool) -> None:
         self.request_id = request_id
+        self.reserved_blocks = reserved_blocks
+        self.admission = admission
         self.prediction: int | None = None
         self.free_before: int | None = None
         self.group_predictions: list[int] = [0] * num_groups
@@ -32,8 +36,10 @@ class _Call:
 class ManagerProbes:
     """Installs the wrappers on one manager and collects `Observations` per op."""
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, request_status: Any) -> None:
         self.observations = Observations()
+        self._waiting = int(request_status.WAITING)
+        self._preempted = int(request_status.PREEMPTED)
         self._call: _Call | None = None
         self._pool = manager.block_pool
         managers = manager.coordinator.single_type_managers
@@ -53,7 +59,12 @@ class ManagerProbes:
 
     def _around_allocate_slots(self, original: Callable[..., Any], request: Any, *args: Any,
                                **kwargs: Any) -> Any:
-        call = self._call = _Call(request.request_id, self._num_groups)
+        admission = kwargs.get("has_scheduled_reqs", True) and int(request.status) in (
+            self._waiting, self._preempted
+        )
+        call = self._call = _Call(
+            request.request_id, self._num_groups, kwargs.get("reserved_blocks", 0), admission
+        )
         try:
             result = original(request, *args, **kwargs)
         except Exception:
@@ -78,6 +89,8 @@ class ManagerProbes:
                 free_after=free_after,
                 group_predictions=tuple(call.group_predictions) if step_five else None,
                 group_taken=tuple(call.group_taken) if outcome == "blocks" else None,
+                reserved_blocks=call.reserved_blocks,
+                admission=call.admission,
             )
         )
 

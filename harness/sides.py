@@ -34,6 +34,10 @@ class AllocationProbe:
     free_after: int | None = None
     group_predictions: tuple[int, ...] | None = None
     group_taken: tuple[int, ...] | None = None
+    reserved_blocks: int = 0
+    admission: bool = False
+    """The call was made for a WAITING or PREEMPTED request with has_scheduled_reqs set, so
+    the watermark applies (SPEC.md §6.4 step 1)."""
 
     def compared(self) -> tuple[str, str, int | None]:
         """The part two correct sides agree on."""

@@ -121,14 +121,23 @@ def _describe(name: str, a: Any, b: Any) -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         lines = []
         for k in sorted(set(a) | set(b), key=repr):
-            if a.get(k) != b.get(k):
-                label = format_key(k) if isinstance(k, tuple) and len(k) == 3 else repr(k)
-                lines.append(f"{name}[{label}]: {a.get(k)!r} != {b.get(k)!r}")
+            x, y = a.get(k), b.get(k)
+            if x == y:
+                continue
+            label = format_key(k) if isinstance(k, tuple) and len(k) == 3 else repr(k)
+            if isinstance(x, RequestView) and isinstance(y, RequestView):
+                lines.extend(
+                    f"{name}[{label}].{f.name}: {getattr(x, f.name)!r} vs {getattr(y, f.name)!r}"
+                    for f in fields(RequestView)
+                    if f.compare and getattr(x, f.name) != getattr(y, f.name)
+                )
+            else:
+                lines.append(f"{name}[{label}]: {x!r} vs {y!r}")
         return lines
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and name in (
         "ref_cnt",
         "block_keys",
         "block_key_tokens",
     ):
-        return [f"{name}[block {i}]: {x!r} != {y!r}" for i, (x, y) in enumerate(zip(a, b)) if x != y]
-    return [f"{name}: {a!r} != {b!r}"]
+        return [f"{name}[block {i}]: {x!r} vs {y!r}" for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    return [f"{name}: {a!r} vs {b!r}"]

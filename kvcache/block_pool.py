@@ -11,6 +11,7 @@ from kvcache.kv_cache_utils import (
     BlockHashWithGroupId,
     FreeKVCacheBlockQueue,
     KVCacheBlock,
+    check_positive_int,
     make_block_hash_with_group_id,
     resolve_block_hashes,
 )
@@ -80,12 +81,8 @@ class BlockPool:
     """
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int) -> None:
-        if not isinstance(num_gpu_blocks, int) or isinstance(num_gpu_blocks, bool) or (
-            num_gpu_blocks <= 0
-        ):
-            raise ValueError(f"num_gpu_blocks must be a positive int, got {num_gpu_blocks!r}")
-        if not isinstance(hash_block_size, int) or hash_block_size <= 0:
-            raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        check_positive_int("num_gpu_blocks", num_gpu_blocks)
+        check_positive_int("hash_block_size", hash_block_size)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
@@ -218,10 +215,13 @@ class BlockPool:
         """Pop blocks from the queue head, evicting their cache entries: the only place memory
         pressure evicts. Nothing changes if the pool is short.
         """
-        if not isinstance(num_blocks, int) or num_blocks < 0:
-            raise ValueError(f"Cannot get {num_blocks!r} blocks: the count must be >= 0")
-        if num_blocks > self.free_block_queue.num_free_blocks:
-            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 0:
+            raise ValueError(f"Cannot get {num_blocks!r} blocks: the count must be an int >= 0")
+        num_free_blocks = self.free_block_queue.num_free_blocks
+        if num_blocks > num_free_blocks:
+            raise ValueError(
+                f"Cannot get {num_blocks} free blocks from the pool ({num_free_blocks} free)"
+            )
         ret = self.free_block_queue.popleft_n(num_blocks)
         for block in ret:
             if self.enable_caching:
@@ -236,7 +236,9 @@ class BlockPool:
         Every block is checked before any is touched, so a bad block changes nothing.
         """
         for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null and block.prev_free_block is None:
+            if block.ref_cnt == 0 and not block.is_null and (
+                block.prev_free_block is None or block.next_free_block is None
+            ):
                 raise RuntimeError(
                     f"touch(): block {block.block_id} has ref_cnt 0 but is not in the free queue"
                 )
@@ -279,7 +281,11 @@ class BlockPool:
         """Strip the cache keys of these blocks without moving or releasing them."""
         ids = tuple(block_ids)
         for block_id in ids:
-            if not isinstance(block_id, int) or not 0 <= block_id < self.num_gpu_blocks:
+            if (
+                not isinstance(block_id, int)
+                or isinstance(block_id, bool)
+                or not 0 <= block_id < self.num_gpu_blocks
+            ):
                 raise ValueError(
                     f"evict_blocks(): block id {block_id!r} is outside [0, {self.num_gpu_blocks})"
                 )

@@ -14,7 +14,7 @@ from kvcache.kv_cache_interface import (
     KVCacheConfig,
     KVCacheSpec,
 )
-from kvcache.kv_cache_utils import BlockHash, KVCacheBlock, cdiv
+from kvcache.kv_cache_utils import BlockHash, KVCacheBlock, cdiv, check_positive_int
 from kvcache.single_type_kv_cache_manager import (
     CrossAttentionManager,
     SingleTypeKVCacheManager,
@@ -27,11 +27,6 @@ if TYPE_CHECKING:
 
 HitResult = tuple[tuple[list[KVCacheBlock], ...], int, int]
 """Per-group hit blocks, the hit length, and the uncached common prefix (Tier C, else 0)."""
-
-
-def _check_positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 class KVCacheCoordinator(ABC):
@@ -52,8 +47,8 @@ class KVCacheCoordinator(ABC):
     ) -> None:
         self.kv_cache_config = kv_cache_config
         groups = kv_cache_config.kv_cache_groups
-        _check_positive("scheduler_block_size", scheduler_block_size)
-        _check_positive("hash_block_size", hash_block_size)
+        check_positive_int("scheduler_block_size", scheduler_block_size)
+        check_positive_int("hash_block_size", hash_block_size)
         if scheduler_block_size % hash_block_size:
             raise ValueError(
                 f"scheduler_block_size {scheduler_block_size} is not a multiple of "

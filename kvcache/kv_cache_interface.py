@@ -8,12 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcache.kv_cache_utils import cdiv
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+from kvcache.kv_cache_utils import cdiv, check_positive_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,7 +18,7 @@ class KVCacheSpec:
     block_size: int
 
     def __post_init__(self) -> None:
-        _check_positive("block_size", self.block_size)
+        check_positive_int("block_size", self.block_size)
 
     @property
     def prefix_cacheable(self) -> bool:
@@ -55,7 +50,7 @@ class SlidingWindowSpec(KVCacheSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_positive("sliding_window", self.sliding_window)
+        check_positive_int("sliding_window", self.sliding_window)
         if not isinstance(self.extra_retained_tokens, int) or self.extra_retained_tokens < 0:
             raise ValueError(
                 f"extra_retained_tokens must be a non-negative int, "
@@ -82,7 +77,7 @@ class ChunkedLocalAttentionSpec(KVCacheSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_positive("attention_chunk_size", self.attention_chunk_size)
+        check_positive_int("attention_chunk_size", self.attention_chunk_size)
 
     def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
         """Most blocks one request holds at once: one chunk plus the in-flight tokens."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, overload
 
 from kvcache.kv_cache_coordinator import get_kv_cache_coordinator
 from kvcache.kv_cache_interface import CrossAttentionSpec, KVCacheConfig
-from kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
+from kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
 from kvcache.request import RequestStatus
 from kvcache.stats import PrefixCacheStats
 
@@ -85,17 +86,17 @@ class KVCacheManager:
         """`enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
         `record_new_block_ids` records fresh blocks for a worker that zeroes them.
         """
-        if not isinstance(max_model_len, int) or max_model_len <= 0:
-            raise ValueError(f"max_model_len must be a positive int, got {max_model_len!r}")
+        check_positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
             # No effective admission cap: both caps are then at least the uncapped need.
             max_in_flight_tokens = max_model_len
-        elif not isinstance(max_in_flight_tokens, int) or max_in_flight_tokens <= 0:
-            raise ValueError(
-                f"max_in_flight_tokens must be a positive int, got {max_in_flight_tokens!r}"
-            )
-        if not isinstance(watermark, int | float) or isinstance(watermark, bool) or watermark < 0:
-            raise ValueError(f"watermark must be a number >= 0, got {watermark!r}")
+        check_positive_int("max_in_flight_tokens", max_in_flight_tokens)
+        if (
+            not isinstance(watermark, int | float)
+            or isinstance(watermark, bool)
+            or not 0 <= watermark < math.inf
+        ):
+            raise ValueError(f"watermark must be a finite number >= 0, got {watermark!r}")
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -120,7 +121,9 @@ class KVCacheManager:
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         # Shared, immutable empty result: avoids garbage on every miss, and allocate_slots
         # recognises "no hits to adopt" by the identity of its lists.
-        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        self.empty_kv_cache_blocks = KVCacheBlocks(
+            tuple(() for _ in range(self.num_kv_cache_groups))
+        )
         self._cross_group_ids = frozenset(
             i
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
@@ -195,57 +198,56 @@ class KVCacheManager:
         after the computed part is allocated, and the real (non-draft) tokens are cached.
         Returns only the blocks newly taken (a CoW copy first), or None when they do not fit.
         A None from the full-sequence gate changes nothing; one from the capacity check leaves
-        only the out-of-window frees of step 4. External (connector) tokens are Tier C and
-        must be 0.
+        only the out-of-window frees of step 4. Misuse raises ValueError and changes nothing.
+        External (KV connector) tokens are Tier C and must be 0.
         """
         request_id = request.request_id
-        # 0. Argument checks: nothing is mutated before they pass.
-        if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
-            num_new_computed_tokens == 0
+        # 0. Argument checks, before step 4 frees anything.
+        if num_new_tokens == 0 and num_new_computed_tokens == 0 and (
+            num_external_computed_tokens == 0
         ):
             raise ValueError(
-                f"allocate_slots({request_id!r}): num_new_tokens is 0 and there are no "
-                "computed tokens to adopt"
+                f"allocate_slots({request_id!r}): num_new_tokens=0 with no computed tokens to "
+                "adopt"
             )
         if (
-            num_new_tokens
-            | num_new_computed_tokens
-            | num_lookahead_tokens
-            | num_external_computed_tokens
-            | num_encoder_tokens
-            | reserved_blocks
-        ) < 0:
-            raise ValueError(
-                f"allocate_slots({request_id!r}): negative count in "
-                f"num_new_tokens={num_new_tokens}, "
-                f"num_new_computed_tokens={num_new_computed_tokens}, "
-                f"num_lookahead_tokens={num_lookahead_tokens}, "
-                f"num_external_computed_tokens={num_external_computed_tokens}, "
-                f"num_encoder_tokens={num_encoder_tokens}, reserved_blocks={reserved_blocks}"
+            min(
+                num_new_tokens,
+                num_new_computed_tokens,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                num_encoder_tokens,
+                reserved_blocks,
             )
+            < 0
+        ):
+            counts = {
+                "num_new_tokens": num_new_tokens,
+                "num_new_computed_tokens": num_new_computed_tokens,
+                "num_lookahead_tokens": num_lookahead_tokens,
+                "num_external_computed_tokens": num_external_computed_tokens,
+                "num_encoder_tokens": num_encoder_tokens,
+                "reserved_blocks": reserved_blocks,
+            }
+            negative = ", ".join(f"{name}={value}" for name, value in counts.items() if value < 0)
+            raise ValueError(f"allocate_slots({request_id!r}): negative count {negative}")
         if num_external_computed_tokens:
             raise ValueError(
-                f"num_external_computed_tokens={num_external_computed_tokens}: external "
-                "(KV connector) tokens are not supported"
+                f"allocate_slots({request_id!r}): num_external_computed_tokens="
+                f"{num_external_computed_tokens}, but external (KV connector) tokens are not "
+                "supported"
             )
         empty_blocks = self.empty_kv_cache_blocks.blocks
         if new_computed_blocks is None:
             hit_blocks = empty_blocks
         else:
             hit_blocks = new_computed_blocks.blocks
-            if hit_blocks is not empty_blocks and any(hit_blocks) and (
-                self.coordinator.tracks(request_id)
-            ):
-                raise ValueError(
-                    f"allocate_slots({request_id!r}): a running request cannot adopt prefix "
-                    f"hits {new_computed_blocks.get_block_ids()}"
-                )
+            if hit_blocks is not empty_blocks:
+                self._check_hits(request_id, new_computed_blocks)
 
         # 1. Inputs.
         num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
-        total_computed_tokens = min(
-            num_local_computed_tokens + num_external_computed_tokens, self.max_model_len
-        )
+        total_computed_tokens = min(num_local_computed_tokens, self.max_model_len)
         watermark_blocks = (
             self.watermark_blocks
             if has_scheduled_reqs and request.status in _ADMITTED_STATUSES
@@ -281,13 +283,14 @@ class KVCacheManager:
             request.num_prompt_tokens,
         )
 
-        # 5-6. Exact per-step prediction and capacity check.
+        # 5-6. Exact per-step prediction (unclamped computed count, unlike the gate) and
+        # capacity check.
         num_blocks = self.coordinator.get_num_blocks_to_allocate(
             request_id,
             num_tokens_need_slot,
             hit_blocks,
             num_encoder_tokens,
-            num_local_computed_tokens + num_external_computed_tokens,
+            num_local_computed_tokens,
             num_local_computed_tokens,
             num_tokens_main_model,
         )
@@ -295,24 +298,44 @@ class KVCacheManager:
         if num_blocks + watermark_blocks > available_blocks:
             return None
 
-        # 7. Adopt hits before popping, so the pops cannot evict them.
-        if hit_blocks is not empty_blocks or num_external_computed_tokens > 0:
+        # 7. Adopt hits before popping, so the pops cannot evict them. A lookup result (even
+        # an empty one) is told from "no lookup" by the identity of the shared empty lists.
+        if hit_blocks is not empty_blocks:
             self.coordinator.allocate_new_computed_blocks(
-                request_id, hit_blocks, num_local_computed_tokens, num_external_computed_tokens
+                request_id, hit_blocks, num_local_computed_tokens
             )
 
         # 8. Allocate.
         new_blocks = self.coordinator.allocate_new_blocks(
             request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
         )
+        # 9. Tier C (P/D): the caller caches once the transfer lands.
         if delay_cache_blocks:
             return self.create_kv_cache_blocks(new_blocks)
 
         # 10. Cache the finalized tokens only: drafts and lookahead may be rejected.
-        self.coordinator.cache_blocks(
-            request, min(total_computed_tokens + num_new_tokens, request.num_tokens)
-        )
+        self.coordinator.cache_blocks(request, min(num_tokens_main_model, request.num_tokens))
         return self.create_kv_cache_blocks(new_blocks)
+
+    def _check_hits(self, request_id: str, hits: KVCacheBlocks) -> None:
+        """Hits to adopt come from a lookup: one list per group, for a first allocation."""
+        if len(hits.blocks) != self.num_kv_cache_groups:
+            raise ValueError(
+                f"allocate_slots({request_id!r}): new_computed_blocks has "
+                f"{len(hits.blocks)} block lists for {self.num_kv_cache_groups} groups"
+            )
+        if not any(hits.blocks):
+            return
+        if self.coordinator.tracks(request_id):
+            raise ValueError(
+                f"allocate_slots({request_id!r}): a running request cannot adopt prefix hits "
+                f"{hits.get_block_ids()}"
+            )
+        if not self.enable_caching:
+            raise ValueError(
+                f"allocate_slots({request_id!r}): prefix hits {hits.get_block_ids()} with "
+                "prefix caching disabled"
+            )
 
     def _check_tracked(self, request_id: str, operation: str) -> None:
         """A zero-group pool holds no tables, so every request counts as tracked there."""
@@ -342,7 +365,9 @@ class KVCacheManager:
         request_id = request.request_id
         self._check_tracked(request_id, "cache_blocks")
         if num_computed_tokens < 0:
-            raise ValueError(f"cache_blocks({request_id!r}): {num_computed_tokens} tokens < 0")
+            raise ValueError(
+                f"cache_blocks({request_id!r}): num_computed_tokens={num_computed_tokens} < 0"
+            )
         for group_id, manager in enumerate(self.coordinator.single_type_managers):
             if group_id in self._cross_group_ids:
                 continue

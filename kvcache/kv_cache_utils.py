@@ -27,6 +27,12 @@ def cdiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
+def check_positive_int(name: str, value: object) -> None:
+    """Raise ValueError naming `value` unless it is an int > 0 (bools are not counts)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
     """Pack a key without building a tuple; identical content in two groups never collides."""
     return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
@@ -236,8 +242,7 @@ def get_request_block_hasher(
     unambiguous, and chaining makes each hash fingerprint the whole prefix. The only extra key
     is the cache salt, tagged and length-prefixed, on block 0 only, when non-empty.
     """
-    if not isinstance(hash_block_size, int) or hash_block_size <= 0:
-        raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+    check_positive_int("hash_block_size", hash_block_size)
     root = none_hash(none_hash_seed)
     header = _TOKEN_COUNT.pack(hash_block_size)
     stride = 8 * hash_block_size

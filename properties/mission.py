@@ -1,4 +1,4 @@
-"""The four mission properties P1-P4: the reasons kvfuzz exists.
+"""The four mission properties P1-P4 (the reasons kvfuzz exists), and I8's capacity margin.
 
 P1 predictor exactness, P2 no leaks, P3 ref_cnt == 0 exactly in the free queue, P4 the pool's
 "Cannot get N free blocks" ValueError is unreachable through allocate_slots.
@@ -80,4 +80,25 @@ def zero_iff_free(s: Snapshot, ctx: CheckContext) -> str | None:
 def no_pool_shortage(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     if ctx.observations.pool_shortages:
         return f"BlockPool.get_new_blocks raised: {ctx.observations.pool_shortages[0]}"
+    return None
+
+
+@transition(
+    "I8",
+    "capacity margin: an allocate_slots that returns blocks leaves reserved_blocks free, plus "
+    "the watermark when it admits a waiting or preempted request beside scheduled ones",
+    covers=("I8", "BUGS 20", "SPEC §10.19"),
+)
+def capacity_margin(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    watermark = int(ctx.config.watermark * ctx.config.num_blocks)
+    for probe in ctx.observations.allocations:
+        if probe.outcome != "blocks" or probe.free_after is None:
+            continue
+        margin = probe.reserved_blocks + (watermark if probe.admission else 0)
+        if probe.free_after < margin:
+            return (
+                f"allocate_slots({probe.request_id!r}) left {probe.free_after} blocks free, "
+                f"below its margin of {margin} (reserved {probe.reserved_blocks}"
+                f"{f', watermark {watermark}' if probe.admission else ''})"
+            )
     return None

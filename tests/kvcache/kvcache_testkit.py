@@ -127,6 +127,27 @@ def dump_manager(manager: KVCacheManager) -> dict[str, Any]:
     }
 
 
+def dump_request(request: Request) -> dict[str, Any]:
+    """The request fields the manager reads or the driver writes."""
+    return {
+        "status": request.status,
+        "num_computed_tokens": request.num_computed_tokens,
+        "num_in_flight_tokens": request.num_in_flight_tokens,
+        "num_preemptions": request.num_preemptions,
+        "all_token_ids": list(request.all_token_ids),
+        "spec_token_ids": list(request.spec_token_ids),
+        "block_hashes": list(request.block_hashes),
+    }
+
+
+def dump_state(manager: KVCacheManager, *requests: Request) -> dict[str, Any]:
+    """`dump_manager` plus the given requests: what a rejected call must leave unchanged."""
+    return {
+        "manager": dump_manager(manager),
+        "requests": {r.request_id: dump_request(r) for r in requests},
+    }
+
+
 def record_predictions(manager: KVCacheManager) -> list[int]:
     """Wrap the coordinator's predictor on the instance (as the harness probes do) and collect
     the per-step predictions (the full-sequence gate's capped calls are left out).

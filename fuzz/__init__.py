@@ -1,0 +1,1 @@
+"""The kvfuzz tool: campaigns, replay, shrink, export, the atheris and CrossHair engines."""

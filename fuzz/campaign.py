@@ -1,0 +1,294 @@
+"""A fuzzing campaign: generate traces until time or examples run out, keep every finding.
+
+The Hypothesis engine runs the state machines of `properties.machines` in batches, one
+(level, config) pair after another, each batch seeded from the campaign seed, so a seed,
+target and options give the same examples and the same findings. Hypothesis's own shrinking
+is off: a failing trace is shrunk by `fuzz.shrink` (fast, and the same for every engine) and
+saved atomically in the corpus folder under a name that says the check it breaks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, settings
+
+from harness.configs import BUILTIN, builtin_config
+from harness.executor import Counterexample, Execution
+from harness.targets import get_target
+from harness.trace import Trace
+from fuzz.coverage import behaviour_features
+from fuzz.shrink import shrink_trace
+
+LEVELS = ("api", "scheduler")
+BATCH_EXAMPLES = 10
+
+
+@dataclass
+class CampaignOptions:
+    target: str = "kvcache"
+    seconds: float | None = 60.0
+    examples: int | None = None
+    seed: int = 0
+    workers: int = 1
+    configs: tuple[str, ...] = tuple(BUILTIN)
+    plugins: tuple[str, ...] = ()
+    corpus: Path = Path("kvfuzz-corpus")
+    model: bool = True
+    levels: tuple[str, ...] = LEVELS
+    steps: int = 40
+    engine: str = "hypothesis"
+    shrink_seconds: float = 30.0
+
+
+@dataclass
+class FindingRecord:
+    check: str
+    message: str
+    config: str
+    level: str
+    file: str
+    ops: int
+    found_after_s: float
+    shrink_s: float
+
+
+@dataclass
+class Stats:
+    """Progress of one worker (or the sum over workers)."""
+
+    examples: int = 0
+    operations: int = 0
+    checks: int = 0
+    features: set[tuple[Any, ...]] = field(default_factory=set)
+    findings: list[FindingRecord] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    def merge(self, other: Stats) -> None:
+        self.examples += other.examples
+        self.operations += other.operations
+        self.checks += other.checks
+        self.features |= other.features
+        self.findings.extend(other.findings)
+        self.elapsed = max(self.elapsed, other.elapsed)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "examples": self.examples,
+            "operations": self.operations,
+            "invariant_checks": self.checks,
+            "coverage": len(self.features),
+            "seconds": round(self.elapsed, 2),
+            "findings": [asdict(f) for f in self.findings],
+        }
+
+
+class Stop(Exception):
+    """Raised from a signal handler to end a campaign early, keeping its findings."""
+
+
+def import_plugins(plugins: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in plugins:
+        importlib.import_module(name)
+
+
+class Campaign:
+    """One worker's campaign (the CLI runs K of them in processes with disjoint seeds)."""
+
+    def __init__(self, options: CampaignOptions, worker: int = 0,
+                 report: Callable[[Stats], None] | None = None) -> None:
+        self.options = options
+        self.worker = worker
+        self.report = report
+        self.stats = Stats()
+        self._seen: set[tuple[str, str, str]] = set()
+        self._executions: list[Execution] = []
+
+    def batch_seed(self, index: int) -> int:
+        material = f"{self.options.seed}:{self.worker}:{index}".encode()
+        return int.from_bytes(hashlib.sha256(material).digest()[:8], "big")
+
+    def run(self) -> Stats:
+        from properties.machines import machine_for
+
+        logging.getLogger("kvcache").setLevel(logging.ERROR)
+        opts = self.options
+        start = time.monotonic()
+        pairs = [(level, name) for name in opts.configs for level in opts.levels]
+        index = 0
+        try:
+            while not self._done(start):
+                level, name = pairs[index % len(pairs)]
+                machine = machine_for(
+                    level,
+                    targets=(opts.target,),
+                    model=opts.model,
+                    config_names=(name,),
+                    allow_misuse=opts.target != "vllm",
+                )
+                machine.on_execution = self._executions.append
+                machine._hypothesis_internal_use_seed = self.batch_seed(index)
+                count = self._batch_size()
+                test = machine.TestCase
+                test.settings = settings(
+                    max_examples=count,
+                    stateful_step_count=opts.steps,
+                    deadline=None,
+                    database=None,
+                    phases=[Phase.generate],
+                    suppress_health_check=list(HealthCheck),
+                    report_multiple_bugs=False,
+                )
+                try:
+                    test("runTest").runTest()
+                except Counterexample as exc:
+                    self._record(exc, level, name, start)
+                self.stats.examples += count
+                self._account()
+                self.stats.elapsed = time.monotonic() - start
+                if self.report is not None:
+                    self.report(self.stats)
+                index += 1
+        except (KeyboardInterrupt, Stop):
+            self._account()
+            self.stats.elapsed = time.monotonic() - start
+        return self.stats
+
+    def _batch_size(self) -> int:
+        if self.options.examples is None:
+            return BATCH_EXAMPLES
+        return max(0, min(BATCH_EXAMPLES, self.options.examples - self.stats.examples))
+
+    def _done(self, start: float) -> bool:
+        opts = self.options
+        if opts.examples is not None and self.stats.examples >= opts.examples:
+            return True
+        return opts.seconds is not None and time.monotonic() - start >= opts.seconds
+
+    def _account(self) -> None:
+        for execution in self._executions:
+            self.stats.operations += execution.ops_checked
+            self.stats.checks += execution.checks_run
+            self.stats.features |= behaviour_features(execution)
+        self._executions.clear()
+
+    def _record(self, exc: Counterexample, level: str, name: str, start: float) -> None:
+        finding = exc.finding
+        key = (finding.check, level, name)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        found_after = time.monotonic() - start
+        t = time.monotonic()
+        target = get_target(self.options.target).name
+        shrunk = shrink_trace(
+            finding.trace, [target], model=self.options.model,
+            seconds=self.options.shrink_seconds,
+        )
+        trace = shrunk.trace
+        trace.meta.update({"check": finding.check, "target": target, "config": name,
+                           "seed": self.options.seed, "level": level})
+        path = save_finding(trace, self.options.corpus)
+        self.stats.findings.append(
+            FindingRecord(
+                check=finding.check,
+                message=shrunk.finding.message,
+                config=name,
+                level=level,
+                file=str(path),
+                ops=len(trace.ops),
+                found_after_s=round(found_after, 3),
+                shrink_s=round(time.monotonic() - t, 3),
+            )
+        )
+
+
+def save_finding(trace: Trace, corpus: Path) -> Path:
+    """Atomically write a finding as `<check>-<config>-<digest>.json` in the corpus."""
+    text = trace.to_json()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    check = str(trace.meta.get("check", "finding"))
+    config = str(trace.meta.get("config", trace.config.name))
+    return trace.save(corpus / f"{check}-{config}-{digest}.json")
+
+
+def _worker(options: CampaignOptions, worker: int, queue: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    import_plugins(options.plugins)
+    campaign = Campaign(options, worker, report=lambda stats: queue.put(("progress", worker,
+                                                                         _portable(stats))))
+    stats = campaign.run()
+    queue.put(("done", worker, _portable(stats)))
+
+
+def _portable(stats: Stats) -> Stats:
+    return Stats(stats.examples, stats.operations, stats.checks, set(stats.features),
+                 list(stats.findings), stats.elapsed)
+
+
+def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None]) -> Stats:
+    """Run `options.workers` workers; call on_progress with the running totals."""
+    for name in options.configs:
+        builtin_config(name)
+    if options.workers <= 1:
+        import_plugins(options.plugins)
+        return Campaign(options, 0, report=on_progress).run()
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(options, w, queue), daemon=True)
+             for w in range(options.workers)]
+    for p in procs:
+        p.start()
+    latest: dict[int, Stats] = {}
+    done: set[int] = set()
+    try:
+        while len(done) < len(procs):
+            try:
+                kind, worker, stats = queue.get(timeout=0.5)
+            except Exception:  # queue.Empty: check for dead workers
+                if all(not p.is_alive() for p in procs):
+                    break
+                continue
+            latest[worker] = stats
+            if kind == "done":
+                done.add(worker)
+            on_progress(_total(latest))
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while len(done) < len(procs) and time.monotonic() < deadline:
+            try:
+                kind, worker, stats = queue.get(timeout=0.5)
+            except Exception:
+                continue
+            latest[worker] = stats
+            if kind == "done":
+                done.add(worker)
+    for p in procs:
+        p.join(timeout=5)
+    return _total(latest)
+
+
+def _total(latest: dict[int, Stats]) -> Stats:
+    total = Stats()
+    for stats in latest.values():
+        total.merge(stats)
+    return total

@@ -1,0 +1,352 @@
+"""The `kvfuzz` command line (also `python -m fuzz`).
+
+Exit codes: 0 no counterexample (or the command succeeded), 1 a counterexample was found or a
+trace still fails, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.configs import BUILTIN
+from harness.errors import KvfuzzError
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(KvfuzzError):
+    """A command-line argument names something that does not exist."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.handler(args)
+    except KvfuzzError as exc:
+        print(f"kvfuzz: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as exc:
+        print(f"kvfuzz: error: cannot import {exc.name!r} ({exc})", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvfuzz",
+        description="Hunt for counterexamples in paged KV-cache block managers.",
+        epilog="Run `kvfuzz COMMAND --help` for a command's options.",
+    )
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a fuzzing campaign",
+                         description="Run a campaign: generate traces, check every invariant "
+                         "after every op, save each counterexample shrunk in the corpus.")
+    run.add_argument("--target", default="kvcache", help="target to fuzz (default: kvcache; "
+                     "see `kvfuzz targets`)")
+    budget = run.add_mutually_exclusive_group()
+    budget.add_argument("--seconds", type=float, help="time budget (default: 60)")
+    budget.add_argument("--examples", type=int, help="number of generated examples instead")
+    run.add_argument("--seed", type=int, default=0, help="campaign seed (default: 0)")
+    run.add_argument("--workers", type=int, default=1, help="processes with disjoint seeds")
+    run.add_argument("--config", nargs="+", metavar="NAME", help="built-in configs (default: "
+                     "all; see `kvfuzz configs`)")
+    run.add_argument("--level", nargs="+", choices=("api", "scheduler"),
+                     default=["api", "scheduler"], help="trace levels to generate")
+    run.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
+                     help="import MODULE first in every worker (invariants, targets, patches)")
+    run.add_argument("--corpus", type=Path, default=Path("kvfuzz-corpus"),
+                     help="where findings are saved (default: ./kvfuzz-corpus)")
+    run.add_argument("--json", type=Path, metavar="FILE", help="write a machine-readable report")
+    run.add_argument("--engine", choices=("hypothesis", "atheris"), default="hypothesis",
+                     help="hypothesis (default) or atheris (coverage-guided libFuzzer)")
+    run.add_argument("--no-model", action="store_true",
+                     help="check invariants only, without the reference model in lockstep")
+    run.add_argument("--steps", type=int, default=40, help="max ops per generated trace")
+    run.set_defaults(handler=_cmd_run)
+
+    replay = sub.add_parser("replay", help="re-run a saved trace step by step",
+                            description="Replay a trace, printing each op, what changed and "
+                            "the failing check. Exit 1 if it still fails, 0 if it passes.")
+    replay.add_argument("file", type=Path)
+    replay.add_argument("--target", help="target (default: the trace's, else kvcache)")
+    replay.add_argument("--no-model", action="store_true", help="without the reference model")
+    replay.add_argument("--plugin", nargs="+", default=[], metavar="MODULE")
+    replay.add_argument("--quiet", action="store_true", help="print only the outcome")
+    replay.set_defaults(handler=_cmd_replay)
+
+    shrink = sub.add_parser("shrink", help="shrink a failing trace",
+                            description="Shrink a failing trace to a minimal one failing the "
+                            "same check.")
+    shrink.add_argument("file", type=Path)
+    shrink.add_argument("--target", help="target (default: the trace's, else kvcache)")
+    shrink.add_argument("--out", type=Path, help="output file (default: FILE.min.json)")
+    shrink.add_argument("--seconds", type=float, default=60.0, help="time budget (default: 60)")
+    shrink.add_argument("--no-model", action="store_true", help="without the reference model")
+    shrink.add_argument("--plugin", nargs="+", default=[], metavar="MODULE")
+    shrink.set_defaults(handler=_cmd_shrink)
+
+    export = sub.add_parser("export", help="turn a trace into a pytest regression test")
+    export.add_argument("file", type=Path)
+    export.add_argument("--pytest", type=Path, required=True, metavar="OUT.py")
+    export.add_argument("--target", help="target the test replays on (default: the trace's)")
+    export.set_defaults(handler=_cmd_export)
+
+    for name, helptext, handler in (
+        ("targets", "list the targets", _cmd_targets),
+        ("invariants", "list the registered invariants", _cmd_invariants),
+        ("configs", "list the built-in configs", _cmd_configs),
+    ):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("--plugin", nargs="+", default=[], metavar="MODULE")
+        cmd.set_defaults(handler=handler)
+
+    prove = sub.add_parser("prove", help="check the arithmetic contracts with CrossHair",
+                           description="Symbolically check contracts on kvcache's pure "
+                           "arithmetic; exit 1 with the counterexample when one fails.")
+    prove.add_argument("--per-function", type=float, default=10.0, metavar="SECONDS",
+                       help="time bound per function (default: 10)")
+    prove.set_defaults(handler=_cmd_prove)
+    return p
+
+
+def _plugins(args: argparse.Namespace) -> None:
+    from fuzz.campaign import import_plugins
+
+    try:
+        import_plugins(tuple(args.plugin))
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"cannot import plugin {exc.name!r}") from None
+
+
+def _check_target(name: str) -> str:
+    from harness.targets import get_target
+
+    return get_target(name).name
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from fuzz.campaign import CampaignOptions, run_campaign
+    from harness.configs import builtin_config
+
+    _plugins(args)
+    target = _check_target(args.target)
+    configs = tuple(args.config or BUILTIN)
+    for name in configs:
+        builtin_config(name)
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.examples is not None and args.examples < 1:
+        raise UsageError(f"--examples must be >= 1, got {args.examples}")
+    seconds = None if args.examples is not None else (args.seconds or 60.0)
+    options = CampaignOptions(
+        target=target, seconds=seconds, examples=args.examples, seed=args.seed,
+        workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
+        model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
+    )
+    budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
+    print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
+          f"{args.workers} worker(s), engine {args.engine}"
+          + ("" if options.model else ", no model"))
+    progress = _Progress(seconds)
+    if args.engine == "atheris":
+        from fuzz.atheris_engine import run_atheris
+
+        stats = run_atheris(options, progress.update)
+    else:
+        stats = run_campaign(options, progress.update)
+    progress.finish(stats)
+    _summary(stats, options)
+    if args.json:
+        report = {"target": target, "configs": list(configs), "seed": args.seed,
+                  "engine": args.engine, "workers": args.workers, "model": options.model,
+                  **stats.summary()}
+        _write_json(args.json, report)
+        print(f"report written to {args.json}")
+    return EXIT_FOUND if stats.findings else EXIT_OK
+
+
+def _write_json(path: Path, data: Any) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2)
+    os.replace(tmp, path)
+
+
+class _Progress:
+    """A live status line on a terminal, a line every 10 s otherwise."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.start = time.monotonic()
+        self.tty = sys.stdout.isatty()
+        self.last = 0.0
+        self.seconds = seconds
+
+    def line(self, stats: Any) -> str:
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        return (f"{elapsed:6.1f}s  {stats.operations / elapsed:8.0f} ops/s  "
+                f"examples {stats.examples:6d}  coverage {len(stats.features):5d}  "
+                f"checks {stats.checks:9d}  findings {len(stats.findings)}")
+
+    def update(self, stats: Any) -> None:
+        now = time.monotonic()
+        if self.tty:
+            print("\r" + self.line(stats), end="", flush=True)
+        elif now - self.last >= 10:
+            print(self.line(stats), flush=True)
+            self.last = now
+
+    def finish(self, stats: Any) -> None:
+        if self.tty:
+            print("\r" + self.line(stats))
+        else:
+            print(self.line(stats))
+
+
+def _summary(stats: Any, options: Any) -> None:
+    rows = [("elapsed", f"{stats.elapsed:.1f} s"), ("examples", stats.examples),
+            ("operations", stats.operations),
+            ("ops/s", f"{stats.operations / max(stats.elapsed, 1e-9):.0f}"),
+            ("invariant checks", stats.checks), ("distinct coverage", len(stats.features)),
+            ("findings", len(stats.findings))]
+    width = max(len(k) for k, _ in rows)
+    print("\nsummary")
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
+    if stats.findings:
+        print("\nfindings (replay with `kvfuzz replay FILE`)")
+        for f in stats.findings:
+            print(f"  [{f.check}] {f.level}/{f.config}, {f.ops} ops, found after "
+                  f"{f.found_after_s:.1f} s: {f.message}\n      {f.file}")
+
+
+def _load(path: Path) -> Any:
+    from harness.trace import Trace
+
+    return Trace.load(path)
+
+
+def _trace_target(trace: Any, explicit: str | None) -> str:
+    return _check_target(explicit or str(trace.meta.get("target", "kvcache")))
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from harness.errors import InvalidTrace
+    from harness.executor import Counterexample, Execution
+
+    _plugins(args)
+    trace = _load(args.file)
+    target = _trace_target(trace, args.target)
+    print(f"replaying {args.file}: {len(trace.ops)} ops, {trace.level} level, config "
+          f"{trace.config.name!r}, target {target}" + (", no model" if args.no_model else ""))
+    execution = Execution(trace.config, trace.level, [target], model=not args.no_model)
+    for i, op in enumerate(trace.ops):
+        before = execution.targets[0].snapshot
+        try:
+            result = execution.apply(op)
+        except Counterexample as exc:
+            if not args.quiet:
+                print(f"step {i}: {_op_text(op)}")
+            print(f"\nFAILED {exc.finding.report()}")
+            return EXIT_FOUND
+        except InvalidTrace as exc:
+            raise UsageError(f"invalid trace: {exc}") from None
+        if not args.quiet:
+            print(f"step {i}: {_op_text(op)} -> {json.dumps(result)}")
+            for change in before.differences(execution.targets[0].snapshot)[:8]:
+                print(f"    {change}")
+    print(f"\npassed: {len(trace.ops)} ops, {execution.checks_run} checks, no counterexample")
+    return EXIT_OK
+
+
+def _op_text(op: dict[str, Any]) -> str:
+    from harness.trace import compact_op
+
+    level = "scheduler" if op["op"] in ("step", "abort", "finish") else "api"
+    fields = compact_op(op, level) if op["op"] != "add_request" else op
+    return json.dumps({k: v for k, v in fields.items() if v is not None})
+
+
+def _cmd_shrink(args: argparse.Namespace) -> int:
+    from fuzz.shrink import shrink_trace
+
+    _plugins(args)
+    trace = _load(args.file)
+    target = _trace_target(trace, args.target)
+    try:
+        result = shrink_trace(trace, [target], model=not args.no_model,
+                              check=trace.meta.get("check"), seconds=args.seconds)
+    except ValueError as exc:
+        raise UsageError(f"{args.file}: {exc} on {target}") from None
+    out = args.out or args.file.with_suffix(".min.json")
+    result.trace.meta["target"] = target
+    result.trace.save(out)
+    print(f"shrunk {len(trace.ops)} -> {len(result.trace.ops)} ops in {result.seconds:.1f} s "
+          f"({result.attempts} replays); still fails [{result.finding.check}]: "
+          f"{result.finding.message}\nwritten to {out}")
+    return EXIT_OK
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from fuzz.export import export_pytest
+
+    trace = _load(args.file)
+    target = _trace_target(trace, args.target)
+    export_pytest(trace, target, args.pytest)
+    print(f"wrote {args.pytest}: run it with `python -m pytest {args.pytest}`")
+    return EXIT_OK
+
+
+def _cmd_targets(args: argparse.Namespace) -> int:
+    from harness.targets import targets
+
+    _plugins(args)
+    rows = [(t.name, t.description) for t in targets()]
+    _table(rows)
+    return EXIT_OK
+
+
+def _cmd_invariants(args: argparse.Namespace) -> int:
+    from properties import REGISTRY
+
+    _plugins(args)
+    for check in REGISTRY:
+        covers = f" [covers {', '.join(check.covers)}]" if check.covers else ""
+        print(f"{check.name:5} {check.kind:10} {check.description}{covers}")
+    return EXIT_OK
+
+
+def _cmd_configs(args: argparse.Namespace) -> int:
+    _plugins(args)
+    rows = []
+    for name, (description, config) in BUILTIN.items():
+        groups = " + ".join(
+            f"{g.kind}(bs {g.block_size})" for g in config.groups
+        )
+        rows.append((name, f"{description}; N={config.num_blocks}, {groups}"))
+    _table(rows)
+    return EXIT_OK
+
+
+def _table(rows: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in rows)
+    for name, text in rows:
+        print(f"{name:<{width}}  {text}")
+
+
+def _cmd_prove(args: argparse.Namespace) -> int:
+    from fuzz.prove import prove
+
+    return prove(args.per_function)
