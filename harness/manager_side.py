@@ -15,7 +15,7 @@ from harness.config import Config
 from harness.errors import InvalidTrace
 from harness.probes import ManagerProbes
 from harness.reading import KeyTranslator, read_snapshot
-from harness.sides import Observations
+from harness.sides import ForwardPass, Observations
 from harness.snapshot import Snapshot
 from harness.trace import Op
 
@@ -196,9 +196,17 @@ class ManagerSide:
         )
         if not ok or out is None:
             return out
-        request.num_computed_tokens += hit + new_tokens
+        start = request.num_computed_tokens + hit
+        self._forward(request, start, start + new_tokens)
+        request.num_computed_tokens = start + new_tokens
         request.status = self.request_status.RUNNING
         return {"block_ids": [list(g) for g in out.get_block_ids()]}
+
+    def _forward(self, request: Any, start: int, end: int) -> None:
+        tables = tuple(tuple(ids) for ids in self.manager.get_block_ids(request.request_id))
+        self.probes.observations.forward.append(
+            ForwardPass(request.request_id, start, end, tables)
+        )
 
     def _free(self, op: Op) -> Any:
         request = self._live_request(op)
@@ -261,8 +269,15 @@ class ManagerSide:
 
     def _step(self, op: Op) -> Any:
         sample, vocab = op["sample"], self.config.scheduler.vocab_size
+        def run_model(scheduled: list[tuple[Any, int, int]], copies: Any) -> None:
+            for request, n, _ in scheduled:
+                start = request.num_computed_tokens
+                self._forward(request, start, start + n)
+
         ok, out = self._call(
-            lambda: self.scheduler.step(lambda request: (sample + request.num_tokens) % vocab)
+            lambda: self.scheduler.step(
+                lambda request: (sample + request.num_tokens) % vocab, run_model
+            )
         )
         if not ok:
             return out

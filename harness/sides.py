@@ -44,6 +44,17 @@ class AllocationProbe:
         return (self.request_id, self.outcome, self.prediction)
 
 
+@dataclass(frozen=True)
+class ForwardPass:
+    """A simulated forward pass of one request: it writes the KV of positions start..end-1
+    through the block tables it has at that moment (per group, block ids)."""
+
+    request_id: str
+    start: int
+    end: int
+    tables: tuple[tuple[int, ...], ...]
+
+
 @dataclass
 class Observations:
     """What the probes saw during one op."""
@@ -51,6 +62,9 @@ class Observations:
     allocations: list[AllocationProbe] = field(default_factory=list)
     pool_shortages: list[str] = field(default_factory=list)
     """Messages of ValueErrors raised by BlockPool.get_new_blocks (P4)."""
+    forward: list[ForwardPass] = field(default_factory=list)
+    """Forward passes a target's harness ran during the op, in order (the data checks write
+    through them). The reference model reports none."""
 
 
 class Side(Protocol):

@@ -108,9 +108,15 @@ class Scheduler:
             self._waiting.remove(request)
         request.status = status
 
-    def step(self, sample_token: Callable[[Any], int]) -> StepOutput:
+    def step(
+        self,
+        sample_token: Callable[[Any], int],
+        run_model: Callable[[list[tuple[Any, int, int]], list[tuple[int, int]]], None] | None = None,
+    ) -> StepOutput:
         """Schedule running requests (preempting on shortage), then admit waiting ones, then
-        play the model: requests whose tokens are all computed get `sample_token(request)`.
+        play the model: `run_model(scheduled, copies)` (if given) sees the step's requests and
+        pending copies after the copies are taken and before any request advances; requests
+        whose tokens are then all computed get `sample_token(request)`.
         """
         manager = self.manager
         manager.new_step_starts()
@@ -171,6 +177,8 @@ class Scheduler:
         copies, retained = manager.take_kv_cache_block_copies()
         manager.take_new_block_ids()
         out.copies = [(copy[0], copy[1]) for copy in copies]
+        if run_model is not None:
+            run_model(scheduled, out.copies)
         manager.block_pool.free_blocks(retained)
 
         for request, num_new_tokens, num_cached_tokens in scheduled:

@@ -233,7 +233,7 @@ def atomic_refusal(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
     return None
 
 
-def _writes(before: Snapshot, after: Snapshot, ctx: CheckContext):
+def scheduled_writes(before: Snapshot, after: Snapshot, ctx: CheckContext):
     """(request id, first position, end position) of the KV each scheduled request writes."""
     op = ctx.op
     if op["op"] == "allocate_slots" and isinstance(ctx.result, dict) and "block_ids" in ctx.result:
@@ -254,7 +254,7 @@ def _writes(before: Snapshot, after: Snapshot, ctx: CheckContext):
     covers=("BUGS 6", "BUGS 18"),
 )
 def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
-    for rid, start, end in _writes(before, after, ctx):
+    for rid, start, end in scheduled_writes(before, after, ctx):
         old, new = before.requests.get(rid), after.requests.get(rid)
         if old is None or new is None or new.status != "RUNNING":
             continue
@@ -435,7 +435,7 @@ def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
     covers=("BUGS 2", "BUGS 3"),
 )
 def window_nulls(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
-    for rid, start, _ in _writes(before, after, ctx):
+    for rid, start, _ in scheduled_writes(before, after, ctx):
         view = after.requests.get(rid)
         if view is None or view.status != "RUNNING":
             continue

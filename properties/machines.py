@@ -46,6 +46,8 @@ class _TraceMachine(RuleBasedStateMachine):
     use_model = True
     config_names: tuple[str, ...] | None = None
     vary_configs = True
+    checks: tuple[Any, ...] | None = None
+    """Checks to run (None: every registered invariant); the data checks add theirs."""
     max_requests = 8
     on_execution = None
     """Hook called with each new Execution (campaigns count ops and coverage through it)."""
@@ -59,7 +61,9 @@ class _TraceMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def start(self, data: st.DataObject) -> None:
         config = data.draw(configs(self.config_names, self.vary_configs), label="config")
-        self.execution = Execution(config, self.level, self.targets, model=self.use_model)
+        self.execution = Execution(
+            config, self.level, self.targets, model=self.use_model, checks=self.checks
+        )
         self.shared = data.draw(prefixes(config.max_model_len // 2), label="prefixes")
         if type(self).on_execution is not None:
             type(self).on_execution(self.execution)
@@ -267,6 +271,7 @@ def machine_for(
     config_names: tuple[str, ...] | None = None,
     vary_configs: bool = True,
     allow_misuse: bool = True,
+    checks: tuple[Any, ...] | None = None,
     name: str | None = None,
 ) -> type[_TraceMachine]:
     """A state machine class for other targets or configs (e.g. vLLM, a planted bug)."""
@@ -277,5 +282,6 @@ def machine_for(
         "config_names": config_names,
         "vary_configs": vary_configs,
         "allow_misuse": allow_misuse,
+        "checks": checks,
     }
     return type(name or f"{base.__name__}For{len(targets)}", (base,), attrs)
