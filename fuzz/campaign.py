@@ -48,6 +48,8 @@ class CampaignOptions:
     steps: int = 40
     engine: str = "hypothesis"
     shrink_seconds: float = 30.0
+    max_findings: int | None = None
+    """Stop once this many distinct findings are saved (None: run the whole budget)."""
 
 
 @dataclass
@@ -72,6 +74,8 @@ class Stats:
     features: set[tuple[Any, ...]] = field(default_factory=set)
     findings: list[FindingRecord] = field(default_factory=list)
     elapsed: float = 0.0
+    edges: int = 0
+    """libFuzzer's edge coverage (`cov:`) of the atheris engine, the largest over workers."""
 
     def merge(self, other: Stats) -> None:
         self.examples += other.examples
@@ -80,6 +84,7 @@ class Stats:
         self.features |= other.features
         self.findings.extend(other.findings)
         self.elapsed = max(self.elapsed, other.elapsed)
+        self.edges = max(self.edges, other.edges)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -87,6 +92,7 @@ class Stats:
             "operations": self.operations,
             "invariant_checks": self.checks,
             "coverage": len(self.features),
+            "edges": self.edges,
             "seconds": round(self.elapsed, 2),
             "findings": [asdict(f) for f in self.findings],
         }
@@ -119,25 +125,36 @@ class Campaign:
         material = f"{self.options.seed}:{self.worker}:{index}".encode()
         return int.from_bytes(hashlib.sha256(material).digest()[:8], "big")
 
-    def run(self) -> Stats:
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (level, config) pairs the campaign rotates through."""
+        return [(level, name) for name in self.options.configs for level in self.options.levels]
+
+    def machine(self, level: str, name: str) -> type:
+        """A state machine generating `level` traces on config `name`, counted by this campaign."""
         from properties.machines import machine_for
 
+        opts = self.options
+        machine = machine_for(
+            level,
+            targets=(opts.target,),
+            model=opts.model,
+            config_names=(name,),
+            allow_misuse=opts.target != "vllm",
+        )
+        machine.on_execution = self._executions.append
+        return machine
+
+    def run(self) -> Stats:
         logging.getLogger("kvcache").setLevel(logging.ERROR)
         opts = self.options
         start = time.monotonic()
-        pairs = [(level, name) for name in opts.configs for level in opts.levels]
+        pairs = self.pairs
         index = 0
         try:
             while not self._done(start):
                 level, name = pairs[index % len(pairs)]
-                machine = machine_for(
-                    level,
-                    targets=(opts.target,),
-                    model=opts.model,
-                    config_names=(name,),
-                    allow_misuse=opts.target != "vllm",
-                )
-                machine.on_execution = self._executions.append
+                machine = self.machine(level, name)
                 machine._hypothesis_internal_use_seed = self.batch_seed(index)
                 count = self._batch_size()
                 test = machine.TestCase
@@ -172,6 +189,8 @@ class Campaign:
 
     def _done(self, start: float) -> bool:
         opts = self.options
+        if opts.max_findings is not None and len(self.stats.findings) >= opts.max_findings:
+            return True
         if opts.examples is not None and self.stats.examples >= opts.examples:
             return True
         return opts.seconds is not None and time.monotonic() - start >= opts.seconds

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -157,6 +158,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"{args.workers} worker(s), engine {args.engine}"
           + ("" if options.model else ", no model"))
     progress = _Progress(seconds)
+    # SIGTERM ends a campaign like Ctrl-C: findings so far are kept and summarised.
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.engine == "atheris":
         from fuzz.atheris_engine import run_atheris
 
@@ -172,6 +175,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _write_json(args.json, report)
         print(f"report written to {args.json}")
     return EXIT_FOUND if stats.findings else EXIT_OK
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -198,7 +205,8 @@ class _Progress:
         elapsed = max(time.monotonic() - self.start, 1e-9)
         return (f"{elapsed:6.1f}s  {stats.operations / elapsed:8.0f} ops/s  "
                 f"examples {stats.examples:6d}  coverage {len(stats.features):5d}  "
-                f"checks {stats.checks:9d}  findings {len(stats.findings)}")
+                f"checks {stats.checks:9d}  findings {len(stats.findings)}"
+                + (f"  edges {stats.edges}" if stats.edges else ""))
 
     def update(self, stats: Any) -> None:
         now = time.monotonic()
@@ -220,6 +228,7 @@ def _summary(stats: Any, options: Any) -> None:
             ("operations", stats.operations),
             ("ops/s", f"{stats.operations / max(stats.elapsed, 1e-9):.0f}"),
             ("invariant checks", stats.checks), ("distinct coverage", len(stats.features)),
+            *([("libFuzzer edges", stats.edges)] if stats.edges else []),
             ("findings", len(stats.findings))]
     width = max(len(k) for k, _ in rows)
     print("\nsummary")

@@ -20,10 +20,13 @@ class InvalidTrace(KvfuzzError):
     reaches the implementation under test: the trace is malformed, not a counterexample.
     """
 
-    def __init__(self, message: str, step: int | None = None) -> None:
+    def __init__(self, message: str, step: int | None = None, op: str | None = None) -> None:
         super().__init__(message)
         self.step = step
+        self.op = op
 
     def __str__(self) -> str:
         base = super().__str__()
-        return base if self.step is None else f"step {self.step}: {base}"
+        if self.step is None:
+            return base
+        return f"step {self.step}" + (f" ({self.op})" if self.op else "") + f": {base}"

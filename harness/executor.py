@@ -159,7 +159,7 @@ class Execution:
                     self._compare(tracked, step, result, obs, snap, ref_result, ref_obs, ref_snap)
         except InvalidTrace as exc:
             self.trace.ops.pop()
-            exc.step = step
+            exc.step, exc.op = step, op["op"]
             raise
         self.results.append(ref_result)
         self.state = ref_snap

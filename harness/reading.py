@@ -16,7 +16,8 @@ from harness.snapshot import CacheKey, RequestView, Snapshot
 
 
 class KeyTranslator:
-    """Maps packed keys (hash bytes + 4-byte big-endian group id) back to prefix content."""
+    """Maps packed keys (hash bytes + 4-byte big-endian group id) back to prefix content, and
+    keeps each request's tokens as a tuple (re-read only when the request grows)."""
 
     def __init__(self, hash_block_size: int, strict: bool = True) -> None:
         self._hbs = hash_block_size
@@ -24,7 +25,16 @@ class KeyTranslator:
         self._prefix_of: dict[bytes, tuple[str | None, tuple[int, ...]]] = {}
         self._seen: dict[str, int] = {}
         self._unknown: set[str] = set()
+        self._memo: dict[bytes, CacheKey] = {}
+        self._tokens: dict[str, tuple[int, ...]] = {}
         self.collisions: list[str] = []
+
+    def tokens(self, request: Any) -> tuple[int, ...]:
+        """The request's tokens; tokens are only ever appended, so the length says if stale."""
+        known = self._tokens.get(request.request_id)
+        if known is None or len(known) != request.num_tokens:
+            known = self._tokens[request.request_id] = tuple(request.all_token_ids)
+        return known
 
     def learn(self, request: Any) -> None:
         """Record the prefixes behind any block hashes the request computed since last time."""
@@ -33,7 +43,7 @@ class KeyTranslator:
         if start == len(hashes):
             return
         salt = request.cache_salt or None
-        tokens = tuple(request.all_token_ids)
+        tokens = self.tokens(request)
         for k in range(start, len(hashes)):
             prefix = (salt, tokens[: (k + 1) * self._hbs])
             known = self._prefix_of.setdefault(hashes[k], prefix)
@@ -46,6 +56,14 @@ class KeyTranslator:
 
     def key(self, packed: bytes) -> CacheKey:
         """The content behind a key; an unknown hash reads as `(group, "<hash …>", ())`."""
+        known = self._memo.get(packed)
+        if known is None:
+            known = self._translate(packed)
+            if known[2]:
+                self._memo[packed] = known
+        return known
+
+    def _translate(self, packed: bytes) -> CacheKey:
         group = int.from_bytes(packed[-4:], "big")
         raw = bytes(packed[:-4])
         known = self._prefix_of.get(raw)
@@ -83,7 +101,14 @@ def read_snapshot(
         free.append(node.block_id)
         node = node.next_free_block
     key = keys.key
-    block_keys = tuple(key(b.block_hash) if b.block_hash is not None else None for b in blocks)
+    # The private fields behind the block_hash properties: both implementations name them so,
+    # and a snapshot reads every block after every op.
+    hashes = [b._block_hash for b in blocks]
+    block_keys = tuple([None if h is None else key(h) for h in hashes])
+    key_tokens = tuple([b._block_hash_num_tokens for b in blocks])
+    linked = frozenset(
+        [b.block_id for b in blocks if b.prev_free_block is not None and b.next_free_block is not None]
+    )
     cache: dict[CacheKey, tuple[int, ...]] = {}
     for packed, entry in pool.cached_block_hash_to_block._cache.items():
         ids = tuple(b.block_id for b in entry.values()) if isinstance(entry, dict) else (
@@ -98,23 +123,19 @@ def read_snapshot(
             status=request.status.name,
             num_computed_tokens=request.num_computed_tokens,
             num_tokens=request.num_tokens,
-            tables=tuple(_table(m.req_to_blocks.get(rid)) for m in singles),
-            num_cached_blocks=tuple(m.num_cached_block.get(rid) for m in singles),
-            partial_hit=tuple(_partial(m._partial_hit_reqs.get(rid)) for m in singles),
-            tokens=tuple(request.all_token_ids),
+            tables=tuple([_table(m.req_to_blocks.get(rid)) for m in singles]),
+            num_cached_blocks=tuple([m.num_cached_block.get(rid) for m in singles]),
+            partial_hit=tuple([_partial(m._partial_hit_reqs.get(rid)) for m in singles]),
+            tokens=keys.tokens(request),
         )
     return Snapshot(
         num_blocks=len(blocks),
-        ref_cnt=tuple(b.ref_cnt for b in blocks),
+        ref_cnt=tuple([b.ref_cnt for b in blocks]),
         free_queue=tuple(free),
         num_free_blocks=pool.get_num_free_blocks(),
-        linked=frozenset(
-            b.block_id
-            for b in blocks
-            if b.prev_free_block is not None and b.next_free_block is not None
-        ),
+        linked=linked,
         block_keys=block_keys,
-        block_key_tokens=tuple(b.block_hash_num_tokens for b in blocks),
+        block_key_tokens=key_tokens,
         extra_keys={
             bid: frozenset(key(k) for k in extra)
             for bid, extra in pool.cached_block_hashes_by_block.items()
@@ -134,7 +155,7 @@ def read_snapshot(
 
 
 def _table(blocks: Sequence[Any] | None) -> tuple[int, ...] | None:
-    return None if blocks is None else tuple(b.block_id for b in blocks)
+    return None if blocks is None else tuple([b.block_id for b in blocks])
 
 
 def _partial(entry: tuple[int, Any] | None) -> tuple[int, int] | None:

@@ -68,5 +68,7 @@ _lazy("kvcache", "kvfuzz's own kvcache/ (the production implementation)",
       "harness.kvcache_target", "KvcacheSide")
 _lazy("vllm", "vLLM 0.33.0's v1 KVCacheManager (needs the venv of ci/install-vllm.sh)",
       "harness.vllm_target", "VllmSide")
+_lazy("vllm-strict", "vLLM 0.33.0 without the known deviations target vllm tolerates "
+      "(docs/vllm.md)", "harness.vllm_target", "VllmStrictSide")
 _lazy("model", "the reference model itself (checks the oracle against the invariants)",
       "reference_model", "ReferenceModel")

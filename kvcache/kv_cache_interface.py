@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcache.kv_cache_utils import cdiv, check_positive_int
+from kvcache.block_math import chunked_local_admission_cap, sliding_window_admission_cap
+from kvcache.kv_cache_utils import check_positive_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,11 +63,13 @@ class SlidingWindowSpec(KVCacheSpec):
 
         The +1 covers a window that does not start on a block boundary.
         """
-        num_tokens = min(
-            self.sliding_window - 1 + self.extra_retained_tokens + max_in_flight_tokens,
+        return sliding_window_admission_cap(
+            self.sliding_window,
+            self.extra_retained_tokens,
+            max_in_flight_tokens,
             max_model_len,
+            self.block_size,
         )
-        return cdiv(num_tokens, self.block_size) + 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,8 +84,9 @@ class ChunkedLocalAttentionSpec(KVCacheSpec):
 
     def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
         """Most blocks one request holds at once: one chunk plus the in-flight tokens."""
-        num_tokens = min(self.attention_chunk_size + max_in_flight_tokens, max_model_len)
-        return cdiv(num_tokens, self.block_size)
+        return chunked_local_admission_cap(
+            self.attention_chunk_size, max_in_flight_tokens, max_model_len, self.block_size
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

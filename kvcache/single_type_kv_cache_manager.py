@@ -5,6 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+from kvcache.block_math import (
+    aligned_num_blocks,
+    chunked_local_skipped_tokens,
+    first_blocks_to_allocate,
+    is_partial_hit,
+    required_blocks,
+    running_blocks_to_allocate,
+    sliding_window_hit_blocks,
+    sliding_window_skipped_tokens,
+    trim_hit,
+)
 from kvcache.block_pool import BlockPool
 from kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -83,34 +94,23 @@ class SingleTypeKVCacheManager:
 
         Pure. `num_tokens_main_model` and `prefill_end` only matter to recurrent kinds.
         """
-        num_required_blocks = cdiv(num_tokens, self.block_size)
-        if apply_admission_cap and self.max_admission_blocks_per_request is not None:
-            num_required_blocks = min(num_required_blocks, self.max_admission_blocks_per_request)
+        num_required_blocks = required_blocks(
+            num_tokens,
+            self.block_size,
+            self.max_admission_blocks_per_request if apply_admission_cap else None,
+        )
         req_blocks = self.req_to_blocks.get(request_id)
         num_req_blocks = len(req_blocks) if req_blocks is not None else 0
         if request_id in self.num_cached_block:
             assert not new_computed_blocks, "a running request never adopts hits"
-            # Rejected drafts can leave more blocks than needed: nothing to allocate then.
-            return max(num_required_blocks - num_req_blocks, 0)
-
-        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
-        num_local_blocks = len(new_computed_blocks) + num_req_blocks
-        num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_blocks), 0)
-        # Leading hits that fall out of the window are replaced by nulls, not adopted.
-        num_dropped_hits = max(0, num_skipped_blocks - num_req_blocks)
-        num_evictable = 0
-        for block in new_computed_blocks[num_dropped_hits:]:
-            if block.ref_cnt == 0 and not block.is_null:
-                num_evictable += 1
-        if self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens):
-            num_new_blocks += 1
-        return num_new_blocks + num_evictable
-
-    def _has_partial_local_hit(
-        self, new_computed_blocks: Sequence[KVCacheBlock], num_local_computed_tokens: int
-    ) -> bool:
-        """A hit ending inside a block: the shared tail block needs a private copy."""
-        return bool(new_computed_blocks) and num_local_computed_tokens % self.block_size != 0
+            return running_blocks_to_allocate(num_required_blocks, num_req_blocks)
+        return first_blocks_to_allocate(
+            num_required_blocks,
+            num_req_blocks,
+            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size,
+            [block.ref_cnt == 0 and not block.is_null for block in new_computed_blocks],
+            is_partial_hit(len(new_computed_blocks), num_local_computed_tokens, self.block_size),
+        )
 
     def add_local_computed_blocks(
         self,
@@ -137,7 +137,7 @@ class SingleTypeKVCacheManager:
         req_blocks.extend(new_computed_blocks)
         self.req_to_blocks[request_id] = req_blocks
         self.num_cached_block[request_id] = len(req_blocks)
-        if self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens):
+        if is_partial_hit(len(new_computed_blocks), num_local_computed_tokens, self.block_size):
             # Count only the full blocks as cached, so the private copy gets hashed once full.
             block_idx = num_local_computed_tokens // self.block_size
             self._partial_hit_reqs[request_id] = (block_idx, new_computed_blocks[-1])
@@ -335,11 +335,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 hit_length = (fine_idx + 1) * alignment_tokens
                 break
 
-        # EAGLE recomputes the last matched unit: one hash unit when fine-grained, else a block.
-        if drop_eagle_block and hit_length > 0:
-            hit_length -= min(alignment_tokens, block_size)
-        hit_length -= hit_length % alignment_tokens
-        num_blocks = cdiv(hit_length, block_size)
+        hit_length, num_blocks = trim_hit(hit_length, block_size, alignment_tokens, drop_eagle_block)
         for blocks in computed:
             del blocks[num_blocks:]
         return computed, hit_length
@@ -375,13 +371,6 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.sliding_window = kv_cache_spec.sliding_window
         self.extra_retained_tokens = kv_cache_spec.extra_retained_tokens
 
-    @staticmethod
-    def _contiguous_blocks_for_hit(sliding_window: int, block_size: int, use_eagle: bool) -> int:
-        """Cached blocks ending at the boundary that cover the next token's window; EAGLE needs
-        one more, which it then drops.
-        """
-        return cdiv(sliding_window - 1, block_size) + (1 if use_eagle else 0)
-
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -400,9 +389,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         assert isinstance(kv_cache_spec, SlidingWindowSpec)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
-        need = cls._contiguous_blocks_for_hit(
-            kv_cache_spec.sliding_window, block_size, drop_eagle_block
-        )
+        need = sliding_window_hit_blocks(kv_cache_spec.sliding_window, block_size, drop_eagle_block)
         max_num_blocks = min(max_length // block_size, len(hashes))
         null_block = block_pool.null_block
         computed = tuple([null_block] * max_num_blocks for _ in kv_cache_group_ids)
@@ -439,9 +426,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     @staticmethod
     def _trim_to_alignment(computed: HitBlocks, block_size: int, alignment_tokens: int) -> None:
-        while len(computed[0]) * block_size % alignment_tokens:
-            for blocks in computed:
-                blocks.pop()
+        num_blocks = aligned_num_blocks(len(computed[0]), block_size, alignment_tokens)
+        for blocks in computed:
+            del blocks[num_blocks:]
 
     def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
         """Cache only blocks that can end an aligned hit's window run (vLLM's hybrid default).
@@ -455,7 +442,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         if alignment % self.block_size:
             return None
         per = alignment // self.block_size
-        need = self._contiguous_blocks_for_hit(self.sliding_window, self.block_size, self.use_eagle)
+        need = sliding_window_hit_blocks(self.sliding_window, self.block_size, self.use_eagle)
         if need >= per:
             return None
         shift = 1 if self.use_eagle else 0
@@ -467,8 +454,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         """Tokens before the window of the next token: with w = 4 and 7 computed, the next
         token (7) attends to 4..7, so 4 are skipped. Extra retained tokens stay alive.
         """
-        return max(
-            0, num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens
+        return sliding_window_skipped_tokens(
+            num_computed_tokens, self.sliding_window, self.extra_retained_tokens
         )
 
 
@@ -509,7 +496,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens left of the current chunk: c = 8 gives 13 -> 8, 8 -> 8, 7 -> 0."""
-        return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
+        return chunked_local_skipped_tokens(num_computed_tokens, self.attention_chunk_size)
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):

@@ -99,28 +99,35 @@ def free_count(s: Snapshot, ctx: CheckContext) -> str | None:
     covers=("BUGS 7", "BUGS 8", "BUGS 9", "kvcached #362"),
 )
 def map_consistent(s: Snapshot, ctx: CheckContext) -> str | None:
+    primary, extras = s.block_keys, s.extra_keys
     for key, ids in s.cache.items():
         for b in ids:
             if b == 0:
                 return "the null block is in the hash map"
-            if key not in _keys_of(s, b):
+            if primary[b] != key and key not in extras.get(b, ()):
                 return f"the map lists block {b} under a key the block does not carry"
-    for b in range(s.num_blocks):
-        primary = s.block_keys[b]
-        if (primary is None) != (s.block_key_tokens[b] is None):
-            return f"block {b}: key {primary!r} but hash token count {s.block_key_tokens[b]!r}"
-        if primary is not None and primary[2] and s.block_key_tokens[b] != len(primary[2]):
-            return (
-                f"block {b}: its key covers {len(primary[2])} tokens but records "
-                f"{s.block_key_tokens[b]}"
-            )
-        for key in _keys_of(s, b):
+    for b, key in enumerate(primary):
+        tokens = s.block_key_tokens[b]
+        if (key is None) != (tokens is None):
+            return f"block {b}: key {key!r} but hash token count {tokens!r}"
+        if key is None:
+            continue
+        if key[2] and tokens != len(key[2]):
+            return f"block {b}: its key covers {len(key[2])} tokens but records {tokens}"
+        if b not in s.cache.get(key, ()):
+            return f"block {b} carries a key the map does not list it under"
+    for b, keys in extras.items():
+        for key in keys:
             if b not in s.cache.get(key, ()):
-                return f"block {b} carries a key the map does not list it under"
+                return f"block {b} carries an extra key the map does not list it under"
     for view in s.requests.values():
         for g, table in enumerate(view.tables):
             for b in table or ():
-                if b and any(key[0] != g for key in _keys_of(s, b)):
+                if not b:
+                    continue
+                if (primary[b] is not None and primary[b][0] != g) or any(
+                    key[0] != g for key in extras.get(b, ())
+                ):
                     return f"block {b} in a group-{g} table carries another group's key"
     return None
 

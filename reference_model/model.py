@@ -89,6 +89,7 @@ class ReferenceModel:
                 tables=tables,
                 num_cached_blocks=tuple(state.num_cached[g].get(rid) for g in groups),
                 partial_hit=tuple(state.partial_hits[g].get(rid) for g in groups),
+                tokens=tuple(req.tokens),
             )
         return Snapshot(
             num_blocks=state.num_blocks,

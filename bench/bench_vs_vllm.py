@@ -1,0 +1,264 @@
+"""kvcache vs vLLM 0.33.0, side by side: the same workloads through both managers in one run.
+
+Each workload drives kvcache's KVCacheManager and vLLM's with the same driver
+(`kvcache.scheduler.Scheduler`, FCFS with preemption) and the same prompts; thin wrappers time
+the manager calls. Printed per operation: microseconds per call (median over the repeats of
+each repeat's mean), the ratio kvcache/vLLM and the number of calls; then whether both produced
+identical block tables (every request's tables when it is freed, and every step's schedule).
+Request creation includes hashing the prompt (SHA-256 on both sides). Figures only: nothing is
+asserted about time. Needs the venv of ci/install-vllm.sh:
+
+    "$(bash ci/install-vllm.sh | tail -n 1)" bench/bench_vs_vllm.py [--repeats N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.config import Config, GroupConfig  # noqa: E402
+from harness.kvcache_target import build_kvcache_manager  # noqa: E402
+from kvcache import Request, RequestStatus, Scheduler, get_request_block_hasher  # noqa: E402
+
+OPERATIONS = (
+    "get_computed_blocks",
+    "allocate_slots (admission)",
+    "allocate_slots (prefill chunk)",
+    "allocate_slots (decode)",
+    "free",
+    "Request creation (hashing)",
+)
+_ADMITTED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    config: Config
+    num_requests: int
+    prompt_len: int
+    shared_prefix_len: int
+    decode_steps: int
+    token_budget: int
+    max_running: int
+    repeats: int
+
+    def prompts(self) -> list[list[int]]:
+        """Half the prompts start with one shared prefix; the rest is random."""
+        rng = random.Random(0)
+        shared = [rng.randrange(32_000) for _ in range(self.shared_prefix_len)]
+        prompts = []
+        for i in range(self.num_requests):
+            head = shared if i % 2 == 0 else []
+            tail = [rng.randrange(32_000) for _ in range(self.prompt_len - len(head))]
+            prompts.append(head + tail)
+        return prompts
+
+
+def _workloads(quick: bool) -> list[Workload]:
+    scale = 4 if quick else 1
+    full = GroupConfig("full", 16)
+    swa = GroupConfig("sliding_window", 16, sliding_window=128)
+    return [
+        Workload("full attention, 600 blocks", Config(600, (full,), max_model_len=1024),
+                 2000 // scale, 512, 256, 32, 2048, 24, 5),
+        Workload("full + sliding window (128), 600 blocks",
+                 Config(600, (full, swa), max_model_len=1024),
+                 2000 // scale, 512, 256, 32, 2048, 24, 5),
+        Workload("long context, 1,000,000 blocks",
+                 Config(1_000_000, (full,), max_model_len=131_072),
+                 64 // scale, 65_536, 32_768, 32, 16_384, 16, 3 if not quick else 1),
+    ]
+
+
+@dataclass
+class Run:
+    """One pass of a workload on one implementation."""
+
+    ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OPERATIONS, 0))
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OPERATIONS, 0))
+    tables: list[tuple[str, tuple[tuple[int, ...], ...]]] = field(default_factory=list)
+    """(request id, its tables) at every free, in order."""
+    schedule: list[Any] = field(default_factory=list)
+    preemptions: int = 0
+
+    def add(self, op: str, ns: int) -> None:
+        self.ns[op] += ns
+        self.calls[op] += 1
+
+    def us_per_call(self, op: str) -> float | None:
+        return self.ns[op] / self.calls[op] / 1e3 if self.calls[op] else None
+
+
+class TimedManager:
+    """Forwards to a KVCacheManager, timing the calls the benchmark reports."""
+
+    def __init__(self, manager: Any, run: Run) -> None:
+        self._manager = manager
+        self._run = run
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._manager, name)
+
+    def get_computed_blocks(self, request: Any) -> Any:
+        start = time.perf_counter_ns()
+        out = self._manager.get_computed_blocks(request)
+        self._run.add("get_computed_blocks", time.perf_counter_ns() - start)
+        return out
+
+    def allocate_slots(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if request.status in _ADMITTED:
+            op = "allocate_slots (admission)"
+        elif request.num_computed_tokens < request.num_prompt_tokens:
+            op = "allocate_slots (prefill chunk)"
+        else:
+            op = "allocate_slots (decode)"
+        start = time.perf_counter_ns()
+        out = self._manager.allocate_slots(request, *args, **kwargs)
+        self._run.add(op, time.perf_counter_ns() - start)
+        return out
+
+    def free(self, request: Any) -> None:
+        tables = tuple(tuple(ids) for ids in self._manager.get_block_ids(request.request_id))
+        self._run.tables.append((request.request_id, tables))
+        start = time.perf_counter_ns()
+        self._manager.free(request)
+        self._run.add("free", time.perf_counter_ns() - start)
+
+
+class Implementation:
+    """How one side builds its manager and its requests."""
+
+    name: str
+
+    def manager(self, config: Config) -> Any:
+        raise NotImplementedError
+
+    def request_factory(self, config: Config, max_tokens: int) -> Callable[[str, list[int]], Any]:
+        raise NotImplementedError
+
+
+class Kvcache(Implementation):
+    name = "kvcache"
+
+    def manager(self, config: Config) -> Any:
+        return build_kvcache_manager(config)
+
+    def request_factory(self, config: Config, max_tokens: int) -> Callable[[str, list[int]], Any]:
+        hasher = get_request_block_hasher(config.resolved_hash_block_size)
+
+        def make(rid: str, prompt: list[int]) -> Any:
+            return Request(rid, prompt, max_tokens=max_tokens, block_hasher=hasher)
+
+        return make
+
+
+class Vllm(Implementation):
+    name = "vLLM"
+
+    def __init__(self) -> None:
+        from harness.vllm_target import vllm_modules
+
+        self._v = vllm_modules()
+
+    def manager(self, config: Config) -> Any:
+        from harness.vllm_target import build_vllm_manager
+
+        return build_vllm_manager(config)
+
+    def request_factory(self, config: Config, max_tokens: int) -> Callable[[str, list[int]], Any]:
+        v = self._v
+        v["utils"].init_none_hash(v["sha256"])
+        hasher = v["utils"].get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
+        params = v["SamplingParams"](max_tokens=max_tokens)
+        make_request = v["Request"]
+
+        def make(rid: str, prompt: list[int]) -> Any:
+            return make_request(rid, prompt, params, None, arrival_time=0.0,
+                                block_hasher=hasher)
+
+        return make
+
+
+def run_once(impl: Implementation, workload: Workload, prompts: list[list[int]]) -> Run:
+    run = Run()
+    manager = TimedManager(impl.manager(workload.config), run)
+    make = impl.request_factory(workload.config, workload.decode_steps)
+    scheduler = Scheduler(
+        manager,
+        max_model_len=workload.config.max_model_len,
+        token_budget=workload.token_budget,
+        max_running=workload.max_running,
+    )
+    gc.collect()
+    gc.disable()
+    try:
+        clock = time.perf_counter_ns
+        for i, prompt in enumerate(prompts):
+            start = clock()
+            request = make(f"r{i}", prompt)
+            run.add("Request creation (hashing)", clock() - start)
+            scheduler.add_request(request)
+
+        def sample(request: Any) -> int:
+            return request.num_tokens * 7919 % 32_000
+
+        while scheduler.waiting or scheduler.running:
+            out = scheduler.step(sample)
+            run.preemptions += len(out.preempted)
+            run.schedule.append((out.scheduled, out.preempted, out.finished))
+    finally:
+        gc.enable()
+    return run
+
+
+def bench(workload: Workload, impls: list[Implementation]) -> None:
+    prompts = workload.prompts()
+    runs: dict[str, list[Run]] = {impl.name: [] for impl in impls}
+    for _ in range(workload.repeats):
+        for impl in impls:
+            runs[impl.name].append(run_once(impl, workload, prompts))
+    kv, vl = (runs[impl.name] for impl in impls)
+    print(f"\n== {workload.name}: {workload.num_requests} requests of {workload.prompt_len} "
+          f"tokens (half share {workload.shared_prefix_len}), {workload.decode_steps} decode "
+          f"steps, block size 16, budget {workload.token_budget}, max running "
+          f"{workload.max_running}, {workload.repeats} repeats ==")
+    print(f"  {'operation':32} {'kvcache us':>11} {'vLLM us':>10} {'kv/vLLM':>8} {'calls':>9}")
+    for op in OPERATIONS:
+        if not kv[0].calls[op]:
+            continue
+        a = statistics.median(r.us_per_call(op) for r in kv)
+        b = statistics.median(r.us_per_call(op) for r in vl)
+        print(f"  {op:32} {a:11.2f} {b:10.2f} {a / b:8.2f} {kv[0].calls[op]:9d}")
+    same = all(r.tables == vl[0].tables and r.schedule == vl[0].schedule for r in kv + vl)
+    print(f"  preemptions: {kv[0].preemptions} (kvcache), {vl[0].preemptions} (vLLM); "
+          f"steps: {len(kv[0].schedule)}")
+    print(f"  identical block tables: {'yes' if same else 'no'}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, help="repeats per workload (default: 5, 5, 3)")
+    parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
+    args = parser.parse_args(argv)
+    impls = [Kvcache(), Vllm()]
+    start = time.monotonic()
+    for workload in _workloads(args.quick):
+        if args.repeats:
+            workload = Workload(**{**workload.__dict__, "repeats": args.repeats})
+        bench(workload, impls)
+    print(f"\ntotal {time.monotonic() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""Coverage-guided fuzzing with libFuzzer through atheris (`kvfuzz run --engine atheris`).
+
+Bytes to traces: the first byte of a libFuzzer input picks the (level, config) pair (its value
+modulo the number of pairs, in the campaign's rotation order), and the rest is the choice
+sequence of that pair's Hypothesis state machine (`fuzz_one_input` of
+`get_state_machine_test`), so one fuzz target covers every pair, libFuzzer mutates towards the
+pairs that reach new code, and every op still goes through the one executor with every check.
+Coverage is libFuzzer's, over kvcache's instrumented modules (`atheris.instrument_imports`);
+the campaign's behaviour features are counted as well, so `coverage` means the same thing for
+both engines and `edges` is libFuzzer's `cov:`.
+
+Processes: `atheris.Fuzz` runs once per process and ends it, so each worker is a subprocess
+(`python -m fuzz.atheris_engine RUN_DIR WORKER LIBFUZZER_ARGS... CORPUS_DIR`) with its own
+libFuzzer seed; the parent polls the workers' stats files and logs and calls `on_progress`.
+
+Files: `<corpus>/atheris-inputs/` is libFuzzer's corpus, shared by the workers (libFuzzer reloads
+it, so they learn from each other) and kept between runs; it starts with one seed input per
+pair. `<corpus>/atheris-logs/worker-K.log` is libFuzzer's output (and any crash artifact of
+the harness itself). Findings are the `Counterexample`s the executor raises inside an input:
+the worker catches them, so libFuzzer goes on; the first of each (check, level, config) across
+all workers is shrunk with `fuzz.shrink` and saved in the corpus like the Hypothesis engine's.
+Each worker rewrites its stats file atomically after every input, so nothing already found is
+lost when the run is interrupted; SIGINT/SIGTERM make a worker stop after its current input.
+
+Determinism: worker K's libFuzzer `-seed` derives from the campaign seed and K, and workers run
+with PYTHONHASHSEED=0, so one worker with the same seed, budget in examples (`-runs`) and
+starting corpus runs the same inputs. A time budget, or several workers sharing the corpus,
+make the run depend on timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import math
+import os
+import pickle
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fuzz.campaign import Campaign, CampaignOptions, Stats, import_plugins
+from harness.configs import builtin_config
+from harness.errors import KvfuzzError
+from harness.executor import Counterexample
+
+INPUTS_DIR = "atheris-inputs"
+LOGS_DIR = "atheris-logs"
+INSTRUMENTED = "kvcache"
+MAX_LEN = 4096
+"""libFuzzer's input size limit; `-len_control=0` lets inputs use it from the start (short
+inputs end a state machine run after a few steps)."""
+SEED_LEN = 1024
+POLL_S = 0.25
+_COV = re.compile(rb"\bcov: (\d+)")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
+"""How `_stop` may end a worker that has not set up its handler yet, or does not stop."""
+
+
+class AtherisError(KvfuzzError):
+    """A worker stopped abnormally (a harness crash; its log says why)."""
+
+
+def worker_seed(seed: int, worker: int) -> int:
+    """libFuzzer's `-seed` for a worker: distinct per worker, never 0 (0 means random)."""
+    digest = hashlib.sha256(f"atheris:{seed}:{worker}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % (2**31 - 1) + 1
+
+
+def libfuzzer_args(options: CampaignOptions, worker: int, logs: Path) -> list[str]:
+    """The flags a worker runs libFuzzer with (budget, seed, sizes, signal handling)."""
+    args = [f"-seed={worker_seed(options.seed, worker)}", f"-max_len={MAX_LEN}", "-len_control=0",
+            "-handle_int=0", "-handle_term=0", f"-artifact_prefix={logs}/worker-{worker}-"]
+    if options.examples is not None:
+        args.append(f"-runs={options.examples}")
+    elif options.seconds is not None:
+        args.append(f"-max_total_time={max(1, math.ceil(options.seconds))}")
+    return args
+
+
+def seed_inputs(inputs: Path, num_pairs: int) -> None:
+    """Give an empty libFuzzer corpus one input per (level, config) pair."""
+    inputs.mkdir(parents=True, exist_ok=True)
+    if any(inputs.iterdir()):
+        return
+    for index in range(num_pairs):
+        data = bytes([index]) + random.Random(index).randbytes(SEED_LEN)
+        (inputs / f"seed-{index:03d}").write_bytes(data)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+# ----- the worker (a subprocess) -----
+
+
+class AtherisWorker(Campaign):
+    """One libFuzzer process: libFuzzer's inputs, the campaign's accounting and findings."""
+
+    def __init__(self, options: CampaignOptions, worker: int, run_dir: Path) -> None:
+        from hypothesis import HealthCheck, settings
+        from hypothesis.stateful import get_state_machine_test
+
+        super().__init__(options, worker)
+        self.run_dir = run_dir
+        self.stats_file = run_dir / f"worker-{worker}.pickle"
+        test_settings = settings(database=None, stateful_step_count=options.steps,
+                                 deadline=None, suppress_health_check=list(HealthCheck))
+        self.rotation = self.pairs
+        self.targets = [
+            get_state_machine_test(self.machine(level, name), settings=test_settings)
+            .hypothesis.fuzz_one_input
+            for level, name in self.rotation
+        ]
+        self.start = time.monotonic()
+        self.stopping = False
+
+    def fuzz(self, argv: list[str]) -> None:
+        """Run libFuzzer with `argv`; never returns (libFuzzer ends the process)."""
+        import atheris
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._stop)
+        atheris.Setup(argv, self.one_input)
+        atheris.Fuzz()
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+
+    def one_input(self, data: bytes) -> None:
+        index = data[0] % len(self.rotation) if data else 0
+        try:
+            self.targets[index](data[1:])
+        except Counterexample as exc:
+            self._record(exc, *self.rotation[index], self.start)
+        self.stats.examples += 1
+        self._account()
+        self.stats.elapsed = time.monotonic() - self.start
+        _write_atomic(self.stats_file, pickle.dumps(self.stats))
+        if self.stopping:
+            os._exit(0)
+
+    def _record(self, exc: Counterexample, level: str, name: str, start: float) -> None:
+        """Only the first worker to find a (check, level, config) shrinks and saves it."""
+        key = "-".join((exc.finding.check, level, name)).replace("/", "-")
+        try:
+            os.close(os.open(self.run_dir / "claims" / key, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        super()._record(exc, level, name, start)
+
+
+def _instrument(package: str) -> None:
+    """Import `package` (and the modules its `__init__` imports) with atheris's coverage
+    instrumentation; it must not have been imported before.
+    """
+    import atheris
+
+    assert package not in sys.modules, f"{package} was imported before instrumentation"
+    with atheris.instrument_imports(include=[package]):
+        importlib.import_module(package)
+
+
+def worker_main(argv: list[str]) -> None:
+    """`python -m fuzz.atheris_engine RUN_DIR WORKER LIBFUZZER_ARGS...`."""
+    import logging
+
+    run_dir, worker = Path(argv[1]), int(argv[2])
+    options = pickle.loads((run_dir / "options.pickle").read_bytes())
+    _instrument(INSTRUMENTED)
+    import_plugins(options.plugins)
+    logging.getLogger("kvcache").setLevel(logging.ERROR)
+    AtherisWorker(options, worker, run_dir).fuzz([argv[0], *argv[3:]])
+
+
+# ----- the parent -----
+
+
+class _Log:
+    """Follows a worker's libFuzzer log for its latest `cov:`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self.edges = 0
+
+    def poll(self) -> int:
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            chunk = fh.read()
+        self.offset += len(chunk)
+        lines, _, self.partial = (self.partial + chunk).rpartition(b"\n")
+        found = _COV.findall(lines)
+        if found:
+            self.edges = int(found[-1])
+        return self.edges
+
+    def tail(self, lines: int = 15) -> str:
+        text = self.path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def _collect(run_dir: Path, logs: list[_Log], start: float) -> Stats:
+    total = Stats()
+    for worker, log in enumerate(logs):
+        path = run_dir / f"worker-{worker}.pickle"
+        stats = pickle.loads(path.read_bytes()) if path.exists() else Stats()
+        stats.edges = log.poll()
+        total.merge(stats)
+    total.elapsed = time.monotonic() - start
+    return total
+
+
+def _budget_spent(options: CampaignOptions, stats: Stats, start: float) -> bool:
+    """The wall-clock budget (startup included) or the findings limit is reached.
+
+    libFuzzer's own `-max_total_time` only counts from its start.
+    """
+    if options.max_findings is not None and len(stats.findings) >= options.max_findings:
+        return True
+    return options.seconds is not None and time.monotonic() - start >= options.seconds
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+    """Ask the workers to stop after their current input; kill those that do not."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) -> Stats:
+    """Run `options.workers` libFuzzer workers; call on_progress with the running totals."""
+    for name in options.configs:
+        builtin_config(name)
+    inputs = options.corpus / INPUTS_DIR
+    logs_dir = options.corpus / LOGS_DIR
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    seed_inputs(inputs, len(options.configs) * len(options.levels))
+    start = time.monotonic()
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-atheris-") as tmp:
+        run_dir = Path(tmp)
+        (run_dir / "claims").mkdir()
+        (run_dir / "options.pickle").write_bytes(pickle.dumps(options))
+        logs = [_Log(logs_dir / f"worker-{w}.log") for w in range(options.workers)]
+        procs = []
+        for worker, log in enumerate(logs):
+            with open(log.path, "wb") as out:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "fuzz.atheris_engine", str(run_dir), str(worker),
+                     *libfuzzer_args(options, worker, logs_dir), str(inputs)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True,  # Ctrl-C reaches the parent, which stops them
+                ))
+        grace = options.shrink_seconds + 10
+        stopped = False
+        try:
+            while any(proc.poll() is None for proc in procs) and not stopped:
+                time.sleep(POLL_S)
+                stats = _collect(run_dir, logs, start)
+                on_progress(stats)
+                stopped = _budget_spent(options, stats, start)
+        except KeyboardInterrupt:
+            stopped = True
+        if stopped:
+            _stop(procs, grace)
+        stats = _collect(run_dir, logs, start)
+    for worker, (proc, log) in enumerate(zip(procs, logs)):
+        if proc.returncode != 0 and not (stopped and -proc.returncode in _STOP_SIGNALS):
+            raise AtherisError(f"atheris worker {worker} exited with code {proc.returncode} "
+                               f"(log: {log.path}):\n{log.tail()}")
+    return stats
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv)

@@ -1,0 +1,105 @@
+"""Pure token/block arithmetic of layer 3 (SPEC.md §2.5, §4.2, §4.3, §4.9).
+
+Small functions of ints (and, for the predictor, the evictability of each hit block) that the
+managers and specs call, so that `kvfuzz prove` can check their contracts symbolically
+(`fuzz/contracts.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from kvcache.kv_cache_utils import cdiv
+
+
+def sliding_window_skipped_tokens(
+    num_computed_tokens: int, sliding_window: int, extra_retained_tokens: int
+) -> int:
+    """Tokens before the next token's window, less the extra retained ones (§4.2)."""
+    return max(0, num_computed_tokens - sliding_window + 1 - extra_retained_tokens)
+
+
+def chunked_local_skipped_tokens(num_computed_tokens: int, attention_chunk_size: int) -> int:
+    """Tokens left of the current chunk (§4.2)."""
+    return num_computed_tokens // attention_chunk_size * attention_chunk_size
+
+
+def sliding_window_admission_cap(
+    sliding_window: int,
+    extra_retained_tokens: int,
+    max_in_flight_tokens: int,
+    max_model_len: int,
+    block_size: int,
+) -> int:
+    """`cdiv(min(w - 1 + x + F, M), bs) + 1`; the +1 covers a window off a block boundary."""
+    num_tokens = min(sliding_window - 1 + extra_retained_tokens + max_in_flight_tokens,
+                     max_model_len)
+    return cdiv(num_tokens, block_size) + 1
+
+
+def chunked_local_admission_cap(
+    attention_chunk_size: int, max_in_flight_tokens: int, max_model_len: int, block_size: int
+) -> int:
+    """`cdiv(min(c + F, M), bs)`: one chunk plus the in-flight tokens."""
+    return cdiv(min(attention_chunk_size + max_in_flight_tokens, max_model_len), block_size)
+
+
+def required_blocks(num_tokens: int, block_size: int, admission_cap: int | None) -> int:
+    """R of the predictor (§4.3 step 1): `cdiv(T, bs)`, capped when a cap applies."""
+    num_blocks = cdiv(num_tokens, block_size)
+    return num_blocks if admission_cap is None else min(num_blocks, admission_cap)
+
+
+def running_blocks_to_allocate(num_required_blocks: int, num_held_blocks: int) -> int:
+    """The predictor's fast path (§4.3 step 3): rejected drafts can leave R < H."""
+    return max(num_required_blocks - num_held_blocks, 0)
+
+
+def first_blocks_to_allocate(
+    num_required_blocks: int,
+    num_held_blocks: int,
+    num_skipped_blocks: int,
+    hit_evictable: Sequence[bool],
+    partial_hit: bool,
+) -> int:
+    """The predictor's slow path (§4.3 step 4): `new + P + E`.
+
+    `hit_evictable[i]` says whether hit block i sits in the free queue (ref_cnt 0, not null);
+    the leading hits that fall out of the window become nulls and are not adopted.
+    """
+    num_local_blocks = len(hit_evictable) + num_held_blocks
+    num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_blocks), 0)
+    num_dropped_hits = max(0, num_skipped_blocks - num_held_blocks)
+    num_evictable = sum(1 for evictable in hit_evictable[num_dropped_hits:] if evictable)
+    return num_new_blocks + (1 if partial_hit else 0) + num_evictable
+
+
+def is_partial_hit(num_hit_blocks: int, num_local_computed_tokens: int, block_size: int) -> bool:
+    """A hit ending inside a block: its shared tail block needs a private copy (P)."""
+    return num_hit_blocks > 0 and num_local_computed_tokens % block_size != 0
+
+
+def trim_hit(
+    hit_length: int, block_size: int, alignment_tokens: int, drop_eagle_block: bool
+) -> tuple[int, int]:
+    """§4.9.1 steps 4-5: the EAGLE drop, then the alignment trim; (hit, blocks kept).
+
+    EAGLE recomputes the last matched unit: one hash unit when fine-grained, else a block.
+    """
+    if drop_eagle_block and hit_length > 0:
+        hit_length -= min(alignment_tokens, block_size)
+    hit_length -= hit_length % alignment_tokens
+    return hit_length, cdiv(hit_length, block_size)
+
+
+def aligned_num_blocks(num_blocks: int, block_size: int, alignment_tokens: int) -> int:
+    """The most of `num_blocks` whose token count is a multiple of the alignment (§4.9.2)."""
+    return num_blocks - num_blocks % (alignment_tokens // math.gcd(alignment_tokens, block_size))
+
+
+def sliding_window_hit_blocks(sliding_window: int, block_size: int, drop_eagle_block: bool) -> int:
+    """`need` of §4.9.2: cached blocks ending at the boundary that cover the next token's
+    window; EAGLE needs one more, which it then drops.
+    """
+    return cdiv(sliding_window - 1, block_size) + (1 if drop_eagle_block else 0)

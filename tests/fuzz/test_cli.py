@@ -1,0 +1,155 @@
+"""The kvfuzz command line: exit codes, files, determinism, plugins, interruption."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fuzz.cli import main
+from harness.trace import Trace
+from properties import REGISTRY
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_run_against_kvcache_passes_and_writes_a_report(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    code = main(["run", "--examples", "20", "--config", "full", "--seed", "3",
+                 "--corpus", str(tmp_path / "c"), "--json", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads(report.read_text())
+    assert data["target"] == "kvcache" and data["examples"] == 20 and data["findings"] == []
+    assert data["operations"] > 0 and data["coverage"] > 0 and data["invariant_checks"] > 0
+    assert "summary" in out and "ops/s" in out
+
+
+def test_same_seed_same_examples(tmp_path):
+    reports = []
+    for i in range(2):
+        path = tmp_path / f"r{i}.json"
+        main(["run", "--examples", "20", "--config", "hybrid", "--seed", "7",
+              "--corpus", str(tmp_path), "--json", str(path)])
+        reports.append(json.loads(path.read_text()))
+    keys = ("examples", "operations", "invariant_checks", "coverage")
+    assert [r[k] for k in keys for r in reports[:1]] == [reports[1][k] for k in keys]
+
+
+def test_finding_exits_one_and_saves_a_named_shrunk_trace(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    code = main(["run", "--target", "bug:predictor-off-by-one", "--config", "full",
+                 "--examples", "200", "--corpus", str(corpus)])
+    assert code == 1
+    files = sorted(corpus.glob("P1-*.json"))
+    assert files, capsys.readouterr().out
+    trace = Trace.load(files[0])
+    assert trace.meta["check"] == "P1" and len(trace.ops) <= 10
+    assert main(["replay", str(files[0])]) == 1
+    assert main(["replay", str(files[0]), "--target", "kvcache"]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["run", "--target", "nope"], "unknown target 'nope'"),
+        (["run", "--config", "nope"], "unknown config 'nope'"),
+        (["run", "--plugin", "no_such_plugin_module"], "no_such_plugin_module"),
+        (["run", "--workers", "0"], "--workers"),
+    ],
+)
+def test_usage_errors_exit_two_naming_the_value(capsys, argv, needle):
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_replay_rejects_malformed_and_wrong_version_files(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["replay", str(bad)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format": "kvfuzz-trace", "version": 99, "level": "api",
+                               "config": {}, "ops": []}))
+    assert main(["replay", str(old)]) == 2
+    assert "version 99" in capsys.readouterr().err
+
+
+def _long_failing_trace(tmp_path: Path) -> Path:
+    ops = []
+    for i in range(6):
+        ops += [{"op": "add_request", "request_id": f"r{i}", "prompt": [i, 1, 2, 3, 4]},
+                {"op": "allocate_slots", "request_id": f"r{i}", "num_new_tokens": 5},
+                {"op": "free", "request_id": f"r{i}"}]
+    data = {"format": "kvfuzz-trace", "version": 1, "level": "api",
+            "config": {"num_blocks": 16, "groups": [{"kind": "full", "block_size": 4}]},
+            "ops": ops, "meta": {"target": "bug:free-forgets-decrement"}}
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_shrink_and_export(tmp_path, capsys):
+    path = _long_failing_trace(tmp_path)
+    out = tmp_path / "min.json"
+    assert main(["shrink", str(path), "--out", str(out)]) == 0
+    small = Trace.load(out)
+    assert len(small.ops) == 3 and small.meta["check"] == "P2"
+    test_file = tmp_path / "test_regression.py"
+    assert main(["export", str(out), "--pytest", str(test_file)]) == 0
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)]
+    assert subprocess.run(run, cwd=tmp_path, capture_output=True).returncode == 1
+    assert main(["export", str(out), "--pytest", str(test_file), "--target", "kvcache"]) == 0
+    assert subprocess.run(run, cwd=tmp_path, capture_output=True).returncode == 0
+
+
+def test_listing_commands(capsys):
+    assert main(["targets"]) == 0
+    out = capsys.readouterr().out
+    assert "kvcache" in out and "vllm" in out and "bug:salt-ignored" in out
+    assert main(["invariants"]) == 0
+    assert "P1" in capsys.readouterr().out
+    assert main(["configs"]) == 0
+    assert "hybrid" in capsys.readouterr().out
+
+
+def test_plugin_invariant_is_used(tmp_path, monkeypatch):
+    (tmp_path / "my_checks.py").write_text(
+        "from properties import invariant\n\n"
+        "@invariant('MY1', 'no request holds more than one block in group 0')\n"
+        "def at_most_one(snapshot, ctx):\n"
+        "    for rid, view in snapshot.requests.items():\n"
+        "        if view.tables[0] and len(view.tables[0]) > 1:\n"
+        "            return f'{rid} holds {len(view.tables[0])} blocks'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        code = main(["run", "--plugin", "my_checks", "--config", "full", "--examples", "50",
+                     "--corpus", str(tmp_path / "c")])
+        assert code == 1
+        assert list((tmp_path / "c").glob("MY1-*.json"))
+    finally:
+        REGISTRY.remove("MY1")
+        sys.modules.pop("my_checks", None)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_campaign_keeps_findings_and_summarises(tmp_path, sig):
+    corpus = tmp_path / "corpus"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fuzz", "run", "--target", "bug:free-forgets-decrement",
+         "--config", "full", "--seconds", "120", "--corpus", str(corpus)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(corpus.glob("*.json")):
+        time.sleep(0.5)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert "summary" in out and "findings" in out and list(corpus.glob("P2-*.json"))

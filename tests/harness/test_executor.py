@@ -1,0 +1,100 @@
+"""The executor: validity, lockstep comparison, reports, determinism of replays."""
+
+import pytest
+
+from harness.config import Config, GroupConfig
+from harness.errors import InvalidTrace
+from harness.executor import Counterexample, Execution, run_trace
+from harness.targets import UnknownTarget, get_target
+from harness.trace import Trace
+
+FULL = Config(10, (GroupConfig("full", 4),), max_model_len=32)
+P = list(range(10))
+
+
+def _e1_ops():
+    return [
+        {"op": "add_request", "request_id": "A", "prompt": P},
+        {"op": "get_computed_blocks", "request_id": "A"},
+        {"op": "allocate_slots", "request_id": "A", "num_new_tokens": 10, "use_lookup": True},
+        {"op": "add_request", "request_id": "B", "prompt": P},
+        {"op": "get_computed_blocks", "request_id": "B"},
+        {"op": "allocate_slots", "request_id": "B", "num_new_tokens": 2, "use_lookup": True},
+        {"op": "free", "request_id": "A"},
+        {"op": "free", "request_id": "B"},
+    ]
+
+
+def test_e1_in_lockstep_with_the_model():
+    execution = Execution(FULL, "api", ["kvcache"])
+    results = [execution.apply(op) for op in _e1_ops()]
+    assert results[4] == {"block_ids": [[1, 2]], "num_computed_tokens": 8}
+    assert results[5] == {"block_ids": [[4]]}
+    assert execution.state.free_queue == (4, 3, 5, 6, 7, 8, 9, 2, 1)
+    assert execution.checks_run > 100
+
+
+@pytest.mark.parametrize(
+    "op, needle",
+    [
+        ({"op": "free", "request_id": "ghost"}, "'ghost'"),
+        ({"op": "allocate_slots", "request_id": "A", "num_new_tokens": 11}, "11"),
+        ({"op": "allocate_slots", "request_id": "A", "num_new_tokens": 1, "use_lookup": True},
+         "lookup"),
+        ({"op": "add_request", "request_id": "A", "prompt": [1]}, "'A'"),
+        ({"op": "add_request", "request_id": "Z", "prompt": list(range(40))}, "40"),
+    ],
+)
+def test_invalid_ops_stop_with_the_step_and_change_nothing(op, needle):
+    execution = Execution(FULL, "api", ["kvcache"])
+    execution.apply(_e1_ops()[0])
+    before = execution.targets[0].side.snapshot()
+    with pytest.raises(InvalidTrace) as err:
+        execution.apply(op)
+    assert needle in str(err.value) and f"step 1 ({op['op']})" in str(err.value)
+    assert execution.targets[0].side.snapshot() == before
+    assert len(execution.trace.ops) == 1
+
+
+def test_misuse_is_an_error_result_equal_on_both_sides():
+    execution = Execution(FULL, "api", ["kvcache"])
+    execution.apply(_e1_ops()[0])
+    assert execution.apply({"op": "free", "request_id": "A"}) == {"error": "ValueError"}
+    assert execution.apply({"op": "evict_blocks", "block_ids": [10]}) == {"error": "ValueError"}
+
+
+def test_a_finding_reports_step_check_states_and_trace():
+    trace = Trace(FULL, "api", _e1_ops())
+    result = run_trace(trace, ["bug:free-forgets-decrement"])
+    finding = result.finding
+    assert finding is not None and finding.check == "P2" and finding.step == 6
+    report = finding.report()
+    assert "step 6" in report and "P2" in report and "ref_cnt" in report
+    assert len(finding.trace.ops) == 7 and finding.trace.meta["check"] == "P2"
+    assert run_trace(finding.trace, ["bug:free-forgets-decrement"]).finding.check == "P2"
+
+
+def test_differential_finding_shows_both_states_side_by_side():
+    result = run_trace(Trace(FULL, "api", _e1_ops()), ["bug:free-forward-order"])
+    assert result.finding.check == "DIFF-state"
+    assert "model after step" in result.finding.details and "|" in result.finding.details
+
+
+def test_two_targets_and_no_model():
+    result = run_trace(Trace(FULL, "api", _e1_ops()), ["kvcache", "bug:free-forward-order"],
+                       model=False)
+    assert result.finding.check == "DIFF-state" and result.finding.target == "bug:free-forward-order"
+
+
+def test_unknown_target_names_it_and_lists_the_known_ones():
+    with pytest.raises(UnknownTarget, match="'nope'.*kvcache"):
+        get_target("nope")
+
+
+def test_counterexample_carries_the_finding():
+    execution = Execution(FULL, "api", ["bug:free-forgets-decrement"])
+    for op in _e1_ops()[:6]:
+        execution.apply(op)
+    with pytest.raises(Counterexample) as err:
+        execution.apply(_e1_ops()[6])
+    assert err.value.finding.check == "P2"

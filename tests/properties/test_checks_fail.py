@@ -1,0 +1,161 @@
+"""Every registered check, seen failing on a planted violation and passing on the real state.
+
+The base states come from short kvcache runs; each case plants one violation into a copy of
+the snapshot (or the op's result / observations) and asserts that the check names it.
+"""
+
+import dataclasses
+
+import pytest
+
+from harness.config import Config, GroupConfig
+from harness.executor import Execution
+from harness.sides import AllocationProbe, Observations
+from properties import REGISTRY, CheckContext
+
+FULL = Config(12, (GroupConfig("full", 4),), max_model_len=64)
+WINDOW = Config(12, (GroupConfig("sliding_window", 4, sliding_window=4),), max_model_len=64)
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def _run(config, ops):
+    """Snapshots after every op of a kvcache run, with the execution."""
+    execution = Execution(config, "api", ["kvcache"], model=False)
+    snaps = [execution.targets[0].snapshot]
+    for op in ops:
+        execution.apply(op)
+        snaps.append(execution.targets[0].snapshot)
+    return execution, snaps
+
+
+@pytest.fixture(scope="module")
+def base():
+    """r0 and r1 share two cached blocks; r2 was freed (one cached, one uncached free)."""
+    return _run(FULL, [
+        {"op": "add_request", "request_id": "r0", "prompt": PROMPT},
+        {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 9},
+        {"op": "add_request", "request_id": "r1", "prompt": PROMPT, "cache_salt": "s"},
+        {"op": "add_request", "request_id": "r2", "prompt": PROMPT},
+        {"op": "get_computed_blocks", "request_id": "r2"},
+        {"op": "allocate_slots", "request_id": "r2", "num_new_tokens": 1, "use_lookup": True},
+        {"op": "add_request", "request_id": "r3", "prompt": [5, 5, 5, 5, 5]},
+        {"op": "allocate_slots", "request_id": "r3", "num_new_tokens": 5},
+        {"op": "free", "request_id": "r3"},
+    ])
+
+
+def _ctx(execution, op=None, result=None, observations=None, config=None):
+    return CheckContext(config or execution.config, "api", 0, op or {"op": "noop"}, result,
+                        observations or Observations(), execution.requests, {})
+
+
+def _probe(**kwargs):
+    fields = {"request_id": "r0", "outcome": "blocks", "prediction": 2, "free_before": 5,
+              "free_after": 3, "group_predictions": (2,), "group_taken": (2,)}
+    fields.update(kwargs)
+    return Observations(allocations=[AllocationProbe(**fields)])
+
+
+def _view(snap, rid, **changes):
+    views = dict(snap.requests)
+    views[rid] = dataclasses.replace(views[rid], **changes)
+    return dataclasses.replace(snap, requests=views)
+
+
+def _with(snap, **changes):
+    return dataclasses.replace(snap, _derived={}, **changes)
+
+
+def _cases(execution, snaps):
+    s = snaps[-1]
+    prev = snaps[-2]
+    held = next(b for b in range(1, s.num_blocks) if s.ref_cnt[b] == 2)
+    r0_table = s.requests["r0"].tables[0]
+    cached_free = next(b for b in s.free_queue if s.block_keys[b] is not None)
+    uncached_free = next(b for b in s.free_queue if s.block_keys[b] is None)
+    lookup = {"op": "get_computed_blocks", "request_id": "r1"}
+    refcnt = list(s.ref_cnt)
+    refcnt[held] += 1
+    return {
+        "P1": (prev, s, _ctx(execution, observations=_probe(free_after=4))),
+        "P2": (s, _with(s, ref_cnt=tuple(refcnt)), _ctx(execution)),
+        "P3": (s, _with(s, free_queue=s.free_queue + (held,), linked=s.linked | {held},
+                        num_free_blocks=s.num_free_blocks + 1), _ctx(execution)),
+        "P4": (prev, s, _ctx(execution, observations=Observations(
+            pool_shortages=["Cannot get 3 free blocks from the pool"]))),
+        "I8": (prev, s, _ctx(execution, observations=_probe(free_after=1, free_before=3,
+                                                          reserved_blocks=2))),
+        "I1": (s, _with(s, linked=s.linked - {s.free_queue[0]}), _ctx(execution)),
+        "I3": (s, _view(s, "r0", tables=(r0_table + (r0_table[0],),)), _ctx(execution)),
+        "I4": (s, _with(s, num_free_blocks=s.num_free_blocks - 1), _ctx(execution)),
+        "I5": (s, _with(s, cache={**s.cache, s.block_keys[held]: (held, uncached_free)}),
+               _ctx(execution)),
+        "H1": (s, _with(s, hash_collisions=("hash 00ff… fingerprints two prefixes",)),
+               _ctx(execution)),
+        "I6": (s, _with(s, block_keys=tuple(None if b == held else k
+                                            for b, k in enumerate(s.block_keys)),
+                        block_key_tokens=tuple(None if b == held else t
+                                               for b, t in enumerate(s.block_key_tokens))),
+               _ctx(execution)),
+        "I7": (s, _with(s, free_queue=(cached_free,) + tuple(
+            b for b in s.free_queue if b != cached_free)), _ctx(execution)),
+        "I9": (s, _with(s, num_free_blocks=s.num_free_blocks - 1), _ctx(execution, op=lookup)),
+        "I10": (s, _with(s, ref_cnt=tuple(refcnt)),
+                _ctx(execution, op={"op": "free", "request_id": "r0"},
+                     result={"error": "ValueError"})),
+        "I11": _write_into_cached(execution, snaps),
+        "I12": (s, s, _ctx(execution, op=lookup,
+                           result={"block_ids": [[r0_table[0]]], "num_computed_tokens": 6})),
+        "I13": (s, s, _ctx(execution, op=lookup,
+                           result={"block_ids": [[r0_table[0]]], "num_computed_tokens": 4})),
+        "I14": (s, _view(s, "r0", tables=((r0_table[1],) + r0_table[1:],)), _ctx(execution)),
+        "I15": (s, _view(s, "r0", num_cached_blocks=(len(r0_table) + 1,)), _ctx(execution)),
+        "I16": (s, _view(s, "r3", tables=((6,),)), _ctx(execution)),
+        "I17": (s, _view(s, "r0", num_computed_tokens=40), _ctx(execution)),
+        "I18": _window_left_live(),
+        "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
+    }
+
+
+def _write_into_cached(execution, snaps):
+    """r0 'writes' positions 0-3 again: block r0[0] already holds its 4-token key."""
+    before, after = snaps[-2], snaps[-1]
+    after = _view(after, "r0", num_computed_tokens=4)
+    op = {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 4}
+    return before, after, _ctx(execution, op=op, result={"block_ids": [[]]})
+
+
+def _window_left_live():
+    """A window-4 request computed 12 tokens, yet keeps its first block."""
+    execution, snaps = _run(WINDOW, [
+        {"op": "add_request", "request_id": "w", "prompt": list(range(12))},
+        {"op": "allocate_slots", "request_id": "w", "num_new_tokens": 8},
+        {"op": "allocate_slots", "request_id": "w", "num_new_tokens": 4},
+    ])
+    before, after = snaps[-2], snaps[-1]
+    table = before.requests["w"].tables[0]
+    after = _view(after, "w", tables=(table + after.requests["w"].tables[0][len(table):],))
+    op = {"op": "allocate_slots", "request_id": "w", "num_new_tokens": 4}
+    return before, after, _ctx(execution, op=op, result={"block_ids": [[]]})
+
+
+def _call(check, before, after, ctx):
+    return check.fn(before, after, ctx) if check.kind == "transition" else check.fn(after, ctx)
+
+
+def test_every_registered_check_has_a_planted_violation(base):
+    assert {c.name for c in REGISTRY} <= set(_cases(*base))
+
+
+@pytest.mark.parametrize("name", [c.name for c in REGISTRY])
+def test_check_fails_on_its_violation(base, name):
+    before, after, ctx = _cases(*base)[name]
+    message = _call(REGISTRY.get(name), before, after, ctx)
+    assert message, f"{name} did not flag its planted violation"
+
+
+@pytest.mark.parametrize("name", [c.name for c in REGISTRY])
+def test_check_passes_on_the_real_state(base, name):
+    execution, snaps = base
+    ctx = _ctx(execution)
+    assert _call(REGISTRY.get(name), snaps[-2], snaps[-1], ctx) is None
