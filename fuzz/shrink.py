@@ -2,10 +2,10 @@
 
 Works on traces from any source (a Hypothesis run, atheris, another tool, an old corpus):
 candidates are replayed through the one executor, and a candidate counts only if it is a valid
-trace that fails the same check. Passes, repeated until none helps: drop a whole request, drop
-chunks of ops (delta debugging, halving the chunk size), simplify single ops (shorter prompts
-and token lists, smaller counts, fields back to their defaults), and shrink the config (fewer
-blocks, default driver knobs).
+trace that fails the same check. Passes, repeated until none helps: shrink the config (fewer
+blocks, default driver knobs), drop a whole request, drop chunks of ops (delta debugging,
+halving the chunk size), simplify single ops (shorter prompts and token lists, smaller counts,
+fields back to their defaults).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class Shrinker:
         self.checks = checks
         self.deadline = 0.0
         self.seconds = seconds
+        self.best: Trace | None = None
+        self.best_finding: Finding | None = None
         self.attempts = 0
         self.on_progress = on_progress
 
@@ -68,32 +70,70 @@ class Shrinker:
         if finding is None:
             raise ValueError("the trace does not fail" + (f" {self.check}" if self.check else ""))
         self.check = finding.check
-        best, best_finding = finding.trace, finding
-        improved = True
-        while improved and not self._late():
-            improved = False
-            for candidate in self._candidates(best):
-                if self._late():
+        self.best, self.best_finding = finding.trace, finding
+        changed = True
+        while changed and not self._late():
+            sizes = _size(self.best)
+            self._shrink_config()
+            self._drop_requests()
+            self._drop_chunks()
+            self._simplify_ops()
+            changed = _size(self.best) < sizes
+        best = self.best
+        best.meta.update(self.best_finding.trace.meta)
+        return ShrinkResult(best, self.best_finding, self.attempts, time.monotonic() - start)
+
+    def _try(self, candidate: Trace) -> bool:
+        """Adopt the candidate if it is smaller and still fails the check."""
+        if self._late() or _size(candidate) >= _size(self.best):
+            return False
+        found = self.fails(candidate)
+        if found is None:
+            return False
+        self.best, self.best_finding = found.trace, found
+        if self.on_progress is not None:
+            self.on_progress(found.trace)
+        return True
+
+    def _shrink_config(self) -> None:
+        while any(self._try(c) for c in _config_variants(self.best)):
+            pass
+
+    def _drop_requests(self) -> None:
+        k = 0
+        while not self._late():
+            ids = [op["request_id"] for op in self.best.ops if op["op"] == "add_request"]
+            if k >= len(ids):
+                return
+            kept = [op for op in self.best.ops if op.get("request_id") != ids[k]]
+            if not self._try(_with_ops(self.best, kept)):
+                k += 1
+
+    def _drop_chunks(self) -> None:
+        """Delta debugging: remove runs of ops, halving the run length."""
+        size = len(self.best.ops) // 2
+        while size >= 1 and not self._late():
+            i = 0
+            while i < len(self.best.ops) and not self._late():
+                ops = self.best.ops
+                if not self._try(_with_ops(self.best, ops[:i] + ops[i + size:])):
+                    i += size
+            size //= 2
+
+    def _simplify_ops(self) -> None:
+        i = 0
+        while i < len(self.best.ops) and not self._late():
+            op = self.best.ops[i]
+            for variant in _op_variants(op, self.best.level):
+                ops = list(self.best.ops)
+                ops[i:i + 1] = [variant]
+                if self._try(_with_ops(self.best, ops)):
                     break
-                if _size(candidate) >= _size(best):
-                    continue
-                found = self.fails(candidate)
-                if found is not None:
-                    best, best_finding, improved = found.trace, found, True
-                    if self.on_progress is not None:
-                        self.on_progress(best)
-                    break
-        best.meta.update(best_finding.trace.meta)
-        return ShrinkResult(best, best_finding, self.attempts, time.monotonic() - start)
+            else:
+                i += 1
 
     def _late(self) -> bool:
         return time.monotonic() > self.deadline
-
-    def _candidates(self, trace: Trace) -> Iterator[Trace]:
-        yield from _drop_requests(trace)
-        yield from _drop_chunks(trace)
-        yield from _simplify_ops(trace)
-        yield from _simplify_config(trace)
 
 
 def shrink_trace(trace: Trace, targets: Sequence[TargetSpec], **kwargs: Any) -> ShrinkResult:
@@ -125,31 +165,8 @@ def _with_ops(trace: Trace, ops: list[Op]) -> Trace:
     return Trace(trace.config, trace.level, ops, dict(trace.meta))
 
 
-def _drop_requests(trace: Trace) -> Iterator[Trace]:
-    ids = [op["request_id"] for op in trace.ops if op["op"] == "add_request"]
-    for rid in ids:
-        yield _with_ops(trace, [op for op in trace.ops if op.get("request_id") != rid])
-
-
-def _drop_chunks(trace: Trace) -> Iterator[Trace]:
-    n = len(trace.ops)
-    size = n // 2
-    while size >= 1:
-        for start in range(0, n, size):
-            yield _with_ops(trace, trace.ops[:start] + trace.ops[start + size:])
-        size //= 2
-
-
 _NUMBERS_TO_SHRINK = ("num_new_tokens", "num_lookahead_tokens", "reserved_blocks", "priority",
                       "max_tokens", "num_encoder_tokens", "sample", "num_computed_tokens")
-
-
-def _simplify_ops(trace: Trace) -> Iterator[Trace]:
-    for i, op in enumerate(trace.ops):
-        for variant in _op_variants(op, trace.level):
-            ops = list(trace.ops)
-            ops[i] = variant
-            yield _with_ops(trace, ops)
 
 
 def _op_variants(op: Op, level: str) -> Iterator[Op]:
@@ -171,7 +188,7 @@ def _op_variants(op: Op, level: str) -> Iterator[Op]:
             yield {**op, key: None}
 
 
-def _simplify_config(trace: Trace) -> Iterator[Trace]:
+def _config_variants(trace: Trace) -> Iterator[Trace]:
     cfg = trace.config
     changes: list[dict[str, Any]] = []
     if cfg.num_blocks > 2:

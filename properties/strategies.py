@@ -48,19 +48,27 @@ def configs(draw: st.DrawFn, names: tuple[str, ...] | None = None, vary: bool = 
 
 
 def prefixes(max_len: int) -> st.SearchStrategy[list[list[int]]]:
-    """A few shared prompt prefixes for one run."""
+    """A few shared prompt prefixes for one run, often a whole number of small blocks long."""
     token = st.integers(0, TOKEN_VOCAB - 1)
-    return st.lists(st.lists(token, min_size=1, max_size=max_len), min_size=1, max_size=3)
+    length = st.sampled_from([4, 8, 12, 16]).filter(lambda n: n <= max_len) | st.integers(
+        1, max_len
+    )
+    one = length.flatmap(lambda n: st.lists(token, min_size=n, max_size=n))
+    return st.lists(one, min_size=1, max_size=3)
 
 
 def prompts(shared: list[list[int]], max_len: int) -> st.SearchStrategy[list[int]]:
-    """A prompt: a cut of one shared prefix, then a short random tail, 1..max_len tokens."""
+    """A prompt: one shared prefix exactly (a resend), or extended, or cut, then a short random
+    tail; 1..max_len tokens."""
     token = st.integers(0, TOKEN_VOCAB - 1)
 
     @st.composite
     def build(draw: st.DrawFn) -> list[int]:
         prefix = draw(st.sampled_from(shared))
-        cut = len(prefix) if draw(st.booleans()) else draw(st.integers(0, len(prefix)))
+        shape = draw(st.sampled_from(["exact", "extend", "cut"]))
+        if shape == "exact":
+            return list(prefix[:max_len])
+        cut = len(prefix) if shape == "extend" else draw(st.integers(0, len(prefix)))
         tail = draw(st.lists(token, max_size=max(0, min(8, max_len - cut))))
         prompt = (prefix[:cut] + tail)[:max_len]
         return prompt or [draw(token)]
