@@ -311,3 +311,101 @@ def _cow_unretained(side: KvcacheSide) -> None:
 
     for single in _singles(side):
         _around(single, "_apply_cow", around)
+
+
+# ----- Content plants: the counts stay right, the bytes do not (caught by properties.data) -----
+
+
+@mutant("hit-swaps-block", "the last block of a prefix hit is swapped for another cached block of "
+        "the same group with the same ref count and queue state", bug="BUGS 16 / I13")
+def _hit_swaps_block(side: KvcacheSide) -> None:
+    from kvcache.kv_cache_utils import get_group_id
+
+    pool = _pool(side)
+
+    def around(original, request, max_cache_hit_length=None):
+        hits, num_hit_tokens, boundary = original(request, max_cache_hit_length)
+        groups = [list(blocks) for blocks in hits.blocks]
+        for g, blocks in enumerate(groups):
+            if not blocks or blocks[-1].is_null:
+                continue
+            last = blocks[-1]
+            swap = next((b for b in pool.blocks if b.block_hash is not None
+                         and b.block_hash != last.block_hash and b not in blocks
+                         and get_group_id(b.block_hash) == g and b.ref_cnt == last.ref_cnt), None)
+            if swap is not None:
+                blocks[-1] = swap
+        return side.manager.create_kv_cache_blocks(tuple(groups)), num_hit_tokens, boundary
+
+    _around(side.manager, "get_computed_blocks", around)
+
+
+@mutant("cow-skipped", "a partial (sub-block) hit is adopted without its private copy: the hitter "
+        "writes into the shared tail block", bug="SPEC §4.5 / I11", configs=("partial_hits",))
+def _cow_skipped(side: KvcacheSide) -> None:
+    # Both the predictor (argument 5) and the adoption (argument 3) see the local hit rounded
+    # up to a whole block, so neither counts nor makes the copy; window groups are aligned
+    # (their block size is hbs under partial hits), so their skipped counts do not change.
+    def rounded(position: int, bs: int):
+        def around(original, *args, **kwargs):
+            args = list(args)
+            args[position] = -(-args[position] // bs) * bs
+            return original(*args, **kwargs)
+
+        return around
+
+    for single in _singles(side):
+        _around(single, "get_num_blocks_to_allocate", rounded(4, single.block_size))
+        _around(single, "add_local_computed_blocks", rounded(2, single.block_size))
+
+
+@mutant("cow-redirect-late", "the worker learns of a copy-on-write redirect one pass late: the "
+        "admission's forward pass writes through the source block, which its owner still uses",
+        bug="SPEC §4.5", configs=("partial_hits",))
+def _cow_redirect_late(side: KvcacheSide) -> None:
+    stale: dict[str, list[tuple[int, int, int]]] = {}
+
+    def cow(group: int):
+        def around(original, request_id, block_idx, source_block, cow_block):
+            original(request_id, block_idx, source_block, cow_block)
+            stale.setdefault(request_id, []).append((group, block_idx, source_block.block_id))
+
+        return around
+
+    for group, single in enumerate(_singles(side)):
+        _around(single, "_apply_cow", cow(group))
+
+    def tables(original, request_id):
+        ids = tuple(list(group) for group in original(request_id))
+        for group, block_idx, source in stale.pop(request_id, ()):
+            ids[group][block_idx] = source
+        return ids
+
+    _around(side.manager, "get_block_ids", tables)
+
+
+@mutant("copy-one-step-late", "the driver executes a step's copy-on-write copies one step late "
+        "(after the forward pass wrote the copy), keeping both endpoints retained until then",
+        bug="SPEC §4.5 / §7", configs=("partial_hits",))
+def _copy_one_step_late(side: KvcacheSide) -> None:
+    if side.level != "scheduler":
+        return
+    held: list[Any] = [[], []]
+
+    def around(original):
+        copies, retained = original()
+        late, held[:] = list(held), [copies, retained]
+        side.retained_pairs[:] = [(int(src), int(dst)) for src, dst in copies]
+        return late[0], late[1]
+
+    _around(side.manager, "take_kv_cache_block_copies", around)
+
+
+@mutant("cache-ahead-of-schedule", "blocks are hashed up to the end of the block holding the last "
+        "scheduled token, before all of their KV is scheduled", bug="BUGS 6")
+def _cache_ahead_of_schedule(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        def ahead(original, request, num_tokens, bs=single.block_size):
+            return original(request, min(-(-num_tokens // bs) * bs, request.num_tokens))
+
+        _around(single, "cache_blocks", ahead)

@@ -115,31 +115,30 @@ class PagedKVCache:
         return _softmax_attention(query, key, value, scale)
 
 
-def _expand_heads(kv: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[n, kv_heads, d] -> [n, num_heads, d] (grouped-query attention shares K/V heads)."""
-    group = num_heads // kv.shape[1]
-    if group * kv.shape[1] != num_heads:
-        raise ValueError(f"{num_heads} query heads do not share {kv.shape[1]} KV heads evenly")
-    return kv.repeat_interleave(group, dim=1) if group > 1 else kv
+def _query_groups(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """[num_heads, d] -> [kv_heads, heads per KV head, d] (grouped-query attention)."""
+    num_heads, head_dim = query.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not share {num_kv_heads} KV heads evenly")
+    return query.view(num_kv_heads, num_heads // num_kv_heads, head_dim)
 
 
 def _softmax_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        scale: float | None) -> torch.Tensor:
     num_heads, head_dim = query.shape
     scale = head_dim ** -0.5 if scale is None else scale
-    key = _expand_heads(key, num_heads).float()
-    value = _expand_heads(value, num_heads).float()
-    scores = torch.einsum("hd,nhd->hn", query.float(), key) * scale
-    return torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), value).to(query.dtype)
+    grouped = _query_groups(query.float(), key.shape[1])
+    scores = grouped @ key.float().permute(1, 2, 0) * scale
+    out = scores.softmax(dim=-1) @ value.float().transpose(0, 1)
+    return out.reshape(num_heads, head_dim).to(query.dtype)
 
 
 def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     scale: float | None = None) -> torch.Tensor:
     """Reference attention of one query [num_heads, d] over contiguous K/V [n, kv_heads, d]."""
-    num_heads = query.shape[0]
-    key = _expand_heads(key, num_heads).transpose(0, 1).unsqueeze(0)
-    value = _expand_heads(value, num_heads).transpose(0, 1).unsqueeze(0)
+    _query_groups(query, key.shape[1])
     out = torch.nn.functional.scaled_dot_product_attention(
-        query[None, :, None, :], key, value, scale=scale
+        query[None, :, None, :], key.transpose(0, 1)[None], value.transpose(0, 1)[None],
+        scale=scale, enable_gqa=True,
     )
     return out[0, :, 0, :]

@@ -113,7 +113,7 @@ def invariant(
     """Register `fn(snapshot, ctx) -> message | None` as a state invariant."""
 
     def decorate(fn: StateCheck) -> StateCheck:
-        (registry or REGISTRY).add(
+        (REGISTRY if registry is None else registry).add(
             Check(name, description, "state", fn, tuple(covers), fn.__module__)
         )
         return fn
@@ -127,7 +127,7 @@ def transition(
     """Register `fn(before, after, ctx) -> message | None` as a transition property."""
 
     def decorate(fn: TransitionCheck) -> TransitionCheck:
-        (registry or REGISTRY).add(
+        (REGISTRY if registry is None else registry).add(
             Check(name, description, "transition", fn, tuple(covers), fn.__module__)
         )
         return fn

@@ -57,20 +57,38 @@ def prefixes(max_len: int) -> st.SearchStrategy[list[list[int]]]:
     return st.lists(one, min_size=1, max_size=3)
 
 
+def tokens_from(value: int, length: int) -> list[int]:
+    """`length` tokens read as base-TOKEN_VOCAB digits of `value` (one draw for a whole tail,
+    shrinking towards all zeros)."""
+    out = []
+    for _ in range(length):
+        value, digit = divmod(value, TOKEN_VOCAB)
+        out.append(digit)
+    return out
+
+
+_TAIL = 8
+_SHAPES = ("exact", "extend", "cut")
+
+
 def prompts(shared: list[list[int]], max_len: int) -> st.SearchStrategy[list[int]]:
     """A prompt: one shared prefix exactly (a resend), or extended, or cut, then a short random
-    tail; 1..max_len tokens."""
-    token = st.integers(0, TOKEN_VOCAB - 1)
+    tail; 1..max_len tokens. Four draws whatever the length, for speed."""
+    choice = st.tuples(
+        st.integers(0, len(shared) * len(_SHAPES) - 1),
+        st.integers(0, max(len(p) for p in shared)),
+        st.integers(0, _TAIL),
+        st.integers(0, TOKEN_VOCAB**_TAIL - 1),
+    )
 
-    @st.composite
-    def build(draw: st.DrawFn) -> list[int]:
-        prefix = draw(st.sampled_from(shared))
-        shape = draw(st.sampled_from(["exact", "extend", "cut"]))
+    def build(drawn: tuple[int, int, int, int]) -> list[int]:
+        which, cut, tail_len, tail_bits = drawn
+        prefix = shared[which // len(_SHAPES)]
+        shape = _SHAPES[which % len(_SHAPES)]
         if shape == "exact":
             return list(prefix[:max_len])
-        cut = len(prefix) if shape == "extend" else draw(st.integers(0, len(prefix)))
-        tail = draw(st.lists(token, max_size=max(0, min(8, max_len - cut))))
-        prompt = (prefix[:cut] + tail)[:max_len]
-        return prompt or [draw(token)]
+        cut = len(prefix) if shape == "extend" else min(cut, len(prefix))
+        prompt = (prefix[:cut] + tokens_from(tail_bits, tail_len))[:max_len]
+        return prompt or [tail_bits % TOKEN_VOCAB]
 
-    return build()
+    return choice.map(build)

@@ -29,7 +29,7 @@ EXPECTED = {
     "cached-to-head": {"I7", "DIFF-state"},
     "touch-before-check": {"P2", "DIFF-probe"},
     "stale-hash-on-evict": {"I5"},
-    "no-eviction-on-pop": {"I5", "DIFF-state"},
+    "no-eviction-on-pop": {"I5", "I10", "DIFF-state"},
     "capped-step-predictor": {"P1"},
     "window-never-freed": {"I18"},
     "null-block-queued": {"P2", "P3"},
@@ -44,7 +44,7 @@ def _hunt(tmp_path: Path, target: str, configs: tuple[str, ...] | None, *, model
     options = CampaignOptions(
         target=target, seconds=None, examples=examples, seed=1,
         configs=configs or CampaignOptions().configs, corpus=tmp_path, model=model,
-        levels=levels, shrink_seconds=15, max_findings=1,
+        levels=levels, shrink_seconds=30, max_findings=1,
     )
     return Campaign(options).run()
 
@@ -62,7 +62,8 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
     finding = stats.findings[0]
     assert finding.check in EXPECTED[name], finding
     trace = Trace.load(finding.file)
-    assert len(trace.ops) <= 12, trace.to_json()
+    # The checker issue's six plants must shrink to at most 10 ops; the others are longer bugs.
+    assert len(trace.ops) <= (10 if name in REQUIRED else 20), trace.to_json()
     replayed = run_trace(trace, [f"bug:{name}"])
     assert replayed.finding is not None and replayed.finding.check == finding.check
     assert run_trace(trace, ["kvcache"]).passed, "the shrunk trace fails on kvcache too"
