@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, settings
 from harness.configs import BUILTIN, builtin_config
 from harness.executor import Counterexample, Execution
 from harness.targets import get_target
-from harness.trace import Trace
+from harness.trace import save_finding
 from fuzz.coverage import behaviour_features
 from fuzz.shrink import shrink_trace
 
@@ -231,15 +231,6 @@ class Campaign:
                 shrink_s=round(time.monotonic() - t, 3),
             )
         )
-
-
-def save_finding(trace: Trace, corpus: Path) -> Path:
-    """Atomically write a finding as `<check>-<config>-<digest>.json` in the corpus."""
-    text = trace.to_json()
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    check = str(trace.meta.get("check", "finding"))
-    config = str(trace.meta.get("config", trace.config.name))
-    return trace.save(corpus / f"{check}-{config}-{digest}.json")
 
 
 def _worker(options: CampaignOptions, worker: int, queue: Any) -> None:

@@ -6,6 +6,7 @@ receives ops with every field present.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -225,3 +226,12 @@ class Trace:
             Path(tmp).unlink(missing_ok=True)
             raise
         return p
+
+
+def save_finding(trace: Trace, directory: str | os.PathLike[str]) -> Path:
+    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory`."""
+    text = trace.to_json()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    check = str(trace.meta.get("check", "finding")).replace("/", "-")
+    config = str(trace.meta.get("config", trace.config.name)).replace("/", "-")
+    return trace.save(Path(directory) / f"{check}-{config}-{digest}.json")

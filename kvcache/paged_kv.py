@@ -7,8 +7,8 @@ maps positions to flat slots (`block * block_size + offset`) with index arithmet
 data with one `index_copy_` / `index_select` / advanced-indexing call, never a loop per token.
 
 `attention` is paged attention for one query step (gather through the table, then softmax
-attention in float32); `dense_attention` is the reference over contiguous K/V
-(`scaled_dot_product_attention` in the cache's dtype). The two agree within `tolerance(dtype)`.
+attention accumulated in float32); `dense_attention` is the reference over contiguous K/V,
+accumulated in float64. The two agree within `tolerance(dtype)`.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class PagedKVCache:
                   scale: float | None = None) -> torch.Tensor:
         """Paged attention of one query [num_heads, head_dim] over positions start..end-1."""
         key, value = self.gather(table, start, end)
-        return _softmax_attention(query, key, value, scale)
+        return _attention(query, key, value, scale, torch.float32)
 
 
 def _query_groups(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -123,22 +123,25 @@ def _query_groups(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return query.view(num_kv_heads, num_heads // num_kv_heads, head_dim)
 
 
-def _softmax_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       scale: float | None) -> torch.Tensor:
+def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scale: float | None, compute: torch.dtype) -> torch.Tensor:
+    """Softmax attention computed in `compute`, returned in the query's dtype.
+
+    Written with matmuls and an explicit stable softmax: on CPU, `Tensor.softmax` and
+    `scaled_dot_product_attention` enter the intra-op thread pool even for a handful of
+    elements, which costs milliseconds per call once its threads have gone idle.
+    """
     num_heads, head_dim = query.shape
     scale = head_dim ** -0.5 if scale is None else scale
-    grouped = _query_groups(query.float(), key.shape[1])
-    scores = grouped @ key.float().permute(1, 2, 0) * scale
-    out = scores.softmax(dim=-1) @ value.float().transpose(0, 1)
+    grouped = _query_groups(query.to(compute), key.shape[1])
+    scores = grouped @ key.to(compute).permute(1, 2, 0) * scale
+    weights = (scores - scores.amax(dim=-1, keepdim=True)).exp()
+    out = (weights / weights.sum(dim=-1, keepdim=True)) @ value.to(compute).transpose(0, 1)
     return out.reshape(num_heads, head_dim).to(query.dtype)
 
 
 def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     scale: float | None = None) -> torch.Tensor:
-    """Reference attention of one query [num_heads, d] over contiguous K/V [n, kv_heads, d]."""
-    _query_groups(query, key.shape[1])
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query[None, :, None, :], key.transpose(0, 1)[None], value.transpose(0, 1)[None],
-        scale=scale, enable_gqa=True,
-    )
-    return out[0, :, 0, :]
+    """Reference attention of one query [num_heads, d] over contiguous K/V [n, kv_heads, d],
+    computed in float64."""
+    return _attention(query, key, value, scale, torch.float64)

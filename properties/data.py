@@ -16,10 +16,13 @@ Checks (registry `DATA_CHECKS`; `data_checks(device, dtype)` binds them to a dev
 - **D1** after every op, for every RUNNING request and every non-cross group, the K/V gathered
   through its table at the positions it has computed and that are still in the window
   (`skipped(n)..n-1`, n = num_computed_tokens; SPEC §4.2) equal the recomputed ones exactly. A
-  write beyond a table or through the null block is reported here too.
+  write beyond a table or through the null block is reported here too. (An op that neither
+  copies nor writes re-reads only the requests whose tables or computed count changed: nothing
+  else can change what a request reads.)
 - **D2** for every request that ran a forward pass in the op, paged attention of its next query
-  over the cache equals dense attention (torch's SDPA) over the recomputed K/V within the dtype's
-  tolerance (`kvcache.paged_kv.tolerance`). With D1 holding this tests the paged layer itself.
+  over the cache (float32 accumulation) equals dense attention over the recomputed K/V (float64)
+  within the dtype's tolerance (`kvcache.paged_kv.tolerance`). With D1 holding, this tests the
+  paged layer itself.
 
 How an op updates the mirror, in this order:
 
@@ -165,6 +168,8 @@ class KVMirror:
                                            dtype=torch.long, device=layout.device))
         self.synced_step: int | None = None
         self.problem: str | None = None
+        self.content_changed = False
+        self._verified: dict[str, tuple[object, int]] = {}
         self._index: dict[str, int] = {}
         self._seeds: dict[str, list[int]] = {}
         self._expected: dict[str, tuple[int, list[tuple[torch.Tensor, ...] | None]]] = {}
@@ -175,7 +180,9 @@ class KVMirror:
         """Apply the op's copies and writes once per step; the problem they met, if any."""
         if self.synced_step != ctx.step:
             self.synced_step = ctx.step
-            self.copy(_new_copies(before, after, ctx))
+            copies = _new_copies(before, after, ctx)
+            self.content_changed = bool(copies or ctx.observations.forward)
+            self.copy(copies)
             self.problem = next(
                 (p for fp in ctx.observations.forward if (p := self.write(fp, after, ctx))), None
             )
@@ -227,9 +234,21 @@ class KVMirror:
         self._expected[rid] = (len(tokens), per_group)
         return per_group
 
-    def reads(self, after: Snapshot, ctx: CheckContext, rids: list[str] | None = None):
+    def unverified_readers(self, after: Snapshot) -> list[str]:
+        """Running requests whose reads may differ from when D1 last verified them: all of
+        them after a copy or a write (the only ways the mirror changes), else those whose
+        tables or computed count changed."""
+        state = {rid: (view.tables, view.num_computed_tokens)
+                 for rid, view in after.requests.items() if view.status == "RUNNING"}
+        rids = list(state) if self.content_changed else [
+            rid for rid, seen in state.items() if self._verified.get(rid) != seen
+        ]
+        self._verified = state
+        return rids
+
+    def reads(self, after: Snapshot, ctx: CheckContext, rids: list[str]):
         """(rid, group, table, lo, n, expected K/V/queries) of what running requests read."""
-        for rid in after.requests if rids is None else rids:
+        for rid in rids:
             view = after.requests[rid]
             n = view.num_computed_tokens
             if view.status != "RUNNING" or not n or len(view.tokens) < n:
@@ -306,7 +325,9 @@ def reads_match_tokens(before: Snapshot, after: Snapshot, ctx: CheckContext,
     problem = mirror.sync(before, after, ctx)
     if problem:
         return problem
-    for rid, g, table, lo, n, (key, value, _) in mirror.reads(after, ctx):
+    for rid, g, table, lo, n, (key, value, _) in mirror.reads(
+        after, ctx, mirror.unverified_readers(after)
+    ):
         cache = mirror.caches[g]
         problem = _table_problem(rid, "reads", g, table, lo, n, cache.block_size)
         if problem:

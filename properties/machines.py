@@ -12,7 +12,6 @@ after every op. On a failure Hypothesis shrinks the run; the final, minimal trac
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +21,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from harness.executor import Counterexample, Execution
 from harness.snapshot import RequestView
-from harness.trace import Trace
+from harness.trace import save_finding
 from properties.strategies import TOKEN_VOCAB, configs, prefixes, prompts
 
 FINDINGS_DIR = Path(".hypothesis") / "kvfuzz-findings"
 
 _token = st.integers(0, TOKEN_VOCAB - 1)
-
-
-def save_finding(trace: Trace, directory: Path = FINDINGS_DIR) -> Path:
-    """Write a finding's trace under a name made of its check and content."""
-    text = trace.to_json()
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    check = str(trace.meta.get("check", "finding")).replace("/", "-")
-    return trace.save(directory / f"{check}-{digest}.json")
 
 
 class _TraceMachine(RuleBasedStateMachine):
@@ -79,7 +70,7 @@ class _TraceMachine(RuleBasedStateMachine):
             return self.execution.apply(op)
         except Counterexample as exc:
             if current_build_context().is_final:
-                path = save_finding(exc.finding.trace)
+                path = save_finding(exc.finding.trace, FINDINGS_DIR)
                 note(f"kvfuzz: minimal trace saved to {path} (replay: kvfuzz replay {path})")
                 note(exc.finding.trace.to_json())
             raise

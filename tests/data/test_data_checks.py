@@ -1,0 +1,122 @@
+"""The data checks (properties.data): they catch content bugs the structural invariants miss,
+and kvcache passes them on generated traces, on every device/dtype of conftest.py."""
+
+import pytest
+from hypothesis import settings
+
+from data_traces import A8, FULL, PLANTS, add, alloc, trace
+from harness.executor import Execution, run_trace
+from harness.sides import ForwardPass, Observations
+from kvcache.paged_kv import PagedKVCache
+from properties import REGISTRY, CheckContext
+from properties.data import DATA_CHECKS, data_checks, reads_match_tokens
+from properties.machines import machine_for
+
+# What the data layer adds, by plant (first failing check; None: nothing fails):
+#
+#   plant                     level      structural (model off)  with the model
+#   hit-swaps-block           api        I13                     I13
+#   hit-swaps-block           scheduler  -                       DIFF-state
+#   cow-skipped               both       -                       DIFF-result
+#   cow-redirect-late         both       -                       -
+#   copy-one-step-late        scheduler  -                       DIFF-result
+#   cache-ahead-of-schedule   both       - (I11 once r0 writes)  DIFF-state
+#   no-eviction-on-pop        both       -                       DIFF-state
+#   salt-ignored              both       H1                      H1
+#
+# The structural invariants alone miss every plant but hit-swaps-block at the API level and
+# salt-ignored; cow-redirect-late (the worker writes through a stale table) is missed even with
+# the model in lockstep. D1 catches all of them. test_structural_outcome_is_as_documented keeps
+# this table honest.
+
+_PLANT_IDS = [f"{p.mutant}-{p.level}" for p in PLANTS]
+
+
+def _first_check(result) -> str | None:
+    assert result.invalid is None, result.invalid
+    return result.finding.check if result.finding else None
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=_PLANT_IDS)
+def test_data_check_catches_plant(plant, device_dtype):
+    result = run_trace(plant.trace, [f"bug:{plant.mutant}"], model=False,
+                       checks=data_checks(*device_dtype))
+    assert _first_check(result) == "D1", plant.trace.to_json()
+    assert plant.message in result.finding.message
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=_PLANT_IDS)
+def test_plant_trace_passes_on_kvcache(plant, device_dtype):
+    checks = list(REGISTRY) + data_checks(*device_dtype)
+    assert _first_check(run_trace(plant.trace, ["kvcache"], checks=checks)) is None
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=_PLANT_IDS)
+def test_structural_outcome_is_as_documented(plant):
+    target = [f"bug:{plant.mutant}"]
+    assert _first_check(run_trace(plant.trace, target, model=False)) == plant.structural
+    assert _first_check(run_trace(plant.trace, target)) == plant.with_model
+
+
+def test_data_checks_are_separate_from_the_registry():
+    assert [c.name for c in DATA_CHECKS] == ["D1", "D2"]
+    assert not {"D1", "D2"} & {c.name for c in REGISTRY}
+    assert [c.name for c in data_checks(names=["D2"])] == ["D2"]
+
+
+def test_d2_alone_catches_paged_attention_that_drops_a_position(monkeypatch, device_dtype):
+    original = PagedKVCache.attention
+    monkeypatch.setattr(PagedKVCache, "attention",
+                        lambda self, q, table, start, end, scale=None:
+                        original(self, q, table, start + 1 if end - start > 1 else start, end))
+    ops = [add("r0", A8), *alloc("r0", 3)]
+    checks = data_checks(*device_dtype)
+    result = run_trace(trace("api", FULL, ops), ["kvcache"], model=False, checks=checks)
+    assert _first_check(result) == "D2"
+    assert "r0 group 0: paged attention over positions 0..2 differs" in result.finding.message
+
+
+def _context(execution: Execution, forward: list[ForwardPass]) -> CheckContext:
+    return CheckContext(execution.config, execution.level, 99, {"op": "allocate_slots"}, {},
+                        Observations(forward=forward), execution.requests, {})
+
+
+@pytest.mark.parametrize("tables, message", [
+    (((0, 3),), "r0 writes position 0 of group 0 through the null block"),
+    (((3,),), "r0 writes positions 0..5 of group 0, but its table has only 1 blocks of 4"),
+])
+def test_d1_reports_writes_the_mirror_cannot_take(tables, message):
+    execution = Execution(trace("api", FULL, []).config, "api", ["kvcache"], model=False,
+                          checks=[])
+    for op in [add("r0", A8), *alloc("r0", 6)]:
+        execution.apply(op)
+    state = execution.targets[0].snapshot
+    ctx = _context(execution, [ForwardPass("r0", 0, 6, tables)])
+    assert reads_match_tokens(state, state, ctx) == message
+
+
+# Generated traces: kvcache with the model, every invariant and both data checks. The priority
+# policy and Tier-B partial hits are left out at the scheduler level: there the data checks find
+# the two real hazards of test_data_hazards.py.
+_CLEAN_SCHEDULER_CONFIGS = ("full", "no_cache", "sliding_window", "chunked_local", "hybrid",
+                            "hybrid3", "cross", "watermark", "eagle")
+
+
+@pytest.mark.parametrize("level, configs", [("api", None), ("scheduler", _CLEAN_SCHEDULER_CONFIGS)])
+def test_kvcache_passes_the_data_checks_on_generated_traces(level, configs, device_dtype):
+    machine = machine_for(level, config_names=configs,
+                          checks=tuple(REGISTRY) + tuple(data_checks(*device_dtype)))
+    case = machine.TestCase
+    case.settings = settings(case.settings, max_examples=min(case.settings.max_examples, 40))
+    case("runTest").runTest()
+
+
+def test_machines_with_data_checks_find_a_plant_the_invariants_miss():
+    """Random scheduler traces, model off, invariants plus data checks: D1 finds the swap."""
+    machine = machine_for("scheduler", targets=("bug:hit-swaps-block",), model=False,
+                          config_names=("full",), checks=tuple(REGISTRY) + tuple(data_checks()))
+    case = machine.TestCase
+    case.settings = settings(case.settings, max_examples=200, database=None)
+    with pytest.raises(Exception) as caught:
+        case("runTest").runTest()
+    assert "[D1]" in str(caught.value)
