@@ -16,46 +16,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hypothesis import HealthCheck, Phase, settings  # noqa: E402
-
+from bench.common import generated_traces, ops_per_second  # noqa: E402
 from harness.configs import BUILTIN  # noqa: E402
-from harness.executor import run_trace  # noqa: E402
 from properties import REGISTRY  # noqa: E402
-from properties.machines import machine_for  # noqa: E402
+
+REPEATS = 5
 
 
-def traces_for(config_name: str, level: str, num_blocks: int, examples: int):
+def traces_for(config_name: str, level: str, num_blocks: int, examples: int) -> list:
     base = BUILTIN[config_name][1]
     BUILTIN[f"bench-{config_name}"] = ("bench", dataclasses.replace(
         base, name=f"bench-{config_name}", num_blocks=num_blocks))
-    collected = []
-    machine = machine_for(level, config_names=(f"bench-{config_name}",), vary_configs=False)
-    machine.on_execution = lambda e: collected.append(e.trace)
-    machine._hypothesis_internal_use_seed = 12345
-    machine.TestCase.settings = settings(
-        max_examples=examples, stateful_step_count=60, deadline=None, database=None,
-        phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-    machine.TestCase("runTest").runTest()
-    return collected
-
-
-def ops_per_second(traces, repeats: int = 5, **kwargs) -> float:
-    ops = sum(len(t.ops) for t in traces)
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for trace in traces:
-            result = run_trace(trace, ["kvcache"], **kwargs)
-            assert result.passed, result.finding and result.finding.report()
-        rates.append(ops / (time.perf_counter() - start))
-    return statistics.median(rates)
+    return generated_traces(level, f"bench-{config_name}", examples, 60, vary_configs=False)
 
 
 def main() -> None:
@@ -67,10 +44,10 @@ def main() -> None:
         for level in ("api", "scheduler"):
             traces = traces_for(name, level, 64, 40)
             ops = sum(len(t.ops) for t in traces)
-            full = ops_per_second(traces)
-            checks_only = ops_per_second(traces, model=False)
-            model_only = ops_per_second(traces, checks=[])
-            bare = ops_per_second(traces, model=False, checks=[])
+            full = ops_per_second(traces, REPEATS)
+            checks_only = ops_per_second(traces, REPEATS, model=False)
+            model_only = ops_per_second(traces, REPEATS, checks=[])
+            bare = ops_per_second(traces, REPEATS, model=False, checks=[])
             print(f"{name:14} {level:9} {ops:6d} {full:11.0f}/s {checks_only:10.0f}/s "
                   f"{model_only:9.0f}/s {bare:7.0f}/s")
 

@@ -22,16 +22,18 @@ all workers is shrunk with `fuzz.shrink` and saved in the corpus like the Hypoth
 Each worker rewrites its stats file atomically after every input, so nothing already found is
 lost when the run is interrupted; SIGINT/SIGTERM make a worker stop after its current input.
 
-Determinism: worker K's libFuzzer `-seed` derives from the campaign seed and K, and workers run
-with PYTHONHASHSEED=0, so one worker with the same seed, budget in examples (`-runs`) and
-starting corpus runs the same inputs. A time budget, or several workers sharing the corpus,
-make the run depend on timing.
+Determinism: worker K's libFuzzer `-seed` derives from the campaign seed and K, workers run
+with PYTHONHASHSEED=0, and a single worker does not reload the corpus directory (`-reload=0`;
+reloads come at timed intervals), so one worker with the same seed, budget in examples
+(`-runs`) and starting corpus runs the same inputs in the same order. A time budget, or
+several workers sharing the corpus, make the run depend on timing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import logging
 import math
 import os
 import pickle
@@ -45,6 +47,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import atheris
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import get_state_machine_test
 
 from fuzz.campaign import Campaign, CampaignOptions, Stats, import_plugins
 from harness.configs import builtin_config
@@ -78,6 +84,8 @@ def libfuzzer_args(options: CampaignOptions, worker: int, logs: Path) -> list[st
     """The flags a worker runs libFuzzer with (budget, seed, sizes, signal handling)."""
     args = [f"-seed={worker_seed(options.seed, worker)}", f"-max_len={MAX_LEN}", "-len_control=0",
             "-handle_int=0", "-handle_term=0", f"-artifact_prefix={logs}/worker-{worker}-"]
+    if options.workers == 1:
+        args.append("-reload=0")  # nobody else adds inputs; reloading makes order timing-bound
     if options.examples is not None:
         args.append(f"-runs={options.examples}")
     elif options.seconds is not None:
@@ -109,16 +117,13 @@ class AtherisWorker(Campaign):
     """One libFuzzer process: libFuzzer's inputs, the campaign's accounting and findings."""
 
     def __init__(self, options: CampaignOptions, worker: int, run_dir: Path) -> None:
-        from hypothesis import HealthCheck, settings
-        from hypothesis.stateful import get_state_machine_test
-
         super().__init__(options, worker)
         self.run_dir = run_dir
         self.stats_file = run_dir / f"worker-{worker}.pickle"
         test_settings = settings(database=None, stateful_step_count=options.steps,
                                  deadline=None, suppress_health_check=list(HealthCheck))
         self.rotation = self.pairs
-        self.targets = [
+        self.fuzz_targets = [
             get_state_machine_test(self.machine(level, name), settings=test_settings)
             .hypothesis.fuzz_one_input
             for level, name in self.rotation
@@ -128,8 +133,6 @@ class AtherisWorker(Campaign):
 
     def fuzz(self, argv: list[str]) -> None:
         """Run libFuzzer with `argv`; never returns (libFuzzer ends the process)."""
-        import atheris
-
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._stop)
         atheris.Setup(argv, self.one_input)
@@ -141,7 +144,7 @@ class AtherisWorker(Campaign):
     def one_input(self, data: bytes) -> None:
         index = data[0] % len(self.rotation) if data else 0
         try:
-            self.targets[index](data[1:])
+            self.fuzz_targets[index](data[1:])
         except Counterexample as exc:
             self._record(exc, *self.rotation[index], self.start)
         self.stats.examples += 1
@@ -165,8 +168,6 @@ def _instrument(package: str) -> None:
     """Import `package` (and the modules its `__init__` imports) with atheris's coverage
     instrumentation; it must not have been imported before.
     """
-    import atheris
-
     assert package not in sys.modules, f"{package} was imported before instrumentation"
     with atheris.instrument_imports(include=[package]):
         importlib.import_module(package)
@@ -174,8 +175,6 @@ def _instrument(package: str) -> None:
 
 def worker_main(argv: list[str]) -> None:
     """`python -m fuzz.atheris_engine RUN_DIR WORKER LIBFUZZER_ARGS...`."""
-    import logging
-
     run_dir, worker = Path(argv[1]), int(argv[2])
     options = pickle.loads((run_dir / "options.pickle").read_bytes())
     _instrument(INSTRUMENTED)

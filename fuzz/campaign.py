@@ -50,6 +50,8 @@ class CampaignOptions:
     shrink_seconds: float = 30.0
     max_findings: int | None = None
     """Stop once this many distinct findings are saved (None: run the whole budget)."""
+    data: str | None = None
+    """Add the data checks D1, D2 on this `DEVICE[:DTYPE]` (None: the invariants only)."""
 
 
 @dataclass
@@ -102,6 +104,17 @@ class Stop(Exception):
     """Raised from a signal handler to end a campaign early, keeping its findings."""
 
 
+def selected_checks(data: str | None) -> list[Any] | None:
+    """Every registered invariant, plus the data checks on `data` (`DEVICE[:DTYPE]`); None
+    (every registered invariant, the executor's default) when `data` is None."""
+    if data is None:
+        return None
+    from properties import REGISTRY
+    from properties.data import data_checks_for
+
+    return list(REGISTRY) + data_checks_for(data)
+
+
 def import_plugins(plugins: tuple[str, ...]) -> None:
     import importlib
 
@@ -120,6 +133,7 @@ class Campaign:
         self.stats = Stats()
         self._seen: set[tuple[str, str, str]] = set()
         self._executions: list[Execution] = []
+        self.checks = selected_checks(options.data)
 
     def batch_seed(self, index: int) -> int:
         material = f"{self.options.seed}:{self.worker}:{index}".encode()
@@ -141,6 +155,7 @@ class Campaign:
             model=opts.model,
             config_names=(name,),
             allow_misuse=opts.target != "vllm",
+            checks=None if self.checks is None else tuple(self.checks),
         )
         machine.on_execution = self._executions.append
         return machine
@@ -212,12 +227,14 @@ class Campaign:
         t = time.monotonic()
         target = get_target(self.options.target).name
         shrunk = shrink_trace(
-            finding.trace, [target], model=self.options.model,
+            finding.trace, [target], model=self.options.model, checks=self.checks,
             seconds=self.options.shrink_seconds,
         )
         trace = shrunk.trace
         trace.meta.update({"check": finding.check, "target": target, "config": name,
                            "seed": self.options.seed, "level": level})
+        if self.options.data is not None:
+            trace.meta["data"] = self.options.data
         path = save_finding(trace, self.options.corpus)
         self.stats.findings.append(
             FindingRecord(

@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+_DATA_HELP = ("add the data checks D1, D2 (torch paged K/V written through the block tables) on "
+              "DEVICE[:DTYPE], e.g. cpu, cuda:float16 (default when given alone: cpu)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvfuzz",
@@ -72,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-model", action="store_true",
                      help="check invariants only, without the reference model in lockstep")
     run.add_argument("--steps", type=int, default=40, help="max ops per generated trace")
+    run.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]", help=_DATA_HELP)
     run.set_defaults(handler=_cmd_run)
 
     replay = sub.add_parser("replay", help="re-run a saved trace step by step",
@@ -82,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--no-model", action="store_true", help="without the reference model")
     replay.add_argument("--plugin", nargs="+", default=[], metavar="MODULE")
     replay.add_argument("--quiet", action="store_true", help="print only the outcome")
+    replay.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
+                        help=_DATA_HELP + "; default: the trace's own, if it was found with them")
     replay.set_defaults(handler=_cmd_replay)
 
     shrink = sub.add_parser("shrink", help="shrink a failing trace",
@@ -93,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     shrink.add_argument("--seconds", type=float, default=60.0, help="time budget (default: 60)")
     shrink.add_argument("--no-model", action="store_true", help="without the reference model")
     shrink.add_argument("--plugin", nargs="+", default=[], metavar="MODULE")
+    shrink.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
+                        help=_DATA_HELP + "; default: the trace's own, if it was found with them")
     shrink.set_defaults(handler=_cmd_shrink)
 
     export = sub.add_parser("export", help="turn a trace into a pytest regression test")
@@ -135,11 +144,12 @@ def _check_target(name: str) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fuzz.campaign import CampaignOptions, run_campaign
+    from fuzz.campaign import CampaignOptions, run_campaign, selected_checks
     from harness.configs import builtin_config
 
     _plugins(args)
     target = _check_target(args.target)
+    selected_checks(args.data)  # a bad --data spec fails here, before any worker starts
     configs = tuple(args.config or BUILTIN)
     for name in configs:
         builtin_config(name)
@@ -152,11 +162,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
+        data=args.data,
     )
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
           f"{args.workers} worker(s), engine {args.engine}"
-          + ("" if options.model else ", no model"))
+          + ("" if options.model else ", no model")
+          + (f", data checks on {args.data}" if args.data else ""))
     progress = _Progress(seconds)
     # SIGTERM ends a campaign like Ctrl-C: findings so far are kept and summarised.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -171,6 +183,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         report = {"target": target, "configs": list(configs), "seed": args.seed,
                   "engine": args.engine, "workers": args.workers, "model": options.model,
+                  "data": args.data,
                   **stats.summary()}
         _write_json(args.json, report)
         print(f"report written to {args.json}")
@@ -251,16 +264,24 @@ def _trace_target(trace: Any, explicit: str | None) -> str:
     return _check_target(explicit or str(trace.meta.get("target", "kvcache")))
 
 
+def _trace_data(trace: Any, explicit: str | None) -> str | None:
+    return explicit or trace.meta.get("data")
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from fuzz.campaign import selected_checks
     from harness.errors import InvalidTrace
     from harness.executor import Counterexample, Execution
 
     _plugins(args)
     trace = _load(args.file)
     target = _trace_target(trace, args.target)
+    data = _trace_data(trace, args.data)
     print(f"replaying {args.file}: {len(trace.ops)} ops, {trace.level} level, config "
-          f"{trace.config.name!r}, target {target}" + (", no model" if args.no_model else ""))
-    execution = Execution(trace.config, trace.level, [target], model=not args.no_model)
+          f"{trace.config.name!r}, target {target}" + (", no model" if args.no_model else "")
+          + (f", data checks on {data}" if data else ""))
+    execution = Execution(trace.config, trace.level, [target], model=not args.no_model,
+                          checks=selected_checks(data))
     for i, op in enumerate(trace.ops):
         before = execution.targets[0].snapshot
         try:
@@ -289,18 +310,23 @@ def _op_text(op: dict[str, Any]) -> str:
 
 
 def _cmd_shrink(args: argparse.Namespace) -> int:
+    from fuzz.campaign import selected_checks
     from fuzz.shrink import shrink_trace
 
     _plugins(args)
     trace = _load(args.file)
     target = _trace_target(trace, args.target)
+    data = _trace_data(trace, args.data)
     try:
         result = shrink_trace(trace, [target], model=not args.no_model,
-                              check=trace.meta.get("check"), seconds=args.seconds)
+                              check=trace.meta.get("check"), seconds=args.seconds,
+                              checks=selected_checks(data))
     except ValueError as exc:
         raise UsageError(f"{args.file}: {exc} on {target}") from None
     out = args.out or args.file.with_suffix(".min.json")
     result.trace.meta["target"] = target
+    if data:
+        result.trace.meta["data"] = data
     result.trace.save(out)
     print(f"shrunk {len(trace.ops)} -> {len(result.trace.ops)} ops in {result.seconds:.1f} s "
           f"({result.attempts} replays); still fails [{result.finding.check}]: "
@@ -334,6 +360,12 @@ def _cmd_invariants(args: argparse.Namespace) -> int:
     for check in REGISTRY:
         covers = f" [covers {', '.join(check.covers)}]" if check.covers else ""
         print(f"{check.name:5} {check.kind:10} {check.description}{covers}")
+    try:
+        from properties.data import DATA_CHECKS
+    except ModuleNotFoundError:  # torch is not installed: the data checks are unavailable
+        return EXIT_OK
+    for check in DATA_CHECKS:
+        print(f"{check.name:5} {check.kind:10} {check.description} [with --data]")
     return EXIT_OK
 
 

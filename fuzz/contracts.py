@@ -1,9 +1,11 @@
 """Contracts on kvcache's pure arithmetic, checked symbolically by `kvfuzz prove` (CrossHair).
 
-Each function is a thin wrapper over the kvcache function of the same name (kvcache/block_math.py,
-kvcache/kv_cache_utils.py, or a manager method) with PEP 316 `pre:`/`post:` lines in its
-docstring. Postconditions state what the number means (SPEC.md §2.5, §4.2, §4.3, §4.9), not how it
-is computed, wherever the spec allows; the predictor's is the §4.3 formula itself.
+Each function is a thin wrapper over the kvcache function of the same name
+(kvcache/block_math.py, kvcache/kv_cache_utils.py, or a manager method) with PEP 316
+`pre:`/`post:` lines in its docstring. Postconditions state what the number means (SPEC.md §2.5,
+§4.2, §4.3, §4.9) rather than how it is computed, wherever the spec allows; the predictor's
+slow path is checked against the §4.3 formula itself. A condition must fit on one line
+(CrossHair's parser has no continuation lines), hence the long ones.
 """
 
 from __future__ import annotations

@@ -8,12 +8,13 @@ from harness.trace import Trace
 
 _TEMPLATE = '''"""Regression test exported by `kvfuzz export` from {source}.
 
-It replays the trace below on target {target!r} with every invariant and the reference model
-in lockstep; it fails while the bug it records ({check}) is present.
+It replays the trace below on target {target!r} with every invariant{data_doc} and the
+reference model in lockstep; it fails while the bug it records ({check}) is present.
 """
 
 import json
 
+from fuzz.campaign import selected_checks
 from harness.executor import run_trace
 from harness.trace import Trace
 
@@ -22,7 +23,7 @@ TRACE = json.loads(r"""
 
 
 def test_{name}():
-    result = run_trace(Trace.from_dict(TRACE), [{target!r}])
+    result = run_trace(Trace.from_dict(TRACE), [{target!r}], checks=selected_checks({data!r}))
     assert result.invalid is None, f"the trace no longer applies: {{result.invalid}}"
     assert result.finding is None, result.finding.report()
 '''
@@ -32,8 +33,10 @@ def export_pytest(trace: Trace, target: str, out: Path, source: str = "a kvfuzz 
     """Write a pytest module replaying `trace` on `target`; returns its path."""
     check = str(trace.meta.get("check", "a finding"))
     name = "".join(c if c.isalnum() else "_" for c in f"replay_{check}_{out.stem}").lower()
-    text = _TEMPLATE.format(source=source, target=target, check=check,
-                            trace_json=trace.to_json(), name=name)
+    data = trace.meta.get("data")
+    data_doc = f" and the data checks on {data}" if data else ""
+    text = _TEMPLATE.format(source=source, target=target, check=check, data=data,
+                            data_doc=data_doc, trace_json=trace.to_json(), name=name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return out

@@ -42,8 +42,8 @@ class Verdict:
 def contract_functions(module: str = CONTRACTS) -> list[str]:
     """The module's public functions that carry a postcondition, in definition order."""
     mod = importlib.import_module(module)
-    return [name for name, fn in vars(mod).items()
-            if not name.startswith("_") and inspect.isfunction(fn) and "post:" in (fn.__doc__ or "")]
+    return [name for name, fn in vars(mod).items() if not name.startswith("_")
+            and inspect.isfunction(fn) and "post:" in (fn.__doc__ or "")]
 
 
 def check_contract(module: str, name: str, seconds: float) -> Verdict:

@@ -163,40 +163,30 @@ def _weak_hash(side: KvcacheSide) -> None:
     side._hasher = weak
 
 
+def _release(ordered_blocks: Any) -> list[Any]:
+    """Drop one reference per non-null block; the blocks that reach zero, in order."""
+    released = []
+    for block in ordered_blocks:
+        if block.is_null:
+            continue
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            released.append(block)
+    return released
+
+
 @mutant("uncached-to-tail", "freed blocks without a key go to the queue tail (FIFO reuse)",
         bug="BUGS 12 / BUGS 13")
 def _uncached_to_tail(side: KvcacheSide) -> None:
     pool = _pool(side)
-
-    def replacement(ordered_blocks):
-        released = []
-        for block in ordered_blocks:
-            if block.is_null:
-                continue
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                released.append(block)
-        pool.free_block_queue.append_n(released)
-
-    pool.free_blocks = replacement
+    pool.free_blocks = lambda ordered: pool.free_block_queue.append_n(_release(ordered))
 
 
 @mutant("cached-to-head", "freed cached blocks go to the queue head, evicted before uncached "
         "ones", bug="SPEC §3.6 / BUGS 13")
 def _cached_to_head(side: KvcacheSide) -> None:
     pool = _pool(side)
-
-    def replacement(ordered_blocks):
-        released = []
-        for block in ordered_blocks:
-            if block.is_null:
-                continue
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                released.append(block)
-        pool.free_block_queue.prepend_n(released)
-
-    pool.free_blocks = replacement
+    pool.free_blocks = lambda ordered: pool.free_block_queue.prepend_n(_release(ordered))
 
 
 @mutant("touch-before-check", "hit blocks are touched before the capacity check and not "

@@ -94,12 +94,13 @@ class PagedKVCache:
         self._values.index_copy_(0, slots, value.to(self.device, self.dtype))
         return slots
 
-    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Execute copy-on-write copies: every destination block gets its source's content
-        (all sources are read before any destination is written)."""
-        if not pairs:
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]] | torch.Tensor) -> None:
+        """Execute copy-on-write copies (src, dst), given as pairs or a [k, 2] tensor: every
+        destination block gets its source's content (all sources are read before any
+        destination is written)."""
+        if len(pairs) == 0:
             return
-        src, dst = torch.tensor(pairs, dtype=torch.long, device=self.device).unbind(1)
+        src, dst = torch.as_tensor(pairs, dtype=torch.long, device=self.device).unbind(1)
         self.key_cache[dst] = self.key_cache[src]
         self.value_cache[dst] = self.value_cache[src]
 

@@ -335,7 +335,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 hit_length = (fine_idx + 1) * alignment_tokens
                 break
 
-        hit_length, num_blocks = trim_hit(hit_length, block_size, alignment_tokens, drop_eagle_block)
+        hit_length, num_blocks = trim_hit(
+            hit_length, block_size, alignment_tokens, drop_eagle_block
+        )
         for blocks in computed:
             del blocks[num_blocks:]
         return computed, hit_length

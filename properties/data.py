@@ -68,6 +68,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import Config
+from harness.errors import ConfigError
 from harness.sides import ForwardPass
 from harness.snapshot import Snapshot
 from kvcache.paged_kv import PagedKVCache, dense_attention, tolerance
@@ -191,10 +192,11 @@ class KVMirror:
     def copy(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
             return
-        src, dst = torch.tensor(pairs, dtype=torch.long, device=self.layout.device).unbind(1)
+        index = torch.tensor(pairs, dtype=torch.long, device=self.layout.device)
+        src, dst = index.unbind(1)
         for cache, writers in zip(self.caches, self.writers):
             if cache is not None:
-                cache.copy_blocks(pairs)
+                cache.copy_blocks(index)
                 writers[dst] = writers[src]
 
     def write(self, fp: ForwardPass, after: Snapshot, ctx: CheckContext) -> str | None:
@@ -368,6 +370,24 @@ def paged_attention_matches_dense(before: Snapshot, after: Snapshot, ctx: CheckC
             return (f"{rid} group {g}: paged attention over positions {lo}..{n - 1} differs "
                     f"from dense attention by {error:.3g} (tolerance {atol:g} in {layout.dtype})")
     return None
+
+
+def data_checks_for(spec: str) -> list[Check]:
+    """The data checks for a `DEVICE[:DTYPE]` spec (`cpu`, `cuda:bfloat16`, `cuda:1:float16`;
+    dtype float32 by default), as `kvfuzz run/replay/shrink --data SPEC` takes it."""
+    device, _, dtype_name = spec.rpartition(":")
+    if not device or not isinstance(getattr(torch, dtype_name, None), torch.dtype):
+        device, dtype_name = spec, "float32"
+    dtype = getattr(torch, dtype_name)
+    try:
+        torch.device(device)
+        tolerance(dtype)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--data {spec!r}: {exc} (expected DEVICE[:DTYPE], e.g. cpu or "
+                          "cuda:float16)") from None
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--data {spec!r}: CUDA is not available here")
+    return data_checks(device, dtype)
 
 
 def data_checks(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

@@ -351,8 +351,13 @@ def hits_match_prefix(before: Snapshot, after: Snapshot, ctx: CheckContext) -> s
             if b == 0:
                 continue
             end = min((j + 1) * bs, hit)
-            wanted = (g, salt, tuple(tokens[:end]))
-            if wanted not in _keys_of(after, b):
+            # A key may cover more of the block than the hit does (an EAGLE drop inside the
+            # block), but only the requester's own tokens, and no more than the block holds.
+            if not any(
+                key[0] == g and key[1] == salt and end <= len(key[2]) <= (j + 1) * bs
+                and key[2] == tokens[: len(key[2])]
+                for key in _keys_of(after, b)
+            ):
                 return (
                     f"{rid} (salt {salt!r}) hit block {b} at group {g} position {j}, but the "
                     f"block does not hold that request's {end}-token prefix"

@@ -60,8 +60,10 @@ def test_workers_get_distinct_seeds_and_the_budget_flags():
     assert len(seeds) == 16 and 0 not in seeds
     by_examples = libfuzzer_args(CampaignOptions(seconds=None, examples=7), 2, Path("/l"))
     assert "-runs=7" in by_examples and f"-seed={worker_seed(0, 2)}" in by_examples
-    by_time = libfuzzer_args(CampaignOptions(seconds=2.5), 0, Path("/l"))
+    assert "-reload=0" in by_examples  # one worker: inputs in a timing-free order
+    by_time = libfuzzer_args(CampaignOptions(seconds=2.5, workers=2), 0, Path("/l"))
     assert "-max_total_time=3" in by_time and not any(a.startswith("-runs") for a in by_time)
+    assert "-reload=0" not in by_time  # workers share what they find
 
 
 def test_sigterm_keeps_the_findings_of_every_worker(tmp_path):

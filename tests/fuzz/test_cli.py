@@ -60,6 +60,8 @@ def test_finding_exits_one_and_saves_a_named_shrunk_trace(tmp_path, capsys):
         (["run", "--config", "nope"], "unknown config 'nope'"),
         (["run", "--plugin", "no_such_plugin_module"], "no_such_plugin_module"),
         (["run", "--workers", "0"], "--workers"),
+        (["run", "--data", "gpu"], "--data 'gpu'"),
+        (["run", "--data", "cpu:int8"], "--data 'cpu:int8'"),
     ],
 )
 def test_usage_errors_exit_two_naming_the_value(capsys, argv, needle):
@@ -153,3 +155,22 @@ def test_interrupted_campaign_keeps_findings_and_summarises(tmp_path, sig):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
     assert "summary" in out and "findings" in out and list(corpus.glob("P2-*.json"))
+
+
+def test_data_checks_find_wrong_bytes_and_the_finding_replays_with_them(tmp_path, capsys):
+    """`--data` adds D1/D2: a hit on the wrong block is caught by what the request reads, the
+    saved trace records the data spec, and replay and export use it without being told."""
+    corpus = tmp_path / "corpus"
+    code = main(["run", "--target", "bug:hit-swaps-block", "--config", "full", "--level",
+                 "scheduler", "--no-model", "--data", "--examples", "400", "--corpus",
+                 str(corpus)])
+    assert code == 1
+    files = sorted(corpus.glob("D1-*.json"))
+    assert files, capsys.readouterr().out
+    assert Trace.load(files[0]).meta["data"] == "cpu"
+    assert main(["replay", str(files[0]), "--quiet"]) == 1
+    assert "[D1]" in capsys.readouterr().out
+    assert main(["replay", str(files[0]), "--target", "kvcache", "--quiet"]) == 0
+    test = tmp_path / "test_exported_d1.py"
+    assert main(["export", str(files[0]), "--pytest", str(test)]) == 0
+    assert "selected_checks('cpu')" in test.read_text()
