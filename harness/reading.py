@@ -94,11 +94,13 @@ def read_snapshot(
     blocks = pool.blocks
     queue = pool.free_block_queue
     free: list[int] = []
+    append = free.append
     node = queue.fake_free_list_head.next_free_block
     tail = queue.fake_free_list_tail
-    limit = len(blocks) + 1
-    while node is not None and node is not tail and len(free) <= limit:
-        free.append(node.block_id)
+    for _ in range(len(blocks) + 2):  # bounded: a corrupted queue may have a cycle
+        if node is None or node is tail:
+            break
+        append(node.block_id)
         node = node.next_free_block
     key = keys.key
     # The private fields behind the block_hash properties: both implementations name them so,
@@ -116,6 +118,9 @@ def read_snapshot(
         )
         cache[key(packed)] = ids
     singles = manager.coordinator.single_type_managers
+    tables_of = [m.req_to_blocks for m in singles]
+    cached_of = [m.num_cached_block for m in singles]
+    partial_of = [m._partial_hit_reqs for m in singles]
     views = {}
     for request in requests:
         rid = request.request_id
@@ -123,9 +128,9 @@ def read_snapshot(
             status=request.status.name,
             num_computed_tokens=request.num_computed_tokens,
             num_tokens=request.num_tokens,
-            tables=tuple([_table(m.req_to_blocks.get(rid)) for m in singles]),
-            num_cached_blocks=tuple([m.num_cached_block.get(rid) for m in singles]),
-            partial_hit=tuple([_partial(m._partial_hit_reqs.get(rid)) for m in singles]),
+            tables=tuple([_table(t.get(rid)) for t in tables_of]),
+            num_cached_blocks=tuple([c.get(rid) for c in cached_of]),
+            partial_hit=tuple([_partial(p.get(rid)) for p in partial_of]),
             tokens=keys.tokens(request),
         )
     return Snapshot(

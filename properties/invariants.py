@@ -83,7 +83,7 @@ def no_duplicates(s: Snapshot, ctx: CheckContext) -> str | None:
     covers=("BUGS 5",),
 )
 def free_count(s: Snapshot, ctx: CheckContext) -> str | None:
-    zero = sum(1 for b in range(1, s.num_blocks) if s.ref_cnt[b] == 0)
+    zero = s.ref_cnt.count(0) - (s.ref_cnt[0] == 0)
     if not s.num_free_blocks == len(s.free_queue) == zero:
         return (
             f"free count {s.num_free_blocks}, queue length {len(s.free_queue)}, "
@@ -106,8 +106,8 @@ def map_consistent(s: Snapshot, ctx: CheckContext) -> str | None:
                 return "the null block is in the hash map"
             if primary[b] != key and key not in extras.get(b, ()):
                 return f"the map lists block {b} under a key the block does not carry"
-    for b, key in enumerate(primary):
-        tokens = s.block_key_tokens[b]
+    key_groups: dict[int, set[int]] = {}  # block -> the groups of the keys it carries
+    for b, (key, tokens) in enumerate(zip(primary, s.block_key_tokens)):
         if (key is None) != (tokens is None):
             return f"block {b}: key {key!r} but hash token count {tokens!r}"
         if key is None:
@@ -116,18 +116,17 @@ def map_consistent(s: Snapshot, ctx: CheckContext) -> str | None:
             return f"block {b}: its key covers {len(key[2])} tokens but records {tokens}"
         if b not in s.cache.get(key, ()):
             return f"block {b} carries a key the map does not list it under"
+        key_groups[b] = {key[0]}
     for b, keys in extras.items():
         for key in keys:
             if b not in s.cache.get(key, ()):
                 return f"block {b} carries an extra key the map does not list it under"
+            key_groups.setdefault(b, set()).add(key[0])
     for view in s.requests.values():
         for g, table in enumerate(view.tables):
             for b in table or ():
-                if not b:
-                    continue
-                if (primary[b] is not None and primary[b][0] != g) or any(
-                    key[0] != g for key in extras.get(b, ())
-                ):
+                groups = key_groups.get(b) if b else None
+                if groups and (len(groups) > 1 or g not in groups):
                     return f"block {b} in a group-{g} table carries another group's key"
     return None
 
@@ -408,12 +407,11 @@ def cached_prefix_bookkeeping(s: Snapshot, ctx: CheckContext) -> str | None:
     covers=("BUGS 22",),
 )
 def cleanup(s: Snapshot, ctx: CheckContext) -> str | None:
+    untracked = (None,) * len(ctx.config.groups)
     for rid, view in s.requests.items():
         if view.status == "RUNNING":
             continue
-        if any(t is not None for t in view.tables) or any(
-            c is not None for c in view.num_cached_blocks
-        ) or any(p is not None for p in view.partial_hit):
+        if not view.tables == view.num_cached_blocks == view.partial_hit == untracked:
             return f"{rid} is {view.status} but the manager still tracks it: {view.tables}"
     return None
 

@@ -73,22 +73,19 @@ class ReferenceModel:
 
     def snapshot(self) -> Snapshot:
         state = self.manager.state
-        groups = range(len(self.layout.groups))
         cache: dict[CacheKey, tuple[int, ...]] = {}
         for key, block in state.entries:
             cache[key] = cache.get(key, ()) + (block,)
         views = {}
         for rid, req in self.requests.items():
-            tables = tuple(
-                tuple(state.tables[g][rid]) if rid in state.tables[g] else None for g in groups
-            )
+            tables = [table.get(rid) for table in state.tables]
             views[rid] = RequestView(
                 status=req.status,
                 num_computed_tokens=req.num_computed_tokens,
                 num_tokens=req.num_tokens,
-                tables=tables,
-                num_cached_blocks=tuple(state.num_cached[g].get(rid) for g in groups),
-                partial_hit=tuple(state.partial_hits[g].get(rid) for g in groups),
+                tables=tuple([None if t is None else tuple(t) for t in tables]),
+                num_cached_blocks=tuple([counts.get(rid) for counts in state.num_cached]),
+                partial_hit=tuple([hits.get(rid) for hits in state.partial_hits]),
                 tokens=tuple(req.tokens),
             )
         return Snapshot(
