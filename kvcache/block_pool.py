@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from operator import length_hint
 from typing import TYPE_CHECKING
 
 from kvcache.kv_cache_utils import (
@@ -12,6 +14,7 @@ from kvcache.kv_cache_utils import (
     FreeKVCacheBlockQueue,
     KVCacheBlock,
     check_positive_int,
+    group_id_suffix,
     make_block_hash_with_group_id,
     resolve_block_hashes,
 )
@@ -20,6 +23,15 @@ if TYPE_CHECKING:
     from kvcache.request import Request
 
 logger = logging.getLogger(__name__)
+
+
+def _before_current(
+    items: Sequence[KVCacheBlock], remaining: Iterator[KVCacheBlock]
+) -> Sequence[KVCacheBlock]:
+    """The items a loop over `remaining` (an iterator of `items`) finished before its current
+    one: what an error there must undo. Avoids counting positions in the loop itself.
+    """
+    return items[: len(items) - length_hint(remaining) - 1]
 
 
 class BlockHashToBlockMap:
@@ -38,6 +50,23 @@ class BlockHashToBlockMap:
         if type(blocks) is dict:
             return next(iter(blocks.values()))
         return blocks
+
+    def get_one_block_run(
+        self, block_hashes: Iterable[BlockHash], group_id: int
+    ) -> list[KVCacheBlock]:
+        """`get_one_block` of each hash's key in `group_id`, up to the first miss."""
+        suffix = group_id_suffix(group_id)
+        get = self._cache.get
+        run: list[KVCacheBlock] = []
+        append = run.append
+        for block_hash in block_hashes:
+            blocks = get(block_hash + suffix)
+            if blocks is None:
+                break
+            if type(blocks) is dict:
+                blocks = next(iter(blocks.values()))
+            append(blocks)
+        return run
 
     def contain(self, key: BlockHashWithGroupId, block_id: int) -> bool:
         blocks = self._cache.get(key)
@@ -101,11 +130,30 @@ class BlockPool:
         get_one_block = self.cached_block_hash_to_block.get_one_block
         cached_blocks = []
         for group_id in kv_cache_group_ids:
-            block = get_one_block(make_block_hash_with_group_id(block_hash, group_id))
+            # Keys are built by plain concatenation here: calling the NewType costs a call.
+            block = get_one_block(block_hash + group_id_suffix(group_id))  # type: ignore[arg-type]
             if block is None:
                 return None
             cached_blocks.append(block)
         return cached_blocks
+
+    def get_cached_block_run(
+        self, block_hashes: Sequence[BlockHash], kv_cache_group_ids: Sequence[int]
+    ) -> tuple[list[KVCacheBlock], ...]:
+        """The longest prefix of `block_hashes` that `get_cached_block` hits, one block list per
+        group; the same blocks as calling it hash by hash until the first miss. Pure read.
+        """
+        get_run = self.cached_block_hash_to_block.get_one_block_run
+        runs = []
+        num_blocks = len(block_hashes)
+        for group_id in kv_cache_group_ids:
+            run = get_run(islice(block_hashes, num_blocks), group_id)
+            num_blocks = len(run)
+            runs.append(run)
+        # A later group may have stopped earlier: every group keeps the common prefix.
+        for run in runs:
+            del run[num_blocks:]
+        return tuple(runs)
 
     def cache_full_blocks(
         self,
@@ -127,22 +175,26 @@ class BlockPool:
         assert len(blocks) >= num_full_blocks, (len(blocks), num_full_blocks)
         assert block_mask is None or len(block_mask) == num_full_blocks - num_cached_blocks
         block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
-        for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
-            if block.is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+        new_hashes = block_hashes[num_cached_blocks:num_full_blocks]
+        suffix = group_id_suffix(kv_cache_group_id)
+        insert = self.cached_block_hash_to_block.insert
+        num_tokens = num_cached_blocks * block_size
+        for offset, block in enumerate(blocks[num_cached_blocks:num_full_blocks]):
+            num_tokens += block_size
+            if block.is_null or (block_mask is not None and not block_mask[offset]):
                 continue
-            num_tokens = (i + 1) * block_size
-            if block.block_hash is not None:
-                assert (
-                    block.block_hash_num_tokens is not None
-                    and block.block_hash_num_tokens < num_tokens
-                ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
-                self._remove_cached_block_hashes(block)
-            self._insert_block_hash(
-                make_block_hash_with_group_id(block_hashes[i], kv_cache_group_id),
-                block,
-                num_tokens,
-            )
+            key: BlockHashWithGroupId = new_hashes[offset] + suffix  # type: ignore[assignment]
+            if block._block_hash is None:  # the slot, as in free_blocks
+                # A block without a primary key has no extras either: nothing else to check.
+                block.set_block_hash(key, num_tokens)
+                insert(key, block)
+                continue
+            assert (
+                block.block_hash_num_tokens is not None
+                and block.block_hash_num_tokens < num_tokens
+            ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
+            self._remove_cached_block_hashes(block)
+            self._insert_block_hash(key, block, num_tokens)
 
     def cache_partial_block(
         self,
@@ -215,7 +267,11 @@ class BlockPool:
         """Pop blocks from the queue head, evicting their cache entries: the only place memory
         pressure evicts. Nothing changes if the pool is short.
         """
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 0:
+        # The exact-type test first: the common case then skips the two isinstance calls.
+        is_count = type(num_blocks) is int or (
+            isinstance(num_blocks, int) and not isinstance(num_blocks, bool)
+        )
+        if not is_count or num_blocks < 0:
             raise ValueError(f"Cannot get {num_blocks!r} blocks: the count must be an int >= 0")
         num_free_blocks = self.free_block_queue.num_free_blocks
         if num_blocks > num_free_blocks:
@@ -223,8 +279,10 @@ class BlockPool:
                 f"Cannot get {num_blocks} free blocks from the pool ({num_free_blocks} free)"
             )
         ret = self.free_block_queue.popleft_n(num_blocks)
+        evict = self.enable_caching
         for block in ret:
-            if self.enable_caching:
+            # Only a block with a primary key has keys (extras come after the primary).
+            if evict and block._block_hash is not None:  # the slot, as in free_blocks
                 self._remove_cached_block_hashes(block)
             assert block.ref_cnt == 0, block
             block.ref_cnt = 1
@@ -233,22 +291,28 @@ class BlockPool:
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on each (prefix-hit) block, rescuing free ones from the queue.
 
-        Every block is checked before any is touched, so a bad block changes nothing.
+        A bad block changes nothing: the references taken before it are dropped again, and
+        the queue is only touched once every block passed.
         """
-        for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null and (
-                block.prev_free_block is None or block.next_free_block is None
-            ):
-                raise RuntimeError(
-                    f"touch(): block {block.block_id} has ref_cnt 0 but is not in the free queue"
-                )
-        remove = self.free_block_queue.remove
-        for block in blocks:
+        rescued: list[KVCacheBlock] = []
+        remaining = iter(blocks)
+        for block in remaining:
             if block.is_null:
                 continue
-            if block.ref_cnt == 0:
-                remove(block)
-            block.ref_cnt += 1
+            ref_cnt = block.ref_cnt
+            if ref_cnt == 0:
+                if block.prev_free_block is None or block.next_free_block is None:
+                    for done in _before_current(blocks, remaining):
+                        if not done.is_null:
+                            done.ref_cnt -= 1
+                    raise RuntimeError(
+                        f"touch(): block {block.block_id} has ref_cnt 0 but is not in the "
+                        "free queue"
+                    )
+                # A repeat of this block now sees ref_cnt 1, so each is rescued once.
+                rescued.append(block)
+            block.ref_cnt = ref_cnt + 1
+        self.free_block_queue.remove_n(rescued)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference per block; the first block is the first to evict.
@@ -260,20 +324,27 @@ class BlockPool:
         blocks = list(ordered_blocks)
         evict_first: list[KVCacheBlock] = []
         evict_last: list[KVCacheBlock] = []
-        for i, block in enumerate(blocks):
+        # Without caching every released block counts as unhashed.
+        keep_cached = evict_last.append if self.enable_caching else evict_first.append
+        remaining = iter(blocks)
+        for block in remaining:
             if block.is_null:
                 continue
-            if block.ref_cnt <= 0:
-                for done in blocks[:i]:
+            ref_cnt = block.ref_cnt
+            if ref_cnt > 1:
+                block.ref_cnt = ref_cnt - 1
+            elif ref_cnt == 1:
+                block.ref_cnt = 0
+                if block._block_hash is None:  # the slot: the property costs a call per block
+                    evict_first.append(block)
+                else:
+                    keep_cached(block)
+            else:
+                # Undo the releases before this position.
+                for done in _before_current(blocks, remaining):
                     if not done.is_null:
                         done.ref_cnt += 1
                 raise ValueError(f"free_blocks(): block {block.block_id} is not held")
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                if block.block_hash is None or not self.enable_caching:
-                    evict_first.append(block)
-                else:
-                    evict_last.append(block)
         self.free_block_queue.prepend_n(evict_first)
         self.free_block_queue.append_n(evict_last)
 

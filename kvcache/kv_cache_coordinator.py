@@ -106,6 +106,10 @@ class KVCacheCoordinator(ABC):
         self._is_cross = tuple(
             isinstance(m, CrossAttentionManager) for m in self.single_type_managers
         )
+        # Only these can have blocks fall out of the window: the rest never skip a token.
+        self._recycling_managers = tuple(
+            m for m in self.single_type_managers if m.recycles_blocks
+        )
 
     def get_num_blocks_to_allocate(
         self,
@@ -151,7 +155,10 @@ class KVCacheCoordinator(ABC):
 
     def tracks(self, request_id: str) -> bool:
         """Whether some group holds a table for the request (it was allocated, not freed)."""
-        return any(request_id in m.req_to_blocks for m in self.single_type_managers)
+        for manager in self.single_type_managers:
+            if request_id in manager.req_to_blocks:
+                return True
+        return False
 
     def allocate_new_computed_blocks(
         self,
@@ -184,14 +191,12 @@ class KVCacheCoordinator(ABC):
         num_encoder_tokens: int = 0,
     ) -> tuple[list[KVCacheBlock], ...]:
         """Grow every group's table; commits group by group, no check and no rollback."""
-        return tuple(
+        return tuple([
             manager.allocate_new_blocks(
-                request_id,
-                num_encoder_tokens if self._is_cross[i] else num_tokens,
-                num_tokens_main_model,
+                request_id, num_encoder_tokens if is_cross else num_tokens, num_tokens_main_model
             )
-            for i, manager in enumerate(self.single_type_managers)
-        )
+            for manager, is_cross in zip(self.single_type_managers, self._is_cross)
+        ])
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
         """Prefix eligible for hashing in a group."""
@@ -218,7 +223,7 @@ class KVCacheCoordinator(ABC):
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        for manager in self.single_type_managers:
+        for manager in self._recycling_managers:
             manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
@@ -305,6 +310,12 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         self.block_size = block_size
         self._drop_eagle_block = 0 in self.drop_eagle_group_ids
         self.single_type_managers[0].use_eagle = self._drop_eagle_block
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        # One group: every computed token is cacheable.
+        manager = self.single_type_managers[0]
+        if manager.enable_caching:
+            manager.cache_blocks(request, num_computed_tokens)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int

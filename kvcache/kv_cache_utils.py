@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import math
 import os
 import struct
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple, NewType, overload
 
 if TYPE_CHECKING:
@@ -33,9 +34,17 @@ def check_positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+@functools.cache
+def group_id_suffix(group_id: int) -> bytes:
+    """The bytes a key appends to a block hash: the group id, 4 bytes big-endian (memoized:
+    there are only a few groups and every lookup needs them).
+    """
+    return group_id.to_bytes(4, "big", signed=False)
+
+
 def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
     """Pack a key without building a tuple; identical content in two groups never collides."""
-    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
+    return BlockHashWithGroupId(block_hash + group_id_suffix(group_id))
 
 
 def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
@@ -166,6 +175,17 @@ class FreeKVCacheBlockQueue:
         block.prev_free_block = block.next_free_block = None
         self.num_free_blocks -= 1
 
+    def remove_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """`remove` each block; all must be distinct and free (the caller checked)."""
+        num_removed = 0
+        for block in blocks:
+            prev, nxt = block.prev_free_block, block.next_free_block
+            prev.next_free_block = nxt  # type: ignore[union-attr]
+            nxt.prev_free_block = prev  # type: ignore[union-attr]
+            block.prev_free_block = block.next_free_block = None
+            num_removed += 1
+        self.num_free_blocks -= num_removed
+
     def append(self, block: KVCacheBlock) -> None:
         self.append_n((block,))
 
@@ -295,7 +315,14 @@ class BlockHashListWithBlockSize:
 
     def __getitem__(self, idx: int | slice) -> BlockHash | list[BlockHash]:
         if isinstance(idx, slice):
-            return [self[i] for i in range(*idx.indices(len(self)))]
+            coarse = range(*idx.indices(len(self)))
+            if coarse.step < 0:
+                return [self[i] for i in coarse]
+            # Coarse index i is fine index (i + 1) * m - 1: one strided slice of the raw list.
+            m = self.scale_factor
+            start, stop = (coarse.start + 1) * m - 1, (coarse.stop + 1) * m - 1
+            fine = self.block_hashes[start:stop : coarse.step * m]
+            return fine if isinstance(fine, list) else list(fine)
         if idx < 0:
             idx += len(self)
         if not 0 <= idx < len(self):

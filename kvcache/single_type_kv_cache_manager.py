@@ -42,6 +42,8 @@ class SingleTypeKVCacheManager:
     """Block tables of one KV cache group; every group shares the coordinator's one pool."""
 
     supports_fine_grained_hash_lookup: ClassVar[bool] = False
+    # Whether `get_num_skipped_tokens` can be positive: only then can blocks leave the window.
+    recycles_blocks: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -55,6 +57,8 @@ class SingleTypeKVCacheManager:
     ) -> None:
         self.kv_cache_spec = kv_cache_spec
         self.block_size = kv_cache_spec.block_size
+        # Specs are frozen: read once, not on every cache_blocks.
+        self._prefix_cacheable = kv_cache_spec.prefix_cacheable
         self.block_pool = block_pool
         self.enable_caching = enable_caching
         self.kv_cache_group_id = kv_cache_group_id
@@ -155,7 +159,9 @@ class SingleTypeKVCacheManager:
             # Recorded even without zeroing: the worker must learn about the copy target.
             self.new_block_ids.append(cow_block.block_id)
             cow_blocks.append(cow_block)
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        req_blocks = self.req_to_blocks.get(request_id)
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[request_id] = []
         num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new_blocks <= 0:
             return cow_blocks
@@ -183,7 +189,7 @@ class SingleTypeKVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's full blocks up to `num_tokens` (and not beyond its hashes)."""
-        if not self.kv_cache_spec.prefix_cacheable:
+        if not self._prefix_cacheable:
             return
         request_id = request.request_id
         num_cached_blocks = self.num_cached_block.get(request_id, 0)
@@ -284,10 +290,6 @@ class SingleTypeKVCacheManager:
         raise NotImplementedError
 
 
-def _empty_hit(kv_cache_group_ids: Sequence[int]) -> HitBlocks:
-    return tuple([] for _ in kv_cache_group_ids)
-
-
 class FullAttentionManager(SingleTypeKVCacheManager):
     supports_fine_grained_hash_lookup: ClassVar[bool] = True
 
@@ -307,15 +309,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         hash_block_size = block_pool.hash_block_size
         full_block_hashes = resolve_block_hashes(block_hashes, hash_block_size, block_size)
         fine_grained = alignment_tokens < block_size and block_size % alignment_tokens == 0
-        computed = _empty_hit(kv_cache_group_ids)
         # Phase 1: hashes are chained, so the first miss ends the hit.
-        get_cached_block = block_pool.get_cached_block
-        for j in range(min(max_length // block_size, len(full_block_hashes))):
-            cached = get_cached_block(full_block_hashes[j], kv_cache_group_ids)
-            if cached is None:
-                break
-            for blocks, block in zip(computed, cached):
-                blocks.append(block)
+        computed = block_pool.get_cached_block_run(
+            full_block_hashes[: max_length // block_size], kv_cache_group_ids
+        )
         num_full = len(computed[0])
         hit_length = num_full * block_size
 
@@ -327,7 +324,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             first = num_full * scale
             top = min(first + scale - 1, max_length // alignment_tokens, len(block_hashes))
             for fine_idx in range(top - 1, first - 1, -1):
-                cached = get_cached_block(block_hashes[fine_idx], kv_cache_group_ids)
+                cached = block_pool.get_cached_block(block_hashes[fine_idx], kv_cache_group_ids)
                 if cached is None:
                     continue
                 for blocks, block in zip(computed, cached):
@@ -368,6 +365,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
+    recycles_blocks: ClassVar[bool] = True
+
     def __init__(self, kv_cache_spec: SlidingWindowSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
         self.sliding_window = kv_cache_spec.sliding_window
@@ -462,6 +461,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    recycles_blocks: ClassVar[bool] = True
+
     def __init__(self, kv_cache_spec: ChunkedLocalAttentionSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
         self.attention_chunk_size = kv_cache_spec.attention_chunk_size
