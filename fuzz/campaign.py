@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -104,6 +105,17 @@ class Stop(Exception):
     """Raised from a signal handler to end a campaign early, keeping its findings."""
 
 
+STOP_REQUESTED = threading.Event()
+"""Set by the signal handlers beside the exception they raise: should a library swallow that
+exception, the campaign still ends at its next batch."""
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    """Signal handler of `kvfuzz run` (SIGINT, SIGTERM): end the campaign like Ctrl-C."""
+    STOP_REQUESTED.set()
+    raise KeyboardInterrupt
+
+
 def selected_checks(data: str | None) -> list[Any] | None:
     """Every registered invariant, plus the data checks on `data` (`DEVICE[:DTYPE]`); None
     (every registered invariant, the executor's default) when `data` is None."""
@@ -186,6 +198,11 @@ class Campaign:
                     test("runTest").runTest()
                 except Counterexample as exc:
                     self._record(exc, level, name, start)
+                except Exception:
+                    # An interrupt during Hypothesis's replay of a failure surfaces as its
+                    # Flaky error: the campaign ends as interrupted, keeping what it found.
+                    if not STOP_REQUESTED.is_set():
+                        raise
                 self.stats.examples += count
                 self._account()
                 self.stats.elapsed = time.monotonic() - start
@@ -204,6 +221,8 @@ class Campaign:
 
     def _done(self, start: float) -> bool:
         opts = self.options
+        if STOP_REQUESTED.is_set():
+            return True
         if opts.max_findings is not None and len(self.stats.findings) >= opts.max_findings:
             return True
         if opts.examples is not None and self.stats.examples >= opts.examples:
@@ -254,6 +273,7 @@ def _worker(options: CampaignOptions, worker: int, queue: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def stop(signum: int, frame: Any) -> None:
+        STOP_REQUESTED.set()
         raise Stop()
 
     signal.signal(signal.SIGTERM, stop)
@@ -273,6 +293,7 @@ def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None])
     """Run `options.workers` workers; call on_progress with the running totals."""
     for name in options.configs:
         builtin_config(name)
+    STOP_REQUESTED.clear()
     if options.workers <= 1:
         import_plugins(options.plugins)
         return Campaign(options, 0, report=on_progress).run()

@@ -144,7 +144,7 @@ def _check_target(name: str) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fuzz.campaign import CampaignOptions, run_campaign, selected_checks
+    from fuzz.campaign import CampaignOptions, interrupt, run_campaign, selected_checks
     from harness.configs import builtin_config
 
     _plugins(args)
@@ -170,14 +170,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
     progress = _Progress(seconds)
-    # SIGTERM ends a campaign like Ctrl-C: findings so far are kept and summarised.
-    signal.signal(signal.SIGTERM, _interrupt)
-    if args.engine == "atheris":
-        from fuzz.atheris_engine import run_atheris
+    # SIGINT and SIGTERM end a campaign: findings so far are kept and summarised.
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if args.engine == "atheris":
+            from fuzz.atheris_engine import run_atheris
 
-        stats = run_atheris(options, progress.update)
-    else:
-        stats = run_campaign(options, progress.update)
+            stats = run_atheris(options, progress.update)
+        else:
+            stats = run_campaign(options, progress.update)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     progress.finish(stats)
     _summary(stats, options)
     if args.json:
@@ -188,10 +192,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _write_json(args.json, report)
         print(f"report written to {args.json}")
     return EXIT_FOUND if stats.findings else EXIT_OK
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _write_json(path: Path, data: Any) -> None:
