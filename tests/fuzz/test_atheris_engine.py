@@ -74,12 +74,18 @@ def test_sigterm_keeps_the_findings_of_every_worker(tmp_path):
          "--corpus", str(corpus)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
+    log_files = [corpus / LOGS_DIR / f"worker-{w}.log" for w in (0, 1)]
+
+    def both_started() -> bool:  # one worker may find the bug before the other has begun
+        return all(f.exists() and "Seed: " in f.read_text() for f in log_files)
+
     deadline = time.monotonic() + 40
-    while not list(corpus.glob("P1-full-*.json")) and time.monotonic() < deadline:
+    while not (list(corpus.glob("P1-full-*.json")) and both_started()) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
     assert "[P1] api/full" in out and "findings           1" in out
-    logs = [(corpus / LOGS_DIR / f"worker-{w}.log").read_text() for w in (0, 1)]
+    logs = [f.read_text() for f in log_files]
     assert len({line for log in logs for line in log.splitlines() if "Seed: " in line}) == 2
