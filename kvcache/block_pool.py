@@ -172,9 +172,18 @@ class BlockPool:
         """
         if num_cached_blocks >= num_full_blocks:
             return
-        assert len(blocks) >= num_full_blocks, (len(blocks), num_full_blocks)
-        assert block_mask is None or len(block_mask) == num_full_blocks - num_cached_blocks
         block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        if not 0 <= num_cached_blocks < num_full_blocks <= min(len(blocks), len(block_hashes)):
+            raise ValueError(
+                f"cache_full_blocks({request.request_id!r}): blocks [{num_cached_blocks}, "
+                f"{num_full_blocks}) need {len(blocks)} blocks and {len(block_hashes)} hashes "
+                f"of {block_size} tokens to cover them"
+            )
+        if block_mask is not None and len(block_mask) != num_full_blocks - num_cached_blocks:
+            raise ValueError(
+                f"cache_full_blocks({request.request_id!r}): block_mask has {len(block_mask)} "
+                f"entries for {num_full_blocks - num_cached_blocks} blocks"
+            )
         new_hashes = block_hashes[num_cached_blocks:num_full_blocks]
         suffix = group_id_suffix(kv_cache_group_id)
         insert = self.cached_block_hash_to_block.insert

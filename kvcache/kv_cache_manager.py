@@ -21,6 +21,16 @@ if TYPE_CHECKING:
 _ADMITTED_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
+def _reject_counts(call: str, **counts: object) -> None:
+    """Raise ValueError naming every count that is not an int >= 0 (bools are not counts)."""
+    bad = ", ".join(
+        f"{name}={value!r}"
+        for name, value in counts.items()
+        if type(value) is not int or value < 0  # type: ignore[operator]
+    )
+    raise ValueError(f"{call}: negative or non-integer count {bad}")
+
+
 @dataclass
 class KVCacheBlocks:
     """Blocks per group (group-major: groups may hold different numbers of blocks).
@@ -210,27 +220,30 @@ class KVCacheManager:
                 f"allocate_slots({request_id!r}): num_new_tokens=0 with no computed tokens to "
                 "adopt"
             )
-        if (
-            min(
-                num_new_tokens,
-                num_new_computed_tokens,
-                num_lookahead_tokens,
-                num_external_computed_tokens,
-                num_encoder_tokens,
-                reserved_blocks,
+        if not (
+            type(num_new_tokens) is int
+            and type(num_new_computed_tokens) is int
+            and type(num_lookahead_tokens) is int
+            and type(num_external_computed_tokens) is int
+            and type(num_encoder_tokens) is int
+            and type(reserved_blocks) is int
+        ) or min(
+            num_new_tokens,
+            num_new_computed_tokens,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            num_encoder_tokens,
+            reserved_blocks,
+        ) < 0:
+            _reject_counts(
+                f"allocate_slots({request_id!r})",
+                num_new_tokens=num_new_tokens,
+                num_new_computed_tokens=num_new_computed_tokens,
+                num_lookahead_tokens=num_lookahead_tokens,
+                num_external_computed_tokens=num_external_computed_tokens,
+                num_encoder_tokens=num_encoder_tokens,
+                reserved_blocks=reserved_blocks,
             )
-            < 0
-        ):
-            counts = {
-                "num_new_tokens": num_new_tokens,
-                "num_new_computed_tokens": num_new_computed_tokens,
-                "num_lookahead_tokens": num_lookahead_tokens,
-                "num_external_computed_tokens": num_external_computed_tokens,
-                "num_encoder_tokens": num_encoder_tokens,
-                "reserved_blocks": reserved_blocks,
-            }
-            negative = ", ".join(f"{name}={value}" for name, value in counts.items() if value < 0)
-            raise ValueError(f"allocate_slots({request_id!r}): negative count {negative}")
         if num_external_computed_tokens:
             raise ValueError(
                 f"allocate_slots({request_id!r}): num_external_computed_tokens="
@@ -356,6 +369,12 @@ class KVCacheManager:
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
+        """Null and release the blocks that left every window of the request."""
+        counts = {"processed_computed_tokens": processed_computed_tokens}
+        if num_prompt_tokens is not None:
+            counts["num_prompt_tokens"] = num_prompt_tokens
+        if any(type(n) is not int or n < 0 for n in counts.values()):
+            _reject_counts(f"remove_skipped_blocks({request_id!r})", **counts)
         self.coordinator.remove_skipped_blocks(
             request_id, processed_computed_tokens, num_prompt_tokens
         )

@@ -149,8 +149,9 @@ class FreeKVCacheBlockQueue:
         return first
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        """The first n blocks in order; n must not exceed the free count (caller's contract)."""
-        assert 0 <= n <= self.num_free_blocks, (n, self.num_free_blocks)
+        """The first n blocks in order; ValueError (nothing changed) unless 0 <= n <= free."""
+        if not 0 <= n <= self.num_free_blocks:
+            raise ValueError(f"popleft_n({n!r}): the queue holds {self.num_free_blocks} blocks")
         if n == 0:
             return []
         head = self.fake_free_list_head

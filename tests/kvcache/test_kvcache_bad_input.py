@@ -185,7 +185,7 @@ def test_allocate_negative_count_running_request(world: World, name: str) -> Non
     assert_rejected(
         world,
         lambda: world.manager.allocate_slots(world.running, **kwargs),
-        rf"allocate_slots\('{rid}'\): negative count {name}=-3$",
+        rf"allocate_slots\('{rid}'\): negative or non-integer count {name}=-3$",
     )
 
 
@@ -203,7 +203,7 @@ def test_allocate_negative_count_admission_with_hits(world: World, name: str) ->
     assert_rejected(
         world,
         lambda: world.manager.allocate_slots(x, **kwargs),
-        rf"negative count {name}=-3$",
+        rf"negative or non-integer count {name}=-3$",
     )
 
 
@@ -213,7 +213,40 @@ def test_allocate_reports_every_negative_count(world: World) -> None:
         lambda: world.manager.allocate_slots(
             world.running, -1, num_lookahead_tokens=-2, reserved_blocks=-4
         ),
-        r"negative count num_new_tokens=-1, num_lookahead_tokens=-2, reserved_blocks=-4$",
+        r"negative or non-integer count num_new_tokens=-1, num_lookahead_tokens=-2, "
+        r"reserved_blocks=-4$",
+    )
+
+
+@pytest.mark.parametrize("bad", [1.5, 2.0, True, "1"])
+def test_allocate_non_integer_count(world: World, bad: object) -> None:
+    """Rejected before step 4: in the `cow` world a valid call would free window blocks."""
+    rid = world.running.request_id
+    assert_rejected(
+        world,
+        lambda: world.manager.allocate_slots(world.running, bad),
+        rf"allocate_slots\('{rid}'\): negative or non-integer count "
+        rf"num_new_tokens={re.escape(repr(bad))}$",
+    )
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, None])
+def test_remove_skipped_blocks_bad_count(world: World, bad: object) -> None:
+    rid = world.running.request_id
+    assert_rejected(
+        world,
+        lambda: world.manager.remove_skipped_blocks(rid, bad),
+        rf"remove_skipped_blocks\('{rid}'\): negative or non-integer count "
+        rf"processed_computed_tokens={re.escape(repr(bad))}$",
+    )
+
+
+def test_lookup_negative_ceiling(world: World) -> None:
+    x = world.new_request("X", world.shared_prompt)
+    assert_rejected(
+        world,
+        lambda: world.manager.get_computed_blocks(x, -1),
+        r"max_cache_hit_length must be >= 0, got -1",
     )
 
 

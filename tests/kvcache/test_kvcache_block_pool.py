@@ -175,6 +175,25 @@ def test_cache_full_blocks_skips_null_and_masked_blocks():
     assert len(pool.cached_block_hash_to_block) == 1
 
 
+@pytest.mark.parametrize(
+    ("num_blocks", "num_full", "mask", "message"),
+    [
+        (2, 3, None, r"blocks \[0, 3\) need 2 blocks and 2 hashes of 4 tokens"),
+        (3, 3, None, r"blocks \[0, 3\) need 3 blocks and 2 hashes of 4 tokens"),
+        (2, 2, [True], r"block_mask has 1 entries for 2 blocks"),
+    ],
+)
+def test_cache_full_blocks_bad_range_raises_and_changes_nothing(num_blocks, num_full, mask,
+                                                                message):
+    pool = _pool(8)
+    request = make_request("r", list(range(10)), 4)
+    blocks = pool.get_new_blocks(num_blocks)
+    before = dump_pool(pool)
+    with pytest.raises(ValueError, match=rf"cache_full_blocks\('r'\): {message}"):
+        pool.cache_full_blocks(request, blocks, 0, num_full, 4, 0, block_mask=mask)
+    assert dump_pool(pool) == before
+
+
 def test_partial_entry_then_promotion_to_full_key():
     pool = _pool(8, hbs=2)
     request = make_request("r", list(range(7)), 2)

@@ -61,11 +61,11 @@ def test_popleft_n():
     assert q.get_all_free_blocks() == [] and _links(q) == []
 
 
-def test_popleft_n_over_count_asserts_and_changes_nothing():
+def test_popleft_n_over_count_raises_and_changes_nothing():
     _, q = _queue(2)
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match=r"popleft_n\(3\): the queue holds 2 blocks"):
         q.popleft_n(3)
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match=r"popleft_n\(-1\)"):
         q.popleft_n(-1)
     assert ids(q.get_all_free_blocks()) == [0, 1] and q.num_free_blocks == 2
 

@@ -1,5 +1,8 @@
-"""SPEC.md §9 worked examples E1-E9: exact block ids and free-queue orders, with the §8
-invariants checked after every step.
+"""SPEC.md §9 worked examples E1-E9 on the live layer classes: exact block ids and free-queue
+orders, with the §8 state invariants (`properties.spot_check`) checked after every step.
+
+The same examples run as traces in tests/vllm/test_worked_examples.py, where the executor also
+checks the transition invariants (I6, I8-I14, I18, I19) and compares every op with the model.
 """
 
 from __future__ import annotations
@@ -84,8 +87,10 @@ def test_e2_evictable_hits_count_against_capacity():
     pool = m.block_pool
     a = make_request("A", PROMPT10, 4)
     _admit(m, a)
+    assert_invariants(m)
     m.free(a)
     assert free_ids(pool) == [3, 4, 5, 6, 7, 8, 9, 2, 1]
+    assert_invariants(m)
     hog = make_request("D", list(range(500, 528)), 4)
     _admit(m, hog)
     assert table_ids(m, "D") == [[3, 4, 5, 6, 7, 8, 9]]
@@ -111,6 +116,7 @@ def test_e3_sliding_window_hit_and_adoption():
     p = make_request("P", tokens, 4)
     _admit(m, p)
     assert table_ids(m, "P") == [[1, 2, 3, 4]]
+    assert_invariants(m)
     m.free(p)
     assert free_ids(pool) == [5, 6, 7, 8, 9, 10, 11, 4, 3, 2, 1]
     assert_invariants(m)
@@ -196,6 +202,7 @@ def test_e6_hybrid_reconciliation(monkeypatch):
     assert ids(blocks.blocks[1]) == [0, 0, 0, 0, 0, 10]
 
     m.evict_blocks({10})
+    assert_invariants(m)
     searches = []
     original = SlidingWindowManager.find_longest_cache_hit.__func__
 
@@ -237,6 +244,7 @@ def test_e8_reset_refused_while_held():
     assert dump_manager(m) == before
     assert_invariants(m)
     m.free(a)
+    assert_invariants(m)
     queue = free_ids(m.block_pool)
     assert m.reset_prefix_cache() is True
     assert len(m.block_pool.cached_block_hash_to_block) == 0
