@@ -201,6 +201,7 @@ class KVCacheManager:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """Adopt the prefix hits and grow the tables for `num_new_tokens` (+ lookahead).
 
@@ -209,7 +210,8 @@ class KVCacheManager:
         Returns only the blocks newly taken (a CoW copy first), or None when they do not fit.
         A None from the full-sequence gate changes nothing; one from the capacity check leaves
         only the out-of-window frees of step 4. Misuse raises ValueError and changes nothing.
-        External (KV connector) tokens are Tier C and must be 0.
+        External (KV connector) tokens are Tier C and must be 0, so `skip_zeroing_group_ids`
+        (which spares their blocks from zeroing) has nothing to act on: only checked.
         """
         request_id = request.request_id
         # 0. Argument checks, before step 4 frees anything.
@@ -244,6 +246,8 @@ class KVCacheManager:
                 num_encoder_tokens=num_encoder_tokens,
                 reserved_blocks=reserved_blocks,
             )
+        if skip_zeroing_group_ids != ():
+            self._check_group_ids(request_id, skip_zeroing_group_ids)
         if num_external_computed_tokens:
             raise ValueError(
                 f"allocate_slots({request_id!r}): num_external_computed_tokens="
@@ -329,6 +333,19 @@ class KVCacheManager:
         # 10. Cache the finalized tokens only: drafts and lookahead may be rejected.
         self.coordinator.cache_blocks(request, min(num_tokens_main_model, request.num_tokens))
         return self.create_kv_cache_blocks(new_blocks)
+
+    def _check_group_ids(self, request_id: str, group_ids: object) -> None:
+        """Each entry must be the index of a group."""
+        num_groups = self.num_kv_cache_groups
+        if not isinstance(group_ids, tuple | list):
+            bad: list[object] = [group_ids]
+        else:
+            bad = [g for g in group_ids if type(g) is not int or not 0 <= g < num_groups]
+        if bad:
+            raise ValueError(
+                f"allocate_slots({request_id!r}): skip_zeroing_group_ids {group_ids!r} names "
+                f"{bad!r}, not a group of the {self.num_kv_cache_groups} groups"
+            )
 
     def _check_hits(self, request_id: str, hits: KVCacheBlocks) -> None:
         """Hits to adopt come from a lookup: one list per group, for a first allocation."""

@@ -250,6 +250,19 @@ def test_lookup_negative_ceiling(world: World) -> None:
     )
 
 
+def test_skip_zeroing_group_ids_accepted_and_checked(world: World) -> None:
+    m = world.manager
+    assert m.allocate_slots(world.running, 1, skip_zeroing_group_ids=(0,)) is not None
+    rid = world.running.request_id
+    groups = m.num_kv_cache_groups
+    for bad in ((groups,), (-1,), ("0",), 0):
+        assert_rejected(
+            world,
+            lambda b=bad: m.allocate_slots(world.running, 1, skip_zeroing_group_ids=b),
+            rf"allocate_slots\('{rid}'\): skip_zeroing_group_ids {re.escape(repr(bad))} names",
+        )
+
+
 def test_running_request_passed_prefix_hits(world: World) -> None:
     x = world.new_request("X", world.shared_prompt)
     blocks, hit, _ = world.manager.get_computed_blocks(x)
