@@ -2,7 +2,9 @@
 
 The Hypothesis engine runs the state machines of `properties.machines` in batches, one
 (level, config) pair after another, each batch seeded from the campaign seed, so a seed,
-target and options give the same examples and the same findings. Hypothesis's own shrinking
+target and options give the same examples and the same findings. With an example database
+(`CampaignOptions.database`) each batch first replays the failing examples saved there by earlier
+campaigns with the same options, then generates its seeded ones. Hypothesis's own shrinking
 is off: a failing trace is shrunk by `fuzz.shrink` (fast, and the same for every engine) and
 saved atomically in the corpus folder under a name that says the check it breaks.
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from harness.configs import BUILTIN, builtin_config
 from harness.executor import Counterexample, Execution
@@ -53,6 +56,9 @@ class CampaignOptions:
     """Stop once this many distinct findings are saved (None: run the whole budget)."""
     data: str | None = None
     """Add the data checks D1, D2 on this `DEVICE[:DTYPE]` (None: the invariants only)."""
+    database: Path | None = None
+    """Hypothesis' example database directory: failing examples are saved there and replayed
+    first by later campaigns with the same options (None: no database)."""
 
 
 @dataclass
@@ -146,6 +152,8 @@ class Campaign:
         self._seen: set[tuple[str, str, str]] = set()
         self._executions: list[Execution] = []
         self.checks = selected_checks(options.data)
+        self.database = (None if options.database is None
+                         else DirectoryBasedExampleDatabase(options.database))
 
     def batch_seed(self, index: int) -> int:
         material = f"{self.options.seed}:{self.worker}:{index}".encode()
@@ -168,9 +176,17 @@ class Campaign:
             config_names=(name,),
             allow_misuse=opts.target != "vllm",
             checks=None if self.checks is None else tuple(self.checks),
+            name=self.machine_name(level, name),
         )
         machine.on_execution = self._executions.append
         return machine
+
+    def machine_name(self, level: str, name: str) -> str:
+        """The machine's class name, which keys its examples in the database: they replay only
+        under the same target, level, config, model, data checks, steps and plugins."""
+        opts = self.options
+        key = repr((opts.target, level, name, opts.model, opts.data, opts.steps, opts.plugins))
+        return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def run(self) -> Stats:
         logging.getLogger("kvcache").setLevel(logging.ERROR)
@@ -189,8 +205,8 @@ class Campaign:
                     max_examples=count,
                     stateful_step_count=opts.steps,
                     deadline=None,
-                    database=None,
-                    phases=[Phase.generate],
+                    database=self.database,
+                    phases=[Phase.reuse, Phase.generate],
                     suppress_health_check=list(HealthCheck),
                     report_multiple_bugs=False,
                 )

@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="check invariants only, without the reference model in lockstep")
     run.add_argument("--steps", type=int, default=40, help="max ops per generated trace")
     run.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]", help=_DATA_HELP)
+    run.add_argument("--database", type=Path, metavar="DIR",
+                     help="keep Hypothesis' example database in DIR: failing examples saved "
+                     "there by earlier runs with the same options replay first (default: none, "
+                     "so a seed gives the same examples; hypothesis engine only)")
     run.set_defaults(handler=_cmd_run)
 
     replay = sub.add_parser("replay", help="re-run a saved trace step by step",
@@ -157,12 +161,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     if args.examples is not None and args.examples < 1:
         raise UsageError(f"--examples must be >= 1, got {args.examples}")
+    if args.database is not None and args.engine != "hypothesis":
+        raise UsageError("--database needs --engine hypothesis")
     seconds = None if args.examples is not None else (args.seconds or 60.0)
     options = CampaignOptions(
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
-        data=args.data,
+        data=args.data, database=args.database,
     )
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "

@@ -3,18 +3,23 @@
 Every workflow parses and every job has a runner, a timeout and steps; every action is pinned;
 every repository file a step runs or hashes exists; every `kvfuzz` command line is accepted by
 fuzz/cli.py's own parser; every `pytest -m` mark, Hypothesis profile and pip extra is registered;
-the steps and jobs referred to exist; tests.yml runs exactly README's `bash .ci/run`; the GPU
-job's self-hosted labels are documented; the copies are exact; actionlint passes where present.
+every pytest run collects only modules whose imports its job installs (or that importorskip
+them) and tests of the marks it selects; the steps and jobs referred to exist; tests.yml runs
+exactly README's `bash .ci/run`; the GPU job's self-hosted labels are documented; the copies
+are exact; actionlint passes where present.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
+from importlib.metadata import packages_distributions
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +77,17 @@ def _commands(script: str) -> Iterator[list[str]]:
                 command.append(word)
 
 
+def _job_commands(path: Path) -> Iterator[tuple[str, list[str]]]:
+    for job_id, job in _load(path)["jobs"].items():
+        for step in job["steps"]:
+            for command in _commands(step.get("run", "")):
+                yield job_id, command
+
+
 def _all_commands() -> Iterator[tuple[str, list[str]]]:
     for path in WORKFLOWS:
-        for step in _steps(_load(path)):
-            for command in _commands(step.get("run", "")):
-                yield path.name, command
+        for _, command in _job_commands(path):
+            yield path.name, command
 
 
 def _after(command: list[str], program: str) -> list[str] | None:
@@ -162,6 +173,33 @@ def test_kvfuzz_command_lines_are_accepted_by_the_cli(capsys: pytest.CaptureFixt
     assert seen >= {"run", "prove"}, f"kvfuzz commands found in the workflows: {seen}"
 
 
+def test_campaign_databases_are_restored_and_saved_even_after_a_finding() -> None:
+    databases = set()
+    for path in WORKFLOWS:
+        for job_id, job in _load(path)["jobs"].items():
+            steps = job["steps"]
+            for i, step in enumerate(steps):
+                for command in _commands(step.get("run", "")):
+                    argv = _after(command, "kvfuzz") or []
+                    if "--database" not in argv:
+                        continue
+                    db = argv[argv.index("--database") + 1]
+                    databases.add(f"{path.name}/{job_id}")
+                    restores = [s for s in steps[:i] if s.get("uses", "").startswith(
+                        "actions/cache/restore@") and s["with"]["path"] == db]
+                    saves = [s for s in steps[i + 1:] if s.get("uses", "").startswith(
+                        "actions/cache/save@") and s["with"]["path"] == db]
+                    assert restores and saves and saves[0].get("if") == "always()", (
+                        f"{path.name} {job_id}: restore --database {db} from the cache before "
+                        "the campaign and save it after, `if: always()`")
+                    key, prefix = restores[0]["with"]["key"], restores[0]["with"]["restore-keys"]
+                    assert saves[0]["with"]["key"] == key and "github.run_id" in key and (
+                        key.startswith(prefix)), (
+                        f"{path.name} {job_id}: save {db} under a new key each run and restore "
+                        "the newest through its prefix")
+    assert "nightly.yml/campaign" in databases, f"campaigns with a database: {databases}"
+
+
 def test_pytest_marks_and_hypothesis_profiles_are_registered() -> None:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     registered = {m.split(":")[0].strip() for m in pyproject["tool"]["pytest"]["ini_options"]
@@ -179,6 +217,128 @@ def test_pytest_marks_and_hypothesis_profiles_are_registered() -> None:
         text = path.read_text()
         for profile in re.findall(r"(?:HYPOTHESIS_PROFILE[:=]|--hypothesis-profile=) *(\w+)", text):
             settings.get_profile(profile)  # raises on a profile conftest.py does not register
+
+
+# What a job's Python has beyond its own `pip install` lines, as pip extras: the GPU runner brings
+# its CUDA torch (ci/README.md), ci/install-vllm.sh installs torch and the test requirements.
+_BROUGHT = {("gpu.yml", "gpu"): {"torch"}, ("vllm.yml", "conformance"): {"torch", "test"}}
+_PYTEST_VALUE_OPTIONS = {"-m", "-k", "-p", "-c", "-o", "-W", "-n"}
+
+
+def _normal(name: str) -> str:
+    """A distribution name, normalized (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pip_installs(command: list[str]) -> Iterator[str]:
+    """What a `pip install` command installs: the extras of `.[a,b]`, and packages named."""
+    args = _after(command, "pip") or []
+    for word in args[args.index("install") + 1:] if "install" in args else []:
+        if match := re.fullmatch(r"\.\[([\w,-]+)\]", word):
+            yield from match[1].split(",")
+        elif not word.startswith(("-", ".")):
+            yield _normal(re.split(r"[=<>!~\[]", word)[0])
+
+
+def _extras_by_import() -> dict[str, set[str]]:
+    """Import name -> the pip extras ("" for the base dependencies) that install it."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    imports: dict[str, set[str]] = {}
+    for name, dists in packages_distributions().items():
+        for dist in dists:
+            imports.setdefault(_normal(dist), set()).add(name)
+    extras: dict[str, set[str]] = {}
+    for extra, requirements in [("", project["dependencies"]),
+                                *project["optional-dependencies"].items()]:
+        for requirement in requirements:
+            dist = _normal(re.split(r"[=<>!~\[; ]", requirement)[0])
+            for name in imports.get(dist, {dist.replace("-", "_")}):
+                extras.setdefault(name, set()).add(extra)
+    return extras
+
+
+def _project_module(name: str, here: Path) -> Path | None:
+    """The file of the project's module `name` (a folder: a namespace package), else None."""
+    for base in (REPO, here):  # pytest puts a test module's folder on sys.path
+        path = base.joinpath(*name.split("."))
+        for candidate in (path.with_suffix(".py"), path / "__init__.py", path):
+            if candidate.exists():
+                return candidate
+    return None
+
+
+def _unguarded_imports(path: Path, seen: set[Path]) -> dict[str, Path]:
+    """The third-party modules importing `path` imports at module level (through project
+    modules too), each with the file importing it, less those `path` importorskips first."""
+    found: dict[str, Path] = {}
+    guarded: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if (isinstance(node, ast.Expr | ast.Assign) and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "attr", "") == "importorskip"):
+            guarded.add(node.value.args[0].value)
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module != "__future__":
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if _project_module(parts[0], path.parent) is None:
+                if parts[0] not in sys.stdlib_module_names | guarded:
+                    found.setdefault(parts[0], path)
+                continue
+            for i in range(1, len(parts) + 1):
+                module = _project_module(".".join(parts[:i]), path.parent)
+                if module is not None and module.is_file() and module not in seen:
+                    seen.add(module)
+                    for third, importer in _unguarded_imports(module, seen).items():
+                        if third not in guarded:
+                            found.setdefault(third, importer)
+    return found
+
+
+def _collected(paths: list[str]) -> list[Path]:
+    """The test modules and conftest.py files pytest imports for `paths` (default: testpaths)."""
+    if not paths:
+        paths = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"][
+            "ini_options"]["testpaths"]
+    files: set[Path] = {REPO / "conftest.py"}
+    for root in (REPO / p for p in paths):
+        tests = [root] if root.is_file() else [*root.rglob("test_*.py"), *root.rglob("*_test.py")]
+        for test in tests:
+            files.add(test)
+            files |= {d / "conftest.py" for d in test.parents
+                      if d.is_relative_to(REPO) and (d / "conftest.py").is_file()}
+    return sorted(files)
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_pytest_runs_collect_only_what_their_job_installs(path: Path) -> None:
+    extras_of = _extras_by_import()
+    installed: dict[str, set[str]] = {}
+    for job_id, command in _job_commands(path):
+        have = installed.setdefault(job_id, {""} | _BROUGHT.get((path.name, job_id), set()))
+        have.update(_pip_installs(command))
+        args = _after(command, "pytest")
+        if args is None:
+            continue
+        run = f"{path.name} job {job_id}: `pytest {shlex.join(args)}`"
+        paths = [word for before, word in zip(["", *args], args)
+                 if not word.startswith("-") and before not in _PYTEST_VALUE_OPTIONS]
+        assert all((REPO / p).exists() for p in paths), f"{run}: a path does not exist"
+        collected = _collected(paths)
+        for test in collected:
+            for module, importer in _unguarded_imports(test, set()).items():
+                needed = extras_of.get(module, set())
+                assert not needed or needed & have or _normal(module) in have, (
+                    f"{run} collects {test.relative_to(REPO)}, which imports {module} (in "
+                    f"{importer.relative_to(REPO)}) from extra {sorted(needed)}, not installed "
+                    "there: narrow the paths or `pytest.importorskip` it")
+        marks = args[args.index("-m") + 1] if "-m" in args else ""
+        for mark in set(re.findall(r"\w+", marks)) - {"and", "or", "not"}:
+            assert any(f"mark.{mark}" in test.read_text() for test in collected), (
+                f"{run} collects no test marked {mark}")
 
 
 def test_pip_extras_exist() -> None:

@@ -111,10 +111,11 @@ def test_kvcache_passes_the_data_checks_on_generated_traces(level, configs, devi
     case("runTest").runTest()
 
 
-def test_machines_with_data_checks_find_a_plant_the_invariants_miss():
+def test_machines_with_data_checks_find_a_plant_the_invariants_miss(device_dtype):
     """Random scheduler traces, model off, invariants plus data checks: D1 finds the swap."""
+    checks = tuple(REGISTRY) + tuple(data_checks(*device_dtype))
     machine = machine_for("scheduler", targets=("bug:hit-swaps-block",), model=False,
-                          config_names=("full",), checks=tuple(REGISTRY) + tuple(data_checks()))
+                          config_names=("full",), checks=checks)
     case = machine.TestCase
     case.settings = settings(case.settings, max_examples=200, database=None,
                              phases=[Phase.generate], report_multiple_bugs=False)

@@ -2,7 +2,8 @@
 
 Both traces pass every structural invariant with the reference model in lockstep: kvcache does
 what docs/traces.md specifies, and the bytes still go wrong. The xfails are strict, so a fix
-shows up as a failure here and the marker must go.
+shows up as a failure here and the marker must go. The data checks run on every device/dtype
+of conftest.py.
 """
 
 import pytest
@@ -37,8 +38,8 @@ def test_hazard_trace_passes_the_structural_checks(hazard):
 
 
 @pytest.mark.parametrize("hazard", HAZARDS)
-def test_kvcache_keeps_the_kv_right(hazard):
-    result = run_trace(hazard, ["kvcache"], checks=list(REGISTRY) + data_checks())
+def test_kvcache_keeps_the_kv_right(hazard, device_dtype):
+    result = run_trace(hazard, ["kvcache"], checks=list(REGISTRY) + data_checks(*device_dtype))
     if result.finding is not None and result.finding.check == "D1":
         raise KVHazard(result.finding.headline())
     assert result.passed, result.finding.headline()

@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytest.importorskip("atheris", reason="the atheris engine needs the `fuzz` extra")
+
 from fuzz.atheris_engine import INPUTS_DIR, LOGS_DIR, libfuzzer_args, run_atheris, worker_seed
 from fuzz.campaign import CampaignOptions, Stats
 from harness.executor import run_trace

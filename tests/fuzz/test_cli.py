@@ -62,11 +62,30 @@ def test_finding_exits_one_and_saves_a_named_shrunk_trace(tmp_path, capsys):
         (["run", "--workers", "0"], "--workers"),
         (["run", "--data", "gpu"], "--data 'gpu'"),
         (["run", "--data", "cpu:int8"], "--data 'cpu:int8'"),
+        (["run", "--engine", "atheris", "--database", "db"], "--database"),
     ],
 )
 def test_usage_errors_exit_two_naming_the_value(capsys, argv, needle):
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_database_replays_a_saved_failure_first(tmp_path):
+    """One generated example (Hypothesis' simplest) misses the planted bug; with the database
+    of an earlier run it is found again at once, whatever the seed, and a run with other
+    options leaves the saved example alone."""
+    db = tmp_path / "db"
+
+    def run(*argv: str) -> int:
+        return main(["run", "--config", "full", "--level", "api", "--corpus", str(tmp_path / "c"),
+                     *argv])
+
+    bug = ("--target", "bug:free-forgets-decrement")
+    assert run(*bug, "--examples", "10", "--seed", "1", "--database", str(db)) == 1
+    assert any(p.is_file() for p in db.rglob("*"))
+    assert run(*bug, "--examples", "1", "--seed", "2") == 0
+    assert run("--examples", "1", "--seed", "2", "--database", str(db)) == 0
+    assert run(*bug, "--examples", "1", "--seed", "2", "--database", str(db)) == 1
 
 
 def test_replay_rejects_malformed_and_wrong_version_files(tmp_path, capsys):

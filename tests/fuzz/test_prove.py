@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+pytest.importorskip("crosshair", reason="`kvfuzz prove` needs CrossHair (the `fuzz` extra)")
+
 from fuzz.prove import FAILED, PROVED, UNKNOWN, contract_functions, prove
 from harness.errors import KvfuzzError
 
