@@ -41,7 +41,7 @@ How an op updates the mirror, in this order:
    precedes the attention reads, so a same-step hit on blocks hashed at scheduling time is fine
    (SPEC §10.7) and is not reported.
 
-Where the checks report real hazards rather than planted bugs (tests/data/test_hazards.py):
+Where the checks report real hazards rather than planted bugs (tests/data/test_data_hazards.py):
 
 - **Preempted after scheduled** (priority policy; SPEC §10.7): the victim's allocate_slots
   hashed blocks in this step, its forward pass never runs, the keys stay; a later hit reads
