@@ -1,10 +1,14 @@
-"""Hypothesis settings profiles: `ci` (the default), `dev`, `nightly`.
+"""Hypothesis settings profiles: `ci` (the default), `dev`, `nightly`; and user plugins.
 
-Pick one with HYPOTHESIS_PROFILE=dev or `pytest --hypothesis-profile=nightly`.
+Pick a profile with HYPOTHESIS_PROFILE=dev or `pytest --hypothesis-profile=nightly`. Name a
+module of your own invariants (or targets) with `pytest --kvfuzz-plugin MODULE` (repeatable) or
+KVFUZZ_PLUGINS=mod1,mod2: it is imported before the tests run, as `kvfuzz run --plugin` does,
+so the state machines check it after every op.
 """
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _COMMON = dict(
@@ -21,3 +25,23 @@ settings.register_profile("dev", _DEFAULT, max_examples=20, stateful_step_count=
 settings.register_profile("nightly", _DEFAULT, max_examples=2000, stateful_step_count=60,
                           **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--kvfuzz-plugin", action="append", default=[], metavar="MODULE",
+                     help="import MODULE (invariants, targets) before the tests; repeatable; "
+                     "KVFUZZ_PLUGINS=mod1,mod2 adds more")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from_env = [m.strip() for m in os.environ.get("KVFUZZ_PLUGINS", "").split(",") if m.strip()]
+    plugins = from_env + config.getoption("kvfuzz_plugin")
+    if not plugins:
+        return
+    from fuzz.campaign import import_plugins
+
+    for name in plugins:
+        try:
+            import_plugins((name,))
+        except ImportError as exc:
+            raise pytest.UsageError(f"cannot import kvfuzz plugin {name!r}: {exc}") from None

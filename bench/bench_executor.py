@@ -8,8 +8,8 @@ the comparison and every registered check.
 How the checks stay cheap: a snapshot is plain tuples and dicts read once per op, and derived
 views (holders per block, the free set) are computed once per snapshot and shared by every check
 (`Snapshot.holders`, `Snapshot.free_set`); checks are O(blocks + table entries), transition
-checks look only at the ops they concern, and the model only copies the small lists the
-predictor trial needs.
+checks look only at the ops they concern (I7 returns at once when the queue did not change and
+the op released nothing), and the model only copies the small lists the predictor trial needs.
 """
 
 from __future__ import annotations

@@ -278,6 +278,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from fuzz.campaign import selected_checks
     from harness.errors import InvalidTrace
     from harness.executor import Counterexample, Execution
+    from harness.trace import op_text
 
     _plugins(args)
     trace = _load(args.file)
@@ -294,25 +295,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             result = execution.apply(op)
         except Counterexample as exc:
             if not args.quiet:
-                print(f"step {i}: {_op_text(op)}")
-            print(f"\nFAILED {exc.finding.report()}")
+                print(f"step {i}: {op_text(op, trace.level)}")
+            # The steps above are the trace; --quiet printed none, so the report carries it.
+            print(f"\nFAILED {exc.finding.report(with_trace=args.quiet)}")
             return EXIT_FOUND
         except InvalidTrace as exc:
             raise UsageError(f"invalid trace: {exc}") from None
         if not args.quiet:
-            print(f"step {i}: {_op_text(op)} -> {json.dumps(result)}")
+            print(f"step {i}: {op_text(op, trace.level)} -> {json.dumps(result)}")
             for change in before.differences(execution.targets[0].snapshot)[:8]:
                 print(f"    {change}")
     print(f"\npassed: {len(trace.ops)} ops, {execution.checks_run} checks, no counterexample")
     return EXIT_OK
-
-
-def _op_text(op: dict[str, Any]) -> str:
-    from harness.trace import compact_op
-
-    level = "scheduler" if op["op"] in ("step", "abort", "finish") else "api"
-    fields = compact_op(op, level) if op["op"] != "add_request" else op
-    return json.dumps({k: v for k, v in fields.items() if v is not None})
 
 
 def _cmd_shrink(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ step. Every generator (state machines, atheris, a file) goes through here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from harness.errors import InvalidTrace
 from harness.sides import Observations, Side
 from harness.snapshot import Snapshot
 from harness.targets import get_target
-from harness.trace import Op, Trace, normalize_op
+from harness.trace import Op, Trace, normalize_op, op_text
 
 TargetSpec = str | Callable[[Config, str], Side]
 
@@ -49,13 +50,20 @@ class Finding:
     def headline(self) -> str:
         return f"[{self.check}] step {self.step} on {self.target}: {self.message}"
 
-    def report(self) -> str:
+    def report(self, with_trace: bool = True) -> str:
+        """Headline, check, op and states; then the trace up to the step, one op a line
+        (`with_trace=False` for a caller that has already printed the ops)."""
         op = self.trace.ops[self.step] if self.step < len(self.trace.ops) else None
         lines = [self.headline(), f"  check: {self.check} — {self.description}"]
         if op is not None:
             lines.append(f"  op: {op}")
         if self.details:
             lines.append(self.details)
+        if with_trace:
+            trace = self.trace
+            lines.append(f"  trace up to step {self.step}, {trace.level} level, config "
+                         f"{json.dumps(trace.config.to_dict())}:")
+            lines.extend(f"    {i}: {op_text(o, trace.level)}" for i, o in enumerate(trace.ops))
         return "\n".join(lines)
 
 
@@ -111,8 +119,10 @@ class Execution:
         """The reference's snapshot after the last op (what generators consult)."""
         self.ops_checked = 0
         self.checks_run = 0
+        ref_snap = self.state if self.model is not None else None
         for tracked in self.targets:
-            self._run_checks(tracked, None, tracked.snapshot, None, None, Observations())
+            self._run_checks(tracked, None, tracked.snapshot, None, None, Observations(),
+                             ref_snap=ref_snap)
 
     def _track(self, target: TargetSpec) -> _Tracked:
         if isinstance(target, str):
@@ -128,6 +138,10 @@ class Execution:
     def reference(self) -> Side:
         """The side every target is compared with."""
         return self.model if self.model is not None else self.targets[0].side
+
+    @property
+    def reference_name(self) -> str:
+        return "model" if self.model is not None else self.targets[0].name
 
     def apply(self, raw_op: Op) -> Any:
         """Run one op everywhere and check it; returns the reference's result."""
@@ -152,7 +166,7 @@ class Execution:
                 before, tracked.snapshot = tracked.snapshot, snap
                 # Named properties first: a failure then says which rule broke, not only that
                 # the target and the reference disagree.
-                self._run_checks(tracked, before, snap, op, result, obs, step)
+                self._run_checks(tracked, before, snap, op, result, obs, step, ref_snap)
                 if self.model is None and i == 0:
                     ref_result, ref_obs, ref_snap = result, obs, snap
                 else:
@@ -177,7 +191,7 @@ class Execution:
 
     def _compare(self, tracked: _Tracked, step: int, result: Any, obs: Observations,
                  snap: Snapshot, ref_result: Any, ref_obs: Observations, ref_snap: Snapshot) -> None:
-        ref_name = "model" if self.model is not None else self.targets[0].name
+        ref_name = self.reference_name
         if result != ref_result:
             self._fail(
                 DIFF_RESULT,
@@ -203,7 +217,10 @@ class Execution:
             )
 
     def _run_checks(self, tracked: _Tracked, before: Snapshot | None, after: Snapshot,
-                    op: Op | None, result: Any, obs: Observations, step: int = -1) -> None:
+                    op: Op | None, result: Any, obs: Observations, step: int = -1,
+                    ref_snap: Snapshot | None = None) -> None:
+        """Every check on one target's state; a failure shows the reference's state beside it
+        when there is one (the model's, or the first target's for the others)."""
         from properties import CheckContext
 
         ctx = CheckContext(
@@ -219,8 +236,8 @@ class Execution:
                 message = check.fn(after, ctx)
             self.checks_run += 1
             if message:
-                self._fail(check.name, message, step, tracked.name, after,
-                           check_description=check.description)
+                self._fail(check.name, message, step, tracked.name, after, ref_snap,
+                           self.reference_name, check.description)
 
     def _fail(self, check: str, message: str, step: int, target: str,
               snap: Snapshot | None = None, ref_snap: Snapshot | None = None,
@@ -238,15 +255,21 @@ class Execution:
 
 
 def side_by_side(left_title: str, left: str, right_title: str, right: str, width: int = 60) -> str:
-    """Two renderings in columns, lines that differ marked with '|'."""
+    """Two renderings in columns, lines that differ marked with '|'. A differing line cut to
+    fit the left column is repeated in full, with its counterpart, below the table."""
     a, b = left.splitlines(), right.splitlines()
     rows = [f"  {left_title:<{width}}   {right_title}"]
+    cut: list[str] = []
     for i in range(max(len(a), len(b))):
         x = a[i] if i < len(a) else ""
         y = b[i] if i < len(b) else ""
         mark = " " if x == y else "|"
         shown = x if len(x) <= width else x[: width - 1] + "…"
         rows.append(f"  {shown:<{width}} {mark} {y}")
+        if x != y and shown != x:
+            cut += [f"  {left_title}: {x}", f"  {right_title}: {y}"]
+    if cut:
+        rows += ["  differing lines in full:", *cut]
     return "\n".join(rows)
 
 

@@ -129,6 +129,11 @@ def compact_op(op: Op, level: str) -> Op:
     return out
 
 
+def op_text(op: Op, level: str) -> str:
+    """The op as one line of JSON, fields at their default left out."""
+    return json.dumps(compact_op(op, level))
+
+
 @dataclass
 class Trace:
     """A config, a level and the ops to run from a fresh manager."""

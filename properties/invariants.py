@@ -160,25 +160,106 @@ def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext
     return None
 
 
-@invariant(
+@transition(
     "I7",
-    "eviction order: every uncached free block precedes every cached free block, except "
-    "blocks whose keys evict_blocks or reset_prefix_cache stripped in place",
-    covers=("BUGS 12", "BUGS 13", "BUGS 11"),
+    "eviction order: blocks that stay free keep their order and blocks leave from the head (or "
+    "as cached hits); released uncached blocks go to the head (later release first), released "
+    "cached ones to the tail (earlier release first), each release in the caller's order (a "
+    "table tail first); so uncached free blocks precede cached ones, bar keys stripped in place",
+    covers=("BUGS 11", "BUGS 12", "BUGS 13"),
 )
-def uncached_first(s: Snapshot, ctx: CheckContext) -> str | None:
-    stripped: set[int] = ctx.memory.setdefault("I7", set())
-    free = s.free_set()
-    stripped &= free
-    if ctx.op["op"] in ("evict_blocks", "reset_prefix_cache"):
-        stripped.update(b for b in free if s.block_keys[b] is None)
-    seen_cached = None
-    for b in s.free_queue:
-        if s.block_keys[b] is not None:
-            seen_cached = b if seen_cached is None else seen_cached
-        elif seen_cached is not None and b not in stripped:
-            return f"uncached free block {b} sits behind cached free block {seen_cached}"
+def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    q0, q1, kind = before.free_queue, after.free_queue, ctx.op["op"]
+    calls = _releases(before, after, ctx)
+    head, tail = _queued(before, calls or [])
+    if q0 == q1 and not head and not tail:
+        return None
+    pos = {b: i for i, b in enumerate(q0)}
+    keys0, keys1 = before.block_keys, after.block_keys
+    if calls is None:
+        # A step may take blocks (pops from the head, hits) and release them again: at most
+        # `reach` blocks of the old queue were popped, and hits are cached blocks.
+        reach = sum(p.free_before - p.free_after for p in ctx.observations.allocations
+                    if p.outcome == "blocks")
+
+        def moved(b: int) -> bool:
+            at = pos.get(b)
+            return at is None or at < reach or keys0[b] is not None
+    else:
+
+        def moved(b: int) -> bool:
+            return b not in pos
+
+    # The queue must read [released uncached | stayed free, in order | released cached].
+    i, j = 0, len(q1)
+    while i < j and keys1[q1[i]] is None and moved(q1[i]):
+        i += 1
+    while j > i and keys1[q1[j - 1]] is not None and moved(q1[j - 1]):
+        j -= 1
+    last = -1
+    for b in q1[i:j]:
+        at = pos.get(b)
+        if at is None:
+            end = "head" if keys1[b] is None else "tail"
+            return f"{kind} released block {b} into the free queue, not at its {end}: {list(q1)}"
+        if at < last:
+            return (f"after {kind} block {q0[last]} precedes block {b} in the free queue, unlike "
+                    "before (a block that stays free keeps its place, a released one goes to an "
+                    "end)")
+        last = at
+    free1 = after.free_set()
+    if i < j:
+        first = pos[q1[i]]
+        gone = next((b for b in q0[first:] if keys0[b] is None and b not in free1), None)
+        if gone is not None:
+            return (f"uncached block {gone} left the free queue from behind block {q0[first]}, "
+                    "which stayed (blocks are taken from the head)")
+    if calls is None:
+        return None
+    for got, want, end, first_release in ((q1[:i], head, "head", "later"),
+                                          (q1[j:], tail, "tail", "earlier")):
+        want = [b for b in want if b in free1]
+        if list(got) != want:
+            return (f"{kind} queued {list(got)} at the {end}, expected {want} ({first_release} "
+                    "release first, each in the caller's order: a table tail first)")
     return None
+
+
+def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list[int]] | None:
+    """The op's free_blocks calls, each with its blocks in the caller's order (SPEC.md §3.6,
+    §4.7); None for a scheduler step, whose releases the snapshots do not show."""
+    op = ctx.op
+    kind = op["op"]
+    if kind == "step":
+        return None
+    if kind in ("free", "abort", "finish"):
+        view = before.requests.get(op["request_id"])
+        return [list(reversed(t)) for t in view.tables if t] if view else []
+    if kind == "release_copies":
+        return [[b for pair in before.retained_copies for b in pair]]
+    if kind == "allocate_slots":
+        # Out-of-window blocks, nulled and released highest index first, group by group.
+        old = before.requests[op["request_id"]].tables
+        new = after.requests[op["request_id"]].tables
+        return [[t0[k] for k in range(min(len(t0), len(t1)) - 1, -1, -1) if t0[k] and not t1[k]]
+                for t0, t1 in zip(old, new) if t0 and t1]
+    return []
+
+
+def _queued(before: Snapshot, calls: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Where free_blocks puts what these calls release: the head run and the tail run."""
+    counts: dict[int, int] = {}
+    head: list[int] = []
+    tail: list[int] = []
+    for blocks in calls:
+        run = []
+        for b in blocks:
+            if b:
+                counts[b] = counts.get(b, before.ref_cnt[b]) - 1
+                if counts[b] == 0:
+                    (run if before.block_keys[b] is None else tail).append(b)
+        head[:0] = run
+    return head, tail
 
 
 @transition(

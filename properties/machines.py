@@ -70,9 +70,9 @@ class _TraceMachine(RuleBasedStateMachine):
             return self.execution.apply(op)
         except Counterexample as exc:
             if current_build_context().is_final:
+                # The exception's report already lists the trace, op by op.
                 path = save_finding(exc.finding.trace, FINDINGS_DIR)
                 note(f"kvfuzz: minimal trace saved to {path} (replay: kvfuzz replay {path})")
-                note(exc.finding.trace.to_json())
             raise
 
     def views(self, *statuses: str) -> list[tuple[str, RequestView]]:

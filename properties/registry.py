@@ -3,8 +3,8 @@
 A **state** check sees the snapshot after an op; a **transition** check also sees the snapshot
 before it, the op, its result and what the probes observed. A check returns None when it holds
 and a message saying what is wrong when it does not. Users add checks by decorating a function
-in a module of their own and naming that module with `--plugin` (or importing it from a
-conftest): see README.md, "Adding an invariant".
+in a module of their own and naming that module with `kvfuzz run --plugin` or
+`pytest --kvfuzz-plugin` (or importing it from a conftest): see README.md, "Adding an invariant".
 
     from properties import invariant
 
@@ -65,6 +65,12 @@ class Check:
     covers: tuple[str, ...] = ()
     """SPEC.md §8 invariants and BUGS.md rows this check stands for."""
     module: str = ""
+    """The module that registered it."""
+
+    @property
+    def builtin(self) -> bool:
+        """Registered by kvfuzz's own `properties` package, not by a user's plugin."""
+        return self.module.partition(".")[0] == "properties"
 
 
 class Registry:

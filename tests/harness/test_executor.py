@@ -71,18 +71,45 @@ def test_a_finding_reports_step_check_states_and_trace():
     report = finding.report()
     assert "step 6" in report and "P2" in report and "ref_cnt" in report
     assert len(finding.trace.ops) == 7 and finding.trace.meta["check"] == "P2"
+    assert "trace up to step 6, api level, config {" in report
+    assert '    0: {"op": "add_request", "request_id": "A"' in report
+    assert '    6: {"op": "free", "request_id": "A"}' in report and "    7:" not in report
+    assert "trace up to" not in finding.report(with_trace=False)
     assert run_trace(finding.trace, ["bug:free-forgets-decrement"]).finding.check == "P2"
 
 
 def test_differential_finding_shows_both_states_side_by_side():
-    result = run_trace(Trace(FULL, "api", _e1_ops()), ["bug:free-forward-order"])
+    result = run_trace(Trace(FULL, "api", _e1_ops()), ["bug:free-forward-order"], checks=())
     assert result.finding.check == "DIFF-state"
     assert "model after step" in result.finding.details and "|" in result.finding.details
 
 
+def test_invariant_finding_shows_the_model_state_beside_the_target_state():
+    finding = run_trace(Trace(FULL, "api", _e1_ops()), ["bug:free-forward-order"]).finding
+    assert finding.check == "I7" and finding.step == 7
+    assert "bug:free-forward-order after step 7" in finding.details
+    assert "model after step 7" in finding.details and "|" in finding.details
+
+
+def test_side_by_side_shows_a_differing_long_line_in_full():
+    """A 40-block queue overflows the left column: both queues still appear in full."""
+    config = Config(40, (GroupConfig("full", 4),), max_model_len=32)
+    queues = []
+    for target in ("kvcache", "bug:free-forward-order"):
+        execution = Execution(config, "api", [target], model=False, checks=())
+        for op in _e1_ops():
+            execution.apply(op)
+        queues.append(execution.targets[0].snapshot.free_queue)
+    assert queues[0] != queues[1]
+    finding = run_trace(Trace(config, "api", _e1_ops()), ["bug:free-forward-order"]).finding
+    report = finding.report()
+    for queue in queues:
+        assert f"free (39): {list(queue)}" in report
+
+
 def test_two_targets_and_no_model():
     result = run_trace(Trace(FULL, "api", _e1_ops()), ["kvcache", "bug:free-forward-order"],
-                       model=False)
+                       model=False, checks=())
     assert result.finding.check == "DIFF-state" and result.finding.target == "bug:free-forward-order"
 
 

@@ -2,8 +2,8 @@
 
 Each `bug:NAME` target is kvcache with one behaviour broken (harness/mutants.py). A short
 seeded campaign must find it through the one executor, report the expected check, and save a
-shrunk trace that replays to the same check. The mission properties are also shown failing on
-their own: model off, only that check registered.
+shrunk trace that replays to the same check. The mission properties and I7 are also shown
+failing on their own: model off, only that check registered.
 """
 
 from pathlib import Path
@@ -21,7 +21,7 @@ EXPECTED = {
     "predictor-off-by-one": {"P1"},
     "touch-leaves-queued": {"P1", "P3"},
     "free-forgets-decrement": {"P2"},
-    "free-forward-order": {"DIFF-state"},
+    "free-forward-order": {"I7"},
     "hit-reaches-num-tokens": {"I12"},
     "salt-ignored": {"H1"},
     "weak-hash": {"H1"},
@@ -72,10 +72,11 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
 @pytest.mark.parametrize(
     "check, plant, level",
     [("P1", "predictor-off-by-one", "api"), ("P2", "free-forgets-decrement", "api"),
-     ("P3", "touch-leaves-queued", "api"), ("P4", "predictor-off-by-one", "scheduler")],
+     ("P3", "touch-leaves-queued", "api"), ("P4", "predictor-off-by-one", "scheduler"),
+     ("I7", "free-forward-order", "api")],
 )
-def test_mission_property_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
-    """Without the model and with every other check removed, the property still fails."""
+def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
+    """Without the model and with every other check removed, the check still fails."""
     import properties.registry as registry
 
     only = registry.Registry()
