@@ -2,7 +2,8 @@
 
 One core, the default campaign (Hypothesis engine, every built-in config in turn, both levels,
 reference model on), five seeds per plant. Goal: under 5 s and at most 10 ops for each of the
-six plants of the checker issue. `--all` also times the other plants of harness/mutants.py.
+six plants of the checker issue. `--all` also times the other plants of harness/mutants.py,
+with the data checks on CPU for the plants only they can see (`Mutant.needs_data`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def hunt(name: str, seed: int, budget: float) -> tuple[float | None, int | None,
         options = CampaignOptions(
             target=f"bug:{name}", seconds=budget, seed=seed, corpus=Path(corpus),
             configs=mutant.configs or CampaignOptions().configs, max_findings=1,
+            data="cpu" if mutant.needs_data else None,
         )
         stats = Campaign(options).run()
     if not stats.findings:

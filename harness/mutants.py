@@ -28,6 +28,8 @@ class Mutant:
     """The BUGS.md row (or source) the plant is modelled on."""
     configs: tuple[str, ...] | None = None
     """Built-in configs where the bug can show (None: any)."""
+    needs_data: bool = False
+    """Only the data checks (`--data`) can see it: counts, queues and keys stay right."""
 
 
 MUTANTS: dict[str, Mutant] = {}
@@ -43,10 +45,10 @@ REQUIRED = (
 )
 
 
-def mutant(name: str, description: str, *, bug: str = "",
-           configs: tuple[str, ...] | None = None) -> Callable[[Callable[[KvcacheSide], None]], Any]:
+def mutant(name: str, description: str, *, bug: str = "", configs: tuple[str, ...] | None = None,
+           needs_data: bool = False) -> Callable[[Callable[[KvcacheSide], None]], Any]:
     def register(patch: Callable[[KvcacheSide], None]) -> Callable[[KvcacheSide], None]:
-        MUTANTS[name] = Mutant(name, description, patch, bug, configs)
+        MUTANTS[name] = Mutant(name, description, patch, bug, configs, needs_data)
 
         class Broken(KvcacheSide):
             def build_manager(self, config: Config) -> Any:
@@ -57,7 +59,9 @@ def mutant(name: str, description: str, *, bug: str = "",
 
         Broken.name = f"bug:{name}"
         Broken.__name__ = Broken.__qualname__ = f"Bug_{name.replace('-', '_')}"
-        register_target(f"bug:{name}", f"planted bug ({bug or 'classic'}): {description}", Broken)
+        seen_by = "; only --data sees it" if needs_data else ""
+        register_target(f"bug:{name}", f"planted bug ({bug or 'classic'}{seen_by}): "
+                        f"{description}", Broken)
         return patch
 
     return register
@@ -351,7 +355,7 @@ def _cow_skipped(side: KvcacheSide) -> None:
 
 @mutant("cow-redirect-late", "the worker learns of a copy-on-write redirect one pass late: the "
         "admission's forward pass writes through the source block, which its owner still uses",
-        bug="SPEC §4.5", configs=("partial_hits",))
+        bug="SPEC §4.5", configs=("partial_hits",), needs_data=True)
 def _cow_redirect_late(side: KvcacheSide) -> None:
     stale: dict[str, list[tuple[int, int, int]]] = {}
 
