@@ -147,8 +147,7 @@ class AtherisWorker(Campaign):
             self.fuzz_targets[index](data[1:])
         except Counterexample as exc:
             self._record(exc, *self.rotation[index], self.start)
-        self.stats.examples += 1
-        self._account()
+        self._account(*self.rotation[index], examples=1)
         self.stats.elapsed = time.monotonic() - self.start
         _write_atomic(self.stats_file, pickle.dumps(self.stats))
         if self.stopping:
@@ -271,7 +270,7 @@ def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) 
                     start_new_session=True,  # Ctrl-C reaches the parent, which stops them
                 ))
         grace = options.shrink_seconds + 10
-        stopped = False
+        stopped = interrupted = False
         try:
             while any(proc.poll() is None for proc in procs) and not stopped:
                 time.sleep(POLL_S)
@@ -279,10 +278,11 @@ def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) 
                 on_progress(stats)
                 stopped = _budget_spent(options, stats, start)
         except KeyboardInterrupt:
-            stopped = True
+            stopped = interrupted = True
         if stopped:
             _stop(procs, grace)
         stats = _collect(run_dir, logs, start)
+        stats.interrupted = interrupted
     for worker, (proc, log) in enumerate(zip(procs, logs)):
         if proc.returncode != 0 and not (stopped and -proc.returncode in _STOP_SIGNALS):
             raise AtherisError(f"atheris worker {worker} exited with code {proc.returncode} "

@@ -11,7 +11,9 @@ saved atomically in the corpus folder under a name that says the check it breaks
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import importlib
 import logging
 import multiprocessing
 import os
@@ -74,6 +76,14 @@ class FindingRecord:
 
 
 @dataclass
+class PairStats:
+    """Examples and operations of one (level, config) pair."""
+
+    examples: int = 0
+    operations: int = 0
+
+
+@dataclass
 class Stats:
     """Progress of one worker (or the sum over workers)."""
 
@@ -85,6 +95,13 @@ class Stats:
     elapsed: float = 0.0
     edges: int = 0
     """libFuzzer's edge coverage (`cov:`) of the atheris engine, the largest over workers."""
+    pairs: dict[tuple[str, str], PairStats] = field(default_factory=dict)
+    """The examples and operations of each (level, config) pair, in the order first run."""
+    interrupted: bool = False
+    """The campaign was ended by Ctrl-C or SIGTERM before its budget was spent."""
+
+    def pair(self, level: str, config: str) -> PairStats:
+        return self.pairs.setdefault((level, config), PairStats())
 
     def merge(self, other: Stats) -> None:
         self.examples += other.examples
@@ -94,6 +111,19 @@ class Stats:
         self.findings.extend(other.findings)
         self.elapsed = max(self.elapsed, other.elapsed)
         self.edges = max(self.edges, other.edges)
+        for (level, config), counts in other.pairs.items():
+            mine = self.pair(level, config)
+            mine.examples += counts.examples
+            mine.operations += counts.operations
+        self.interrupted = self.interrupted or other.interrupted
+
+    def by_config(self) -> list[dict[str, Any]]:
+        """One row per (level, config) pair run: examples, operations, findings."""
+        return [
+            {"level": level, "config": config, **asdict(counts),
+             "findings": sum(f.level == level and f.config == config for f in self.findings)}
+            for (level, config), counts in self.pairs.items()
+        ]
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -103,6 +133,8 @@ class Stats:
             "coverage": len(self.features),
             "edges": self.edges,
             "seconds": round(self.elapsed, 2),
+            "interrupted": self.interrupted,
+            "by_config": self.by_config(),
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -133,11 +165,17 @@ def selected_checks(data: str | None) -> list[Any] | None:
     return list(REGISTRY) + data_checks_for(data)
 
 
-def import_plugins(plugins: tuple[str, ...]) -> None:
-    import importlib
+class PluginError(ImportError):
+    """A plugin module failed to import: `name` is the module, the message says why."""
 
+
+def import_plugins(plugins: tuple[str, ...]) -> None:
+    """Import each plugin module in order; PluginError names the first that fails."""
     for name in plugins:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except (Exception, SystemExit) as exc:
+            raise PluginError(f"{type(exc).__name__}: {exc}", name=name) from exc
 
 
 class Campaign:
@@ -194,6 +232,7 @@ class Campaign:
         start = time.monotonic()
         pairs = self.pairs
         index = 0
+        level, name = pairs[0]
         try:
             while not self._done(start):
                 level, name = pairs[index % len(pairs)]
@@ -219,15 +258,17 @@ class Campaign:
                     # Flaky error: the campaign ends as interrupted, keeping what it found.
                     if not STOP_REQUESTED.is_set():
                         raise
-                self.stats.examples += count
-                self._account()
+                self._account(level, name, count)
                 self.stats.elapsed = time.monotonic() - start
                 if self.report is not None:
                     self.report(self.stats)
                 index += 1
         except (KeyboardInterrupt, Stop):
-            self._account()
+            self.stats.interrupted = True
+            self._account(level, name)
             self.stats.elapsed = time.monotonic() - start
+        # A library that swallowed the interrupt's exception leaves only the flag.
+        self.stats.interrupted = self.stats.interrupted or STOP_REQUESTED.is_set()
         return self.stats
 
     def _batch_size(self) -> int:
@@ -245,9 +286,15 @@ class Campaign:
             return True
         return opts.seconds is not None and time.monotonic() - start >= opts.seconds
 
-    def _account(self) -> None:
+    def _account(self, level: str, name: str, examples: int = 0) -> None:
+        """Add the finished examples and the executions run since the last call to the totals
+        and to the (level, config) pair they ran on."""
+        pair = self.stats.pair(level, name)
+        self.stats.examples += examples
+        pair.examples += examples
         for execution in self._executions:
             self.stats.operations += execution.ops_checked
+            pair.operations += execution.ops_checked
             self.stats.checks += execution.checks_run
             self.stats.features |= behaviour_features(execution)
         self._executions.clear()
@@ -270,6 +317,8 @@ class Campaign:
                            "seed": self.options.seed, "level": level})
         if self.options.data is not None:
             trace.meta["data"] = self.options.data
+        if self.options.plugins:
+            trace.meta["plugins"] = list(self.options.plugins)
         path = save_finding(trace, self.options.corpus)
         self.stats.findings.append(
             FindingRecord(
@@ -301,8 +350,8 @@ def _worker(options: CampaignOptions, worker: int, queue: Any) -> None:
 
 
 def _portable(stats: Stats) -> Stats:
-    return Stats(stats.examples, stats.operations, stats.checks, set(stats.features),
-                 list(stats.findings), stats.elapsed)
+    """A copy to queue: the queue pickles it later, while the campaign goes on."""
+    return copy.deepcopy(stats)
 
 
 def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None]) -> Stats:
@@ -321,6 +370,7 @@ def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None])
         p.start()
     latest: dict[int, Stats] = {}
     done: set[int] = set()
+    interrupted = False
     try:
         while len(done) < len(procs):
             try:
@@ -334,6 +384,7 @@ def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None])
                 done.add(worker)
             on_progress(_total(latest))
     except KeyboardInterrupt:
+        interrupted = True
         for p in procs:
             if p.is_alive():
                 os.kill(p.pid, signal.SIGTERM)
@@ -348,7 +399,9 @@ def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None])
                 done.add(worker)
     for p in procs:
         p.join(timeout=5)
-    return _total(latest)
+    total = _total(latest)
+    total.interrupted = total.interrupted or interrupted
+    return total
 
 
 def _total(latest: dict[int, Stats]) -> Stats:

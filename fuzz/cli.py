@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("file", type=Path)
     replay.add_argument("--target", help="target (default: the trace's, else kvcache)")
     replay.add_argument("--no-model", action="store_true", help="without the reference model")
-    replay.add_argument("--plugin", nargs="+", default=[], metavar="MODULE")
+    replay.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
+                        help="import MODULE too (the trace's plugins are imported anyway)")
     replay.add_argument("--quiet", action="store_true", help="print only the outcome")
     replay.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
@@ -103,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     shrink.add_argument("--out", type=Path, help="output file (default: FILE.min.json)")
     shrink.add_argument("--seconds", type=float, default=60.0, help="time budget (default: 60)")
     shrink.add_argument("--no-model", action="store_true", help="without the reference model")
-    shrink.add_argument("--plugin", nargs="+", default=[], metavar="MODULE")
+    shrink.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
+                        help="import MODULE too (the trace's plugins are imported anyway)")
     shrink.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
     shrink.set_defaults(handler=_cmd_shrink)
@@ -112,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("file", type=Path)
     export.add_argument("--pytest", type=Path, required=True, metavar="OUT.py")
     export.add_argument("--target", help="target the test replays on (default: the trace's)")
+    export.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
+                        help="import MODULE too in the test (besides the trace's plugins)")
     export.set_defaults(handler=_cmd_export)
 
     for name, helptext, handler in (
@@ -132,13 +136,37 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _plugins(args: argparse.Namespace) -> None:
-    from fuzz.campaign import import_plugins
+def _plugins(plugins: list[str]) -> None:
+    from fuzz.campaign import PluginError, import_plugins
 
     try:
-        import_plugins(tuple(args.plugin))
-    except ModuleNotFoundError as exc:
-        raise UsageError(f"cannot import plugin {exc.name!r}") from None
+        import_plugins(tuple(plugins))
+    except PluginError as exc:
+        raise UsageError(f"cannot import plugin {exc.name!r}: {exc}") from None
+
+
+def _positive(option: str, value: float | None) -> None:
+    """A count or a duration, when given, must be positive."""
+    if value is not None and not value > 0:  # `not >` also rejects NaN
+        bound = ">= 1" if isinstance(value, int) else "> 0"
+        raise UsageError(f"{option} must be {bound}, got {value}")
+
+
+def _writable(option: str, path: Path, folder: bool = False) -> None:
+    """The file `path` (the folder, if `folder`) can be written: the nearest existing folder
+    where it is or would be made takes a temporary file, so nothing is left behind."""
+    import tempfile
+
+    if not folder and path.is_dir():
+        raise UsageError(f"{option} {path} is a directory")
+    where = path if folder else path.parent
+    existing = next(p for p in (where, *where.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{option} {path}: {existing} is not a directory")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot write in {existing} ({exc.strerror})") from None
 
 
 def _check_target(name: str) -> str:
@@ -151,18 +179,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fuzz.campaign import CampaignOptions, interrupt, run_campaign, selected_checks
     from harness.configs import builtin_config
 
-    _plugins(args)
+    _plugins(args.plugin)
     target = _check_target(args.target)
     selected_checks(args.data)  # a bad --data spec fails here, before any worker starts
     configs = tuple(args.config or BUILTIN)
     for name in configs:
         builtin_config(name)
-    if args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    if args.examples is not None and args.examples < 1:
-        raise UsageError(f"--examples must be >= 1, got {args.examples}")
+    for option, value in (("--workers", args.workers), ("--examples", args.examples),
+                          ("--seconds", args.seconds), ("--steps", args.steps)):
+        _positive(option, value)
     if args.database is not None and args.engine != "hypothesis":
         raise UsageError("--database needs --engine hypothesis")
+    _writable("--corpus", args.corpus, folder=True)
+    if args.database is not None:
+        _writable("--database", args.database, folder=True)
+    if args.json is not None:
+        _writable("--json", args.json)
     seconds = None if args.examples is not None else (args.seconds or 60.0)
     options = CampaignOptions(
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
@@ -249,10 +281,19 @@ def _summary(stats: Any, options: Any) -> None:
             ("invariant checks", stats.checks), ("distinct coverage", len(stats.features)),
             *([("libFuzzer edges", stats.edges)] if stats.edges else []),
             ("findings", len(stats.findings))]
+    if stats.interrupted:
+        rows.append(("interrupted", "yes: stopped by Ctrl-C or SIGTERM, findings so far kept"))
     width = max(len(k) for k, _ in rows)
     print("\nsummary")
     for key, value in rows:
         print(f"  {key:<{width}}  {value}")
+    by_config = stats.by_config()
+    if by_config:
+        width = max(len(f"{r['level']}/{r['config']}") for r in by_config)
+        print(f"\n  {'by config':<{width}}  {'examples':>9}  {'operations':>11}  findings")
+        for r in by_config:
+            print(f"  {r['level'] + '/' + r['config']:<{width}}  {r['examples']:>9}  "
+                  f"{r['operations']:>11}  {r['findings']:>8}")
     if stats.findings:
         print("\nfindings (replay with `kvfuzz replay FILE`)")
         for f in stats.findings:
@@ -260,18 +301,40 @@ def _summary(stats: Any, options: Any) -> None:
                   f"{f.found_after_s:.1f} s: {f.message}\n      {f.file}")
 
 
-def _load(path: Path) -> Any:
+def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | None]:
+    """The trace FILE, its target and its data spec (`--target`, `--data`, else the trace's
+    own), with its plugins imported: those the trace records, then `--plugin`'s, all recorded
+    in its meta. The check the trace records must then be registered."""
     from harness.trace import Trace
 
-    return Trace.load(path)
+    trace = Trace.load(args.file)
+    recorded = trace.meta.get("plugins", [])
+    if not isinstance(recorded, list) or not all(isinstance(m, str) for m in recorded):
+        raise UsageError(f"{args.file}: meta.plugins must be a list of module names, "
+                         f"got {recorded!r}")
+    plugins = list(dict.fromkeys(recorded + args.plugin))
+    _plugins(plugins)
+    if plugins:
+        trace.meta["plugins"] = plugins
+    target = _check_target(args.target or str(trace.meta.get("target", "kvcache")))
+    data = data or trace.meta.get("data")
+    _check_registered(args.file, trace.meta.get("check"), data, plugins)
+    return trace, target, data
 
 
-def _trace_target(trace: Any, explicit: str | None) -> str:
-    return _check_target(explicit or str(trace.meta.get("target", "kvcache")))
+def _check_registered(path: Path, check: Any, data: str | None, plugins: list[str]) -> None:
+    """A trace's recorded check must exist here, or its replay would pass for want of it."""
+    from fuzz.campaign import selected_checks
+    from harness.executor import CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE
+    from properties import REGISTRY
 
-
-def _trace_data(trace: Any, explicit: str | None) -> str | None:
-    return explicit or trace.meta.get("data")
+    known = {c.name for c in (selected_checks(data) or REGISTRY)}
+    if check is None or check in known | {CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE}:
+        return
+    imported = f" (plugins imported: {', '.join(plugins)})" if plugins else ""
+    raise UsageError(f"{path} records a failure of check {check!r}, which is not "
+                     f"registered{imported}: pass `--plugin MODULE` naming the module that "
+                     "defines it")
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -280,10 +343,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from harness.executor import Counterexample, Execution
     from harness.trace import op_text
 
-    _plugins(args)
-    trace = _load(args.file)
-    target = _trace_target(trace, args.target)
-    data = _trace_data(trace, args.data)
+    trace, target, data = _load(args, args.data)
     print(f"replaying {args.file}: {len(trace.ops)} ops, {trace.level} level, config "
           f"{trace.config.name!r}, target {target}" + (", no model" if args.no_model else "")
           + (f", data checks on {data}" if data else ""))
@@ -313,17 +373,16 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
     from fuzz.campaign import selected_checks
     from fuzz.shrink import shrink_trace
 
-    _plugins(args)
-    trace = _load(args.file)
-    target = _trace_target(trace, args.target)
-    data = _trace_data(trace, args.data)
+    _positive("--seconds", args.seconds)
+    trace, target, data = _load(args, args.data)
+    out = args.out or args.file.with_suffix(".min.json")
+    _writable("--out", out)
     try:
         result = shrink_trace(trace, [target], model=not args.no_model,
                               check=trace.meta.get("check"), seconds=args.seconds,
                               checks=selected_checks(data))
     except ValueError as exc:
         raise UsageError(f"{args.file}: {exc} on {target}") from None
-    out = args.out or args.file.with_suffix(".min.json")
     result.trace.meta["target"] = target
     if data:
         result.trace.meta["data"] = data
@@ -337,8 +396,8 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from fuzz.export import export_pytest
 
-    trace = _load(args.file)
-    target = _trace_target(trace, args.target)
+    trace, target, _ = _load(args, None)
+    _writable("--pytest", args.pytest)
     export_pytest(trace, target, args.pytest)
     print(f"wrote {args.pytest}: run it with `python -m pytest {args.pytest}`")
     return EXIT_OK
@@ -347,7 +406,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_targets(args: argparse.Namespace) -> int:
     from harness.targets import targets
 
-    _plugins(args)
+    _plugins(args.plugin)
     rows = [(t.name, t.description) for t in targets()]
     _table(rows)
     return EXIT_OK
@@ -356,7 +415,7 @@ def _cmd_targets(args: argparse.Namespace) -> int:
 def _cmd_invariants(args: argparse.Namespace) -> int:
     from properties import REGISTRY
 
-    _plugins(args)
+    _plugins(args.plugin)
     for check in REGISTRY:
         covers = f" [covers {', '.join(check.covers)}]" if check.covers else ""
         print(f"{check.name:5} {check.kind:10} {check.description}{covers}")
@@ -370,7 +429,7 @@ def _cmd_invariants(args: argparse.Namespace) -> int:
 
 
 def _cmd_configs(args: argparse.Namespace) -> int:
-    _plugins(args)
+    _plugins(args.plugin)
     rows = []
     for name, (description, config) in BUILTIN.items():
         groups = " + ".join(

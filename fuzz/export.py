@@ -14,7 +14,7 @@ reference model in lockstep; it fails while the bug it records ({check}) is pres
 
 import json
 
-from fuzz.campaign import selected_checks
+from fuzz.campaign import import_plugins, selected_checks
 from harness.executor import run_trace
 from harness.trace import Trace
 
@@ -23,6 +23,7 @@ TRACE = json.loads(r"""
 
 
 def test_{name}():
+    import_plugins(tuple(TRACE["meta"].get("plugins", ())))  # the plugins it was found with
     result = run_trace(Trace.from_dict(TRACE), [{target!r}], checks=selected_checks({data!r}))
     assert result.invalid is None, f"the trace no longer applies: {{result.invalid}}"
     assert result.finding is None, result.finding.report()
@@ -30,7 +31,8 @@ def test_{name}():
 
 
 def export_pytest(trace: Trace, target: str, out: Path, source: str = "a kvfuzz trace") -> Path:
-    """Write a pytest module replaying `trace` on `target`; returns its path."""
+    """Write a pytest module replaying `trace` on `target` after importing the plugins its meta
+    records; returns its path."""
     check = str(trace.meta.get("check", "a finding"))
     name = "".join(c if c.isalnum() else "_" for c in f"replay_{check}_{out.stem}").lower()
     data = trace.meta.get("data")

@@ -179,6 +179,9 @@ class Trace:
         unknown = sorted(set(data) - {"format", "version", "level", "config", "ops", "meta"})
         if unknown:
             raise TraceFormatError(f"unknown top-level field(s) {', '.join(map(repr, unknown))}")
+        missing = [key for key in ("level", "config", "ops") if key not in data]
+        if missing:
+            raise TraceFormatError(f"missing field(s) {', '.join(map(repr, missing))}")
         level = data.get("level")
         if level not in LEVELS:
             raise TraceFormatError(f"level must be one of {LEVELS}, got {level!r}")
@@ -202,9 +205,13 @@ class Trace:
         """Read a trace file; TraceFormatError says what is wrong and where."""
         p = Path(path)
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8")
         except OSError as exc:
             raise TraceFormatError(f"cannot read {p}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(
+                f"{p} is not a trace: not UTF-8 JSON ({exc.reason} at byte {exc.start})"
+            ) from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -15,6 +15,8 @@ from harness.trace import Trace
 from properties import REGISTRY
 
 REPO = Path(__file__).resolve().parents[2]
+UNDER_A_FILE = str(Path(__file__) / "sub")
+"""A path no folder can be made at: one of its parents is a file."""
 
 
 def test_run_against_kvcache_passes_and_writes_a_report(tmp_path, capsys):
@@ -26,7 +28,14 @@ def test_run_against_kvcache_passes_and_writes_a_report(tmp_path, capsys):
     data = json.loads(report.read_text())
     assert data["target"] == "kvcache" and data["examples"] == 20 and data["findings"] == []
     assert data["operations"] > 0 and data["coverage"] > 0 and data["invariant_checks"] > 0
-    assert "summary" in out and "ops/s" in out
+    assert data["interrupted"] is False
+    rows = data["by_config"]
+    assert [(r["level"], r["config"], r["findings"]) for r in rows] == [
+        ("api", "full", 0), ("scheduler", "full", 0)]
+    assert sum(r["examples"] for r in rows) == 20
+    assert sum(r["operations"] for r in rows) == data["operations"]
+    assert "summary" in out and "ops/s" in out and "scheduler/full" in out
+    assert "interrupted" not in out
 
 
 def test_same_seed_same_examples(tmp_path):
@@ -63,11 +72,32 @@ def test_finding_exits_one_and_saves_a_named_shrunk_trace(tmp_path, capsys):
         (["run", "--data", "gpu"], "--data 'gpu'"),
         (["run", "--data", "cpu:int8"], "--data 'cpu:int8'"),
         (["run", "--engine", "atheris", "--database", "db"], "--database"),
+        (["run", "--seconds", "0"], "--seconds must be > 0, got 0"),
+        (["run", "--seconds", "-1"], "--seconds must be > 0, got -1"),
+        (["run", "--steps", "0"], "--steps must be >= 1, got 0"),
+        (["shrink", "t.json", "--seconds", "0"], "--seconds must be > 0, got 0"),
+        (["run", "--corpus", UNDER_A_FILE], f"--corpus {UNDER_A_FILE}"),
+        (["run", "--json", f"{UNDER_A_FILE}/r.json"], f"--json {UNDER_A_FILE}/r.json"),
     ],
 )
 def test_usage_errors_exit_two_naming_the_value(capsys, argv, needle):
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source, needle", [
+    ("x = (\n", "SyntaxError: '(' was never closed (broken_plugin.py, line 1)"),
+    ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
+    ("import no_such_dependency\n", "No module named 'no_such_dependency'"),
+])
+def test_a_plugin_that_fails_to_import_is_a_usage_error_naming_it(tmp_path, monkeypatch, capsys,
+                                                                  source, needle):
+    (tmp_path / "broken_plugin.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["run", "--plugin", "broken_plugin", "--corpus", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import plugin 'broken_plugin'" in err and needle in err
+    assert not (tmp_path / "c").exists()
 
 
 def test_the_database_replays_a_saved_failure_first(tmp_path):
@@ -98,6 +128,22 @@ def test_replay_rejects_malformed_and_wrong_version_files(tmp_path, capsys):
                                "config": {}, "ops": []}))
     assert main(["replay", str(old)]) == 2
     assert "version 99" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["replay", "shrink", "export"])
+def test_unreadable_trace_files_exit_two_naming_them(tmp_path, capsys, command):
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    no_config = tmp_path / "no_config.json"
+    no_config.write_text(json.dumps({"format": "kvfuzz-trace", "version": 1, "level": "api",
+                                     "ops": []}))
+    out = ["--pytest", str(tmp_path / "t.py")] if command == "export" else []
+    for path, needle in ((binary, "not UTF-8 JSON"), (no_config, "missing field(s) 'config'"),
+                         (tmp_path / "absent.json", "No such file"), (tmp_path, "Is a directory")):
+        assert main([command, str(path), *out]) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and needle in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.json", "no_config.json"]
 
 
 def _long_failing_trace(tmp_path: Path) -> Path:
@@ -138,7 +184,16 @@ def test_listing_commands(capsys):
     assert "hybrid" in capsys.readouterr().out
 
 
-def test_plugin_invariant_is_used(tmp_path, monkeypatch):
+def _forget_my_checks() -> None:
+    """Undo the import of the plugin `my_checks`, as in a fresh process."""
+    if "MY1" in REGISTRY:
+        REGISTRY.remove("MY1")
+    sys.modules.pop("my_checks", None)
+
+
+@pytest.fixture
+def my_checks(tmp_path, monkeypatch):
+    """A plugin module `my_checks` on the path, with check MY1 (forgotten afterwards)."""
     (tmp_path / "my_checks.py").write_text(
         "from properties import invariant\n\n"
         "@invariant('MY1', 'no request holds more than one block in group 0')\n"
@@ -148,14 +203,41 @@ def test_plugin_invariant_is_used(tmp_path, monkeypatch):
         "            return f'{rid} holds {len(view.tables[0])} blocks'\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    try:
-        code = main(["run", "--plugin", "my_checks", "--config", "full", "--examples", "50",
-                     "--corpus", str(tmp_path / "c")])
-        assert code == 1
-        assert list((tmp_path / "c").glob("MY1-*.json"))
-    finally:
-        REGISTRY.remove("MY1")
-        sys.modules.pop("my_checks", None)
+    yield "my_checks"
+    _forget_my_checks()
+
+
+def test_a_plugin_finding_records_its_plugin_and_replays_exports_with_it(tmp_path, my_checks,
+                                                                         capsys):
+    """replay, shrink and export import the plugins the trace records; without them, a trace
+    of a plugin's check is a usage error rather than a silent pass."""
+    code = main(["run", "--plugin", my_checks, "--config", "full", "--examples", "50",
+                 "--corpus", str(tmp_path / "c")])
+    assert code == 1
+    found = min((tmp_path / "c").glob("MY1-*.json"))
+    assert Trace.load(found).meta["plugins"] == [my_checks]
+    _forget_my_checks()
+    assert main(["replay", str(found), "--quiet"]) == 1
+    _forget_my_checks()
+    assert main(["shrink", str(found), "--out", str(tmp_path / "min.json")]) == 0
+    assert Trace.load(tmp_path / "min.json").meta["plugins"] == [my_checks]
+    test_file = tmp_path / "test_regression_my1.py"
+    assert main(["export", str(found), "--pytest", str(test_file)]) == 0
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(test_file)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         check=False)
+    assert run.returncode == 1 and "[MY1]" in run.stdout, run.stdout + run.stderr
+    _forget_my_checks()
+    unrecorded = Trace.load(found)
+    del unrecorded.meta["plugins"]
+    bare = unrecorded.save(tmp_path / "bare.json")
+    capsys.readouterr()
+    for argv in (["replay"], ["shrink"], ["export", "--pytest", str(tmp_path / "t.py")]):
+        assert main([argv[0], str(bare), *argv[1:]]) == 2
+        err = capsys.readouterr().err
+        assert "check 'MY1', which is not registered" in err and "--plugin MODULE" in err
+    assert main(["replay", str(bare), "--plugin", my_checks, "--quiet"]) == 1
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -164,7 +246,8 @@ def test_interrupted_campaign_keeps_findings_and_summarises(tmp_path, sig):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "fuzz", "run", "--target", "bug:free-forgets-decrement",
-         "--config", "full", "--seconds", "120", "--corpus", str(corpus)],
+         "--config", "full", "--seconds", "120", "--corpus", str(corpus),
+         "--json", str(tmp_path / "r.json")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     deadline = time.monotonic() + 60
@@ -174,6 +257,7 @@ def test_interrupted_campaign_keeps_findings_and_summarises(tmp_path, sig):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
     assert "summary" in out and "findings" in out and list(corpus.glob("P2-*.json"))
+    assert "interrupted" in out and json.loads((tmp_path / "r.json").read_text())["interrupted"]
 
 
 def test_data_checks_find_wrong_bytes_and_the_finding_replays_with_them(tmp_path, capsys):
