@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -364,8 +364,8 @@ def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None])
         return Campaign(options, 0, report=on_progress).run()
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(options, w, queue), daemon=True)
-             for w in range(options.workers)]
+    procs = [ctx.Process(target=_worker, args=(worker_options, w, queue), daemon=True)
+             for w, worker_options in enumerate(_split_examples(options))]
     for p in procs:
         p.start()
     latest: dict[int, Stats] = {}
@@ -402,6 +402,15 @@ def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None])
     total = _total(latest)
     total.interrupted = total.interrupted or interrupted
     return total
+
+
+def _split_examples(options: CampaignOptions) -> list[CampaignOptions]:
+    """Each worker's options: an examples budget is shared out, a time budget is everyone's."""
+    if options.examples is None:
+        return [options] * options.workers
+    share, extra = divmod(options.examples, options.workers)
+    return [replace(options, examples=share + (w < extra))
+            for w in range(options.workers) if share + (w < extra)]
 
 
 def _total(latest: dict[int, Stats]) -> Stats:

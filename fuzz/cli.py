@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
                      "see `kvfuzz targets`)")
     budget = run.add_mutually_exclusive_group()
     budget.add_argument("--seconds", type=float, help="time budget (default: 60)")
-    budget.add_argument("--examples", type=int, help="number of generated examples instead")
+    budget.add_argument("--examples", type=int, help="number of generated examples instead, "
+                        "shared out over the workers")
     run.add_argument("--seed", type=int, default=0, help="campaign seed (default: 0)")
     run.add_argument("--workers", type=int, default=1, help="processes with disjoint seeds")
     run.add_argument("--config", nargs="+", metavar="NAME", help="built-in configs (default: "

@@ -49,6 +49,15 @@ def test_same_seed_same_examples(tmp_path):
     assert [r[k] for k in keys for r in reports[:1]] == [reports[1][k] for k in keys]
 
 
+def test_workers_share_an_examples_budget(tmp_path):
+    report = tmp_path / "r.json"
+    code = main(["run", "--examples", "21", "--workers", "2", "--config", "full",
+                 "--corpus", str(tmp_path / "c"), "--json", str(report)])
+    assert code == 0
+    data = json.loads(report.read_text())
+    assert data["examples"] == 21 and data["workers"] == 2
+
+
 def test_finding_exits_one_and_saves_a_named_shrunk_trace(tmp_path, capsys):
     corpus = tmp_path / "corpus"
     code = main(["run", "--target", "bug:predictor-off-by-one", "--config", "full",
