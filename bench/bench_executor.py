@@ -10,6 +10,10 @@ views (holders per block, the free set) are computed once per snapshot and share
 (`Snapshot.holders`, `Snapshot.free_set`); checks are O(blocks + table entries), transition
 checks look only at the ops they concern (I7 returns at once when the queue did not change and
 the op released nothing), and the model only copies the small lists the predictor trial needs.
+Both sides rebuild only what reads differently from the last op (a request's view, the block
+keys, the cache map), so a request that did not change is the same object in both snapshots;
+and checks settle the common case with whole-tuple comparisons before any per-block loop (I5
+visits only keyed blocks, I6 stops when no block lost its key, I14 skips equal tables).
 """
 
 from __future__ import annotations

@@ -98,13 +98,16 @@ class Execution:
         checks: Iterable[Any] | None = None,
         meta: dict[str, Any] | None = None,
     ) -> None:
-        from properties import REGISTRY, RequestMeta
+        from properties import REGISTRY, CheckContext, RequestMeta
 
         self._request_meta = RequestMeta
+        self._check_context = CheckContext
         self.config = config
         self.level = level
         self.trace = Trace(config, level, [], dict(meta or {}))  # type: ignore[arg-type]
         self.checks = list(REGISTRY if checks is None else checks)
+        self._plan = [(check.kind == "transition", check.fn, check) for check in self.checks]
+        """The checks in order, each as (is a transition check, its function, the check)."""
         self.requests: dict[str, Any] = {}
         self.model: Side | None = None
         if model:
@@ -221,23 +224,25 @@ class Execution:
                     ref_snap: Snapshot | None = None) -> None:
         """Every check on one target's state; a failure shows the reference's state beside it
         when there is one (the model's, or the first target's for the others)."""
-        from properties import CheckContext
-
-        ctx = CheckContext(
+        ctx = self._check_context(
             self.config, self.level, step, op or {"op": "init"}, result, obs, self.requests,
             tracked.memory,
         )
-        for check in self.checks:
-            if check.kind == "transition":
-                if before is None:
-                    continue
-                message = check.fn(before, after, ctx)
-            else:
-                message = check.fn(after, ctx)
-            self.checks_run += 1
-            if message:
-                self._fail(check.name, message, step, tracked.name, after, ref_snap,
-                           self.reference_name, check.description)
+        ran = 0
+        try:
+            for transition, fn, check in self._plan:
+                if transition:
+                    if before is None:
+                        continue
+                    message = fn(before, after, ctx)
+                else:
+                    message = fn(after, ctx)
+                ran += 1
+                if message:
+                    self._fail(check.name, message, step, tracked.name, after, ref_snap,
+                               self.reference_name, check.description)
+        finally:
+            self.checks_run += ran
 
     def _fail(self, check: str, message: str, step: int, target: str,
               snap: Snapshot | None = None, ref_snap: Snapshot | None = None,

@@ -91,8 +91,7 @@ class ManagerSide:
         return self._handlers[op["op"]](op)
 
     def snapshot(self) -> Snapshot:
-        for request in self.requests.values():
-            self.keys.learn(request)
+        self.keys.learn_all(self.requests.values())
         scheduler = self.scheduler
         return read_snapshot(
             self.manager,

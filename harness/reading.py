@@ -10,6 +10,7 @@ block_hash_num_tokens`, the free queue's sentinels and links, `cached_block_hash
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from enum import Enum
 from typing import Any
 
 from harness.snapshot import CacheKey, RequestView, Snapshot
@@ -27,14 +28,37 @@ class KeyTranslator:
         self._unknown: set[str] = set()
         self._memo: dict[bytes, CacheKey] = {}
         self._tokens: dict[str, tuple[int, ...]] = {}
+        self._status_names: dict[type, dict[Any, str]] = {}
+        self.views: dict[str, tuple[tuple[Any, ...], RequestView]] = {}
+        """Request id -> the fields last read for it and the `RequestView` made of them."""
+        self.last: dict[str, tuple[Any, ...]] = {}
+        """Part of a snapshot -> what `read_snapshot` last read for it and what it made of that."""
         self.collisions: list[str] = []
 
-    def tokens(self, request: Any) -> tuple[int, ...]:
+    def tokens(self, request: Any, num_tokens: int | None = None) -> tuple[int, ...]:
         """The request's tokens; tokens are only ever appended, so the length says if stale."""
         known = self._tokens.get(request.request_id)
-        if known is None or len(known) != request.num_tokens:
+        if known is None or len(known) != (
+            request.num_tokens if num_tokens is None else num_tokens
+        ):
             known = self._tokens[request.request_id] = tuple(request.all_token_ids)
         return known
+
+    def status_name(self, status: Any) -> str:
+        """`status.name`, looked up once per enum member (an Enum's `name` is a slow property)."""
+        names = self._status_names.get(type(status))
+        if names is None:
+            if not isinstance(status, Enum):
+                return status.name
+            names = self._status_names[type(status)] = {m: m.name for m in type(status)}
+        return names[status]
+
+    def learn_all(self, requests: Iterable[Any]) -> None:
+        """`learn` every request that computed block hashes since last time."""
+        seen = self._seen
+        for request in requests:
+            if seen.get(request.request_id, 0) != len(request.block_hashes):
+                self.learn(request)
 
     def learn(self, request: Any) -> None:
         """Record the prefixes behind any block hashes the request computed since last time."""
@@ -89,7 +113,14 @@ def read_snapshot(
     waiting: Iterable[Any] = (),
     running: Iterable[Any] = (),
 ) -> Snapshot:
-    """The state of `manager` and of the harness-held requests and copies."""
+    """The state of `manager` and of the harness-held requests and copies.
+
+    Runs after every op, so it reads every field, in plain loops, but does not rebuild what
+    reads as last time (`keys` keeps it): a key's translation, a request's tokens, a request's
+    `RequestView` when all its fields read the same (the same object then stands in both
+    snapshots, so comparing them is cheap), the block keys when every block's hash is the same,
+    the linked set when the same blocks are linked, and the map when it holds the same entries.
+    """
     pool = manager.block_pool
     blocks = pool.blocks
     queue = pool.free_block_queue
@@ -103,36 +134,78 @@ def read_snapshot(
         append(node.block_id)
         node = node.next_free_block
     key = keys.key
+    memo = keys._memo.get
+    # Most ops change neither keys nor links. A translation depends only on the prefixes the
+    # translator knows, which only grow: the same count of them means the same translations.
+    last = keys.last
+    known_prefixes = len(keys._prefix_of)
     # The private fields behind the block_hash properties: both implementations name them so,
     # and a snapshot reads every block after every op.
     hashes = [b._block_hash for b in blocks]
-    block_keys = tuple([None if h is None else key(h) for h in hashes])
+    prev = last.get("block_keys")
+    if prev is not None and prev[0] == hashes and prev[1] == known_prefixes:
+        block_keys = prev[2]
+    else:
+        block_keys = tuple([None if h is None else (memo(h) or key(h)) for h in hashes])
+        last["block_keys"] = (hashes, known_prefixes, block_keys)
     key_tokens = tuple([b._block_hash_num_tokens for b in blocks])
-    linked = frozenset(
-        [b.block_id for b in blocks if b.prev_free_block is not None and b.next_free_block is not None]
-    )
-    cache: dict[CacheKey, tuple[int, ...]] = {}
-    for packed, entry in pool.cached_block_hash_to_block._cache.items():
-        ids = tuple(b.block_id for b in entry.values()) if isinstance(entry, dict) else (
-            entry.block_id,
-        )
-        cache[key(packed)] = ids
+    linked_ids = [
+        b.block_id for b in blocks if b.prev_free_block is not None and b.next_free_block is not None
+    ]
+    prev = last.get("linked")
+    if prev is not None and prev[0] == linked_ids:
+        linked = prev[1]
+    else:
+        linked = frozenset(linked_ids)
+        last["linked"] = (linked_ids, linked)
+    entries = pool.cached_block_hash_to_block._cache
+    # Per key one block or a dict of blocks; the map reads the same when the same keys hold the
+    # same block objects (all a snapshot takes from a block is its id, which never changes).
+    held = [tuple(e.values()) if isinstance(e, dict) else e for e in entries.values()]
+    prev = last.get("cache")
+    if prev is not None and prev[1] == held and prev[0] == list(entries) and (
+        prev[2] == known_prefixes
+    ):
+        cache = prev[3]
+    else:
+        cache = {}
+        for packed, blocks_of_key in zip(entries, held):
+            cache[memo(packed) or key(packed)] = (
+                tuple([b.block_id for b in blocks_of_key]) if type(blocks_of_key) is tuple
+                else (blocks_of_key.block_id,)
+            )
+        last["cache"] = (list(entries), held, known_prefixes, cache)
     singles = manager.coordinator.single_type_managers
     tables_of = [m.req_to_blocks for m in singles]
     cached_of = [m.num_cached_block for m in singles]
     partial_of = [m._partial_hit_reqs for m in singles]
+    # A request none of these maps mentions reads as untracked in every group.
+    tracked = set().union(*tables_of, *cached_of, *partial_of)
+    untracked = (None,) * len(singles)
+    known_views = keys.views
+    known_tokens = keys._tokens
+    status_names = keys._status_names
     views = {}
     for request in requests:
         rid = request.request_id
-        views[rid] = RequestView(
-            status=request.status.name,
-            num_computed_tokens=request.num_computed_tokens,
-            num_tokens=request.num_tokens,
-            tables=tuple([_table(t.get(rid)) for t in tables_of]),
-            num_cached_blocks=tuple([c.get(rid) for c in cached_of]),
-            partial_hit=tuple([_partial(p.get(rid)) for p in partial_of]),
-            tokens=keys.tokens(request),
-        )
+        num_tokens = request.num_tokens
+        tokens = known_tokens.get(rid)
+        if tokens is None or len(tokens) != num_tokens:
+            tokens = keys.tokens(request, num_tokens)
+        status = request.status
+        names = status_names.get(type(status))
+        name = keys.status_name(status) if names is None else names[status]
+        if rid in tracked:
+            tables = tuple([_table(t.get(rid)) for t in tables_of])
+            cached = tuple([c.get(rid) for c in cached_of])
+            partial = tuple([_partial(p.get(rid)) for p in partial_of])
+        else:
+            tables = cached = partial = untracked
+        fields = (name, request.num_computed_tokens, num_tokens, tables, cached, partial, tokens)
+        known = known_views.get(rid)
+        if known is None or known[0] != fields:
+            known = known_views[rid] = (fields, RequestView(*fields))
+        views[rid] = known[1]
     return Snapshot(
         num_blocks=len(blocks),
         ref_cnt=tuple([b.ref_cnt for b in blocks]),
@@ -142,19 +215,19 @@ def read_snapshot(
         block_keys=block_keys,
         block_key_tokens=key_tokens,
         extra_keys={
-            bid: frozenset(key(k) for k in extra)
+            bid: frozenset([memo(k) or key(k) for k in extra])
             for bid, extra in pool.cached_block_hashes_by_block.items()
             if extra
         },
         cache=cache,
         requests=views,
         pending_copies=tuple(
-            (src.block_id, dst.block_id) for m in singles for src, dst in m._pending_cow_copies
+            [(src.block_id, dst.block_id) for m in singles for src, dst in m._pending_cow_copies]
         ),
         retained_copies=tuple(retained_copies),
-        new_block_ids=tuple(i for m in singles for i in m.new_block_ids),
-        waiting=tuple(r.request_id for r in waiting),
-        running=tuple(r.request_id for r in running),
+        new_block_ids=tuple([i for m in singles for i in m.new_block_ids]),
+        waiting=tuple([r.request_id for r in waiting]),
+        running=tuple([r.request_id for r in running]),
         hash_collisions=tuple(keys.collisions),
     )
 

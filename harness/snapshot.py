@@ -68,8 +68,10 @@ class Snapshot:
         if cached is None:
             cached = [0] * self.num_blocks
             for view in self.requests.values():
-                for b in view.held_blocks():
-                    cached[b] += 1
+                for table in view.tables:
+                    if table:
+                        for b in table:
+                            cached[b] += 1  # null entries too: cached[0] is reset below
             for pairs in (self.pending_copies, self.retained_copies):
                 for src, dst in pairs:
                     cached[src] += 1

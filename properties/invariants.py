@@ -6,6 +6,8 @@ an implementation, so the same checks judge kvcache, vLLM and the reference mode
 
 from __future__ import annotations
 
+from itertools import compress
+
 from harness.config import Config, GroupConfig
 from harness.snapshot import CacheKey, Snapshot
 from properties.registry import CheckContext, invariant, transition
@@ -65,6 +67,8 @@ def queue_shape(s: Snapshot, ctx: CheckContext) -> str | None:
 def no_duplicates(s: Snapshot, ctx: CheckContext) -> str | None:
     group_of: dict[int, int] = {}
     for rid, view in s.requests.items():
+        if not any(view.tables):
+            continue
         for g, table in enumerate(view.tables):
             if not table:
                 continue
@@ -99,15 +103,26 @@ def free_count(s: Snapshot, ctx: CheckContext) -> str | None:
     covers=("BUGS 7", "BUGS 8", "BUGS 9", "kvcached #362"),
 )
 def map_consistent(s: Snapshot, ctx: CheckContext) -> str | None:
-    primary, extras = s.block_keys, s.extra_keys
+    primary, extras, key_tokens = s.block_keys, s.extra_keys, s.block_key_tokens
     for key, ids in s.cache.items():
         for b in ids:
             if b == 0:
                 return "the null block is in the hash map"
             if primary[b] != key and key not in extras.get(b, ()):
                 return f"the map lists block {b} under a key the block does not carry"
-    key_groups: dict[int, set[int]] = {}  # block -> the groups of the keys it carries
-    for b, (key, tokens) in enumerate(zip(primary, s.block_key_tokens)):
+    # Every block is checked, but a block without a key can only fail by having a token count:
+    # when the blocks with a key are exactly those with a token count, only they are visited.
+    n = min(len(primary), len(key_tokens))
+    keyed = list(compress(range(n), primary))
+    if (
+        len(keyed) != n - primary[:n].count(None)
+        or len(keyed) != n - key_tokens[:n].count(None)
+        or None in [key_tokens[b] for b in keyed]
+    ):
+        keyed = range(n)
+    group_of: dict[int, int] = {}  # block -> the group of every key it carries, or -1 if mixed
+    for b in keyed:
+        key, tokens = primary[b], key_tokens[b]
         if (key is None) != (tokens is None):
             return f"block {b}: key {key!r} but hash token count {tokens!r}"
         if key is None:
@@ -116,18 +131,22 @@ def map_consistent(s: Snapshot, ctx: CheckContext) -> str | None:
             return f"block {b}: its key covers {len(key[2])} tokens but records {tokens}"
         if b not in s.cache.get(key, ()):
             return f"block {b} carries a key the map does not list it under"
-        key_groups[b] = {key[0]}
+        group_of[b] = key[0]
     for b, keys in extras.items():
         for key in keys:
             if b not in s.cache.get(key, ()):
                 return f"block {b} carries an extra key the map does not list it under"
-            key_groups.setdefault(b, set()).add(key[0])
+            if group_of.setdefault(b, key[0]) != key[0]:
+                group_of[b] = -1
+    if not group_of:
+        return None
     for view in s.requests.values():
+        if not any(view.tables):
+            continue
         for g, table in enumerate(view.tables):
-            for b in table or ():
-                groups = key_groups.get(b) if b else None
-                if groups and (len(groups) > 1 or g not in groups):
-                    return f"block {b} in a group-{g} table carries another group's key"
+            foreign = [b for b in table or () if b and group_of.get(b, g) != g]
+            if foreign:
+                return f"block {foreign[0]} in a group-{g} table carries another group's key"
     return None
 
 
@@ -149,6 +168,9 @@ def no_hash_collision(s: Snapshot, ctx: CheckContext) -> str | None:
 def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     if ctx.op["op"] in ("evict_blocks", "reset_prefix_cache"):
         return None
+    keys0, keys1 = before.block_keys, after.block_keys
+    if keys0 == keys1 or None not in [keys1[b] for b in compress(range(len(keys1)), keys0)]:
+        return None  # no block lost its key
     for rid, old in before.requests.items():
         new = after.requests.get(rid)
         if new is None:
@@ -456,6 +478,8 @@ def append_only(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | N
         new = after.requests.get(rid)
         if new is None:
             continue
+        if new is old or new.tables == old.tables:
+            continue
         for g, (t0, t1) in enumerate(zip(old.tables, new.tables)):
             if not t0 or t1 is None:
                 continue
@@ -475,6 +499,8 @@ def append_only(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | N
 )
 def cached_prefix_bookkeeping(s: Snapshot, ctx: CheckContext) -> str | None:
     for rid, view in s.requests.items():
+        if not any(view.num_cached_blocks):
+            continue  # every count is None or 0, which no table length is below
         for g, (table, cached) in enumerate(zip(view.tables, view.num_cached_blocks)):
             if cached is not None and cached > len(table or ()):
                 return f"{rid} group {g}: num_cached_block {cached} > {len(table or ())} blocks"

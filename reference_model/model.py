@@ -53,6 +53,10 @@ class ReferenceModel:
         self.requests: dict[str, Request] = {}
         self.lookups: dict[str, tuple[Lists, int]] = {}
         """API level: request id -> its live lookup (blocks, hit)."""
+        self._views: dict[str, tuple[tuple[Any, ...], RequestView]] = {}
+        """Request id -> the fields of its last snapshot view and the view (reused while equal)."""
+        self._cache_of: tuple[list[tuple[CacheKey, int]], dict[CacheKey, tuple[int, ...]]] = ([], {})
+        """The cache entries the last snapshot reported, and the map made of them."""
 
     # ----- Side protocol -----
 
@@ -73,21 +77,30 @@ class ReferenceModel:
 
     def snapshot(self) -> Snapshot:
         state = self.manager.state
-        cache: dict[CacheKey, tuple[int, ...]] = {}
-        for key, block in state.entries:
-            cache[key] = cache.get(key, ()) + (block,)
+        if state.entries != self._cache_of[0]:  # the map as last reported, else read afresh
+            lists: dict[CacheKey, list[int]] = {}
+            for key, block in state.entries:
+                lists.setdefault(key, []).append(block)
+            cache = {key: tuple(blocks) for key, blocks in lists.items()}
+            self._cache_of = (list(state.entries), cache)
+        # A request no group's table, num_cached_block or partial-hit record mentions reads as
+        # untracked everywhere; a request whose fields read as last time keeps its view.
+        tracked = set().union(*state.tables, *state.num_cached, *state.partial_hits)
+        untracked = (None,) * len(state.tables)
         views = {}
         for rid, req in self.requests.items():
-            tables = [table.get(rid) for table in state.tables]
-            views[rid] = RequestView(
-                status=req.status,
-                num_computed_tokens=req.num_computed_tokens,
-                num_tokens=req.num_tokens,
-                tables=tuple([None if t is None else tuple(t) for t in tables]),
-                num_cached_blocks=tuple([counts.get(rid) for counts in state.num_cached]),
-                partial_hit=tuple([hits.get(rid) for hits in state.partial_hits]),
-                tokens=tuple(req.tokens),
-            )
+            if rid in tracked:
+                tables = tuple([None if t.get(rid) is None else tuple(t[rid]) for t in state.tables])
+                cached = tuple([counts.get(rid) for counts in state.num_cached])
+                partial = tuple([hits.get(rid) for hits in state.partial_hits])
+            else:
+                tables = cached = partial = untracked
+            fields = (req.status, req.num_computed_tokens, req.num_tokens, tables, cached, partial)
+            known = self._views.get(rid)
+            if known is None or known[0] != fields:
+                # Tokens are only ever appended, so an unchanged num_tokens means unchanged tokens.
+                known = self._views[rid] = (fields, RequestView(*fields, tokens=tuple(req.tokens)))
+            views[rid] = known[1]
         return Snapshot(
             num_blocks=state.num_blocks,
             ref_cnt=tuple(state.ref_counts()),
@@ -97,13 +110,13 @@ class ReferenceModel:
             block_keys=tuple(state.primary),
             block_key_tokens=tuple(state.primary_tokens),
             extra_keys={b: frozenset(keys) for b, keys in state.extras.items() if keys},
-            cache=cache,
+            cache=self._cache_of[1],
             requests=views,
-            pending_copies=tuple(pair for g in state.pending_copies for pair in g),
+            pending_copies=tuple([pair for g in state.pending_copies for pair in g]),
             retained_copies=tuple(state.retained),
-            new_block_ids=tuple(b for g in state.new_block_ids for b in g),
-            waiting=tuple(r.request_id for r in self.driver.waiting),
-            running=tuple(r.request_id for r in self.driver.running),
+            new_block_ids=tuple([b for g in state.new_block_ids for b in g]),
+            waiting=tuple([r.request_id for r in self.driver.waiting]),
+            running=tuple([r.request_id for r in self.driver.running]),
         )
 
     # ----- validity helpers -----
