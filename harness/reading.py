@@ -44,6 +44,11 @@ class KeyTranslator:
             known = self._tokens[request.request_id] = tuple(request.all_token_ids)
         return known
 
+    @property
+    def num_prefixes(self) -> int:
+        """How many prefixes are known: they only grow, so an equal count means equal keys."""
+        return len(self._prefix_of)
+
     def status_name(self, status: Any) -> str:
         """`status.name`, looked up once per enum member (an Enum's `name` is a slow property)."""
         names = self._status_names.get(type(status))
@@ -134,11 +139,10 @@ def read_snapshot(
         append(node.block_id)
         node = node.next_free_block
     key = keys.key
-    memo = keys._memo.get
     # Most ops change neither keys nor links. A translation depends only on the prefixes the
     # translator knows, which only grow: the same count of them means the same translations.
     last = keys.last
-    known_prefixes = len(keys._prefix_of)
+    known_prefixes = keys.num_prefixes
     # The private fields behind the block_hash properties: both implementations name them so,
     # and a snapshot reads every block after every op.
     hashes = [b._block_hash for b in blocks]
@@ -146,7 +150,7 @@ def read_snapshot(
     if prev is not None and prev[0] == hashes and prev[1] == known_prefixes:
         block_keys = prev[2]
     else:
-        block_keys = tuple([None if h is None else (memo(h) or key(h)) for h in hashes])
+        block_keys = tuple([None if h is None else key(h) for h in hashes])
         last["block_keys"] = (hashes, known_prefixes, block_keys)
     key_tokens = tuple([b._block_hash_num_tokens for b in blocks])
     linked_ids = [
@@ -170,7 +174,7 @@ def read_snapshot(
     else:
         cache = {}
         for packed, blocks_of_key in zip(entries, held):
-            cache[memo(packed) or key(packed)] = (
+            cache[key(packed)] = (
                 tuple([b.block_id for b in blocks_of_key]) if type(blocks_of_key) is tuple
                 else (blocks_of_key.block_id,)
             )
@@ -183,18 +187,12 @@ def read_snapshot(
     tracked = set().union(*tables_of, *cached_of, *partial_of)
     untracked = (None,) * len(singles)
     known_views = keys.views
-    known_tokens = keys._tokens
-    status_names = keys._status_names
     views = {}
     for request in requests:
         rid = request.request_id
         num_tokens = request.num_tokens
-        tokens = known_tokens.get(rid)
-        if tokens is None or len(tokens) != num_tokens:
-            tokens = keys.tokens(request, num_tokens)
-        status = request.status
-        names = status_names.get(type(status))
-        name = keys.status_name(status) if names is None else names[status]
+        tokens = keys.tokens(request, num_tokens)
+        name = keys.status_name(request.status)
         if rid in tracked:
             tables = tuple([_table(t.get(rid)) for t in tables_of])
             cached = tuple([c.get(rid) for c in cached_of])
@@ -215,7 +213,7 @@ def read_snapshot(
         block_keys=block_keys,
         block_key_tokens=key_tokens,
         extra_keys={
-            bid: frozenset([memo(k) or key(k) for k in extra])
+            bid: frozenset([key(k) for k in extra])
             for bid, extra in pool.cached_block_hashes_by_block.items()
             if extra
         },
