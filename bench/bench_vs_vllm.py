@@ -225,8 +225,9 @@ def run_once(impl: Implementation, workload: Workload, prompts: list[list[int]])
 def bench(workload: Workload, impls: list[Implementation]) -> None:
     prompts = workload.prompts()
     runs: dict[str, list[Run]] = {impl.name: [] for impl in impls}
-    for _ in range(workload.repeats):
-        for impl in impls:
+    for repeat in range(workload.repeats):
+        # ABBA order: a drift of the machine's speed during the run hits both sides alike.
+        for impl in impls if repeat % 2 == 0 else impls[::-1]:
             runs[impl.name].append(run_once(impl, workload, prompts))
     kv, vl = (runs[impl.name] for impl in impls)
     print(f"\n== {workload.name}: {workload.num_requests} requests of {workload.prompt_len} "

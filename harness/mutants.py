@@ -244,9 +244,12 @@ def _no_eviction_on_pop(side: KvcacheSide) -> None:
 @mutant("capped-step-predictor", "the per-step predictor applies the admission cap meant only for "
         "the full-sequence gate", bug="BUGS 2", configs=("sliding_window", "chunked_local"))
 def _capped_step_predictor(side: KvcacheSide) -> None:
-    def around(original, *args, **kwargs):
-        kwargs["apply_admission_cap"] = True
-        return original(*args, **kwargs)
+    # The flag arrives positionally or by name: binding the signature catches both.
+    def around(original, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+               num_local_computed_tokens, num_tokens_main_model, apply_admission_cap=False,
+               prefill_end=0):
+        return original(request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                        num_local_computed_tokens, num_tokens_main_model, True, prefill_end)
 
     for single in _singles(side):
         _around(single, "get_num_blocks_to_allocate", around)

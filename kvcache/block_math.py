@@ -17,7 +17,8 @@ def sliding_window_skipped_tokens(
     num_computed_tokens: int, sliding_window: int, extra_retained_tokens: int
 ) -> int:
     """Tokens before the next token's window, less the extra retained ones (§4.2)."""
-    return max(0, num_computed_tokens - sliding_window + 1 - extra_retained_tokens)
+    num_skipped = num_computed_tokens - sliding_window + 1 - extra_retained_tokens
+    return num_skipped if num_skipped > 0 else 0
 
 
 def chunked_local_skipped_tokens(num_computed_tokens: int, attention_chunk_size: int) -> int:
@@ -47,13 +48,14 @@ def chunked_local_admission_cap(
 
 def required_blocks(num_tokens: int, block_size: int, admission_cap: int | None) -> int:
     """R of the predictor (§4.3 step 1): `cdiv(T, bs)`, capped when a cap applies."""
-    num_blocks = cdiv(num_tokens, block_size)
-    return num_blocks if admission_cap is None else min(num_blocks, admission_cap)
+    num_blocks = -(-num_tokens // block_size)  # cdiv, inlined: this runs on every step
+    return num_blocks if admission_cap is None or num_blocks < admission_cap else admission_cap
 
 
 def running_blocks_to_allocate(num_required_blocks: int, num_held_blocks: int) -> int:
     """The predictor's fast path (§4.3 step 3): rejected drafts can leave R < H."""
-    return max(num_required_blocks - num_held_blocks, 0)
+    num_blocks = num_required_blocks - num_held_blocks
+    return num_blocks if num_blocks > 0 else 0
 
 
 def first_blocks_to_allocate(

@@ -194,8 +194,10 @@ class BlockPool:
                 continue
             key: BlockHashWithGroupId = new_hashes[offset] + suffix  # type: ignore[assignment]
             if block._block_hash is None:  # the slot, as in free_blocks
-                # A block without a primary key has no extras either: nothing else to check.
-                block.set_block_hash(key, num_tokens)
+                # A block without a primary key has no extras either: nothing else to check,
+                # so the slots are set directly (what set_block_hash does after its check).
+                block._block_hash = key
+                block._block_hash_num_tokens = num_tokens
                 insert(key, block)
                 continue
             assert (
@@ -261,16 +263,21 @@ class BlockPool:
         self.cached_block_hash_to_block.insert(key, block)
 
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
-        """Drop every key of the block (primary and extras) from the map and the block."""
-        extras = self.cached_block_hashes_by_block.pop(block.block_id, ())
-        if block.block_hash is None and not extras:
+        """Drop every key of the block (primary and extras) from the map and the block.
+
+        Reads the slots, not the properties: eviction runs this once per recycled block.
+        """
+        extras_by_block = self.cached_block_hashes_by_block
+        extras = extras_by_block.pop(block.block_id, ()) if extras_by_block else ()
+        key = block._block_hash
+        if key is None and not extras:
             return
         cache = self.cached_block_hash_to_block
-        if block.block_hash is not None:
-            cache.pop(block.block_hash, block.block_id)
-        for key in extras:
+        if key is not None:
             cache.pop(key, block.block_id)
-        block.reset_hash()
+        for extra in extras:
+            cache.pop(extra, block.block_id)
+        block._block_hash = block._block_hash_num_tokens = None  # reset_hash, inlined
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the queue head, evicting their cache entries: the only place memory
@@ -329,33 +336,57 @@ class BlockPool:
         Blocks reaching zero without a key go to the queue head as one run (reused first, for
         locality); cached ones go to the tail (evicted oldest release first). Releasing a block
         that is not held raises ValueError and changes nothing.
+
+        One pass: each released block is threaded onto its run as it is met, and the two runs
+        are spliced into the queue at the end. Held blocks are never linked, so a run's links
+        are all this call's.
         """
         blocks = list(ordered_blocks)
-        evict_first: list[KVCacheBlock] = []
-        evict_last: list[KVCacheBlock] = []
-        # Without caching every released block counts as unhashed.
-        keep_cached = evict_last.append if self.enable_caching else evict_first.append
+        caching = self.enable_caching
+        first_head = first_tail = last_head = last_tail = None
+        # The tail run is the common one: its length is what the others leave.
+        num_first = num_kept = 0
         remaining = iter(blocks)
         for block in remaining:
-            if block.is_null:
-                continue
             ref_cnt = block.ref_cnt
-            if ref_cnt > 1:
-                block.ref_cnt = ref_cnt - 1
-            elif ref_cnt == 1:
+            if ref_cnt == 1:
                 block.ref_cnt = 0
-                if block._block_hash is None:  # the slot: the property costs a call per block
-                    evict_first.append(block)
+                # Without caching every released block counts as unhashed. `_block_hash` is
+                # the slot: the property costs a call per block.
+                if block._block_hash is None or not caching:
+                    if first_tail is None:
+                        first_head = block
+                    else:
+                        first_tail.next_free_block = block
+                        block.prev_free_block = first_tail
+                    first_tail = block
+                    num_first += 1
                 else:
-                    keep_cached(block)
+                    if last_tail is None:
+                        last_head = block
+                    else:
+                        last_tail.next_free_block = block
+                        block.prev_free_block = last_tail
+                    last_tail = block
+            elif ref_cnt > 1:
+                block.ref_cnt = ref_cnt - 1
+                num_kept += 1
+            elif block.is_null:  # its count stays 0: never pooled
+                num_kept += 1
             else:
-                # Undo the releases before this position.
+                # Undo the releases before this position: restore each count and unlink
+                # every block, since none was linked before this call.
                 for done in _before_current(blocks, remaining):
                     if not done.is_null:
                         done.ref_cnt += 1
+                        done.prev_free_block = done.next_free_block = None
                 raise ValueError(f"free_blocks(): block {block.block_id} is not held")
-        self.free_block_queue.prepend_n(evict_first)
-        self.free_block_queue.append_n(evict_last)
+        queue = self.free_block_queue
+        if first_head is not None:
+            queue.prepend_chain(first_head, first_tail, num_first)  # type: ignore[arg-type]
+        if last_head is not None:
+            num_last = len(blocks) - num_first - num_kept
+            queue.append_chain(last_head, last_tail, num_last)  # type: ignore[arg-type]
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Strip the cache keys of these blocks without moving or releasing them."""

@@ -103,13 +103,11 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(groups)
         )
-        self._is_cross = tuple(
-            isinstance(m, CrossAttentionManager) for m in self.single_type_managers
-        )
         # Only these can have blocks fall out of the window: the rest never skip a token.
         self._recycling_managers = tuple(
             m for m in self.single_type_managers if m.recycles_blocks
         )
+        self.recycles_blocks = bool(self._recycling_managers)
 
     def get_num_blocks_to_allocate(
         self,
@@ -125,32 +123,22 @@ class KVCacheCoordinator(ABC):
     ) -> int:
         """Sum of the groups' predictions. Pure.
 
-        Cross attention is sized by the encoder tokens alone. `apply_admission_cap` is for the
-        full-sequence gate only: the per-step check must equal what allocation takes.
+        `apply_admission_cap` is for the full-sequence gate only: the per-step check must
+        equal what allocation takes. Caching coordinators have no cross-attention group
+        (`KVCacheCoordinatorNoPrefixCache` sizes those).
         """
         num_blocks = 0
-        for i, manager in enumerate(self.single_type_managers):
-            if self._is_cross[i]:
-                num_blocks += manager.get_num_blocks_to_allocate(
-                    request_id,
-                    num_encoder_tokens,
-                    (),
-                    0,
-                    0,
-                    num_encoder_tokens,
-                    apply_admission_cap=apply_admission_cap,
-                )
-            else:
-                num_blocks += manager.get_num_blocks_to_allocate(
-                    request_id,
-                    num_tokens,
-                    new_computed_blocks[i],
-                    total_computed_tokens,
-                    num_local_computed_tokens,
-                    num_tokens_main_model,
-                    apply_admission_cap=apply_admission_cap,
-                    prefill_end=prefill_end,
-                )
+        for manager, blocks in zip(self.single_type_managers, new_computed_blocks):
+            num_blocks += manager.get_num_blocks_to_allocate(
+                request_id,
+                num_tokens,
+                blocks,
+                total_computed_tokens,
+                num_local_computed_tokens,
+                num_tokens_main_model,
+                apply_admission_cap,
+                prefill_end,
+            )
         return num_blocks
 
     def tracks(self, request_id: str) -> bool:
@@ -192,10 +180,8 @@ class KVCacheCoordinator(ABC):
     ) -> tuple[list[KVCacheBlock], ...]:
         """Grow every group's table; commits group by group, no check and no rollback."""
         return tuple([
-            manager.allocate_new_blocks(
-                request_id, num_encoder_tokens if is_cross else num_tokens, num_tokens_main_model
-            )
-            for manager, is_cross in zip(self.single_type_managers, self._is_cross)
+            manager.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+            for manager in self.single_type_managers
         ])
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
@@ -267,6 +253,62 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
             record_new_block_ids,
         )
 
+        self._is_cross = tuple(
+            isinstance(m, CrossAttentionManager) for m in self.single_type_managers
+        )
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """As the base, but cross attention is sized by the encoder tokens alone."""
+        num_blocks = 0
+        for i, manager in enumerate(self.single_type_managers):
+            if self._is_cross[i]:
+                num_blocks += manager.get_num_blocks_to_allocate(
+                    request_id,
+                    num_encoder_tokens,
+                    (),
+                    0,
+                    0,
+                    num_encoder_tokens,
+                    apply_admission_cap=apply_admission_cap,
+                )
+            else:
+                num_blocks += manager.get_num_blocks_to_allocate(
+                    request_id,
+                    num_tokens,
+                    new_computed_blocks[i],
+                    total_computed_tokens,
+                    num_local_computed_tokens,
+                    num_tokens_main_model,
+                    apply_admission_cap=apply_admission_cap,
+                    prefill_end=prefill_end,
+                )
+        return num_blocks
+
+    def allocate_new_blocks(
+        self,
+        request_id: str,
+        num_tokens: int,
+        num_tokens_main_model: int,
+        num_encoder_tokens: int = 0,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        return tuple([
+            manager.allocate_new_blocks(
+                request_id, num_encoder_tokens if is_cross else num_tokens, num_tokens_main_model
+            )
+            for manager, is_cross in zip(self.single_type_managers, self._is_cross)
+        ])
+
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> HitResult:
@@ -311,11 +353,48 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         self._drop_eagle_block = 0 in self.drop_eagle_group_ids
         self.single_type_managers[0].use_eagle = self._drop_eagle_block
 
+    # One group, never cross attention (that needs caching off): the fan-outs below are a
+    # single call each.
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        return self.single_type_managers[0].get_num_blocks_to_allocate(
+            request_id,
+            num_tokens,
+            new_computed_blocks[0],
+            total_computed_tokens,
+            num_local_computed_tokens,
+            num_tokens_main_model,
+            apply_admission_cap,
+            prefill_end,
+        )
+
+    def allocate_new_blocks(
+        self,
+        request_id: str,
+        num_tokens: int,
+        num_tokens_main_model: int,
+        num_encoder_tokens: int = 0,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        return (
+            self.single_type_managers[0].allocate_new_blocks(
+                request_id, num_tokens, num_tokens_main_model
+            ),
+        )
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        # One group: every computed token is cacheable.
-        manager = self.single_type_managers[0]
-        if manager.enable_caching:
-            manager.cache_blocks(request, num_computed_tokens)
+        # Every computed token is cacheable, and caching is on.
+        self.single_type_managers[0].cache_blocks(request, num_computed_tokens)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
@@ -340,6 +419,8 @@ class SpecGroup(NamedTuple):
     group_ids: list[int]
     manager_cls: type[SingleTypeKVCacheManager]
     use_eagle: bool
+    is_full: bool
+    """Full attention: downward-closed, so searched once per lookup."""
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
@@ -398,6 +479,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         for manager in self.single_type_managers:
             manager.cache_hit_alignment_tokens = alignment
         self.attention_groups = self._split_spec_groups()
+        self._has_eagle_groups = any(m.use_eagle for m in self.single_type_managers)
+        # Only full attention plus one other kind: one round of the fixed point suffices,
+        # as full attention accepts any shorter length.
+        self._is_simple_hybrid = (
+            len(self.attention_groups) == 2 and self.attention_groups[0].is_full
+        )
 
     def _split_spec_groups(self) -> list[SpecGroup]:
         """Merge groups with equal spec, class and pool; full attention first, because its
@@ -422,10 +509,14 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                         spec_groups[idx] = existing._replace(use_eagle=True)
                     break
             else:
-                spec_groups.append(SpecGroup(spec, [i], type(manager), use_eagle))
+                spec_groups.append(
+                    SpecGroup(
+                        spec, [i], type(manager), use_eagle, isinstance(spec, FullAttentionSpec)
+                    )
+                )
         if not spec_groups:
             raise ValueError("HybridKVCacheCoordinator needs at least one prefix-cacheable group")
-        spec_groups.sort(key=lambda g: not isinstance(g.spec, FullAttentionSpec))
+        spec_groups.sort(key=lambda g: not g.is_full)
         for spec_group in spec_groups:
             if spec_group.use_eagle:
                 for group_id in spec_group.group_ids:
@@ -433,14 +524,27 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         return spec_groups
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
-        """Round down to the hit alignment: a later hit cannot use the part past it. EAGLE
-        groups keep one block more, which their lookups match and then drop.
+        return self._cacheable_tokens(num_computed_tokens)[kv_cache_group_id]
+
+    def _cacheable_tokens(self, num_computed_tokens: int) -> list[int]:
+        """Per group: round down to the hit alignment, as a later hit cannot use the part past
+        it. EAGLE groups keep one block more, which their lookups match and then drop.
         """
         cacheable = self._align_cacheable(num_computed_tokens)
-        manager = self.single_type_managers[kv_cache_group_id]
-        if manager.use_eagle and cacheable > 0:
-            return min(num_computed_tokens, cacheable + manager.block_size)
-        return cacheable
+        if cacheable <= 0 or not self._has_eagle_groups:
+            return [cacheable] * len(self.single_type_managers)
+        return [
+            min(num_computed_tokens, cacheable + manager.block_size)
+            if manager.use_eagle
+            else cacheable
+            for manager in self.single_type_managers
+        ]
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        for manager, num_tokens in zip(
+            self.single_type_managers, self._cacheable_tokens(num_computed_tokens)
+        ):
+            manager.cache_blocks(request, num_tokens)
 
     def _align_cacheable(self, num_tokens: int) -> int:
         if self.enable_partial_hash_hits:
@@ -462,18 +566,15 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         longest_hit_length = 0
         hit_blocks_by_group: list[list[KVCacheBlock] | None] = [None] * num_groups
         hit_length_by_group = [0] * num_groups
-        # With only full attention plus one other kind, one round suffices: full attention
-        # accepts any shorter length.
-        is_simple_hybrid = len(self.attention_groups) == 2 and isinstance(
-            self.attention_groups[0].spec, FullAttentionSpec
-        )
         eagle_verified: set[int] = set()
         num_hashed_tokens = len(block_hashes) * self.hash_block_size
         while True:
             curr_hit_length = hit_length
-            for idx, (spec, group_ids, manager_cls, use_eagle) in enumerate(self.attention_groups):
+            for idx, (spec, group_ids, manager_cls, use_eagle, is_full) in enumerate(
+                self.attention_groups
+            ):
                 first_id = group_ids[0]
-                if isinstance(spec, FullAttentionSpec) and hit_blocks_by_group[first_id] is not None:
+                if is_full and hit_blocks_by_group[first_id] is not None:
                     curr_hit_length = min(curr_hit_length, hit_length_by_group[first_id])
                     continue
                 drop_eagle_block = use_eagle and idx not in eagle_verified
@@ -504,11 +605,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             if curr_hit_length >= hit_length:
                 break
             hit_length = curr_hit_length
-            if is_simple_hybrid:
+            if self._is_simple_hybrid:
                 break
 
         for spec_group in self.attention_groups:
-            if not isinstance(spec_group.spec, FullAttentionSpec):
+            if not spec_group.is_full:
                 continue
             num_blocks = cdiv(hit_length, spec_group.spec.block_size)
             for group_id in spec_group.group_ids:

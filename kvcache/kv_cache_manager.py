@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 # Statuses measured against the watermark: admitting costs more than continuing to serve.
 _ADMITTED_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# CPython's cached small int: every int 0 an int operation produces is this object.
+_ZERO = 0
 
 
 def _reject_counts(call: str, **counts: object) -> None:
@@ -222,21 +224,34 @@ class KVCacheManager:
                 f"allocate_slots({request_id!r}): num_new_tokens=0 with no computed tokens to "
                 "adopt"
             )
+        # Every count but the first is almost always its default 0: identity with the cached
+        # int 0 accepts exactly that at once (only an int 0 can be it), anything else is
+        # checked in full.
         if not (
+            type(num_new_tokens) is int
+            and num_new_tokens >= 0
+            and num_new_computed_tokens is _ZERO
+            and num_lookahead_tokens is _ZERO
+            and num_external_computed_tokens is _ZERO
+            and num_encoder_tokens is _ZERO
+            and reserved_blocks is _ZERO
+        ) and not (
             type(num_new_tokens) is int
             and type(num_new_computed_tokens) is int
             and type(num_lookahead_tokens) is int
             and type(num_external_computed_tokens) is int
             and type(num_encoder_tokens) is int
             and type(reserved_blocks) is int
-        ) or min(
-            num_new_tokens,
-            num_new_computed_tokens,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            num_encoder_tokens,
-            reserved_blocks,
-        ) < 0:
+            and min(
+                num_new_tokens,
+                num_new_computed_tokens,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                num_encoder_tokens,
+                reserved_blocks,
+            )
+            >= 0
+        ):
             _reject_counts(
                 f"allocate_slots({request_id!r})",
                 num_new_tokens=num_new_tokens,
@@ -263,8 +278,12 @@ class KVCacheManager:
                 self._check_hits(request_id, new_computed_blocks)
 
         # 1. Inputs.
+        # Conditional expressions instead of min/max below: this is the hottest call there is.
+        max_model_len = self.max_model_len
         num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
-        total_computed_tokens = min(num_local_computed_tokens, self.max_model_len)
+        total_computed_tokens = (
+            num_local_computed_tokens if num_local_computed_tokens < max_model_len else max_model_len
+        )
         watermark_blocks = (
             self.watermark_blocks
             if has_scheduled_reqs and request.status in _ADMITTED_STATUSES
@@ -290,15 +309,20 @@ class KVCacheManager:
 
         # 3. Sizes.
         num_tokens_main_model = total_computed_tokens + num_new_tokens
-        num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
+        num_tokens_need_slot = num_tokens_main_model + num_lookahead_tokens
+        if num_tokens_need_slot > max_model_len:
+            num_tokens_need_slot = max_model_len
 
         # 4. Free out-of-window blocks first (fewer cached blocks get evicted), on the basis
-        # of settled tokens only; runs even if the request then does not fit.
-        self.coordinator.remove_skipped_blocks(
-            request_id,
-            max(0, total_computed_tokens - request.num_in_flight_tokens),
-            request.num_prompt_tokens,
-        )
+        # of settled tokens only; runs even if the request then does not fit. Only window
+        # kinds have any.
+        if self.coordinator.recycles_blocks:
+            num_settled_tokens = total_computed_tokens - request.num_in_flight_tokens
+            self.coordinator.remove_skipped_blocks(
+                request_id,
+                num_settled_tokens if num_settled_tokens > 0 else 0,
+                request.num_prompt_tokens,
+            )
 
         # 5-6. Exact per-step prediction (unclamped computed count, unlike the gate) and
         # capacity check.
@@ -331,7 +355,10 @@ class KVCacheManager:
             return self.create_kv_cache_blocks(new_blocks)
 
         # 10. Cache the finalized tokens only: drafts and lookahead may be rejected.
-        self.coordinator.cache_blocks(request, min(num_tokens_main_model, request.num_tokens))
+        num_tokens = request.num_tokens
+        self.coordinator.cache_blocks(
+            request, num_tokens_main_model if num_tokens_main_model < num_tokens else num_tokens
+        )
         return self.create_kv_cache_blocks(new_blocks)
 
     def _check_group_ids(self, request_id: str, group_ids: object) -> None:

@@ -204,6 +204,26 @@ class FreeKVCacheBlockQueue:
         head = self.fake_free_list_head
         self._link_after(head, blocks, head.next_free_block)
 
+    def prepend_chain(self, first: KVCacheBlock, last: KVCacheBlock, num_blocks: int) -> None:
+        """Splice at the head a run of `num_blocks` blocks already linked first to last."""
+        head = self.fake_free_list_head
+        nxt = head.next_free_block
+        head.next_free_block = first
+        first.prev_free_block = head
+        last.next_free_block = nxt
+        nxt.prev_free_block = last  # type: ignore[union-attr]
+        self.num_free_blocks += num_blocks
+
+    def append_chain(self, first: KVCacheBlock, last: KVCacheBlock, num_blocks: int) -> None:
+        """Splice at the tail a run of `num_blocks` blocks already linked first to last."""
+        tail = self.fake_free_list_tail
+        prev = tail.prev_free_block
+        prev.next_free_block = first  # type: ignore[union-attr]
+        first.prev_free_block = prev
+        last.next_free_block = tail
+        tail.prev_free_block = last
+        self.num_free_blocks += num_blocks
+
     def _link_after(
         self, prev: KVCacheBlock, blocks: Sequence[KVCacheBlock], nxt: KVCacheBlock
     ) -> None:

@@ -27,7 +27,6 @@ from kvcache.kv_cache_interface import (
 from kvcache.kv_cache_utils import (
     BlockHashList,
     KVCacheBlock,
-    cdiv,
     null_head_len,
     resolve_block_hashes,
 )
@@ -42,6 +41,8 @@ class SingleTypeKVCacheManager:
     """Block tables of one KV cache group; every group shares the coordinator's one pool."""
 
     supports_fine_grained_hash_lookup: ClassVar[bool] = False
+    # Whether `cache_blocks` also registers a partial tail block (set per instance).
+    caches_partial_tail_block = False
     # Whether `get_num_skipped_tokens` can be positive: only then can blocks leave the window.
     recycles_blocks: ClassVar[bool] = False
 
@@ -60,6 +61,7 @@ class SingleTypeKVCacheManager:
         # Specs are frozen: read once, not on every cache_blocks.
         self._prefix_cacheable = kv_cache_spec.prefix_cacheable
         self.block_pool = block_pool
+        self._hash_block_size = block_pool.hash_block_size
         self.enable_caching = enable_caching
         self.kv_cache_group_id = kv_cache_group_id
         self.scheduler_block_size = scheduler_block_size
@@ -103,11 +105,13 @@ class SingleTypeKVCacheManager:
             self.block_size,
             self.max_admission_blocks_per_request if apply_admission_cap else None,
         )
-        req_blocks = self.req_to_blocks.get(request_id)
-        num_req_blocks = len(req_blocks) if req_blocks is not None else 0
         if request_id in self.num_cached_block:
             assert not new_computed_blocks, "a running request never adopts hits"
-            return running_blocks_to_allocate(num_required_blocks, num_req_blocks)
+            return running_blocks_to_allocate(
+                num_required_blocks, len(self.req_to_blocks[request_id])
+            )
+        req_blocks = self.req_to_blocks.get(request_id)
+        num_req_blocks = len(req_blocks) if req_blocks is not None else 0
         return first_blocks_to_allocate(
             num_required_blocks,
             num_req_blocks,
@@ -162,7 +166,7 @@ class SingleTypeKVCacheManager:
         req_blocks = self.req_to_blocks.get(request_id)
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request_id] = []
-        num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        num_new_blocks = -(-num_tokens // self.block_size) - len(req_blocks)  # cdiv, inlined
         if num_new_blocks <= 0:
             return cow_blocks
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
@@ -193,20 +197,26 @@ class SingleTypeKVCacheManager:
             return
         request_id = request.request_id
         num_cached_blocks = self.num_cached_block.get(request_id, 0)
-        num_hashed_tokens = len(request.block_hashes) * self.block_pool.hash_block_size
-        num_full_blocks = min(num_tokens, num_hashed_tokens) // self.block_size
-        if num_cached_blocks >= num_full_blocks:
-            return
-        self.block_pool.cache_full_blocks(
-            request,
-            self.req_to_blocks[request_id],
-            num_cached_blocks,
-            num_full_blocks,
-            self.block_size,
-            self.kv_cache_group_id,
-            self.reachable_block_mask(num_cached_blocks, num_full_blocks),
-        )
-        self.num_cached_block[request_id] = num_full_blocks
+        num_hashed_tokens = len(request.block_hashes) * self._hash_block_size
+        num_full_blocks = (
+            num_tokens if num_tokens < num_hashed_tokens else num_hashed_tokens
+        ) // self.block_size
+        if num_cached_blocks < num_full_blocks:
+            self.block_pool.cache_full_blocks(
+                request,
+                self.req_to_blocks[request_id],
+                num_cached_blocks,
+                num_full_blocks,
+                self.block_size,
+                self.kv_cache_group_id,
+                self.reachable_block_mask(num_cached_blocks, num_full_blocks),
+            )
+            self.num_cached_block[request_id] = num_full_blocks
+        if self.caches_partial_tail_block:
+            self._cache_partial_tail_block(request, num_tokens)
+
+    def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
+        """Tier B: register the prompt's last hash boundary inside a block (full attention)."""
 
     def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
         """Which of blocks [start, end) can ever serve a hit; None caches them all."""
@@ -243,15 +253,19 @@ class SingleTypeKVCacheManager:
         blocks = self.req_to_blocks.get(request_id)
         if not blocks:
             return
+        last = num_skipped_tokens // self.block_size - 1
+        if last >= len(blocks):
+            last = len(blocks) - 1
         null_block = self._null_block
+        if last < 0 or blocks[last] is null_block:  # most steps: nothing newly skipped
+            return
         removed: list[KVCacheBlock] = []
-        for i in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
+        for i in range(last, -1, -1):
             if blocks[i] is null_block:
                 break
             removed.append(blocks[i])
             blocks[i] = null_block
-        if removed:
-            self.block_pool.free_blocks(removed)
+        self.block_pool.free_blocks(removed)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens no future token attends to, given `num_computed_tokens`."""
@@ -339,10 +353,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             del blocks[num_blocks:]
         return computed, hit_length
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        super().cache_blocks(request, num_tokens)
-        if self.block_size != self.block_pool.hash_block_size:
-            self._cache_partial_tail_block(request, num_tokens)
+    def __init__(self, kv_cache_spec: KVCacheSpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        self.caches_partial_tail_block = self.block_size != self._hash_block_size
 
     def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
         """Register the prompt's last hash boundary when it ends inside a block (Tier B).
@@ -383,41 +396,52 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         drop_eagle_block: bool,
         alignment_tokens: int,
     ) -> tuple[HitBlocks, int]:
-        """Scan right to left for the rightmost run of `need` cached blocks (longest hit first).
+        """The rightmost window of `need` cached blocks whose end is a valid hit boundary
+        (longest hit first); with none, the cached run from block 0 (shorter than a window).
 
-        Costs O(max_length / block_size) on a miss, as in vLLM.
+        Window ends are tried right to left. A window is probed left to right in one pool
+        call; its first miss rules out every window containing it, so the next end tried is
+        that miss. The same result as vLLM's block-by-block right-to-left scan, with one
+        probe per block at most.
         """
         assert isinstance(kv_cache_spec, SlidingWindowSpec)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
-        need = sliding_window_hit_blocks(kv_cache_spec.sliding_window, block_size, drop_eagle_block)
+        # vLLM's scan decides on a hit, so even a window of one token needs one cached block.
+        need = max(
+            sliding_window_hit_blocks(kv_cache_spec.sliding_window, block_size, drop_eagle_block),
+            1,
+        )
         max_num_blocks = min(max_length // block_size, len(hashes))
-        null_block = block_pool.null_block
-        computed = tuple([null_block] * max_num_blocks for _ in kv_cache_group_ids)
         aligned = block_size == alignment_tokens
-        num_contiguous = 0
-        match_found = False
-        for i in range(max_num_blocks - 1, -1, -1):
-            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
-            if cached is None:
-                num_contiguous = 0
+        # A window may end after block e - 1 iff its right edge (one block less under EAGLE,
+        # which drops the last block) is a multiple of the alignment.
+        edge_shift = 1 if drop_eagle_block else 0
+
+        def valid_end(end: int) -> bool:
+            return aligned or (end - edge_shift) * block_size % alignment_tokens == 0
+
+        computed: HitBlocks | None = None
+        end = max_num_blocks
+        while end >= need:
+            if not valid_end(end):
+                end -= 1
                 continue
-            if num_contiguous == 0 and not aligned:
-                right_edge = i if drop_eagle_block else i + 1
-                if right_edge * block_size % alignment_tokens:
-                    continue
-            for blocks, block in zip(computed, cached):
-                blocks[i] = block
-            num_contiguous += 1
-            if num_contiguous >= need:
-                for blocks in computed:
-                    del blocks[i + num_contiguous :]
-                match_found = True
+            run = block_pool.get_cached_block_run(hashes[end - need : end], kv_cache_group_ids)
+            num_hits = len(run[0])
+            if num_hits == need:
+                null_blocks = [block_pool.null_block] * (end - need)
+                computed = tuple(null_blocks + blocks for blocks in run)
                 break
-        if not match_found:
+            end = end - need + num_hits
+        if computed is None:
             # The run reaching block 0 is a hit even when shorter than the window.
+            computed = block_pool.get_cached_block_run(hashes[:max_num_blocks], kv_cache_group_ids)
+            num_blocks = len(computed[0])
+            while num_blocks > 0 and not valid_end(num_blocks):
+                num_blocks -= 1
             for blocks in computed:
-                del blocks[num_contiguous:]
+                del blocks[num_blocks:]
             cls._trim_to_alignment(computed, block_size, alignment_tokens)
         if drop_eagle_block and computed[0]:
             for blocks in computed:

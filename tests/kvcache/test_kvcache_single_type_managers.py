@@ -4,7 +4,11 @@ mask, and each kind's find_longest_cache_hit.
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcache import (
     BlockPool,
@@ -316,6 +320,78 @@ def test_sliding_window_eagle_needs_one_more_block_then_drops_it():
     blocks, hit = SlidingWindowManager.find_longest_cache_hit(
         request.block_hashes, 16, [0], pool, SWA, True, 4)
     assert (ids(blocks[0]), hit) == ([0, table[1].block_id, table[2].block_id], 12)
+
+
+def _scan_right_to_left(hashes, max_length, group_ids, pool, block_size, window, eagle, align):
+    """vLLM 0.33.0's sliding-window search, block by block from the right (SPEC §4.9.2)."""
+    need = -(-(window - 1) // block_size) + (1 if eagle else 0)
+    num = min(max_length // block_size, len(hashes))
+    found = [[pool.null_block] * num for _ in group_ids]
+    run = 0
+    for i in range(num - 1, -1, -1):
+        cached = pool.get_cached_block(hashes[i], group_ids)
+        if cached is None:
+            run = 0
+            continue
+        if run == 0 and block_size != align and (i if eagle else i + 1) * block_size % align:
+            continue
+        for blocks, block in zip(found, cached):
+            blocks[i] = block
+        run += 1
+        if run >= need:
+            return _eagle_trim([b[: i + run] for b in found], block_size, align, eagle)
+    aligned = [b[:run] for b in found]
+    return _eagle_trim(_align_trim(aligned, block_size, align), block_size, align, eagle)
+
+
+def _align_trim(found, block_size, align):
+    per = align // math.gcd(align, block_size)
+    keep = len(found[0]) - len(found[0]) % per
+    return [b[:keep] for b in found]
+
+
+def _eagle_trim(found, block_size, align, eagle):
+    if eagle and found[0]:
+        found = _align_trim([b[:-1] for b in found], block_size, align)
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    block_size=st.sampled_from([1, 2, 4]),
+    align_factor=st.sampled_from([(1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (1, 4)]),
+    window=st.integers(1, 12),
+    eagle=st.booleans(),
+    num_groups=st.integers(1, 2),
+    cached=st.lists(st.tuples(st.booleans(), st.booleans()), max_size=14),
+    extra_length=st.integers(-3, 3),
+)
+def test_sliding_window_search_equals_the_block_by_block_scan(
+    block_size, align_factor, window, eagle, num_groups, cached, extra_length
+):
+    """The window-skipping search returns exactly the blocks of the right-to-left scan, for
+    every pattern of cached positions (per group), alignment, window, EAGLE and length.
+    """
+    multiple, divisor = align_factor
+    if block_size % divisor:
+        return
+    align = block_size * multiple // divisor
+    pool = BlockPool(64, True, block_size)
+    group_ids = list(range(num_groups))
+    request = make_request("writer", list(range(len(cached) * block_size)), block_size)
+    for group_id in group_ids:
+        mask = [pattern[group_id] for pattern in cached]
+        if any(mask):
+            table = [pool.get_new_blocks(1)[0] if on else pool.null_block for on in mask]
+            pool.cache_full_blocks(request, table, 0, len(table), block_size, group_id)
+    spec = SlidingWindowSpec(block_size=block_size, sliding_window=window)
+    max_length = max(0, len(cached) * block_size + extra_length)
+    blocks, hit = SlidingWindowManager.find_longest_cache_hit(
+        request.block_hashes, max_length, group_ids, pool, spec, eagle, align)
+    expected = _scan_right_to_left(request.block_hashes, max_length, group_ids, pool,
+                                   block_size, window, eagle, align)
+    assert [ids(b) for b in blocks] == [ids(b) for b in expected]
+    assert hit == len(expected[0]) * block_size
 
 
 def test_chunked_local_examples_from_the_spec():
