@@ -2,9 +2,12 @@
 
 Each workload drives kvcache's KVCacheManager and vLLM's with the same driver
 (`kvcache.scheduler.Scheduler`, FCFS with preemption) and the same prompts; thin wrappers time
-the manager calls. Printed per operation: microseconds per call (median over the repeats of
-each repeat's mean), the ratio kvcache/vLLM and the number of calls; then whether both produced
-identical block tables (every request's tables when it is freed, and every step's schedule).
+the manager calls. The two sides run interleaved, request by request and step by step (who goes
+first alternates between repeats), after one discarded warm-up pass, so that a slow stretch of
+a shared machine falls on both alike. Printed per operation: microseconds per call (median
+over the repeats of each repeat's mean), the ratio kvcache/vLLM and the number of calls; then
+whether both produced identical block tables (every request's tables when it is freed, and
+every step's schedule).
 Request creation includes hashing the prompt (SHA-256 on both sides). Figures only: nothing is
 asserted about time. Needs the venv of ci/install-vllm.sh:
 
@@ -190,50 +193,65 @@ class Vllm(Implementation):
         return make
 
 
-def run_once(impl: Implementation, workload: Workload, prompts: list[list[int]]) -> Run:
-    run = Run()
-    manager = TimedManager(impl.manager(workload.config), run)
-    make = impl.request_factory(workload.config, workload.decode_steps)
-    scheduler = Scheduler(
-        manager,
-        max_model_len=workload.config.max_model_len,
-        token_budget=workload.token_budget,
-        max_running=workload.max_running,
-    )
+def run_once(impls: list[Implementation], workload: Workload,
+             prompts: list[list[int]]) -> list[Run]:
+    """One pass of the workload on every implementation, interleaved: each request is created
+    on every side in turn and each scheduler step runs on every side in turn, so a slow
+    stretch of a shared machine falls on all sides alike. The schedules are identical, so
+    the sides finish on the same step (checked afterwards through `Run.schedule`).
+    """
+    sides = []
+    for impl in impls:
+        run = Run()
+        scheduler = Scheduler(
+            TimedManager(impl.manager(workload.config), run),
+            max_model_len=workload.config.max_model_len,
+            token_budget=workload.token_budget,
+            max_running=workload.max_running,
+        )
+        sides.append((run, scheduler, impl.request_factory(workload.config,
+                                                           workload.decode_steps)))
     gc.collect()
     gc.disable()
     try:
         clock = time.perf_counter_ns
         for i, prompt in enumerate(prompts):
-            start = clock()
-            request = make(f"r{i}", prompt)
-            run.add("Request creation (hashing)", clock() - start)
-            scheduler.add_request(request)
+            for run, scheduler, make in sides:
+                start = clock()
+                request = make(f"r{i}", prompt)
+                run.add("Request creation (hashing)", clock() - start)
+                scheduler.add_request(request)
 
         def sample(request: Any) -> int:
             return request.num_tokens * 7919 % 32_000
 
-        while scheduler.waiting or scheduler.running:
-            out = scheduler.step(sample)
-            run.preemptions += len(out.preempted)
-            run.schedule.append((out.scheduled, out.preempted, out.finished))
+        while any(scheduler.waiting or scheduler.running for _, scheduler, _ in sides):
+            for run, scheduler, _ in sides:
+                if scheduler.waiting or scheduler.running:
+                    out = scheduler.step(sample)
+                    run.preemptions += len(out.preempted)
+                    run.schedule.append((out.scheduled, out.preempted, out.finished))
     finally:
         gc.enable()
-    return run
+    return [run for run, _, _ in sides]
 
 
 def bench(workload: Workload, impls: list[Implementation]) -> None:
     prompts = workload.prompts()
     runs: dict[str, list[Run]] = {impl.name: [] for impl in impls}
+    # A discarded warm-up pass: the first passes of a process grow its heap, and page faults
+    # then land on whichever side allocates first.
+    run_once(impls, workload, prompts)
     for repeat in range(workload.repeats):
-        # ABBA order: a drift of the machine's speed during the run hits both sides alike.
-        for impl in impls if repeat % 2 == 0 else impls[::-1]:
-            runs[impl.name].append(run_once(impl, workload, prompts))
+        # Alternate who goes first within each interleaved step, too.
+        order = impls if repeat % 2 == 0 else impls[::-1]
+        for impl, run in zip(order, run_once(order, workload, prompts)):
+            runs[impl.name].append(run)
     kv, vl = (runs[impl.name] for impl in impls)
     print(f"\n== {workload.name}: {workload.num_requests} requests of {workload.prompt_len} "
           f"tokens (half share {workload.shared_prefix_len}), {workload.decode_steps} decode "
           f"steps, block size 16, budget {workload.token_budget}, max running "
-          f"{workload.max_running}, {workload.repeats} repeats ==")
+          f"{workload.max_running}, {workload.repeats} repeats after a warm-up ==")
     print(f"  {'operation':32} {'kvcache us':>11} {'vLLM us':>10} {'kv/vLLM':>8} {'calls':>9}")
     for op in OPERATIONS:
         if not kv[0].calls[op]:

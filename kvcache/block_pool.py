@@ -48,8 +48,9 @@ class BlockHashToBlockMap:
         """The earliest inserted block still present under key."""
         blocks = self._cache.get(key)
         if type(blocks) is dict:
-            return next(iter(blocks.values()))
-        return blocks
+            for block in blocks.values():  # the first; a loop costs less than next(iter(...))
+                return block
+        return blocks  # type: ignore[return-value]
 
     def get_one_block_run(
         self, block_hashes: Iterable[BlockHash], group_id: int
@@ -64,7 +65,8 @@ class BlockHashToBlockMap:
             if blocks is None:
                 break
             if type(blocks) is dict:
-                blocks = next(iter(blocks.values()))
+                for blocks in blocks.values():  # the first, as in get_one_block
+                    break
             append(blocks)
         return run
 
@@ -295,12 +297,22 @@ class BlockPool:
                 f"Cannot get {num_blocks} free blocks from the pool ({num_free_blocks} free)"
             )
         ret = self.free_block_queue.popleft_n(num_blocks)
-        evict = self.enable_caching
+        if not self.enable_caching:
+            for block in ret:
+                block.ref_cnt = 1
+            return ret
+        extras_by_block = self.cached_block_hashes_by_block
+        pop_key = self.cached_block_hash_to_block.pop
         for block in ret:
-            # Only a block with a primary key has keys (extras come after the primary).
-            if evict and block._block_hash is not None:  # the slot, as in free_blocks
-                self._remove_cached_block_hashes(block)
-            assert block.ref_cnt == 0, block
+            # Only a block with a primary key has keys (extras come after the primary). The
+            # common case, a primary key alone, is `_remove_cached_block_hashes` inlined.
+            key = block._block_hash  # the slot, as in free_blocks
+            if key is not None:
+                if extras_by_block and block.block_id in extras_by_block:
+                    self._remove_cached_block_hashes(block)
+                else:
+                    pop_key(key, block.block_id)
+                    block._block_hash = block._block_hash_num_tokens = None
             block.ref_cnt = 1
         return ret
 

@@ -195,9 +195,16 @@ class KVCacheCoordinator(ABC):
                     request, self.get_num_cacheable_tokens(num_computed_tokens, group_id)
                 )
 
-    def free(self, request_id: str) -> None:
+    def free(self, request_id: str) -> bool:
+        """Free every group's table of the request; False if no group holds one (then nothing
+        changed).
+        """
+        tracked = False
         for manager in self.single_type_managers:
-            manager.free(request_id)
+            if request_id in manager.req_to_blocks:
+                manager.free(request_id)
+                tracked = True
+        return tracked
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """Every group's blocks, group after group; the caller frees each group tail first."""
@@ -396,6 +403,13 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         # Every computed token is cacheable, and caching is on.
         self.single_type_managers[0].cache_blocks(request, num_computed_tokens)
 
+    def free(self, request_id: str) -> bool:
+        manager = self.single_type_managers[0]
+        if request_id not in manager.req_to_blocks:
+            return False
+        manager.free(request_id)
+        return True
+
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> HitResult:
@@ -568,6 +582,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         hit_length_by_group = [0] * num_groups
         eagle_verified: set[int] = set()
         num_hashed_tokens = len(block_hashes) * self.hash_block_size
+        block_pool = self.block_pool
+        alignment_tokens = self._cache_hit_alignment_tokens
         while True:
             curr_hit_length = hit_length
             for idx, (spec, group_ids, manager_cls, use_eagle, is_full) in enumerate(
@@ -575,7 +591,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             ):
                 first_id = group_ids[0]
                 if is_full and hit_blocks_by_group[first_id] is not None:
-                    curr_hit_length = min(curr_hit_length, hit_length_by_group[first_id])
+                    if hit_length_by_group[first_id] < curr_hit_length:
+                        curr_hit_length = hit_length_by_group[first_id]
                     continue
                 drop_eagle_block = use_eagle and idx not in eagle_verified
                 max_length = curr_hit_length
@@ -588,10 +605,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     block_hashes,
                     max_length,
                     group_ids,
-                    self.block_pool,
+                    block_pool,
                     spec,
                     drop_eagle_block,
-                    self._cache_hit_alignment_tokens,
+                    alignment_tokens,
                 )
                 if drop_eagle_block:
                     eagle_verified.add(idx)
@@ -601,7 +618,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 for group_id, blocks in zip(group_ids, hit_blocks):
                     hit_blocks_by_group[group_id] = blocks
                     hit_length_by_group[group_id] = new_hit_length
-                longest_hit_length = max(longest_hit_length, curr_hit_length)
+                if curr_hit_length > longest_hit_length:
+                    longest_hit_length = curr_hit_length
             if curr_hit_length >= hit_length:
                 break
             hit_length = curr_hit_length
@@ -617,7 +635,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 if blocks is not None:
                     del blocks[num_blocks:]
         return (
-            tuple(blocks if blocks is not None else [] for blocks in hit_blocks_by_group),
+            tuple([blocks if blocks is not None else [] for blocks in hit_blocks_by_group]),
             hit_length,
             longest_hit_length - hit_length,
         )

@@ -401,8 +401,9 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, each group tail first."""
-        self._check_tracked(request.request_id, "free")
-        self.coordinator.free(request.request_id)
+        # The coordinator tells whether it freed anything: an untracked request changes nothing.
+        if not self.coordinator.free(request.request_id):
+            self._check_tracked(request.request_id, "free")
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Forget the request but keep its references, for a deferred free: the caller frees

@@ -237,7 +237,9 @@ class SingleTypeKVCacheManager:
         """Release the request's blocks tail first, so a chain is evicted from its end and the
         surviving cached prefix stays reachable.
         """
-        self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))
+        blocks = self.pop_blocks_for_free(request_id)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -422,6 +424,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             return aligned or (end - edge_shift) * block_size % alignment_tokens == 0
 
         computed: HitBlocks | None = None
+        # The cached run from block 0, once a window starting there has been probed.
+        head_run: HitBlocks | None = None
         end = max_num_blocks
         while end >= need:
             if not valid_end(end):
@@ -433,10 +437,14 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                 null_blocks = [block_pool.null_block] * (end - need)
                 computed = tuple(null_blocks + blocks for blocks in run)
                 break
+            if end == need:
+                head_run = run
             end = end - need + num_hits
         if computed is None:
             # The run reaching block 0 is a hit even when shorter than the window.
-            computed = block_pool.get_cached_block_run(hashes[:max_num_blocks], kv_cache_group_ids)
+            computed = head_run or block_pool.get_cached_block_run(
+                hashes[:max_num_blocks], kv_cache_group_ids
+            )
             num_blocks = len(computed[0])
             while num_blocks > 0 and not valid_end(num_blocks):
                 num_blocks -= 1
