@@ -38,7 +38,9 @@ class BlockHashToBlockMap:
     """Key -> one block, or -> {block_id: block} in insertion order when duplicated.
 
     Identical content cached twice is kept twice (no de-duplication), so block ids already
-    handed out never change. The single-block form avoids an inner dict per key.
+    handed out never change. The single-block form avoids an inner dict per key. BlockPool's
+    two per-block loops (registration, eviction) handle that form on `_cache` directly and
+    call the methods for the rest: a call per block is most of their cost.
     """
 
     def __init__(self) -> None:
@@ -188,7 +190,8 @@ class BlockPool:
             )
         new_hashes = block_hashes[num_cached_blocks:num_full_blocks]
         suffix = group_id_suffix(kv_cache_group_id)
-        insert = self.cached_block_hash_to_block.insert
+        cache_map = self.cached_block_hash_to_block
+        setdefault = cache_map._cache.setdefault
         num_tokens = num_cached_blocks * block_size
         for offset, block in enumerate(blocks[num_cached_blocks:num_full_blocks]):
             num_tokens += block_size
@@ -200,7 +203,9 @@ class BlockPool:
                 # so the slots are set directly (what set_block_hash does after its check).
                 block._block_hash = key
                 block._block_hash_num_tokens = num_tokens
-                insert(key, block)
+                # `insert`, with a new key (the common case) costing one dict operation.
+                if setdefault(key, block) is not block:
+                    cache_map.insert(key, block)
                 continue
             assert (
                 block.block_hash_num_tokens is not None
@@ -302,16 +307,21 @@ class BlockPool:
                 block.ref_cnt = 1
             return ret
         extras_by_block = self.cached_block_hashes_by_block
-        pop_key = self.cached_block_hash_to_block.pop
+        cache_map = self.cached_block_hash_to_block
+        cache = cache_map._cache
         for block in ret:
             # Only a block with a primary key has keys (extras come after the primary). The
-            # common case, a primary key alone, is `_remove_cached_block_hashes` inlined.
+            # common case, a primary key alone, is `_remove_cached_block_hashes` inlined, and
+            # the block alone under its key is `BlockHashToBlockMap.pop` inlined.
             key = block._block_hash  # the slot, as in free_blocks
             if key is not None:
                 if extras_by_block and block.block_id in extras_by_block:
                     self._remove_cached_block_hashes(block)
                 else:
-                    pop_key(key, block.block_id)
+                    if cache.get(key) is block:
+                        del cache[key]
+                    else:
+                        cache_map.pop(key, block.block_id)
                     block._block_hash = block._block_hash_num_tokens = None
             block.ref_cnt = 1
         return ret

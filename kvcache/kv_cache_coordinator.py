@@ -499,6 +499,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self._is_simple_hybrid = (
             len(self.attention_groups) == 2 and self.attention_groups[0].is_full
         )
+        # ... and without EAGLE's drops that round is two plain searches.
+        self._two_searches = self._is_simple_hybrid and not any(
+            spec_group.use_eagle for spec_group in self.attention_groups
+        )
 
     def _split_spec_groups(self) -> list[SpecGroup]:
         """Merge groups with equal spec, class and pool; full attention first, because its
@@ -544,7 +548,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         """Per group: round down to the hit alignment, as a later hit cannot use the part past
         it. EAGLE groups keep one block more, which their lookups match and then drop.
         """
-        cacheable = self._align_cacheable(num_computed_tokens)
+        if self.enable_partial_hash_hits:
+            cacheable = num_computed_tokens
+        else:
+            cacheable = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
         if cacheable <= 0 or not self._has_eagle_groups:
             return [cacheable] * len(self.single_type_managers)
         return [
@@ -560,11 +567,6 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         ):
             manager.cache_blocks(request, num_tokens)
 
-    def _align_cacheable(self, num_tokens: int) -> int:
-        if self.enable_partial_hash_hits:
-            return num_tokens
-        return num_tokens // self.scheduler_block_size * self.scheduler_block_size
-
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> HitResult:
@@ -575,6 +577,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         once and truncated at the end. An EAGLE group drops at most once per candidate length
         (vLLM #32802): a non-dropping search that shortens the candidate voids earlier drops.
         """
+        if self._two_searches:
+            return self._find_in_two_searches(block_hashes, max_cache_hit_length)
         num_groups = len(self.single_type_managers)
         hit_length = max_cache_hit_length
         longest_hit_length = 0
@@ -639,6 +643,34 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             hit_length,
             longest_hit_length - hit_length,
         )
+
+    def _find_in_two_searches(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> HitResult:
+        """The fixed point of full attention plus one other kind, without EAGLE: full
+        attention's hit bounds the other kind's search, whose hit then cuts full attention's.
+        """
+        full, other = self.attention_groups
+        block_pool = self.block_pool
+        alignment_tokens = self._cache_hit_alignment_tokens
+        full_blocks, full_hit_length = full.manager_cls.find_longest_cache_hit(
+            block_hashes, max_cache_hit_length, full.group_ids, block_pool, full.spec, False,
+            alignment_tokens,
+        )
+        other_blocks, hit_length = other.manager_cls.find_longest_cache_hit(
+            block_hashes, full_hit_length, other.group_ids, block_pool, other.spec, False,
+            alignment_tokens,
+        )
+        num_full_blocks = cdiv(hit_length, full.spec.block_size)
+        hit_blocks_by_group: list[list[KVCacheBlock]] = [
+            [] for _ in self.single_type_managers
+        ]
+        for group_id, blocks in zip(full.group_ids, full_blocks):
+            del blocks[num_full_blocks:]
+            hit_blocks_by_group[group_id] = blocks
+        for group_id, blocks in zip(other.group_ids, other_blocks):
+            hit_blocks_by_group[group_id] = blocks
+        return tuple(hit_blocks_by_group), hit_length, full_hit_length - hit_length
 
     def _eagle_margin(self, spec: KVCacheSpec, manager_cls: type[SingleTypeKVCacheManager]) -> int:
         """One hash unit for fine-grained lookups under partial hits, else one block."""

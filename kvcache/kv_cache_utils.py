@@ -302,7 +302,8 @@ def get_request_block_hasher(
             parts = [parent, header, data[offset : offset + stride]]
             if start + offset == 0 and request.cache_salt:
                 parts.append(_salt_extra(request.cache_salt))
-            parent = BlockHash(sha256(b"".join(parts)).digest())
+            # A BlockHash: calling the NewType would cost a Python call per block.
+            parent = sha256(b"".join(parts)).digest()  # type: ignore[assignment]
             new_hashes.append(parent)
         return new_hashes
 

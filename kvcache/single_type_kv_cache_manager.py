@@ -156,7 +156,7 @@ class SingleTypeKVCacheManager:
     ) -> list[KVCacheBlock]:
         """Grow the table to `num_tokens` slots; the CoW copy of a partial hit comes first."""
         cow_blocks: list[KVCacheBlock] = []
-        if request_id in self._partial_hit_reqs:
+        if self._partial_hit_reqs and request_id in self._partial_hit_reqs:
             block_idx, source_block = self._partial_hit_reqs.pop(request_id)
             cow_block = self.block_pool.get_new_blocks(1)[0]
             self._apply_cow(request_id, block_idx, source_block, cow_block)
