@@ -6,6 +6,7 @@ import bisect
 import functools
 import hashlib
 import math
+import operator
 import os
 import struct
 from array import array
@@ -114,11 +115,16 @@ class KVCacheBlockCopy(NamedTuple):
     dst_block_id: int
 
 
+_block_id = operator.attrgetter("block_id")
+
+
 def null_head_len(blocks: Sequence[KVCacheBlock]) -> int:
     """Length of the leading run of null blocks (window tables null a prefix only)."""
     if not blocks or not blocks[0].is_null:
         return 0
-    return bisect.bisect_left(blocks, True, key=lambda block: not block.is_null)
+    # The null block is block 0 and every other id is larger, so "id < 1" holds exactly on
+    # the leading nulls: a monotone test that bisect can run with a C-level key.
+    return bisect.bisect_left(blocks, 1, key=_block_id)
 
 
 class FreeKVCacheBlockQueue:

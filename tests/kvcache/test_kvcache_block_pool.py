@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvcache import BlockHashToBlockMap, BlockPool, KVCacheBlock
-from kvcache.kv_cache_utils import make_block_hash_with_group_id
+from kvcache.kv_cache_utils import make_block_hash_with_group_id, null_head_len
 from kvcache_testkit import dump_pool, free_ids, ids, make_request
 
 KEY = make_block_hash_with_group_id(b"h" * 32, 0)
@@ -258,3 +258,19 @@ def test_get_cached_block_needs_every_group():
     pool.cache_full_blocks(request, [other], 0, 1, 4, 1)
     assert ids(pool.get_cached_block(request.block_hashes[0], [0, 1])) == [1, 2]
     assert pool.get_cached_block(request.block_hashes[0], [0, 2]) is None
+
+
+def test_null_head_len_counts_exactly_the_leading_nulls():
+    pool = BlockPool(8, True, 4)
+    null = pool.null_block
+    b7, b1, b4 = pool.blocks[7], pool.blocks[1], pool.blocks[4]
+    for table, expected in [
+        ([], 0),
+        ([b1, b7], 0),
+        ([null], 1),
+        ([null, null, null], 3),
+        ([null, b7, b1, b4], 1),
+        ([null, null, b1, b7], 2),
+        ([null, null, null, b4, b1], 3),
+    ]:
+        assert null_head_len(table) == expected, table
