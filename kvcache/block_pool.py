@@ -148,6 +148,8 @@ class BlockPool:
         group; the same blocks as calling it hash by hash until the first miss. Pure read.
         """
         get_run = self.cached_block_hash_to_block.get_one_block_run
+        if len(kv_cache_group_ids) == 1:  # the common case: one run, nothing to reconcile
+            return (get_run(block_hashes, kv_cache_group_ids[0]),)
         runs = []
         num_blocks = len(block_hashes)
         for group_id in kv_cache_group_ids:

@@ -415,20 +415,16 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             1,
         )
         max_num_blocks = min(max_length // block_size, len(hashes))
+        # Aligned (the block is the hit unit): every block boundary can end a hit, and no trim
+        # to the alignment is needed.
         aligned = block_size == alignment_tokens
-        # A window may end after block e - 1 iff its right edge (one block less under EAGLE,
-        # which drops the last block) is a multiple of the alignment.
         edge_shift = 1 if drop_eagle_block else 0
-
-        def valid_end(end: int) -> bool:
-            return aligned or (end - edge_shift) * block_size % alignment_tokens == 0
-
         computed: HitBlocks | None = None
         # The cached run from block 0, once a window starting there has been probed.
         head_run: HitBlocks | None = None
         end = max_num_blocks
         while end >= need:
-            if not valid_end(end):
+            if not aligned and not cls._is_hit_end(end, edge_shift, block_size, alignment_tokens):
                 end -= 1
                 continue
             run = block_pool.get_cached_block_run(hashes[end - need : end], kv_cache_group_ids)
@@ -445,17 +441,28 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             computed = head_run or block_pool.get_cached_block_run(
                 hashes[:max_num_blocks], kv_cache_group_ids
             )
-            num_blocks = len(computed[0])
-            while num_blocks > 0 and not valid_end(num_blocks):
-                num_blocks -= 1
-            for blocks in computed:
-                del blocks[num_blocks:]
-            cls._trim_to_alignment(computed, block_size, alignment_tokens)
+            if not aligned:
+                num_blocks = len(computed[0])
+                while num_blocks > 0 and not cls._is_hit_end(
+                    num_blocks, edge_shift, block_size, alignment_tokens
+                ):
+                    num_blocks -= 1
+                for blocks in computed:
+                    del blocks[num_blocks:]
+                cls._trim_to_alignment(computed, block_size, alignment_tokens)
         if drop_eagle_block and computed[0]:
             for blocks in computed:
                 blocks.pop()
-            cls._trim_to_alignment(computed, block_size, alignment_tokens)
+            if not aligned:
+                cls._trim_to_alignment(computed, block_size, alignment_tokens)
         return computed, len(computed[0]) * block_size
+
+    @staticmethod
+    def _is_hit_end(end: int, edge_shift: int, block_size: int, alignment_tokens: int) -> bool:
+        """Whether a window may end after block `end - 1`: its right edge (one block less
+        under EAGLE, which drops the last block) must be a multiple of the alignment.
+        """
+        return (end - edge_shift) * block_size % alignment_tokens == 0
 
     @staticmethod
     def _trim_to_alignment(computed: HitBlocks, block_size: int, alignment_tokens: int) -> None:
