@@ -235,25 +235,9 @@ class KVCacheManager:
             and num_external_computed_tokens is _ZERO
             and num_encoder_tokens is _ZERO
             and reserved_blocks is _ZERO
-        ) and not (
-            type(num_new_tokens) is int
-            and type(num_new_computed_tokens) is int
-            and type(num_lookahead_tokens) is int
-            and type(num_external_computed_tokens) is int
-            and type(num_encoder_tokens) is int
-            and type(reserved_blocks) is int
-            and min(
-                num_new_tokens,
-                num_new_computed_tokens,
-                num_lookahead_tokens,
-                num_external_computed_tokens,
-                num_encoder_tokens,
-                reserved_blocks,
-            )
-            >= 0
         ):
-            _reject_counts(
-                f"allocate_slots({request_id!r})",
+            self._check_counts(
+                request_id,
                 num_new_tokens=num_new_tokens,
                 num_new_computed_tokens=num_new_computed_tokens,
                 num_lookahead_tokens=num_lookahead_tokens,
@@ -263,12 +247,6 @@ class KVCacheManager:
             )
         if skip_zeroing_group_ids != ():
             self._check_group_ids(request_id, skip_zeroing_group_ids)
-        if num_external_computed_tokens:
-            raise ValueError(
-                f"allocate_slots({request_id!r}): num_external_computed_tokens="
-                f"{num_external_computed_tokens}, but external (KV connector) tokens are not "
-                "supported"
-            )
         empty_blocks = self.empty_kv_cache_blocks.blocks
         if new_computed_blocks is None:
             hit_blocks = empty_blocks
@@ -284,11 +262,11 @@ class KVCacheManager:
         total_computed_tokens = (
             num_local_computed_tokens if num_local_computed_tokens < max_model_len else max_model_len
         )
-        watermark_blocks = (
-            self.watermark_blocks
-            if has_scheduled_reqs and request.status in _ADMITTED_STATUSES
-            else 0
-        )
+        watermark_blocks = self.watermark_blocks
+        if watermark_blocks and not (
+            has_scheduled_reqs and request.status in _ADMITTED_STATUSES
+        ):
+            watermark_blocks = 0
 
         # 2. Full-sequence gate: chunked prefill alone would admit a huge request on the
         # strength of its first chunk. Capped for recycling kinds; ignores the reserve.
@@ -360,6 +338,17 @@ class KVCacheManager:
             request, num_tokens_main_model if num_tokens_main_model < num_tokens else num_tokens
         )
         return self.create_kv_cache_blocks(new_blocks)
+
+    def _check_counts(self, request_id: str, **counts: object) -> None:
+        """Each count an int >= 0 (bools are not counts); external tokens are Tier C."""
+        if any(type(n) is not int or n < 0 for n in counts.values()):  # type: ignore[operator]
+            _reject_counts(f"allocate_slots({request_id!r})", **counts)
+        if counts["num_external_computed_tokens"]:
+            raise ValueError(
+                f"allocate_slots({request_id!r}): num_external_computed_tokens="
+                f"{counts['num_external_computed_tokens']}, but external (KV connector) tokens "
+                "are not supported"
+            )
 
     def _check_group_ids(self, request_id: str, group_ids: object) -> None:
         """Each entry must be the index of a group."""
