@@ -205,6 +205,7 @@ class BlockPool:
                 # so the slots are set directly (what set_block_hash does after its check).
                 block._block_hash = key
                 block._block_hash_num_tokens = num_tokens
+                block._hashed = True
                 # `insert`, with a new key (the common case) costing one dict operation.
                 if setdefault(key, block) is not block:
                     cache_map.insert(key, block)
@@ -287,6 +288,7 @@ class BlockPool:
         for extra in extras:
             cache.pop(extra, block.block_id)
         block._block_hash = block._block_hash_num_tokens = None  # reset_hash, inlined
+        block._hashed = False
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the queue head, evicting their cache entries: the only place memory
@@ -325,6 +327,7 @@ class BlockPool:
                     else:
                         cache_map.pop(key, block.block_id)
                     block._block_hash = block._block_hash_num_tokens = None
+                    block._hashed = False
             block.ref_cnt = 1
         return ret
 
@@ -375,9 +378,9 @@ class BlockPool:
             ref_cnt = block.ref_cnt
             if ref_cnt == 1:
                 block.ref_cnt = 0
-                # Without caching every released block counts as unhashed. `_block_hash` is
-                # the slot: the property costs a call per block.
-                if block._block_hash is None or not caching:
+                # Without caching every released block counts as unhashed. `_hashed` leaves
+                # the key object, likely out of the CPU cache by now, untouched.
+                if not block._hashed or not caching:
                     if first_tail is None:
                         first_head = block
                     else:

@@ -64,6 +64,7 @@ class KVCacheBlock:
         "ref_cnt",
         "_block_hash",
         "_block_hash_num_tokens",
+        "_hashed",
         "prev_free_block",
         "next_free_block",
         "is_null",
@@ -74,6 +75,9 @@ class KVCacheBlock:
         self.ref_cnt = 0
         self._block_hash: BlockHashWithGroupId | None = None
         self._block_hash_num_tokens: int | None = None
+        # `_block_hash is not None`, kept beside it: reading a bool leaves the key alone, while
+        # reading the key writes its reference count, a cache miss per block in free_blocks.
+        self._hashed = False
         # Owned by FreeKVCacheBlockQueue: both set iff the block is linked in it.
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
@@ -94,10 +98,12 @@ class KVCacheBlock:
             raise RuntimeError(f"block {self.block_id} already has a primary hash key")
         self._block_hash = block_hash
         self._block_hash_num_tokens = num_tokens
+        self._hashed = True
 
     def reset_hash(self) -> None:
         self._block_hash = None
         self._block_hash_num_tokens = None
+        self._hashed = False
 
     def __repr__(self) -> str:
         prev_id = self.prev_free_block.block_id if self.prev_free_block else None

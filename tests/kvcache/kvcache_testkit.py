@@ -78,7 +78,12 @@ def _link(block: KVCacheBlock | None) -> int | None:
 
 
 def dump_pool(pool: BlockPool) -> dict[str, Any]:
-    """Everything layer 4 holds, as plain data (links by id, map entries with their shape)."""
+    """Everything layer 4 holds, as plain data (links by id, map entries with their shape).
+
+    Also checks the one redundant field: a block's `_hashed` says whether it has a key.
+    """
+    stale = [b.block_id for b in pool.blocks if b._hashed != (b.block_hash is not None)]
+    assert not stale, f"_hashed disagrees with block_hash on blocks {stale}"
     queue = pool.free_block_queue
     cache = {}
     for key, entry in pool.cached_block_hash_to_block._cache.items():

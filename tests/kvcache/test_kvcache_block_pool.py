@@ -101,6 +101,10 @@ def test_get_new_blocks_evicts_cached_free_blocks_on_pop():
     assert all(b.block_hash is None and b.block_hash_num_tokens is None for b in evicted)
     assert len(pool.cached_block_hash_to_block) == 1
     assert pool.blocks[1].block_hash is not None
+    # Released again, the evicted blocks count as unhashed: to the head, as one run.
+    pool.free_blocks(evicted)
+    assert free_ids(pool) == [3, 2, 1]
+    dump_pool(pool)
 
 
 def test_get_new_blocks_evicts_a_duplicate_without_touching_the_other():
