@@ -317,8 +317,8 @@ class BlockPool:
             # Only a block with a primary key has keys (extras come after the primary). The
             # common case, a primary key alone, is `_remove_cached_block_hashes` inlined, and
             # the block alone under its key is `BlockHashToBlockMap.pop` inlined.
-            key = block._block_hash  # the slot, as in free_blocks
-            if key is not None:
+            if block._hashed:  # the key itself is read only when there is one
+                key = block._block_hash
                 if extras_by_block and block.block_id in extras_by_block:
                     self._remove_cached_block_hashes(block)
                 else:
@@ -340,10 +340,10 @@ class BlockPool:
         rescued: list[KVCacheBlock] = []
         remaining = iter(blocks)
         for block in remaining:
-            if block.is_null:
-                continue
             ref_cnt = block.ref_cnt
             if ref_cnt == 0:
+                if block.is_null:  # only a count of 0 can be the null block's
+                    continue
                 if block.prev_free_block is None or block.next_free_block is None:
                     for done in _before_current(blocks, remaining):
                         if not done.is_null:
