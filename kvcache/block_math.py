@@ -73,7 +73,7 @@ def first_blocks_to_allocate(
     num_local_blocks = len(hit_evictable) + num_held_blocks
     num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_blocks), 0)
     num_dropped_hits = max(0, num_skipped_blocks - num_held_blocks)
-    num_evictable = sum(1 for evictable in hit_evictable[num_dropped_hits:] if evictable)
+    num_evictable = hit_evictable[num_dropped_hits:].count(True)
     return num_new_blocks + (1 if partial_hit else 0) + num_evictable
 
 

@@ -224,13 +224,14 @@ class KVCacheManager:
                 f"allocate_slots({request_id!r}): num_new_tokens=0 with no computed tokens to "
                 "adopt"
             )
-        # Every count but the first is almost always its default 0: identity with the cached
-        # int 0 accepts exactly that at once (only an int 0 can be it), anything else is
-        # checked in full.
+        # Every count but the first two is almost always its default 0: identity with the
+        # cached int 0 accepts exactly that at once (only an int 0 can be it), anything else
+        # is checked in full.
         if not (
             type(num_new_tokens) is int
             and num_new_tokens >= 0
-            and num_new_computed_tokens is _ZERO
+            and type(num_new_computed_tokens) is int
+            and num_new_computed_tokens >= 0
             and num_lookahead_tokens is _ZERO
             and num_external_computed_tokens is _ZERO
             and num_encoder_tokens is _ZERO
@@ -341,8 +342,9 @@ class KVCacheManager:
 
     def _check_counts(self, request_id: str, **counts: object) -> None:
         """Each count an int >= 0 (bools are not counts); external tokens are Tier C."""
-        if any(type(n) is not int or n < 0 for n in counts.values()):  # type: ignore[operator]
-            _reject_counts(f"allocate_slots({request_id!r})", **counts)
+        for n in counts.values():
+            if type(n) is not int or n < 0:  # type: ignore[operator]
+                _reject_counts(f"allocate_slots({request_id!r})", **counts)
         if counts["num_external_computed_tokens"]:
             raise ValueError(
                 f"allocate_slots({request_id!r}): num_external_computed_tokens="

@@ -116,7 +116,9 @@ class SingleTypeKVCacheManager:
             num_required_blocks,
             num_req_blocks,
             self.get_num_skipped_tokens(total_computed_tokens) // self.block_size,
-            [block.ref_cnt == 0 and not block.is_null for block in new_computed_blocks],
+            # Evictable: in the free queue (which never holds the null block).
+            [block.ref_cnt == 0 and block.prev_free_block is not None
+             for block in new_computed_blocks],
             is_partial_hit(len(new_computed_blocks), num_local_computed_tokens, self.block_size),
         )
 
