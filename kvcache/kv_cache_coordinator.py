@@ -548,10 +548,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         """Per group: round down to the hit alignment, as a later hit cannot use the part past
         it. EAGLE groups keep one block more, which their lookups match and then drop.
         """
-        if self.enable_partial_hash_hits:
-            cacheable = num_computed_tokens
-        else:
-            cacheable = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        cacheable = self._align_cacheable(num_computed_tokens)
         if cacheable <= 0 or not self._has_eagle_groups:
             return [cacheable] * len(self.single_type_managers)
         return [
@@ -562,10 +559,21 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         ]
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        for manager, num_tokens in zip(
-            self.single_type_managers, self._cacheable_tokens(num_computed_tokens)
-        ):
-            manager.cache_blocks(request, num_tokens)
+        if self._has_eagle_groups:
+            for manager, num_tokens in zip(
+                self.single_type_managers, self._cacheable_tokens(num_computed_tokens)
+            ):
+                manager.cache_blocks(request, num_tokens)
+            return
+        # Without EAGLE every group caches the same aligned length.
+        cacheable = self._align_cacheable(num_computed_tokens)
+        for manager in self.single_type_managers:
+            manager.cache_blocks(request, cacheable)
+
+    def _align_cacheable(self, num_tokens: int) -> int:
+        if self.enable_partial_hash_hits:
+            return num_tokens
+        return num_tokens // self.scheduler_block_size * self.scheduler_block_size
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
