@@ -368,7 +368,10 @@ class BlockPool:
         are spliced into the queue at the end. Held blocks are never linked, so a run's links
         are all this call's.
         """
-        blocks = list(ordered_blocks)
+        # Read, never changed; a list is not copied.
+        blocks: list[KVCacheBlock] = (
+            ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        )
         caching = self.enable_caching
         first_head = first_tail = last_head = last_tail = None
         # The tail run is the common one: its length is what the others leave.

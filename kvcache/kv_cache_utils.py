@@ -122,16 +122,16 @@ class KVCacheBlockCopy(NamedTuple):
     dst_block_id: int
 
 
-def null_head_len(blocks: Sequence[KVCacheBlock]) -> int:
+def null_head_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock) -> int:
     """Length of the leading run of null blocks.
 
     Window tables null a prefix only (`remove_skipped_blocks` relies on that too), so this is
-    the number of nulls: one shared object, counted by identity at C speed. Reading the ids of
-    a finished request's blocks instead would miss the CPU cache on each.
+    the number of nulls: one shared object, compared by identity at C speed. Reading any
+    attribute of a finished request's blocks instead would miss the CPU cache.
     """
-    if not blocks or not blocks[0].is_null:
+    if not blocks or blocks[0] is not null_block:
         return 0
-    return blocks.count(blocks[0])
+    return blocks.count(null_block)
 
 
 class FreeKVCacheBlockQueue:

@@ -232,7 +232,7 @@ class SingleTypeKVCacheManager:
         req_blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
         self._partial_hit_reqs.pop(request_id, None)
-        num_nulls = null_head_len(req_blocks)
+        num_nulls = null_head_len(req_blocks, self._null_block)
         return req_blocks[num_nulls:] if num_nulls else req_blocks
 
     def free(self, request_id: str) -> None:
@@ -241,7 +241,7 @@ class SingleTypeKVCacheManager:
         """
         blocks = self.pop_blocks_for_free(request_id)
         if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+            self.block_pool.free_blocks(blocks[::-1])  # a list: free_blocks need not copy it
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None

@@ -277,4 +277,4 @@ def test_null_head_len_counts_exactly_the_leading_nulls():
         ([null, null, b1, b7], 2),
         ([null, null, null, b4, b1], 3),
     ]:
-        assert null_head_len(table) == expected, table
+        assert null_head_len(table, null) == expected, table
