@@ -273,10 +273,7 @@ class BlockPool:
         self.cached_block_hash_to_block.insert(key, block)
 
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
-        """Drop every key of the block (primary and extras) from the map and the block.
-
-        Reads the slots, not the properties: eviction runs this once per recycled block.
-        """
+        """Drop every key of the block (primary and extras) from the map and the block."""
         extras_by_block = self.cached_block_hashes_by_block
         extras = extras_by_block.pop(block.block_id, ()) if extras_by_block else ()
         key = block._block_hash
@@ -287,8 +284,7 @@ class BlockPool:
             cache.pop(key, block.block_id)
         for extra in extras:
             cache.pop(extra, block.block_id)
-        block._block_hash = block._block_hash_num_tokens = None  # reset_hash, inlined
-        block._hashed = False
+        block.reset_hash()
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the queue head, evicting their cache entries: the only place memory

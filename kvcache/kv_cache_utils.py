@@ -134,6 +134,13 @@ def null_head_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock) -> i
     return blocks.count(null_block)
 
 
+def _link_run(blocks: Sequence[KVCacheBlock]) -> None:
+    """Link consecutive blocks to each other, first to last (the ends stay open)."""
+    for prev, block in zip(blocks, blocks[1:]):
+        prev.next_free_block = block
+        block.prev_free_block = prev
+
+
 class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks in eviction order (head is reused first).
 
@@ -205,48 +212,39 @@ class FreeKVCacheBlockQueue:
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Link blocks at the tail, keeping their order."""
-        if not blocks:
-            return
-        tail = self.fake_free_list_tail
-        self._link_after(tail.prev_free_block, blocks, tail)
+        if blocks:
+            _link_run(blocks)
+            self.append_chain(blocks[0], blocks[-1], len(blocks))
 
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Link blocks at the head, keeping their order (blocks[0] becomes the head)."""
-        if not blocks:
-            return
-        head = self.fake_free_list_head
-        self._link_after(head, blocks, head.next_free_block)
+        if blocks:
+            _link_run(blocks)
+            self.prepend_chain(blocks[0], blocks[-1], len(blocks))
 
     def prepend_chain(self, first: KVCacheBlock, last: KVCacheBlock, num_blocks: int) -> None:
         """Splice at the head a run of `num_blocks` blocks already linked first to last."""
         head = self.fake_free_list_head
-        nxt = head.next_free_block
-        head.next_free_block = first
-        first.prev_free_block = head
-        last.next_free_block = nxt
-        nxt.prev_free_block = last  # type: ignore[union-attr]
-        self.num_free_blocks += num_blocks
+        self._splice(head, first, last, head.next_free_block, num_blocks)  # type: ignore[arg-type]
 
     def append_chain(self, first: KVCacheBlock, last: KVCacheBlock, num_blocks: int) -> None:
         """Splice at the tail a run of `num_blocks` blocks already linked first to last."""
         tail = self.fake_free_list_tail
-        prev = tail.prev_free_block
-        prev.next_free_block = first  # type: ignore[union-attr]
-        first.prev_free_block = prev
-        last.next_free_block = tail
-        tail.prev_free_block = last
-        self.num_free_blocks += num_blocks
+        self._splice(tail.prev_free_block, first, last, tail, num_blocks)  # type: ignore[arg-type]
 
-    def _link_after(
-        self, prev: KVCacheBlock, blocks: Sequence[KVCacheBlock], nxt: KVCacheBlock
+    def _splice(
+        self,
+        prev: KVCacheBlock,
+        first: KVCacheBlock,
+        last: KVCacheBlock,
+        nxt: KVCacheBlock,
+        num_blocks: int,
     ) -> None:
-        for block in blocks:
-            prev.next_free_block = block
-            block.prev_free_block = prev
-            prev = block
-        prev.next_free_block = nxt
-        nxt.prev_free_block = prev
-        self.num_free_blocks += len(blocks)
+        prev.next_free_block = first
+        first.prev_free_block = prev
+        last.next_free_block = nxt
+        nxt.prev_free_block = last
+        self.num_free_blocks += num_blocks
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """Head-to-tail list; O(free blocks), a testing aid."""
