@@ -13,15 +13,12 @@ out so that every column replays the same ops. Figures only: nothing is asserted
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import generated_traces, ops_per_second  # noqa: E402
-from harness.executor import run_trace  # noqa: E402
-from properties import REGISTRY  # noqa: E402
-from properties.data import data_checks  # noqa: E402
+from common import generated_traces, ops_per_second
+from kvfuzz.harness.executor import run_trace
+from kvfuzz.properties import REGISTRY
+from kvfuzz.properties.data import data_checks
 
 CONFIGS = ("full", "sliding_window", "hybrid", "partial_hits", "priority")
 EXAMPLES = 30

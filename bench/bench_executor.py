@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import generated_traces, ops_per_second  # noqa: E402
-from harness.configs import BUILTIN  # noqa: E402
-from properties import REGISTRY  # noqa: E402
+from common import generated_traces, ops_per_second
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.properties import REGISTRY
 
 REPEATS = 5
 

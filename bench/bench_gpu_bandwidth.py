@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from kvcache.paged_kv import PagedKVCache  # noqa: E402
+from kvfuzz.kvcache.paged_kv import PagedKVCache
 
 PEAK_GB_S = {
     "NVIDIA H200": 4800.0,

@@ -1,4 +1,4 @@
-"""Does kvcache's per-operation cost depend on the pool size? It should not (SPEC §2.2, §3).
+"""Does kvcache's per-operation cost depend on the pool size? It should not (docs/spec.md §2.2, §3).
 
 Runs one allocate/decode/free workload (200 requests, prompts of 64-512 tokens drawn over a
 few shared prefixes, block size 16, a few decode steps each, then free) on a 1,000-block and a
@@ -14,14 +14,11 @@ from __future__ import annotations
 import gc
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvcache import (  # noqa: E402
+from kvfuzz.kvcache import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,

@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fuzz.campaign import Campaign, CampaignOptions  # noqa: E402
-from harness.mutants import MUTANTS, REQUIRED  # noqa: E402
+from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
+from kvfuzz.harness.mutants import MUTANTS, REQUIRED
 
 
 def hunt(name: str, seed: int, budget: float) -> tuple[float | None, int | None, str]:

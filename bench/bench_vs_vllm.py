@@ -20,18 +20,15 @@ import argparse
 import gc
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.config import Config, GroupConfig  # noqa: E402
-from harness.kvcache_target import build_kvcache_manager  # noqa: E402
-from kvcache import Request, RequestStatus, Scheduler, get_request_block_hasher  # noqa: E402
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.harness.kvcache_target import build_kvcache_manager
+from kvfuzz.kvcache import Request, RequestStatus, Scheduler, get_request_block_hasher
 
 OPERATIONS = (
     "get_computed_blocks",
@@ -170,12 +167,12 @@ class Vllm(Implementation):
     name = "vLLM"
 
     def __init__(self) -> None:
-        from harness.vllm_target import vllm_modules
+        from kvfuzz.harness.vllm_target import vllm_modules
 
         self._v = vllm_modules()
 
     def manager(self, config: Config) -> Any:
-        from harness.vllm_target import build_vllm_manager
+        from kvfuzz.harness.vllm_target import build_vllm_manager
 
         return build_vllm_manager(config)
 

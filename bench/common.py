@@ -8,9 +8,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 
-from harness.executor import run_trace
-from harness.trace import Trace
-from properties.machines import machine_for
+from kvfuzz.harness.executor import run_trace
+from kvfuzz.core.trace import Trace
+from kvfuzz.fuzz.machines import machine_for
 
 SEED = 12345
 

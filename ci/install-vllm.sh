@@ -5,7 +5,7 @@
 #   1. vLLM: torch 2.13.0 (CPU), vllm==0.33.0 --no-deps, then the pure-Python set in
 #      vllm-0.33.0-cpu-requirements.txt (about 70 s, 2.1 GB). Reused when it already imports.
 #   2. kvfuzz: this checkout with `pip install --no-deps -e`, plus pyproject.toml's
-#      [project] dependencies (hypothesis==6.157.0) and its [test] extra (pytest, pyyaml).
+#      [project] dependencies and its [test] extra, at CI's versions (ci/constraints.txt).
 #      Reused when an import probe finds this checkout and every requirement satisfied, so a
 #      second run is a fast no-op; a fresh clone elsewhere re-points the editable install.
 #
@@ -48,9 +48,15 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from packaging.requirements import Requirement
-import harness, properties, fuzz, kvcache, reference_model
-if Path(harness.__file__).resolve().parent.parent != Path(sys.argv[1]):
+import importlib, tomllib
+import kvfuzz
+if Path(kvfuzz.__file__).resolve().parent.parent != Path(sys.argv[1]):
     sys.exit(1)
+# An editable install made from an older pyproject.toml may miss a part: import them all.
+pyproject = tomllib.loads((Path(sys.argv[1]) / "pyproject.toml").read_text())
+for part in pyproject["tool"]["setuptools"]["package-dir"]:
+    if part not in ("kvfuzz.ci", "kvfuzz.docs"):
+        importlib.import_module(part)
 for line in sys.stdin.read().splitlines():
     req = Requirement(line)
     try:
@@ -65,7 +71,7 @@ if kvfuzz_ready; then
 else
   echo "installing kvfuzz (editable, $repo) and its test requirements into $venv" >&2
   mapfile -t reqs < <(requirements)
-  "${pip[@]}" "${reqs[@]}"
+  "${pip[@]}" -c "$here/constraints.txt" "${reqs[@]}"
   "${pip[@]}" --no-deps -e "$repo"
   kvfuzz_ready
 fi

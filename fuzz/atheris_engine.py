@@ -10,7 +10,7 @@ the campaign's behaviour features are counted as well, so `coverage` means the s
 both engines and `edges` is libFuzzer's `cov:`.
 
 Processes: `atheris.Fuzz` runs once per process and ends it, so each worker is a subprocess
-(`python -m fuzz.atheris_engine RUN_DIR WORKER LIBFUZZER_ARGS... CORPUS_DIR`) with its own
+(`python -m kvfuzz.fuzz.atheris_engine RUN_DIR WORKER LIBFUZZER_ARGS... CORPUS_DIR`) with its own
 libFuzzer seed; the parent polls the workers' stats files and logs and calls `on_progress`.
 
 Files: `<corpus>/atheris-inputs/` is libFuzzer's corpus, shared by the workers (libFuzzer reloads
@@ -18,7 +18,7 @@ it, so they learn from each other) and kept between runs; it starts with one see
 pair. `<corpus>/atheris-logs/worker-K.log` is libFuzzer's output (and any crash artifact of
 the harness itself). Findings are the `Counterexample`s the executor raises inside an input:
 the worker catches them, so libFuzzer goes on; the first of each (check, level, config) across
-all workers is shrunk with `fuzz.shrink` and saved in the corpus like the Hypothesis engine's.
+all workers is shrunk with `kvfuzz.fuzz.shrink` and saved in the corpus like the Hypothesis engine's.
 Each worker rewrites its stats file atomically after every input, so nothing already found is
 lost when the run is interrupted; SIGINT/SIGTERM make a worker stop after its current input.
 
@@ -52,14 +52,15 @@ import atheris
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import get_state_machine_test
 
-from fuzz.campaign import Campaign, CampaignOptions, Stats, import_plugins
-from harness.configs import builtin_config
-from harness.errors import KvfuzzError
-from harness.executor import Counterexample
+from kvfuzz.fuzz.campaign import Campaign, CampaignOptions, Stats
+from kvfuzz.fuzz.plugins import import_plugins
+from kvfuzz.core.configs import builtin_config
+from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.harness.executor import Counterexample
 
 INPUTS_DIR = "atheris-inputs"
 LOGS_DIR = "atheris-logs"
-INSTRUMENTED = "kvcache"
+INSTRUMENTED = "kvfuzz.kvcache"
 MAX_LEN = 4096
 """libFuzzer's input size limit; `-len_control=0` lets inputs use it from the start (short
 inputs end a state machine run after a few steps)."""
@@ -173,12 +174,12 @@ def _instrument(package: str) -> None:
 
 
 def worker_main(argv: list[str]) -> None:
-    """`python -m fuzz.atheris_engine RUN_DIR WORKER LIBFUZZER_ARGS...`."""
+    """`python -m kvfuzz.fuzz.atheris_engine RUN_DIR WORKER LIBFUZZER_ARGS...`."""
     run_dir, worker = Path(argv[1]), int(argv[2])
     options = pickle.loads((run_dir / "options.pickle").read_bytes())
     _instrument(INSTRUMENTED)
     import_plugins(options.plugins)
-    logging.getLogger("kvcache").setLevel(logging.ERROR)
+    logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
     AtherisWorker(options, worker, run_dir).fuzz([argv[0], *argv[3:]])
 
 
@@ -264,7 +265,7 @@ def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) 
         for worker, log in enumerate(logs):
             with open(log.path, "wb") as out:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "fuzz.atheris_engine", str(run_dir), str(worker),
+                    [sys.executable, "-m", "kvfuzz.fuzz.atheris_engine", str(run_dir), str(worker),
                      *libfuzzer_args(options, worker, logs_dir), str(inputs)],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,  # Ctrl-C reaches the parent, which stops them

@@ -1,11 +1,11 @@
 """A fuzzing campaign: generate traces until time or examples run out, keep every finding.
 
-The Hypothesis engine runs the state machines of `properties.machines` in batches, one
+The Hypothesis engine runs the state machines of `kvfuzz.fuzz.machines` in batches, one
 (level, config) pair after another, each batch seeded from the campaign seed, so a seed,
 target and options give the same examples and the same findings. With an example database
 (`CampaignOptions.database`) each batch first replays the failing examples saved there by earlier
 campaigns with the same options, then generates its seeded ones. Hypothesis's own shrinking
-is off: a failing trace is shrunk by `fuzz.shrink` (fast, and the same for every engine) and
+is off: a failing trace is shrunk by `kvfuzz.fuzz.shrink` (fast, and the same for every engine) and
 saved atomically in the corpus folder under a name that says the check it breaks.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib
 import logging
 import multiprocessing
 import os
@@ -28,12 +27,13 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from harness.configs import BUILTIN, builtin_config
-from harness.executor import Counterexample, Execution
-from harness.targets import get_target
-from harness.trace import save_finding
-from fuzz.coverage import behaviour_features
-from fuzz.shrink import shrink_trace
+from kvfuzz.core.configs import BUILTIN, builtin_config
+from kvfuzz.harness.executor import Counterexample, Execution
+from kvfuzz.harness.targets import get_target
+from kvfuzz.core.trace import save_finding
+from kvfuzz.fuzz.coverage import behaviour_features
+from kvfuzz.fuzz.plugins import import_plugins
+from kvfuzz.fuzz.shrink import shrink_trace
 
 LEVELS = ("api", "scheduler")
 BATCH_EXAMPLES = 10
@@ -159,23 +159,10 @@ def selected_checks(data: str | None) -> list[Any] | None:
     (every registered invariant, the executor's default) when `data` is None."""
     if data is None:
         return None
-    from properties import REGISTRY
-    from properties.data import data_checks_for
+    from kvfuzz.properties import REGISTRY
+    from kvfuzz.properties.data import data_checks_for
 
     return list(REGISTRY) + data_checks_for(data)
-
-
-class PluginError(ImportError):
-    """A plugin module failed to import: `name` is the module, the message says why."""
-
-
-def import_plugins(plugins: tuple[str, ...]) -> None:
-    """Import each plugin module in order; PluginError names the first that fails."""
-    for name in plugins:
-        try:
-            importlib.import_module(name)
-        except (Exception, SystemExit) as exc:
-            raise PluginError(f"{type(exc).__name__}: {exc}", name=name) from exc
 
 
 class Campaign:
@@ -204,7 +191,7 @@ class Campaign:
 
     def machine(self, level: str, name: str) -> type:
         """A state machine generating `level` traces on config `name`, counted by this campaign."""
-        from properties.machines import machine_for
+        from kvfuzz.fuzz.machines import machine_for
 
         opts = self.options
         machine = machine_for(
@@ -227,7 +214,7 @@ class Campaign:
         return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def run(self) -> Stats:
-        logging.getLogger("kvcache").setLevel(logging.ERROR)
+        logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
         opts = self.options
         start = time.monotonic()
         pairs = self.pairs

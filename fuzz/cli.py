@@ -1,4 +1,4 @@
-"""The `kvfuzz` command line (also `python -m fuzz`).
+"""The `kvfuzz` command line (also `python -m kvfuzz`).
 
 Exit codes: 0 no counterexample (or the command succeeded), 1 a counterexample was found or a
 trace still fails, 2 usage or input error.
@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.configs import BUILTIN
-from harness.errors import KvfuzzError
+from kvfuzz import __version__, shipped, versions
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.core.errors import KvfuzzError, require
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
@@ -50,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Hunt for counterexamples in paged KV-cache block managers.",
         epilog="Run `kvfuzz COMMAND --help` for a command's options.",
     )
+    p.add_argument("--version", action="version", version=_version_line())
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a fuzzing campaign",
@@ -137,8 +139,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version_line() -> str:
+    return "kvfuzz " + __version__ + " (" + ", ".join(
+        f"{name} {v}" for name, v in versions().items() if name != "kvfuzz") + ")"
+
+
+_TORCH = ("torch", "pip install 'kvfuzz[torch]' (on a CPU-only machine install the CPU build of "
+          "torch first: README.md, Installing)")
+_FUZZ = "pip install 'kvfuzz[fuzz]'"
+
+
 def _plugins(plugins: list[str]) -> None:
-    from fuzz.campaign import PluginError, import_plugins
+    from kvfuzz.fuzz.plugins import PluginError, import_plugins
 
     try:
         import_plugins(tuple(plugins))
@@ -171,17 +183,29 @@ def _writable(option: str, path: Path, folder: bool = False) -> None:
 
 
 def _check_target(name: str) -> str:
-    from harness.targets import get_target
+    """The target's name, once it is known to exist and its dependencies to be installed."""
+    from kvfuzz.harness.targets import get_target
 
-    return get_target(name).name
+    info = get_target(name)
+    info.check_available()
+    return info.name
+
+
+def _check_data(data: str | None) -> None:
+    """`--data` needs torch."""
+    if data is not None:
+        require(*_TORCH, "--data")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fuzz.campaign import CampaignOptions, interrupt, run_campaign, selected_checks
-    from harness.configs import builtin_config
+    from kvfuzz.fuzz.campaign import CampaignOptions, interrupt, run_campaign, selected_checks
+    from kvfuzz.core.configs import builtin_config
 
     _plugins(args.plugin)
     target = _check_target(args.target)
+    if args.engine == "atheris":
+        require("atheris", _FUZZ, "--engine atheris")
+    _check_data(args.data)
     selected_checks(args.data)  # a bad --data spec fails here, before any worker starts
     configs = tuple(args.config or BUILTIN)
     for name in configs:
@@ -213,7 +237,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if args.engine == "atheris":
-            from fuzz.atheris_engine import run_atheris
+            from kvfuzz.fuzz.atheris_engine import run_atheris
 
             stats = run_atheris(options, progress.update)
         else:
@@ -224,7 +248,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     progress.finish(stats)
     _summary(stats, options)
     if args.json:
-        report = {"target": target, "configs": list(configs), "seed": args.seed,
+        report = {"versions": versions(), "target": target, "configs": list(configs),
+                  "seed": args.seed,
                   "engine": args.engine, "workers": args.workers, "model": options.model,
                   "data": args.data,
                   **stats.summary()}
@@ -306,7 +331,7 @@ def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | N
     """The trace FILE, its target and its data spec (`--target`, `--data`, else the trace's
     own), with its plugins imported: those the trace records, then `--plugin`'s, all recorded
     in its meta. The check the trace records must then be registered."""
-    from harness.trace import Trace
+    from kvfuzz.core.trace import Trace
 
     trace = Trace.load(args.file)
     recorded = trace.meta.get("plugins", [])
@@ -319,15 +344,16 @@ def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | N
         trace.meta["plugins"] = plugins
     target = _check_target(args.target or str(trace.meta.get("target", "kvcache")))
     data = data or trace.meta.get("data")
+    _check_data(data)
     _check_registered(args.file, trace.meta.get("check"), data, plugins)
     return trace, target, data
 
 
 def _check_registered(path: Path, check: Any, data: str | None, plugins: list[str]) -> None:
     """A trace's recorded check must exist here, or its replay would pass for want of it."""
-    from fuzz.campaign import selected_checks
-    from harness.executor import CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE
-    from properties import REGISTRY
+    from kvfuzz.fuzz.campaign import selected_checks
+    from kvfuzz.harness.executor import CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE
+    from kvfuzz.properties import REGISTRY
 
     known = {c.name for c in (selected_checks(data) or REGISTRY)}
     if check is None or check in known | {CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE}:
@@ -339,10 +365,10 @@ def _check_registered(path: Path, check: Any, data: str | None, plugins: list[st
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from fuzz.campaign import selected_checks
-    from harness.errors import InvalidTrace
-    from harness.executor import Counterexample, Execution
-    from harness.trace import op_text
+    from kvfuzz.fuzz.campaign import selected_checks
+    from kvfuzz.core.errors import InvalidTrace
+    from kvfuzz.harness.executor import Counterexample, Execution
+    from kvfuzz.core.trace import op_text
 
     trace, target, data = _load(args, args.data)
     print(f"replaying {args.file}: {len(trace.ops)} ops, {trace.level} level, config "
@@ -371,8 +397,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_shrink(args: argparse.Namespace) -> int:
-    from fuzz.campaign import selected_checks
-    from fuzz.shrink import shrink_trace
+    from kvfuzz.fuzz.campaign import selected_checks
+    from kvfuzz.fuzz.shrink import shrink_trace
 
     _positive("--seconds", args.seconds)
     trace, target, data = _load(args, args.data)
@@ -385,6 +411,7 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"{args.file}: {exc} on {target}") from None
     result.trace.meta["target"] = target
+    result.trace.meta["versions"] = versions()
     if data:
         result.trace.meta["data"] = data
     result.trace.save(out)
@@ -395,7 +422,7 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from fuzz.export import export_pytest
+    from kvfuzz.fuzz.export import export_pytest
 
     trace, target, _ = _load(args, None)
     _writable("--pytest", args.pytest)
@@ -405,7 +432,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
-    from harness.targets import targets
+    from kvfuzz.harness.targets import targets
 
     _plugins(args.plugin)
     rows = [(t.name, t.description) for t in targets()]
@@ -414,14 +441,16 @@ def _cmd_targets(args: argparse.Namespace) -> int:
 
 
 def _cmd_invariants(args: argparse.Namespace) -> int:
-    from properties import REGISTRY
+    from kvfuzz.properties import REGISTRY
 
     _plugins(args.plugin)
+    docs = shipped("docs")
+    print(f"§ and I1-I19 refer to {docs / 'spec.md'}, bugs #N to {docs / 'bugs.md'}\n")
     for check in REGISTRY:
         covers = f" [covers {', '.join(check.covers)}]" if check.covers else ""
         print(f"{check.name:5} {check.kind:10} {check.description}{covers}")
     try:
-        from properties.data import DATA_CHECKS
+        from kvfuzz.properties.data import DATA_CHECKS
     except ModuleNotFoundError:  # torch is not installed: the data checks are unavailable
         return EXIT_OK
     for check in DATA_CHECKS:
@@ -448,6 +477,7 @@ def _table(rows: list[tuple[str, str]]) -> None:
 
 
 def _cmd_prove(args: argparse.Namespace) -> int:
-    from fuzz.prove import prove
+    require("crosshair", _FUZZ, "kvfuzz prove")
+    from kvfuzz.fuzz.prove import prove
 
     return prove(args.per_function)

@@ -2,7 +2,7 @@
 
 Each function is a thin wrapper over the kvcache function of the same name
 (kvcache/block_math.py, kvcache/kv_cache_utils.py, or a manager method) with PEP 316
-`pre:`/`post:` lines in its docstring. Postconditions state what the number means (SPEC.md §2.5,
+`pre:`/`post:` lines in its docstring. Postconditions state what the number means (docs/spec.md §2.5,
 §4.2, §4.3, §4.9) rather than how it is computed, wherever the spec allows; the predictor's
 slow path is checked against the §4.3 formula itself. A condition must fit on one line
 (CrossHair's parser has no continuation lines), hence the long ones.
@@ -10,10 +10,10 @@ slow path is checked against the §4.3 formula itself. A condition must fit on o
 
 from __future__ import annotations
 
-from kvcache import block_math, kv_cache_utils
-from kvcache.block_pool import BlockPool
-from kvcache.kv_cache_interface import CrossAttentionSpec, FullAttentionSpec
-from kvcache.single_type_kv_cache_manager import CrossAttentionManager, FullAttentionManager
+from kvfuzz.kvcache import block_math, kv_cache_utils
+from kvfuzz.kvcache.block_pool import BlockPool
+from kvfuzz.kvcache.kv_cache_interface import CrossAttentionSpec, FullAttentionSpec
+from kvfuzz.kvcache.single_type_kv_cache_manager import CrossAttentionManager, FullAttentionManager
 
 _POOL = BlockPool(2, False, 4)
 _FULL = FullAttentionManager(FullAttentionSpec(block_size=4), block_pool=_POOL,
@@ -117,7 +117,7 @@ def first_blocks_to_allocate(
 
 
 def _spec_first_blocks(r: int, h: int, s: int, hits: list[bool], p: bool) -> int:
-    """SPEC.md §4.3 step 4, as written there."""
+    """docs/spec.md §4.3 step 4, as written there."""
     new = max(r - max(s, len(hits) + h), 0)
     skip_new = max(0, s - h)
     e = len([evictable for evictable in hits[skip_new:] if evictable])

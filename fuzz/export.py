@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.trace import Trace
+from kvfuzz.core.trace import Trace
 
 _TEMPLATE = '''"""Regression test exported by `kvfuzz export` from {source}.
 
@@ -14,9 +14,10 @@ reference model in lockstep; it fails while the bug it records ({check}) is pres
 
 import json
 
-from fuzz.campaign import import_plugins, selected_checks
-from harness.executor import run_trace
-from harness.trace import Trace
+from kvfuzz.fuzz.campaign import selected_checks
+from kvfuzz.fuzz.plugins import import_plugins
+from kvfuzz.harness.executor import run_trace
+from kvfuzz.core.trace import Trace
 
 TRACE = json.loads(r"""
 {trace_json}""")

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from harness.errors import KvfuzzError
+from kvfuzz.core.errors import KvfuzzError
 
-CONTRACTS = "fuzz.contracts"
+CONTRACTS = "kvfuzz.fuzz.contracts"
 PROVED, UNKNOWN, FAILED, ERROR = "proved", "no counterexample", "FAILED", "error"
 _MESSAGE = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?P<kind>\w+): (?P<text>.*)$")
 

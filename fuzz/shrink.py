@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from harness.config import SchedulerConfig
-from harness.errors import ConfigError
-from harness.executor import Finding, TargetSpec, run_trace
-from harness.trace import OP_SCHEMAS, Op, Trace
+from kvfuzz.core.config import SchedulerConfig
+from kvfuzz.core.errors import ConfigError
+from kvfuzz.harness.executor import Finding, TargetSpec, run_trace
+from kvfuzz.core.trace import OP_SCHEMAS, Op, Trace
 
 
 @dataclasses.dataclass

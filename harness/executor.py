@@ -14,12 +14,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.config import Config
-from harness.errors import InvalidTrace
-from harness.sides import Observations, Side
-from harness.snapshot import Snapshot
-from harness.targets import get_target
-from harness.trace import Op, Trace, normalize_op, op_text
+from kvfuzz.core.config import Config
+from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.core.sides import Observations, Side
+from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.harness.targets import get_target
+from kvfuzz.core.trace import Op, Trace, normalize_op, op_text
+from kvfuzz.properties import REGISTRY, CheckContext, RequestMeta
+from kvfuzz.reference_model import ReferenceModel
 
 TargetSpec = str | Callable[[Config, str], Side]
 
@@ -98,10 +100,6 @@ class Execution:
         checks: Iterable[Any] | None = None,
         meta: dict[str, Any] | None = None,
     ) -> None:
-        from properties import REGISTRY, CheckContext, RequestMeta
-
-        self._request_meta = RequestMeta
-        self._check_context = CheckContext
         self.config = config
         self.level = level
         self.trace = Trace(config, level, [], dict(meta or {}))  # type: ignore[arg-type]
@@ -111,8 +109,6 @@ class Execution:
         self.requests: dict[str, Any] = {}
         self.model: Side | None = None
         if model:
-            from reference_model import ReferenceModel
-
             self.model = ReferenceModel(config, level)
         self.targets = [self._track(t) for t in targets]
         if not self.targets and self.model is None:
@@ -152,7 +148,7 @@ class Execution:
         step = len(self.trace.ops)
         self.trace.ops.append(op)
         if op["op"] == "add_request" and op["request_id"] not in self.requests:
-            self.requests[op["request_id"]] = self._request_meta(
+            self.requests[op["request_id"]] = RequestMeta(
                 tuple(op["prompt"]),
                 op["cache_salt"],
                 op["skip_reading_prefix_cache"],
@@ -224,7 +220,7 @@ class Execution:
                     ref_snap: Snapshot | None = None) -> None:
         """Every check on one target's state; a failure shows the reference's state beside it
         when there is one (the model's, or the first target's for the others)."""
-        ctx = self._check_context(
+        ctx = CheckContext(
             self.config, self.level, step, op or {"op": "init"}, result, obs, self.requests,
             tracked.memory,
         )

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.config import Config, GroupConfig
-from harness.manager_side import ManagerSide
-from harness.trace import Op
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.harness.manager_side import ManagerSide
+from kvfuzz.core.trace import Op
 
 
 def kvcache_spec(group: GroupConfig) -> Any:
     """The kvcache spec object of a config group."""
-    from kvcache import (
+    from kvfuzz.kvcache import (
         ChunkedLocalAttentionSpec,
         CrossAttentionSpec,
         FullAttentionSpec,
@@ -35,7 +35,7 @@ def kvcache_spec(group: GroupConfig) -> Any:
 
 def build_kvcache_manager(config: Config) -> Any:
     """A kvcache KVCacheManager for a harness config."""
-    from kvcache import KVCacheConfig, KVCacheGroupSpec, KVCacheManager
+    from kvfuzz.kvcache import KVCacheConfig, KVCacheGroupSpec, KVCacheManager
 
     kv_cache_config = KVCacheConfig(
         num_blocks=config.num_blocks,
@@ -64,8 +64,8 @@ class KvcacheSide(ManagerSide):
     name = "kvcache"
 
     def build_manager(self, config: Config) -> Any:
-        from kvcache import RequestStatus
-        from kvcache.kv_cache_utils import get_request_block_hasher
+        from kvfuzz.kvcache import RequestStatus
+        from kvfuzz.kvcache.kv_cache_utils import get_request_block_hasher
 
         self.request_status = RequestStatus
         self._hasher = get_request_block_hasher(
@@ -74,7 +74,7 @@ class KvcacheSide(ManagerSide):
         return build_kvcache_manager(config)
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
-        from kvcache import Request
+        from kvfuzz.kvcache import Request
 
         return Request(
             op["request_id"],

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.config import Config
-from harness.errors import InvalidTrace
-from harness.probes import ManagerProbes
-from harness.reading import KeyTranslator, read_snapshot
-from harness.sides import ForwardPass, Observations
-from harness.snapshot import Snapshot
-from harness.trace import Op
+from kvfuzz.core.config import Config
+from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.harness.probes import ManagerProbes
+from kvfuzz.harness.reading import KeyTranslator, read_snapshot
+from kvfuzz.core.sides import ForwardPass, Observations
+from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.core.trace import Op
 
 _KEEPS_LOOKUPS = frozenset({"get_computed_blocks", "add_request"})
 
@@ -67,7 +67,7 @@ class ManagerSide:
         raise NotImplementedError
 
     def build_scheduler(self, config: Config) -> Any:
-        from kvcache.scheduler import Scheduler
+        from kvfuzz.kvcache.scheduler import Scheduler
 
         s = config.scheduler
         return Scheduler(

@@ -1,7 +1,7 @@
 """Deliberately broken variants of kvcache: the planted bugs every property must be seen catching.
 
 Each variant is a target `bug:NAME`: kvcache with one method patched on the built instances,
-modelled on a row of ../shared/BUGS.md (or a classic of the field). Patches wrap the real
+modelled on a row of docs/bugs.md (or a classic of the field). Patches wrap the real
 methods where they can, so each variant differs from kvcache in exactly one behaviour.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from harness.config import Config
-from harness.kvcache_target import KvcacheSide
-from harness.targets import register_target
+from kvfuzz.core.config import Config
+from kvfuzz.harness.kvcache_target import KvcacheSide
+from kvfuzz.harness.targets import register_target
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Mutant:
     description: str
     patch: Callable[[KvcacheSide], None]
     bug: str = ""
-    """The BUGS.md row (or source) the plant is modelled on."""
+    """The docs/bugs.md row (or source) the plant is modelled on."""
     configs: tuple[str, ...] | None = None
     """Built-in configs where the bug can show (None: any)."""
     needs_data: bool = False
@@ -86,7 +86,7 @@ def _singles(side: KvcacheSide) -> tuple[Any, ...]:
 
 
 @mutant("predictor-off-by-one", "group 0's get_num_blocks_to_allocate says one block too few",
-        bug="BUGS 21")
+        bug="docs/bugs.md #21")
 def _predictor_off_by_one(side: KvcacheSide) -> None:
     def around(original, *args, **kwargs):
         value = original(*args, **kwargs)
@@ -96,7 +96,7 @@ def _predictor_off_by_one(side: KvcacheSide) -> None:
 
 
 @mutant("touch-leaves-queued", "touch takes a reference on a free hit block but leaves it queued",
-        bug="BUGS 26 / v0 #16825")
+        bug="docs/bugs.md #26 / v0 #16825")
 def _touch_leaves_queued(side: KvcacheSide) -> None:
     def around(original, blocks):
         original([b for b in blocks if b.ref_cnt > 0])
@@ -108,7 +108,7 @@ def _touch_leaves_queued(side: KvcacheSide) -> None:
 
 
 @mutant("free-forgets-decrement", "free_blocks forgets the decrement of the last block it is given",
-        bug="BUGS 1 / BUGS 22")
+        bug="docs/bugs.md #1, #22")
 def _free_forgets_decrement(side: KvcacheSide) -> None:
     def around(original, ordered_blocks):
         blocks = list(ordered_blocks)
@@ -121,7 +121,7 @@ def _free_forgets_decrement(side: KvcacheSide) -> None:
 
 
 @mutant("free-forward-order", "a request's blocks are freed head first instead of tail first",
-        bug="BUGS 11")
+        bug="docs/bugs.md #11")
 def _free_forward_order(side: KvcacheSide) -> None:
     for single in _singles(side):
         single.free = lambda request_id, m=single: m.block_pool.free_blocks(
@@ -130,7 +130,7 @@ def _free_forward_order(side: KvcacheSide) -> None:
 
 
 @mutant("hit-reaches-num-tokens", "the prefix hit may cover the whole prompt (no token left to "
-        "compute)", bug="SPEC §10.15")
+        "compute)", bug="docs/spec.md §10.15")
 def _hit_reaches_num_tokens(side: KvcacheSide) -> None:
     def around(original, request, max_cache_hit_length=None):
         return original(request, request.num_tokens)
@@ -138,7 +138,8 @@ def _hit_reaches_num_tokens(side: KvcacheSide) -> None:
     _around(side.manager, "get_computed_blocks", around)
 
 
-@mutant("salt-ignored", "the block-0 hash leaves the cache salt out", bug="BUGS 17 / BUGS 16")
+@mutant("salt-ignored", "the block-0 hash leaves the cache salt out",
+        bug="docs/bugs.md #17, #16")
 def _salt_ignored(side: KvcacheSide) -> None:
     hasher = side._hasher
 
@@ -151,7 +152,8 @@ def _salt_ignored(side: KvcacheSide) -> None:
     side._hasher = unsalted
 
 
-@mutant("weak-hash", "block hashes chain only the sum of a block's tokens", bug="BUGS 19")
+@mutant("weak-hash", "block hashes chain only the sum of a block's tokens",
+        bug="docs/bugs.md #19")
 def _weak_hash(side: KvcacheSide) -> None:
     hbs = side.config.resolved_hash_block_size
 
@@ -180,21 +182,21 @@ def _release(ordered_blocks: Any) -> list[Any]:
 
 
 @mutant("uncached-to-tail", "freed blocks without a key go to the queue tail (FIFO reuse)",
-        bug="BUGS 12 / BUGS 13")
+        bug="docs/bugs.md #12, #13")
 def _uncached_to_tail(side: KvcacheSide) -> None:
     pool = _pool(side)
     pool.free_blocks = lambda ordered: pool.free_block_queue.append_n(_release(ordered))
 
 
 @mutant("cached-to-head", "freed cached blocks go to the queue head, evicted before uncached "
-        "ones", bug="SPEC §3.6 / BUGS 13")
+        "ones", bug="docs/spec.md §3.6 / docs/bugs.md #13")
 def _cached_to_head(side: KvcacheSide) -> None:
     pool = _pool(side)
     pool.free_blocks = lambda ordered: pool.free_block_queue.prepend_n(_release(ordered))
 
 
 @mutant("touch-before-check", "hit blocks are touched before the capacity check and not "
-        "released on None", bug="BUGS 10")
+        "released on None", bug="docs/bugs.md #10")
 def _touch_before_check(side: KvcacheSide) -> None:
     pool = _pool(side)
 
@@ -212,7 +214,7 @@ def _touch_before_check(side: KvcacheSide) -> None:
 
 
 @mutant("stale-hash-on-evict", "evicting one of several blocks under a key leaves its hash "
-        "set", bug="BUGS 8")
+        "set", bug="docs/bugs.md #8")
 def _stale_hash_on_evict(side: KvcacheSide) -> None:
     pool = _pool(side)
 
@@ -242,7 +244,8 @@ def _no_eviction_on_pop(side: KvcacheSide) -> None:
 
 
 @mutant("capped-step-predictor", "the per-step predictor applies the admission cap meant only for "
-        "the full-sequence gate", bug="BUGS 2", configs=("sliding_window", "chunked_local"))
+        "the full-sequence gate", bug="docs/bugs.md #2",
+        configs=("sliding_window", "chunked_local"))
 def _capped_step_predictor(side: KvcacheSide) -> None:
     # The flag arrives positionally or by name: binding the signature catches both.
     def around(original, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
@@ -256,14 +259,15 @@ def _capped_step_predictor(side: KvcacheSide) -> None:
 
 
 @mutant("window-never-freed", "remove_skipped_blocks never frees blocks that left the window",
-        bug="BUGS 3", configs=("sliding_window", "chunked_local", "hybrid", "hybrid3"))
+        bug="docs/bugs.md #3", configs=("sliding_window", "chunked_local", "hybrid", "hybrid3"))
 def _window_never_freed(side: KvcacheSide) -> None:
     for single in _singles(side):
         single.remove_skipped_blocks = lambda *args, **kwargs: None
 
 
 @mutant("null-block-queued", "freeing keeps a window table's leading nulls and queues the null "
-        "block", bug="SPEC §10.8", configs=("sliding_window", "chunked_local", "hybrid", "hybrid3"))
+        "block", bug="docs/spec.md §10.8",
+        configs=("sliding_window", "chunked_local", "hybrid", "hybrid3"))
 def _null_block_queued(side: KvcacheSide) -> None:
     pool = _pool(side)
 
@@ -279,7 +283,7 @@ def _null_block_queued(side: KvcacheSide) -> None:
 
 
 @mutant("reset-while-held", "reset_prefix_cache clears the cache even while blocks are held",
-        bug="BUGS 23")
+        bug="docs/bugs.md #23")
 def _reset_while_held(side: KvcacheSide) -> None:
     pool = _pool(side)
 
@@ -294,13 +298,13 @@ def _reset_while_held(side: KvcacheSide) -> None:
 
 
 @mutant("watermark-ignored", "the watermark is not applied to waiting requests",
-        bug="SPEC §10.19", configs=("watermark",))
+        bug="docs/spec.md §10.19", configs=("watermark",))
 def _watermark_ignored(side: KvcacheSide) -> None:
     side.manager.watermark_blocks = 0
 
 
 @mutant("cow-unretained", "the copy-on-write block gets no extra reference for the pending copy",
-        bug="SPEC §4.5 / §10.12", configs=("partial_hits",))
+        bug="docs/spec.md §4.5 / §10.12", configs=("partial_hits",))
 def _cow_unretained(side: KvcacheSide) -> None:
     def around(original, request_id, block_idx, source_block, cow_block):
         original(request_id, block_idx, source_block, cow_block)
@@ -314,9 +318,9 @@ def _cow_unretained(side: KvcacheSide) -> None:
 
 
 @mutant("hit-swaps-block", "the last block of a prefix hit is swapped for another cached block of "
-        "the same group with the same ref count and queue state", bug="BUGS 16 / I13")
+        "the same group with the same ref count and queue state", bug="docs/bugs.md #16 / I13")
 def _hit_swaps_block(side: KvcacheSide) -> None:
-    from kvcache.kv_cache_utils import get_group_id
+    from kvfuzz.kvcache.kv_cache_utils import get_group_id
 
     pool = _pool(side)
 
@@ -338,7 +342,7 @@ def _hit_swaps_block(side: KvcacheSide) -> None:
 
 
 @mutant("cow-skipped", "a partial (sub-block) hit is adopted without its private copy: the hitter "
-        "writes into the shared tail block", bug="SPEC §4.5 / I11", configs=("partial_hits",))
+        "writes into the shared tail block", bug="docs/spec.md §4.5 / I11", configs=("partial_hits",))
 def _cow_skipped(side: KvcacheSide) -> None:
     # Both the predictor (argument 5) and the adoption (argument 3) see the local hit rounded
     # up to a whole block, so neither counts nor makes the copy; window groups are aligned
@@ -358,7 +362,7 @@ def _cow_skipped(side: KvcacheSide) -> None:
 
 @mutant("cow-redirect-late", "the worker learns of a copy-on-write redirect one pass late: the "
         "admission's forward pass writes through the source block, which its owner still uses",
-        bug="SPEC §4.5", configs=("partial_hits",), needs_data=True)
+        bug="docs/spec.md §4.5", configs=("partial_hits",), needs_data=True)
 def _cow_redirect_late(side: KvcacheSide) -> None:
     stale: dict[str, list[tuple[int, int, int]]] = {}
 
@@ -383,7 +387,7 @@ def _cow_redirect_late(side: KvcacheSide) -> None:
 
 @mutant("copy-one-step-late", "the driver executes a step's copy-on-write copies one step late "
         "(after the forward pass wrote the copy), keeping both endpoints retained until then",
-        bug="SPEC §4.5 / §7", configs=("partial_hits",))
+        bug="docs/spec.md §4.5 / §7", configs=("partial_hits",))
 def _copy_one_step_late(side: KvcacheSide) -> None:
     if side.level != "scheduler":
         return
@@ -399,7 +403,7 @@ def _copy_one_step_late(side: KvcacheSide) -> None:
 
 
 @mutant("cache-ahead-of-schedule", "blocks are hashed up to the end of the block holding the last "
-        "scheduled token, before all of their KV is scheduled", bug="BUGS 6")
+        "scheduled token, before all of their KV is scheduled", bug="docs/bugs.md #6")
 def _cache_ahead_of_schedule(side: KvcacheSide) -> None:
     for single in _singles(side):
         def ahead(original, request, num_tokens, bs=single.block_size):

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from harness.sides import AllocationProbe, Observations
+from kvfuzz.core.sides import AllocationProbe, Observations
 
 
 class _Call:

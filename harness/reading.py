@@ -1,6 +1,6 @@
 """Reading a `Snapshot` out of a vLLM-shaped manager (kvcache, or vLLM 0.33.0 itself).
 
-Both name their state alike (SPEC.md, NOTES.md): `block_pool.blocks[i].ref_cnt / block_hash /
+Both name their state alike (docs/spec.md, NOTES.md): `block_pool.blocks[i].ref_cnt / block_hash /
 block_hash_num_tokens`, the free queue's sentinels and links, `cached_block_hash_to_block._cache`,
 `cached_block_hashes_by_block`, and per layer-3 manager `req_to_blocks`, `num_cached_block`,
 `_partial_hit_reqs`, `_pending_cow_copies`, `new_block_ids`. Hash keys are translated to content
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any
 
-from harness.snapshot import CacheKey, RequestView, Snapshot
+from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
 
 
 class KeyTranslator:

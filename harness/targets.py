@@ -11,9 +11,9 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.config import Config
-from harness.errors import KvfuzzError
-from harness.sides import Side, SideFactory
+from kvfuzz.core.config import Config
+from kvfuzz.core.errors import KvfuzzError, require
+from kvfuzz.core.sides import Side, SideFactory
 
 
 class UnknownTarget(KvfuzzError):
@@ -26,6 +26,13 @@ class TargetInfo:
     description: str
     locate: Callable[[], SideFactory]
     """Returns the factory; imports on first use."""
+    requires: tuple[str, str] | None = None
+    """(module, how to install it) when the target needs an optional package."""
+
+    def check_available(self) -> None:
+        """MissingDependency, saying how to install it, if the target cannot be built here."""
+        if self.requires is not None:
+            require(*self.requires, f"target {self.name}")
 
     def build(self, config: Config, level: str) -> Side:
         return self.locate()(config, level)
@@ -39,9 +46,10 @@ def register_target(name: str, description: str, factory: SideFactory) -> None:
     _TARGETS[name] = TargetInfo(name, description, lambda: factory)
 
 
-def _lazy(name: str, description: str, module: str, attr: str) -> None:
+def _lazy(name: str, description: str, module: str, attr: str,
+          requires: tuple[str, str] | None = None) -> None:
     _TARGETS[name] = TargetInfo(
-        name, description, lambda: getattr(importlib.import_module(module), attr)
+        name, description, lambda: getattr(importlib.import_module(module), attr), requires
     )
 
 
@@ -61,14 +69,15 @@ def get_target(name: str) -> TargetInfo:
 
 
 def _load_mutants() -> None:
-    importlib.import_module("harness.mutants")
+    importlib.import_module("kvfuzz.harness.mutants")
 
 
 _lazy("kvcache", "kvfuzz's own kvcache/ (the production implementation)",
-      "harness.kvcache_target", "KvcacheSide")
+      "kvfuzz.harness.kvcache_target", "KvcacheSide")
+_VLLM = ("vllm", "install vLLM into this Python (docs/vllm.md says how, CPU-only machines too)")
 _lazy("vllm", "vLLM 0.33.0's v1 KVCacheManager (needs the venv of ci/install-vllm.sh)",
-      "harness.vllm_target", "VllmSide")
+      "kvfuzz.harness.vllm_target", "VllmSide", _VLLM)
 _lazy("vllm-strict", "vLLM 0.33.0 without the known deviations target vllm tolerates "
-      "(docs/vllm.md)", "harness.vllm_target", "VllmStrictSide")
+      "(docs/vllm.md)", "kvfuzz.harness.vllm_target", "VllmStrictSide", _VLLM)
 _lazy("model", "the reference model itself (checks the oracle against the invariants)",
-      "reference_model", "ReferenceModel")
+      "kvfuzz.reference_model", "ReferenceModel")

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from harness.config import Config, GroupConfig
-from harness.errors import KvfuzzError
-from harness.manager_side import ManagerSide
-from harness.snapshot import RequestView, Snapshot
-from harness.trace import Op
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.harness.manager_side import ManagerSide
+from kvfuzz.core.snapshot import RequestView, Snapshot
+from kvfuzz.core.trace import Op
 
 VLLM_VERSION = "0.33.0"
 
@@ -133,7 +133,7 @@ def build_vllm_manager(config: Config) -> Any:
 
 @dataclass(frozen=True)
 class KnownDeviation:
-    """A documented way vLLM 0.33.0 differs from SPEC.md, which target `vllm` tolerates.
+    """A documented way vLLM 0.33.0 differs from docs/spec.md, which target `vllm` tolerates.
 
     `tolerate(snapshot, config)` returns the snapshot with exactly that difference undone and
     the request ids it was undone for; everything else is still compared and checked.
@@ -150,7 +150,7 @@ _WINDOW_KINDS = ("sliding_window", "chunked_local")
 
 def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
     """An empty window-group table of a request that is not running reads as no entry: vLLM's
-    `remove_skipped_blocks` inserts it when a first allocate_slots is refused (SPEC.md §10.1).
+    `remove_skipped_blocks` inserts it when a first allocate_slots is refused (docs/spec.md §10.1).
     """
     windows = {g for g, group in enumerate(config.groups) if group.kind in _WINDOW_KINDS}
     changed: dict[str, RequestView] = {}

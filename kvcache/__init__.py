@@ -4,15 +4,15 @@ Layer 1 KVCacheManager (policy) -> layer 2 KVCacheCoordinator (fan-out over grou
 layer 3 SingleTypeKVCacheManager (per-group arithmetic) -> layer 4 BlockPool (ownership).
 """
 
-from kvcache.block_pool import BlockHashToBlockMap, BlockPool
-from kvcache.kv_cache_coordinator import (
+from kvfuzz.kvcache.block_pool import BlockHashToBlockMap, BlockPool
+from kvfuzz.kvcache.kv_cache_coordinator import (
     HybridKVCacheCoordinator,
     KVCacheCoordinator,
     KVCacheCoordinatorNoPrefixCache,
     UnitaryKVCacheCoordinator,
     get_kv_cache_coordinator,
 )
-from kvcache.kv_cache_interface import (
+from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -21,16 +21,16 @@ from kvcache.kv_cache_interface import (
     KVCacheSpec,
     SlidingWindowSpec,
 )
-from kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
-from kvcache.kv_cache_utils import (
+from kvfuzz.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from kvfuzz.kvcache.kv_cache_utils import (
     FreeKVCacheBlockQueue,
     KVCacheBlock,
     get_request_block_hasher,
     resolve_kv_cache_block_sizes,
 )
-from kvcache.request import Request, RequestStatus
-from kvcache.scheduler import Scheduler, StepOutput
-from kvcache.single_type_kv_cache_manager import (
+from kvfuzz.kvcache.request import Request, RequestStatus
+from kvfuzz.kvcache.scheduler import Scheduler, StepOutput
+from kvfuzz.kvcache.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
     CrossAttentionManager,
     FullAttentionManager,

@@ -1,4 +1,4 @@
-"""Pure token/block arithmetic of layer 3 (SPEC.md §2.5, §4.2, §4.3, §4.9).
+"""Pure token/block arithmetic of layer 3 (docs/spec.md §2.5, §4.2, §4.3, §4.9).
 
 Small functions of ints (and, for the predictor, the evictability of each hit block) that the
 managers and specs call, so that `kvfuzz prove` can check their contracts symbolically
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kvcache.kv_cache_utils import cdiv
+from kvfuzz.kvcache.kv_cache_utils import cdiv
 
 
 def sliding_window_skipped_tokens(

@@ -8,7 +8,7 @@ from itertools import islice
 from operator import length_hint
 from typing import TYPE_CHECKING
 
-from kvcache.kv_cache_utils import (
+from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
     BlockHashWithGroupId,
     FreeKVCacheBlockQueue,
@@ -20,7 +20,7 @@ from kvcache.kv_cache_utils import (
 )
 
 if TYPE_CHECKING:
-    from kvcache.request import Request
+    from kvfuzz.kvcache.request import Request
 
 logger = logging.getLogger(__name__)
 

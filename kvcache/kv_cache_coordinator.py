@@ -6,16 +6,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvcache.block_pool import BlockPool
-from kvcache.kv_cache_interface import (
+from kvfuzz.kvcache.block_pool import BlockPool
+from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
 )
-from kvcache.kv_cache_utils import BlockHash, KVCacheBlock, cdiv, check_positive_int
-from kvcache.single_type_kv_cache_manager import (
+from kvfuzz.kvcache.kv_cache_utils import BlockHash, KVCacheBlock, cdiv, check_positive_int
+from kvfuzz.kvcache.single_type_kv_cache_manager import (
     CrossAttentionManager,
     SingleTypeKVCacheManager,
     get_manager_class,
@@ -23,7 +23,7 @@ from kvcache.single_type_kv_cache_manager import (
 )
 
 if TYPE_CHECKING:
-    from kvcache.request import Request
+    from kvfuzz.kvcache.request import Request
 
 HitResult = tuple[tuple[list[KVCacheBlock], ...], int, int]
 """Per-group hit blocks, the hit length, and the uncached common prefix (Tier C, else 0)."""

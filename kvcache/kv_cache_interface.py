@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcache.block_math import chunked_local_admission_cap, sliding_window_admission_cap
-from kvcache.kv_cache_utils import check_positive_int
+from kvfuzz.kvcache.block_math import chunked_local_admission_cap, sliding_window_admission_cap
+from kvfuzz.kvcache.kv_cache_utils import check_positive_int
 
 
 @dataclass(frozen=True, kw_only=True)

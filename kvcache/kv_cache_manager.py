@@ -8,14 +8,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, overload
 
-from kvcache.kv_cache_coordinator import get_kv_cache_coordinator
-from kvcache.kv_cache_interface import CrossAttentionSpec, KVCacheConfig
-from kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
-from kvcache.request import RequestStatus
-from kvcache.stats import PrefixCacheStats
+from kvfuzz.kvcache.kv_cache_coordinator import get_kv_cache_coordinator
+from kvfuzz.kvcache.kv_cache_interface import CrossAttentionSpec, KVCacheConfig
+from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
+from kvfuzz.kvcache.request import RequestStatus
+from kvfuzz.kvcache.stats import PrefixCacheStats
 
 if TYPE_CHECKING:
-    from kvcache.request import Request
+    from kvfuzz.kvcache.request import Request
 
 # Statuses measured against the watermark: admitting costs more than continuing to serve.
 _ADMITTED_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)

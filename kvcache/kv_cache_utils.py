@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple, NewType, overload
 
 if TYPE_CHECKING:
-    from kvcache.kv_cache_interface import KVCacheConfig
-    from kvcache.request import Request
+    from kvfuzz.kvcache.kv_cache_interface import KVCacheConfig
+    from kvfuzz.kvcache.request import Request
 
 BlockHash = NewType("BlockHash", bytes)
 """SHA-256 digest fingerprinting a whole token prefix (see `get_request_block_hasher`)."""
@@ -386,7 +386,7 @@ def resolve_block_hashes(
 def resolve_kv_cache_block_sizes(
     kv_cache_config: KVCacheConfig, enable_caching: bool = True, hash_block_size: int | None = None
 ) -> tuple[int, int]:
-    """(scheduler block size, hash block size) as SPEC §0.3 derives them; not validated here.
+    """(scheduler block size, hash block size) as docs/spec.md §0.3 derives them; not validated here.
 
     One group: both equal its block size. Several: the LCM of all block sizes, and the GCD of
     the prefix-cacheable ones (the LCM when caching is off). An explicit hash block size wins.

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
-from kvcache.kv_cache_utils import BlockHash
+from kvfuzz.kvcache.kv_cache_utils import BlockHash
 
 
 class RequestStatus(enum.IntEnum):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kvcache.request import RequestStatus
+from kvfuzz.kvcache.request import RequestStatus
 
 Policy = Literal["fcfs", "priority"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from kvcache.block_math import (
+from kvfuzz.kvcache.block_math import (
     aligned_num_blocks,
     chunked_local_skipped_tokens,
     first_blocks_to_allocate,
@@ -16,15 +16,15 @@ from kvcache.block_math import (
     sliding_window_skipped_tokens,
     trim_hit,
 )
-from kvcache.block_pool import BlockPool
-from kvcache.kv_cache_interface import (
+from kvfuzz.kvcache.block_pool import BlockPool
+from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     SlidingWindowSpec,
 )
-from kvcache.kv_cache_utils import (
+from kvfuzz.kvcache.kv_cache_utils import (
     BlockHashList,
     KVCacheBlock,
     null_head_len,
@@ -32,7 +32,7 @@ from kvcache.kv_cache_utils import (
 )
 
 if TYPE_CHECKING:
-    from kvcache.request import Request
+    from kvfuzz.kvcache.request import Request
 
 HitBlocks = tuple[list[KVCacheBlock], ...]
 

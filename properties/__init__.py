@@ -1,6 +1,6 @@
 """Invariants and Hypothesis state machines over the executor (see registry.py for the API)."""
 
-from properties.registry import (
+from kvfuzz.properties.registry import (
     REGISTRY,
     Check,
     CheckContext,
@@ -9,8 +9,8 @@ from properties.registry import (
     invariant,
     transition,
 )
-from properties import mission as _mission  # noqa: F401  (registers P1-P4)
-from properties import invariants as _invariants  # noqa: F401  (registers I1-I19, H1)
+from kvfuzz.properties import mission as _mission  # noqa: F401  (registers P1-P4)
+from kvfuzz.properties import invariants as _invariants  # noqa: F401  (registers I1-I19, H1)
 
 __all__ = [
     "REGISTRY",

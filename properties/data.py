@@ -1,4 +1,4 @@
-"""Data properties: the keys and values behind the block tables (BUGS 6, 16, 18; SPEC I11, I13).
+"""Data properties: the keys and values behind the block tables (docs/bugs.md #6, #16, #18; docs/spec.md I11, I13).
 
 The structural invariants judge counts, queues and keys; these checks judge content. Per target
 (in `ctx.memory`) they keep a `KVMirror`: one `kvcache.paged_kv.PagedKVCache` per group,
@@ -6,7 +6,7 @@ mirroring the target's pool, updated from what each op did, and ask after every 
 each running request reads through its tables is what its own tokens produce.
 
 Content. The K/V (and query) of token p of a request is a deterministic function of its prefix:
-the request's cache salt (standing in for any KV-changing identity, such as an adapter: BUGS 16-18)
+the request's cache salt (standing in for any KV-changing identity, such as an adapter: docs/bugs.md #16-18)
 and its tokens 0..p, through a rolling hash (`prefix_seeds`) mixed into fixed values by exact
 integer arithmetic (`TokenContents`). Recomputation and reuse must therefore agree bit for bit; a
 slot holding another prefix's KV, a stale or a never-written slot all read differently.
@@ -15,7 +15,7 @@ Checks (registry `DATA_CHECKS`; `data_checks(device, dtype)` binds them to a dev
 
 - **D1** after every op, for every RUNNING request and every non-cross group, the K/V gathered
   through its table at the positions it has computed and that are still in the window
-  (`skipped(n)..n-1`, n = num_computed_tokens; SPEC §4.2) equal the recomputed ones exactly. A
+  (`skipped(n)..n-1`, n = num_computed_tokens; docs/spec.md §4.2) equal the recomputed ones exactly. A
   write beyond a table or through the null block is reported here too. (An op that neither
   copies nor writes re-reads only the requests whose tables or computed count changed: nothing
   else can change what a request reads.)
@@ -39,11 +39,11 @@ How an op updates the mirror, in this order:
    their cached blocks read it; a block handed out again is overwritten, and lost its key.
 3. **Reads** (D1, D2) after all of the op's writes: within a step's forward pass every KV write
    precedes the attention reads, so a same-step hit on blocks hashed at scheduling time is fine
-   (SPEC §10.7) and is not reported.
+   (docs/spec.md §10.7) and is not reported.
 
 Where the checks report real hazards rather than planted bugs (tests/data/test_data_hazards.py):
 
-- **Preempted after scheduled** (priority policy; SPEC §10.7): the victim's allocate_slots
+- **Preempted after scheduled** (priority policy; docs/spec.md §10.7): the victim's allocate_slots
   hashed blocks in this step, its forward pass never runs, the keys stay; a later hit reads
   never-written KV.
 - **Copy-on-write from a block written in the same step** (Tier B `partial_hits`): the driver
@@ -67,13 +67,13 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.config import Config
-from harness.errors import ConfigError
-from harness.sides import ForwardPass
-from harness.snapshot import Snapshot
-from kvcache.paged_kv import PagedKVCache, dense_attention, tolerance
-from properties.invariants import cdiv, skipped_tokens
-from properties.registry import Check, CheckContext, Registry, transition
+from kvfuzz.core.config import Config
+from kvfuzz.core.errors import ConfigError
+from kvfuzz.core.sides import ForwardPass
+from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.kvcache.paged_kv import PagedKVCache, dense_attention, tolerance
+from kvfuzz.properties.invariants import cdiv, skipped_tokens
+from kvfuzz.properties.registry import Check, CheckContext, Registry, transition
 
 DATA_CHECKS = Registry()
 
@@ -318,7 +318,7 @@ def _mirror(ctx: CheckContext, layout: DataLayout) -> KVMirror:
     "D1",
     "what every running request reads through its tables (computed positions still in the "
     "window, every non-cross group) is the KV its own salt and tokens produce",
-    covers=("I11", "I13", "BUGS 6", "BUGS 16", "BUGS 18"),
+    covers=("I11", "I13", "bugs #6", "bugs #16", "bugs #18"),
     registry=DATA_CHECKS,
 )
 def reads_match_tokens(before: Snapshot, after: Snapshot, ctx: CheckContext,
@@ -347,7 +347,7 @@ def reads_match_tokens(before: Snapshot, after: Snapshot, ctx: CheckContext,
     "D2",
     "paged attention of each request's next query, after its forward pass, equals dense "
     "attention over its recomputed K/V within the dtype's tolerance",
-    covers=("BUGS 6",),
+    covers=("bugs #6",),
     registry=DATA_CHECKS,
 )
 def paged_attention_matches_dense(before: Snapshot, after: Snapshot, ctx: CheckContext,

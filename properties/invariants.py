@@ -1,4 +1,4 @@
-"""The invariants of SPEC.md §8 beyond the mission properties (I2, I4 and I8 live in P1-P4).
+"""The invariants of docs/spec.md §8 beyond the mission properties (I2, I4 and I8 live in P1-P4).
 
 Each check reads snapshots (content keys, tables, queue) and the op's result; none reaches into
 an implementation, so the same checks judge kvcache, vLLM and the reference model.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from itertools import compress
 
-from harness.config import Config, GroupConfig
-from harness.snapshot import CacheKey, Snapshot
-from properties.registry import CheckContext, invariant, transition
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.snapshot import CacheKey, Snapshot
+from kvfuzz.properties.registry import CheckContext, invariant, transition
 
 _WINDOW_KINDS = ("sliding_window", "chunked_local")
 
@@ -20,7 +20,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def skipped_tokens(group: GroupConfig, n: int) -> int:
-    """Leading tokens no future token attends to, after n computed (SPEC.md §4.2)."""
+    """Leading tokens no future token attends to, after n computed (docs/spec.md §4.2)."""
     if group.kind == "sliding_window":
         return max(0, n - group.sliding_window + 1 - group.extra_retained_tokens)
     if group.kind == "chunked_local":
@@ -43,7 +43,7 @@ def _keys_of(s: Snapshot, block: int) -> set[CacheKey]:
     "I1",
     "free-queue shape: no block twice, links set exactly on queued blocks, the null block "
     "neither queued nor counted",
-    covers=("BUGS 1", "FreeToken #202"),
+    covers=("bugs #1", "FreeToken #202"),
 )
 def queue_shape(s: Snapshot, ctx: CheckContext) -> str | None:
     if len(s.free_queue) != len(s.free_set()):
@@ -62,7 +62,7 @@ def queue_shape(s: Snapshot, ctx: CheckContext) -> str | None:
     "I3",
     "no non-null block twice in one request's table, and every block in the tables of one "
     "group only",
-    covers=("BUGS 1",),
+    covers=("bugs #1",),
 )
 def no_duplicates(s: Snapshot, ctx: CheckContext) -> str | None:
     group_of: dict[int, int] = {}
@@ -84,7 +84,7 @@ def no_duplicates(s: Snapshot, ctx: CheckContext) -> str | None:
 @invariant(
     "I4",
     "the free count equals the queue's length and the number of non-null blocks with ref_cnt 0",
-    covers=("BUGS 5",),
+    covers=("bugs #5",),
 )
 def free_count(s: Snapshot, ctx: CheckContext) -> str | None:
     zero = s.ref_cnt.count(0) - (s.ref_cnt[0] == 0)
@@ -100,7 +100,7 @@ def free_count(s: Snapshot, ctx: CheckContext) -> str | None:
     "I5",
     "hash-map consistency: every mapped block carries its key, every key a block carries is "
     "mapped, a key's group is its block's group, and the token count goes with the primary key",
-    covers=("BUGS 7", "BUGS 8", "BUGS 9", "kvcached #362"),
+    covers=("bugs #7", "bugs #8", "bugs #9", "kvcached #362"),
 )
 def map_consistent(s: Snapshot, ctx: CheckContext) -> str | None:
     primary, extras, key_tokens = s.block_keys, s.extra_keys, s.block_key_tokens
@@ -153,7 +153,7 @@ def map_consistent(s: Snapshot, ctx: CheckContext) -> str | None:
 @invariant(
     "H1",
     "block hashes are injective over the prefixes seen: no hash stands for two prefixes",
-    covers=("I13", "BUGS 16", "BUGS 17", "BUGS 19"),
+    covers=("I13", "bugs #16", "bugs #17", "bugs #19"),
 )
 def no_hash_collision(s: Snapshot, ctx: CheckContext) -> str | None:
     return s.hash_collisions[0] if s.hash_collisions else None
@@ -188,7 +188,7 @@ def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext
     "as cached hits); released uncached blocks go to the head (later release first), released "
     "cached ones to the tail (earlier release first), each release in the caller's order (a "
     "table tail first); so uncached free blocks precede cached ones, bar keys stripped in place",
-    covers=("BUGS 11", "BUGS 12", "BUGS 13"),
+    covers=("bugs #11", "bugs #12", "bugs #13"),
 )
 def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     q0, q1, kind = before.free_queue, after.free_queue, ctx.op["op"]
@@ -248,7 +248,7 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
 
 
 def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list[int]] | None:
-    """The op's free_blocks calls, each with its blocks in the caller's order (SPEC.md §3.6,
+    """The op's free_blocks calls, each with its blocks in the caller's order (docs/spec.md §3.6,
     §4.7); None for a scheduler step, whose releases the snapshots do not show."""
     op = ctx.op
     kind = op["op"]
@@ -299,7 +299,7 @@ def lookup_is_pure(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
     "I10",
     "atomicity: an error changes nothing; a None from the gate changes nothing; a None from "
     "the capacity check only nulls and frees out-of-window blocks of that request",
-    covers=("BUGS 10", "BUGS 23"),
+    covers=("bugs #10", "bugs #23"),
 )
 def atomic_refusal(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     result = ctx.result
@@ -360,7 +360,7 @@ def scheduled_writes(before: Snapshot, after: Snapshot, ctx: CheckContext):
     "I11",
     "no KV is written into a block the writer already held under a full-block key covering the "
     "written positions (cached blocks are immutable)",
-    covers=("BUGS 6", "BUGS 18"),
+    covers=("bugs #6", "bugs #18"),
 )
 def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     for rid, start, end in scheduled_writes(before, after, ctx):
@@ -388,7 +388,7 @@ def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext
     "hit bounds: 0 <= hit <= num_tokens-1, aligned, within the hashed tokens (but chunked "
     "local's null prefix), cdiv(hit, bs_g) blocks per group, no nulls in full-attention lists, "
     "skipped(hit)//bs leading nulls in sliding-window lists",
-    covers=("BUGS 14", "BUGS 15", "#46453"),
+    covers=("bugs #14", "bugs #15", "#46453"),
 )
 def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     config, op, result = ctx.config, ctx.op, ctx.result
@@ -439,7 +439,7 @@ def _hit_length_problem(config: Config, hit: int, num_tokens: int) -> str | None
     "I13",
     "a hit serves only the requester's own prefix: each hit block carries the key of the "
     "request's salt and tokens up to that block (so salts isolate and collisions show)",
-    covers=("BUGS 16", "BUGS 17", "BUGS 18", "BUGS 19"),
+    covers=("bugs #16", "bugs #17", "bugs #18", "bugs #19"),
 )
 def hits_match_prefix(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     op, result = ctx.op, ctx.result
@@ -471,7 +471,7 @@ def hits_match_prefix(before: Snapshot, after: Snapshot, ctx: CheckContext) -> s
     "I14",
     "append-only tables: a running request's table entries never change, except replacement "
     "by the null block in window groups",
-    covers=("I14", "BUGS 26"),
+    covers=("I14", "bugs #26"),
 )
 def append_only(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     for rid, old in before.requests.items():
@@ -511,7 +511,7 @@ def cached_prefix_bookkeeping(s: Snapshot, ctx: CheckContext) -> str | None:
     "I16",
     "cleanup: a request that is not running has no table, num_cached_block or partial-hit "
     "record in any group",
-    covers=("BUGS 22",),
+    covers=("bugs #22",),
 )
 def cleanup(s: Snapshot, ctx: CheckContext) -> str | None:
     untracked = (None,) * len(ctx.config.groups)
@@ -527,7 +527,7 @@ def cleanup(s: Snapshot, ctx: CheckContext) -> str | None:
     "I17",
     "status vs holdings: waiting and preempted requests have no computed tokens; a running "
     "request's tables cover its computed tokens in every non-cross group",
-    covers=("BUGS 4", "BUGS 20"),
+    covers=("bugs #4", "bugs #20"),
 )
 def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
     for rid, view in s.requests.items():
@@ -549,7 +549,7 @@ def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
     "I18",
     "window nulls: after an allocation, every position of a window group below "
     "skipped(settled tokens)//bs holds the null block",
-    covers=("BUGS 2", "BUGS 3"),
+    covers=("bugs #2", "bugs #3"),
 )
 def window_nulls(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     for rid, start, _ in scheduled_writes(before, after, ctx):
@@ -574,7 +574,7 @@ def window_nulls(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | 
 @transition(
     "I19",
     "reset_prefix_cache succeeds iff no non-null block is held, and leaves no key anywhere",
-    covers=("BUGS 23",),
+    covers=("bugs #23",),
 )
 def reset_rule(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     if ctx.op["op"] != "reset_prefix_cache" or not isinstance(ctx.result, bool):

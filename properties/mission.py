@@ -6,8 +6,8 @@ P1 predictor exactness, P2 no leaks, P3 ref_cnt == 0 exactly in the free queue, 
 
 from __future__ import annotations
 
-from harness.snapshot import Snapshot
-from properties.registry import CheckContext, invariant, transition
+from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.properties.registry import CheckContext, invariant, transition
 
 
 @transition(
@@ -15,7 +15,7 @@ from properties.registry import CheckContext, invariant, transition
     "predictor exactness: on every allocate_slots that returns blocks the free-count drop "
     "equals the layer-1 prediction, and each group takes exactly what its "
     "get_num_blocks_to_allocate returned",
-    covers=("I8", "BUGS 2", "BUGS 5", "BUGS 21"),
+    covers=("I8", "bugs #2", "bugs #5", "bugs #21"),
 )
 def predictor_exact(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     for probe in ctx.observations.allocations:
@@ -40,7 +40,7 @@ def predictor_exact(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str
     "P2",
     "no leaks: every non-null block is free or held, its ref_cnt equals its holders (request "
     "tables plus pending and retained copy endpoints), and with nothing held N-1 blocks are free",
-    covers=("I2", "I4", "BUGS 1", "BUGS 10", "BUGS 22"),
+    covers=("I2", "I4", "bugs #1", "bugs #10", "bugs #22"),
 )
 def no_leaks(s: Snapshot, ctx: CheckContext) -> str | None:
     holders = s.holders()
@@ -58,7 +58,7 @@ def no_leaks(s: Snapshot, ctx: CheckContext) -> str | None:
 @invariant(
     "P3",
     "ref_cnt == 0 exactly when the block is in the free queue; the null block never is",
-    covers=("I1", "BUGS 1", "BUGS 12"),
+    covers=("I1", "bugs #1", "bugs #12"),
 )
 def zero_iff_free(s: Snapshot, ctx: CheckContext) -> str | None:
     free = s.free_set()
@@ -78,7 +78,7 @@ def zero_iff_free(s: Snapshot, ctx: CheckContext) -> str | None:
     "P4",
     "the layer-4 'Cannot get N free blocks' ValueError is never raised through allocate_slots "
     "or a scheduler step",
-    covers=("I8", "BUGS 2", "BUGS 5"),
+    covers=("I8", "bugs #2", "bugs #5"),
 )
 def no_pool_shortage(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     if ctx.observations.pool_shortages:
@@ -90,7 +90,7 @@ def no_pool_shortage(before: Snapshot, after: Snapshot, ctx: CheckContext) -> st
     "I8",
     "capacity margin: an allocate_slots that returns blocks leaves reserved_blocks free, plus "
     "the watermark when it admits a waiting or preempted request beside scheduled ones",
-    covers=("I8", "BUGS 20", "SPEC §10.19"),
+    covers=("I8", "bugs #20", "spec §10.19"),
 )
 def capacity_margin(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     watermark = int(ctx.config.watermark * ctx.config.num_blocks)

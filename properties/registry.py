@@ -6,7 +6,7 @@ and a message saying what is wrong when it does not. Users add checks by decorat
 in a module of their own and naming that module with `kvfuzz run --plugin` or
 `pytest --kvfuzz-plugin` (or importing it from a conftest): see README.md, "Adding an invariant".
 
-    from properties import invariant
+    from kvfuzz.properties import invariant
 
     @invariant("MY1", "no request holds more than 8 blocks in group 0")
     def at_most_eight(snapshot, ctx):
@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.config import Config
-from harness.sides import Observations
-from harness.snapshot import Snapshot
-from harness.trace import Op
+from kvfuzz.core.config import Config
+from kvfuzz.core.sides import Observations
+from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.core.trace import Op
 
 
 @dataclass(frozen=True)
@@ -63,14 +63,14 @@ class Check:
     kind: Literal["state", "transition"]
     fn: Callable[..., str | None]
     covers: tuple[str, ...] = ()
-    """SPEC.md §8 invariants and BUGS.md rows this check stands for."""
+    """docs/spec.md §8 invariants and docs/bugs.md rows this check stands for."""
     module: str = ""
     """The module that registered it."""
 
     @property
     def builtin(self) -> bool:
         """Registered by kvfuzz's own `properties` package, not by a user's plugin."""
-        return self.module.partition(".")[0] == "properties"
+        return self.module.startswith("kvfuzz.properties.")
 
 
 class Registry:

@@ -1,4 +1,4 @@
-"""The reference model: a slow, obviously-correct executable model of SPEC.md Tier A and B,
+"""The reference model: a slow, obviously-correct executable model of docs/spec.md Tier A and B,
 used as the oracle of the lockstep trace executor (docs/traces.md).
 
 Modules: `layout` (static config facts), `requests` (harness-side requests, content keys),
@@ -8,6 +8,6 @@ per-group operations), `manager` (layer-1 API, probes), `scheduler` (the driver)
 validity, misuse, snapshots).
 """
 
-from reference_model.model import ReferenceModel
+from kvfuzz.reference_model.model import ReferenceModel
 
 __all__ = ["ReferenceModel"]

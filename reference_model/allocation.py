@@ -1,4 +1,4 @@
-"""allocate_slots (SPEC §6.4) and the per-group operations it is made of: the full-sequence
+"""allocate_slots (docs/spec.md §6.4) and the per-group operations it is made of: the full-sequence
 gate's block count (§4.3, §5.2), adopting prefix hits (§4.4, §5.2), allocating new blocks with
 copy-on-write (§4.5), freeing out-of-window blocks (§4.7) and freeing a request (§4.7, §5.2).
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_model.caching import cache_request
-from reference_model.layout import Layout, cdiv
-from reference_model.lookup import Lists
-from reference_model.requests import WAITING_STATES, Request
-from reference_model.state import NULL, State
+from kvfuzz.reference_model.caching import cache_request
+from kvfuzz.reference_model.layout import Layout, cdiv
+from kvfuzz.reference_model.lookup import Lists
+from kvfuzz.reference_model.requests import WAITING_STATES, Request
+from kvfuzz.reference_model.state import NULL, State
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def gate_block_count(
     total_computed: int,
     local_computed: int,
 ) -> int:
-    """get_num_blocks_to_allocate with apply_admission_cap=True, as SPEC §4.3's formula
+    """get_num_blocks_to_allocate with apply_admission_cap=True, as docs/spec.md §4.3's formula
     (summed over groups, §5.2); used only by the full-sequence gate."""
     rid = req.request_id
     need = 0
@@ -70,7 +70,7 @@ def gate_block_count(
 
 
 def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: int) -> list[int]:
-    """Coordinator allocate_new_computed_blocks (SPEC §5.2) = every group's
+    """Coordinator allocate_new_computed_blocks (docs/spec.md §5.2) = every group's
     add_local_computed_blocks (§4.4), all touches before any pop. Only untracked requests get
     here (API misuse 3 rejects hits for a tracked one). Returns per-group blocks taken from the
     free queue (touched free hits)."""
@@ -100,7 +100,7 @@ def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: i
 def allocate_new_blocks(
     layout: Layout, state: State, req: Request, slots: int, num_encoder_tokens: int
 ) -> tuple[Lists, list[int]]:
-    """Coordinator allocate_new_blocks (SPEC §5.2, §4.5): per group in order, the CoW block
+    """Coordinator allocate_new_blocks (docs/spec.md §5.2, §4.5): per group in order, the CoW block
     (if a partial hit is pending) then enough blocks to cover the slots. Returns the new ids
     per group and the number of blocks each group took."""
     rid = req.request_id
@@ -129,7 +129,7 @@ def allocate_new_blocks(
 
 
 def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed: int) -> None:
-    """SPEC §4.7, every group: entries wholly before the window become null (walking back from
+    """docs/spec.md §4.7, every group: entries wholly before the window become null (walking back from
     the last skipped block, stopping at the first null) and are freed, highest index first.
     Reads the table without creating one (§10.1)."""
     rid = req.request_id
@@ -148,7 +148,7 @@ def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed:
 
 
 def free_request(layout: Layout, state: State, rid: str) -> None:
-    """Coordinator free (SPEC §5.2, §4.7): per group in order, drop the table, num_cached_block
+    """Coordinator free (docs/spec.md §5.2, §4.7): per group in order, drop the table, num_cached_block
     and partial-hit record, then release the table without its leading nulls, tail first."""
     for g in layout.groups:
         table = state.tables[g.gid].pop(rid, [])
@@ -172,7 +172,7 @@ def allocate_slots(
     reserved_blocks: int,
     has_scheduled_reqs: bool,
 ) -> tuple[State, Allocation]:
-    """SPEC §6.4 steps 1-11 (step 0's ValueError is checked by the caller). `hits` is None when
+    """docs/spec.md §6.4 steps 1-11 (step 0's ValueError is checked by the caller). `hits` is None when
     no lookup is passed; a lookup whose lists are all empty is the shared empty instance, so
     hits are adopted only when some list is non-empty (§2.8 create, §6.4 step 7).
 

@@ -1,12 +1,12 @@
-"""Recording blocks in the prefix cache: the coordinator's cacheable tokens (SPEC §5.2, §5.5),
+"""Recording blocks in the prefix cache: the coordinator's cacheable tokens (docs/spec.md §5.2, §5.5),
 layer-3 cache_blocks (§4.6) with the sliding-window sparse mask (§4.9.2), and the pool's
 cache_full_blocks / cache_partial_block (§3.3, §3.11). Keys are content (group, salt, prefix)."""
 
 from __future__ import annotations
 
-from reference_model.layout import Group, Layout, cdiv
-from reference_model.requests import Request
-from reference_model.state import NULL, State
+from kvfuzz.reference_model.layout import Group, Layout, cdiv
+from kvfuzz.reference_model.requests import Request
+from kvfuzz.reference_model.state import NULL, State
 
 
 def cache_request(layout: Layout, state: State, req: Request, num_tokens: int) -> None:
@@ -19,7 +19,7 @@ def cache_request(layout: Layout, state: State, req: Request, num_tokens: int) -
 
 
 def cacheable(layout: Layout, g: Group, n: int) -> int:
-    """cacheable(n, g): n itself, except in the hybrid coordinator (SPEC §5.5): rounded down to
+    """cacheable(n, g): n itself, except in the hybrid coordinator (docs/spec.md §5.5): rounded down to
     a multiple of sbs (not under partial hits), plus one block for a group whose manager has
     use_eagle set (vLLM reads the manager's flag, which only a dropping spec group sets)."""
     if not layout.hybrid:
@@ -31,7 +31,7 @@ def cacheable(layout: Layout, g: Group, n: int) -> int:
 
 
 def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens: int) -> None:
-    """Layer-3 cache_blocks (SPEC §4.6) for one group."""
+    """Layer-3 cache_blocks (docs/spec.md §4.6) for one group."""
     rid = req.request_id
     table = state.tables[g.gid][rid]
     c = state.num_cached[g.gid].get(rid, 0)
@@ -49,7 +49,7 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
 
 
 def sparse_mask_keeps(layout: Layout, g: Group, i: int) -> bool:
-    """The sliding-window caching mask (SPEC §4.9.2 "Sparse caching mask"), by absolute block
+    """The sliding-window caching mask (docs/spec.md §4.9.2 "Sparse caching mask"), by absolute block
     index: with per = A / bs, only blocks that can end an aligned hit of `need` blocks get keys.
     Dense (always True) for other kinds, when A is not a multiple of bs, or when need >= per."""
     if g.kind != "sliding_window" or layout.alignment % g.bs != 0:
@@ -63,7 +63,7 @@ def sparse_mask_keeps(layout: Layout, g: Group, i: int) -> bool:
 
 
 def cache_full_block(state: State, req: Request, g: Group, i: int, block: int) -> None:
-    """cache_full_blocks (SPEC §3.3) for the block at index i: key = prefix of (i+1)·bs tokens.
+    """cache_full_blocks (docs/spec.md §3.3) for the block at index i: key = prefix of (i+1)·bs tokens.
     A block that already has a primary key is being promoted from a partial entry."""
     num_tokens = (i + 1) * g.bs
     if state.primary[block] is not None:
@@ -76,7 +76,7 @@ def cache_full_block(state: State, req: Request, g: Group, i: int, block: int) -
 def _cache_prompt_tail(
     layout: Layout, state: State, g: Group, req: Request, num_tokens: int, table: list[int]
 ) -> None:
-    """SPEC §4.6 step 5: the prompt-tail partial entry of a full-attention group with bs != hbs."""
+    """docs/spec.md §4.6 step 5: the prompt-tail partial entry of a full-attention group with bs != hbs."""
     limit = req.num_prompt_tokens if g.use_eagle else req.num_prompt_tokens - 1
     b = min(limit // layout.hbs, req.hashed_tokens(layout.hbs) // layout.hbs) * layout.hbs
     if b == 0 or b > num_tokens or b % g.bs == 0 or b // g.bs >= len(table):
@@ -85,7 +85,7 @@ def _cache_prompt_tail(
 
 
 def cache_partial_block(state: State, req: Request, block: int, num_tokens: int, gid: int) -> None:
-    """cache_partial_block (SPEC §3.11, replace_existing=False): make the block reachable from
+    """cache_partial_block (docs/spec.md §3.11, replace_existing=False): make the block reachable from
     the interior boundary num_tokens. A key new to the block whose primary covers fewer tokens
     first strips the block's existing keys."""
     if block == NULL:

@@ -1,15 +1,15 @@
 """Static facts derived from a config: per-group kinds and sizes, EAGLE flags, admission caps,
-the hybrid spec groups and the pool-wide sizes (SPEC §0.3, §2.5, §4.2, §4.3, §5.1, §5.5, §6.1)."""
+the hybrid spec groups and the pool-wide sizes (docs/spec.md §0.3, §2.5, §4.2, §4.3, §5.1, §5.5, §6.1)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.config import Config, SchedulerConfig
+from kvfuzz.core.config import Config, SchedulerConfig
 
 
 def cdiv(a: int, b: int) -> int:
-    """Ceiling of a / b for non-negative a (SPEC §0.1)."""
+    """Ceiling of a / b for non-negative a (docs/spec.md §0.1)."""
     return -(-a // b)
 
 
@@ -27,7 +27,7 @@ class Group:
     chunk: int
     """attention_chunk_size c (chunked_local groups only, else 0)."""
     is_eagle_group: bool
-    """Member of the EAGLE group set of SPEC §5.1 step 3."""
+    """Member of the EAGLE group set of docs/spec.md §5.1 step 3."""
     drops: bool
     """Actually drops the EAGLE block at lookup (use_eagle and an EAGLE group, §5.1 step 3)."""
     use_eagle: bool

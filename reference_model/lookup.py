@@ -1,4 +1,4 @@
-"""Prefix-cache lookup: the per-kind hit searches (SPEC §4.9), the unitary and hybrid
+"""Prefix-cache lookup: the per-kind hit searches (docs/spec.md §4.9), the unitary and hybrid
 coordinators' reconciliation (§5.4, §5.5) and get_computed_blocks (§6.3).
 
 A position hits when, for every group in the call, some cache entry holds exactly the request's
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_model.layout import Group, Layout, cdiv
-from reference_model.requests import Request
-from reference_model.state import NULL, State
+from kvfuzz.reference_model.layout import Group, Layout, cdiv
+from kvfuzz.reference_model.requests import Request
+from kvfuzz.reference_model.state import NULL, State
 
 Lists = list[list[int]]
 
 
 @dataclass(frozen=True)
 class Search:
-    """The arguments of one find_longest_cache_hit call (SPEC §4.9)."""
+    """The arguments of one find_longest_cache_hit call (docs/spec.md §4.9)."""
 
     state: State
     req: Request
@@ -32,7 +32,7 @@ class Search:
     alignment: int
 
     def probe(self, num_tokens: int) -> list[int] | None:
-        """get_cached_block (SPEC §3.2) for the prefix of num_tokens tokens: one block per
+        """get_cached_block (docs/spec.md §3.2) for the prefix of num_tokens tokens: one block per
         group id, or None when some group misses (or the prefix has no hash)."""
         if num_tokens > self.hashed:
             return None
@@ -46,7 +46,7 @@ class Search:
 
 
 def search_full(s: Search) -> tuple[Lists, int]:
-    """Full attention (SPEC §4.9.1): left to right, stop at the first miss; Tier-B phase 2
+    """Full attention (docs/spec.md §4.9.1): left to right, stop at the first miss; Tier-B phase 2
     probes partial entries inside the next block; EAGLE drop; alignment trim."""
     bs = s.spec.bs
     lists: Lists = [[] for _ in s.gids]
@@ -77,7 +77,7 @@ def search_full(s: Search) -> tuple[Lists, int]:
 
 
 def search_sliding(s: Search) -> tuple[Lists, int]:
-    """Sliding window (SPEC §4.9.2): right to left for `need` contiguous hits ending at an
+    """Sliding window (docs/spec.md §4.9.2): right to left for `need` contiguous hits ending at an
     aligned edge; else the run from block 0; EAGLE drop; alignment trims."""
     bs = s.spec.bs
     need = cdiv(s.spec.window - 1, bs) + (1 if s.drop_eagle else 0)
@@ -120,7 +120,7 @@ def _trim_to_alignment(lists: Lists, bs: int, alignment: int) -> Lists:
 
 
 def search_chunked(s: Search) -> tuple[Lists, int]:
-    """Chunked local (SPEC §4.9.3): nulls up to the current chunk, then left to right."""
+    """Chunked local (docs/spec.md §4.9.3): nulls up to the current chunk, then left to right."""
     bs, c = s.spec.bs, s.spec.chunk
     max_blocks = s.max_length // bs
     start = (s.max_length // c) * c if s.max_length > 0 else 0
@@ -138,7 +138,7 @@ SEARCHES = {"full": search_full, "sliding_window": search_sliding, "chunked_loca
 
 
 def find_longest_cache_hit(layout: Layout, state: State, req: Request) -> tuple[Lists, int]:
-    """The coordinator's lookup with max_cache_hit_length = num_tokens − 1 (SPEC §6.3 step 2)."""
+    """The coordinator's lookup with max_cache_hit_length = num_tokens − 1 (docs/spec.md §6.3 step 2)."""
     max_hit = req.num_tokens - 1
     hashed = req.hashed_tokens(layout.hbs)
     if not layout.hybrid:
@@ -151,7 +151,7 @@ def find_longest_cache_hit(layout: Layout, state: State, req: Request) -> tuple[
 def _hybrid_fixed_point(
     layout: Layout, state: State, req: Request, max_hit: int, hashed: int
 ) -> tuple[Lists, int]:
-    """SPEC §5.5 "Lookup (fixed point)"."""
+    """docs/spec.md §5.5 "Lookup (fixed point)"."""
     L = max_hit
     results: dict[int, tuple[Lists, int]] = {}
     """Spec-group index -> its latest search result."""
@@ -193,7 +193,7 @@ def _hybrid_fixed_point(
 
 
 def get_computed_blocks(layout: Layout, state: State, req: Request) -> tuple[Lists, int]:
-    """SPEC §6.3: (per-group hit lists, hit length); empty when the lookup is disabled."""
+    """docs/spec.md §6.3: (per-group hit lists, hit length); empty when the lookup is disabled."""
     if not layout.caching or req.skip_reading_prefix_cache:
         return [[] for _ in layout.groups], 0
     return find_longest_cache_hit(layout, state, req)

@@ -1,19 +1,19 @@
-"""The layer-1 KVCacheManager API (SPEC §6) over the model's state, recording an
+"""The layer-1 KVCacheManager API (docs/spec.md §6) over the model's state, recording an
 AllocationProbe for every allocate_slots it runs."""
 
 from __future__ import annotations
 
-from harness.sides import AllocationProbe, Observations
-from reference_model.allocation import allocate_slots, free_request
-from reference_model.caching import cache_request
-from reference_model.layout import Layout
-from reference_model.lookup import Lists, get_computed_blocks
-from reference_model.requests import Request
-from reference_model.state import NULL, State
+from kvfuzz.core.sides import AllocationProbe, Observations
+from kvfuzz.reference_model.allocation import allocate_slots, free_request
+from kvfuzz.reference_model.caching import cache_request
+from kvfuzz.reference_model.layout import Layout
+from kvfuzz.reference_model.lookup import Lists, get_computed_blocks
+from kvfuzz.reference_model.requests import Request
+from kvfuzz.reference_model.state import NULL, State
 
 
 class Manager:
-    """Pool, tables and cache of one KVCacheManager (SPEC §6.1)."""
+    """Pool, tables and cache of one KVCacheManager (docs/spec.md §6.1)."""
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
@@ -39,7 +39,7 @@ class Manager:
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
     ) -> Lists | None:
-        """SPEC §6.4 (arguments already checked): the new block ids per group, or None."""
+        """docs/spec.md §6.4 (arguments already checked): the new block ids per group, or None."""
         self.state, done = allocate_slots(
             self.layout,
             self.state,
@@ -79,7 +79,7 @@ class Manager:
         cache_request(self.layout, self.state, req, num_tokens)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        """SPEC §3.7: strip keys; ref counts, queue positions and num_cached_block unchanged."""
+        """docs/spec.md §3.7: strip keys; ref counts, queue positions and num_cached_block unchanged."""
         for b in block_ids:
             if b != NULL:
                 self.state.drop_keys(b)

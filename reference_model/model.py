@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.config import Config
-from harness.errors import InvalidTrace
-from harness.sides import Observations
-from harness.snapshot import CacheKey, RequestView, Snapshot
-from harness.trace import Op
-from reference_model.layout import Layout
-from reference_model.lookup import Lists
-from reference_model.manager import Manager
-from reference_model.requests import Request
-from reference_model.scheduler import Driver
+from kvfuzz.core.config import Config
+from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.core.sides import Observations
+from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
+from kvfuzz.core.trace import Op
+from kvfuzz.reference_model.layout import Layout
+from kvfuzz.reference_model.lookup import Lists
+from kvfuzz.reference_model.manager import Manager
+from kvfuzz.reference_model.requests import Request
+from kvfuzz.reference_model.scheduler import Driver
 
 MISUSE = {"error": "ValueError"}
 
@@ -38,7 +38,7 @@ SCHEDULER_OPS = ("add_request", "step", "abort", "finish")
 
 
 class ReferenceModel:
-    """Slow, obviously-correct model of SPEC Tier A and B, implementing harness.sides.Side."""
+    """Slow, obviously-correct model of docs/spec.md Tier A and B, implementing kvfuzz.core.sides.Side."""
 
     name = "model"
 

@@ -1,18 +1,18 @@
-"""The harness-side request (docs/traces.md "Requests", SPEC §2.7), with content keys instead of
+"""The harness-side request (docs/traces.md "Requests", docs/spec.md §2.7), with content keys instead of
 block hashes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.snapshot import CacheKey
+from kvfuzz.core.snapshot import CacheKey
 
 WAITING_STATES = ("WAITING", "PREEMPTED")
 
 
 @dataclass(eq=False)
 class Request:
-    """One request (compared by identity). Its hash list is implicit: hash unit k (SPEC §2.3) exists for every
+    """One request (compared by identity). Its hash list is implicit: hash unit k (docs/spec.md §2.3) exists for every
     k < num_tokens // hbs and fingerprints the prefix of (k+1)·hbs tokens plus the salt."""
 
     request_id: str
@@ -47,7 +47,7 @@ class Request:
         return self.status.startswith("FINISHED")
 
     def hashed_tokens(self, hbs: int) -> int:
-        """len(block_hashes) · hbs: tokens covered by full hash blocks (SPEC §2.3)."""
+        """len(block_hashes) · hbs: tokens covered by full hash blocks (docs/spec.md §2.3)."""
         return (len(self.tokens) // hbs) * hbs
 
     def key(self, group_id: int, num_tokens: int) -> CacheKey:

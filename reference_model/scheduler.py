@@ -1,11 +1,11 @@
-"""The scheduler driver of docs/traces.md ("The driver (step)", SPEC §7)."""
+"""The scheduler driver of docs/traces.md ("The driver (step)", docs/spec.md §7)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from reference_model.manager import Manager
-from reference_model.requests import Request
+from kvfuzz.reference_model.manager import Manager
+from kvfuzz.reference_model.requests import Request
 
 
 class Driver:

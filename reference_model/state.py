@@ -1,4 +1,4 @@
-"""All mutable manager state, and the block-pool operations on it (SPEC §2.2, §2.4, §3, §4.1).
+"""All mutable manager state, and the block-pool operations on it (docs/spec.md §2.2, §2.4, §3, §4.1).
 
 Ownership is explicit: per group, each request's block table is a plain list of ids (null block
 = 0); copy-on-write pairs are held in `pending_copies` (recorded by layer 3, not yet taken) and
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.snapshot import CacheKey
+from kvfuzz.core.snapshot import CacheKey
 
 NULL = 0
 
@@ -23,15 +23,15 @@ class State:
     free: list[int]
     """The free queue, head (reused first) at index 0."""
     primary: list[CacheKey | None]
-    """Primary key of block i (SPEC §2.1 block_hash)."""
+    """Primary key of block i (docs/spec.md §2.1 block_hash)."""
     primary_tokens: list[int | None]
     """block_hash_num_tokens of block i."""
     extras: dict[int, set[CacheKey]]
     """Block id -> keys it is reachable under besides its primary (Tier B partial entries)."""
     entries: list[tuple[CacheKey, int]]
-    """The hash -> block map, as (key, block id) in insertion order (SPEC §2.4)."""
+    """The hash -> block map, as (key, block id) in insertion order (docs/spec.md §2.4)."""
     tables: list[dict[str, list[int]]]
-    """Per group: request id -> block table (req_to_blocks, SPEC §4.1)."""
+    """Per group: request id -> block table (req_to_blocks, docs/spec.md §4.1)."""
     num_cached: list[dict[str, int]]
     """Per group: request id -> num_cached_block."""
     partial_hits: list[dict[str, tuple[int, int]]]
@@ -47,7 +47,7 @@ class State:
 
     @classmethod
     def fresh(cls, num_blocks: int, num_groups: int, caching: bool) -> State:
-        """A new pool (SPEC §3.1): ids 0 … N−1 queued in order, then block 0 popped as null."""
+        """A new pool (docs/spec.md §3.1): ids 0 … N−1 queued in order, then block 0 popped as null."""
         queue = list(range(num_blocks))
         queue.pop(0)
         return cls(
@@ -67,7 +67,7 @@ class State:
         )
 
     def trial_copy(self) -> State:
-        """A copy for a predictor trial: SPEC §6.4 steps 7-8 run on it, and it replaces the
+        """A copy for a predictor trial: docs/spec.md §6.4 steps 7-8 run on it, and it replaces the
         real state only if the capacity check passes."""
         return State(
             num_blocks=self.num_blocks,
@@ -92,7 +92,7 @@ class State:
     # ----- ownership -----
 
     def ref_count(self, block: int) -> int:
-        """ref_cnt of a non-null block = number of holders (SPEC I2): table entries plus
+        """ref_cnt of a non-null block = number of holders (docs/spec.md I2): table entries plus
         copy-pair endpoints (pending or retained)."""
         count = 0
         for group in self.tables:
@@ -104,7 +104,7 @@ class State:
         return count
 
     def ref_counts(self) -> list[int]:
-        """ref_cnt of every block, the null block's as 0 (never maintained, SPEC §3.1)."""
+        """ref_cnt of every block, the null block's as 0 (never maintained, docs/spec.md §3.1)."""
         counts = [0] * self.num_blocks
         for group in self.tables:
             for table in group.values():
@@ -117,10 +117,10 @@ class State:
         counts[NULL] = 0
         return counts
 
-    # ----- layer 4: queue and references (SPEC §3.4-§3.6) -----
+    # ----- layer 4: queue and references (docs/spec.md §3.4-§3.6) -----
 
     def get_new_blocks(self, k: int) -> list[int]:
-        """Pop k blocks from the head; evict each popped block's cache keys (SPEC §3.4). The
+        """Pop k blocks from the head; evict each popped block's cache keys (docs/spec.md §3.4). The
         caller makes each returned block a holder at once (ref_cnt 1).
 
         Never fails: past the end of the queue it hands out phantom ids >= num_blocks and counts
@@ -137,13 +137,13 @@ class State:
         return taken + phantoms
 
     def touch(self, block: int) -> None:
-        """SPEC §3.5, before the caller adds its holder entry: a block nobody holds leaves the
+        """docs/spec.md §3.5, before the caller adds its holder entry: a block nobody holds leaves the
         free queue (it was an eviction candidate). The null block is skipped."""
         if block != NULL and self.ref_count(block) == 0:
             self.free.remove(block)
 
     def release(self, ordered: list[int]) -> None:
-        """free_blocks (SPEC §3.6) for blocks whose holder entries the caller already removed.
+        """free_blocks (docs/spec.md §3.6) for blocks whose holder entries the caller already removed.
 
         Each occurrence is one decrement, in the given order; a block's count reaches 0 at its
         last occurrence iff nothing holds it any more. Blocks reaching 0 without a primary key
@@ -164,7 +164,7 @@ class State:
         self.free[:0] = uncached
         self.free.extend(cached)
 
-    # ----- layer 4: the cache map (SPEC §2.4, §3.3, §3.7, §3.8, §3.11) -----
+    # ----- layer 4: the cache map (docs/spec.md §2.4, §3.3, §3.7, §3.8, §3.11) -----
 
     def find_block(self, key: CacheKey) -> int | None:
         """get_one_block: the earliest inserted block still present under key."""
@@ -185,7 +185,7 @@ class State:
         self.extras.pop(block, None)
 
     def add_key(self, block: int, key: CacheKey, num_tokens: int) -> None:
-        """Insert as in SPEC §3.3: nothing if the block already carries key; else the key becomes
+        """Insert as in docs/spec.md §3.3: nothing if the block already carries key; else the key becomes
         the primary (with num_tokens) when the block has none, an extra otherwise; then it is
         added to the map."""
         if self.carries(block, key):
@@ -198,7 +198,7 @@ class State:
         self.entries.append((key, block))
 
     def reset_cache(self) -> bool:
-        """reset_prefix_cache (SPEC §3.8): refuse unless only the null block is in use."""
+        """reset_prefix_cache (docs/spec.md §3.8): refuse unless only the null block is in use."""
         if self.num_blocks - len(self.free) != 1:
             return False
         self.entries = []

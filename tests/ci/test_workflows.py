@@ -2,7 +2,7 @@
 
 Every workflow parses and every job has a runner, a timeout and steps; every action is pinned;
 every repository file a step runs or hashes exists; every `kvfuzz` command line is accepted by
-fuzz/cli.py's own parser; every `pytest -m` mark, Hypothesis profile and pip extra is registered;
+fuzz/cli.py's own parser; every `pytest -m` mark, kvfuzz profile and pip extra is registered;
 every pytest run collects only modules whose imports its job installs (or that importorskip
 them) and tests of the marks it selects; the steps and jobs referred to exist; tests.yml runs
 exactly README's `bash .ci/run`; the GPU job's self-hosted labels are documented; the copies
@@ -25,9 +25,8 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import settings
-
-from fuzz.cli import _parser
+from kvfuzz.fuzz.cli import _parser
+from kvfuzz.fuzz.profiles import PROFILES
 
 REPO = Path(__file__).resolve().parents[2]
 CANONICAL = REPO / "ci" / "workflows"
@@ -215,8 +214,10 @@ def test_pytest_marks_and_hypothesis_profiles_are_registered() -> None:
     assert used >= {"vllm", "gpu"}, f"pytest marks found in the workflows: {used}"
     for path in WORKFLOWS:
         text = path.read_text()
-        for profile in re.findall(r"(?:HYPOTHESIS_PROFILE[:=]|--hypothesis-profile=) *(\w+)", text):
-            settings.get_profile(profile)  # raises on a profile conftest.py does not register
+        for profile in re.findall(r"(?:KVFUZZ_PROFILE[:=]|--kvfuzz-profile[= ]) *(\w+)", text):
+            assert profile in PROFILES, f"{path.name}: no kvfuzz profile {profile!r}"
+        assert "HYPOTHESIS_PROFILE" not in text, (
+            f"{path.name}: kvfuzz's profiles are chosen with KVFUZZ_PROFILE")
 
 
 # What a job's Python has beyond its own `pip install` lines, as pip extras: the GPU runner brings
@@ -233,7 +234,10 @@ def _normal(name: str) -> str:
 def _pip_installs(command: list[str]) -> Iterator[str]:
     """What a `pip install` command installs: the extras of `.[a,b]`, and packages named."""
     args = _after(command, "pip") or []
-    for word in args[args.index("install") + 1:] if "install" in args else []:
+    words = args[args.index("install") + 1:] if "install" in args else []
+    for before, word in zip(["", *words], words):
+        if before in ("-c", "-r", "--constraint", "--requirement"):
+            continue
         if match := re.fullmatch(r"\.\[([\w,-]+)\]", word):
             yield from match[1].split(",")
         elif not word.startswith(("-", ".")):
@@ -258,9 +262,17 @@ def _extras_by_import() -> dict[str, set[str]]:
 
 
 def _project_module(name: str, here: Path) -> Path | None:
-    """The file of the project's module `name` (a folder: a namespace package), else None."""
+    """The file of the project's module `name` (a folder: a namespace package), else None.
+    `kvfuzz.PART...` lives in the folder pyproject.toml maps PART to."""
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"]
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in package_dirs:
+            parts = [package_dirs[".".join(parts[:i])], *parts[i:]]
+            break
     for base in (REPO, here):  # pytest puts a test module's folder on sys.path
-        path = base.joinpath(*name.split("."))
+        path = base.joinpath(*parts)
         for candidate in (path.with_suffix(".py"), path / "__init__.py", path):
             if candidate.exists():
                 return candidate

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.trace import Trace
+from kvfuzz.core.trace import Trace
 
 FULL = {"name": "full", "num_blocks": 16, "max_model_len": 64,
         "groups": [{"kind": "full", "block_size": 4}]}
@@ -96,7 +96,7 @@ PLANTS = [
         add("P", P14), STEP, add("Q", Q14), STEP,
     ]), "Q (salt None) reads group 0 position 8 through block 7, which was never written", None,
         "DIFF-result"),
-    # Hash before KV (BUGS 6): r1 hits a block r0 has not finished. I11 would fire once r0
+    # Hash before KV (docs/bugs.md #6): r1 hits a block r0 has not finished. I11 would fire once r0
     # writes into its own cached block; the hitter reads first.
     Plant("cache-ahead-of-schedule", "api", trace("api", FULL, [
         add("r0", A8 + [3]), *alloc("r0", 6), add("r1", A8 + [0]), *alloc("r1", 1, lookup=True),
@@ -121,7 +121,7 @@ PLANTS = [
         add("r2", A8 + [0]), STEP,
     ]), "r2 (salt None) reads group 0 position 4 through block 2, which holds what r1", None,
         "DIFF-state"),
-    # A value that changes the KV left out of the key (BUGS 18, here the salt): H1 sees two
+    # A value that changes the KV left out of the key (docs/bugs.md #18, here the salt): H1 sees two
     # prefixes under one hash.
     Plant("salt-ignored", "api", trace("api", FULL, [
         add("r0", A8, cache_salt="a"), *alloc("r0", 8),
@@ -134,7 +134,7 @@ PLANTS = [
         "H1", "H1"),
 ]
 
-# SPEC §10.7: under the priority policy B is scheduled (its allocate_slots hashes block 1,
+# docs/spec.md §10.7: under the priority policy B is scheduled (its allocate_slots hashes block 1,
 # positions 4-7), then preempted in the same step for A; its forward pass never runs, the key
 # stays, and C hits never-written KV at position 7.
 PREEMPTED_AFTER_SCHEDULED = trace(

@@ -5,12 +5,12 @@ import pytest
 from hypothesis import Phase, settings
 
 from data_traces import A8, FULL, PLANTS, add, alloc, trace
-from harness.executor import Execution, run_trace
-from harness.sides import ForwardPass, Observations
-from kvcache.paged_kv import PagedKVCache
-from properties import REGISTRY, CheckContext
-from properties.data import DATA_CHECKS, data_checks, reads_match_tokens
-from properties.machines import machine_for
+from kvfuzz.harness.executor import Execution, run_trace
+from kvfuzz.core.sides import ForwardPass, Observations
+from kvfuzz.kvcache.paged_kv import PagedKVCache
+from kvfuzz.properties import REGISTRY, CheckContext
+from kvfuzz.properties.data import DATA_CHECKS, data_checks, reads_match_tokens
+from kvfuzz.fuzz.machines import machine_for
 
 # What the data layer adds, by plant (first failing check; None: nothing fails):
 #

@@ -9,9 +9,9 @@ of conftest.py.
 import pytest
 
 from data_traces import PREEMPTED_AFTER_SCHEDULED, SAME_STEP_COPY
-from harness.executor import run_trace
-from properties import REGISTRY
-from properties.data import data_checks
+from kvfuzz.harness.executor import run_trace
+from kvfuzz.properties import REGISTRY
+from kvfuzz.properties.data import data_checks
 
 
 class KVHazard(AssertionError):
@@ -21,7 +21,7 @@ class KVHazard(AssertionError):
 HAZARDS = [
     pytest.param(PREEMPTED_AFTER_SCHEDULED, id="preempted-after-scheduled",
                  marks=pytest.mark.xfail(strict=True, raises=KVHazard, reason=(
-                     "SPEC §10.7: the priority driver preempts a request after its "
+                     "docs/spec.md §10.7: the priority driver preempts a request after its "
                      "allocate_slots hashed blocks in the same step; their keys stay without "
                      "KV and a later hit reads never-written KV"))),
     pytest.param(SAME_STEP_COPY, id="same-step-copy-on-write",

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from kvcache.paged_kv import PagedKVCache, dense_attention, slot_mapping, tolerance
+from kvfuzz.kvcache.paged_kv import PagedKVCache, dense_attention, slot_mapping, tolerance
 
 TABLE = [9, 3, 12, 5]
 """A scattered block table: positions 0-3 live in block 9, 4-7 in block 3, ..."""
@@ -82,6 +82,7 @@ def test_uneven_head_sharing_and_unknown_dtypes_are_refused():
 
 
 def test_importing_the_harness_does_not_import_torch():
-    code = ("import sys, kvcache, properties, harness.executor, harness.mutants; "
+    code = ("import sys, kvfuzz.kvcache, kvfuzz.properties, kvfuzz.harness.executor, "
+            "kvfuzz.harness.mutants, kvfuzz.fuzz.cli; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

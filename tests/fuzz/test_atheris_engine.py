@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("atheris", reason="the atheris engine needs the `fuzz` extra")
 
-from fuzz.atheris_engine import INPUTS_DIR, LOGS_DIR, libfuzzer_args, run_atheris, worker_seed
-from fuzz.campaign import CampaignOptions, Stats
-from harness.executor import run_trace
-from harness.trace import Trace
+from kvfuzz.fuzz.atheris_engine import INPUTS_DIR, LOGS_DIR, libfuzzer_args, run_atheris, worker_seed
+from kvfuzz.fuzz.campaign import CampaignOptions, Stats
+from kvfuzz.harness.executor import run_trace
+from kvfuzz.core.trace import Trace
 
 BUG = "bug:predictor-off-by-one"
 
@@ -73,7 +73,7 @@ def test_workers_get_distinct_seeds_and_the_budget_flags():
 def test_sigterm_keeps_the_findings_of_every_worker(tmp_path):
     corpus = tmp_path / "corpus"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fuzz", "run", "--engine", "atheris", "--target", BUG,
+        [sys.executable, "-m", "kvfuzz", "run", "--engine", "atheris", "--target", BUG,
          "--config", "full", "--level", "api", "--seconds", "120", "--workers", "2",
          "--corpus", str(corpus)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

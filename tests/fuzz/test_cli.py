@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.cli import main
-from harness.trace import Trace
-from properties import REGISTRY
+from kvfuzz.fuzz.cli import main
+from kvfuzz.core.trace import Trace
+from kvfuzz.properties import REGISTRY
 
 REPO = Path(__file__).resolve().parents[2]
 UNDER_A_FILE = str(Path(__file__) / "sub")
@@ -204,7 +204,7 @@ def _forget_my_checks() -> None:
 def my_checks(tmp_path, monkeypatch):
     """A plugin module `my_checks` on the path, with check MY1 (forgotten afterwards)."""
     (tmp_path / "my_checks.py").write_text(
-        "from properties import invariant\n\n"
+        "from kvfuzz.properties import invariant\n\n"
         "@invariant('MY1', 'no request holds more than one block in group 0')\n"
         "def at_most_one(snapshot, ctx):\n"
         "    for rid, view in snapshot.requests.items():\n"
@@ -254,7 +254,7 @@ def test_interrupted_campaign_keeps_findings_and_summarises(tmp_path, sig):
     corpus = tmp_path / "corpus"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fuzz", "run", "--target", "bug:free-forgets-decrement",
+        [sys.executable, "-m", "kvfuzz", "run", "--target", "bug:free-forgets-decrement",
          "--config", "full", "--seconds", "120", "--corpus", str(corpus),
          "--json", str(tmp_path / "r.json")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

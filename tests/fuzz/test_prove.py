@@ -9,15 +9,15 @@ import pytest
 
 pytest.importorskip("crosshair", reason="`kvfuzz prove` needs CrossHair (the `fuzz` extra)")
 
-from fuzz.prove import FAILED, PROVED, UNKNOWN, contract_functions, prove
-from harness.errors import KvfuzzError
+from kvfuzz.fuzz.prove import FAILED, PROVED, UNKNOWN, contract_functions, prove
+from kvfuzz.core.errors import KvfuzzError
 
 PLANTED = textwrap.dedent('''
-    """fuzz.contracts with kvcache's hit trim aligned to the block size, not the alignment."""
+    """kvfuzz.fuzz.contracts with kvcache's hit trim aligned to the block size, not the alignment."""
 
-    from kvcache import block_math
-    from kvcache.kv_cache_utils import cdiv
-    from fuzz.contracts import *  # noqa: F401,F403
+    from kvfuzz.kvcache import block_math
+    from kvfuzz.kvcache.kv_cache_utils import cdiv
+    from kvfuzz.fuzz.contracts import *  # noqa: F401,F403
 
 
     def _trim_to_block(hit_length, block_size, alignment_tokens, drop_eagle_block):

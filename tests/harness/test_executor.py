@@ -2,11 +2,11 @@
 
 import pytest
 
-from harness.config import Config, GroupConfig
-from harness.errors import InvalidTrace
-from harness.executor import Counterexample, Execution, run_trace
-from harness.targets import UnknownTarget, get_target
-from harness.trace import Trace
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.harness.executor import Counterexample, Execution, run_trace
+from kvfuzz.harness.targets import UnknownTarget, get_target
+from kvfuzz.core.trace import Trace
 
 FULL = Config(10, (GroupConfig("full", 4),), max_model_len=32)
 P = list(range(10))

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from harness.config import Config, GroupConfig
-from harness.configs import BUILTIN
-from harness.errors import ConfigError, TraceFormatError
-from harness.trace import Trace
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.core.errors import ConfigError, TraceFormatError
+from kvfuzz.core.trace import Trace
 
 GOOD = {
     "format": "kvfuzz-trace",

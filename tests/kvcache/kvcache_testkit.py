@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache import (
+from kvfuzz.kvcache import (
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheManager,
@@ -15,8 +15,8 @@ from kvcache import (
     get_request_block_hasher,
     resolve_kv_cache_block_sizes,
 )
-from kvcache.block_pool import BlockPool
-from kvcache.kv_cache_utils import KVCacheBlock
+from kvfuzz.kvcache.block_pool import BlockPool
+from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock
 
 
 def make_config(num_blocks: int, *specs: KVCacheSpec, eagle: tuple[int, ...] = ()) -> KVCacheConfig:

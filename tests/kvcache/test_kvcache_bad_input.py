@@ -1,4 +1,4 @@
-"""API misuse (docs/traces.md "API misuse", SPEC §3-§6 preconditions): a clear exception naming
+"""API misuse (docs/traces.md "API misuse", docs/spec.md §3-§6 preconditions): a clear exception naming
 the bad value, and every structure (pool, managers, requests) exactly as before.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvcache import (
+from kvfuzz.kvcache import (
     CrossAttentionSpec,
     FullAttentionSpec,
     HybridKVCacheCoordinator,
@@ -23,9 +23,9 @@ from kvcache import (
     SlidingWindowSpec,
     UnitaryKVCacheCoordinator,
 )
-from kvcache.block_pool import BlockPool
+from kvfuzz.kvcache.block_pool import BlockPool
 from kvcache_testkit import dump_state, make_config, make_manager, make_request, table_ids
-from properties.spot_check import assert_invariants
+from kvfuzz.harness.spot_check import assert_invariants
 
 
 @dataclass
@@ -81,7 +81,7 @@ def _full_world() -> World:
 
 
 def _cow_world() -> World:
-    """SPEC E9 (FA 32 + SWA 16, w 16, partial hits, N 200) with Q's copy pending, undrained."""
+    """docs/spec.md E9 (FA 32 + SWA 16, w 16, partial hits, N 200) with Q's copy pending, undrained."""
     m = make_manager(
         200,
         FullAttentionSpec(block_size=32),

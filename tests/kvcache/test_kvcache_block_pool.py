@@ -1,11 +1,11 @@
-"""BlockHashToBlockMap and BlockPool (SPEC.md §2.4, §3)."""
+"""BlockHashToBlockMap and BlockPool (docs/spec.md §2.4, §3)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvcache import BlockHashToBlockMap, BlockPool, KVCacheBlock
-from kvcache.kv_cache_utils import make_block_hash_with_group_id, null_head_len
+from kvfuzz.kvcache import BlockHashToBlockMap, BlockPool, KVCacheBlock
+from kvfuzz.kvcache.kv_cache_utils import make_block_hash_with_group_id, null_head_len
 from kvcache_testkit import dump_pool, free_ids, ids, make_request
 
 KEY = make_block_hash_with_group_id(b"h" * 32, 0)

@@ -1,10 +1,10 @@
-"""FreeKVCacheBlockQueue: every operation, its order and its errors (SPEC.md §2.2)."""
+"""FreeKVCacheBlockQueue: every operation, its order and its errors (docs/spec.md §2.2)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvcache import FreeKVCacheBlockQueue, KVCacheBlock
+from kvfuzz.kvcache import FreeKVCacheBlockQueue, KVCacheBlock
 from kvcache_testkit import ids
 
 

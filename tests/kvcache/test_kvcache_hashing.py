@@ -1,4 +1,4 @@
-"""Block hashing (SPEC.md §2.3): chaining, seed, salt, coarse views, determinism."""
+"""Block hashing (docs/spec.md §2.3): chaining, seed, salt, coarse views, determinism."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcache import Request, get_request_block_hasher
-from kvcache.kv_cache_utils import (
+from kvfuzz.kvcache import Request, get_request_block_hasher
+from kvfuzz.kvcache.kv_cache_utils import (
     BlockHashListWithBlockSize,
     get_block_hash,
     get_group_id,

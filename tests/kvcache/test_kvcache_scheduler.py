@@ -1,4 +1,4 @@
-"""kvcache.scheduler against docs/traces.md "The driver (step)" (SPEC §7).
+"""kvcache.scheduler against docs/traces.md "The driver (step)" (docs/spec.md §7).
 
 Expected values are worked out by hand in the comments: block size 4 unless noted, caching off
 unless the test is about hits, so a readmitted request never hits and block counts stay simple.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache import (
+from kvfuzz.kvcache import (
     FullAttentionSpec,
     KVCacheManager,
     Request,
@@ -17,7 +17,7 @@ from kvcache import (
     SlidingWindowSpec,
 )
 from kvcache_testkit import make_manager, make_request, table_ids
-from properties.spot_check import assert_invariants
+from kvfuzz.harness.spot_check import assert_invariants
 
 BS = 4
 
@@ -307,7 +307,7 @@ def test_prefix_hits_are_reported_and_counted_as_computed():
 
 
 def test_retained_copy_on_write_blocks_are_released_at_step_end():
-    """SPEC E9 through the driver: the CoW pair is copied and both retentions released."""
+    """docs/spec.md E9 through the driver: the CoW pair is copied and both retentions released."""
     m = make_manager(
         200,
         FullAttentionSpec(block_size=32),

@@ -1,4 +1,4 @@
-"""Layer 3 (SPEC.md §4): skipped tokens, the predictor, adoption, window frees, the caching
+"""Layer 3 (docs/spec.md §4): skipped tokens, the predictor, adoption, window frees, the caching
 mask, and each kind's find_longest_cache_hit.
 """
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcache import (
+from kvfuzz.kvcache import (
     BlockPool,
     ChunkedLocalAttentionManager,
     ChunkedLocalAttentionSpec,
@@ -21,7 +21,7 @@ from kvcache import (
     SlidingWindowManager,
     SlidingWindowSpec,
 )
-from kvcache.single_type_kv_cache_manager import get_manager_for_kv_cache_spec
+from kvfuzz.kvcache.single_type_kv_cache_manager import get_manager_for_kv_cache_spec
 from kvcache_testkit import dump_pool, free_ids, ids, make_request
 
 SWA = SlidingWindowSpec(block_size=4, sliding_window=8)
@@ -323,7 +323,7 @@ def test_sliding_window_eagle_needs_one_more_block_then_drops_it():
 
 
 def _scan_right_to_left(hashes, max_length, group_ids, pool, block_size, window, eagle, align):
-    """vLLM 0.33.0's sliding-window search, block by block from the right (SPEC §4.9.2)."""
+    """vLLM 0.33.0's sliding-window search, block by block from the right (docs/spec.md §4.9.2)."""
     need = -(-(window - 1) // block_size) + (1 if eagle else 0)
     num = min(max_length // block_size, len(hashes))
     found = [[pool.null_block] * num for _ in group_ids]

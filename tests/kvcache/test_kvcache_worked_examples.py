@@ -1,5 +1,5 @@
-"""SPEC.md §9 worked examples E1-E9 on the live layer classes: exact block ids and free-queue
-orders, with the §8 state invariants (`properties.spot_check`) checked after every step.
+"""docs/spec.md §9 worked examples E1-E9 on the live layer classes: exact block ids and free-queue
+orders, with the §8 state invariants (`kvfuzz.harness.spot_check`) checked after every step.
 
 The same examples run as traces in tests/vllm/test_worked_examples.py, where the executor also
 checks the transition invariants (I6, I8-I14, I18, I19) and compares every op with the model.
@@ -7,13 +7,13 @@ checks the transition invariants (I6, I8-I14, I18, I19) and compares every op wi
 
 from __future__ import annotations
 
-from kvcache import (
+from kvfuzz.kvcache import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     RequestStatus,
     SlidingWindowSpec,
 )
-from kvcache.single_type_kv_cache_manager import SlidingWindowManager
+from kvfuzz.kvcache.single_type_kv_cache_manager import SlidingWindowManager
 from kvcache_testkit import (
     dump_manager,
     free_ids,
@@ -23,7 +23,7 @@ from kvcache_testkit import (
     record_predictions,
     table_ids,
 )
-from properties.spot_check import assert_invariants
+from kvfuzz.harness.spot_check import assert_invariants
 
 PROMPT10 = list(range(100, 110))
 

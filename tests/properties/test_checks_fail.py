@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from harness.config import Config, GroupConfig
-from harness.executor import Execution
-from harness.sides import AllocationProbe, Observations
-from properties import REGISTRY, CheckContext
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.harness.executor import Execution
+from kvfuzz.core.sides import AllocationProbe, Observations
+from kvfuzz.properties import REGISTRY, CheckContext
 
 # Checks registered by user plugins (`--kvfuzz-plugin`) bring no planted violation here.
 BUILTIN = [c.name for c in REGISTRY if c.builtin]

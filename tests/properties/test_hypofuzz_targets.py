@@ -8,7 +8,7 @@ own Hypothesis database keys and replay only against that target.
 
 import os
 
-from properties.machines import machine_for
+from kvfuzz.fuzz.machines import machine_for
 
 TARGET = os.environ.get("KVFUZZ_TARGET")
 

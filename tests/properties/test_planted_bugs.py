@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.campaign import Campaign, CampaignOptions
-from harness.executor import run_trace
-from harness.mutants import MUTANTS, REQUIRED
-from harness.trace import Trace
-from properties import REGISTRY
+from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
+from kvfuzz.harness.executor import run_trace
+from kvfuzz.harness.mutants import MUTANTS, REQUIRED
+from kvfuzz.core.trace import Trace
+from kvfuzz.properties import REGISTRY
 
 # What catches each plant first (invariants run before the differential comparison).
 EXPECTED = {
@@ -77,11 +77,12 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""
-    import properties.registry as registry
+    import kvfuzz.properties.registry as registry
 
     only = registry.Registry()
     only.add(REGISTRY.get(check))
     monkeypatch.setattr(registry, "REGISTRY", only)
-    monkeypatch.setattr("properties.REGISTRY", only)
+    monkeypatch.setattr("kvfuzz.properties.REGISTRY", only)
+    monkeypatch.setattr("kvfuzz.harness.executor.REGISTRY", only)
     stats = _hunt(tmp_path, f"bug:{plant}", ("full",), model=False, levels=(level,), examples=3000)
     assert stats.findings and stats.findings[0].check == check

@@ -3,8 +3,8 @@
 Sized by the Hypothesis profile (conftest.py): `ci` by default, `dev`, `nightly`.
 """
 
-from harness.configs import BUILTIN
-from properties.machines import ApiMachine, SchedulerMachine, machine_for
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.fuzz.machines import ApiMachine, SchedulerMachine, machine_for
 
 # Configs drawn at random around every built-in shape (HypoFuzz collects these too).
 TestApiMachine = ApiMachine.TestCase
@@ -22,9 +22,9 @@ def test_a_machine_failure_shrinks_to_a_saved_trace_that_replays(tmp_path, monke
     import pytest
     from hypothesis import settings
 
-    import properties.machines as machines
-    from harness.executor import Counterexample, run_trace
-    from harness.trace import Trace
+    import kvfuzz.fuzz.machines as machines
+    from kvfuzz.harness.executor import Counterexample, run_trace
+    from kvfuzz.core.trace import Trace
 
     monkeypatch.setattr(machines, "FINDINGS_DIR", tmp_path)
     broken = machine_for("api", targets=("bug:predictor-off-by-one",), config_names=("full",),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.config import Config, GroupConfig, SchedulerConfig
-from harness.snapshot import Snapshot
-from harness.trace import normalize_op
-from reference_model import ReferenceModel
+from kvfuzz.core.config import Config, GroupConfig, SchedulerConfig
+from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.core.trace import normalize_op
+from kvfuzz.reference_model import ReferenceModel
 
 
 class Runner:

@@ -1,13 +1,13 @@
 """API level: misuse returns {"error": "ValueError"} and changes nothing; invalid ops raise
-InvalidTrace; pool and manager behaviours (docs/traces.md, SPEC §3, §4, §6)."""
+InvalidTrace; pool and manager behaviours (docs/traces.md, docs/spec.md §3, §4, §6)."""
 
 from __future__ import annotations
 
 import pytest
 from rm_support import Runner, config, full, swa
 
-from harness.config import GroupConfig
-from harness.errors import InvalidTrace
+from kvfuzz.core.config import GroupConfig
+from kvfuzz.core.errors import InvalidTrace
 
 ERROR = {"error": "ValueError"}
 
@@ -353,7 +353,7 @@ def test_skip_reading_prefix_cache_still_populates():
 
 
 def test_hybrid_eagle_group_caches_one_block_past_the_aligned_boundary():
-    """cacheable(n, g) for an EAGLE group: min(n, round_sbs(n) + bs_g) (SPEC §5.5)."""
+    """cacheable(n, g) for an EAGLE group: min(n, round_sbs(n) + bs_g) (docs/spec.md §5.5)."""
     prompt = list(range(13))
     plain = Runner(config(16, full(8), swa(4, 8)), "api")
     eagle = Runner(config(16, full(8), swa(4, 8), use_eagle=True), "api")
@@ -370,7 +370,7 @@ def test_hybrid_eagle_group_caches_one_block_past_the_aligned_boundary():
 
 
 def test_hybrid_eagle_verifications_are_void_once_a_plain_search_shortens():
-    """SPEC §5.5 / §10.14 with three spec groups, all dropping (A = 8, hbs = 4).
+    """docs/spec.md §5.5 / §10.14 with three spec groups, all dropping (A = 8, hbs = 4).
 
     Round 1 (all drop): FA 32 -> 24; SW1 (need 3) -> 24; SW2 (need 4) -> 16.  Round 2: SW1 is
     verified, searches without a drop and finds only [4, 8] -> 8 (16 was evicted), which
@@ -401,7 +401,7 @@ def test_hybrid_eagle_verifications_are_void_once_a_plain_search_shortens():
 
 
 def test_hybrid_eagle_drop_applies_once_per_candidate():
-    """BUGS.md #15: the drop must not be re-applied by already-verified groups.
+    """docs/bugs.md #15: the drop must not be re-applied by already-verified groups.
 
     Round 1 (all drop): FA 32 -> 24; SW1 (need 2) -> 24; SW2 (need 3; prefix 24 evicted) ->
     16.  Round 2 at 16: SW1 and SW2 are verified and accept 16 without a drop.  Re-dropping
@@ -423,7 +423,7 @@ def test_hybrid_eagle_drop_applies_once_per_candidate():
 
 def test_sparse_window_mask_with_eagle_shift():
     """need = cdiv(4, 4) + 1 = 2 < per = 16 / 4 = 4, shift 1: block i is cached iff i >= 1 and
-    (i - 1) % 4 >= 2, i.e. i in {3, 4, 7, 8, ...} (SPEC §4.9.2)."""
+    (i - 1) % 4 >= 2, i.e. i in {3, 4, 7, 8, ...} (docs/spec.md §4.9.2)."""
     m = Runner(config(40, full(16), swa(4, 5), use_eagle=True), "api")
     m.add("P", list(range(33)))
     m.run("allocate_slots", request_id="P", num_new_tokens=33)

@@ -1,4 +1,4 @@
-"""SPEC §9 worked examples E1-E9, with exact block ids and free-queue orders."""
+"""docs/spec.md §9 worked examples E1-E9, with exact block ids and free-queue orders."""
 
 from __future__ import annotations
 

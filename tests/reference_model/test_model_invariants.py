@@ -6,8 +6,8 @@ The model is the oracle everything else is compared with, so it runs here alone 
 
 from hypothesis import settings
 
-from harness.configs import BUILTIN
-from properties.machines import machine_for
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.fuzz.machines import machine_for
 
 # A third of the profile's examples: the main state machines exercise the model too (every
 # target op is compared with it); these runs add the invariants judged on the model itself.

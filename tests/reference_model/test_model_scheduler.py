@@ -1,11 +1,11 @@
-"""Scheduler level: the driver of docs/traces.md (SPEC §7) run through step/abort/finish ops."""
+"""Scheduler level: the driver of docs/traces.md (docs/spec.md §7) run through step/abort/finish ops."""
 
 from __future__ import annotations
 
 import pytest
 from rm_support import Runner, config, full, swa
 
-from harness.errors import InvalidTrace
+from kvfuzz.core.errors import InvalidTrace
 
 
 def sched(num_blocks: int, *groups, **scheduler) -> Runner:

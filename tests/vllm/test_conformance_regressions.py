@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import Config, GroupConfig
-from harness.executor import Execution
-from harness.vllm_target import vllm_available
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.harness.executor import Execution
+from kvfuzz.harness.vllm_target import vllm_available
 
 TARGETS = [
     pytest.param(("kvcache",), id="kvcache"),

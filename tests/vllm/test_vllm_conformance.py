@@ -2,7 +2,7 @@
 
 Three-way: every op runs on kvcache, on vLLM (target `vllm`) and on the model; each target's
 result, probes and snapshot are compared with the model's and every registered invariant runs
-on both (the SPEC.md §9 worked examples are in test_worked_examples.py). Target `vllm`
+on both (the docs/spec.md §9 worked examples are in test_worked_examples.py). Target `vllm`
 tolerates only the named `KNOWN_DEVIATIONS` (each documented in docs/findings/);
 `vllm-strict` tolerates nothing and replays the findings. API misuse, which vLLM does not
 validate, is pinned case by case in `MISUSE`.
@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from fuzz.cli import main as kvfuzz
-from fuzz.shrink import shrink_trace
-from harness.config import Config
-from harness.configs import BUILTIN
-from harness.executor import Execution, run_trace
-from harness.trace import Trace
-from harness.vllm_target import KNOWN_DEVIATIONS, VllmSide, vllm_available
-from properties.machines import machine_for
+from kvfuzz.fuzz.cli import main as kvfuzz
+from kvfuzz.fuzz.shrink import shrink_trace
+from kvfuzz.core.config import Config
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.harness.executor import Execution, run_trace
+from kvfuzz.core.trace import Trace
+from kvfuzz.harness.vllm_target import KNOWN_DEVIATIONS, VllmSide, vllm_available
+from kvfuzz.fuzz.machines import machine_for
 
 pytestmark = [
     pytest.mark.vllm,
@@ -86,7 +86,7 @@ def test_every_finding_has_its_document_and_replay_command():
         assert doc.exists(), doc
         text = doc.read_text()
         assert f"kvfuzz replay docs/findings/{path.name}" in text, doc
-        assert "SPEC" in text and ".py:" in text, f"{doc} names no SPEC section or vLLM line"
+        assert "docs/spec.md §" in text and ".py:" in text, f"{doc} names no spec section or vLLM line"
 
 
 @pytest.mark.parametrize("path", _finding_traces(), ids=lambda p: p.stem)

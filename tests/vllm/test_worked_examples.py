@@ -1,4 +1,4 @@
-"""SPEC.md §9 worked examples E1-E9 as traces through the one executor.
+"""docs/spec.md §9 worked examples E1-E9 as traces through the one executor.
 
 Every op runs in lockstep with the reference model, and every registered check (P1-P4, I1-I19,
 state and transition) runs after every op, beside the exact block ids and free-queue orders
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from harness.config import Config, GroupConfig
-from harness.executor import Execution
-from harness.vllm_target import vllm_available
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.harness.executor import Execution
+from kvfuzz.harness.vllm_target import vllm_available
 
 
 @pytest.fixture(

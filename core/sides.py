@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from harness.config import Config
-from harness.snapshot import Snapshot
-from harness.trace import Op
+from kvfuzz.core.config import Config
+from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.core.trace import Op
 
 Outcome = Literal["blocks", "gate", "capacity", "error"]
 
@@ -20,7 +20,7 @@ Outcome = Literal["blocks", "gate", "capacity", "error"]
 class AllocationProbe:
     """One allocate_slots call, seen from outside layer 1.
 
-    `prediction` is the per-step prediction of SPEC.md §6.4 step 5 (None when the
+    `prediction` is the per-step prediction of docs/spec.md §6.4 step 5 (None when the
     full-sequence gate refused first), `free_before` the free count when step 5 ran,
     `free_after` the free count when the call returned blocks. `group_predictions[g]` is what
     group g's get_num_blocks_to_allocate returned at step 5 and `group_taken[g]` how many
@@ -37,7 +37,7 @@ class AllocationProbe:
     reserved_blocks: int = 0
     admission: bool = False
     """The call was made for a WAITING or PREEMPTED request with has_scheduled_reqs set, so
-    the watermark applies (SPEC.md §6.4 step 1)."""
+    the watermark applies (docs/spec.md §6.4 step 1)."""
 
     def compared(self) -> tuple[str, str, int | None]:
         """The part two correct sides agree on."""
@@ -76,7 +76,7 @@ class Side(Protocol):
         """Run one normalized op and return its result (plain data).
 
         An exception of the implementation becomes `{"error": "<ClassName>"}`; an op that is
-        not valid at this point of the trace raises `harness.errors.InvalidTrace`.
+        not valid at this point of the trace raises `kvfuzz.core.errors.InvalidTrace`.
         """
         ...
 

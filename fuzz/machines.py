@@ -3,11 +3,13 @@
 `ApiMachine` plays the scheduler itself and makes layer-1 calls (lookups, admissions, decode
 steps, frees, preemptions, cache/evict/reset, copies, and some API misuse); `SchedulerMachine`
 adds requests and runs steps of the scheduler driver. Both draw a config first, and every op
-they make goes through `harness.executor.Execution`, which checks every registered invariant
+they make goes through `kvfuzz.harness.executor.Execution`, which checks every registered invariant
 after every op. On a failure Hypothesis shrinks the run; the final, minimal trace is saved under
 `.hypothesis/kvfuzz-findings/` and printed, and replays with `kvfuzz replay FILE`.
 
-`machine_for` builds a variant for other targets, configs or with the model off.
+`machine_for` builds a variant for other targets, configs or with the model off. Every machine
+class takes the settings of the active kvfuzz profile (`kvfuzz.fuzz.profiles`) when it is
+defined; assign `Machine.TestCase.settings` to change them.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from hypothesis import note, strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from harness.executor import Counterexample, Execution
-from harness.snapshot import RequestView
-from harness.trace import save_finding
-from properties.strategies import TOKEN_VOCAB, configs, prefixes, prompts
+from kvfuzz.harness.executor import Counterexample, Execution
+from kvfuzz.core.snapshot import RequestView
+from kvfuzz.core.trace import save_finding
+from kvfuzz.fuzz import profiles
+from kvfuzz.fuzz.plugins import IMPORTED
+from kvfuzz.fuzz.strategies import TOKEN_VOCAB, configs, prefixes, prompts
 
 FINDINGS_DIR = Path(".hypothesis") / "kvfuzz-findings"
 
@@ -42,6 +46,10 @@ class _TraceMachine(RuleBasedStateMachine):
     max_requests = 8
     on_execution = None
     """Hook called with each new Execution (campaigns count ops and coverage through it)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.TestCase.settings = profiles.active_settings()
 
     def __init__(self) -> None:
         super().__init__()
@@ -71,7 +79,10 @@ class _TraceMachine(RuleBasedStateMachine):
         except Counterexample as exc:
             if current_build_context().is_final:
                 # The exception's report already lists the trace, op by op.
-                path = save_finding(exc.finding.trace, FINDINGS_DIR)
+                trace = exc.finding.trace.prefix(len(exc.finding.trace.ops))
+                if IMPORTED:
+                    trace.meta["plugins"] = list(IMPORTED)
+                path = save_finding(trace, FINDINGS_DIR)
                 note(f"kvfuzz: minimal trace saved to {path} (replay: kvfuzz replay {path})")
             raise
 

@@ -1,6 +1,6 @@
 """The config a trace starts from: groups, pool size, policy knobs (docs/traces.md#config).
 
-Plain data shared by every target and the reference model. Derived sizes follow SPEC.md §0.3.
+Plain data shared by every target and the reference model. Derived sizes follow docs/spec.md §0.3.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from harness.errors import ConfigError
+from kvfuzz.core.errors import ConfigError
 
 GroupKind = Literal["full", "sliding_window", "chunked_local", "cross"]
 GROUP_KINDS: tuple[str, ...] = ("full", "sliding_window", "chunked_local", "cross")
@@ -104,7 +104,7 @@ class Config:
     def __post_init__(self) -> None:
         self.validate()
 
-    # ----- derived sizes (SPEC.md §0.3) -----
+    # ----- derived sizes (docs/spec.md §0.3) -----
 
     @property
     def block_sizes(self) -> tuple[int, ...]:

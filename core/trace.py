@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.config import Config
-from harness.errors import ConfigError, TraceFormatError
+from kvfuzz import versions
+from kvfuzz.core.config import Config
+from kvfuzz.core.errors import ConfigError, TraceFormatError
 
 FORMAT = "kvfuzz-trace"
 VERSION = 1
@@ -241,9 +242,11 @@ class Trace:
 
 
 def save_finding(trace: Trace, directory: str | os.PathLike[str]) -> Path:
-    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory`."""
+    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory`, its meta
+    recording the versions of kvfuzz and Hypothesis that found it (`versions`)."""
     text = trace.to_json()
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
     check = str(trace.meta.get("check", "finding")).replace("/", "-")
     config = str(trace.meta.get("config", trace.config.name)).replace("/", "-")
+    trace.meta["versions"] = versions()
     return trace.save(Path(directory) / f"{check}-{config}-{digest}.json")

@@ -10,8 +10,8 @@ import dataclasses
 
 from hypothesis import strategies as st
 
-from harness.config import Config, GroupConfig
-from harness.configs import BUILTIN
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.configs import BUILTIN
 
 TOKEN_VOCAB = 4
 """Tokens are drawn from a tiny vocabulary: identical blocks arise by chance, too."""

@@ -5,8 +5,8 @@ Pools are small on purpose, so that shortage, eviction and preemption happen all
 
 from __future__ import annotations
 
-from harness.config import Config, GroupConfig, SchedulerConfig
-from harness.errors import KvfuzzError
+from kvfuzz.core.config import Config, GroupConfig, SchedulerConfig
+from kvfuzz.core.errors import KvfuzzError
 
 
 class UnknownConfig(KvfuzzError):

@@ -12,10 +12,10 @@ from collections.abc import Iterable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from harness.config import Config, GroupConfig
-from harness.reading import KeyTranslator, read_snapshot
-from harness.sides import Observations
-from properties.registry import REGISTRY, CheckContext
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.harness.reading import KeyTranslator, read_snapshot
+from kvfuzz.core.sides import Observations
+from kvfuzz.properties.registry import REGISTRY, CheckContext
 
 
 def assert_invariants(

@@ -30,3 +30,15 @@ class InvalidTrace(KvfuzzError):
         if self.step is None:
             return base
         return f"step {self.step}" + (f" ({self.op})" if self.op else "") + f": {base}"
+
+
+class MissingDependency(KvfuzzError):
+    """An optional dependency (a pip extra, or vLLM) that the command needs is not installed."""
+
+
+def require(module: str, install: str, needed_by: str) -> None:
+    """Raise MissingDependency, saying how to install it, unless `module` can be imported."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise MissingDependency(f"{needed_by} needs {module}, which is not installed: {install}")

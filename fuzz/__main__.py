@@ -1,7 +1,0 @@
-"""`python -m fuzz` is `kvfuzz`."""
-
-import sys
-
-from fuzz.cli import main
-
-sys.exit(main())

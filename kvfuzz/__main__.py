@@ -1,0 +1,7 @@
+"""`python -m kvfuzz` is the `kvfuzz` command."""
+
+import sys
+
+from kvfuzz.fuzz.cli import main
+
+sys.exit(main())

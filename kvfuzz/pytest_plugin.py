@@ -1,0 +1,49 @@
+"""kvfuzz's pytest plugin, loaded wherever kvfuzz is installed (entry point `pytest11`).
+
+- `--kvfuzz-plugin MODULE` (repeatable) and `KVFUZZ_PLUGINS=mod1,mod2`: import your modules of
+  invariants or targets before the tests, as `kvfuzz run --plugin` does, so kvfuzz's state
+  machines check them after every op. A module that cannot be imported is a usage error.
+- `--kvfuzz-profile ci|dev|nightly` (or `KVFUZZ_PROFILE`): the settings of kvfuzz's state
+  machines; by default `ci` where `CI` is set, else `dev`, which keeps the example database.
+
+Nothing else changes: tests that do not use kvfuzz keep their own Hypothesis settings.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvfuzz", "kvfuzz state machines")
+    group.addoption("--kvfuzz-plugin", action="append", default=[], metavar="MODULE",
+                    help="import MODULE (invariants, targets) before the tests; repeatable; "
+                    "KVFUZZ_PLUGINS=mod1,mod2 adds more")
+    group.addoption("--kvfuzz-profile", choices=("ci", "dev", "nightly"), default=None,
+                    help="settings of kvfuzz's state machines (default: KVFUZZ_PROFILE, else "
+                    "ci where CI is set, else dev)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from_env = [m.strip() for m in os.environ.get("KVFUZZ_PLUGINS", "").split(",") if m.strip()]
+    plugins = from_env + config.getoption("kvfuzz_plugin")
+    profile = config.getoption("kvfuzz_profile")
+    if profile is not None or "KVFUZZ_PROFILE" in os.environ:
+        from kvfuzz.fuzz import profiles
+
+        try:
+            profiles.select(profile)
+            profiles.active()
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    if not plugins:
+        return
+    from kvfuzz.fuzz.plugins import PluginError, import_plugins
+
+    for name in plugins:
+        try:
+            import_plugins((name,))
+        except PluginError as exc:
+            raise pytest.UsageError(f"cannot import kvfuzz plugin {name!r}: {exc}") from None
