@@ -127,11 +127,25 @@ def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snap
     return dataclasses.replace(snapshot, requests={**snapshot.requests, **changed}), list(changed)
 
 
+def _zero_null_ref_cnt(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    """The null block (block 0) reads with ref_cnt 0: vLLM 0.32's touch and free_blocks move it."""
+    if not snapshot.ref_cnt or snapshot.ref_cnt[0] == 0:
+        return snapshot, []
+    return dataclasses.replace(snapshot, ref_cnt=(0, *snapshot.ref_cnt[1:])), ["null block"]
+
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
         "docs/findings/001-empty-window-entry.md",
         _drop_empty_window_entries,
+    ),
+    KnownDeviation(
+        "null-block-ref-count",
+        "docs/findings/007-null-block-ref-count.md",
+        _zero_null_ref_cnt,
+        releases="0.32",
+        applies=lambda api: api.has("null_ref_counted"),
     ),
 )
 

@@ -23,7 +23,8 @@ from kvfuzz.core.config import Config
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.harness.executor import Execution, run_trace
 from kvfuzz.core.trace import Trace
-from kvfuzz.harness.vllm_target import KNOWN_DEVIATIONS, VllmSide, vllm_available
+from kvfuzz.harness.vllm_api import load_vllm
+from kvfuzz.harness.vllm_target import KNOWN_DEVIATIONS, KnownDeviation, VllmSide, vllm_available
 from kvfuzz.fuzz.machines import machine_for
 
 pytestmark = [
@@ -89,11 +90,21 @@ def test_every_finding_has_its_document_and_replay_command():
         assert "docs/spec.md §" in text and ".py:" in text, f"{doc} names no spec section or vLLM line"
 
 
+def _deviation_of(path: Path) -> KnownDeviation | None:
+    doc = f"docs/findings/{path.with_suffix('.md').name}"
+    return next((d for d in KNOWN_DEVIATIONS if d.finding == doc), None)
+
+
 @pytest.mark.parametrize("path", _finding_traces(), ids=lambda p: p.stem)
 def test_finding_replays_on_vllm_strict_and_passes_on_kvcache(path):
+    """A finding of a release range replays on those releases and passes on the others."""
     trace = Trace.load(path)
     assert run_trace(trace, ["kvcache"]).passed
     result = run_trace(trace, ["vllm-strict"])
+    deviation = _deviation_of(path)
+    if deviation is not None and not deviation.applies(load_vllm()):
+        assert result.passed, f"{path.name} fails outside vLLM {deviation.releases}"
+        return
     assert result.finding is not None and result.finding.check == trace.meta["check"]
     assert result.finding.step == len(trace.ops) - 1
 
@@ -110,6 +121,9 @@ def test_known_deviation_is_tolerated_only_where_documented(deviation):
         return sides[-1]
 
     assert run_trace(trace, ["kvcache", vllm]).passed
+    if not deviation.applies(load_vllm()):
+        assert deviation.name not in sides[0].tolerated
+        return
     assert sides[0].tolerated[deviation.name], "the finding trace no longer shows the deviation"
 
 
