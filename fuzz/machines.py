@@ -215,14 +215,12 @@ class ApiMachine(_TraceMachine):
         running = [rid for rid, _ in self.views("RUNNING")]
         choices = ["evict_out_of_range"]
         if waiting:
-            choices += ["free_untracked", "zero_tokens"]
+            choices += ["zero_tokens"]
         if running:
             choices += ["negative_tokens"]
         kind = data.draw(st.sampled_from(choices), label="misuse")
         if kind == "evict_out_of_range":
             self.apply(op="evict_blocks", block_ids=[self.config.num_blocks])
-        elif kind == "free_untracked":
-            self.apply(op="free", request_id=data.draw(st.sampled_from(waiting)))
         elif kind == "zero_tokens":
             self.apply(op="allocate_slots", request_id=data.draw(st.sampled_from(waiting)),
                        num_new_tokens=0)

@@ -107,8 +107,8 @@ def _touch_leaves_queued(side: KvcacheSide) -> None:
     _around(_pool(side), "touch", around)
 
 
-@mutant("free-forgets-decrement", "free_blocks forgets the decrement of the last block it is given",
-        bug="docs/bugs.md #1, #22")
+@mutant("free-forgets-decrement",
+        "release (free_blocks) forgets the decrement of the last block it is given", bug="docs/bugs.md #1, #22")
 def _free_forgets_decrement(side: KvcacheSide) -> None:
     def around(original, ordered_blocks):
         blocks = list(ordered_blocks)
@@ -117,7 +117,7 @@ def _free_forgets_decrement(side: KvcacheSide) -> None:
             real[-1].ref_cnt += 1
         original(blocks)
 
-    _around(_pool(side), "free_blocks", around)
+    _around(_pool(side), "release", around)
 
 
 @mutant("free-forward-order", "a request's blocks are freed head first instead of tail first",
@@ -185,14 +185,14 @@ def _release(ordered_blocks: Any) -> list[Any]:
         bug="docs/bugs.md #12, #13")
 def _uncached_to_tail(side: KvcacheSide) -> None:
     pool = _pool(side)
-    pool.free_blocks = lambda ordered: pool.free_block_queue.append_n(_release(ordered))
+    pool.release = lambda ordered: pool.free_block_queue.append_n(_release(ordered))
 
 
 @mutant("cached-to-head", "freed cached blocks go to the queue head, evicted before uncached "
         "ones", bug="docs/spec.md §3.6 / docs/bugs.md #13")
 def _cached_to_head(side: KvcacheSide) -> None:
     pool = _pool(side)
-    pool.free_blocks = lambda ordered: pool.free_block_queue.prepend_n(_release(ordered))
+    pool.release = lambda ordered: pool.free_block_queue.prepend_n(_release(ordered))
 
 
 @mutant("touch-before-check", "hit blocks are touched before the capacity check and not "

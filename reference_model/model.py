@@ -217,8 +217,7 @@ class ReferenceModel:
 
     def _op_free(self, op: Op) -> Any:
         req = self._live(op["request_id"])
-        if not self.manager.tracked(req.request_id):
-            return MISUSE
+        # A request that holds nothing is freed as a no-op (docs/spec.md §5.2).
         self.manager.free(req.request_id)
         if op["preempt"]:
             req.status = "PREEMPTED"

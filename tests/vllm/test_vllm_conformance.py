@@ -181,8 +181,8 @@ MISUSE: dict[str, tuple[list[dict[str, Any]], str | None, Any, str]] = {
         _B_RUNNING_WITH_HIT + [{"op": "allocate_slots", "request_id": "b", "num_new_tokens": 1,
                                 "use_lookup": True}],
         "DIFF-result", {"error": "AssertionError"}, "003"),
-    "4 free of an untracked request": (
-        _A + [{"op": "free", "request_id": "a"}], "DIFF-result", None, "004"),
+    "4 free of an untracked request (valid: a no-op everywhere)": (
+        _A + [{"op": "free", "request_id": "a"}], None, None, "004"),
     "5 cache_blocks of an untracked request": (
         _A + [{"op": "cache_blocks", "request_id": "a", "num_computed_tokens": 8}],
         "I15", None, "005"),
