@@ -107,6 +107,21 @@ def _touch_leaves_queued(side: KvcacheSide) -> None:
     _around(_pool(side), "touch", around)
 
 
+@mutant("touch-unvalidated", "touch takes each reference before looking at the next entry, "
+        "with no undo (kvcache before its misuse contract); only the misuse driver sees it",
+        bug="issue 13: touch([free_block, 7])")
+def _touch_unvalidated(side: KvcacheSide) -> None:
+    pool = _pool(side)
+
+    def touch(blocks):
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                pool.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    pool.touch = touch
+
+
 @mutant("free-forgets-decrement",
         "release (free_blocks) forgets the decrement of the last block it is given", bug="docs/bugs.md #1, #22")
 def _free_forgets_decrement(side: KvcacheSide) -> None:
