@@ -90,14 +90,34 @@ class KVCacheManager:
         max_in_flight_tokens: int | None = None,
         enable_caching: bool = True,
         use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
         log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: object = None,
         watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+        *,
         enable_partial_hash_hits: bool = False,
         record_new_block_ids: bool = False,
     ) -> None:
-        """`enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
+        """vLLM's arguments, in vLLM's order; those kvcache does not implement are accepted
+        with their neutral value (no lookahead hashing, no events, one DCP/PCP rank, no metrics
+        collector, no Mamba checkpoints) and refused with ValueError otherwise.
+        `enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
         `record_new_block_ids` records fresh blocks for a worker that zeroes them.
         """
+        _require_neutral(
+            num_hash_lookahead_tokens=(num_hash_lookahead_tokens, 0),
+            num_prefill_lookahead=(num_prefill_lookahead, 0),
+            enable_kv_cache_events=(enable_kv_cache_events, False),
+            dcp_world_size=(dcp_world_size, 1),
+            pcp_world_size=(pcp_world_size, 1),
+            metrics_collector=(metrics_collector, None),
+            enable_mamba_shared_prefix_checkpoint=(enable_mamba_shared_prefix_checkpoint, False),
+        )
         check_positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
             # No effective admission cap: both caps are then at least the uncapped need.
@@ -410,7 +430,11 @@ class KVCacheManager:
         A request that holds nothing (never allocated: aborted while waiting, or already
         freed) is a no-op, as in vLLM, whose scheduler frees every finished request.
         """
-        self.coordinator.free(_request_id("free", request))
+        try:  # inlined `_request_id`: free runs once per finished request
+            request_id = request.request_id
+        except AttributeError:
+            raise ValueError(f"free(): {request!r} is not a Request") from None
+        self.coordinator.free(request_id)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Forget the request but keep its references, for a deferred free: the caller frees
@@ -507,3 +531,13 @@ def _request_id(operation: str, request: Request) -> str:
         return request.request_id
     except AttributeError:
         raise ValueError(f"{operation}(): {request!r} is not a Request") from None
+
+
+def _require_neutral(**arguments: tuple[object, object]) -> None:
+    """ValueError naming each argument that is not at its neutral value (a feature kvcache
+    does not implement)."""
+    for name, (value, neutral) in arguments.items():
+        if value != neutral or type(value) is not type(neutral):
+            raise ValueError(
+                f"KVCacheManager: {name}={value!r} is not supported by kvcache (only {neutral!r})"
+            )
