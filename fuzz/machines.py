@@ -97,6 +97,10 @@ class _TraceMachine(RuleBasedStateMachine):
         max_len = self.config.max_model_len - 1
         salt = data.draw(st.sampled_from([None, None, None, "a", "b"]), label="salt")
         encoder = data.draw(st.integers(1, 12)) if self.config.has_cross_attention else 0
+        if self.execution.offers("prefix_cache_hit_limit"):
+            # vLLM 0.34's per-request limit on prefix hits (prompt scoring): mostly unbounded.
+            extra.setdefault("prefix_cache_hit_limit", data.draw(
+                st.sampled_from([None] * 6) | st.integers(0, max_len), label="hit_limit"))
         self.apply(
             op="add_request",
             request_id=rid,
@@ -130,7 +134,12 @@ class ApiMachine(_TraceMachine):
         use_lookup = data.draw(st.sampled_from([True, True, True, False]), label="use_lookup")
         hit = 0
         if use_lookup:
-            hit = self.apply(op="get_computed_blocks", request_id=rid)["num_computed_tokens"]
+            bound = None
+            if self.execution.offers("max_cache_hit_length"):
+                bound = data.draw(st.sampled_from([None] * 3) | st.integers(0, view.num_tokens),
+                                  label="max_cache_hit_length")
+            hit = self.apply(op="get_computed_blocks", request_id=rid,
+                             max_cache_hit_length=bound)["num_computed_tokens"]
         remaining = view.num_tokens - hit
         least = 0 if hit and data.draw(st.booleans(), label="adopt_only") else 1
         self.apply(
@@ -144,6 +153,14 @@ class ApiMachine(_TraceMachine):
             has_scheduled_reqs=data.draw(st.booleans(), label="has_scheduled"),
             num_encoder_tokens=self.execution.requests[rid].num_encoder_tokens,
         )
+
+    @precondition(lambda self: self.views("WAITING", "PREEMPTED")
+                  and self.execution.offers("get_num_cached_tokens"))
+    @rule(data=st.data())
+    def probe_cached_tokens(self, data: st.DataObject) -> None:
+        """vLLM 0.34's probe: P5 relates its answer to the lookup it predicts."""
+        rid, _ = data.draw(st.sampled_from(self.views("WAITING", "PREEMPTED")), label="who")
+        self.apply(op="get_num_cached_tokens", request_id=rid)
 
     def _running(self, computing: bool) -> list[tuple[str, RequestView]]:
         return [

@@ -122,6 +122,21 @@ def _touch_unvalidated(side: KvcacheSide) -> None:
     pool.touch = touch
 
 
+@mutant("probe-ignores-hit-limit", "get_num_cached_tokens probes up to num_tokens - 1, "
+        "ignoring the request's prefix_cache_hit_limit (as vLLM 0.34 does)",
+        bug="docs/findings/008-probe-ignores-hit-limit.md")
+def _probe_ignores_hit_limit(side: KvcacheSide) -> None:
+    manager = side.manager
+
+    def probe(request):
+        if not manager.prefix_cache_lookup_enabled(request):
+            return 0
+        return manager.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.num_tokens - 1)[1]
+
+    manager.get_num_cached_tokens = probe
+
+
 @mutant("free-forgets-decrement",
         "release (free_blocks) forgets the decrement of the last block it is given", bug="docs/bugs.md #1, #22")
 def _free_forgets_decrement(side: KvcacheSide) -> None:

@@ -167,8 +167,19 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        """Requests that must genuinely recompute their prompt never read the cache."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
+        """Requests that must genuinely recompute their prompt (skip_reading_prefix_cache,
+        or a hit limit of 0) never read the cache."""
+        return self.enable_caching and request.prefix_cache_hit_limit != 0
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """How many of the request's tokens `get_computed_blocks` would hit now: a probe that
+        takes no reference and changes nothing (0 when the lookup is disabled)."""
+        _request_id("get_num_cached_tokens", request)
+        if not self.prefix_cache_lookup_enabled(request):
+            return 0
+        return self.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.get_max_cache_hit_length()
+        )[1]
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Record an admitted lookup; lookups whose admission failed are not counted."""
@@ -205,8 +216,7 @@ class KVCacheManager:
             raise ValueError(f"max_cache_hit_length must be >= 0, got {max_cache_hit_length!r}")
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
+        max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, num_hit_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )
