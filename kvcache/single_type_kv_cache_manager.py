@@ -589,18 +589,41 @@ class MambaManager(SingleTypeKVCacheManager):
         self._speculative_tokens = kv_cache_spec.num_speculative_blocks * self.block_size
 
     def get_num_blocks_to_allocate(
-        self, request_id: str, num_tokens: int, *args: Any, **kwargs: Any
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        *args: Any,
+        **kwargs: Any,
     ) -> int:
-        return super().get_num_blocks_to_allocate(
-            request_id, num_tokens + self._speculative_tokens, *args, **kwargs
-        )
+        """The base formula with no hits (mode "none" never has any), inlined: blocks for
+        `num_tokens` + draft slots beyond both the table and the released head."""
+        assert not new_computed_blocks, "hits on a state group without prefix caching"
+        block_size = self.block_size
+        num_required_blocks = -(-(num_tokens + self._speculative_tokens) // block_size)
+        req_blocks = self.req_to_blocks.get(request_id)
+        num_req_blocks = len(req_blocks) if req_blocks is not None else 0
+        if request_id not in self.num_cached_block:
+            num_skipped_blocks = (total_computed_tokens - 1) // block_size
+            if num_skipped_blocks > num_req_blocks:
+                num_req_blocks = num_skipped_blocks
+        return num_required_blocks - num_req_blocks if num_required_blocks > num_req_blocks else 0
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
     ) -> list[KVCacheBlock]:
-        return super().allocate_new_blocks(
-            request_id, num_tokens + self._speculative_tokens, num_tokens_main_model
-        )
+        num_tokens += self._speculative_tokens
+        req_blocks = self.req_to_blocks.get(request_id)
+        if req_blocks is not None and num_tokens <= len(req_blocks) * self.block_size:
+            return []  # most decode steps: the table already covers the slots
+        return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        if processed_computed_tokens > self.block_size:  # else the first block holds the state
+            super().remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Only the state after the last computed token is read again."""

@@ -122,6 +122,8 @@ def allocate_new_blocks(
         if k > 0:
             blocks = state.get_new_blocks(k)
             table.extend(blocks)
+            if layout.zeroing and g.kind != "mamba":
+                state.new_block_ids[g.gid].extend(blocks)
             result.extend(blocks)
         new.append(result)
         taken.append(len(result))

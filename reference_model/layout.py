@@ -82,6 +82,9 @@ class Layout:
     partial_hits: bool
     watermark_blocks: int
     scheduler: SchedulerConfig
+    zeroing: bool = False
+    """New attention blocks are recorded for the worker to zero: a mamba group shares the pool
+    (its states are read before written, §11.2)."""
 
     @classmethod
     def from_config(cls, config: Config) -> Layout:
@@ -132,4 +135,5 @@ class Layout:
             partial_hits=config.partial_hits,
             watermark_blocks=int(config.watermark * config.num_blocks),
             scheduler=config.scheduler,
+            zeroing=any(g.kind == "mamba" for g in groups),
         )

@@ -44,6 +44,19 @@ def test_hybrid_attention_and_state_groups_share_the_pool():
     assert [len(t) for t in table_ids(manager, "r")] == [3, 2]
 
 
+def test_new_attention_blocks_are_recorded_for_zeroing_beside_a_state_group():
+    """vLLM zeroes new attention blocks when state groups share the pool; state blocks are not
+    listed."""
+    manager = make_manager(12, FullAttentionSpec(block_size=4), MambaSpec(block_size=8),
+                           enable_caching=False)
+    request = make_request("r", list(range(9)), 8)
+    blocks = manager.allocate_slots(request, 9)
+    assert manager.take_new_block_ids() == list(blocks.get_block_ids()[0])
+    alone = make_manager(12, FullAttentionSpec(block_size=4), enable_caching=False)
+    assert alone.allocate_slots(make_request("r", list(range(9)), 4), 9) is not None
+    assert alone.take_new_block_ids() == []
+
+
 def test_kvcache_refuses_prefix_caching_without_align():
     with pytest.raises(ValueError, match=REASON.replace("(", r"\(").replace(")", r"\)")):
         make_manager(8, MambaSpec(block_size=4))
