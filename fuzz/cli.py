@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-model", action="store_true",
                      help="check invariants only, without the reference model in lockstep")
     run.add_argument("--steps", type=int, default=40, help="max ops per generated trace")
+    run.add_argument("--focus", nargs="+", default=[], metavar="NAME",
+                     help="favour these configs and ops (e.g. watermark allocate_slots): more "
+                     "batches for the configs, the ops' rules kept and weighed more")
     run.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]", help=_DATA_HELP)
     run.add_argument("--database", action="append", metavar="SPEC",
                      help="Hypothesis' example database: a directory, redis://HOST:PORT/N "
@@ -200,7 +203,9 @@ def _check_data(data: str | None) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from kvfuzz.fuzz.campaign import CampaignOptions, interrupt, run_campaign, selected_checks
+    from kvfuzz.fuzz.campaign import (
+        CampaignOptions, check_focus, interrupt, run_campaign, selected_checks,
+    )
     from kvfuzz.core.configs import builtin_config
 
     _plugins(args.plugin)
@@ -225,8 +230,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
-        data=args.data, database=databases,
+        data=args.data, database=databases, focus=tuple(args.focus),
     )
+    check_focus(options.focus, configs)
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
           f"{args.workers} worker(s), engine {args.engine}"
