@@ -5,8 +5,9 @@ Throughput, per built-in config and engine (both levels, model and every check o
 Hypothesis engine runs a seeded campaign and keeps the traces it generated; replaying those
 same traces with `run_trace` gives the executor's ops/s on exactly those ops; the ratio is
 campaign / replay (goal >= 0.5). The atheris engine runs as `kvfuzz run --engine atheris` does
-(a libFuzzer subprocess, kvcache instrumented); its ops/s come from the worker's own clock, and
-its ratio is against the same replay figure (so it also pays for the instrumentation).
+(a libFuzzer subprocess, kvcache instrumented), less the worker's start-up (Python imports and
+instrumentation, timed once with a 1-example run); its ratio is against the same replay
+figure, so it also pays for libFuzzer and the instrumentation.
 
 Memory: the resident set size of this process, sampled after batches of a longer Hypothesis
 campaign over every config.
@@ -32,12 +33,13 @@ from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.harness.mutants import MUTANTS, REQUIRED
 
+REPLAYS = 3
 PLANTS = (*REQUIRED, "watermark-ignored", "reset-while-held", "cow-unretained",
           "no-eviction-on-pop", "window-never-freed")
 
 
 def hypothesis_rate(config: str, examples: int) -> tuple[float, float]:
-    """(campaign ops/s, replay ops/s of the same traces)."""
+    """(campaign ops/s, replay ops/s of the same traces, median of REPLAYS)."""
     with tempfile.TemporaryDirectory() as corpus:
         campaign = Campaign(CampaignOptions(seconds=None, examples=examples, seed=7,
                                             configs=(config,), corpus=Path(corpus)))
@@ -45,41 +47,58 @@ def hypothesis_rate(config: str, examples: int) -> tuple[float, float]:
 
         class Recording(list):
             def append(self, execution) -> None:
-                traces.append(execution)
+                traces.append(execution.trace)
                 super().append(execution)
 
         campaign._executions = Recording()
         start = time.perf_counter()
         stats = campaign.run()
         rate = stats.operations / (time.perf_counter() - start)
-    ops = [e.trace for e in traces if e.trace.ops]
-    start = time.perf_counter()
-    for trace in ops:
-        assert run_trace(trace, ["kvcache"]).passed
-    replay = sum(len(t.ops) for t in ops) / (time.perf_counter() - start)
-    return rate, replay
+    return rate, replay_rate([t for t in traces if t.ops])
 
 
-def atheris_rate(config: str, examples: int) -> float | None:
-    try:
-        from kvfuzz.fuzz.atheris_engine import run_atheris
-    except ImportError:
-        return None
+def replay_rate(traces: list) -> float:
+    ops = sum(len(t.ops) for t in traces)
+    rates = []
+    for _ in range(REPLAYS):
+        start = time.perf_counter()
+        for trace in traces:
+            assert run_trace(trace, ["kvcache"]).passed
+        rates.append(ops / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def atheris_run(config: str, examples: int) -> tuple[int, float]:
+    """(ops, seconds) of `kvfuzz run --engine atheris --examples N` on one config."""
+    from kvfuzz.fuzz.atheris_engine import run_atheris
+
     with tempfile.TemporaryDirectory() as corpus:
         stats = run_atheris(CampaignOptions(seconds=None, examples=examples, seed=7,
                                             configs=(config,), corpus=Path(corpus),
                                             engine="atheris"), lambda s: None)
-    return stats.operations / stats.elapsed if stats.elapsed else None
+    return stats.operations, stats.elapsed
 
 
 def throughput(examples: int) -> None:
-    print(f"throughput, {examples} examples per config and engine, model + every check on")
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        startup = None
+    else:
+        startup = atheris_run("full", 1)[1]
+    print(f"throughput, {examples} examples per config and engine, model + every check on; "
+          f"replay: median of {REPLAYS} replays of the Hypothesis campaign's traces; atheris: "
+          f"its worker's start-up ({startup or 0:.1f} s, a 1-example run) left out")
     print(f"{'config':15} {'replay ops/s':>12} {'hypothesis':>11} {'ratio':>6} "
           f"{'atheris':>8} {'ratio':>6}")
+    hypothesis_rate("full", 5)  # warm-up: imports, first-use caches
     for name in BUILTIN:
         rate, replay = hypothesis_rate(name, examples)
-        ath = atheris_rate(name, examples)
-        ath_text = "-" if ath is None else f"{ath:8.0f} {ath / replay:6.2f}"
+        ath_text = "       -      -"
+        if startup is not None:
+            ops, seconds = atheris_run(name, examples)
+            ath = ops / max(seconds - startup, 1e-9)
+            ath_text = f"{ath:8.0f} {ath / replay:6.2f}"
         print(f"{name:15} {replay:12.0f} {rate:11.0f} {rate / replay:6.2f} {ath_text}",
               flush=True)
 

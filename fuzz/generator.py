@@ -12,8 +12,8 @@ Hypothesis picks the rule and draws each decision) and `run_example`, the loop o
 engines, which picks the rule and every decision from one byte string.
 
 Swarm testing (`Swarm`): an example may leave out some rules and knobs (drawn first, from the
-same bytes, so a replay or a shrink of the example runs the same subset); the rules it keeps then
-get the whole example. A knob left out keeps its default value.
+same bytes, so a replay of the example runs the same subset); the rules it keeps then get the
+whole example. A knob left out keeps its default value.
 """
 
 from __future__ import annotations
@@ -75,9 +75,14 @@ class Rules:
 
     @classmethod
     def draw_swarm(cls, choices: Choices, keep: Iterable[str] = ()) -> Swarm:
-        """Each optional feature is left out with probability 1/2 (those in `keep` never)."""
+        """Leave each optional feature out with a probability p that is itself drawn per
+        example (as Hypothesis' own feature flags do), so some examples keep almost every
+        feature and others a few; those in `keep` are always kept."""
+        p = choices.below(256)
         kept = set(keep)
-        return Swarm(frozenset(f for f in cls.features() if f not in kept and flip(choices)))
+        return Swarm(frozenset(
+            f for f in cls.features() if f not in kept and choices.below(256) < p
+        ))
 
     @property
     def config(self) -> Config:
