@@ -52,6 +52,15 @@ def _spec(group: GroupConfig, v: VllmApi) -> Any:
         return iface.ChunkedLocalAttentionSpec(
             **common, attention_chunk_size=group.attention_chunk_size
         )
+    if group.kind == "mamba":
+        # One small state tensor per block; the manager reads only block counts.
+        return iface.MambaSpec(
+            block_size=group.block_size,
+            shapes=((8,),),
+            dtypes=(v["dtype"],),
+            mamba_cache_mode=group.mamba_cache_mode,
+            num_speculative_blocks=group.num_speculative_blocks,
+        )
     return iface.CrossAttentionSpec(**common)
 
 

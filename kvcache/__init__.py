@@ -20,6 +20,7 @@ from kvfuzz.kvcache.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -35,6 +36,7 @@ from kvfuzz.kvcache.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
     CrossAttentionManager,
     FullAttentionManager,
+    MambaManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
 )
@@ -59,6 +61,8 @@ __all__ = [
     "KVCacheGroupSpec",
     "KVCacheManager",
     "KVCacheSpec",
+    "MambaManager",
+    "MambaSpec",
     "Request",
     "RequestStatus",
     "Scheduler",
