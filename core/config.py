@@ -99,6 +99,8 @@ class Config:
     partial_hits: bool = False
     watermark: float = 0.0
     none_hash_seed: str = "kvfuzz"
+    extra_keys: bool = False
+    """Generators give requests LoRA adapters, multimodal inputs and prompt embeddings."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -162,7 +164,7 @@ class Config:
             if not isinstance(group, GroupConfig):
                 raise ConfigError(f"groups[{i}] must be a group object, got {group!r}")
             group.validate(f"groups[{i}]")
-        for flag in ("enable_caching", "use_eagle", "partial_hits"):
+        for flag in ("enable_caching", "use_eagle", "partial_hits", "extra_keys"):
             _bool(flag, getattr(self, flag))
         if self.hash_block_size is not None:
             _positive_int("hash_block_size", self.hash_block_size)

@@ -72,6 +72,10 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(16, (_full(),), name="eagle", max_model_len=64, use_eagle=True),
         ),
         (
+            "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",
+            Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),

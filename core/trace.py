@@ -25,6 +25,7 @@ LEVELS = ("api", "scheduler")
 Op = dict[str, Any]
 
 _INT, _BOOL, _STR, _INTS, _OPT_STR, _OPT_INT = "int", "bool", "str", "ints", "str?", "int?"
+_OPT_INTS, _TRIPLES = "ints?", "triples"
 
 _REQUEST_FIELDS = {
     "request_id": (_STR, None),
@@ -34,6 +35,11 @@ _REQUEST_FIELDS = {
     "max_tokens": (_INT, 16),
     "skip_reading_prefix_cache": (_BOOL, False),
     "num_encoder_tokens": (_INT, 0),
+    # Extra hash keys (docs/spec.md §2.8); absent on a plain request.
+    "lora_name": (_OPT_STR, None),
+    "lora_id": (_OPT_INT, None),
+    "mm_inputs": (_TRIPLES, None),
+    "prompt_embeds": (_OPT_INTS, None),
 }
 
 OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
@@ -71,6 +77,12 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids"}
 
 
+def _is_ints(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+
+
 def _check_value(where: str, kind: str, value: Any) -> None:
     ok = {
         _INT: isinstance(value, int) and not isinstance(value, bool),
@@ -78,8 +90,10 @@ def _check_value(where: str, kind: str, value: Any) -> None:
         _STR: isinstance(value, str),
         _OPT_STR: value is None or isinstance(value, str),
         _OPT_INT: value is None or (isinstance(value, int) and not isinstance(value, bool)),
-        _INTS: isinstance(value, list)
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        _INTS: _is_ints(value),
+        _OPT_INTS: value is None or _is_ints(value),
+        _TRIPLES: value is None or isinstance(value, list)
+        and all(_is_ints(v) and len(v) == 3 for v in value),
     }[kind]
     if not ok:
         expected = {
@@ -89,6 +103,8 @@ def _check_value(where: str, kind: str, value: Any) -> None:
             _OPT_STR: "a string or null",
             _OPT_INT: "an int or null",
             _INTS: "a list of ints",
+            _OPT_INTS: "a list of ints or null",
+            _TRIPLES: "a list of [int, int, int] or null",
         }[kind]
         raise TraceFormatError(f"{where} must be {expected}, got {value!r}")
 
@@ -112,7 +128,10 @@ def normalize_op(raw: Any, level: str, where: str = "op") -> Op:
         if key in raw:
             _check_value(f"{where} ({name}).{key}", kind, raw[key])
             value = raw[key]
-            op[key] = list(value) if isinstance(value, list) else value
+            op[key] = (
+                [list(v) if isinstance(v, list) else v for v in value]
+                if isinstance(value, list) else value
+            )
         elif key in _MANDATORY:
             raise TraceFormatError(f"{where} ({name}) needs field {key!r}")
         else:

@@ -26,7 +26,7 @@ from kvfuzz.core.snapshot import RequestView
 from kvfuzz.core.trace import save_finding
 from kvfuzz.fuzz import profiles
 from kvfuzz.fuzz.plugins import IMPORTED
-from kvfuzz.fuzz.strategies import TOKEN_VOCAB, configs, prefixes, prompts
+from kvfuzz.fuzz.strategies import TOKEN_VOCAB, configs, extra_keys, prefixes, prompts
 
 FINDINGS_DIR = Path(".hypothesis") / "kvfuzz-findings"
 
@@ -97,10 +97,13 @@ class _TraceMachine(RuleBasedStateMachine):
         max_len = self.config.max_model_len - 1
         salt = data.draw(st.sampled_from([None, None, None, "a", "b"]), label="salt")
         encoder = data.draw(st.integers(1, 12)) if self.config.has_cross_attention else 0
+        prompt = data.draw(prompts(self.shared, max_len), label="prompt")
+        if self.config.extra_keys:
+            extra = {**data.draw(extra_keys(prompt), label="extra keys"), **extra}
         self.apply(
             op="add_request",
             request_id=rid,
-            prompt=data.draw(prompts(self.shared, max_len), label="prompt"),
+            prompt=prompt,
             cache_salt=salt,
             num_encoder_tokens=encoder,
             **extra,

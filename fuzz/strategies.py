@@ -7,6 +7,7 @@ from a few shared prefixes so that prefix hits, duplicates and evictions of shar
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -92,3 +93,32 @@ def prompts(shared: list[list[int]], max_len: int) -> st.SearchStrategy[list[int
         return prompt or [tail_bits % TOKEN_VOCAB]
 
     return choice.map(build)
+
+
+_MM_LENGTH = (2, 3)
+"""Multimodal identifier i always spans _MM_LENGTH[i] positions (one content, one length)."""
+
+
+@st.composite
+def extra_keys(draw: st.DrawFn, prompt: list[int]) -> dict[str, Any]:
+    """add_request fields for a multi-tenant request (docs/spec.md §2.8): maybe a LoRA adapter
+    whose name may equal a cache salt, maybe one multimodal input, maybe prompt embeddings on a
+    repeating 4-position mask (embedding positions get the placeholder token 0, which is
+    written into `prompt`; half the time the whole prompt is zeros)."""
+    fields: dict[str, Any] = {}
+    lora = draw(st.sampled_from([None, None, ("a", 1), ("a", 2), ("b", 1)]))
+    if lora is not None:
+        fields["lora_name"], fields["lora_id"] = lora
+    ident = draw(st.sampled_from([None, 0, 1]))
+    if ident is not None and len(prompt) >= _MM_LENGTH[ident]:
+        offset = draw(st.integers(0, len(prompt) - _MM_LENGTH[ident]))
+        fields["mm_inputs"] = [[ident, offset, _MM_LENGTH[ident]]]
+    mask = draw(st.sampled_from([None, 0, 15, 5]))
+    if mask is not None:
+        if draw(st.booleans()):
+            # All placeholders: token and embedding positions then differ only by the mask.
+            prompt[:] = [0] * len(prompt)
+        embeds = [0 if mask >> (i % 4) & 1 else -1 for i in range(len(prompt))]
+        prompt[:] = [0 if v == 0 else t for v, t in zip(embeds, prompt)]
+        fields["prompt_embeds"] = embeds
+    return fields

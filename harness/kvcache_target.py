@@ -74,8 +74,9 @@ class KvcacheSide(ManagerSide):
         return build_kvcache_manager(config)
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
-        from kvfuzz.kvcache import Request
+        from kvfuzz.kvcache.request import LoRARequest, MultiModalFeature, Request
 
+        embeds = op["prompt_embeds"]
         return Request(
             op["request_id"],
             list(op["prompt"]),
@@ -86,4 +87,9 @@ class KvcacheSide(ManagerSide):
             block_hasher=self._hasher,
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"],
             num_encoder_tokens=op["num_encoder_tokens"],
+            lora_request=None if op["lora_name"] is None
+            else LoRARequest(op["lora_name"], op["lora_id"]),
+            mm_features=[MultiModalFeature(f"mm-{i}", o, n) for i, o, n in op["mm_inputs"] or ()],
+            prompt_embeds=None if embeds is None else [max(v, 0) for v in embeds],
+            prompt_is_token_ids=None if embeds is None else [v < 0 for v in embeds],
         )

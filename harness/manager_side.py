@@ -13,6 +13,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.core.extra_keys import Extras, extras_problem
 from kvfuzz.harness.probes import ManagerProbes
 from kvfuzz.harness.reading import KeyTranslator, read_snapshot
 from kvfuzz.core.sides import ForwardPass, Observations
@@ -35,6 +36,7 @@ class ManagerSide:
         self.manager = self.build_manager(config)
         self.probes = ManagerProbes(self.manager, self.request_status)
         self.keys = KeyTranslator(config.resolved_hash_block_size)
+        self._mm_lengths: dict[int, int] = {}
         self.requests: dict[str, Any] = {}
         self.lookups: dict[str, tuple[Any, int]] = {}
         self._live_lookups: dict[str, tuple[Any, int]] = {}
@@ -148,6 +150,12 @@ class ManagerSide:
                 f"add_request {rid!r}: max_tokens {op['max_tokens']} must be >= 1 and "
                 f"num_encoder_tokens {op['num_encoder_tokens']} >= 0"
             )
+        extras = Extras.of_op(op)
+        problem = extras_problem(extras, prompt, self._mm_lengths)
+        if problem:
+            raise InvalidTrace(f"add_request {rid!r}: {problem}")
+        if extras is not None:
+            self.keys.extras[rid] = extras
         request = self.make_request(op, float(len(self.requests)))
         self.requests[rid] = request
         if self.scheduler is not None:

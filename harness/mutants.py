@@ -138,18 +138,50 @@ def _hit_reaches_num_tokens(side: KvcacheSide) -> None:
     _around(side.manager, "get_computed_blocks", around)
 
 
+_HASHED_FIELDS = ("request_id", "block_hashes", "num_tokens", "all_token_ids", "cache_salt",
+                  "lora_request", "mm_features", "prompt_embeds", "prompt_is_token_ids")
+
+
+def _hash_as(side: KvcacheSide, **changes: Callable[[Any], Any]) -> None:
+    """Hash every request as if the named fields were what `changes` makes of the request."""
+    hasher = side._hasher
+
+    def hash_view(request):
+        fields = {name: getattr(request, name) for name in _HASHED_FIELDS}
+        fields.update({name: change(request) for name, change in changes.items()})
+        return hasher(SimpleNamespace(**fields))
+
+    side._hasher = hash_view
+
+
 @mutant("salt-ignored", "the block-0 hash leaves the cache salt out",
         bug="docs/bugs.md #17, #16")
 def _salt_ignored(side: KvcacheSide) -> None:
-    hasher = side._hasher
+    _hash_as(side, cache_salt=lambda request: None)
 
-    def unsalted(request):
-        return hasher(SimpleNamespace(
-            request_id=request.request_id, block_hashes=request.block_hashes,
-            num_tokens=request.num_tokens, all_token_ids=request.all_token_ids, cache_salt=None,
-        ))
 
-    side._hasher = unsalted
+@mutant("lora-name-only", "a LoRA adapter keys blocks by its name, not its id",
+        bug="vLLM #30931", configs=("tenants",))
+def _lora_name_only(side: KvcacheSide) -> None:
+    def same_id(request):
+        lora = request.lora_request
+        return lora and SimpleNamespace(lora_name=lora.lora_name, lora_int_id=1)
+
+    _hash_as(side, lora_request=same_id)
+
+
+@mutant("lora-salt-untagged", "untagged extra keys: a LoRA name reads as a cache salt",
+        bug="vLLM #44701", configs=("tenants",))
+def _lora_salt_untagged(side: KvcacheSide) -> None:
+    _hash_as(side, lora_request=lambda request: None,
+             cache_salt=lambda request: request.cache_salt or (
+                 request.lora_request and request.lora_request.lora_name))
+
+
+@mutant("embeds-mask-dropped", "prompt-embedding keys leave out which positions hold token ids",
+        bug="vLLM #56655", configs=("tenants",))
+def _embeds_mask_dropped(side: KvcacheSide) -> None:
+    _hash_as(side, prompt_is_token_ids=lambda request: None)
 
 
 @mutant("weak-hash", "block hashes chain only the sum of a block's tokens",

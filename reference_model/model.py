@@ -10,6 +10,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.core.extra_keys import Extras, extras_problem
 from kvfuzz.core.sides import Observations
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
 from kvfuzz.core.trace import Op
@@ -51,6 +52,7 @@ class ReferenceModel:
         self.manager = Manager(self.layout)
         self.driver = Driver(self.manager)
         self.requests: dict[str, Request] = {}
+        self._mm_lengths: dict[int, int] = {}
         self.lookups: dict[str, tuple[Lists, int]] = {}
         """API level: request id -> its live lookup (blocks, hit)."""
         self._views: dict[str, tuple[tuple[Any, ...], RequestView]] = {}
@@ -152,10 +154,16 @@ class ReferenceModel:
             raise InvalidTrace(f"max_tokens must be >= 1, got {op['max_tokens']}")
         if op["num_encoder_tokens"] < 0:
             raise InvalidTrace(f"num_encoder_tokens must be >= 0, got {op['num_encoder_tokens']}")
+        extras = Extras.of_op(op)
+        problem = extras_problem(extras, prompt, self._mm_lengths)
+        if problem:
+            raise InvalidTrace(f"add_request {rid!r}: {problem}")
         req = Request(
             request_id=rid,
             prompt=list(prompt),
             salt=op["cache_salt"] or None,
+            hbs=self.layout.hbs,
+            extras=extras,
             priority=op["priority"],
             arrival_time=float(len(self.requests)),
             max_tokens=op["max_tokens"],

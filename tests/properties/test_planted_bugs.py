@@ -36,6 +36,9 @@ EXPECTED = {
     "reset-while-held": {"I19"},
     "watermark-ignored": {"I8", "DIFF-probe", "DIFF-result"},
     "cow-unretained": {"P2"},
+    "lora-name-only": {"H1"},
+    "lora-salt-untagged": {"H1"},
+    "embeds-mask-dropped": {"H1"},
 }
 
 
