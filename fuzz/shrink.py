@@ -174,9 +174,12 @@ def _op_variants(op: Op, level: str) -> Iterator[Op]:
     for key, (_, default) in schema.items():
         value = op[key]
         if key in ("prompt", "tokens", "block_ids") and len(value) > 1:
-            yield {**op, key: value[: len(value) // 2]}
-            yield {**op, key: value[:-1]}
-            yield {**op, key: value[1:]}
+            embeds = op.get("prompt_embeds") if key == "prompt" else None
+            for cut in (slice(len(value) // 2), slice(-1), slice(1, None)):
+                if embeds is None:
+                    yield {**op, key: value[cut]}
+                else:
+                    yield {**op, key: value[cut], "prompt_embeds": embeds[cut]}
         elif key in ("prompt", "tokens") and value and value[0] != 0:
             yield {**op, key: [0] + value[1:]}
         elif key in _NUMBERS_TO_SHRINK and isinstance(value, int) and value > 0:
@@ -184,8 +187,10 @@ def _op_variants(op: Op, level: str) -> Iterator[Op]:
             yield {**op, key: value - 1}
         elif key != "request_id" and default is not None and value != default:
             yield {**op, key: default}
-        elif key == "cache_salt" and value is not None:
+        elif key in ("cache_salt", "mm_inputs", "prompt_embeds") and value is not None:
             yield {**op, key: None}
+        elif key == "lora_name" and value is not None:
+            yield {**op, "lora_name": None, "lora_id": None}
 
 
 def _config_variants(trace: Trace) -> Iterator[Trace]:
