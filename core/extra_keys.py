@@ -59,12 +59,17 @@ _NONE = Extras()
 
 def prefix_identity(salt: str | None, extras: Extras | None, num_tokens: int, hbs: int) -> Any:
     """What a prefix of num_tokens tokens (a multiple of hbs) stands for besides its tokens:
-    the salt alone (None for none) for a plain request, else every hash block's extra keys."""
+    the salt alone (None for none) when no block of it has another extra key (a plain request
+    and one whose adapter, inputs or embeddings lie beyond the prefix look alike), else every
+    hash block's extra keys."""
     if extras is None:
         return salt or None
-    return ("extras",) + tuple(
+    blocks = tuple(
         extras.block_keys(salt, s, s + hbs) for s in range(0, num_tokens - num_tokens % hbs, hbs)
     )
+    if all(key[0] == "cache_salt" for keys in blocks for key in keys):
+        return salt or None
+    return ("extras",) + blocks
 
 
 def extras_problem(extras: Extras | None, prompt: list[int], mm_lengths: dict[int, int]) -> str | None:

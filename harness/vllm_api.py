@@ -48,6 +48,9 @@ _LOCATIONS: dict[str, tuple[str, ...]] = {
     "coordinator": ("vllm.v1.core.kv_cache_coordinator",),
     "interface": ("vllm.v1.kv_cache_interface",),
     "BlockPool": ("vllm.v1.core.block_pool:BlockPool",),
+    "LoRARequest": ("vllm.lora.request:LoRARequest",),
+    "MultiModalFeatureSpec": ("vllm.multimodal.inputs:MultiModalFeatureSpec",),
+    "PlaceholderRange": ("vllm.multimodal.inputs:PlaceholderRange",),
 }
 
 # Arguments the adapter passes; an install whose signature lacks one cannot be driven.
@@ -91,6 +94,10 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
     "free_evict_first": (
         "BlockPool.free_blocks(blocks, evict_first)",
         _takes("BlockPool", "free_blocks", "evict_first"),
+    ),
+    "prompt_embeds_mask": (
+        "Request(prompt_is_token_ids=): prompts mixing token ids and embeddings",
+        _takes("Request", "__init__", "prompt_is_token_ids"),
     ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",

@@ -16,7 +16,9 @@ from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.harness.manager_side import ManagerSide
-from kvfuzz.harness.vllm_api import VllmApi, VllmUnavailable, check_vllm, load_vllm
+from kvfuzz.harness.vllm_api import (
+    VllmApi, VllmUnavailable, VllmUnsupported, check_vllm, load_vllm,
+)
 from kvfuzz.core.snapshot import RequestView, Snapshot
 from kvfuzz.core.trace import Op
 
@@ -136,11 +138,28 @@ def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snap
     return dataclasses.replace(snapshot, requests={**snapshot.requests, **changed}), list(changed)
 
 
+def _unchanged(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    """For deviations tolerated where requests are built, not in the snapshot."""
+    return snapshot, []
+
+
+EMBEDS_MASK = "embeds-mask-unkeyed"
+"""vLLM keys a block's prompt embeddings without the token-id mask (docs/findings/010): `vllm`
+fills token positions of the embedding tensor with a value no embedding takes (-1.0), so the
+tensor alone tells them apart; `vllm-strict` fills them with 0.0."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
         "docs/findings/001-empty-window-entry.md",
         _drop_empty_window_entries,
+    ),
+    KnownDeviation(
+        EMBEDS_MASK,
+        "docs/findings/010-prompt-embeds-mask-unkeyed.md",
+        _unchanged,
+        releases="0.33–0.34",
+        applies=lambda api: api.has("prompt_embeds_mask"),
     ),
 )
 
@@ -194,10 +213,45 @@ class VllmSide(ManagerSide):
             cache_salt=op["cache_salt"],
             priority=op["priority"],
             block_hasher=self._hasher,
+            **self._extra_key_args(op),
         )
         # vLLM counts encoder tokens from multimodal features; the driver reads this instead.
         request.num_encoder_tokens = op["num_encoder_tokens"]
         return request
+
+
+    def _extra_key_args(self, op: Op) -> dict[str, Any]:
+        """vLLM's Request arguments for the op's extra keys (docs/vllm.md "Extra keys"): a LoRA
+        adapter's id becomes its path (vLLM keys adapters by name and path), a multimodal
+        identifier i becomes "mm-i", embedding values a float tensor with the token-id mask."""
+        args: dict[str, Any] = {}
+        if op["lora_name"] is not None:
+            args["lora_request"] = self.api["LoRARequest"](
+                op["lora_name"], op["lora_id"], f"/kvfuzz/lora/{op['lora_id']}")
+        if op["mm_inputs"]:
+            args["mm_features"] = [
+                self.api["MultiModalFeatureSpec"](
+                    data=None, modality="image", identifier=f"mm-{i}",
+                    mm_position=self.api["PlaceholderRange"](offset=o, length=n))
+                for i, o, n in op["mm_inputs"]
+            ]
+        embeds = op["prompt_embeds"]
+        if embeds is not None:
+            if not self.api.has("prompt_embeds_mask") and any(v < 0 for v in embeds):
+                raise VllmUnsupported(
+                    f"add_request {op['request_id']!r}: prompt_embeds with token positions "
+                    f"(-1) need Request(prompt_is_token_ids=), which target {self.name} "
+                    f"({self.api.describe()}) lacks")
+            import torch
+
+            fill = 0.0
+            if any(v < 0 for v in embeds):
+                args["prompt_is_token_ids"] = [v < 0 for v in embeds]
+                if EMBEDS_MASK in self.tolerated:
+                    fill = -1.0
+                    self.tolerated[EMBEDS_MASK].add(op["request_id"])
+            args["prompt_embeds"] = torch.tensor([[float(v) if v >= 0 else fill] for v in embeds])
+        return args
 
 
 class VllmStrictSide(VllmSide):

@@ -74,3 +74,9 @@ def test_kvcache_request_rejects_bad_extras():
         Request("r", [1, 2], lora_request=LoRARequest("a", 0))
     with pytest.raises(ValueError, match="prompt_embeds has 1 entries"):
         Request("r", [1, 2], prompt_embeds=[0])
+
+
+def test_extras_beyond_a_block_do_not_change_its_key():
+    """A multimodal input after block 0 leaves block 0 keyed like a plain request's."""
+    later = dict(mm_inputs=[[0, 4, 1]], cache_salt="a")
+    assert _second_hit(_trace(dict(cache_salt="a"), later)) == 4
