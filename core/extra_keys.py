@@ -1,4 +1,4 @@
-"""Extra hash keys by value (docs/spec.md §2.8): what besides its tokens a cached prefix stands for.
+"""Extra hash keys by value (docs/spec.md §2.3): what besides its tokens a cached prefix stands for.
 
 A request may carry a LoRA adapter (name and id), multimodal inputs (identifier, offset, length),
 prompt embeddings (one value per prompt position; -1 marks a position that holds a token id) and a

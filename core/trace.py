@@ -35,7 +35,7 @@ _REQUEST_FIELDS = {
     "max_tokens": (_INT, 16),
     "skip_reading_prefix_cache": (_BOOL, False),
     "num_encoder_tokens": (_INT, 0),
-    # Extra hash keys (docs/spec.md §2.8); absent on a plain request.
+    # Extra hash keys (docs/spec.md §2.3); absent on a plain request.
     "lora_name": (_OPT_STR, None),
     "lora_id": (_OPT_INT, None),
     "mm_inputs": (_TRIPLES, None),

@@ -162,7 +162,7 @@ _MM_LENGTH = (2, 3)
 
 
 def extra_keys(choices: Choices, prompt: list[int]) -> dict[str, Any]:
-    """add_request fields for a multi-tenant request (docs/spec.md §2.8): maybe a LoRA adapter
+    """add_request fields for a multi-tenant request (docs/spec.md §2.3): maybe a LoRA adapter
     whose name may equal a cache salt, maybe one multimodal input, maybe prompt embeddings on a
     repeating 4-position mask (embedding positions get the placeholder token 0, written into
     `prompt`; half the time the whole prompt is zeros, so that token and embedding positions

@@ -37,7 +37,7 @@ class RequestMeta:
     skip_reading_prefix_cache: bool
     num_encoder_tokens: int
     extras: Extras | None = None
-    """LoRA, multimodal inputs and prompt embeddings (docs/spec.md §2.8); None for none."""
+    """LoRA, multimodal inputs and prompt embeddings (docs/spec.md §2.3); None for none."""
 
 
 @dataclass

@@ -28,7 +28,7 @@ class Request:
     hbs: int = 1
     """The hash block size: extra keys are per hash block."""
     extras: Extras | None = None
-    """LoRA adapter, multimodal inputs, prompt embeddings (docs/spec.md §2.8); None for none."""
+    """LoRA adapter, multimodal inputs, prompt embeddings (docs/spec.md §2.3); None for none."""
     tokens: list[int] = field(default_factory=list)
     """all_token_ids: the prompt followed by the output tokens."""
     num_computed_tokens: int = 0

@@ -1,4 +1,4 @@
-"""Extra hash keys (docs/spec.md §2.8): LoRA adapters, multimodal inputs, prompt embeddings and
+"""Extra hash keys (docs/spec.md §2.3): LoRA adapters, multimodal inputs, prompt embeddings and
 cache salts isolate blocks; equal values share them; each extra-key plant is caught by H1."""
 
 import pytest
