@@ -89,6 +89,10 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(16, (_full(),), name="eagle", max_model_len=64, use_eagle=True),
         ),
         (
+            "KV cache events on (take_events), a small pool so that copies and evictions happen",
+            Config(12, (_full(),), name="events", max_model_len=64, kv_events=True),
+        ),
+        (
             "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",
             Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True),
         ),

@@ -64,6 +64,7 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "take_new_block_ids": {},
         "take_kv_cache_block_copies": {},
         "release_copies": {},
+        "take_events": {},
     },
     "scheduler": {
         "add_request": _REQUEST_FIELDS,

@@ -234,6 +234,8 @@ class ApiRules(Rules):
             kinds.append("misuse")
         if not kinds:
             kinds.append("take_copies")
+        if self.config.kv_events:
+            kinds += ["take_events"] * 2
         kinds += [k for k in kinds if k in self.focus] * 2
         kind = pick(c, kinds)
         if kind == "evict_blocks":
@@ -251,6 +253,8 @@ class ApiRules(Rules):
             self.apply(op="cache_blocks", request_id=rid, num_computed_tokens=n)
         elif kind == "release_copies":
             self.apply(op="release_copies")
+        elif kind == "take_events":
+            self.apply(op="take_events")
         else:
             self._misuse()
 

@@ -62,6 +62,7 @@ def build_kvcache_manager(config: Config) -> Any:
         use_eagle=config.use_eagle,
         watermark=config.watermark,
         enable_partial_hash_hits=config.partial_hits,
+        **({"enable_kv_cache_events": True} if config.kv_events else {}),
     )
 
 

@@ -14,9 +14,10 @@ from typing import Any
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.extra_keys import Extras, extras_problem
+from kvfuzz.harness.events import EventReplay, read_event
 from kvfuzz.harness.probes import ManagerProbes
 from kvfuzz.harness.reading import KeyTranslator, read_snapshot
-from kvfuzz.core.sides import ForwardPass, Observations
+from kvfuzz.core.sides import ForwardPass, KvEvent, Observations, take_events_result
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 
@@ -58,7 +59,10 @@ class ManagerSide:
             "step": self._step,
             "abort": self._end_request,
             "finish": self._end_request,
+            "take_events": self._take_events,
         }
+        self._event_replay = EventReplay()
+        self._op_events: list[KvEvent] = []
 
     # ----- what a concrete target provides -----
 
@@ -90,7 +94,11 @@ class ManagerSide:
         self._live_lookups = self.lookups
         if op["op"] not in _KEEPS_LOOKUPS:
             self.lookups = {}
-        return self._handlers[op["op"]](op)
+        try:
+            return self._handlers[op["op"]](op)
+        finally:
+            if self.config.kv_events:
+                self._drain_events()
 
     def snapshot(self) -> Snapshot:
         self.keys.learn_all(self.requests.values())
@@ -105,7 +113,26 @@ class ManagerSide:
         )
 
     def observations(self) -> Observations:
-        return self.probes.take()
+        obs = self.probes.take()
+        obs.kv_events, self._op_events = self._op_events, []
+        return obs
+
+    def _drain_events(self) -> None:
+        """Read the events this op made the manager queue (as a router polling after every
+        step would) into the op's observations and the replay."""
+        events = self.manager.take_events()
+        if not events:
+            return
+        self.keys.learn_all(self.requests.values())
+        for event in events:
+            read = read_event(event, self.keys)
+            self._op_events.append(read)
+            self._event_replay.apply(read)
+
+    def _take_events(self, op: Op) -> Any:
+        if not self.config.kv_events:
+            raise InvalidTrace("take_events needs a config with kv_events on")
+        return take_events_result(self._event_replay.cached)
 
     # ----- validity (docs/traces.md), checked before anything reaches the manager -----
 

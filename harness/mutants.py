@@ -7,6 +7,7 @@ methods where they can, so each variant differs from kvcache in exactly one beha
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Callable
@@ -199,6 +200,52 @@ def _weak_hash(side: KvcacheSide) -> None:
         return out
 
     side._hasher = weak
+
+
+@mutant("removed-while-held", "BlockRemoved for every evicted copy of a key, though another "
+        "block still holds it", bug="vLLM PR #55092", configs=("events",))
+def _removed_while_held(side: KvcacheSide) -> None:
+    from kvfuzz.kvcache.kv_events import BlockRemoved, _split
+
+    pool = side.manager.block_pool
+
+    def removed(keys):
+        for key in keys:
+            block_hash, group = _split(key)
+            pool.kv_event_queue.append(BlockRemoved([block_hash], group))
+
+    pool._removed = removed
+
+
+@mutant("reset-not-announced", "a successful prefix-cache reset emits no AllBlocksCleared",
+        bug="docs/spec.md §3.10", configs=("events",))
+def _reset_not_announced(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
+
+    def around(original):
+        queued = len(pool.kv_event_queue)
+        done = original()
+        del pool.kv_event_queue[queued:]
+        return done
+
+    _around(pool, "reset_prefix_cache", around)
+
+
+@mutant("stored-parent-dropped", "every BlockStored names no parent, as if its chain started "
+        "at token 0", bug="docs/spec.md §3.10", configs=("events",))
+def _stored_parent_dropped(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
+
+    def around(original, *args, **kwargs):
+        queued = len(pool.kv_event_queue)
+        out = original(*args, **kwargs)
+        pool.kv_event_queue[queued:] = [
+            dataclasses.replace(e, parent_block_hash=None)
+            if hasattr(e, "parent_block_hash") else e for e in pool.kv_event_queue[queued:]
+        ]
+        return out
+
+    _around(pool, "cache_full_blocks", around)
 
 
 def _release(ordered_blocks: Any) -> list[Any]:

@@ -48,9 +48,6 @@ _LOCATIONS: dict[str, tuple[str, ...]] = {
     "coordinator": ("vllm.v1.core.kv_cache_coordinator",),
     "interface": ("vllm.v1.kv_cache_interface",),
     "BlockPool": ("vllm.v1.core.block_pool:BlockPool",),
-    "LoRARequest": ("vllm.lora.request:LoRARequest",),
-    "MultiModalFeatureSpec": ("vllm.multimodal.inputs:MultiModalFeatureSpec",),
-    "PlaceholderRange": ("vllm.multimodal.inputs:PlaceholderRange",),
 }
 
 # Arguments the adapter passes; an install whose signature lacks one cannot be driven.

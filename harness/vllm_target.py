@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -226,13 +227,16 @@ class VllmSide(ManagerSide):
         identifier i becomes "mm-i", embedding values a float tensor with the token-id mask."""
         args: dict[str, Any] = {}
         if op["lora_name"] is not None:
-            args["lora_request"] = self.api["LoRARequest"](
+            lora_request = self._vllm_class(op, "lora_name", "vllm.lora.request", "LoRARequest")
+            args["lora_request"] = lora_request(
                 op["lora_name"], op["lora_id"], f"/kvfuzz/lora/{op['lora_id']}")
         if op["mm_inputs"]:
+            module = "vllm.multimodal.inputs"
+            feature = self._vllm_class(op, "mm_inputs", module, "MultiModalFeatureSpec")
+            placeholder = self._vllm_class(op, "mm_inputs", module, "PlaceholderRange")
             args["mm_features"] = [
-                self.api["MultiModalFeatureSpec"](
-                    data=None, modality="image", identifier=f"mm-{i}",
-                    mm_position=self.api["PlaceholderRange"](offset=o, length=n))
+                feature(data=None, modality="image", identifier=f"mm-{i}",
+                        mm_position=placeholder(offset=o, length=n))
                 for i, o, n in op["mm_inputs"]
             ]
         embeds = op["prompt_embeds"]
@@ -252,6 +256,16 @@ class VllmSide(ManagerSide):
                     self.tolerated[EMBEDS_MASK].add(op["request_id"])
             args["prompt_embeds"] = torch.tensor([[float(v) if v >= 0 else fill] for v in embeds])
         return args
+
+
+    def _vllm_class(self, op: Op, field: str, module: str, name: str) -> Any:
+        """A vLLM class an op's field needs; VllmUnsupported (exit 2) naming both if absent."""
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            raise VllmUnsupported(
+                f"add_request {op['request_id']!r}: {field} needs {module}.{name}, which target "
+                f"{self.name} ({self.api.describe()}) lacks") from None
 
 
 class VllmStrictSide(VllmSide):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal, overload
 
 from kvfuzz.kvcache.kv_cache_coordinator import get_kv_cache_coordinator
 from kvfuzz.kvcache.kv_cache_interface import CrossAttentionSpec, KVCacheConfig
+from kvfuzz.kvcache.kv_events import EventfulBlockPool, KVCacheEvent
 from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
 from kvfuzz.kvcache.request import RequestStatus
 from kvfuzz.kvcache.stats import PrefixCacheStats
@@ -94,9 +95,11 @@ class KVCacheManager:
         watermark: float = 0.0,
         enable_partial_hash_hits: bool = False,
         record_new_block_ids: bool = False,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         """`enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
-        `record_new_block_ids` records fresh blocks for a worker that zeroes them.
+        `record_new_block_ids` records fresh blocks for a worker that zeroes them;
+        `enable_kv_cache_events` queues KV events for `take_events` (kvcache/kv_events.py).
         """
         check_positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
@@ -127,6 +130,9 @@ class KVCacheManager:
             enable_partial_hash_hits,
         )
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.enable_kv_cache_events = enable_kv_cache_events
+        if enable_kv_cache_events:
+            EventfulBlockPool.enable_on(self.coordinator.block_pool)
         # Layer 1 reads the free count directly, skipping layer 2.
         self.block_pool = self.coordinator.block_pool
         # Counted on N including the null block, as vLLM does.
@@ -454,6 +460,12 @@ class KVCacheManager:
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's full tables (live lists: do not mutate)."""
         return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV events queued since the last call; ValueError when events are off."""
+        if not self.enable_kv_cache_events:
+            raise ValueError("take_events(): this manager was built with KV cache events off")
+        return self.block_pool.take_events()  # type: ignore[attr-defined]
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()

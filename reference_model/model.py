@@ -11,7 +11,7 @@ from typing import Any
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.extra_keys import Extras, extras_problem
-from kvfuzz.core.sides import Observations
+from kvfuzz.core.sides import Observations, take_events_result
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.reference_model.layout import Layout
@@ -34,6 +34,7 @@ API_OPS = (
     "take_new_block_ids",
     "take_kv_cache_block_copies",
     "release_copies",
+    "take_events",
 )
 SCHEDULER_OPS = ("add_request", "step", "abort", "finish")
 
@@ -275,6 +276,12 @@ class ReferenceModel:
             return MISUSE
         self.manager.evict_blocks(set(ids))
         return None
+
+    def _op_take_events(self, op: Op) -> dict[str, list[str]]:
+        """The keys a consumer of every event believes cached: exactly the cache map's."""
+        if not self.config.kv_events:
+            raise InvalidTrace("take_events needs a config with kv_events on")
+        return take_events_result({key for key, _ in self.manager.state.entries})
 
     def _op_reset_prefix_cache(self, op: Op) -> bool:
         return self.manager.reset_prefix_cache()

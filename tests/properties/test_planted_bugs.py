@@ -39,6 +39,9 @@ EXPECTED = {
     "lora-name-only": {"H1"},
     "lora-salt-untagged": {"H1"},
     "embeds-mask-dropped": {"H1"},
+    "removed-while-held": {"EV2"},
+    "reset-not-announced": {"EV1"},
+    "stored-parent-dropped": {"EV3"},
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1"},
 }
