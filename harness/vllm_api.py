@@ -92,6 +92,10 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "BlockPool.free_blocks(blocks, evict_first)",
         _takes("BlockPool", "free_blocks", "evict_first"),
     ),
+    "kv_events": (
+        "KVCacheManager(enable_kv_cache_events=) and take_events()",
+        _takes("KVCacheManager", "__init__", "enable_kv_cache_events"),
+    ),
     "prompt_embeds_mask": (
         "Request(prompt_is_token_ids=): prompts mixing token ids and embeddings",
         _takes("Request", "__init__", "prompt_is_token_ids"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +98,7 @@ def build_vllm_manager(config: Config) -> Any:
             enable_caching=config.enable_caching,
             use_eagle=config.use_eagle,
             watermark=config.watermark,
+            **({"enable_kv_cache_events": True} if config.kv_events else {}),
         )
 
 
@@ -149,11 +151,22 @@ EMBEDS_MASK = "embeds-mask-unkeyed"
 fills token positions of the embedding tensor with a value no embedding takes (-1.0), so the
 tensor alone tells them apart; `vllm-strict` fills them with 0.0."""
 
+REMOVED_WHILE_HELD = "removed-while-held"
+"""vLLM emits BlockRemoved for each evicted copy of a key, even while another block still
+holds it (docs/findings/011): `vllm` drops such removals when it reads the events."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
         "docs/findings/001-empty-window-entry.md",
         _drop_empty_window_entries,
+    ),
+    KnownDeviation(
+        REMOVED_WHILE_HELD,
+        "docs/findings/011-block-removed-while-held.md",
+        _unchanged,
+        releases="0.33–0.34",
+        applies=lambda api: api.has("kv_events"),
     ),
     KnownDeviation(
         EMBEDS_MASK,
@@ -192,6 +205,13 @@ class VllmSide(ManagerSide):
 
     def build_manager(self, config: Config) -> Any:
         v = self.api
+        if config.kv_events:
+            if not v.has("kv_events"):
+                raise VllmUnsupported(
+                    f"take_events (config kv_events) needs KVCacheManager(enable_kv_cache_events=)"
+                    f", which target {self.name} ({v.describe()}) lacks")
+            # Events then carry the block hashes themselves, which the harness reads as content.
+            os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "0"
         self.request_status = v["RequestStatus"]
         utils = v["utils"]
         # vLLM keeps its none hash in a module global, read whenever a request hashes.
@@ -220,6 +240,22 @@ class VllmSide(ManagerSide):
         request.num_encoder_tokens = op["num_encoder_tokens"]
         return request
 
+
+    def tolerate_events(self, events: list[Any]) -> list[Any]:
+        if REMOVED_WHILE_HELD not in self.tolerated:
+            return events
+        cache = self.manager.block_pool.cached_block_hash_to_block._cache
+        kept = []
+        for event in events:
+            if type(event).__name__ == "BlockRemoved" and all(
+                bytes(h) + (event.group_idx or 0).to_bytes(4, "big") in cache
+                for h in event.block_hashes
+            ):
+                self.tolerated[REMOVED_WHILE_HELD].update(
+                    bytes(h)[:6].hex() for h in event.block_hashes)
+                continue
+            kept.append(event)
+        return kept
 
     def _extra_key_args(self, op: Op) -> dict[str, Any]:
         """vLLM's Request arguments for the op's extra keys (docs/vllm.md "Extra keys"): a LoRA
