@@ -89,6 +89,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(16, (_full(),), name="eagle", max_model_len=64, use_eagle=True),
         ),
         (
+            "deferred frees (pop_blocks_for_free, released later): full (bs 8) + sliding window "
+            "(bs 4), so the per-group release order shows",
+            Config(20, (_full(8), _swa(4, 8)), name="deferred", max_model_len=64,
+                   deferred_frees=True),
+        ),
+        (
             "KV cache events on (take_events), a small pool so that copies and evictions happen",
             Config(12, (_full(),), name="events", max_model_len=64, kv_events=True),
         ),

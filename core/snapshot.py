@@ -58,6 +58,9 @@ class Snapshot:
     requests: dict[str, RequestView]
     pending_copies: tuple[tuple[int, int], ...] = ()
     retained_copies: tuple[tuple[int, int], ...] = ()
+    deferred_frees: tuple[tuple[int, ...], ...] = ()
+    """Batches of blocks popped for deferred frees and not yet released, oldest first, each in
+    pop order (group after group, table order); each entry holds a reference."""
     new_block_ids: tuple[int, ...] = ()
     waiting: tuple[str, ...] = ()
     running: tuple[str, ...] = ()
@@ -80,6 +83,9 @@ class Snapshot:
                 for src, dst in pairs:
                     cached[src] += 1
                     cached[dst] += 1
+            for batch in self.deferred_frees:
+                for b in batch:
+                    cached[b] += 1
             cached[0] = 0
             self._derived["holders"] = cached
         return cached

@@ -65,6 +65,8 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "take_kv_cache_block_copies": {},
         "release_copies": {},
         "take_events": {},
+        "free_deferred": {"request_id": (_STR, None)},
+        "release_deferred": {},
     },
     "scheduler": {
         "add_request": _REQUEST_FIELDS,

@@ -219,6 +219,9 @@ class ApiRules(Rules):
     def free(self) -> None:
         c = self.choices
         rid, _ = pick(c, self.views("RUNNING"))
+        if self.config.deferred_frees and flip(c):
+            self.apply(op="free_deferred", request_id=rid)
+            return
         self.apply(op="free", request_id=rid, preempt=self.knob("preempt", lambda: flip(c), False))
 
     def housekeeping(self) -> None:
@@ -236,6 +239,8 @@ class ApiRules(Rules):
             kinds.append("take_copies")
         if self.config.kv_events:
             kinds += ["take_events"] * 2
+        if self.config.deferred_frees:
+            kinds += ["release_deferred"] * 2
         kinds += [k for k in kinds if k in self.focus] * 2
         kind = pick(c, kinds)
         if kind == "evict_blocks":
@@ -255,6 +260,8 @@ class ApiRules(Rules):
             self.apply(op="release_copies")
         elif kind == "take_events":
             self.apply(op="take_events")
+        elif kind == "release_deferred":
+            self.apply(op="release_deferred")
         else:
             self._misuse()
 

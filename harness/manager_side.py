@@ -8,6 +8,7 @@ snapshots — is shared here, so every target is driven identically.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,8 @@ class ManagerSide:
         self._live_lookups: dict[str, tuple[Any, int]] = {}
         self.retained_pairs: list[tuple[int, int]] = []
         self.retained_blocks: list[Any] = []
+        self.deferred_blocks: list[list[Any]] = []
+        """Batches popped by free_deferred and not yet released."""
         self.scheduler = self.build_scheduler(config) if level == "scheduler" else None
         self._handlers: dict[str, Callable[[Op], Any]] = {
             "add_request": self._add_request,
@@ -60,6 +63,8 @@ class ManagerSide:
             "abort": self._end_request,
             "finish": self._end_request,
             "take_events": self._take_events,
+            "free_deferred": self._free_deferred,
+            "release_deferred": self._release_deferred,
         }
         self._event_replay = EventReplay()
         self._op_events: list[KvEvent] = []
@@ -103,7 +108,7 @@ class ManagerSide:
     def snapshot(self) -> Snapshot:
         self.keys.learn_all(self.requests.values())
         scheduler = self.scheduler
-        return read_snapshot(
+        snapshot = read_snapshot(
             self.manager,
             self.requests.values(),
             self.keys,
@@ -111,6 +116,10 @@ class ManagerSide:
             waiting=scheduler.waiting if scheduler else (),
             running=scheduler.running if scheduler else (),
         )
+        if not self.deferred_blocks:
+            return snapshot
+        deferred = tuple(tuple(b.block_id for b in batch) for batch in self.deferred_blocks)
+        return dataclasses.replace(snapshot, deferred_frees=deferred, _derived={})
 
     def observations(self) -> Observations:
         obs = self.probes.take()
@@ -299,6 +308,26 @@ class ManagerSide:
         self.retained_pairs.extend(pairs)
         self.retained_blocks.extend(retained)
         return [list(p) for p in pairs]
+
+    def _free_deferred(self, op: Op) -> Any:
+        """The scheduler's deferred free: forget the request now, keep its blocks held."""
+        request = self._live_request(op)
+        ok, out = self._call(lambda: self.manager.pop_blocks_for_free(request))
+        if not ok:
+            return out
+        if out:
+            self.deferred_blocks.append(out)
+        request.status = self.request_status.FINISHED_STOPPED
+        return [block.block_id for block in out]
+
+    def _release_deferred(self, op: Op) -> Any:
+        """Release every deferred batch, oldest first, each in reverse (tail blocks first)."""
+        batches, self.deferred_blocks = self.deferred_blocks, []
+        for blocks in batches:
+            ok, out = self._call(lambda: self.manager.block_pool.free_blocks(blocks[::-1]))
+            if not ok:
+                return out
+        return None
 
     def _release_copies(self, op: Op) -> Any:
         blocks, self.retained_blocks, self.retained_pairs = self.retained_blocks, [], []

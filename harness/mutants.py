@@ -217,6 +217,21 @@ def _removed_while_held(side: KvcacheSide) -> None:
     pool._removed = removed
 
 
+@mutant("deferred-free-head-first", "pop_blocks_for_free hands each group's blocks tail "
+        "first, so the deferred release frees them head first", bug="vLLM #48489, PR #48532",
+        configs=("deferred",))
+def _deferred_free_head_first(side: KvcacheSide) -> None:
+    coordinator = side.manager.coordinator
+
+    def pop(request_id):
+        blocks = []
+        for manager in coordinator.single_type_managers:
+            blocks.extend(manager.pop_blocks_for_free(request_id)[::-1])
+        return blocks
+
+    coordinator.pop_blocks_for_free = pop
+
+
 @mutant("reset-not-announced", "a successful prefix-cache reset emits no AllBlocksCleared",
         bug="docs/spec.md §3.10", configs=("events",))
 def _reset_not_announced(side: KvcacheSide) -> None:

@@ -267,6 +267,8 @@ def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list
         return [list(reversed(t)) for t in view.tables if t] if view else []
     if kind == "release_copies":
         return [[b for pair in before.retained_copies for b in pair]]
+    if kind == "release_deferred":
+        return [list(reversed(batch)) for batch in before.deferred_frees]
     if kind == "allocate_slots":
         # Out-of-window blocks, nulled and released highest index first, group by group.
         old = before.requests[op["request_id"]].tables

@@ -35,6 +35,8 @@ API_OPS = (
     "take_kv_cache_block_copies",
     "release_copies",
     "take_events",
+    "free_deferred",
+    "release_deferred",
 )
 SCHEDULER_OPS = ("add_request", "step", "abort", "finish")
 
@@ -54,6 +56,7 @@ class ReferenceModel:
         self.driver = Driver(self.manager)
         self.requests: dict[str, Request] = {}
         self._mm_lengths: dict[int, int] = {}
+        self._deferred: list[list[int]] = []
         self.lookups: dict[str, tuple[Lists, int]] = {}
         """API level: request id -> its live lookup (blocks, hit)."""
         self._views: dict[str, tuple[tuple[Any, ...], RequestView]] = {}
@@ -117,6 +120,7 @@ class ReferenceModel:
             requests=views,
             pending_copies=tuple([pair for g in state.pending_copies for pair in g]),
             retained_copies=tuple(state.retained),
+            deferred_frees=tuple(tuple(batch) for batch in self._deferred),
             new_block_ids=tuple([b for g in state.new_block_ids for b in g]),
             waiting=tuple([r.request_id for r in self.driver.waiting]),
             running=tuple([r.request_id for r in self.driver.running]),
@@ -275,6 +279,25 @@ class ReferenceModel:
         if any(b < 0 or b >= self.layout.num_blocks for b in ids):
             return MISUSE
         self.manager.evict_blocks(set(ids))
+        return None
+
+    def _op_free_deferred(self, op: Op) -> list[int]:
+        """pop_blocks_for_free: every group's table (leading nulls trimmed), group after group,
+        still held; the request is finished."""
+        req = self._live(op["request_id"])
+        popped = self.manager.pop_blocks_for_free(req.request_id)
+        if popped:
+            self._deferred.append(popped)
+            self.manager.state.deferred.extend(popped)
+        req.status = "FINISHED_STOPPED"
+        return popped
+
+    def _op_release_deferred(self, op: Op) -> None:
+        batches, self._deferred = self._deferred, []
+        for blocks in batches:
+            for b in blocks:
+                self.manager.state.deferred.remove(b)
+            self.manager.state.release(blocks[::-1])
         return None
 
     def _op_take_events(self, op: Op) -> dict[str, list[str]]:
