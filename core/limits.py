@@ -10,6 +10,7 @@ import json
 import os
 import re
 import stat
+import tomllib
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -83,19 +84,23 @@ def read_text(path: str | os.PathLike[str], what: str = "trace") -> str:
             f"{p} is not a {what}: not UTF-8 JSON ({exc.reason} at byte {exc.start})") from None
 
 
-def parse_document(text: str, source: str, what: str = "trace") -> Any:
-    """Parse JSON `text` within the bounds (see `read_document`)."""
+def parse_document(text: str, source: str, what: str = "trace", toml: bool = False) -> Any:
+    """Parse JSON (TOML if `toml`) `text` within the bounds (see `read_document`)."""
     depth = nesting(text)
     if depth > MAX_NESTING:
-        raise TraceFormatError(f"{source}: JSON nested {depth} deep; a {what} nests at most "
+        raise TraceFormatError(f"{source}: nested {depth} deep; a {what} nests at most "
                                f"{MAX_NESTING} (docs/traces.md, Bounds)")
     try:
-        data = json.loads(text, parse_constant=_constant)
+        data = tomllib.loads(text) if toml else json.loads(text, parse_constant=_constant)
     except json.JSONDecodeError as exc:
         raise TraceFormatError(f"{source} is not valid JSON (line {exc.lineno}, column "
                                f"{exc.colno}: {exc.msg})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TraceFormatError(f"{source} is not valid TOML ({exc})") from None
     except ValueError as exc:  # an int of more digits than Python converts
         raise TraceFormatError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise TraceFormatError(f"{source}: nested too deep (docs/traces.md, Bounds)") from None
     try:
         check_text(data, "")
     except TraceFormatError as exc:

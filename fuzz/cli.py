@@ -72,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=1, help="processes with disjoint seeds")
     run.add_argument("--config", nargs="+", metavar="NAME", help="built-in configs (default: "
                      "all; see `kvfuzz configs`)")
+    run.add_argument("--config-file", action="append", default=[], type=Path, metavar="FILE",
+                     help="your model shape: a config (docs/configs.md) in TOML (.toml) or JSON; "
+                     "repeat for more; run as given, besides any --config (default then: only "
+                     "these)")
     run.add_argument("--level", nargs="+", choices=("api", "scheduler"),
                      default=["api", "scheduler"], help="trace levels to generate")
     run.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
@@ -225,9 +229,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         require("atheris", _FUZZ, "--engine atheris")
     _check_data(args.data)
     selected_checks(args.data)  # a bad --data spec fails here, before any worker starts
-    configs = tuple(args.config or BUILTIN)
+    config_files = _config_files(args.config_file, args.engine)
+    configs = tuple(args.config or (() if config_files else BUILTIN))
     for name in configs:
         builtin_config(name)
+    configs += tuple(c.name for c in config_files)
     for option, value in (("--workers", args.workers), ("--examples", args.examples),
                           ("--seconds", args.seconds), ("--steps", args.steps)):
         _positive(option, value)
@@ -241,7 +247,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
-        data=args.data, database=databases, focus=tuple(args.focus),
+        data=args.data, database=databases, focus=tuple(args.focus), config_files=config_files,
     )
     check_focus(options.focus, configs)
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
@@ -273,6 +279,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _write_json(args.json, report)
         print(f"report written to {args.json}")
     return EXIT_FOUND if stats.findings else EXIT_OK
+
+
+def _config_files(paths: list[Path], engine: str) -> tuple[Any, ...]:
+    """The configs of `--config-file`, each validated, their names distinct from each other and
+    from the built-in ones."""
+    from kvfuzz.core.config_file import load_config_file
+
+    if paths and engine != "hypothesis":
+        raise UsageError("--config-file needs --engine hypothesis")
+    configs = tuple(load_config_file(p) for p in paths)
+    names = [c.name for c in configs]
+    for path, name in zip(paths, names):
+        if name in BUILTIN or names.count(name) > 1:
+            raise UsageError(f"--config-file {path}: its name {name!r} is already taken (by "
+                             + ("a built-in config" if name in BUILTIN else "another file")
+                             + "): give it another `name`")
+    return configs
 
 
 def _check_databases(specs: tuple[str, ...], engine: str) -> None:
