@@ -17,8 +17,9 @@ Files: `<corpus>/atheris-inputs/` is libFuzzer's corpus, shared by the workers (
 it, so they learn from each other) and kept between runs; it starts with one seed input per
 pair. `<corpus>/atheris-logs/worker-K.log` is libFuzzer's output (and any crash artifact of
 the harness itself). Findings are the `Counterexample`s the executor raises inside an input:
-the worker catches them, so libFuzzer goes on; the first of each (check, level, config) across
-all workers is shrunk with `kvfuzz.fuzz.shrink` and saved in the corpus like the Hypothesis engine's.
+the worker catches them, so libFuzzer goes on; the first failure of each bug across
+all workers (`kvfuzz.fuzz.findings.dedup_key`) is saved, shrunk and saved again in the corpus like
+the Hypothesis engine's.
 Each worker rewrites its stats file atomically after every input, so nothing already found is
 lost when the run is interrupted; SIGINT/SIGTERM make a worker stop after its current input.
 
@@ -52,7 +53,10 @@ import atheris
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import get_state_machine_test
 
-from kvfuzz.fuzz.campaign import Campaign, CampaignOptions, Stats
+from kvfuzz.fuzz.campaign import (CampaignOptions, Stats, account, campaign_findings,
+                                  campaign_machine, campaign_pairs, failure_of)
+from kvfuzz.fuzz.findings import dedup_key
+from kvfuzz.fuzz.schedule import Batch, BatchResult, Failure
 from kvfuzz.fuzz.plugins import import_plugins
 from kvfuzz.core.configs import builtin_config
 from kvfuzz.core.errors import KvfuzzError
@@ -114,19 +118,26 @@ def _write_atomic(path: Path, data: bytes) -> None:
 # ----- the worker (a subprocess) -----
 
 
-class AtherisWorker(Campaign):
+class AtherisWorker:
     """One libFuzzer process: libFuzzer's inputs, the campaign's accounting and findings."""
 
     def __init__(self, options: CampaignOptions, worker: int, run_dir: Path) -> None:
-        super().__init__(options, worker)
+        self.options = options
         self.run_dir = run_dir
+        self.stats = Stats()
+        self.findings = campaign_findings(options)
         self.stats_file = run_dir / f"worker-{worker}.pickle"
         test_settings = settings(database=None, stateful_step_count=options.steps,
                                  deadline=None, suppress_health_check=list(HealthCheck))
-        self.rotation = self.pairs
+        self.rotation = campaign_pairs(options)
+        for pair in self.rotation:
+            self.stats.pair(*pair)
+        self.executions: list[Any] = []
         self.fuzz_targets = [
-            get_state_machine_test(self.machine(level, name), settings=test_settings)
-            .hypothesis.fuzz_one_input
+            get_state_machine_test(
+                campaign_machine(options, level, name, self.executions.append),
+                settings=test_settings,
+            ).hypothesis.fuzz_one_input
             for level, name in self.rotation
         ]
         self.start = time.monotonic()
@@ -144,24 +155,32 @@ class AtherisWorker(Campaign):
 
     def one_input(self, data: bytes) -> None:
         index = data[0] % len(self.rotation) if data else 0
+        level, name = self.rotation[index]
+        result = BatchResult(Batch(0, level, name, 0, 1), examples=1)
         try:
             self.fuzz_targets[index](data[1:])
         except Counterexample as exc:
-            self._record(exc, *self.rotation[index], self.start)
-        self._account(*self.rotation[index], examples=1)
+            self._record(failure_of(exc), level, name)
+        account(result, self.executions)
+        self.executions.clear()
+        self.stats.add(result)
         self.stats.elapsed = time.monotonic() - self.start
         _write_atomic(self.stats_file, pickle.dumps(self.stats))
         if self.stopping:
             os._exit(0)
 
-    def _record(self, exc: Counterexample, level: str, name: str, start: float) -> None:
-        """Only the first worker to find a (check, level, config) shrinks and saves it."""
-        key = "-".join((exc.finding.check, level, name)).replace("/", "-")
+    def _record(self, failure: Failure, level: str, name: str) -> None:
+        """Only the first worker to find a bug (`dedup_key`) shrinks and saves it."""
+        key = dedup_key(failure.check, failure.signature)
+        claim = hashlib.sha256(key.encode()).hexdigest()[:16]
         try:
-            os.close(os.open(self.run_dir / "claims" / key, os.O_CREAT | os.O_EXCL))
+            os.close(os.open(self.run_dir / "claims" / claim, os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             return
-        super()._record(exc, level, name, start)
+        try:
+            self.findings.offer(failure, level, name, time.monotonic() - self.start)
+        finally:
+            self.stats.findings = self.findings.all()
 
 
 def _instrument(package: str) -> None:

@@ -1,26 +1,26 @@
 """A fuzzing campaign: generate traces until time or examples run out, keep every finding.
 
-The Hypothesis engine runs the state machines of `kvfuzz.fuzz.machines` in batches, one
-(level, config) pair after another, each batch seeded from the campaign seed, so a seed,
-target and options give the same examples and the same findings. With an example database
-(`CampaignOptions.database`) each batch first replays the failing examples saved there by earlier
-campaigns with the same options, then generates its seeded ones. Hypothesis's own shrinking
-is off: a failing trace is shrunk by `kvfuzz.fuzz.shrink` (fast, and the same for every engine) and
-saved atomically in the corpus folder under a name that says the check it breaks.
+The campaign is a stream of (level, config, seed) batches from `kvfuzz.fuzz.schedule.Schedule`,
+which shares the budget out so that every pair is reached. A backend runs each batch with
+`run_batch` (here for `--workers 1`, in worker processes for `--workers K`, see
+`kvfuzz.fuzz.workers`); `Campaign` takes the results in batch order, so the same seed and
+options give the same examples and findings whatever the number of workers. A batch runs a
+state machine of `kvfuzz.fuzz.machines` with Hypothesis seeded from the batch seed. With an
+example database (`CampaignOptions.database`) each batch first replays the failing examples
+saved there by earlier campaigns with the same options. Hypothesis's own shrinking is off: a
+failure is deduplicated, saved raw, shrunk by `kvfuzz.fuzz.shrink` and saved again, once, by
+the driver (`kvfuzz.fuzz.findings`).
 """
 
 from __future__ import annotations
 
-import copy
+import functools
 import hashlib
 import logging
-import multiprocessing
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +30,13 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
-from kvfuzz.core.trace import save_finding
 from kvfuzz.fuzz.coverage import behaviour_features
+from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
 from kvfuzz.fuzz.plugins import import_plugins
-from kvfuzz.fuzz.shrink import shrink_trace
+from kvfuzz.fuzz.schedule import (FEW_EXAMPLES, Backend, Batch, BatchResult, Failure, InProcess,
+                                  Pair, Schedule)
 
 LEVELS = ("api", "scheduler")
-BATCH_EXAMPLES = 10
 
 
 @dataclass
@@ -64,18 +64,6 @@ class CampaignOptions:
 
 
 @dataclass
-class FindingRecord:
-    check: str
-    message: str
-    config: str
-    level: str
-    file: str
-    ops: int
-    found_after_s: float
-    shrink_s: float
-
-
-@dataclass
 class PairStats:
     """Examples and operations of one (level, config) pair."""
 
@@ -85,7 +73,7 @@ class PairStats:
 
 @dataclass
 class Stats:
-    """Progress of one worker (or the sum over workers)."""
+    """Progress of a campaign (or of one atheris worker, or their sum)."""
 
     examples: int = 0
     operations: int = 0
@@ -95,8 +83,8 @@ class Stats:
     elapsed: float = 0.0
     edges: int = 0
     """libFuzzer's edge coverage (`cov:`) of the atheris engine, the largest over workers."""
-    pairs: dict[tuple[str, str], PairStats] = field(default_factory=dict)
-    """The examples and operations of each (level, config) pair, in the order first run."""
+    pairs: dict[Pair, PairStats] = field(default_factory=dict)
+    """The examples and operations of each (level, config) pair, in the campaign's order."""
     interrupted: bool = False
     """The campaign was ended by Ctrl-C or SIGTERM before its budget was spent."""
 
@@ -117,8 +105,30 @@ class Stats:
             mine.operations += counts.operations
         self.interrupted = self.interrupted or other.interrupted
 
+    def add(self, result: BatchResult) -> None:
+        """Count a batch's examples, operations, checks and features."""
+        pair = self.pair(*result.batch.pair)
+        pair.examples += result.examples
+        pair.operations += result.operations
+        self.examples += result.examples
+        self.operations += result.operations
+        self.checks += result.checks
+        self.features |= result.features
+        self.interrupted = self.interrupted or result.interrupted
+
+    def pairs_done(self) -> int:
+        return sum(1 for counts in self.pairs.values() if counts.examples)
+
+    def unreached(self) -> list[Pair]:
+        """The pairs of the campaign that ran no example."""
+        return [pair for pair, counts in self.pairs.items() if not counts.examples]
+
+    def few(self) -> list[Pair]:
+        """The pairs that ran some examples, fewer than `FEW_EXAMPLES`."""
+        return [pair for pair, c in self.pairs.items() if 0 < c.examples < FEW_EXAMPLES]
+
     def by_config(self) -> list[dict[str, Any]]:
-        """One row per (level, config) pair run: examples, operations, findings."""
+        """One row per (level, config) pair: examples, operations, findings."""
         return [
             {"level": level, "config": config, **asdict(counts),
              "findings": sum(f.level == level and f.config == config for f in self.findings)}
@@ -134,7 +144,12 @@ class Stats:
             "edges": self.edges,
             "seconds": round(self.elapsed, 2),
             "interrupted": self.interrupted,
+            "pairs": len(self.pairs),
+            "pairs_reached": self.pairs_done(),
+            "unreached": ["/".join(p) for p in self.unreached()],
+            f"under_{FEW_EXAMPLES}_examples": ["/".join(p) for p in self.few()],
             "by_config": self.by_config(),
+            "by_check": by_check(self.findings),
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -165,243 +180,213 @@ def selected_checks(data: str | None) -> list[Any] | None:
     return list(REGISTRY) + data_checks_for(data)
 
 
-class Campaign:
-    """One worker's campaign (the CLI runs K of them in processes with disjoint seeds)."""
+def campaign_pairs(options: CampaignOptions) -> list[Pair]:
+    """The (level, config) pairs of a campaign, in its order."""
+    return [(level, name) for name in options.configs for level in options.levels]
 
-    def __init__(self, options: CampaignOptions, worker: int = 0,
+
+def machine_name(options: CampaignOptions, level: str, name: str) -> str:
+    """A state machine's class name, which keys its examples in the database: they replay only
+    under the same target, level, config, model, data checks, steps and plugins."""
+    opts = options
+    key = repr((opts.target, level, name, opts.model, opts.data, opts.steps, opts.plugins))
+    return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def campaign_machine(options: CampaignOptions, level: str, name: str,
+                     on_execution: Callable[[Execution], None]) -> type:
+    """A state machine generating `level` traces on config `name`, each execution handed to
+    `on_execution` when it ends."""
+    from kvfuzz.fuzz.machines import machine_for
+
+    machine = machine_for(
+        level,
+        targets=(options.target,),
+        model=options.model,
+        config_names=(name,),
+        allow_misuse=options.target != "vllm",
+        checks=_checks(options.data),
+        name=machine_name(options, level, name),
+    )
+    machine.on_execution = on_execution
+    return machine
+
+
+@functools.lru_cache(maxsize=8)
+def _checks(data: str | None) -> tuple[Any, ...] | None:
+    checks = selected_checks(data)
+    return None if checks is None else tuple(checks)
+
+
+@functools.lru_cache(maxsize=8)
+def _database(path: Path | None) -> DirectoryBasedExampleDatabase | None:
+    return None if path is None else DirectoryBasedExampleDatabase(path)
+
+
+def failure_of(exc: Counterexample) -> Failure:
+    """A counterexample as plain data, to hand back from any process."""
+    f = exc.finding
+    return Failure(f.check, f.message, tuple(f.signature), f.trace.to_json())
+
+
+def account(result: BatchResult, executions: list[Execution]) -> None:
+    """Add the operations, checks and features of the executions run to `result`."""
+    for execution in executions:
+        result.operations += execution.ops_checked
+        result.checks += execution.checks_run
+        result.features |= behaviour_features(execution)
+
+
+def run_batch(options: CampaignOptions, batch: Batch) -> BatchResult:
+    """Run one batch, in whatever process a backend chose: its examples with Hypothesis,
+    seeded from the batch seed, stopping at the first counterexample (returned raw)."""
+    logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
+    result = BatchResult(batch)
+    start = time.monotonic()
+    executions: list[Execution] = []
+    machine = campaign_machine(options, batch.level, batch.config, executions.append)
+    machine._hypothesis_internal_use_seed = batch.seed
+    test = machine.TestCase
+    test.settings = settings(
+        max_examples=batch.examples,
+        stateful_step_count=options.steps,
+        deadline=None,
+        database=_database(options.database),
+        phases=[Phase.reuse, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    try:
+        test("runTest").runTest()
+        result.examples = batch.examples
+    except Counterexample as exc:
+        result.failure = failure_of(exc)
+        result.examples = batch.examples
+    except (KeyboardInterrupt, Stop):
+        result.interrupted = True
+    except Exception:
+        # An interrupt during Hypothesis's replay of a failure surfaces as its Flaky error.
+        if not STOP_REQUESTED.is_set():
+            raise
+        result.interrupted = True
+    account(result, executions)
+    result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def campaign_findings(options: CampaignOptions) -> Findings:
+    """The findings of a campaign into its corpus, each saved with its target, seed, data
+    checks and plugins."""
+    meta: dict[str, Any] = {"target": get_target(options.target).name, "seed": options.seed}
+    if options.data is not None:
+        meta["data"] = options.data
+    if options.plugins:
+        meta["plugins"] = list(options.plugins)
+    return Findings(options.corpus, meta, [meta["target"]], model=options.model,
+                    checks=selected_checks(options.data), shrink_seconds=options.shrink_seconds)
+
+
+class Campaign:
+    """The driver: batches from the schedule to a backend, results back into the stats and
+    the findings, in batch order."""
+
+    def __init__(self, options: CampaignOptions,
                  report: Callable[[Stats], None] | None = None) -> None:
         self.options = options
-        self.worker = worker
         self.report = report
         self.stats = Stats()
-        self._seen: set[tuple[str, str, str]] = set()
-        self._executions: list[Execution] = []
-        self.checks = selected_checks(options.data)
-        self.database = (None if options.database is None
-                         else DirectoryBasedExampleDatabase(options.database))
+        self.schedule = Schedule(campaign_pairs(options), options.seed, options.examples)
+        for level, name in self.schedule.pairs:
+            self.stats.pair(level, name)
+        self.findings = campaign_findings(options)
+        self._waiting: dict[int, BatchResult] = {}
+        self._next = 0
+        self._start = 0.0
 
-    def batch_seed(self, index: int) -> int:
-        material = f"{self.options.seed}:{self.worker}:{index}".encode()
-        return int.from_bytes(hashlib.sha256(material).digest()[:8], "big")
-
-    @property
-    def pairs(self) -> list[tuple[str, str]]:
-        """The (level, config) pairs the campaign rotates through."""
-        return [(level, name) for name in self.options.configs for level in self.options.levels]
-
-    def machine(self, level: str, name: str) -> type:
-        """A state machine generating `level` traces on config `name`, counted by this campaign."""
-        from kvfuzz.fuzz.machines import machine_for
-
-        opts = self.options
-        machine = machine_for(
-            level,
-            targets=(opts.target,),
-            model=opts.model,
-            config_names=(name,),
-            allow_misuse=opts.target != "vllm",
-            checks=None if self.checks is None else tuple(self.checks),
-            name=self.machine_name(level, name),
-        )
-        machine.on_execution = self._executions.append
-        return machine
-
-    def machine_name(self, level: str, name: str) -> str:
-        """The machine's class name, which keys its examples in the database: they replay only
-        under the same target, level, config, model, data checks, steps and plugins."""
-        opts = self.options
-        key = repr((opts.target, level, name, opts.model, opts.data, opts.steps, opts.plugins))
-        return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-
-    def run(self) -> Stats:
-        logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
-        opts = self.options
-        start = time.monotonic()
-        pairs = self.pairs
-        index = 0
-        level, name = pairs[0]
+    def run(self, backend: Backend | None = None) -> Stats:
+        """Run the campaign on `backend` (default: this process) until its budget is spent."""
+        if backend is None:
+            backend = InProcess(functools.partial(run_batch, self.options))
+        self._start = time.monotonic()
+        in_flight = 0
         try:
-            while not self._done(start):
-                level, name = pairs[index % len(pairs)]
-                machine = self.machine(level, name)
-                machine._hypothesis_internal_use_seed = self.batch_seed(index)
-                count = self._batch_size()
-                test = machine.TestCase
-                test.settings = settings(
-                    max_examples=count,
-                    stateful_step_count=opts.steps,
-                    deadline=None,
-                    database=self.database,
-                    phases=[Phase.reuse, Phase.generate],
-                    suppress_health_check=list(HealthCheck),
-                    report_multiple_bugs=False,
-                )
-                try:
-                    test("runTest").runTest()
-                except Counterexample as exc:
-                    self._record(exc, level, name, start)
-                except Exception:
-                    # An interrupt during Hypothesis's replay of a failure surfaces as its
-                    # Flaky error: the campaign ends as interrupted, keeping what it found.
-                    if not STOP_REQUESTED.is_set():
-                        raise
-                self._account(level, name, count)
-                self.stats.elapsed = time.monotonic() - start
-                if self.report is not None:
-                    self.report(self.stats)
-                index += 1
+            while True:
+                while in_flight < backend.capacity and not self._done():
+                    batch = self.schedule.next_batch(self._seconds_left(), backend.capacity)
+                    if batch is None:
+                        break
+                    backend.submit(batch)
+                    in_flight += 1
+                if not in_flight:
+                    break
+                for result in backend.results(timeout=0.5):
+                    in_flight -= 1
+                    self._take(result)
+                if self.stats.interrupted:
+                    raise Stop()
         except (KeyboardInterrupt, Stop):
             self.stats.interrupted = True
-            self._account(level, name)
-            self.stats.elapsed = time.monotonic() - start
-        # A library that swallowed the interrupt's exception leaves only the flag.
+            self.findings.shrink_seconds = 0.0  # save what is still coming, raw: stop soon
+            self._take_all(backend.close(cancel=True))
+        else:
+            self._take_all(backend.close(cancel=False))
         self.stats.interrupted = self.stats.interrupted or STOP_REQUESTED.is_set()
+        self.stats.elapsed = time.monotonic() - self._start
         return self.stats
 
-    def _batch_size(self) -> int:
-        if self.options.examples is None:
-            return BATCH_EXAMPLES
-        return max(0, min(BATCH_EXAMPLES, self.options.examples - self.stats.examples))
+    def _seconds_left(self) -> float | None:
+        if self.options.seconds is None:
+            return None
+        return max(0.0, self.options.seconds - (time.monotonic() - self._start))
 
-    def _done(self, start: float) -> bool:
+    def _done(self) -> bool:
         opts = self.options
-        if STOP_REQUESTED.is_set():
+        if STOP_REQUESTED.is_set() or self.stats.interrupted:
             return True
-        if opts.max_findings is not None and len(self.stats.findings) >= opts.max_findings:
+        if opts.max_findings is not None and len(self.findings.records) >= opts.max_findings:
             return True
-        if opts.examples is not None and self.stats.examples >= opts.examples:
-            return True
-        return opts.seconds is not None and time.monotonic() - start >= opts.seconds
+        left = self._seconds_left()
+        return left is not None and left <= 0
 
-    def _account(self, level: str, name: str, examples: int = 0) -> None:
-        """Add the finished examples and the executions run since the last call to the totals
-        and to the (level, config) pair they ran on."""
-        pair = self.stats.pair(level, name)
-        self.stats.examples += examples
-        pair.examples += examples
-        for execution in self._executions:
-            self.stats.operations += execution.ops_checked
-            pair.operations += execution.ops_checked
-            self.stats.checks += execution.checks_run
-            self.stats.features |= behaviour_features(execution)
-        self._executions.clear()
+    def _take(self, result: BatchResult) -> None:
+        """Take results in batch order (a later batch waits for the earlier ones)."""
+        self._waiting[result.batch.index] = result
+        while self._next in self._waiting:
+            self._count(self._waiting.pop(self._next))
+            self._next += 1
 
-    def _record(self, exc: Counterexample, level: str, name: str, start: float) -> None:
-        finding = exc.finding
-        key = (finding.check, level, name)
-        if key in self._seen:
-            return
-        self._seen.add(key)
-        found_after = time.monotonic() - start
-        t = time.monotonic()
-        target = get_target(self.options.target).name
-        shrunk = shrink_trace(
-            finding.trace, [target], model=self.options.model, checks=self.checks,
-            seconds=self.options.shrink_seconds,
-        )
-        trace = shrunk.trace
-        trace.meta.update({"check": finding.check, "target": target, "config": name,
-                           "seed": self.options.seed, "level": level})
-        if self.options.data is not None:
-            trace.meta["data"] = self.options.data
-        if self.options.plugins:
-            trace.meta["plugins"] = list(self.options.plugins)
-        path = save_finding(trace, self.options.corpus)
-        self.stats.findings.append(
-            FindingRecord(
-                check=finding.check,
-                message=shrunk.finding.message,
-                config=name,
-                level=level,
-                file=str(path),
-                ops=len(trace.ops),
-                found_after_s=round(found_after, 3),
-                shrink_s=round(time.monotonic() - t, 3),
-            )
-        )
+    def _take_all(self, results: list[BatchResult]) -> None:
+        """The last results: in batch order, whatever went missing."""
+        for result in results:
+            self._waiting[result.batch.index] = result
+        for index in sorted(self._waiting):
+            self._count(self._waiting.pop(index))
+
+    def _count(self, result: BatchResult) -> None:
+        self.schedule.record(result)
+        self.stats.add(result)
+        self.stats.elapsed = time.monotonic() - self._start
+        if result.failure is not None:
+            try:
+                self.findings.offer(result.failure, *result.batch.pair, self.stats.elapsed)
+            finally:
+                self.stats.findings = self.findings.all()
+        if self.report is not None:
+            self.report(self.stats)
 
 
-def _worker(options: CampaignOptions, worker: int, queue: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def stop(signum: int, frame: Any) -> None:
-        STOP_REQUESTED.set()
-        raise Stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    import_plugins(options.plugins)
-    campaign = Campaign(options, worker, report=lambda stats: queue.put(("progress", worker,
-                                                                         _portable(stats))))
-    stats = campaign.run()
-    queue.put(("done", worker, _portable(stats)))
-
-
-def _portable(stats: Stats) -> Stats:
-    """A copy to queue: the queue pickles it later, while the campaign goes on."""
-    return copy.deepcopy(stats)
-
-
-def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None]) -> Stats:
-    """Run `options.workers` workers; call on_progress with the running totals."""
+def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None],
+                 backend: Backend | None = None) -> Stats:
+    """Run a campaign on `backend` (default: `--workers` local processes, or this process);
+    call on_progress with the running totals."""
     for name in options.configs:
         builtin_config(name)
     STOP_REQUESTED.clear()
-    if options.workers <= 1:
-        import_plugins(options.plugins)
-        return Campaign(options, 0, report=on_progress).run()
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(worker_options, w, queue), daemon=True)
-             for w, worker_options in enumerate(_split_examples(options))]
-    for p in procs:
-        p.start()
-    latest: dict[int, Stats] = {}
-    done: set[int] = set()
-    interrupted = False
-    try:
-        while len(done) < len(procs):
-            try:
-                kind, worker, stats = queue.get(timeout=0.5)
-            except Exception:  # queue.Empty: check for dead workers
-                if all(not p.is_alive() for p in procs):
-                    break
-                continue
-            latest[worker] = stats
-            if kind == "done":
-                done.add(worker)
-            on_progress(_total(latest))
-    except KeyboardInterrupt:
-        interrupted = True
-        for p in procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while len(done) < len(procs) and time.monotonic() < deadline:
-            try:
-                kind, worker, stats = queue.get(timeout=0.5)
-            except Exception:
-                continue
-            latest[worker] = stats
-            if kind == "done":
-                done.add(worker)
-    for p in procs:
-        p.join(timeout=5)
-    total = _total(latest)
-    total.interrupted = total.interrupted or interrupted
-    return total
+    import_plugins(options.plugins)
+    campaign = Campaign(options, report=on_progress)
+    if backend is None and options.workers > 1:
+        from kvfuzz.fuzz.workers import LocalWorkers
 
-
-def _split_examples(options: CampaignOptions) -> list[CampaignOptions]:
-    """Each worker's options: an examples budget is shared out, a time budget is everyone's."""
-    if options.examples is None:
-        return [options] * options.workers
-    share, extra = divmod(options.examples, options.workers)
-    return [replace(options, examples=share + (w < extra))
-            for w in range(options.workers) if share + (w < extra)]
-
-
-def _total(latest: dict[int, Stats]) -> Stats:
-    total = Stats()
-    for stats in latest.values():
-        total.merge(stats)
-    return total
+        backend = LocalWorkers(options, options.workers)
+    return campaign.run(backend)
