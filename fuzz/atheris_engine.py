@@ -1,10 +1,11 @@
 """Coverage-guided fuzzing with libFuzzer through atheris (`kvfuzz run --engine atheris`).
 
 Bytes to traces: the first byte of a libFuzzer input picks the (level, config) pair (its value
-modulo the number of pairs, in the campaign's rotation order), and the rest is the choice
-sequence of that pair's Hypothesis state machine (`fuzz_one_input` of
-`get_state_machine_test`), so one fuzz target covers every pair, libFuzzer mutates towards the
-pairs that reach new code, and every op still goes through the one executor with every check.
+modulo the number of pairs, in the campaign's rotation order), and the rest are the decisions of
+that pair's example, read by the same generator as the Hypothesis engine's
+(`kvfuzz.fuzz.generator.run_example`, one byte per decision), so one fuzz target covers every
+pair, a mutated byte is a changed decision, libFuzzer mutates towards the pairs that reach new
+code, and every op still goes through the one executor with every check.
 Coverage is libFuzzer's, over kvcache's instrumented modules (`atheris.instrument_imports`);
 the campaign's behaviour features are counted as well, so `coverage` means the same thing for
 both engines and `edges` is libFuzzer's `cov:`.
@@ -17,11 +18,11 @@ Files: `<corpus>/atheris-inputs/` is libFuzzer's corpus, shared by the workers (
 it, so they learn from each other) and kept between runs; it starts with one seed input per
 pair. `<corpus>/atheris-logs/worker-K.log` is libFuzzer's output (and any crash artifact of
 the harness itself). Findings are the `Counterexample`s the executor raises inside an input:
-the worker catches them, so libFuzzer goes on; the first failure of each bug across
-all workers (`kvfuzz.fuzz.findings.dedup_key`) is saved, shrunk and saved again in the corpus like
-the Hypothesis engine's.
-Each worker rewrites its stats file atomically after every input, so nothing already found is
-lost when the run is interrupted; SIGINT/SIGTERM make a worker stop after its current input.
+the worker catches them, so libFuzzer goes on; the first failure of each bug across all workers
+(`kvfuzz.fuzz.findings.dedup_key`) is saved, shrunk and saved again in the corpus like the
+Hypothesis engine's.
+Each worker rewrites its stats file atomically after a finding, on its last input and at
+least every POLL_S seconds, so nothing already found is lost when the run is interrupted; SIGINT/SIGTERM make a worker stop after its current input.
 
 Determinism: worker K's libFuzzer `-seed` derives from the campaign seed and K, workers run
 with PYTHONHASHSEED=0, and a single worker does not reload the corpus directory (`-reload=0`;
@@ -50,11 +51,8 @@ from pathlib import Path
 from typing import Any
 
 import atheris
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import get_state_machine_test
-
-from kvfuzz.fuzz.campaign import (CampaignOptions, Stats, account, campaign_findings,
-                                  campaign_machine, campaign_pairs, failure_of)
+from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, BatchRunner, CampaignOptions, Stats, account,
+                                  campaign_findings, campaign_pairs, failure_of)
 from kvfuzz.fuzz.findings import dedup_key
 from kvfuzz.fuzz.schedule import Batch, BatchResult, Failure
 from kvfuzz.fuzz.plugins import import_plugins
@@ -125,23 +123,19 @@ class AtherisWorker:
         self.options = options
         self.run_dir = run_dir
         self.stats = Stats()
+        self.runner = BatchRunner(options)
         self.findings = campaign_findings(options)
         self.stats_file = run_dir / f"worker-{worker}.pickle"
-        test_settings = settings(database=None, stateful_step_count=options.steps,
-                                 deadline=None, suppress_health_check=list(HealthCheck))
-        self.rotation = campaign_pairs(options)
-        for pair in self.rotation:
+        pairs = campaign_pairs(options)
+        for pair in pairs:
             self.stats.pair(*pair)
-        self.executions: list[Any] = []
-        self.fuzz_targets = [
-            get_state_machine_test(
-                campaign_machine(options, level, name, self.executions.append),
-                settings=test_settings,
-            ).hypothesis.fuzz_one_input
-            for level, name in self.rotation
-        ]
+        focus = set(options.focus)
+        self.rotation = pairs + [p for p in pairs if p[1] in focus] * (FOCUS_WEIGHT - 1)
+        """The pair of each first-byte value: focused configs take FOCUS_WEIGHT times more."""
         self.start = time.monotonic()
         self.stopping = False
+        self.written = 0.0
+        """When the stats file was last written."""
 
     def fuzz(self, argv: list[str]) -> None:
         """Run libFuzzer with `argv`; never returns (libFuzzer ends the process)."""
@@ -154,27 +148,31 @@ class AtherisWorker:
         self.stopping = True
 
     def one_input(self, data: bytes) -> None:
-        index = data[0] % len(self.rotation) if data else 0
-        level, name = self.rotation[index]
+        level, name = self.rotation[data[0] % len(self.rotation) if data else 0]
         result = BatchResult(Batch(0, level, name, 0, 1), examples=1)
         try:
-            self.fuzz_targets[index](data[1:])
+            self.runner.example(level, name, data[1:])
         except Counterexample as exc:
             self._record(failure_of(exc), level, name)
-        account(result, self.executions)
-        self.executions.clear()
+            self.written = 0.0
+        account(result, self.runner.take_executions())
         self.stats.add(result)
-        self.stats.elapsed = time.monotonic() - self.start
-        _write_atomic(self.stats_file, pickle.dumps(self.stats))
+        now = time.monotonic()
+        self.stats.elapsed = now - self.start
+        # Written after a finding, on the last input of an examples budget, when stopping, and
+        # at the parent's polling pace in between (a write per input cost more than the input).
+        if (now - self.written >= POLL_S or self.stopping
+                or self.stats.examples == self.options.examples):
+            _write_atomic(self.stats_file, pickle.dumps(self.stats))
+            self.written = now
         if self.stopping:
             os._exit(0)
 
     def _record(self, failure: Failure, level: str, name: str) -> None:
-        """Only the first worker to find a bug (`dedup_key`) shrinks and saves it."""
-        key = dedup_key(failure.check, failure.signature)
-        claim = hashlib.sha256(key.encode()).hexdigest()[:16]
+        """Only the first worker to find a bug (`dedup_key`) saves and shrinks it."""
+        claim = hashlib.sha256(dedup_key(failure.check, failure.signature).encode()).hexdigest()
         try:
-            os.close(os.open(self.run_dir / "claims" / claim, os.O_CREAT | os.O_EXCL))
+            os.close(os.open(self.run_dir / "claims" / claim[:16], os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             return
         try:

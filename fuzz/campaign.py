@@ -1,22 +1,25 @@
 """A fuzzing campaign: generate traces until time or examples run out, keep every finding.
 
 The campaign is a stream of (level, config, seed) batches from `kvfuzz.fuzz.schedule.Schedule`,
-which shares the budget out so that every pair is reached. A backend runs each batch with
-`run_batch` (here for `--workers 1`, in worker processes for `--workers K`, see
-`kvfuzz.fuzz.workers`); `Campaign` takes the results in batch order, so the same seed and
-options give the same examples and findings whatever the number of workers. A batch runs a
-state machine of `kvfuzz.fuzz.machines` with Hypothesis seeded from the batch seed. With an
-example database (`CampaignOptions.database`) each batch first replays the failing examples
-saved there by earlier campaigns with the same options. Hypothesis's own shrinking is off: a
-failure is deduplicated, saved raw, shrunk by `kvfuzz.fuzz.shrink` and saved again, once, by
-the driver (`kvfuzz.fuzz.findings`).
+which shares the budget out so that every pair is reached first; after that, pairs whose
+behaviour coverage still grew in their latest batch weigh more (`weighting`), and so do the
+configs named by `--focus`. A backend runs each batch with a `BatchRunner` (in this process for
+`--workers 1`, in worker processes for `--workers K`, see `kvfuzz.fuzz.workers`); `Campaign`
+takes the results in batch order, so the same seed and options give the same examples and
+findings whatever the number of workers. An example is `kvfuzz.fuzz.generator.run_example` on
+bytes seeded by one Hypothesis draw: the rules build valid ops straight from the bytes (with
+swarm testing, see there), so the campaign runs at the executor's pace (docs/engines.md,
+"Where a campaign's time goes"). With an example database (`CampaignOptions.database`) each
+batch first replays the failing examples saved there by earlier campaigns with the same
+options. Hypothesis's own shrinking is off: a failure is deduplicated, saved raw, shrunk by
+`kvfuzz.fuzz.shrink` and saved again, once, by the driver (`kvfuzz.fuzz.findings`).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -24,19 +27,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from kvfuzz.core.configs import BUILTIN, builtin_config
+from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
 from kvfuzz.fuzz.coverage import behaviour_features
+from kvfuzz.fuzz.database import open_database
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
+from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
 from kvfuzz.fuzz.plugins import import_plugins
 from kvfuzz.fuzz.schedule import (FEW_EXAMPLES, Backend, Batch, BatchResult, Failure, InProcess,
                                   Pair, Schedule)
 
 LEVELS = ("api", "scheduler")
+BYTES_PER_STEP = 24
+"""Decisions a rule takes at most, about (an example ends early if its bytes run out)."""
+FOCUS_WEIGHT = 3
+"""How much more a focused pair weighs than the others."""
 
 
 @dataclass
@@ -52,15 +61,22 @@ class CampaignOptions:
     model: bool = True
     levels: tuple[str, ...] = LEVELS
     steps: int = 40
+    swarm: bool = True
+    """Swarm testing: each example leaves out a random subset of the optional rules and knobs."""
+    weighting: bool = True
+    """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
+    focus: tuple[str, ...] = ()
+    """Config and op names to favour (`check_focus`)."""
     engine: str = "hypothesis"
     shrink_seconds: float = 30.0
     max_findings: int | None = None
     """Stop once this many distinct findings are saved (None: run the whole budget)."""
     data: str | None = None
     """Add the data checks D1, D2 on this `DEVICE[:DTYPE]` (None: the invariants only)."""
-    database: Path | None = None
-    """Hypothesis' example database directory: failing examples are saved there and replayed
-    first by later campaigns with the same options (None: no database)."""
+    database: tuple[str, ...] = ()
+    """Hypothesis' example database, as specs of `kvfuzz.fuzz.database` (directories, Redis
+    URLs): failing examples are saved there and replayed first by later campaigns with the same
+    options, on any machine sharing it (empty: no database)."""
 
 
 @dataclass
@@ -185,42 +201,23 @@ def campaign_pairs(options: CampaignOptions) -> list[Pair]:
     return [(level, name) for name in options.configs for level in options.levels]
 
 
-def machine_name(options: CampaignOptions, level: str, name: str) -> str:
-    """A state machine's class name, which keys its examples in the database: they replay only
-    under the same target, level, config, model, data checks, steps and plugins."""
-    opts = options
-    key = repr((opts.target, level, name, opts.model, opts.data, opts.steps, opts.plugins))
-    return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+class FocusError(KvfuzzError):
+    """A `--focus` name is neither a campaign config nor an op."""
 
 
-def campaign_machine(options: CampaignOptions, level: str, name: str,
-                     on_execution: Callable[[Execution], None]) -> type:
-    """A state machine generating `level` traces on config `name`, each execution handed to
-    `on_execution` when it ends."""
-    from kvfuzz.fuzz.machines import machine_for
-
-    machine = machine_for(
-        level,
-        targets=(options.target,),
-        model=options.model,
-        config_names=(name,),
-        allow_misuse=options.target != "vllm",
-        checks=_checks(options.data),
-        name=machine_name(options, level, name),
-    )
-    machine.on_execution = on_execution
-    return machine
+def check_focus(names: tuple[str, ...], configs: tuple[str, ...]) -> None:
+    """Every focus name is one of the campaign's configs or an op of docs/traces.md."""
+    for name in names:
+        if name not in configs and name not in FOCUS_OPS:
+            raise FocusError(f"--focus {name!r} is neither a config of this campaign "
+                             f"({', '.join(configs)}) nor an op ({', '.join(FOCUS_OPS)})")
 
 
-@functools.lru_cache(maxsize=8)
-def _checks(data: str | None) -> tuple[Any, ...] | None:
-    checks = selected_checks(data)
-    return None if checks is None else tuple(checks)
-
-
-@functools.lru_cache(maxsize=8)
-def _database(path: Path | None) -> DirectoryBasedExampleDatabase | None:
-    return None if path is None else DirectoryBasedExampleDatabase(path)
+def pair_weight(options: CampaignOptions, pair: Pair, growth: int) -> float:
+    """A pair's weight in the schedule: 1 + the new behaviour features of its latest batch
+    (with weighting), times FOCUS_WEIGHT for a focused config."""
+    return ((1 + (growth if options.weighting else 0))
+            * (FOCUS_WEIGHT if pair[1] in options.focus else 1))
 
 
 def failure_of(exc: Counterexample) -> Failure:
@@ -237,42 +234,96 @@ def account(result: BatchResult, executions: list[Execution]) -> None:
         result.features |= behaviour_features(execution)
 
 
-def run_batch(options: CampaignOptions, batch: Batch) -> BatchResult:
-    """Run one batch, in whatever process a backend chose: its examples with Hypothesis,
-    seeded from the batch seed, stopping at the first counterexample (returned raw)."""
-    logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
-    result = BatchResult(batch)
-    start = time.monotonic()
-    executions: list[Execution] = []
-    machine = campaign_machine(options, batch.level, batch.config, executions.append)
-    machine._hypothesis_internal_use_seed = batch.seed
-    test = machine.TestCase
-    test.settings = settings(
-        max_examples=batch.examples,
-        stateful_step_count=options.steps,
-        deadline=None,
-        database=_database(options.database),
-        phases=[Phase.reuse, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-    )
-    try:
-        test("runTest").runTest()
-        result.examples = batch.examples
-    except Counterexample as exc:
-        result.failure = failure_of(exc)
-        result.examples = batch.examples
-    except (KeyboardInterrupt, Stop):
-        result.interrupted = True
-    except Exception:
-        # An interrupt during Hypothesis's replay of a failure surfaces as its Flaky error.
-        if not STOP_REQUESTED.is_set():
-            raise
-        result.interrupted = True
-    account(result, executions)
-    result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
-    result.seconds = time.monotonic() - start
-    return result
+class BatchRunner:
+    """Runs batches of one campaign in one process (each backend's worker makes one): the
+    checks, the example database and the focused rules are set up once."""
+
+    def __init__(self, options: CampaignOptions) -> None:
+        self.options = options
+        checks = selected_checks(options.data)
+        self.checks = None if checks is None else tuple(checks)
+        self.database = open_database(options.database)
+        check_focus(options.focus, options.configs)
+        self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
+        self.on_execution: Callable[[Execution], None] | None = None
+        """Also called with each execution (a benchmark keeps their traces)."""
+        self._executions: list[Execution] = []
+
+    def example(self, level: str, name: str, data: bytes) -> None:
+        """Run one example of pair (level, name) from its bytes (both engines call this)."""
+        opts = self.options
+        run_example(
+            data, builtin_config(name), level, steps=opts.steps, targets=(opts.target,),
+            model=opts.model, checks=self.checks, allow_misuse=opts.target != "vllm",
+            swarm=opts.swarm, focus=self.focus_rules, on_execution=self._executed,
+        )
+
+    def _executed(self, execution: Execution) -> None:
+        self._executions.append(execution)
+        if self.on_execution is not None:
+            self.on_execution(execution)
+
+    def take_executions(self) -> list[Execution]:
+        """The executions run since the last call."""
+        done, self._executions = self._executions, []
+        return done
+
+    def database_key(self, level: str, name: str) -> bytes:
+        """What keys a pair's examples in the database: they replay only under the same target,
+        level, config, model, data checks, steps, swarm, focused ops and plugins."""
+        opts = self.options
+        key = repr((opts.target, level, name, opts.model, opts.data, opts.steps, opts.swarm,
+                    sorted(self.focus_rules), opts.plugins))
+        return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}".encode()
+
+    @property
+    def example_bytes(self) -> int:
+        """Bytes per Hypothesis example: enough decisions for `steps` rules."""
+        return BYTES_PER_STEP * self.options.steps + 64
+
+    def hypothesis_batch(self, batch: Batch) -> None:
+        """The batch's examples (after the database's saved failures for the pair).
+        Hypothesis draws 8 bytes per example, which seed the example's decision bytes (its own
+        draws cost more than the ops they would decide, and a campaign shrinks traces, not
+        choices); 8 zero bytes, Hypothesis' simplest draw, stand for all-zero decisions, the
+        simplest example."""
+        size = self.example_bytes
+
+        @settings(max_examples=batch.examples, deadline=None, database=self.database,
+                  phases=[Phase.reuse, Phase.generate], suppress_health_check=list(HealthCheck),
+                  report_multiple_bugs=False)
+        @given(st.binary(min_size=8, max_size=8))
+        def run(example_seed: bytes) -> None:
+            data = random.Random(example_seed).randbytes(size) if any(example_seed) else bytes(size)
+            self.example(batch.level, batch.config, data)
+
+        run._hypothesis_internal_use_seed = batch.seed  # type: ignore[attr-defined]
+        run.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
+            self.database_key(batch.level, batch.config))
+        run()
+
+    def __call__(self, batch: Batch) -> BatchResult:
+        """Run one batch: its examples, stopping at the first counterexample (returned raw)."""
+        logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
+        result = BatchResult(batch)
+        start = time.monotonic()
+        try:
+            self.hypothesis_batch(batch)
+            result.examples = batch.examples
+        except Counterexample as exc:
+            result.failure = failure_of(exc)
+            result.examples = batch.examples
+        except (KeyboardInterrupt, Stop):
+            result.interrupted = True
+        except Exception:
+            # An interrupt during Hypothesis's replay of a failure surfaces as its Flaky error.
+            if not STOP_REQUESTED.is_set():
+                raise
+            result.interrupted = True
+        account(result, self.take_executions())
+        result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
+        result.seconds = time.monotonic() - start
+        return result
 
 
 def campaign_findings(options: CampaignOptions) -> Findings:
@@ -297,9 +348,11 @@ class Campaign:
         self.report = report
         self.stats = Stats()
         self.schedule = Schedule(campaign_pairs(options), options.seed, options.examples)
-        for level, name in self.schedule.pairs:
-            self.stats.pair(level, name)
+        for pair in self.schedule.pairs:
+            self.stats.pair(*pair)
+            self.schedule.weights[pair] = pair_weight(options, pair, 0)
         self.findings = campaign_findings(options)
+        self.runner = BatchRunner(options)
         self._waiting: dict[int, BatchResult] = {}
         self._next = 0
         self._start = 0.0
@@ -307,12 +360,13 @@ class Campaign:
     def run(self, backend: Backend | None = None) -> Stats:
         """Run the campaign on `backend` (default: this process) until its budget is spent."""
         if backend is None:
-            backend = InProcess(functools.partial(run_batch, self.options))
+            backend = InProcess(self.runner)
         self._start = time.monotonic()
         in_flight = 0
         try:
             while True:
-                while in_flight < backend.capacity and not self._done():
+                while (in_flight < backend.capacity and not self._done()
+                       and self.schedule.ready()):
                     batch = self.schedule.next_batch(self._seconds_left(), backend.capacity)
                     if batch is None:
                         break
@@ -364,7 +418,8 @@ class Campaign:
             self._count(self._waiting.pop(index))
 
     def _count(self, result: BatchResult) -> None:
-        self.schedule.record(result)
+        growth = len(result.features - self.stats.features)
+        self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth))
         self.stats.add(result)
         self.stats.elapsed = time.monotonic() - self._start
         if result.failure is not None:

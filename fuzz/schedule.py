@@ -1,7 +1,7 @@
 """The one scheduler of campaign work: a deterministic stream of (level, config, seed) batches.
 
 A campaign is cut into `Batch`es. `Schedule` decides which batch comes next; a backend executes
-batches, anywhere, with `run_batch` (`kvfuzz.fuzz.campaign`), and hands back `BatchResult`s; the
+batches, anywhere, with a `kvfuzz.fuzz.campaign.BatchRunner`, and hands back `BatchResult`s; the
 campaign driver (`kvfuzz.fuzz.campaign.run_campaign`) keeps the backend busy, feeds every result
 back to the schedule, counts it, and deduplicates, shrinks and saves its failure, once, itself.
 
@@ -14,13 +14,15 @@ back to the schedule, counts it, and deduplicates, shrinks and saves its failure
   a second; with `--examples N` each pair's quota is its weighted share of N (at least one when
   N is at least the number of pairs). `Schedule.unreached` and `Schedule.short` name the pairs
   that got none or too few.
-- Weights: `Schedule.weights[pair]` (1.0 each by default) scales a pair's share; a
-  coverage-guided or `--focus` policy changes them between batches (feed it results in batch
-  order to stay deterministic).
+- Weights: `Schedule.weights[pair]` (1.0 each by default) scales a pair's share. A
+  coverage-guided policy passes a new weight with each result (`record`, in batch order); it
+  takes effect LAG batches later, so the pairs chosen do not depend on how many batches run at
+  once (up to LAG; more run at once only when results come back that far ahead, `ready`).
 
 How another backend plugs in: implement `Backend` (`capacity`, `submit`, `results`, `close`),
-run each submitted batch with `run_batch(options, batch)` on its side (a process, a Ray task, a
-machine), return the `BatchResult` (plain data, picklable), and pass the backend to
+run each submitted batch on its side (a process, a Ray task, a machine) with a
+`BatchRunner(options)` made once there (`runner(batch)`), return the `BatchResult` (plain data,
+picklable), and pass the backend to
 `run_campaign(options, on_progress, backend=...)`. A backend that loses a batch may rerun it:
 the same batch gives the same examples. `InProcess` and `kvfuzz.fuzz.workers.LocalWorkers`
 are the two built in.
@@ -42,6 +44,8 @@ FIRST_BATCH = 2
 """Examples in a pair's first batch: small, so a short budget still reaches every pair."""
 FEW_EXAMPLES = 10
 """A pair that ran fewer examples than this is named in the summary as run too little."""
+LAG = 16
+"""A result's weight applies from the batch LAG places after it."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class Schedule:
         self.seconds_per_example: float | None = None
         self._index = 0
         self._ran_seconds = 0.0
+        self._fed = 0
+        self._pending: dict[int, tuple[Pair, float]] = {}
 
     def quota(self, pair: Pair) -> int | None:
         """The examples `pair` gets out of an examples budget (None: no such budget)."""
@@ -121,6 +127,9 @@ class Schedule:
     def next_batch(self, seconds_left: float | None = None, parallel: int = 1) -> Batch | None:
         """The next batch, or None when the examples budget is all assigned. `seconds_left`
         (with `parallel` batches running at once) keeps a batch from overrunning a time budget."""
+        for index in sorted(i for i in self._pending if i < self._index - LAG):
+            pair, weight = self._pending.pop(index)
+            self.weights[pair] = weight
         candidates = [p for p in self.pairs if self._room(p) > 0]
         if not candidates:
             return None
@@ -135,8 +144,16 @@ class Schedule:
         self._index += 1
         return batch
 
-    def record(self, result: BatchResult) -> None:
-        """Feedback: what a batch ran, and how long an example takes."""
+    def ready(self) -> bool:
+        """Whether the next batch can be chosen: every result LAG batches back is in."""
+        return self._fed >= self._index - LAG
+
+    def record(self, result: BatchResult, weight: float | None = None) -> None:
+        """Feedback, in batch order: what a batch ran, how long an example takes, and the
+        pair's new weight (None: unchanged)."""
+        self._fed += 1
+        if weight is not None:
+            self._pending[result.batch.index] = (result.batch.pair, weight)
         self.ran[result.batch.pair] += result.examples
         self._ran_seconds += result.seconds
         ran = sum(self.ran.values())
@@ -144,8 +161,12 @@ class Schedule:
             self.seconds_per_example = self._ran_seconds / ran
 
     def _room(self, pair: Pair) -> int:
+        """How many more examples `pair` may be given (weights may change quotas, never the
+        total)."""
         quota = self.quota(pair)
-        return BATCH_EXAMPLES if quota is None else quota - self.assigned[pair]
+        if quota is None or self.examples is None:
+            return BATCH_EXAMPLES
+        return min(quota - self.assigned[pair], self.examples - sum(self.assigned.values()))
 
     def unreached(self) -> list[Pair]:
         """The pairs that ran no example."""

@@ -1,7 +1,7 @@
 """`--workers K`: a `kvfuzz.fuzz.schedule.Backend` of K local processes that die with their parent.
 
-Each worker takes batches from a task queue, runs them with `kvfuzz.fuzz.campaign.run_batch`
-and puts the `BatchResult`s on a result queue; the parent (the campaign driver) deduplicates,
+Each worker takes batches from a task queue, runs them with its
+`kvfuzz.fuzz.campaign.BatchRunner` and puts the `BatchResult`s on a result queue; the parent (the campaign driver) deduplicates,
 shrinks and saves the findings. A worker ignores SIGINT (Ctrl-C reaches the whole process
 group: the parent decides) and ends its batch early on SIGTERM, handing back what it ran. It
 exits when its parent does, even by SIGKILL: Linux's PR_SET_DEATHSIG, and a watchdog thread
@@ -55,7 +55,7 @@ def die_with_parent(parent: int) -> None:
 def _serve(options: Any, tasks: Any, results: Any, parent: int) -> None:
     """A worker's life: batches in, results out, until the None sentinel or SIGTERM."""
     die_with_parent(parent)
-    from kvfuzz.fuzz.campaign import STOP_REQUESTED, Stop, run_batch
+    from kvfuzz.fuzz.campaign import STOP_REQUESTED, BatchRunner, Stop
     from kvfuzz.fuzz.plugins import import_plugins
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -67,11 +67,12 @@ def _serve(options: Any, tasks: Any, results: Any, parent: int) -> None:
     signal.signal(signal.SIGTERM, stop)
     import_plugins(options.plugins)
     try:
+        runner = BatchRunner(options)
         while not STOP_REQUESTED.is_set():
             batch = tasks.get()
             if batch is None:
                 break
-            results.put(run_batch(options, batch))
+            results.put(runner(batch))
     except Stop:
         pass
 
