@@ -12,7 +12,8 @@ both engines and `edges` is libFuzzer's `cov:`.
 
 Processes: `atheris.Fuzz` runs once per process and ends it, so each worker is a subprocess
 (`python -m kvfuzz.fuzz.atheris_engine RUN_DIR WORKER LIBFUZZER_ARGS... CORPUS_DIR`) with its own
-libFuzzer seed; the parent polls the workers' stats files and logs and calls `on_progress`.
+libFuzzer seed; the parent polls the workers' stats files and logs and calls `on_progress`. A
+worker dies with the parent, even when the parent is killed (`kvfuzz.fuzz.workers`).
 
 Files: `<corpus>/atheris-inputs/` is libFuzzer's corpus, shared by the workers (libFuzzer reloads
 it, so they learn from each other) and kept between runs; it starts with one seed input per
@@ -33,6 +34,7 @@ several workers sharing the corpus, make the run depend on timing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import logging
@@ -55,6 +57,7 @@ from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, BatchRunner, CampaignOptions, St
                                   campaign_findings, campaign_pairs, failure_of)
 from kvfuzz.fuzz.findings import dedup_key
 from kvfuzz.fuzz.schedule import Batch, BatchResult, Failure
+from kvfuzz.fuzz.workers import die_with_parent
 from kvfuzz.fuzz.plugins import import_plugins
 from kvfuzz.core.configs import builtin_config
 from kvfuzz.core.errors import KvfuzzError
@@ -286,6 +289,7 @@ def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) 
                      *libfuzzer_args(options, worker, logs_dir), str(inputs)],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,  # Ctrl-C reaches the parent, which stops them
+                    preexec_fn=functools.partial(die_with_parent, os.getpid(), watchdog=False),
                 ))
         grace = options.shrink_seconds + 10
         stopped = interrupted = False

@@ -32,9 +32,10 @@ class WorkerDied(KvfuzzError):
     """Every worker process is gone while batches were still due."""
 
 
-def die_with_parent(parent: int) -> None:
-    """End this process when `parent` ends (SIGKILL from the kernel on Linux, else a watchdog
-    thread's `os._exit`)."""
+def die_with_parent(parent: int, watchdog: bool = True) -> None:
+    """End this process when `parent` ends (SIGKILL from the kernel on Linux, and a watchdog
+    thread's `os._exit`). Without `watchdog` it can run between fork and exec (the atheris
+    engine's workers), where no thread may start."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -43,6 +44,8 @@ def die_with_parent(parent: int) -> None:
             pass
     if os.getppid() != parent:  # the parent died before the line above
         os._exit(1)
+    if not watchdog:
+        return
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -190,9 +190,12 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_workers_die_with_a_killed_parent(tmp_path):
-    proc = _kvfuzz(tmp_path, "--workers", "2", "--seconds", "300", "--config", "full",
-                   "--corpus", str(tmp_path / "c"))
+@pytest.mark.parametrize("engine", ["hypothesis", "atheris"])
+def test_workers_die_with_a_killed_parent(tmp_path, engine):
+    if engine == "atheris":
+        pytest.importorskip("atheris")
+    proc = _kvfuzz(tmp_path, "--engine", engine, "--workers", "2", "--seconds", "300",
+                   "--config", "full", "--corpus", str(tmp_path / "c"))
     deadline = time.monotonic() + 60
     kids: list[int] = []
     while time.monotonic() < deadline and len(kids) < 2:
