@@ -238,26 +238,44 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a reader never sees a half-written file."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return p
+        return write_atomic(path, self.to_json())
+
+    def digest(self) -> str:
+        """A short digest of what the trace runs (config, level, ops), its meta left out: the
+        same trace found under another seed or run has the same digest."""
+        content = json.dumps([self.config.to_dict(), self.level, self.ops], sort_keys=True)
+        return hashlib.sha256(content.encode()).hexdigest()[:10]
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` to `path` atomically, with the usual permissions (0666 less the umask)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def save_finding(trace: Trace, directory: str | os.PathLike[str]) -> Path:
-    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory`, its meta
-    recording the versions of kvfuzz and Hypothesis that found it (`versions`)."""
-    text = trace.to_json()
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory` (the
+    digest of what it runs, `Trace.digest`), its meta recording the versions of kvfuzz and
+    Hypothesis that found it (`versions`)."""
+    digest = trace.digest()
     check = str(trace.meta.get("check", "finding")).replace("/", "-")
     config = str(trace.meta.get("config", trace.config.name)).replace("/", "-")
     trace.meta["versions"] = versions()

@@ -279,14 +279,9 @@ def _check_databases(specs: tuple[str, ...], engine: str) -> None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    import os
-    import tempfile
+    from kvfuzz.core.trace import write_atomic
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2))
 
 
 class _Progress:
@@ -300,7 +295,10 @@ class _Progress:
 
     def line(self, stats: Any) -> str:
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        return (f"{elapsed:6.1f}s  {stats.operations / elapsed:8.0f} ops/s  "
+        left = ("" if self.seconds is None
+                else f"  left {max(0.0, self.seconds - elapsed):5.1f}s")
+        return (f"{elapsed:6.1f}s{left}  pairs {stats.pairs_done()}/{len(stats.pairs)}  "
+                f"{stats.operations / elapsed:8.0f} ops/s  "
                 f"examples {stats.examples:6d}  coverage {len(stats.features):5d}  "
                 f"checks {stats.checks:9d}  findings {len(stats.findings)}"
                 + (f"  edges {stats.edges}" if stats.edges else ""))
@@ -340,11 +338,37 @@ def _summary(stats: Any, options: Any) -> None:
         for r in by_config:
             print(f"  {r['level'] + '/' + r['config']:<{width}}  {r['examples']:>9}  "
                   f"{r['operations']:>11}  {r['findings']:>8}")
+    _reach(stats)
     if stats.findings:
-        print("\nfindings (replay with `kvfuzz replay FILE`)")
-        for f in stats.findings:
-            print(f"  [{f.check}] {f.level}/{f.config}, {f.ops} ops, found after "
-                  f"{f.found_after_s:.1f} s: {f.message}\n      {f.file}")
+        _findings(stats.findings)
+
+
+def _reach(stats: Any) -> None:
+    """Name the (level, config) pairs the budget did not reach, or reached too little."""
+    from kvfuzz.fuzz.schedule import FEW_EXAMPLES
+
+    for pairs, what in ((stats.unreached(), "not reached (no example)"),
+                        (stats.few(), f"under {FEW_EXAMPLES} examples")):
+        if pairs:
+            print(f"\n  {len(pairs)} of {len(stats.pairs)} pairs {what}: "
+                  + ", ".join("/".join(p) for p in pairs))
+
+
+def _findings(records: list[Any]) -> None:
+    """One line per distinct bug, grouped per check, with its duplicates."""
+    from kvfuzz.fuzz.findings import by_check
+
+    print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
+    for check, group in by_check(records).items():
+        print(f"  [{check}] {group['bugs']} bug(s), {group['duplicates']} duplicate(s)")
+        for f in (r for r in records if r.check == check):
+            state = ("already in the corpus" if f.known
+                     else f"{f.ops} ops, " + {False: "raw, not shrunk",
+                                              "partial": "shrink interrupted"}.get(f.shrunk,
+                                                                                   "shrunk"))
+            print(f"    {f.level}/{f.config} ({state}), found after "
+                  f"{f.found_after_s:.1f} s, {f.duplicates} duplicate(s): {f.message}"
+                  f"\n      {f.file}")
 
 
 def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | None]:
