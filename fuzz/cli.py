@@ -89,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
                      "repeat to combine. Failing examples saved there by earlier runs with the "
                      "same options replay first (default: none, so a seed gives the same "
                      "examples; hypothesis engine only; docs/distributed.md)")
+    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                     help="run the batches as Ray tasks: on the cluster at ADDRESS (HOST:PORT, "
+                     "ray://HOST:PORT or auto), or on a local one of 2 CPUs without ADDRESS "
+                     "(kvfuzz[distributed]; docs/distributed.md)")
+    run.add_argument("--ray-runtime-env", metavar="JSON",
+                     help="Ray runtime environment of the tasks, e.g. to ship kvfuzz to nodes "
+                     "without it: '{\"pip\": [\"kvfuzz[distributed]==VERSION\"]}'")
     run.set_defaults(handler=_cmd_run)
 
     replay = sub.add_parser("replay", help="re-run a saved trace step by step",
@@ -222,6 +229,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _positive(option, value)
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
+    _check_ray(args)
     _writable("--corpus", args.corpus, folder=True)
     if args.json is not None:
         _writable("--json", args.json)
@@ -238,6 +246,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"{args.workers} worker(s), engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
+    backend = _ray_backend(args, options)
     progress = _Progress(seconds)
     # SIGINT and SIGTERM end a campaign: findings so far are kept and summarised.
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -247,7 +256,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             stats = run_atheris(options, progress.update)
         else:
-            stats = run_campaign(options, progress.update)
+            stats = (run_campaign(options, progress.update) if backend is None
+                     else run_campaign(options, progress.update, backend=backend))
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -276,6 +286,30 @@ def _check_databases(specs: tuple[str, ...], engine: str) -> None:
         if not part.shared and not part.readonly:
             _writable("--database", Path(part.location), folder=True)
     check_reachable(specs)
+
+
+def _check_ray(args: argparse.Namespace) -> None:
+    """`--ray` goes with the hypothesis engine and one driver, and `--ray-runtime-env` with it."""
+    if args.ray is None:
+        if args.ray_runtime_env is not None:
+            raise UsageError("--ray-runtime-env needs --ray")
+        return
+    if args.engine != "hypothesis":
+        raise UsageError("--ray needs --engine hypothesis")
+    if args.workers != 1:
+        raise UsageError("--ray and --workers exclude each other: Ray's CPUs are the workers")
+
+
+def _ray_backend(args: argparse.Namespace, options: Any) -> Any:
+    """With `--ray`: connected to the cluster, checked, and ready (None without it)."""
+    if args.ray is None:
+        return None
+    from kvfuzz.fuzz.ray_backend import RayBackend, connect, runtime_env
+
+    connect(args.ray or None, runtime_env(args.ray_runtime_env))
+    backend = RayBackend(options)
+    print(f"ray: {backend.describe()}")
+    return backend
 
 
 def _write_json(path: Path, data: Any) -> None:
