@@ -91,7 +91,7 @@ def connect(address: str | None, env: dict[str, Any] | None = None) -> None:
                                    runtime_env=env)
     try:
         if address is None:
-            ray.init(num_cpus=LOCAL_CPUS, **options)
+            ray.init(address="local", num_cpus=LOCAL_CPUS, **options)
         else:
             ray.init(address=address, **options)
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError from ray.init

@@ -109,3 +109,7 @@ def ray_head_without_kvfuzz(tmp_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(timeout=10)
+        # `ray start` names its head in this file for later `ray.init()` calls: not a dead one.
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.is_file() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
