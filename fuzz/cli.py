@@ -241,12 +241,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         data=args.data, database=databases, focus=tuple(args.focus),
     )
     check_focus(options.focus, configs)
+    backend = _ray_backend(args, options)
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
           f"{args.workers} worker(s), engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
-    backend = _ray_backend(args, options)
+    if backend is not None:
+        print(f"ray: {backend.describe()}")
     progress = _Progress(seconds)
     # SIGINT and SIGTERM end a campaign: findings so far are kept and summarised.
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -307,9 +309,7 @@ def _ray_backend(args: argparse.Namespace, options: Any) -> Any:
     from kvfuzz.fuzz.ray_backend import RayBackend, connect, runtime_env
 
     connect(args.ray or None, runtime_env(args.ray_runtime_env))
-    backend = RayBackend(options)
-    print(f"ray: {backend.describe()}")
-    return backend
+    return RayBackend(options)
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -37,8 +37,9 @@ def test_an_unreachable_ray_address_is_exit_2_before_any_work(tmp_path, capsys, 
     address = f"127.0.0.1:{unused_port}"
     assert main(["run", "--ray", address, "--examples", "5", "--corpus",
                  str(tmp_path / "c")]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert f"cannot reach the Ray cluster at {address}: ConnectionRefusedError" in err
+    assert "kvfuzz run:" not in out
     assert not (tmp_path / "c").exists()
 
 
