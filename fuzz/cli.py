@@ -133,6 +133,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="import MODULE too in the test (besides the trace's plugins)")
     export.set_defaults(handler=_cmd_export)
 
+    merge = sub.add_parser("merge", help="merge campaigns' reports into one report and corpus",
+                           description="Merge the JSON reports of several campaigns (parallel "
+                           "CI jobs): their work summed, one finding per bug, its smallest "
+                           "trace copied into one corpus. Exit 1 if there is a finding.")
+    merge.add_argument("reports", nargs="+", type=Path, metavar="REPORT")
+    merge.add_argument("--corpus", type=Path, default=Path("kvfuzz-corpus"),
+                       help="where the findings' traces are copied (default: ./kvfuzz-corpus)")
+    merge.add_argument("--json", type=Path, metavar="FILE", help="write the merged report")
+    merge.set_defaults(handler=_cmd_merge)
+
     for name, helptext, handler in (
         ("targets", "list the targets", _cmd_targets),
         ("invariants", "list the registered invariants", _cmd_invariants),
@@ -483,6 +493,29 @@ def _cmd_export(args: argparse.Namespace) -> int:
     export_pytest(trace, target, args.pytest)
     print(f"wrote {args.pytest}: run it with `python -m pytest {args.pytest}`")
     return EXIT_OK
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from kvfuzz.fuzz.merge import merge_reports
+
+    _writable("--corpus", args.corpus, folder=True)
+    if args.json is not None:
+        _writable("--json", args.json)
+    merged = merge_reports(args.reports, args.corpus)
+    print(f"merged {len(args.reports)} reports: {merged['examples']} examples, "
+          f"{merged['operations']} operations, {merged['invariant_checks']} invariant checks")
+    for row in merged["by_config"]:
+        print(f"  {row['level'] + '/' + row['config']:<28} {row['examples']:>9} examples  "
+              f"{row['findings']:>3} findings")
+    if merged["findings"]:
+        print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
+        for f in merged["findings"]:
+            print(f"  [{f['check']}] {f['level']}/{f['config']}, {f['ops']} ops, "
+                  f"{f['duplicates']} duplicate(s): {f['message']}\n      {f['file']}")
+    if args.json is not None:
+        _write_json(args.json, merged)
+        print(f"report written to {args.json}")
+    return EXIT_FOUND if merged["findings"] else EXIT_OK
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
