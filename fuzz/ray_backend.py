@@ -1,7 +1,7 @@
 """`kvfuzz run --ray [ADDRESS]`: the campaign's batches as Ray tasks.
 
 A backend of the one campaign scheduler (`kvfuzz.fuzz.schedule`): the driver decides the
-batches, as it does for `--workers`, and each batch runs as a Ray task (`run_batch`, one CPU)
+batches, as it does for `--workers`, and each batch runs as a Ray task (`BatchRunner`, one CPU)
 on an existing cluster (ADDRESS: `HOST:PORT` of its head, `ray://HOST:PORT`, or `auto`) or on
 a local one of 2 CPUs when no address is given. Results come back as tasks finish; the driver
 counts them, and deduplicates, shrinks and saves findings into its own corpus.
@@ -133,13 +133,22 @@ def _probe_nodes(address: str | None) -> None:
                            f"{__version__}: " + shipping_hint(address))
 
 
-def _run_batch_task(options: Any, batch: Any) -> Any:
-    """The Ray task: one batch, in a worker process of any node."""
-    from kvfuzz.fuzz.campaign import run_batch
-    from kvfuzz.fuzz.plugins import import_plugins
+_runner: dict[str, Any] = {}
+"""This worker process's `BatchRunner`, under the repr of the options it was made for."""
 
-    import_plugins(options.plugins)
-    return run_batch(options, batch)
+
+def _run_batch_task(options: Any, batch: Any) -> Any:
+    """The Ray task: one batch, in a worker process of any node (which keeps one BatchRunner
+    per campaign, as a `--workers` process does)."""
+    key = repr(options)
+    if key not in _runner:
+        from kvfuzz.fuzz.campaign import BatchRunner
+        from kvfuzz.fuzz.plugins import import_plugins
+
+        import_plugins(options.plugins)
+        _runner.clear()
+        _runner[key] = BatchRunner(options)
+    return _runner[key](batch)
 
 
 @dataclass
