@@ -4,12 +4,13 @@ start-up cost of each and where Ray's overhead goes; everything measured in one 
 Each mode runs the same campaign (kvcache, every built-in config, both levels, model and every
 check on, the same seed) for `--seconds`, through `run_campaign` as `kvfuzz run` does:
 
-- start-up: from the call to the first batch result (processes spawned, Ray started and its
-  nodes probed, the first batch's imports);
+- start-up: from the call to the first batch result (processes spawned, for Ray also
+  `ray.init` and the node probe, and the first batch's imports);
 - examples/s once started: the examples of the results after the first, over the time after it;
-- for Ray: the start-up split into `ray.init`, the node probe and the first batch; the
-  round trip of an empty task; the CPU seconds Ray's own processes (GCS, raylet, agents) took
-  during the campaign, against the batches' CPU seconds.
+- examples per CPU second: all examples over the CPU time of every process of the mode (driver,
+  workers, Ray's daemons), which a busy shared machine disturbs less than the wall clock;
+- the CPU split: driver, batch workers, Ray's daemons (GCS, raylet, agents, log monitor);
+- for Ray: `ray.init`, the node probe, and the round trip of an empty task.
 
 The machine may be shared: compare the figures of one run with each other (`--rounds`
 alternates the modes).
@@ -21,12 +22,55 @@ import argparse
 import logging
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from kvfuzz.fuzz.campaign import CampaignOptions, run_campaign
+
+
+class CpuWatch:
+    """The CPU seconds of this process and of each of its descendants (sampled every 0.1 s,
+    so processes that end are still counted), split into driver, workers and Ray's daemons."""
+
+    def __init__(self) -> None:
+        self.me = psutil.Process()
+        self.seen: dict[int, tuple[str, float]] = {}
+        self.running = True
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while self.running:
+            self.sample()
+            time.sleep(0.1)
+
+    def sample(self) -> None:
+        for p in self.me.children(recursive=True):
+            try:
+                cmd = " ".join(p.cmdline()) or p.name()
+                times = p.cpu_times()
+            except psutil.Error:
+                continue
+            if cmd.startswith("ray::"):  # a Ray worker (IDLE or a task), or an agent
+                kind = "daemons" if "Agent" in cmd else "workers"
+            else:  # GCS, raylet, log monitor...; or a `--workers` process
+                kind = "daemons" if "/ray/" in cmd else "workers"
+            self.seen[p.pid] = (kind, times.user + times.system)
+
+    def totals(self) -> dict[str, float]:
+        self.sample()
+        out = {"driver": sum(self.me.cpu_times()[:2]), "workers": 0.0, "daemons": 0.0}
+        for kind, seconds in self.seen.values():
+            out[kind] += seconds
+        return out
+
+    def stop(self) -> None:
+        self.running = False
 
 
 class Clock:
@@ -44,19 +88,29 @@ class Clock:
 
 
 def campaign(seconds: float, workers: int = 1,
-             backend: Callable[[CampaignOptions], Any] | None = None) -> dict[str, float]:
+             backend: Callable[[CampaignOptions], Any] | None = None,
+             started: float | None = None) -> dict[str, float]:
+    watch = CpuWatch()
+    before = watch.totals()
     with tempfile.TemporaryDirectory() as corpus:
         options = CampaignOptions(seconds=seconds, seed=11, workers=workers,
                                   corpus=Path(corpus))
         clock = Clock()
-        made = None if backend is None else backend(options)
-        stats = run_campaign(options, clock, backend=made) if made else run_campaign(options,
-                                                                                      clock)
+        if started is not None:
+            clock.start = started
+        if backend is None:
+            stats = run_campaign(options, clock)
+        else:
+            stats = run_campaign(options, clock, backend=backend(options))
         end = time.perf_counter()
+    after = watch.totals()
+    watch.stop()
     assert clock.first is not None, "no batch finished"
+    cpu = {kind: after[kind] - before[kind] for kind in after}
     return {"startup_s": clock.first - clock.start,
             "rate": (stats.examples - clock.first_examples) / (end - clock.first),
-            "examples": stats.examples}
+            "per_cpu_s": stats.examples / max(sum(cpu.values()), 1e-9),
+            **{f"cpu_{kind}": seconds for kind, seconds in cpu.items()}}
 
 
 def ray_campaign(seconds: float) -> dict[str, float]:
@@ -71,52 +125,17 @@ def ray_campaign(seconds: float) -> dict[str, float]:
     ray_backend._probe_nodes(None)
     t2 = time.perf_counter()
     noop = ray.remote(num_cpus=1)(lambda: None)
-    ray.get([noop.remote() for _ in range(4)])  # workers up
+    ray.get([noop.remote() for _ in range(4)])
     start = time.perf_counter()
     for _ in range(50):
         ray.get(noop.remote())
     task_ms = (time.perf_counter() - start) / 50 * 1000
-
-    before = dict(_last_cpu)
-    figures = campaign(seconds, backend=lambda options: ray_backend.RayBackend(options))
-    # RayBackend.close shut Ray down: its processes' CPU times were last read by the watcher.
-    figures.update(init_s=t1 - t0, probe_s=t2 - t1, task_ms=task_ms,
-                   daemons_cpu_s=_last_cpu.get("daemons", 0.0) - before.get("daemons", 0.0),
-                   workers_cpu_s=_last_cpu.get("workers", 0.0) - before.get("workers", 0.0))
-    figures["startup_s"] += t2 - t0
+    # The empty tasks' time is not start-up: the campaign's clock starts at t0 plus what
+    # ray.init and the probe took.
+    figures = campaign(seconds, backend=ray_backend.RayBackend,
+                       started=time.perf_counter() - (t2 - t0))
+    figures.update(init_s=t1 - t0, probe_s=t2 - t1, task_ms=task_ms)
     return figures
-
-
-_last_cpu: dict[str, float] = {}
-
-
-def _watch_ray_cpu() -> None:
-    """Keep the CPU seconds of Ray's daemons and workers up to date until Ray shuts down
-    (their processes are gone afterwards)."""
-    import threading
-
-    import psutil
-
-    def loop() -> None:
-        me = psutil.Process()
-        while True:
-            daemons = workers = 0.0
-            for p in me.children(recursive=True):
-                try:
-                    times = p.cpu_times()
-                    used = times.user + times.system
-                    if "ray::" in " ".join(p.cmdline() or []):
-                        workers += used
-                    else:
-                        daemons += used
-                except psutil.Error:
-                    continue
-            if daemons or workers:
-                _last_cpu["daemons"] = max(_last_cpu.get("daemons", 0.0), daemons)
-                _last_cpu["workers"] = max(_last_cpu.get("workers", 0.0), workers)
-            time.sleep(0.2)
-
-    threading.Thread(target=loop, daemon=True).start()
 
 
 def main() -> None:
@@ -125,7 +144,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternations of the modes")
     args = parser.parse_args()
     logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
-    _watch_ray_cpu()
     modes: dict[str, Callable[[], dict[str, float]]] = {
         "1 process": lambda: campaign(args.seconds),
         "--workers 2": lambda: campaign(args.seconds, workers=2),
@@ -135,24 +153,25 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, run in modes.items():
             results[name].append(run())
-    print(f"campaign of {args.seconds:g} s per mode, {args.rounds} round(s), medians")
-    print(f"{'mode':22} {'start-up s':>10} {'examples/s':>10} {'vs --workers 2':>15}")
-    base = statistics.median(r["rate"] for r in results["--workers 2"])
-    for name, rows in results.items():
-        rate = statistics.median(r["rate"] for r in rows)
-        startup = statistics.median(r["startup_s"] for r in rows)
-        print(f"{name:22} {startup:10.2f} {rate:10.1f} {rate / base:15.2f}")
-    ray_rows = results["--ray (2 local CPUs)"]
 
-    def med(key: str) -> float:
-        return statistics.median(r[key] for r in ray_rows)
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[name])
 
-    print("\nRay's overhead")
-    print(f"  ray.init (GCS, raylet, workers)      {med('init_s'):7.2f} s")
-    print(f"  node probe (import kvfuzz per node)  {med('probe_s'):7.2f} s")
-    print(f"  empty task round trip                {med('task_ms'):7.2f} ms")
-    print(f"  CPU of Ray's daemons in the campaign {med('daemons_cpu_s'):7.2f} s "
-          f"(batches: {med('workers_cpu_s'):.2f} s)")
+    print(f"campaign of {args.seconds:g} s per mode, {args.rounds} round(s), medians; "
+          f"{psutil.cpu_count()} CPUs, load average {psutil.getloadavg()[0]:.1f}")
+    print(f"{'mode':22} {'start-up s':>10} {'examples/s':>10} {'vs w2':>6} {'ex/CPU-s':>9} "
+          f"{'vs w2':>6}   CPU s: driver / workers / Ray daemons")
+    base = "--workers 2"
+    for name in modes:
+        print(f"{name:22} {med(name, 'startup_s'):10.2f} {med(name, 'rate'):10.1f} "
+              f"{med(name, 'rate') / med(base, 'rate'):6.2f} {med(name, 'per_cpu_s'):9.1f} "
+              f"{med(name, 'per_cpu_s') / med(base, 'per_cpu_s'):6.2f}   "
+              f"{med(name, 'cpu_driver'):6.1f} / {med(name, 'cpu_workers'):6.1f} / "
+              f"{med(name, 'cpu_daemons'):6.1f}")
+    ray_mode = "--ray (2 local CPUs)"
+    print(f"\nRay's start-up: ray.init {med(ray_mode, 'init_s'):.2f} s (GCS, raylet, agents, "
+          f"worker processes), node probe {med(ray_mode, 'probe_s'):.2f} s (each node imports "
+          f"kvfuzz); an empty task's round trip {med(ray_mode, 'task_ms'):.2f} ms")
 
 
 if __name__ == "__main__":
