@@ -59,10 +59,12 @@ def runtime_env(text: str | None) -> dict[str, Any] | None:
 
 def shipping_hint(address: str | None) -> str:
     where = f" {address}" if address else ""
+    wheel = f"kvfuzz-{__version__}-py3-none-any.whl"
     return (f"install kvfuzz {__version__} on every node, or ship it with the job: "
             f"kvfuzz run --ray{where} --ray-runtime-env "
-            f"'{{\"pip\": [\"kvfuzz[distributed]=={__version__}\"]}}' "
-            "(docs/distributed.md, \"Ray\")")
+            f"'{{\"pip\": [\"kvfuzz[distributed]=={__version__}\"]}}', or with a wheel built "
+            f"here (`pip wheel --no-deps -w dist .`): --ray-runtime-env "
+            f"'{{\"py_modules\": [\"dist/{wheel}\"]}}' (docs/distributed.md, \"Ray\")")
 
 
 def _reachable(address: str) -> None:

@@ -17,6 +17,7 @@ from kvfuzz.fuzz.cli import main
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
+REPO = Path(__file__).resolve().parents[2]
 BUG = ("--target", "bug:free-forgets-decrement")
 PAIRS = ("--config", "full", "sliding_window", "--level", "api", "scheduler")
 
@@ -63,7 +64,18 @@ def test_a_cluster_without_kvfuzz_is_exit_2_saying_how_to_ship_it(tmp_path,
     assert run.returncode == 2, run.stdout + run.stderr
     assert "cannot run kvfuzz (ModuleNotFoundError: No module named 'kvfuzz')" in run.stderr
     assert "--ray-runtime-env" in run.stderr and '"pip"' in run.stderr
+    assert '"py_modules"' in run.stderr
     assert not (tmp_path / "c").exists()
+    # Shipped as the message says, from a wheel built here, the campaign runs on that node.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(tmp_path / "dist"), str(REPO)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = (tmp_path / "dist").glob("kvfuzz-*.whl")
+    env = json.dumps({"py_modules": [str(wheel)]})
+    run = kvfuzz(tmp_path, "run", "--ray", ray_head_without_kvfuzz, "--ray-runtime-env", env,
+                 "--examples", "4", "--config", "full", "--corpus", "c")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ray: 1 CPUs on 1 node(s)" in run.stdout
 
 
 def test_a_ray_campaign_runs_the_same_batches_and_findings_as_one_process(tmp_path):
