@@ -89,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
                      "repeat to combine. Failing examples saved there by earlier runs with the "
                      "same options replay first (default: none, so a seed gives the same "
                      "examples; hypothesis engine only; docs/distributed.md)")
+    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                     help="run the batches as Ray tasks: on the cluster at ADDRESS (HOST:PORT, "
+                     "ray://HOST:PORT or auto), or on a local one of 2 CPUs without ADDRESS "
+                     "(kvfuzz[distributed]; docs/distributed.md)")
+    run.add_argument("--ray-runtime-env", metavar="JSON",
+                     help="Ray runtime environment of the tasks, e.g. to ship kvfuzz to nodes "
+                     "without it: '{\"pip\": [\"kvfuzz[distributed]==VERSION\"]}'")
     run.set_defaults(handler=_cmd_run)
 
     replay = sub.add_parser("replay", help="re-run a saved trace step by step",
@@ -125,6 +132,16 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
                         help="import MODULE too in the test (besides the trace's plugins)")
     export.set_defaults(handler=_cmd_export)
+
+    merge = sub.add_parser("merge", help="merge campaigns' reports into one report and corpus",
+                           description="Merge the JSON reports of several campaigns (parallel "
+                           "CI jobs): their work summed, one finding per bug, its smallest "
+                           "trace copied into one corpus. Exit 1 if there is a finding.")
+    merge.add_argument("reports", nargs="+", type=Path, metavar="REPORT")
+    merge.add_argument("--corpus", type=Path, default=Path("kvfuzz-corpus"),
+                       help="where the findings' traces are copied (default: ./kvfuzz-corpus)")
+    merge.add_argument("--json", type=Path, metavar="FILE", help="write the merged report")
+    merge.set_defaults(handler=_cmd_merge)
 
     for name, helptext, handler in (
         ("targets", "list the targets", _cmd_targets),
@@ -222,6 +239,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _positive(option, value)
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
+    _check_ray(args)
     _writable("--corpus", args.corpus, folder=True)
     if args.json is not None:
         _writable("--json", args.json)
@@ -233,11 +251,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         data=args.data, database=databases, focus=tuple(args.focus),
     )
     check_focus(options.focus, configs)
+    backend = _ray_backend(args, options)
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
           f"{args.workers} worker(s), engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
+    if backend is not None:
+        print(f"ray: {backend.describe()}")
     progress = _Progress(seconds)
     # SIGINT and SIGTERM end a campaign: findings so far are kept and summarised.
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -247,7 +268,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             stats = run_atheris(options, progress.update)
         else:
-            stats = run_campaign(options, progress.update)
+            stats = (run_campaign(options, progress.update) if backend is None
+                     else run_campaign(options, progress.update, backend=backend))
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -276,6 +298,28 @@ def _check_databases(specs: tuple[str, ...], engine: str) -> None:
         if not part.shared and not part.readonly:
             _writable("--database", Path(part.location), folder=True)
     check_reachable(specs)
+
+
+def _check_ray(args: argparse.Namespace) -> None:
+    """`--ray` goes with the hypothesis engine and one driver, and `--ray-runtime-env` with it."""
+    if args.ray is None:
+        if args.ray_runtime_env is not None:
+            raise UsageError("--ray-runtime-env needs --ray")
+        return
+    if args.engine != "hypothesis":
+        raise UsageError("--ray needs --engine hypothesis")
+    if args.workers != 1:
+        raise UsageError("--ray and --workers exclude each other: Ray's CPUs are the workers")
+
+
+def _ray_backend(args: argparse.Namespace, options: Any) -> Any:
+    """With `--ray`: connected to the cluster, checked, and ready (None without it)."""
+    if args.ray is None:
+        return None
+    from kvfuzz.fuzz.ray_backend import RayBackend, connect, runtime_env
+
+    connect(args.ray or None, runtime_env(args.ray_runtime_env))
+    return RayBackend(options)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -473,6 +517,29 @@ def _cmd_export(args: argparse.Namespace) -> int:
     export_pytest(trace, target, args.pytest)
     print(f"wrote {args.pytest}: run it with `python -m pytest {args.pytest}`")
     return EXIT_OK
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from kvfuzz.fuzz.merge import merge_reports
+
+    _writable("--corpus", args.corpus, folder=True)
+    if args.json is not None:
+        _writable("--json", args.json)
+    merged = merge_reports(args.reports, args.corpus)
+    print(f"merged {len(args.reports)} reports: {merged['examples']} examples, "
+          f"{merged['operations']} operations, {merged['invariant_checks']} invariant checks")
+    for row in merged["by_config"]:
+        print(f"  {row['level'] + '/' + row['config']:<28} {row['examples']:>9} examples  "
+              f"{row['findings']:>3} findings")
+    if merged["findings"]:
+        print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
+        for f in merged["findings"]:
+            print(f"  [{f['check']}] {f['level']}/{f['config']}, {f['ops']} ops, "
+                  f"{f['duplicates']} duplicate(s): {f['message']}\n      {f['file']}")
+    if args.json is not None:
+        _write_json(args.json, merged)
+        print(f"report written to {args.json}")
+    return EXIT_FOUND if merged["findings"] else EXIT_OK
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
