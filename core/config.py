@@ -12,8 +12,11 @@ from typing import Any, Literal
 
 from kvfuzz.core.errors import ConfigError
 
-GroupKind = Literal["full", "sliding_window", "chunked_local", "cross"]
-GROUP_KINDS: tuple[str, ...] = ("full", "sliding_window", "chunked_local", "cross")
+GroupKind = Literal["full", "sliding_window", "chunked_local", "cross", "mamba"]
+GROUP_KINDS: tuple[str, ...] = ("full", "sliding_window", "chunked_local", "cross", "mamba")
+# vLLM 0.34.0's MambaCacheMode; kvfuzz runs "none" (docs/spec.md §11).
+MAMBA_CACHE_MODES: tuple[str, ...] = ("none", "align")
+MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='align'"
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
 
 
@@ -42,6 +45,8 @@ class GroupConfig:
     extra_retained_tokens: int = 0
     attention_chunk_size: int | None = None
     eagle: bool = False
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
 
     def validate(self, where: str) -> None:
         if self.kind not in GROUP_KINDS:
@@ -57,6 +62,20 @@ class GroupConfig:
             _positive_int(f"{where}.attention_chunk_size", self.attention_chunk_size)
         elif self.attention_chunk_size is not None:
             raise ConfigError(f"{where}: attention_chunk_size on a {self.kind!r} group")
+        if self.kind == "mamba":
+            if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+                raise ConfigError(
+                    f"{where}.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
+                    f"got {self.mamba_cache_mode!r}"
+                )
+            if self.mamba_cache_mode == "align":
+                raise ConfigError(
+                    f"{where}.mamba_cache_mode 'align' is not implemented by kvfuzz yet "
+                    "(docs/spec.md §11)"
+                )
+            _non_negative_int(f"{where}.num_speculative_blocks", self.num_speculative_blocks)
+        elif self.mamba_cache_mode != "none" or self.num_speculative_blocks:
+            raise ConfigError(f"{where}: mamba settings on a {self.kind!r} group")
 
 
 @dataclass(frozen=True)
@@ -202,6 +221,12 @@ class Config:
         kinds = [g.kind for g in self.groups]
         if self.enable_caching and "cross" in kinds:
             raise ConfigError("a cross-attention group needs enable_caching false")
+        for i, g in enumerate(self.groups):
+            if g.kind == "mamba" and self.enable_caching and g.mamba_cache_mode != "align":
+                raise ConfigError(
+                    f"groups[{i}] (mamba, mamba_cache_mode {g.mamba_cache_mode!r}) with "
+                    f"enable_caching true: {MAMBA_PREFIX_CACHING_REASON}"
+                )
         if self.use_eagle and "chunked_local" in kinds:
             raise ConfigError("use_eagle is not supported with a chunked_local group")
         if self.enable_caching and self.is_hybrid:

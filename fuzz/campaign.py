@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.harness.executor import Counterexample, Execution
@@ -38,6 +37,7 @@ from kvfuzz.harness.targets import get_target
 from kvfuzz.core.trace import save_finding
 from kvfuzz.fuzz.coverage import behaviour_features
 from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.fuzz.database import open_database
 from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
 from kvfuzz.fuzz.plugins import import_plugins
 from kvfuzz.fuzz.shrink import shrink_trace
@@ -73,9 +73,10 @@ class CampaignOptions:
     """Stop once this many distinct findings are saved (None: run the whole budget)."""
     data: str | None = None
     """Add the data checks D1, D2 on this `DEVICE[:DTYPE]` (None: the invariants only)."""
-    database: Path | None = None
-    """Hypothesis' example database directory: failing examples are saved there and replayed
-    first by later campaigns with the same options (None: no database)."""
+    database: tuple[str, ...] = ()
+    """Hypothesis' example database, as specs of `kvfuzz.fuzz.database` (directories, Redis
+    URLs): failing examples are saved there and replayed first by later campaigns with the same
+    options, on any machine sharing it (empty: no database)."""
 
 
 @dataclass
@@ -208,8 +209,7 @@ class Campaign:
         self._seen: set[tuple[str, str, str]] = set()
         self._executions: list[Execution] = []
         self.checks = selected_checks(options.data)
-        self.database = (None if options.database is None
-                         else DirectoryBasedExampleDatabase(options.database))
+        self.database = open_database(options.database)
         check_focus(options.focus, options.configs)
         self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
         self.growth: dict[tuple[str, str], int] = {}

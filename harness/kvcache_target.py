@@ -15,6 +15,7 @@ def kvcache_spec(group: GroupConfig) -> Any:
         ChunkedLocalAttentionSpec,
         CrossAttentionSpec,
         FullAttentionSpec,
+        MambaSpec,
         SlidingWindowSpec,
     )
 
@@ -29,6 +30,12 @@ def kvcache_spec(group: GroupConfig) -> Any:
     if group.kind == "chunked_local":
         return ChunkedLocalAttentionSpec(
             block_size=group.block_size, attention_chunk_size=group.attention_chunk_size
+        )
+    if group.kind == "mamba":
+        return MambaSpec(
+            block_size=group.block_size,
+            mamba_cache_mode=group.mamba_cache_mode,
+            num_speculative_blocks=group.num_speculative_blocks,
         )
     return CrossAttentionSpec(block_size=group.block_size)
 

@@ -410,3 +410,33 @@ def _cache_ahead_of_schedule(side: KvcacheSide) -> None:
             return original(request, min(-(-num_tokens // bs) * bs, request.num_tokens))
 
         _around(single, "cache_blocks", ahead)
+
+
+_STATE_CONFIGS = ("mamba", "jamba", "qwen3_5", "mamba_small_blocks")
+
+
+def _state_managers(side: KvcacheSide) -> list[Any]:
+    return [s for s in _singles(side) if type(s).__name__ == "MambaManager"]
+
+
+@mutant("state-predictor-under-count", "a state group's get_num_blocks_to_allocate counts one "
+        "block too few for a request's first allocation", bug="docs/bugs.md #21",
+        configs=_STATE_CONFIGS)
+def _state_predictor_under_count(side: KvcacheSide) -> None:
+    def around(original, request_id, *args, **kwargs):
+        value = original(request_id, *args, **kwargs)
+        first = request_id not in single.num_cached_block
+        return value - 1 if first and value > 0 else value
+
+    for single in _state_managers(side)[:1]:
+        _around(single, "get_num_blocks_to_allocate", around)
+
+
+@mutant("state-released-early", "a state group releases the block holding the last computed "
+        "token's state, which the next step resumes from", bug="docs/bugs.md #28",
+        configs=_STATE_CONFIGS)
+def _state_released_early(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        single.get_num_skipped_tokens = lambda num_computed_tokens, bs=single.block_size: (
+            num_computed_tokens + bs - 1
+        )

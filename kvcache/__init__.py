@@ -19,6 +19,7 @@ from kvfuzz.kvcache.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -34,6 +35,7 @@ from kvfuzz.kvcache.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
     CrossAttentionManager,
     FullAttentionManager,
+    MambaManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
 )
@@ -57,6 +59,8 @@ __all__ = [
     "KVCacheGroupSpec",
     "KVCacheManager",
     "KVCacheSpec",
+    "MambaManager",
+    "MambaSpec",
     "Request",
     "RequestStatus",
     "Scheduler",

@@ -94,6 +94,41 @@ class CrossAttentionSpec(KVCacheSpec):
     """Encoder-side KV of an encoder-decoder model: allocated once, never prefix-cached."""
 
 
+MAMBA_CACHE_MODES = ("none", "align")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MambaSpec(KVCacheSpec):
+    """Recurrent state layers (Mamba, linear attention): a request needs only the state after
+    its last computed token, one block of `block_size` tokens' worth of positions.
+
+    `num_speculative_blocks` more blocks hold the states of draft tokens (MTP/EAGLE).
+    kvcache implements `mamba_cache_mode` "none" (no prefix caching).
+    """
+
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise ValueError(
+                f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
+                f"got {self.mamba_cache_mode!r}"
+            )
+        if self.mamba_cache_mode == "align":
+            raise ValueError("mamba_cache_mode 'align' is not implemented by kvcache")
+        if not isinstance(self.num_speculative_blocks, int) or self.num_speculative_blocks < 0:
+            raise ValueError(
+                f"num_speculative_blocks must be a non-negative int, "
+                f"got {self.num_speculative_blocks!r}"
+            )
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return self.mamba_cache_mode == "align"
+
+
 @dataclass
 class KVCacheGroupSpec:
     """Layers sharing one block table."""

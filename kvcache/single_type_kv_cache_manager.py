@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvfuzz.kvcache.block_math import (
     aligned_num_blocks,
@@ -22,6 +22,7 @@ from kvfuzz.kvcache.kv_cache_interface import (
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_utils import (
@@ -572,11 +573,69 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         raise NotImplementedError("CrossAttentionManager does not support prefix caching")
 
 
+class MambaManager(SingleTypeKVCacheManager):
+    """Recurrent state groups, `mamba_cache_mode` "none": the table grows like full attention
+    (plus `num_speculative_blocks` blocks for draft-token states) and every block before the
+    one holding the last computed token's state is released (docs/spec.md §11).
+    """
+
+    recycles_blocks: ClassVar[bool] = True
+
+    def __init__(self, kv_cache_spec: MambaSpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        if self.enable_caching and kv_cache_spec.mamba_cache_mode != "align":
+            raise ValueError("Mamba prefix caching requires mamba_cache_mode='align'")
+        # Extra slots for the states of speculative (draft) tokens.
+        self._speculative_tokens = kv_cache_spec.num_speculative_blocks * self.block_size
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> int:
+        """The base formula with no hits (mode "none" never has any), inlined: blocks for
+        `num_tokens` + draft slots beyond both the table and the released head."""
+        assert not new_computed_blocks, "hits on a state group without prefix caching"
+        block_size = self.block_size
+        num_required_blocks = -(-(num_tokens + self._speculative_tokens) // block_size)
+        req_blocks = self.req_to_blocks.get(request_id)
+        num_req_blocks = len(req_blocks) if req_blocks is not None else 0
+        if request_id not in self.num_cached_block:
+            num_skipped_blocks = (total_computed_tokens - 1) // block_size
+            if num_skipped_blocks > num_req_blocks:
+                num_req_blocks = num_skipped_blocks
+        return num_required_blocks - num_req_blocks if num_required_blocks > num_req_blocks else 0
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        num_tokens += self._speculative_tokens
+        req_blocks = self.req_to_blocks.get(request_id)
+        if req_blocks is not None and num_tokens <= len(req_blocks) * self.block_size:
+            return []  # most decode steps: the table already covers the slots
+        return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        if processed_computed_tokens > self.block_size:  # else the first block holds the state
+            super().remove_skipped_blocks(request_id, processed_computed_tokens)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Only the state after the last computed token is read again."""
+        return num_computed_tokens - 1
+
+
 _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     CrossAttentionSpec: CrossAttentionManager,
+    MambaSpec: MambaManager,
 }
 
 

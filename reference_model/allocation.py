@@ -51,7 +51,7 @@ def gate_block_count(
             T, group_hits, total, local = num_encoder_tokens, [], 0, 0
         else:
             T, group_hits, total, local = num_tokens, hits[g.gid], total_computed, local_computed
-        R = cdiv(T, g.bs)
+        R = cdiv(T + g.speculative, g.bs)
         if g.cap is not None:
             R = min(R, g.cap)
         table = state.tables[g.gid].get(rid)
@@ -107,7 +107,7 @@ def allocate_new_blocks(
     new: Lists = []
     taken: list[int] = []
     for g in layout.groups:
-        T = num_encoder_tokens if g.kind == "cross" else slots
+        T = num_encoder_tokens if g.kind == "cross" else slots + g.speculative
         result: list[int] = []
         table = state.tables[g.gid].setdefault(rid, [])
         if rid in state.partial_hits[g.gid]:
@@ -122,6 +122,8 @@ def allocate_new_blocks(
         if k > 0:
             blocks = state.get_new_blocks(k)
             table.extend(blocks)
+            if layout.zeroing and g.kind != "mamba":
+                state.new_block_ids[g.gid].extend(blocks)
             result.extend(blocks)
         new.append(result)
         taken.append(len(result))

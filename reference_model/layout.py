@@ -34,6 +34,8 @@ class Group:
     """The layer-3 manager's use_eagle flag (§5.4 unitary; §5.5 step 4 propagated per spec group)."""
     cap: int | None
     """Admission cap in blocks (§4.3), None for full and cross attention."""
+    speculative: int = 0
+    """Slots for draft-token states: num_speculative_blocks * bs (mamba groups, §11.2)."""
 
     @property
     def spec(self) -> tuple[str, int, int, int, int]:
@@ -46,6 +48,8 @@ class Group:
             return max(0, n - self.window + 1 - self.extra)
         if self.kind == "chunked_local":
             return (n // self.chunk) * self.chunk
+        if self.kind == "mamba":
+            return max(n - 1, 0)
         return 0
 
 
@@ -78,6 +82,9 @@ class Layout:
     partial_hits: bool
     watermark_blocks: int
     scheduler: SchedulerConfig
+    zeroing: bool = False
+    """New attention blocks are recorded for the worker to zero: a mamba group shares the pool
+    (its states are read before written, §11.2)."""
 
     @classmethod
     def from_config(cls, config: Config) -> Layout:
@@ -96,8 +103,10 @@ class Layout:
             elif g.kind == "chunked_local":
                 cap = cdiv(min(chunk + F, M), g.block_size)
             drops = config.use_eagle and flagged[gid]
+            speculative = g.num_speculative_blocks * g.block_size
             groups.append(
-                Group(gid, g.kind, g.block_size, window, extra, chunk, flagged[gid], drops, drops, cap)
+                Group(gid, g.kind, g.block_size, window, extra, chunk, flagged[gid], drops, drops,
+                      cap, speculative)
             )
         hybrid = config.enable_caching and len(groups) > 1
         spec_groups: list[SpecGroup] = []
@@ -126,4 +135,5 @@ class Layout:
             partial_hits=config.partial_hits,
             watermark_blocks=int(config.watermark * config.num_blocks),
             scheduler=config.scheduler,
+            zeroing=any(g.kind == "mamba" for g in groups),
         )

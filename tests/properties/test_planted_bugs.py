@@ -36,6 +36,8 @@ EXPECTED = {
     "reset-while-held": {"I19"},
     "watermark-ignored": {"I8", "DIFF-probe", "DIFF-result"},
     "cow-unretained": {"P2"},
+    "state-predictor-under-count": {"P1"},
+    "state-released-early": {"S1"},
 }
 
 
