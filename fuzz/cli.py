@@ -184,8 +184,10 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         if args.report:  # so far: a run cut short keeps what it measured
             _write_json(args.report, {"versions": versions(), **report.as_json()})
 
-    report = mutate.run(args.target, paths, args.examples, args.seed, args.sample,
-                        args.timeout, show)
+    found = mutate.mutants(paths)
+    chosen = mutate.sample(found, args.sample, args.seed)
+    report = mutate.run(mutate.Report(args.target, args.examples, args.seed, len(found)),
+                        chosen, args.timeout, show)
     data = report.as_json()
     print(f"\n{data['run']} of {data['total_mutants']} mutants"
           + (" (interrupted; sources restored)" if report.interrupted else "") + ": "

@@ -113,9 +113,9 @@ def resolve(target: str, names: list[str]) -> list[Path]:
         path = next((c.resolve() for c in candidates if c.is_file()), None)
         if path is None or root not in path.parents or path.suffix != ".py":
             raise MutateError(f"--paths {name}: not a .py file of {package} ({root})")
-        if not os.access(path, os.W_OK):
-            raise MutateError(f"--paths {name}: {path} is read-only; mutate a copy in a venv "
-                              "of your own (docs/mutation.md)")
+        if not os.access(path, os.W_OK) or path.stat().st_nlink > 1:  # a hard link: shared
+            raise MutateError(f"--paths {name}: {path} is read-only or hard-linked; mutate a "
+                              "copy in a venv of your own (docs/mutation.md)")
         paths.append(path)
     return paths
 
@@ -219,14 +219,12 @@ def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Resu
     return Result(mutant, KILLED if check else SURVIVED, check, seconds, diff)
 
 
-def run(target: str, paths: list[Path], examples: int, seed: int, k: int | None,
-        timeout: float, on_result: Callable[[int, int, Report], None]) -> Report:
-    """Mutate `paths` (a sample of `k` drawn with `seed`), running a fixed campaign on each;
-    `on_result` sees the report after each mutant."""
-    found = mutants(paths)
-    chosen = sample(found, k, seed)
-    report = Report(target, examples, seed, len(found))
-    campaign = {"target": target, "examples": examples, "seed": seed}
+def run(report: Report, chosen: list[Mutant], timeout: float,
+        on_result: Callable[[int, int, Report], None]) -> Report:
+    """Run the `chosen` mutants, a fixed campaign on each, into `report`; `on_result` sees the
+    report after each mutant."""
+    campaign = {"target": report.target, "examples": report.examples, "seed": report.seed}
+    paths = sorted({Path(m.path) for m in chosen})
     with guarded(paths) as originals:
         try:
             for i, mutant in enumerate(chosen, 1):
