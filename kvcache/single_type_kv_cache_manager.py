@@ -619,6 +619,18 @@ class MambaManager(SingleTypeKVCacheManager):
             return []  # most decode steps: the table already covers the slots
         return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
 
+    def free(self, request_id: str) -> None:
+        """As the base (leading nulls dropped, tail first), without the partial-hit record
+        mode "none" never has."""
+        req_blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if not req_blocks:
+            return
+        num_nulls = null_head_len(req_blocks, self._null_block)
+        self.block_pool.free_blocks(
+            req_blocks[:num_nulls - 1:-1] if num_nulls else req_blocks[::-1]
+        )
+
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
