@@ -20,6 +20,9 @@ from kvfuzz.kvcache.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -36,6 +39,7 @@ from kvfuzz.kvcache.single_type_kv_cache_manager import (
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
+    RSWAManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
 )
@@ -61,6 +65,10 @@ __all__ = [
     "KVCacheSpec",
     "MambaManager",
     "MambaSpec",
+    "MLAAttentionSpec",
+    "RSWAManager",
+    "RSWASpec",
+    "SinkFullAttentionSpec",
     "Request",
     "RequestStatus",
     "Scheduler",

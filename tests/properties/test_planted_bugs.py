@@ -38,6 +38,7 @@ EXPECTED = {
     "cow-unretained": {"P2"},
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1"},
+    "rswa-gap-kept": {"DIFF-state"},
 }
 
 
