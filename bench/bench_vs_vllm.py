@@ -173,9 +173,9 @@ class Vllm(Implementation):
     name = "vLLM"
 
     def __init__(self) -> None:
-        from kvfuzz.harness.vllm_target import vllm_modules
+        from kvfuzz.harness.vllm_api import load_vllm
 
-        self._v = vllm_modules()
+        self._v = load_vllm()
 
     def manager(self, config: Config) -> Any:
         from kvfuzz.harness.vllm_target import build_vllm_manager

@@ -1,10 +1,11 @@
 """Coverage-guided fuzzing with libFuzzer through atheris (`kvfuzz run --engine atheris`).
 
 Bytes to traces: the first byte of a libFuzzer input picks the (level, config) pair (its value
-modulo the number of pairs, in the campaign's rotation order), and the rest is the choice
-sequence of that pair's Hypothesis state machine (`fuzz_one_input` of
-`get_state_machine_test`), so one fuzz target covers every pair, libFuzzer mutates towards the
-pairs that reach new code, and every op still goes through the one executor with every check.
+modulo the number of pairs, in the campaign's rotation order), and the rest are the decisions of
+that pair's example, read by the same generator as the Hypothesis engine's
+(`kvfuzz.fuzz.generator.run_example`, one byte per decision), so one fuzz target covers every
+pair, a mutated byte is a changed decision, libFuzzer mutates towards the pairs that reach new
+code, and every op still goes through the one executor with every check.
 Coverage is libFuzzer's, over kvcache's instrumented modules (`atheris.instrument_imports`);
 the campaign's behaviour features are counted as well, so `coverage` means the same thing for
 both engines and `edges` is libFuzzer's `cov:`.
@@ -19,8 +20,8 @@ pair. `<corpus>/atheris-logs/worker-K.log` is libFuzzer's output (and any crash 
 the harness itself). Findings are the `Counterexample`s the executor raises inside an input:
 the worker catches them, so libFuzzer goes on; the first of each (check, level, config) across
 all workers is shrunk with `kvfuzz.fuzz.shrink` and saved in the corpus like the Hypothesis engine's.
-Each worker rewrites its stats file atomically after every input, so nothing already found is
-lost when the run is interrupted; SIGINT/SIGTERM make a worker stop after its current input.
+Each worker rewrites its stats file atomically after a finding, on its last input and at
+least every POLL_S seconds, so nothing already found is lost when the run is interrupted; SIGINT/SIGTERM make a worker stop after its current input.
 
 Determinism: worker K's libFuzzer `-seed` derives from the campaign seed and K, workers run
 with PYTHONHASHSEED=0, and a single worker does not reload the corpus directory (`-reload=0`;
@@ -49,10 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import atheris
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import get_state_machine_test
-
-from kvfuzz.fuzz.campaign import Campaign, CampaignOptions, Stats
+from kvfuzz.fuzz.campaign import FOCUS_WEIGHT, Campaign, CampaignOptions, Stats
 from kvfuzz.fuzz.plugins import import_plugins
 from kvfuzz.core.configs import builtin_config
 from kvfuzz.core.errors import KvfuzzError
@@ -121,16 +119,13 @@ class AtherisWorker(Campaign):
         super().__init__(options, worker)
         self.run_dir = run_dir
         self.stats_file = run_dir / f"worker-{worker}.pickle"
-        test_settings = settings(database=None, stateful_step_count=options.steps,
-                                 deadline=None, suppress_health_check=list(HealthCheck))
-        self.rotation = self.pairs
-        self.fuzz_targets = [
-            get_state_machine_test(self.machine(level, name), settings=test_settings)
-            .hypothesis.fuzz_one_input
-            for level, name in self.rotation
-        ]
+        focus = set(options.focus)
+        self.rotation = self.pairs + [p for p in self.pairs if p[1] in focus] * (FOCUS_WEIGHT - 1)
+        """The pair of each first-byte value: focused configs take FOCUS_WEIGHT times more."""
         self.start = time.monotonic()
         self.stopping = False
+        self.written = 0.0
+        """When the stats file was last written."""
 
     def fuzz(self, argv: list[str]) -> None:
         """Run libFuzzer with `argv`; never returns (libFuzzer ends the process)."""
@@ -145,12 +140,19 @@ class AtherisWorker(Campaign):
     def one_input(self, data: bytes) -> None:
         index = data[0] % len(self.rotation) if data else 0
         try:
-            self.fuzz_targets[index](data[1:])
+            self.example(*self.rotation[index], data[1:])
         except Counterexample as exc:
             self._record(exc, *self.rotation[index], self.start)
+            self.written = 0.0
         self._account(*self.rotation[index], examples=1)
-        self.stats.elapsed = time.monotonic() - self.start
-        _write_atomic(self.stats_file, pickle.dumps(self.stats))
+        now = time.monotonic()
+        self.stats.elapsed = now - self.start
+        # Written after a finding, on the last input of an examples budget, when stopping, and
+        # at the parent's polling pace in between (a write per input cost more than the input).
+        if (now - self.written >= POLL_S or self.stopping
+                or self.stats.examples == self.options.examples):
+            _write_atomic(self.stats_file, pickle.dumps(self.stats))
+            self.written = now
         if self.stopping:
             os._exit(0)
 

@@ -1,8 +1,12 @@
 """A fuzzing campaign: generate traces until time or examples run out, keep every finding.
 
-The Hypothesis engine runs the state machines of `kvfuzz.fuzz.machines` in batches, one
-(level, config) pair after another, each batch seeded from the campaign seed, so a seed,
-target and options give the same examples and the same findings. With an example database
+The Hypothesis engine runs batches of examples of one (level, config) pair: every pair in
+turn first, then pairs drawn with more weight where behaviour coverage still grew in their
+latest batch, and on configs named by `--focus`. Each batch is seeded from the campaign seed,
+so a seed, target and options give the same examples and the same findings. An example is
+`kvfuzz.fuzz.generator.run_example` on bytes seeded by one Hypothesis draw: the rules build
+valid ops straight from the bytes (with swarm testing, see there), so the campaign runs at
+the executor's pace (docs/engines.md, "Where a campaign's time goes"). With an example database
 (`CampaignOptions.database`) each batch first replays the failing examples saved there by earlier
 campaigns with the same options, then generates its seeded ones. Hypothesis's own shrinking
 is off: a failing trace is shrunk by `kvfuzz.fuzz.shrink` (fast, and the same for every engine) and
@@ -16,6 +20,7 @@ import hashlib
 import logging
 import multiprocessing
 import os
+import random
 import signal
 import threading
 import time
@@ -24,19 +29,23 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
 from kvfuzz.core.trace import save_finding
 from kvfuzz.fuzz.coverage import behaviour_features
+from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.fuzz.database import open_database
+from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
 from kvfuzz.fuzz.plugins import import_plugins
 from kvfuzz.fuzz.shrink import shrink_trace
 
 LEVELS = ("api", "scheduler")
 BATCH_EXAMPLES = 10
+BYTES_PER_STEP = 24
+"""Decisions a rule takes at most, about (an example ends early if its bytes run out)."""
 
 
 @dataclass
@@ -52,15 +61,22 @@ class CampaignOptions:
     model: bool = True
     levels: tuple[str, ...] = LEVELS
     steps: int = 40
+    swarm: bool = True
+    """Swarm testing: each example leaves out a random subset of the optional rules and knobs."""
+    weighting: bool = True
+    """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
+    focus: tuple[str, ...] = ()
+    """Config and op names to favour (`check_focus`)."""
     engine: str = "hypothesis"
     shrink_seconds: float = 30.0
     max_findings: int | None = None
     """Stop once this many distinct findings are saved (None: run the whole budget)."""
     data: str | None = None
     """Add the data checks D1, D2 on this `DEVICE[:DTYPE]` (None: the invariants only)."""
-    database: Path | None = None
-    """Hypothesis' example database directory: failing examples are saved there and replayed
-    first by later campaigns with the same options (None: no database)."""
+    database: tuple[str, ...] = ()
+    """Hypothesis' example database, as specs of `kvfuzz.fuzz.database` (directories, Redis
+    URLs): failing examples are saved there and replayed first by later campaigns with the same
+    options, on any machine sharing it (empty: no database)."""
 
 
 @dataclass
@@ -165,6 +181,22 @@ def selected_checks(data: str | None) -> list[Any] | None:
     return list(REGISTRY) + data_checks_for(data)
 
 
+class FocusError(KvfuzzError):
+    """A `--focus` name is neither a campaign config nor an op."""
+
+
+def check_focus(names: tuple[str, ...], configs: tuple[str, ...]) -> None:
+    """Every focus name is one of the campaign's configs or an op of docs/traces.md."""
+    for name in names:
+        if name not in configs and name not in FOCUS_OPS:
+            raise FocusError(f"--focus {name!r} is neither a config of this campaign "
+                             f"({', '.join(configs)}) nor an op ({', '.join(FOCUS_OPS)})")
+
+
+FOCUS_WEIGHT = 3
+"""How much more a focused pair weighs than the others."""
+
+
 class Campaign:
     """One worker's campaign (the CLI runs K of them in processes with disjoint seeds)."""
 
@@ -177,8 +209,11 @@ class Campaign:
         self._seen: set[tuple[str, str, str]] = set()
         self._executions: list[Execution] = []
         self.checks = selected_checks(options.data)
-        self.database = (None if options.database is None
-                         else DirectoryBasedExampleDatabase(options.database))
+        self.database = open_database(options.database)
+        check_focus(options.focus, options.configs)
+        self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
+        self.growth: dict[tuple[str, str], int] = {}
+        """New behaviour features of each pair's latest batch (the weighting's signal)."""
 
     def batch_seed(self, index: int) -> int:
         material = f"{self.options.seed}:{self.worker}:{index}".encode()
@@ -189,29 +224,49 @@ class Campaign:
         """The (level, config) pairs the campaign rotates through."""
         return [(level, name) for name in self.options.configs for level in self.options.levels]
 
-    def machine(self, level: str, name: str) -> type:
-        """A state machine generating `level` traces on config `name`, counted by this campaign."""
-        from kvfuzz.fuzz.machines import machine_for
-
+    def example(self, level: str, name: str, data: bytes) -> None:
+        """Run one example of pair (level, name) from its bytes (both engines call this)."""
         opts = self.options
-        machine = machine_for(
-            level,
-            targets=(opts.target,),
-            model=opts.model,
-            config_names=(name,),
-            allow_misuse=opts.target != "vllm",
-            checks=None if self.checks is None else tuple(self.checks),
-            name=self.machine_name(level, name),
+        run_example(
+            data, builtin_config(name), level, steps=opts.steps, targets=(opts.target,),
+            model=opts.model, checks=None if self.checks is None else tuple(self.checks),
+            allow_misuse=opts.target != "vllm", swarm=opts.swarm, focus=self.focus_rules,
+            on_execution=self._executions.append,
         )
-        machine.on_execution = self._executions.append
-        return machine
 
-    def machine_name(self, level: str, name: str) -> str:
-        """The machine's class name, which keys its examples in the database: they replay only
-        under the same target, level, config, model, data checks, steps and plugins."""
+    def database_key(self, level: str, name: str) -> bytes:
+        """What keys a pair's examples in the database: they replay only under the same target,
+        level, config, model, data checks, steps, swarm, focused ops and plugins."""
         opts = self.options
-        key = repr((opts.target, level, name, opts.model, opts.data, opts.steps, opts.plugins))
-        return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        key = repr((opts.target, level, name, opts.model, opts.data, opts.steps, opts.swarm,
+                    sorted(self.focus_rules), opts.plugins))
+        return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}".encode()
+
+    def hypothesis_batch(self, level: str, name: str, count: int, seed: int) -> None:
+        """`count` examples of one pair (after the database's saved failures for the pair).
+        Hypothesis draws 8 bytes per example, which seed the example's decision bytes (its own
+        draws cost more than the ops they would decide, and a campaign shrinks traces, not
+        choices); 8 zero bytes, Hypothesis' simplest draw, stand for all-zero decisions, the
+        simplest example."""
+        size = self.example_bytes
+
+        @settings(max_examples=count, deadline=None, database=self.database,
+                  phases=[Phase.reuse, Phase.generate], suppress_health_check=list(HealthCheck),
+                  report_multiple_bugs=False)
+        @given(st.binary(min_size=8, max_size=8))
+        def batch(example_seed: bytes) -> None:
+            data = random.Random(example_seed).randbytes(size) if any(example_seed) else bytes(size)
+            self.example(level, name, data)
+
+        batch._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
+        batch.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
+            self.database_key(level, name))
+        batch()
+
+    @property
+    def example_bytes(self) -> int:
+        """Bytes per Hypothesis example: enough decisions for `steps` rules."""
+        return BYTES_PER_STEP * self.options.steps + 64
 
     def run(self) -> Stats:
         logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
@@ -222,22 +277,10 @@ class Campaign:
         level, name = pairs[0]
         try:
             while not self._done(start):
-                level, name = pairs[index % len(pairs)]
-                machine = self.machine(level, name)
-                machine._hypothesis_internal_use_seed = self.batch_seed(index)
+                level, name = self.next_pair(index)
                 count = self._batch_size()
-                test = machine.TestCase
-                test.settings = settings(
-                    max_examples=count,
-                    stateful_step_count=opts.steps,
-                    deadline=None,
-                    database=self.database,
-                    phases=[Phase.reuse, Phase.generate],
-                    suppress_health_check=list(HealthCheck),
-                    report_multiple_bugs=False,
-                )
                 try:
-                    test("runTest").runTest()
+                    self.hypothesis_batch(level, name, count, self.batch_seed(index))
                 except Counterexample as exc:
                     self._record(exc, level, name, start)
                 except Exception:
@@ -257,6 +300,18 @@ class Campaign:
         # A library that swallowed the interrupt's exception leaves only the flag.
         self.stats.interrupted = self.stats.interrupted or STOP_REQUESTED.is_set()
         return self.stats
+
+    def next_pair(self, index: int) -> tuple[str, str]:
+        """The pair of batch `index`: every pair in turn for the first round (and always,
+        without weighting); then drawn, seeded by the batch, with weight 1 + the new features
+        of the pair's latest batch, times FOCUS_WEIGHT for a focused config."""
+        pairs = self.pairs
+        if index < len(pairs) or not (self.options.weighting or self.options.focus):
+            return pairs[index % len(pairs)]
+        focus = set(self.options.focus)
+        weights = [(1 + (self.growth.get(p, 0) if self.options.weighting else 0))
+                   * (FOCUS_WEIGHT if p[1] in focus else 1) for p in pairs]
+        return random.Random(self.batch_seed(index)).choices(pairs, weights)[0]
 
     def _batch_size(self) -> int:
         if self.options.examples is None:
@@ -279,12 +334,14 @@ class Campaign:
         pair = self.stats.pair(level, name)
         self.stats.examples += examples
         pair.examples += examples
+        known = len(self.stats.features)
         for execution in self._executions:
             self.stats.operations += execution.ops_checked
             pair.operations += execution.ops_checked
             self.stats.checks += execution.checks_run
             self.stats.features |= behaviour_features(execution)
         self._executions.clear()
+        self.growth[(level, name)] = len(self.stats.features) - known
 
     def _record(self, exc: Counterexample, level: str, name: str, start: float) -> None:
         finding = exc.finding

@@ -79,11 +79,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-model", action="store_true",
                      help="check invariants only, without the reference model in lockstep")
     run.add_argument("--steps", type=int, default=40, help="max ops per generated trace")
+    run.add_argument("--focus", nargs="+", default=[], metavar="NAME",
+                     help="favour these configs and ops (e.g. watermark allocate_slots): more "
+                     "batches for the configs, the ops' rules kept and weighed more")
     run.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]", help=_DATA_HELP)
-    run.add_argument("--database", type=Path, metavar="DIR",
-                     help="keep Hypothesis' example database in DIR: failing examples saved "
-                     "there by earlier runs with the same options replay first (default: none, "
-                     "so a seed gives the same examples; hypothesis engine only)")
+    run.add_argument("--database", action="append", metavar="SPEC",
+                     help="Hypothesis' example database: a directory, redis://HOST:PORT/N "
+                     "(shared by every worker and machine), readonly:SPEC (replay only); "
+                     "repeat to combine. Failing examples saved there by earlier runs with the "
+                     "same options replay first (default: none, so a seed gives the same "
+                     "examples; hypothesis engine only; docs/distributed.md)")
     run.set_defaults(handler=_cmd_run)
 
     replay = sub.add_parser("replay", help="re-run a saved trace step by step",
@@ -198,7 +203,9 @@ def _check_data(data: str | None) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from kvfuzz.fuzz.campaign import CampaignOptions, interrupt, run_campaign, selected_checks
+    from kvfuzz.fuzz.campaign import (
+        CampaignOptions, check_focus, interrupt, run_campaign, selected_checks,
+    )
     from kvfuzz.core.configs import builtin_config
 
     _plugins(args.plugin)
@@ -213,11 +220,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for option, value in (("--workers", args.workers), ("--examples", args.examples),
                           ("--seconds", args.seconds), ("--steps", args.steps)):
         _positive(option, value)
-    if args.database is not None and args.engine != "hypothesis":
-        raise UsageError("--database needs --engine hypothesis")
+    databases = tuple(args.database or ())
+    _check_databases(databases, args.engine)
     _writable("--corpus", args.corpus, folder=True)
-    if args.database is not None:
-        _writable("--database", args.database, folder=True)
     if args.json is not None:
         _writable("--json", args.json)
     seconds = None if args.examples is not None else (args.seconds or 60.0)
@@ -225,8 +230,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
-        data=args.data, database=args.database,
+        data=args.data, database=databases, focus=tuple(args.focus),
     )
+    check_focus(options.focus, configs)
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
           f"{args.workers} worker(s), engine {args.engine}"
@@ -256,6 +262,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _write_json(args.json, report)
         print(f"report written to {args.json}")
     return EXIT_FOUND if stats.findings else EXIT_OK
+
+
+def _check_databases(specs: tuple[str, ...], engine: str) -> None:
+    """`--database`: well-formed specs, writable directories, reachable Redis servers."""
+    if not specs:
+        return
+    if engine != "hypothesis":
+        raise UsageError("--database needs --engine hypothesis")
+    from kvfuzz.fuzz.database import check_reachable, parse
+
+    for part in map(parse, specs):
+        if not part.shared and not part.readonly:
+            _writable("--database", Path(part.location), folder=True)
+    check_reachable(specs)
 
 
 def _write_json(path: Path, data: Any) -> None:

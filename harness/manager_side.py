@@ -1,6 +1,6 @@
 """The harness half of a target: plays docs/traces.md against any vLLM-shaped KVCacheManager.
 
-A concrete target (kvcache, vLLM 0.33.0, a broken variant) only says how to build its manager
+A concrete target (kvcache, the installed vLLM, a broken variant) only says how to build its manager
 and its Request objects from a config; everything else — validity, the lookup a request
 carries into allocate_slots, the copies a caller holds, the scheduler driver, probes and
 snapshots — is shared here, so every target is driven identically.

@@ -1,4 +1,4 @@
-"""Reading a `Snapshot` out of a vLLM-shaped manager (kvcache, or vLLM 0.33.0 itself).
+"""Reading a `Snapshot` out of a vLLM-shaped manager (kvcache, or vLLM itself).
 
 Both name their state alike (docs/spec.md, NOTES.md): `block_pool.blocks[i].ref_cnt / block_hash /
 block_hash_num_tokens`, the free queue's sentinels and links, `cached_block_hash_to_block._cache`,

@@ -1,7 +1,9 @@
-"""Target `vllm`: vLLM 0.33.0's own v1 KV cache manager, driven through the shared harness.
+"""Target `vllm`: the installed vLLM's own v1 KV cache manager, driven through the shared harness.
 
-Importing vLLM costs seconds (torch, transformers), so this module imports it only when a side
-is built. `ci/install-vllm.sh` makes a venv where it imports on a CPU machine.
+What the install offers is probed by `vllm_api.load_vllm()` (never by version string); this
+module builds the manager and requests from a config with what was found, and lists the
+known deviations, each with the features (release range) it applies to. Importing vLLM costs
+seconds, so nothing is imported until a side is built or checked.
 """
 
 from __future__ import annotations
@@ -13,67 +15,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
-from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.harness.manager_side import ManagerSide
+from kvfuzz.harness.vllm_api import VllmApi, VllmUnavailable, check_vllm, load_vllm
 from kvfuzz.core.snapshot import RequestView, Snapshot
 from kvfuzz.core.trace import Op
 
-VLLM_VERSION = "0.33.0"
-
-
-class VllmUnavailable(KvfuzzError):
-    """vLLM 0.33.0 cannot be imported in this Python."""
-
-
-def vllm_modules() -> dict[str, Any]:
-    """The vLLM objects the adapter uses, imported once (VllmUnavailable if they cannot be)."""
-    global _MODULES
-    if _MODULES is None:
-        try:
-            import vllm
-            import vllm.v1.core.kv_cache_coordinator as coordinator
-            import vllm.v1.core.kv_cache_utils as utils
-            from vllm.sampling_params import SamplingParams
-            from vllm.utils.hashing import sha256
-            from vllm.v1 import kv_cache_interface as interface
-            from vllm.v1.core.kv_cache_manager import KVCacheManager
-            from vllm.v1.request import Request, RequestStatus
-        except ImportError as exc:
-            raise VllmUnavailable(
-                f"vLLM {VLLM_VERSION} is not importable here ({exc}); run "
-                "`bash ci/install-vllm.sh` and use the kvfuzz of the venv it prints"
-            ) from None
-        if vllm.__version__ != VLLM_VERSION:
-            raise VllmUnavailable(f"found vLLM {vllm.__version__}, need {VLLM_VERSION}")
-        import torch
-
-        _MODULES = {
-            "coordinator": coordinator,
-            "utils": utils,
-            "interface": interface,
-            "KVCacheManager": KVCacheManager,
-            "Request": Request,
-            "RequestStatus": RequestStatus,
-            "SamplingParams": SamplingParams,
-            "sha256": sha256,
-            "dtype": torch.float16,
-        }
-    return _MODULES
-
-
-_MODULES: dict[str, Any] | None = None
-
 
 def vllm_available() -> bool:
-    """Whether vLLM 0.33.0 imports in this Python."""
+    """Whether an installed vLLM that this adapter can drive imports in this Python."""
     try:
-        vllm_modules()
+        load_vllm()
     except VllmUnavailable:
         return False
     return True
 
 
-def _spec(group: GroupConfig, v: Any) -> Any:
+def _spec(group: GroupConfig, v: VllmApi) -> Any:
     iface = v["interface"]
     common = {"block_size": group.block_size, "num_kv_heads": 1, "head_size": 8, "dtype": v["dtype"]}
     if group.kind == "full":
@@ -107,7 +64,7 @@ def _spec(group: GroupConfig, v: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _partial_hits_forced(v: Any, on: bool) -> Iterator[None]:
+def _partial_hits_forced(v: VllmApi, on: bool) -> Iterator[None]:
     """vLLM enables fine-grained hits only beside Mamba "align" groups; force them on."""
     if not on:
         yield
@@ -122,8 +79,8 @@ def _partial_hits_forced(v: Any, on: bool) -> Iterator[None]:
 
 
 def build_vllm_manager(config: Config) -> Any:
-    """A vLLM 0.33.0 KVCacheManager for a harness config."""
-    v = vllm_modules()
+    """The installed vLLM's KVCacheManager for a harness config."""
+    v = load_vllm()
     iface = v["interface"]
     kv_cache_config = iface.KVCacheConfig(
         num_blocks=config.num_blocks,
@@ -148,16 +105,20 @@ def build_vllm_manager(config: Config) -> Any:
 
 @dataclass(frozen=True)
 class KnownDeviation:
-    """A documented way vLLM 0.33.0 differs from docs/spec.md, which target `vllm` tolerates.
+    """A documented way vLLM differs from docs/spec.md, which target `vllm` tolerates.
 
     `tolerate(snapshot, config)` returns the snapshot with exactly that difference undone and
     the request ids it was undone for; everything else is still compared and checked.
+    `applies(api)` says, from the probed features, whether the installed vLLM has it;
+    `releases` names that range for docs and reports.
     """
 
     name: str
     finding: str
     """The finding document (docs/findings/) that describes it."""
     tolerate: Callable[[Snapshot, Config], tuple[Snapshot, list[str]]]
+    releases: str = "0.32–0.34"
+    applies: Callable[[VllmApi], bool] = lambda api: True
 
 
 _WINDOW_KINDS = ("sliding_window", "chunked_local")
@@ -191,16 +152,20 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
 
 
 class VllmSide(ManagerSide):
-    """vLLM 0.33.0's KVCacheManager and Request, built from our config.
+    """The installed vLLM's KVCacheManager and Request, built from our config.
 
-    Its snapshots tolerate the `KNOWN_DEVIATIONS`; `tolerated` records, per deviation name,
-    the request ids it was tolerated for. `VllmStrictSide` tolerates nothing.
+    Its snapshots tolerate the `KNOWN_DEVIATIONS` that apply to the installed vLLM;
+    `tolerated` records, per deviation name, the request ids it was tolerated for.
+    `VllmStrictSide` tolerates nothing.
     """
 
     name = "vllm"
-    deviations: tuple[KnownDeviation, ...] = KNOWN_DEVIATIONS
+    known_deviations: tuple[KnownDeviation, ...] = KNOWN_DEVIATIONS
+    check_available = staticmethod(check_vllm)
 
     def __init__(self, config: Config, level: str) -> None:
+        self.api = load_vllm()
+        self.deviations = tuple(d for d in self.known_deviations if d.applies(self.api))
         self.tolerated: dict[str, set[str]] = {d.name: set() for d in self.deviations}
         super().__init__(config, level)
 
@@ -212,7 +177,7 @@ class VllmSide(ManagerSide):
         return snapshot
 
     def build_manager(self, config: Config) -> Any:
-        v = vllm_modules()
+        v = self.api
         self.request_status = v["RequestStatus"]
         utils = v["utils"]
         # vLLM keeps its none hash in a module global, read whenever a request hashes.
@@ -221,7 +186,7 @@ class VllmSide(ManagerSide):
         return build_vllm_manager(config)
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
-        v = vllm_modules()
+        v = self.api
         params = v["SamplingParams"](
             max_tokens=op["max_tokens"],
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"] or None,
@@ -242,7 +207,7 @@ class VllmSide(ManagerSide):
 
 
 class VllmStrictSide(VllmSide):
-    """vLLM 0.33.0 with no tolerated deviation: replays the findings of docs/findings/."""
+    """The installed vLLM with no tolerated deviation: replays the findings of docs/findings/."""
 
     name = "vllm-strict"
-    deviations = ()
+    known_deviations = ()

@@ -84,6 +84,8 @@ def test_finding_exits_one_and_saves_a_named_shrunk_trace(tmp_path, capsys):
         (["run", "--seconds", "0"], "--seconds must be > 0, got 0"),
         (["run", "--seconds", "-1"], "--seconds must be > 0, got -1"),
         (["run", "--steps", "0"], "--steps must be >= 1, got 0"),
+        (["run", "--config", "full", "--focus", "watermark"], "--focus 'watermark'"),
+        (["run", "--focus", "allocate"], "--focus 'allocate' is neither"),
         (["shrink", "t.json", "--seconds", "0"], "--seconds must be > 0, got 0"),
         (["run", "--corpus", UNDER_A_FILE], f"--corpus {UNDER_A_FILE}"),
         (["run", "--json", f"{UNDER_A_FILE}/r.json"], f"--json {UNDER_A_FILE}/r.json"),

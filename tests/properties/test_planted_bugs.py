@@ -31,7 +31,7 @@ EXPECTED = {
     "stale-hash-on-evict": {"I5"},
     "no-eviction-on-pop": {"I5", "I10", "DIFF-state"},
     "capped-step-predictor": {"P1"},
-    "window-never-freed": {"I18"},
+    "window-never-freed": {"I18", "DIFF-result"},
     "null-block-queued": {"P2", "P3"},
     "reset-while-held": {"I19"},
     "watermark-ignored": {"I8", "DIFF-probe", "DIFF-result"},

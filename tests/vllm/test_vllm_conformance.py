@@ -1,4 +1,4 @@
-"""vLLM 0.33.0 against kvcache and the reference model, through the one executor.
+"""The installed vLLM (0.32–0.34 or a checkout) against kvcache and the reference model, through the one executor.
 
 Three-way: every op runs on kvcache, on vLLM (target `vllm`) and on the model; each target's
 result, probes and snapshot are compared with the model's and every registered invariant runs
@@ -30,8 +30,8 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(
         not vllm_available(),
-        reason="vLLM 0.33.0 is not importable here: run `bash ci/install-vllm.sh` and use the "
-        "python it prints",
+        reason="no vLLM this adapter drives is importable here: run `bash ci/install-vllm.sh "
+        "[VERSION]` and use the python it prints",
     ),
 ]
 
@@ -128,7 +128,7 @@ def test_empty_window_entry_of_a_running_request_is_not_tolerated():
     assert running.requests["b"].tables == ((),)
 
 
-# ----- API misuse: vLLM 0.33.0 validates only a zero token count -----
+# ----- API misuse: vLLM validates only a zero token count -----
 
 _A = [_add("a", PROMPT10)]
 _A_RUNNING = _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 10}]
