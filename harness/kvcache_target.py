@@ -16,6 +16,9 @@ def kvcache_spec(group: GroupConfig) -> Any:
         CrossAttentionSpec,
         FullAttentionSpec,
         MambaSpec,
+        MLAAttentionSpec,
+        RSWASpec,
+        SinkFullAttentionSpec,
         SlidingWindowSpec,
     )
 
@@ -31,6 +34,12 @@ def kvcache_spec(group: GroupConfig) -> Any:
         return ChunkedLocalAttentionSpec(
             block_size=group.block_size, attention_chunk_size=group.attention_chunk_size
         )
+    if group.kind == "mla":
+        return MLAAttentionSpec(block_size=group.block_size)
+    if group.kind == "sink_full":
+        return SinkFullAttentionSpec(block_size=group.block_size, sink_len=group.sink_len)
+    if group.kind == "rswa":
+        return RSWASpec(block_size=group.block_size, rswa_window=group.rswa_window)
     if group.kind == "mamba":
         return MambaSpec(
             block_size=group.block_size,

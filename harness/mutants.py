@@ -470,3 +470,11 @@ def _state_released_early(side: KvcacheSide) -> None:
         single.get_num_skipped_tokens = lambda num_computed_tokens, bs=single.block_size: (
             num_computed_tokens + bs - 1
         )
+
+
+@mutant("rswa-gap-kept", "an R-SWA group never releases the blocks between the prompt and the "
+        "decode window", bug="docs/spec.md §12.2", configs=("rswa", "full_rswa"))
+def _rswa_gap_kept(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "RSWAManager":
+            single.remove_skipped_blocks = lambda *args, **kwargs: None

@@ -52,6 +52,12 @@ def _spec(group: GroupConfig, v: VllmApi) -> Any:
         return iface.ChunkedLocalAttentionSpec(
             **common, attention_chunk_size=group.attention_chunk_size
         )
+    if group.kind == "mla":
+        return iface.MLAAttentionSpec(**common)
+    if group.kind == "sink_full":
+        return iface.SinkFullAttentionSpec(**common, sink_len=group.sink_len)
+    if group.kind == "rswa":
+        return iface.RSWASpec(**common, rswa_window=group.rswa_window)
     if group.kind == "mamba":
         # One small state tensor per block; the manager reads only block counts.
         return iface.MambaSpec(

@@ -21,6 +21,9 @@ from kvfuzz.kvcache.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -37,6 +40,7 @@ from kvfuzz.kvcache.single_type_kv_cache_manager import (
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
+    RSWAManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
 )
@@ -63,6 +67,10 @@ __all__ = [
     "KVCacheSpec",
     "MambaManager",
     "MambaSpec",
+    "MLAAttentionSpec",
+    "RSWAManager",
+    "RSWASpec",
+    "SinkFullAttentionSpec",
     "Request",
     "RequestStatus",
     "Scheduler",

@@ -66,6 +66,42 @@ class FullAttentionSpec(AttentionSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention: one latent vector per token, managed as full attention.
+
+    A different spec from FullAttentionSpec, so a hybrid looks its groups up separately.
+    """
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinkFullAttentionSpec(FullAttentionSpec):
+    """Full attention with `sink_len` attention-sink tokens, a whole number of blocks; the
+    manager is full attention's."""
+
+    sink_len: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("sink_len", self.sink_len)
+        if self.sink_len % self.block_size:
+            raise ValueError(
+                f"sink_len {self.sink_len} must be a multiple of block_size {self.block_size}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RSWASpec(FullAttentionSpec):
+    """Reference sliding window: the prompt stays visible, decode keeps only its last
+    `rswa_window` tokens; the blocks between the two are released as decode moves on."""
+
+    rswa_window: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("rswa_window", self.rswa_window)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SlidingWindowSpec(AttentionSpec):
     """The next token attends to the previous `sliding_window - 1` tokens and itself.
 
