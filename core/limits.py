@@ -30,8 +30,8 @@ MAX_GROUPS = 16
 MAX_SIZE = 1 << 24
 """Every other size of a config: block sizes (and the scheduler block size, their LCM), windows,
 chunks, max_model_len, budgets."""
-MAX_TOKEN_ID = (1 << 64) - 1
-"""Token ids are u64."""
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids are stored as int32 by vLLM 0.34 (`TokenBuffer`); a larger id cannot be stored."""
 MAX_INT = (1 << 63) - 1
 """Every other int of an op (counts, priorities, block ids) is an i64; counts are >= 0."""
 

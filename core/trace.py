@@ -35,12 +35,15 @@ _REQUEST_FIELDS = {
     "max_tokens": (_INT, 16),
     "skip_reading_prefix_cache": (_BOOL, False),
     "num_encoder_tokens": (_INT, 0),
+    "prefix_cache_hit_limit": (_OPT_INT, None),
 }
 
 OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
     "api": {
         "add_request": _REQUEST_FIELDS,
-        "get_computed_blocks": {"request_id": (_STR, None)},
+        "get_computed_blocks": {"request_id": (_STR, None),
+                                "max_cache_hit_length": (_OPT_INT, None)},
+        "get_num_cached_tokens": {"request_id": (_STR, None)},
         "allocate_slots": {
             "request_id": (_STR, None),
             "num_new_tokens": (_INT, None),
@@ -67,6 +70,7 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "finish": {"request_id": (_STR, None)},
     },
 }
+
 
 # Fields whose schema default is None but which must be given.
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids"}
@@ -110,8 +114,11 @@ def _check_value(where: str, kind: str, value: Any, key: str) -> None:
         low, high = (0, MAX_TOKEN_ID) if key in _TOKEN_LISTS else (-MAX_INT - 1, MAX_INT)
         if value and not low <= min(value) <= max(value) <= high:
             bad = next(v for v in value if not low <= v <= high)
-            raise TraceFormatError(f"{where} holds {shown(bad)}, outside [{low}, {high}]"
-                                   + (" (token ids are u64)" if key in _TOKEN_LISTS else ""))
+            if key in _TOKEN_LISTS:
+                raise TraceFormatError(f"{where}: token id {shown(bad)} " + (
+                    "is negative" if bad < 0 else
+                    f"exceeds {MAX_TOKEN_ID}, the largest id vLLM stores (int32)"))
+            raise TraceFormatError(f"{where} holds {shown(bad)}, outside the i64 range")
     elif _is_int(value) and not -MAX_INT - 1 <= value <= MAX_INT:
         raise TraceFormatError(f"{where} must be an i64, got {shown(value)}")
 
@@ -235,25 +242,31 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a reader never sees a half-written file."""
-        return write_atomically(Path(path), self.to_json())
+        return write_atomic(path, self.to_json())
+
+    def digest(self) -> str:
+        """A short digest of what the trace runs (config, level, ops), its meta left out: the
+        same trace found under another seed or run has the same digest."""
+        content = json.dumps([self.config.to_dict(), self.level, self.ops], sort_keys=True)
+        return hashlib.sha256(content.encode()).hexdigest()[:10]
 
 
-def write_atomically(path: Path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file renamed over it, with the usual
-    permissions (0666 less the umask, not the temporary file's 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` to `path` atomically, with the usual permissions (0666 less the umask)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~_umask())
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return p
 
 
 def _umask() -> int:
@@ -288,10 +301,10 @@ def check_meta(meta: Any) -> None:
 
 
 def save_finding(trace: Trace, directory: str | os.PathLike[str]) -> Path:
-    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory`, its meta
-    recording the versions of kvfuzz and Hypothesis that found it (`versions`)."""
-    text = trace.to_json()
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory` (the
+    digest of what it runs, `Trace.digest`), its meta recording the versions of kvfuzz and
+    Hypothesis that found it (`versions`)."""
+    digest = trace.digest()
     check = str(trace.meta.get("check", "finding")).replace("/", "-")
     config = str(trace.meta.get("config", trace.config.name)).replace("/", "-")
     trace.meta["versions"] = versions()

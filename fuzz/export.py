@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvfuzz.core.trace import Trace, write_atomically
+from kvfuzz.core.trace import Trace, write_atomic
 
 _TEMPLATE = '''"""Regression test exported by `kvfuzz export` from {source}.
 
@@ -48,5 +48,5 @@ def export_pytest(trace: Trace, target: str, out: Path, source: str = "a kvfuzz 
                             plugins=tuple(plugins), plugins_doc=plugins_doc,
                             data_doc=data_doc, trace_json=trace.to_json(), name=name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(out, text)
+    write_atomic(out, text)
     return out

@@ -10,8 +10,10 @@ step. Every generator (state machines, atheris, a file) goes through here.
 from __future__ import annotations
 
 import json
+import os
+import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvfuzz.core.config import Config
@@ -48,6 +50,10 @@ class Finding:
     target: str
     trace: Trace
     details: str = ""
+    signature: tuple[str, ...] = ()
+    """How it fails, beyond the check: for a DIFF the op kind and the differing field, for a
+    CRASH the exception type and the place raised (file:function:line); empty for a named check.
+    A shrunk trace must keep it (`kvfuzz.fuzz.shrink`), and findings are deduplicated by it."""
 
     def headline(self) -> str:
         where = f"step {self.step}" if self.step >= 0 else "the initial state"
@@ -142,6 +148,11 @@ class Execution:
             raise HarnessFault(f"target {name!r} (building its manager for config "
                                f"{self.config.name!r})", exc) from exc
 
+    def offers(self, name: str) -> bool:
+        """Whether every target implements an optional op or trace field (`ManagerSide.offers`);
+        generators leave out what one of them lacks."""
+        return all(getattr(t.side, "offers", lambda _: True)(name) for t in self.targets)
+
     @property
     def reference(self) -> Side:
         """The side every target is compared with."""
@@ -192,19 +203,22 @@ class Execution:
         try:
             result = tracked.side.apply(op)
             return result, tracked.side.observations(), tracked.side.snapshot()
-        except InvalidTrace:
+        except KvfuzzError:  # an invalid trace, or one the target cannot take: usage errors
             raise
         except Exception as exc:  # noqa: BLE001 - a broken target is a finding, not a crash
-            self._fail(CRASH, f"{type(exc).__name__}: {exc}", step, tracked.name)
+            self._fail(CRASH, f"{type(exc).__name__}: {exc}", step, tracked.name,
+                       signature=(op["op"], type(exc).__name__, _place(exc)))
 
     def _compare(self, tracked: _Tracked, step: int, result: Any, obs: Observations,
                  snap: Snapshot, ref_result: Any, ref_obs: Observations, ref_snap: Snapshot) -> None:
         ref_name = self.reference_name
+        kind = self.trace.ops[step]["op"]
         if result != ref_result:
             self._fail(
                 DIFF_RESULT,
                 f"{tracked.name} returned {result!r}, {ref_name} returned {ref_result!r}",
                 step, tracked.name, snap, ref_snap, ref_name,
+                signature=(kind, _differing_key(result, ref_result)),
             )
         mine = [p.compared() for p in obs.allocations]
         theirs = [p.compared() for p in ref_obs.allocations]
@@ -214,6 +228,7 @@ class Execution:
                 f"allocate_slots (request, outcome, prediction): {tracked.name} {mine}, "
                 f"{ref_name} {theirs}",
                 step, tracked.name, snap, ref_snap, ref_name,
+                signature=(kind, "allocations"),
             )
         if snap != ref_snap:
             diffs = snap.differences(ref_snap)
@@ -222,6 +237,7 @@ class Execution:
                 f"{tracked.name} vs {ref_name}: " + "; ".join(diffs[:3])
                 + (f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""),
                 step, tracked.name, snap, ref_snap, ref_name,
+                signature=(kind, _differing_field(snap, ref_snap)),
             )
 
     def _run_checks(self, tracked: _Tracked, before: Snapshot | None, after: Snapshot,
@@ -256,7 +272,8 @@ class Execution:
 
     def _fail(self, check: str, message: str, step: int, target: str,
               snap: Snapshot | None = None, ref_snap: Snapshot | None = None,
-              ref_name: str = "model", check_description: str | None = None) -> None:
+              ref_name: str = "model", check_description: str | None = None,
+              signature: tuple[str, ...] = ()) -> None:
         description = check_description or _DIFF_DESCRIPTIONS.get(check, check)
         trace = self.trace.prefix(step + 1)
         trace.meta.update({"check": check, "target": target, "message": message})
@@ -266,7 +283,34 @@ class Execution:
                                    f"{ref_name} after step {step}", ref_snap.render())
         elif snap is not None:
             details = f"--- {target} after step {step} ---\n{snap.render()}"
-        raise Counterexample(Finding(check, description, message, step, target, trace, details))
+        raise Counterexample(Finding(check, description, message, step, target, trace, details,
+                                     signature))
+
+
+def _place(exc: BaseException) -> str:
+    """Where `exc` was raised: the innermost frame's file name, function and line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    frame = frames[-1]
+    return f"{os.path.basename(frame.filename)}:{frame.name}:{frame.lineno}"
+
+
+def _differing_key(result: Any, reference: Any) -> str:
+    """The first key where two dict results differ, else "result"."""
+    if isinstance(result, dict) and isinstance(reference, dict):
+        for key in sorted(set(result) | set(reference), key=str):
+            if result.get(key) != reference.get(key):
+                return str(key)
+    return "result"
+
+
+def _differing_field(snap: Snapshot, reference: Snapshot) -> str:
+    """The first snapshot field where two states differ."""
+    for f in fields(snap):
+        if f.compare and getattr(snap, f.name) != getattr(reference, f.name):
+            return f.name
+    return "state"
 
 
 def side_by_side(left_title: str, left: str, right_title: str, right: str, width: int = 60) -> str:

@@ -48,9 +48,10 @@ CASES = {
     "surrogate none-hash seed": (_trace(config={**CONFIG, "none_hash_seed": "\ud83d"}),
                                  "none_hash_seed '\\ud83d' is not text"),
     "token 2^64": (_trace(ops=[{**ADD, "prompt": [2 ** 64]}]),
-                   "prompt holds an int of 65 bits, outside [0, 18446744073709551615] "
-                   "(token ids are u64)"),
-    "token -1": (_trace(ops=[{**ADD, "prompt": [-1]}]), "prompt holds -1, outside [0, "),
+                   "prompt: token id an int of 65 bits exceeds 2147483647"),
+    "token 2^31": (_trace(ops=[{**ADD, "prompt": [2 ** 31]}]),
+                   "prompt: token id 2147483648 exceeds 2147483647"),
+    "token -1": (_trace(ops=[{**ADD, "prompt": [-1]}]), "prompt: token id -1 is negative"),
     "count 2^63": (_trace(ops=[ADD, {"op": "allocate_slots", "request_id": "r0",
                                      "num_new_tokens": 2 ** 63}]),
                    "num_new_tokens must be an i64, got 9223372036854775808"),
