@@ -10,6 +10,7 @@ while it is mutated, so that a run killed outright is repaired by the next one.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 import importlib.util
@@ -42,12 +43,13 @@ class MutateError(KvfuzzError):
 
 @dataclass(frozen=True)
 class Mutant:
-    """One cosmic-ray mutation: `occurrence` of `operator` in `path`, at `line`."""
+    """One cosmic-ray mutation: `occurrence` of `operator` in `path`, at `line`, `column`."""
 
     path: str
     operator: str
     occurrence: int
     line: int
+    column: int
 
 
 @dataclass
@@ -129,9 +131,60 @@ def mutants(paths: list[Path]) -> list[Mutant]:
     with tempfile.TemporaryDirectory(prefix="kvfuzz-mutate-") as tmp:
         with use_db(str(Path(tmp) / "session.sqlite"), WorkDB.Mode.create) as db:
             init(paths, db, {})
-            found = [Mutant(str(m.module_path), m.operator_name, m.occurrence, m.start_pos[0])
+            found = [Mutant(str(m.module_path), m.operator_name, m.occurrence, *m.start_pos)
                      for item in db.work_items for m in item.mutations]
     return sorted(set(found), key=lambda m: (m.path, m.operator, m.occurrence))
+
+
+def baseline(target: str, examples: int, seed: int, paths: list[Path],
+             timeout: float) -> tuple[str | None, dict[str, set[int]]]:
+    """The campaign on the unmutated source, under coverage.py: the check it fails (None when
+    it passes, as it must for the score to mean anything) and the lines of `paths` it runs."""
+    require("coverage", INSTALL, "kvfuzz mutate")
+    from coverage import CoverageData
+
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-baseline-") as tmp:
+        data, out = Path(tmp) / "coverage", Path(tmp) / "result.json"
+        spec = {"target": target, "examples": examples, "seed": seed, "corpus": tmp,
+                "out": str(out)}
+        argv = [sys.executable, "-m", "coverage", "run", f"--data-file={data}",
+                "--include=" + ",".join(map(str, paths)), "-m", "kvfuzz.fuzz.mutate",
+                json.dumps(spec)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"the baseline campaign failed (exit {proc.returncode}):\n"
+                               + (proc.stderr or proc.stdout)[-2000:])
+        covered = CoverageData(basename=str(data))
+        covered.read()
+        lines = {str(p): set(covered.lines(str(p)) or ()) for p in paths}
+        return json.loads(out.read_text())["check"], lines
+
+
+def annotation(m: Mutant, tree: ast.Module) -> bool:
+    """Whether `m` lies in a type annotation, which the runtime never evaluates here."""
+    where = (m.line, m.column)
+    for node in ast.walk(tree):
+        notes = ([node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 else [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) else [])
+        if any(n is not None and (n.lineno, n.col_offset) <= where
+               < (n.end_lineno or n.lineno, n.end_col_offset or 0) for n in notes):
+            return True
+    return False
+
+
+def eligible(found: list[Mutant], lines: dict[str, set[int]]) -> list[Mutant]:
+    """The mutants inside a statement that ran and outside type annotations. coverage.py
+    names a statement by its first line, so a mutant counts by the innermost statement around
+    it."""
+    trees = {path: ast.parse(Path(path).read_text()) for path in lines}
+    spans = {path: [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+                    if isinstance(n, ast.stmt)] for path, tree in trees.items()}
+
+    def ran(m: Mutant) -> bool:
+        around = [(first, last) for first, last in spans[m.path] if first <= m.line <= last]
+        return bool(around) and max(around, key=lambda s: (s[0], -s[1]))[0] in lines[m.path]
+
+    return [m for m in found if ran(m) and not annotation(m, trees[m.path])]
 
 
 def sample(found: list[Mutant], k: int | None, seed: int) -> list[Mutant]:

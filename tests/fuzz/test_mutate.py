@@ -42,6 +42,21 @@ def test_a_killed_and_a_surviving_mutant_and_the_source_restored():
     assert data["by_file"][str(path)]["killed"] == 1 and data["by_check"] == {first.check: 1}
 
 
+def test_the_baseline_passes_and_only_statements_it_ran_outside_annotations_are_eligible():
+    (path,) = mutate.resolve("kvcache", ["kv_cache_manager.py"])
+    found = mutate.mutants([path])
+    check, lines = mutate.baseline("kvcache", 10, 0, [path], timeout=240)
+    assert check is None and lines[str(path)]
+    kept = mutate.eligible(found, lines)
+    assert 0 < len(kept) < len(found)
+    assert mutate.eligible(found, {str(path): set()}) == []  # nothing ran: nothing to mutate
+    signature = 1 + path.read_text().splitlines().index(
+        "        self, request: Request, max_cache_hit_length: int | None = None")
+    in_annotation = [m for m in found if m.line == signature]
+    assert in_annotation and not set(in_annotation) & set(
+        mutate.eligible(found, {str(path): set(range(1, 10_000))}))
+
+
 def test_a_file_left_mutated_by_a_killed_run_is_restored_from_its_backup():
     (path,) = mutate.resolve("kvcache", ["block_pool.py"])
     original = path.read_bytes()
