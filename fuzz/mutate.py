@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from kvfuzz.core.errors import KvfuzzError, require
 INSTALL = "pip install 'kvfuzz[mutate]'"
 BACKUP = ".kvfuzz-orig"
 KILLED, SURVIVED, TIMEOUT, INCOMPETENT = "killed", "survived", "timeout", "incompetent"
+ERROR = "campaign-error"
+"""The `check` of a mutant that made the campaign raise instead of failing a check."""
 _PACKAGES = {"kvcache": "kvfuzz.kvcache", "vllm": "vllm"}
 
 
@@ -247,6 +250,10 @@ def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Resu
                                        mutant.occurrence)
     if mutated is None:
         return Result(mutant, INCOMPETENT, detail="cosmic-ray made no mutation")
+    try:
+        compile(mutated, str(path), "exec")
+    except SyntaxError as exc:
+        return Result(mutant, INCOMPETENT, detail=f"not Python: {exc.msg}")
     if path.stat().st_mtime_ns // 10**9 == before // 10**9:
         # a cached .pyc of the original records its mtime in seconds: make it stale
         os.utime(path, ns=(before + 2 * 10**9, before + 2 * 10**9))
@@ -265,11 +272,19 @@ def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Resu
             return Result(mutant, TIMEOUT, seconds=time.monotonic() - start, diff=diff)
         seconds = time.monotonic() - start
         if proc.returncode != 0 or not out.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
-            return Result(mutant, INCOMPETENT, seconds=seconds, diff=diff,
-                          detail=f"exit {proc.returncode}: {tail[0]}")
+            # The baseline passed, so the mutant made the campaign itself raise (a manager
+            # that cannot be built, say): detected, though by no check.
+            return Result(mutant, KILLED, ERROR, seconds, diff,
+                          detail=f"exit {proc.returncode}: {_exception(proc.stderr)}")
         check = json.loads(out.read_text())["check"]
     return Result(mutant, KILLED if check else SURVIVED, check, seconds, diff)
+
+
+def _exception(stderr: str) -> str:
+    """The last `SomeError: message` line of a traceback (else its last line)."""
+    lines = stderr.strip().splitlines() or [""]
+    raised = [ln for ln in lines if re.match(r"[\w.]+(Error|Exception|Exit)\b", ln)]
+    return (raised or lines)[-1]
 
 
 def run(report: Report, chosen: list[Mutant], timeout: float,
