@@ -153,7 +153,11 @@ def baseline(target: str, examples: int, seed: int, paths: list[Path],
         argv = [sys.executable, "-m", "coverage", "run", f"--data-file={data}",
                 "--include=" + ",".join(map(str, paths)), "-m", "kvfuzz.fuzz.mutate",
                 json.dumps(spec)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        try:
+            with terminable():
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the baseline campaign ran past {timeout:g} s") from None
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"the baseline campaign failed (exit {proc.returncode}):\n"
                                + (proc.stderr or proc.stdout)[-2000:])
@@ -224,19 +228,28 @@ class Originals:
 
 
 @contextmanager
-def guarded(paths: list[Path]) -> Iterator[Originals]:
-    """Originals of `paths`, restored on any exit; SIGTERM ends the run like Ctrl-C."""
+def terminable() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt meanwhile, so cleanups run and children are killed."""
 
     def terminate(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, terminate)
-    originals = Originals(paths)
     try:
-        yield originals
+        yield
     finally:
-        originals.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def guarded(paths: list[Path]) -> Iterator[Originals]:
+    """Originals of `paths`, restored on any exit; SIGTERM ends the run like Ctrl-C."""
+    with terminable():
+        originals = Originals(paths)
+        try:
+            yield originals
+        finally:
+            originals.close()
 
 
 def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Result:
