@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from enum import Enum
+from operator import attrgetter
 from typing import Any
 
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
@@ -143,16 +144,19 @@ def read_snapshot(
     # translator knows, which only grow: the same count of them means the same translations.
     last = keys.last
     known_prefixes = keys.num_prefixes
-    # The private fields behind the block_hash properties: both implementations name them so,
-    # and a snapshot reads every block after every op.
-    hashes = [b._block_hash for b in blocks]
+    # The private fields behind the block_hash properties where there are some (kvcache, vLLM
+    # up to 0.33.0; 0.34.0 has plain fields): a snapshot reads every block after every op.
+    private = hasattr(blocks[0], "_block_hash")
+    hash_of = attrgetter("_block_hash" if private else "block_hash")
+    hashes = [hash_of(b) for b in blocks]
     prev = last.get("block_keys")
     if prev is not None and prev[0] == hashes and prev[1] == known_prefixes:
         block_keys = prev[2]
     else:
         block_keys = tuple([None if h is None else key(h) for h in hashes])
         last["block_keys"] = (hashes, known_prefixes, block_keys)
-    key_tokens = tuple([b._block_hash_num_tokens for b in blocks])
+    tokens_of = attrgetter("_block_hash_num_tokens" if private else "block_hash_num_tokens")
+    key_tokens = tuple([tokens_of(b) for b in blocks])
     linked_ids = [
         b.block_id for b in blocks if b.prev_free_block is not None and b.next_free_block is not None
     ]

@@ -14,6 +14,7 @@ from kvfuzz.kvcache.kv_cache_coordinator import (
 )
 from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -36,6 +37,7 @@ from kvfuzz.kvcache.request import Request, RequestStatus
 from kvfuzz.kvcache.scheduler import Scheduler, StepOutput
 from kvfuzz.kvcache.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
@@ -49,6 +51,8 @@ __all__ = [
     "BlockPool",
     "ChunkedLocalAttentionManager",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferManager",
+    "CircularBufferSpec",
     "CrossAttentionManager",
     "CrossAttentionSpec",
     "FreeKVCacheBlockQueue",

@@ -39,6 +39,7 @@ EXPECTED = {
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1"},
     "rswa-gap-kept": {"DIFF-state"},
+    "ring-block-per-step": {"P1"},
 }
 
 
