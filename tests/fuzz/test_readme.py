@@ -3,6 +3,7 @@ block runs (in a fresh folder holding README's `my_checks.py`) and its output is
 by line. Only what varies from run to run is masked: durations and rates, and the live lines
 a slow machine prints in between."""
 
+import importlib.util
 import os
 import re
 import shlex
@@ -12,8 +13,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
-UNRUN = ("pip install", "--data")
-"""Commands shown but not run here: installing, and the data checks (torch, docs elsewhere)."""
+
+NEEDS_TORCH = "--data"
+"""Commands run only where torch is installed (the data checks)."""
 
 _TIMES = [
     (re.compile(r"\b\d+\.\d+ ?s\b"), "<seconds>"),  # 2.0s, 2.0 s, in 0.21s
@@ -34,7 +36,8 @@ def _examples() -> list[tuple[str, list[str]]]:
         command, lines = None, []
         for line in block.splitlines() + ["$ "]:
             if line.startswith("$ "):
-                if command and not any(u in command for u in UNRUN):
+                if command and (NEEDS_TORCH not in command
+                                or importlib.util.find_spec("torch") is not None):
                     out.append((command, lines))
                 command, lines = line[2:], []
             else:
