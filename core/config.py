@@ -12,8 +12,14 @@ from typing import Any, Literal
 
 from kvfuzz.core.errors import ConfigError
 
-GroupKind = Literal["full", "sliding_window", "chunked_local", "cross", "mamba"]
-GROUP_KINDS: tuple[str, ...] = ("full", "sliding_window", "chunked_local", "cross", "mamba")
+GroupKind = Literal[
+    "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa"
+]
+GROUP_KINDS: tuple[str, ...] = (
+    "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa"
+)
+# Kinds vLLM manages as full attention (specs that subclass FullAttentionSpec).
+FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
 # vLLM 0.34.0's MambaCacheMode; kvfuzz runs "none" (docs/spec.md §11).
 MAMBA_CACHE_MODES: tuple[str, ...] = ("none", "align")
 MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='align'"
@@ -47,6 +53,8 @@ class GroupConfig:
     eagle: bool = False
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+    sink_len: int | None = None
+    rswa_window: int | None = None
 
     def validate(self, where: str) -> None:
         if self.kind not in GROUP_KINDS:
@@ -76,6 +84,19 @@ class GroupConfig:
             _non_negative_int(f"{where}.num_speculative_blocks", self.num_speculative_blocks)
         elif self.mamba_cache_mode != "none" or self.num_speculative_blocks:
             raise ConfigError(f"{where}: mamba settings on a {self.kind!r} group")
+        if self.kind == "sink_full":
+            _positive_int(f"{where}.sink_len", self.sink_len)
+            if self.sink_len % self.block_size:  # type: ignore[operator]
+                raise ConfigError(
+                    f"{where}.sink_len {self.sink_len} must be a multiple of block_size "
+                    f"{self.block_size}"
+                )
+        elif self.sink_len is not None:
+            raise ConfigError(f"{where}: sink_len on a {self.kind!r} group")
+        if self.kind == "rswa":
+            _positive_int(f"{where}.rswa_window", self.rswa_window)
+        elif self.rswa_window is not None:
+            raise ConfigError(f"{where}: rswa_window on a {self.kind!r} group")
 
 
 @dataclass(frozen=True)

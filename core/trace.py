@@ -34,12 +34,15 @@ _REQUEST_FIELDS = {
     "max_tokens": (_INT, 16),
     "skip_reading_prefix_cache": (_BOOL, False),
     "num_encoder_tokens": (_INT, 0),
+    "prefix_cache_hit_limit": (_OPT_INT, None),
 }
 
 OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
     "api": {
         "add_request": _REQUEST_FIELDS,
-        "get_computed_blocks": {"request_id": (_STR, None)},
+        "get_computed_blocks": {"request_id": (_STR, None),
+                                "max_cache_hit_length": (_OPT_INT, None)},
+        "get_num_cached_tokens": {"request_id": (_STR, None)},
         "allocate_slots": {
             "request_id": (_STR, None),
             "num_new_tokens": (_INT, None),
@@ -66,6 +69,10 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "finish": {"request_id": (_STR, None)},
     },
 }
+
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids are stored as int32 by vLLM 0.34 (`TokenBuffer`); a larger id cannot be stored."""
+_TOKEN_FIELDS = ("prompt", "tokens")
 
 # Fields whose schema default is None but which must be given.
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids"}
@@ -112,6 +119,11 @@ def normalize_op(raw: Any, level: str, where: str = "op") -> Op:
         if key in raw:
             _check_value(f"{where} ({name}).{key}", kind, raw[key])
             value = raw[key]
+            if key in _TOKEN_FIELDS and any(t > MAX_TOKEN_ID for t in value):
+                raise TraceFormatError(
+                    f"{where} ({name}).{key}: token id {max(value)} exceeds {MAX_TOKEN_ID}, "
+                    "the largest id vLLM stores (int32)"
+                )
             op[key] = list(value) if isinstance(value, list) else value
         elif key in _MANDATORY:
             raise TraceFormatError(f"{where} ({name}) needs field {key!r}")

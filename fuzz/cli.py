@@ -89,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
                      "repeat to combine. Failing examples saved there by earlier runs with the "
                      "same options replay first (default: none, so a seed gives the same "
                      "examples; hypothesis engine only; docs/distributed.md)")
+    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                     help="run the batches as Ray tasks: on the cluster at ADDRESS (HOST:PORT, "
+                     "ray://HOST:PORT or auto), or on a local one of 2 CPUs without ADDRESS "
+                     "(kvfuzz[distributed]; docs/distributed.md)")
+    run.add_argument("--ray-runtime-env", metavar="JSON",
+                     help="Ray runtime environment of the tasks, e.g. to ship kvfuzz to nodes "
+                     "without it: '{\"pip\": [\"kvfuzz[distributed]==VERSION\"]}'")
     run.set_defaults(handler=_cmd_run)
 
     replay = sub.add_parser("replay", help="re-run a saved trace step by step",
@@ -126,6 +133,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="import MODULE too in the test (besides the trace's plugins)")
     export.set_defaults(handler=_cmd_export)
 
+    merge = sub.add_parser("merge", help="merge campaigns' reports into one report and corpus",
+                           description="Merge the JSON reports of several campaigns (parallel "
+                           "CI jobs): their work summed, one finding per bug, its smallest "
+                           "trace copied into one corpus. Exit 1 if there is a finding.")
+    merge.add_argument("reports", nargs="+", type=Path, metavar="REPORT")
+    merge.add_argument("--corpus", type=Path, default=Path("kvfuzz-corpus"),
+                       help="where the findings' traces are copied (default: ./kvfuzz-corpus)")
+    merge.add_argument("--json", type=Path, metavar="FILE", help="write the merged report")
+    merge.set_defaults(handler=_cmd_merge)
+
     for name, helptext, handler in (
         ("targets", "list the targets", _cmd_targets),
         ("invariants", "list the registered invariants", _cmd_invariants),
@@ -141,7 +158,80 @@ def _parser() -> argparse.ArgumentParser:
     prove.add_argument("--per-function", type=float, default=10.0, metavar="SECONDS",
                        help="time bound per function (default: 10)")
     prove.set_defaults(handler=_cmd_prove)
+    _mutate_parser(sub)
     return p
+
+
+def _mutate_parser(sub: Any) -> None:
+    m = sub.add_parser("mutate", help="mutation score: how many source mutants campaigns kill",
+                       description="Mutate the target's source with cosmic-ray, one mutant at a "
+                       "time, in place (always restored); run a fixed-example campaign on each; "
+                       "report killed / survived / timed out per file and per check. Exit 0 "
+                       "when it ran, 1 under --fail-under, 2 on bad usage or without cosmic-ray.")
+    m.add_argument("--target", choices=("kvcache", "vllm"), default="kvcache")
+    m.add_argument("--paths", nargs="+", required=True, metavar="FILE",
+                   help="source files of the target, e.g. block_pool.py or "
+                   "vllm/v1/core/block_pool.py")
+    m.add_argument("--examples", type=int, default=300, help="examples per mutant (default: 300)")
+    m.add_argument("--sample", type=int, metavar="K", help="run K mutants drawn with --seed "
+                   "(default: all)")
+    m.add_argument("--seed", type=int, default=0, help="sample and campaign seed (default: 0)")
+    m.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds per mutant before it counts as timed out (default: 300)")
+    m.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report")
+    m.add_argument("--fail-under", type=float, metavar="PERCENT",
+                   help="exit 1 when the score is below PERCENT")
+    m.set_defaults(handler=_cmd_mutate)
+
+
+def _cmd_mutate(args: argparse.Namespace) -> int:
+    from kvfuzz.fuzz import mutate
+
+    require("cosmic_ray", mutate.INSTALL, "kvfuzz mutate")
+    for option, value in (("--examples", args.examples), ("--sample", args.sample),
+                          ("--timeout", args.timeout)):
+        _positive(option, value)
+    if args.report is not None:
+        _writable("--report", args.report)
+    _check_target(args.target)
+    paths = mutate.resolve(args.target, args.paths)
+    print(f"kvfuzz mutate: target {args.target}, {args.examples} examples per mutant, "
+          f"seed {args.seed}")
+
+    def show(i: int, n: int, report: Any) -> None:
+        r = report.results[-1]
+        by = f" by {r.check}" if r.check else ""
+        print(f"[{i}/{n}] {r.outcome}{by}  {Path(r.mutant.path).name}:{r.mutant.line} "
+              f"{r.mutant.operator} #{r.mutant.occurrence}  ({r.seconds:.1f} s)", flush=True)
+        if args.report:  # so far: a run cut short keeps what it measured
+            _write_json(args.report, {"versions": versions(), **report.as_json()})
+
+    found = mutate.mutants(paths)
+    chosen = mutate.sample(found, args.sample, args.seed)
+    report = mutate.run(mutate.Report(args.target, args.examples, args.seed, len(found)),
+                        chosen, args.timeout, show)
+    data = report.as_json()
+    print(f"\n{data['run']} of {data['total_mutants']} mutants"
+          + (" (interrupted; sources restored)" if report.interrupted else "") + ": "
+          + ", ".join(f"{v} {k}" for k, v in data["counts"].items()))
+    for path, row in data["by_file"].items():
+        score = "-" if row["score"] is None else f"{100 * row['score']:.0f}%"
+        print(f"  {Path(path).name:<34} killed {row['killed']:3d}  survived {row['survived']:3d}"
+              f"  timeout {row['timeout']:3d}  score {score}")
+    for check, n in sorted(data["by_check"].items(), key=lambda kv: -kv[1]):
+        print(f"  killed by {check}: {n}")
+    score = data["score"]
+    print("score: " + ("-" if score is None else f"{100 * score:.1f}%"))
+    for r in report.results:
+        if r.outcome == mutate.SURVIVED:
+            print(f"\nsurvived: {r.mutant.path}:{r.mutant.line} {r.mutant.operator}\n{r.diff}",
+                  end="")
+    if args.report:
+        _write_json(args.report, {"versions": versions(), **data})
+        print(f"report written to {args.report}")
+    if args.fail_under is not None and (score is None or 100 * score < args.fail_under):
+        return EXIT_FOUND
+    return EXIT_OK
 
 
 def _version_line() -> str:
@@ -222,6 +312,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _positive(option, value)
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
+    _check_ray(args)
     _writable("--corpus", args.corpus, folder=True)
     if args.json is not None:
         _writable("--json", args.json)
@@ -233,11 +324,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         data=args.data, database=databases, focus=tuple(args.focus),
     )
     check_focus(options.focus, configs)
+    backend = _ray_backend(args, options)
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
           f"{args.workers} worker(s), engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
+    if backend is not None:
+        print(f"ray: {backend.describe()}")
     progress = _Progress(seconds)
     # SIGINT and SIGTERM end a campaign: findings so far are kept and summarised.
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -247,7 +341,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             stats = run_atheris(options, progress.update)
         else:
-            stats = run_campaign(options, progress.update)
+            stats = (run_campaign(options, progress.update) if backend is None
+                     else run_campaign(options, progress.update, backend=backend))
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -276,6 +371,28 @@ def _check_databases(specs: tuple[str, ...], engine: str) -> None:
         if not part.shared and not part.readonly:
             _writable("--database", Path(part.location), folder=True)
     check_reachable(specs)
+
+
+def _check_ray(args: argparse.Namespace) -> None:
+    """`--ray` goes with the hypothesis engine and one driver, and `--ray-runtime-env` with it."""
+    if args.ray is None:
+        if args.ray_runtime_env is not None:
+            raise UsageError("--ray-runtime-env needs --ray")
+        return
+    if args.engine != "hypothesis":
+        raise UsageError("--ray needs --engine hypothesis")
+    if args.workers != 1:
+        raise UsageError("--ray and --workers exclude each other: Ray's CPUs are the workers")
+
+
+def _ray_backend(args: argparse.Namespace, options: Any) -> Any:
+    """With `--ray`: connected to the cluster, checked, and ready (None without it)."""
+    if args.ray is None:
+        return None
+    from kvfuzz.fuzz.ray_backend import RayBackend, connect, runtime_env
+
+    connect(args.ray or None, runtime_env(args.ray_runtime_env))
+    return RayBackend(options)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -473,6 +590,29 @@ def _cmd_export(args: argparse.Namespace) -> int:
     export_pytest(trace, target, args.pytest)
     print(f"wrote {args.pytest}: run it with `python -m pytest {args.pytest}`")
     return EXIT_OK
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from kvfuzz.fuzz.merge import merge_reports
+
+    _writable("--corpus", args.corpus, folder=True)
+    if args.json is not None:
+        _writable("--json", args.json)
+    merged = merge_reports(args.reports, args.corpus)
+    print(f"merged {len(args.reports)} reports: {merged['examples']} examples, "
+          f"{merged['operations']} operations, {merged['invariant_checks']} invariant checks")
+    for row in merged["by_config"]:
+        print(f"  {row['level'] + '/' + row['config']:<28} {row['examples']:>9} examples  "
+              f"{row['findings']:>3} findings")
+    if merged["findings"]:
+        print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
+        for f in merged["findings"]:
+            print(f"  [{f['check']}] {f['level']}/{f['config']}, {f['ops']} ops, "
+                  f"{f['duplicates']} duplicate(s): {f['message']}\n      {f['file']}")
+    if args.json is not None:
+        _write_json(args.json, merged)
+        print(f"report written to {args.json}")
+    return EXIT_FOUND if merged["findings"] else EXIT_OK
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:

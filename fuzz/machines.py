@@ -113,6 +113,7 @@ class ApiMachine(_TraceMachine):
     sample = _rule("sample")
     free = _rule("free")
     housekeeping = _rule("housekeeping")
+    probe_cached_tokens = _rule("probe_cached_tokens")
 
 
 class SchedulerMachine(_TraceMachine):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.core.errors import InvalidTrace, KvfuzzError
 from kvfuzz.core.sides import Observations, Side
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.harness.targets import get_target
@@ -139,6 +139,11 @@ class Execution:
             name = getattr(side, "name", "target")
         return _Tracked(name, side, side.snapshot())
 
+    def offers(self, name: str) -> bool:
+        """Whether every target implements an optional op or trace field (`ManagerSide.offers`);
+        generators leave out what one of them lacks."""
+        return all(getattr(t.side, "offers", lambda _: True)(name) for t in self.targets)
+
     @property
     def reference(self) -> Side:
         """The side every target is compared with."""
@@ -189,7 +194,7 @@ class Execution:
         try:
             result = tracked.side.apply(op)
             return result, tracked.side.observations(), tracked.side.snapshot()
-        except InvalidTrace:
+        except KvfuzzError:  # an invalid trace, or one the target cannot take: usage errors
             raise
         except Exception as exc:  # noqa: BLE001 - a broken target is a finding, not a crash
             self._fail(CRASH, f"{type(exc).__name__}: {exc}", step, tracked.name,

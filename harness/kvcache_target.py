@@ -16,6 +16,9 @@ def kvcache_spec(group: GroupConfig) -> Any:
         CrossAttentionSpec,
         FullAttentionSpec,
         MambaSpec,
+        MLAAttentionSpec,
+        RSWASpec,
+        SinkFullAttentionSpec,
         SlidingWindowSpec,
     )
 
@@ -31,6 +34,12 @@ def kvcache_spec(group: GroupConfig) -> Any:
         return ChunkedLocalAttentionSpec(
             block_size=group.block_size, attention_chunk_size=group.attention_chunk_size
         )
+    if group.kind == "mla":
+        return MLAAttentionSpec(block_size=group.block_size)
+    if group.kind == "sink_full":
+        return SinkFullAttentionSpec(block_size=group.block_size, sink_len=group.sink_len)
+    if group.kind == "rswa":
+        return RSWASpec(block_size=group.block_size, rswa_window=group.rswa_window)
     if group.kind == "mamba":
         return MambaSpec(
             block_size=group.block_size,
@@ -93,4 +102,5 @@ class KvcacheSide(ManagerSide):
             block_hasher=self._hasher,
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"],
             num_encoder_tokens=op["num_encoder_tokens"],
+            prefix_cache_hit_limit=op["prefix_cache_hit_limit"],
         )

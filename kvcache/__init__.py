@@ -13,6 +13,7 @@ from kvfuzz.kvcache.kv_cache_coordinator import (
     get_kv_cache_coordinator,
 )
 from kvfuzz.kvcache.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -20,6 +21,9 @@ from kvfuzz.kvcache.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -36,11 +40,13 @@ from kvfuzz.kvcache.single_type_kv_cache_manager import (
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
+    RSWAManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
 )
 
 __all__ = [
+    "AttentionSpec",
     "BlockHashToBlockMap",
     "BlockPool",
     "ChunkedLocalAttentionManager",
@@ -61,6 +67,10 @@ __all__ = [
     "KVCacheSpec",
     "MambaManager",
     "MambaSpec",
+    "MLAAttentionSpec",
+    "RSWAManager",
+    "RSWASpec",
+    "SinkFullAttentionSpec",
     "Request",
     "RequestStatus",
     "Scheduler",

@@ -13,7 +13,7 @@ from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
 # Kinds whose tables release blocks no future token reads (nulls left in place).
-_WINDOW_KINDS = ("sliding_window", "chunked_local", "mamba")
+_WINDOW_KINDS = ("sliding_window", "chunked_local", "mamba", "rswa")
 
 
 def cdiv(a: int, b: int) -> int:

@@ -138,6 +138,8 @@ def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed:
     for g in layout.groups:
         skipped = g.skipped(processed)
         table = state.tables[g.gid].get(rid)
+        if g.rswa and table is not None:
+            release_rswa_gap(g.rswa, g.bs, state, table, req.num_prompt_tokens, processed)
         if skipped <= 0 or table is None:
             continue
         replaced = []
@@ -147,6 +149,23 @@ def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed:
             replaced.append(table[i])
             table[i] = NULL
         state.release(replaced)
+
+
+def release_rswa_gap(
+    window: int, bs: int, state: State, table: list[int], prompt: int, processed: int
+) -> None:
+    """docs/spec.md §12.2: the positions wholly after the prompt's last block and before the
+    decode window, [cdiv(prompt, bs), (processed − window) // bs), become null walking back
+    from the end and stopping at the first null; freed in that order."""
+    if processed - window <= prompt:
+        return
+    replaced = []
+    for i in range(min((processed - window) // bs, len(table)) - 1, cdiv(prompt, bs) - 1, -1):
+        if table[i] == NULL:
+            break
+        replaced.append(table[i])
+        table[i] = NULL
+    state.release(replaced)
 
 
 def free_request(layout: Layout, state: State, rid: str) -> None:

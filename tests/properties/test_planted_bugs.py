@@ -40,6 +40,7 @@ EXPECTED = {
     "cow-unretained": {"P2"},
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1", "DIFF-result"},
+    "rswa-gap-kept": {"DIFF-state"},
 }
 
 
