@@ -30,6 +30,9 @@ class Request:
     extras: Extras | None = None
     """LoRA adapter, multimodal inputs, prompt embeddings (docs/spec.md §2.3); None for none."""
     tokens: list[int] = field(default_factory=list)
+    prefix_cache_hit_limit: int | None = None
+    """Leading tokens the prefix cache may serve (None: unbounded; vLLM 0.34's per-request
+    limit, e.g. the first scored prompt row of prompt scoring)."""
     """all_token_ids: the prompt followed by the output tokens."""
     num_computed_tokens: int = 0
     status: str = "WAITING"
