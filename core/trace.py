@@ -17,7 +17,8 @@ from typing import Any, Literal
 from kvfuzz import versions
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import ConfigError, TraceFormatError
-from kvfuzz.core.limits import MAX_INT, MAX_OPS, MAX_TOKEN_ID, read_document, shown
+from kvfuzz.core.limits import (MAX_INT, MAX_OPS, MAX_REQUESTS, MAX_TOKEN_ID, read_document,
+                                 shown)
 
 FORMAT = "kvfuzz-trace"
 VERSION = 1
@@ -252,6 +253,10 @@ class Trace:
         meta = data.get("meta", {})
         check_meta(meta)
         normalized = [normalize_op(op, level, f"ops[{i}]") for i, op in enumerate(ops)]
+        requests = sum(op["op"] == "add_request" for op in normalized)
+        if requests > MAX_REQUESTS:
+            raise TraceFormatError(f"ops add {requests} requests, at most {MAX_REQUESTS} "
+                                   "(docs/traces.md, Bounds)")
         return cls(config, level, normalized, meta)
 
     @classmethod

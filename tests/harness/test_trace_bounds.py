@@ -59,6 +59,8 @@ CASES = {
                         "num_blocks must be an int in [2, 131072], got 10000000"),
     "too many groups": (_trace(config={**CONFIG, "groups": [{"kind": "full", "block_size": 4}]
                                        * 17}), "groups lists 17 groups, at most 16"),
+    "too many requests": (_trace(ops=[{**ADD, "request_id": f"r{i}"} for i in range(1025)]),
+                          "ops add 1025 requests, at most 1024"),
     "huge LCM": (_trace(config={**CONFIG, "enable_caching": False, "groups": [
         {"kind": "full", "block_size": b} for b in (4093, 4091, 4099)]}),
         "the scheduler block size"),
