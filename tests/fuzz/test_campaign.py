@@ -114,6 +114,7 @@ def test_two_workers_save_each_bug_once_and_a_second_run_adds_nothing(tmp_path, 
     second = json.loads((tmp_path / "r2.json").read_text())
     assert _files(corpus) == files
     assert second["findings"] and all(f["known"] for f in second["findings"])
+    assert all(f["ops"] == len(Trace.load(f["file"]).ops) for f in second["findings"])
     assert "already in the corpus" in capsys.readouterr().out
 
 
