@@ -39,8 +39,8 @@ from kvfuzz.fuzz.database import open_database
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
 from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
 from kvfuzz.fuzz.plugins import import_plugins
-from kvfuzz.fuzz.schedule import (FEW_EXAMPLES, Backend, Batch, BatchResult, Failure, InProcess,
-                                  Pair, Schedule)
+from kvfuzz.fuzz.schedule import (FEW_EXAMPLES, LAG, Backend, Batch, BatchResult, Failure,
+                                  InProcess, Pair, Schedule)
 
 LEVELS = ("api", "scheduler")
 BYTES_PER_STEP = 24
@@ -68,6 +68,9 @@ class CampaignOptions:
     """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
     focus: tuple[str, ...] = ()
     """Config and op names to favour (`check_focus`)."""
+    lag: int = LAG
+    """Batches between a result and the batch its weight first applies to: at most this many
+    run at once, and the same lag gives the same batches whatever runs them."""
     engine: str = "hypothesis"
     shrink_seconds: float = 30.0
     max_findings: int | None = None
@@ -352,7 +355,8 @@ class Campaign:
         self.options = options
         self.report = report
         self.stats = Stats()
-        self.schedule = Schedule(campaign_pairs(options), options.seed, options.examples)
+        self.schedule = Schedule(campaign_pairs(options), options.seed, options.examples,
+                                 options.lag)
         for pair in self.schedule.pairs:
             self.stats.pair(*pair)
             self.schedule.weights[pair] = pair_weight(options, pair, 0)
