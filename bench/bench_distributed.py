@@ -98,10 +98,7 @@ def campaign(seconds: float, workers: int = 1,
         clock = Clock()
         if started is not None:
             clock.start = started
-        if backend is None:
-            stats = run_campaign(options, clock)
-        else:
-            stats = run_campaign(options, clock, backend=backend(options))
+        stats = run_campaign(options, clock, backend=None if backend is None else backend(options))
         end = time.perf_counter()
     after = watch.totals()
     watch.stop()
