@@ -376,8 +376,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             stats = run_atheris(options, progress.update)
         else:
-            stats = (run_campaign(options, progress.update) if backend is None
-                     else run_campaign(options, progress.update, backend=backend))
+            stats = run_campaign(options, progress.update, backend=backend)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
