@@ -44,13 +44,7 @@ def hypothesis_rate(config: str, examples: int) -> tuple[float, float]:
         campaign = Campaign(CampaignOptions(seconds=None, examples=examples, seed=7,
                                             configs=(config,), corpus=Path(corpus)))
         traces: list = []
-
-        class Recording(list):
-            def append(self, execution) -> None:
-                traces.append(execution.trace)
-                super().append(execution)
-
-        campaign._executions = Recording()
+        campaign.runner.on_execution = lambda execution: traces.append(execution.trace)
         start = time.perf_counter()
         stats = campaign.run()
         rate = stats.operations / (time.perf_counter() - start)

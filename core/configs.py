@@ -111,6 +111,35 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             _attention_mamba("mamba_small_blocks", 20, 2, speculative=1, state_bs=4),
         ),
         (
+            "MLA (DeepSeek-V2/V3-shaped): latent attention, managed as full attention",
+            Config(16, (GroupConfig("mla", 4),), name="mla", max_model_len=64),
+        ),
+        (
+            "full attention + MLA (bs 8): two full-attention spec groups in one hybrid lookup",
+            Config(24, (_full(4), GroupConfig("mla", 8)), name="full_mla", max_model_len=64),
+        ),
+        (
+            "full attention + sink full attention (8 sink tokens, static-sink attention)",
+            Config(24, (_full(4), GroupConfig("sink_full", 4, sink_len=8)), name="sink_full",
+                   max_model_len=64),
+        ),
+        (
+            "R-SWA (bs 2, window 2): the prompt stays, decode keeps its last 2 tokens",
+            Config(24, (GroupConfig("rswa", 2, rswa_window=2),), name="rswa", max_model_len=32),
+        ),
+        (
+            "full attention (bs 4) + R-SWA (bs 2, window 2): gap blocks released beside a full "
+            "group",
+            Config(32, (_full(4), GroupConfig("rswa", 2, rswa_window=2)), name="full_rswa",
+                   max_model_len=32),
+        ),
+        (
+            "full attention + a circular buffer (bs 8), shaped like GLM-5.3-Flash's indexer "
+            "tail: one ring block per request, out of every lookup",
+            Config(24, (_full(4), GroupConfig("circular_buffer", 8)), name="full_ring",
+                   max_model_len=64),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),
