@@ -37,7 +37,7 @@ EXPECTED = {
     "watermark-ignored": {"I8", "DIFF-probe", "DIFF-result"},
     "cow-unretained": {"P2"},
     "state-predictor-under-count": {"P1"},
-    "state-released-early": {"S1"},
+    "state-released-early": {"S1", "DIFF-result"},
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1"},
 }
