@@ -9,7 +9,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, overload
 
 from kvfuzz.kvcache.kv_cache_coordinator import get_kv_cache_coordinator
-from kvfuzz.kvcache.kv_cache_interface import CrossAttentionSpec, KVCacheConfig
+from kvfuzz.kvcache.kv_cache_interface import (
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    KVCacheConfig,
+)
 from kvfuzz.kvcache.kv_events import EventfulBlockPool, KVCacheEvent
 from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
 from kvfuzz.kvcache.request import RequestStatus
@@ -160,10 +164,11 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
-        self._cross_group_ids = frozenset(
+        # Groups whose tables do not follow the token count: encoder KV, a ring's one block.
+        self._fixed_group_ids = frozenset(
             i
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
-            if isinstance(group.kv_cache_spec, CrossAttentionSpec)
+            if isinstance(group.kv_cache_spec, CrossAttentionSpec | CircularBufferSpec)
         )
 
     @property
@@ -479,7 +484,7 @@ class KVCacheManager:
             )
         self._check_tracked(request_id, "cache_blocks")
         for group_id, manager in enumerate(self.coordinator.single_type_managers):
-            if group_id in self._cross_group_ids:
+            if group_id in self._fixed_group_ids:
                 continue
             num_slots = len(manager.req_to_blocks.get(request_id, ())) * manager.block_size
             if num_computed_tokens > num_slots:

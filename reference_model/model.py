@@ -276,7 +276,7 @@ class ReferenceModel:
             or any(
                 n > len(state.tables[g.gid][rid]) * g.bs
                 for g in self.layout.groups
-                if g.kind != "cross"
+                if g.kind not in ("cross", "circular_buffer")
             )
         ):
             return MISUSE

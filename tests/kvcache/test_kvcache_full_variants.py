@@ -107,6 +107,7 @@ def test_circular_buffer_claims_one_ring_block_for_the_request_lifetime():
     request.append_output_token_ids(1)
     assert manager.allocate_slots(request, 1) is not None
     assert [len(t) for t in table_ids(manager, "r")] == [3, 1]
+    manager.cache_blocks(request, 10)  # more tokens than the ring's 8 slots: not misuse
     twin = make_request("t", list(range(9)), 4)
     blocks, hit = manager.get_computed_blocks(twin)[:2]
     assert hit == 8 and blocks.get_block_ids()[1] == []
