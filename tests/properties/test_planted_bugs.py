@@ -36,6 +36,7 @@ EXPECTED = {
     "reset-while-held": {"I19"},
     "watermark-ignored": {"I8", "DIFF-probe", "DIFF-result"},
     "cow-unretained": {"P2"},
+    "boundary-before-hit": {"I20"},
 }
 
 
