@@ -688,7 +688,7 @@ def _cmd_invariants(args: argparse.Namespace) -> int:
 
     _plugins(args.plugin)
     docs = shipped("docs")
-    print(f"§ and I1-I19 refer to {docs / 'spec.md'}, bugs #N to {docs / 'bugs.md'}\n")
+    print(f"§ and I1-I20 refer to {docs / 'spec.md'}, bugs #N to {docs / 'bugs.md'}\n")
     for check in REGISTRY:
         covers = f" [covers {', '.join(check.covers)}]" if check.covers else ""
         print(f"{check.name:5} {check.kind:10} {check.description}{covers}")

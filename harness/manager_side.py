@@ -244,8 +244,9 @@ class ManagerSide:
         ok, out = self._call(lambda: self.lookup(request, bound))
         if not ok:
             return out
-        blocks, hit, _ = out
+        blocks, hit, boundary = out
         self.lookups[request.request_id] = (blocks, hit)
+        self.probes.observations.lookups.append((request.request_id, hit, boundary))
         return {"block_ids": [list(g) for g in blocks.get_block_ids()], "num_computed_tokens": hit}
 
     def _allocate_slots(self, op: Op) -> Any:

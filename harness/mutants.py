@@ -465,6 +465,17 @@ def _hit_swaps_block(side: KvcacheSide) -> None:
     _around(side.manager, "get_computed_blocks", around)
 
 
+@mutant("boundary-before-hit", "the single-group coordinator reports -1 uncached tokens, so "
+        "get_computed_blocks puts the shared-prefix boundary one token before the hit",
+        bug="kvfuzz mutate survivor, kv_cache_coordinator.py (docs/mutation.md) / I20")
+def _boundary_before_hit(side: KvcacheSide) -> None:
+    def around(original, request, max_cache_hit_length=None):
+        hits, num_hit_tokens, boundary = original(request, max_cache_hit_length)
+        return hits, num_hit_tokens, boundary or num_hit_tokens - 1
+
+    _around(side.manager, "get_computed_blocks", around)
+
+
 @mutant("cow-skipped", "a partial (sub-block) hit is adopted without its private copy: the hitter "
         "writes into the shared tail block", bug="docs/spec.md §4.5 / I11", configs=("partial_hits",))
 def _cow_skipped(side: KvcacheSide) -> None:

@@ -440,6 +440,25 @@ def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | No
     return None
 
 
+@transition(
+    "I20",
+    "a lookup's shared_prefix_boundary is 0, or lies past the hit and within num_tokens-1; "
+    "always 0 with one KV cache group (no other group can lag behind it)",
+    covers=("I20",),
+)
+def prefix_boundary(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    for rid, hit, boundary in ctx.observations.lookups:
+        if boundary == 0:
+            continue
+        if len(ctx.config.groups) == 1:
+            return f"{rid}: shared_prefix_boundary {boundary} with a single KV cache group"
+        num_tokens = after.requests[rid].num_tokens
+        if not hit < boundary <= num_tokens - 1:
+            return (f"{rid}: shared_prefix_boundary {boundary} outside {hit + 1}.."
+                    f"{num_tokens - 1} (hit {hit}, {num_tokens} tokens)")
+    return None
+
+
 def _hit_length_problem(config: Config, hit: int, num_tokens: int) -> str | None:
     if not 0 <= hit <= num_tokens - 1:
         return f"hit {hit} outside 0..{num_tokens - 1}"

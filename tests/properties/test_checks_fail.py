@@ -122,6 +122,8 @@ def _cases(execution, snaps):
         "I17": (s, _view(s, "r0", num_computed_tokens=40), _ctx(execution)),
         "I18": _window_left_live(),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
+        "I20": (s, s, _ctx(execution, op=lookup,
+                           observations=Observations(lookups=[("r0", 4, 3)]))),
         **_event_cases(execution, s),
     }
 

@@ -49,6 +49,7 @@ EXPECTED = {
     "state-released-early": {"S1", "DIFF-result"},
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1"},
+    "boundary-before-hit": {"I20"},
 }
 
 
