@@ -290,7 +290,7 @@ def _stored_parent_dropped(side: KvcacheSide) -> None:
         ]
         return out
 
-    _around(pool, "cache_full_blocks", around)
+    _around(pool, "register_full_blocks", around)
 
 
 def _release(ordered_blocks: Any) -> list[Any]:
