@@ -247,19 +247,16 @@ def _removed_while_held(side: KvcacheSide) -> None:
     pool._removed = removed
 
 
-@mutant("deferred-free-head-first", "pop_blocks_for_free hands each group's blocks tail "
-        "first, so the deferred release frees them head first", bug="vLLM #48489, PR #48532",
+@mutant("deferred-free-whole-list", "a deferred free reverses the concatenated blocks of every "
+        "group once instead of freeing each group tail first", bug="vLLM #48489, PR #48532",
         configs=("deferred",))
-def _deferred_free_head_first(side: KvcacheSide) -> None:
-    coordinator = side.manager.coordinator
+def _deferred_free_whole_list(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
 
-    def pop(request_id):
-        blocks = []
-        for manager in coordinator.single_type_managers:
-            blocks.extend(manager.pop_blocks_for_free(request_id)[::-1])
-        return blocks
+    def free_deferred_blocks(blocks_per_group):
+        pool.free_blocks([b for blocks in blocks_per_group for b in blocks][::-1])
 
-    coordinator.pop_blocks_for_free = pop
+    side.manager.free_deferred_blocks = free_deferred_blocks
 
 
 @mutant("reset-not-announced", "a successful prefix-cache reset emits no AllBlocksCleared",
