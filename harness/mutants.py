@@ -192,7 +192,7 @@ def _salt_ignored(side: KvcacheSide) -> None:
 
 
 @mutant("lora-name-only", "a LoRA adapter keys blocks by its name, not its id",
-        bug="vLLM #30931", configs=("tenants",))
+        bug="docs/bugs.md #16", configs=("tenants",))
 def _lora_name_only(side: KvcacheSide) -> None:
     def same_id(request):
         lora = request.lora_request
@@ -202,7 +202,7 @@ def _lora_name_only(side: KvcacheSide) -> None:
 
 
 @mutant("lora-salt-untagged", "untagged extra keys: a LoRA name reads as a cache salt",
-        bug="vLLM #44701", configs=("tenants",))
+        bug="docs/bugs.md #17", configs=("tenants",))
 def _lora_salt_untagged(side: KvcacheSide) -> None:
     _hash_as(side, lora_request=lambda request: None,
              cache_salt=lambda request: request.cache_salt or (
@@ -210,7 +210,7 @@ def _lora_salt_untagged(side: KvcacheSide) -> None:
 
 
 @mutant("embeds-mask-dropped", "prompt-embedding keys leave out which positions hold token ids",
-        bug="vLLM #56655", configs=("tenants",))
+        bug="docs/bugs.md #18", configs=("tenants",))
 def _embeds_mask_dropped(side: KvcacheSide) -> None:
     _hash_as(side, prompt_is_token_ids=lambda request: None)
 
@@ -233,7 +233,7 @@ def _weak_hash(side: KvcacheSide) -> None:
 
 
 @mutant("removed-while-held", "BlockRemoved for every evicted copy of a key, though another "
-        "block still holds it", bug="vLLM PR #55092", configs=("events",))
+        "block still holds it", bug="docs/bugs.md #25", configs=("events",))
 def _removed_while_held(side: KvcacheSide) -> None:
     from kvfuzz.kvcache.kv_events import BlockRemoved, _split
 
@@ -248,7 +248,7 @@ def _removed_while_held(side: KvcacheSide) -> None:
 
 
 @mutant("deferred-free-whole-list", "a deferred free reverses the concatenated blocks of every "
-        "group once instead of freeing each group tail first", bug="vLLM #48489, PR #48532",
+        "group once instead of freeing each group tail first", bug="docs/bugs.md #11",
         configs=("deferred",))
 def _deferred_free_whole_list(side: KvcacheSide) -> None:
     pool = side.manager.block_pool
