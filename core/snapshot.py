@@ -59,8 +59,8 @@ class Snapshot:
     pending_copies: tuple[tuple[int, int], ...] = ()
     retained_copies: tuple[tuple[int, int], ...] = ()
     deferred_frees: tuple[tuple[int, ...], ...] = ()
-    """Batches of blocks popped for deferred frees and not yet released, oldest first, each in
-    pop order (group after group, table order); each entry holds a reference."""
+    """Blocks popped for deferred frees and not yet released: one run per (batch, group), in
+    the order they will be released (each run tail first); each entry holds a reference."""
     new_block_ids: tuple[int, ...] = ()
     waiting: tuple[str, ...] = ()
     running: tuple[str, ...] = ()

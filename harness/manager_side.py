@@ -121,7 +121,8 @@ class ManagerSide:
         )
         if not self.deferred_blocks:
             return snapshot
-        deferred = tuple(tuple(b.block_id for b in batch) for batch in self.deferred_blocks)
+        deferred = tuple(tuple(b.block_id for b in run) for runs in self.deferred_blocks
+                         for run in runs)
         return dataclasses.replace(snapshot, deferred_frees=deferred, _derived={})
 
     def observations(self) -> Observations:
@@ -349,21 +350,45 @@ class ManagerSide:
         return [list(p) for p in pairs]
 
     def _free_deferred(self, op: Op) -> Any:
-        """The scheduler's deferred free: forget the request now, keep its blocks held."""
+        """The scheduler's deferred free: forget the request now, keep its blocks held, one
+        run per group (kvcache pops them so; for another manager the runs are cut from the
+        concatenated list by the group tables read just before)."""
         request = self._live_request(op)
-        ok, out = self._call(lambda: self.manager.pop_blocks_for_free(request))
+        per_group = getattr(self.manager, "pop_blocks_for_free_per_group", None)
+        if per_group is not None:
+            ok, runs = self._call(lambda: per_group(request))
+        else:
+            lengths = []
+            for manager in self.manager.coordinator.single_type_managers:
+                table = manager.req_to_blocks.get(request.request_id, [])
+                lengths.append(len(table) - next(
+                    (i for i, b in enumerate(table) if not b.is_null), len(table)))
+            ok, out = self._call(lambda: self.manager.pop_blocks_for_free(request))
+            runs = out
+            if ok:
+                runs, start = [], 0
+                for n in lengths:
+                    runs.append(out[start:start + n])
+                    start += n
         if not ok:
-            return out
-        if out:
-            self.deferred_blocks.append(out)
+            return runs
+        runs = [run for run in runs if run]
+        if runs:
+            self.deferred_blocks.append(runs)
         request.status = self.request_status.FINISHED_STOPPED
-        return [block.block_id for block in out]
+        return [block.block_id for run in runs for block in run]
 
     def _release_deferred(self, op: Op) -> Any:
-        """Release every deferred batch, oldest first, each in reverse (tail blocks first)."""
+        """Release every deferred batch, oldest first, as `free` would have: each group's run
+        tail first, group after group."""
         batches, self.deferred_blocks = self.deferred_blocks, []
-        for blocks in batches:
-            ok, out = self._call(lambda: self.manager.block_pool.free_blocks(blocks[::-1]))
+        release = getattr(self.manager, "free_deferred_blocks", None)
+        for runs in batches:
+            if release is not None:
+                ok, out = self._call(lambda: release(runs))
+            else:
+                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1])
+                                              for r in runs])
             if not ok:
                 return out
         return None

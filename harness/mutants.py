@@ -192,7 +192,7 @@ def _salt_ignored(side: KvcacheSide) -> None:
 
 
 @mutant("lora-name-only", "a LoRA adapter keys blocks by its name, not its id",
-        bug="vLLM #30931", configs=("tenants",))
+        bug="docs/bugs.md #16", configs=("tenants",))
 def _lora_name_only(side: KvcacheSide) -> None:
     def same_id(request):
         lora = request.lora_request
@@ -202,7 +202,7 @@ def _lora_name_only(side: KvcacheSide) -> None:
 
 
 @mutant("lora-salt-untagged", "untagged extra keys: a LoRA name reads as a cache salt",
-        bug="vLLM #44701", configs=("tenants",))
+        bug="docs/bugs.md #17", configs=("tenants",))
 def _lora_salt_untagged(side: KvcacheSide) -> None:
     _hash_as(side, lora_request=lambda request: None,
              cache_salt=lambda request: request.cache_salt or (
@@ -210,7 +210,7 @@ def _lora_salt_untagged(side: KvcacheSide) -> None:
 
 
 @mutant("embeds-mask-dropped", "prompt-embedding keys leave out which positions hold token ids",
-        bug="vLLM #56655", configs=("tenants",))
+        bug="docs/bugs.md #18", configs=("tenants",))
 def _embeds_mask_dropped(side: KvcacheSide) -> None:
     _hash_as(side, prompt_is_token_ids=lambda request: None)
 
@@ -233,7 +233,7 @@ def _weak_hash(side: KvcacheSide) -> None:
 
 
 @mutant("removed-while-held", "BlockRemoved for every evicted copy of a key, though another "
-        "block still holds it", bug="vLLM PR #55092", configs=("events",))
+        "block still holds it", bug="docs/bugs.md #25", configs=("events",))
 def _removed_while_held(side: KvcacheSide) -> None:
     from kvfuzz.kvcache.kv_events import BlockRemoved, _split
 
@@ -247,19 +247,16 @@ def _removed_while_held(side: KvcacheSide) -> None:
     pool._removed = removed
 
 
-@mutant("deferred-free-head-first", "pop_blocks_for_free hands each group's blocks tail "
-        "first, so the deferred release frees them head first", bug="vLLM #48489, PR #48532",
+@mutant("deferred-free-whole-list", "a deferred free reverses the concatenated blocks of every "
+        "group once instead of freeing each group tail first", bug="docs/bugs.md #11",
         configs=("deferred",))
-def _deferred_free_head_first(side: KvcacheSide) -> None:
-    coordinator = side.manager.coordinator
+def _deferred_free_whole_list(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
 
-    def pop(request_id):
-        blocks = []
-        for manager in coordinator.single_type_managers:
-            blocks.extend(manager.pop_blocks_for_free(request_id)[::-1])
-        return blocks
+    def free_deferred_blocks(blocks_per_group):
+        pool.free_blocks([b for blocks in blocks_per_group for b in blocks][::-1])
 
-    coordinator.pop_blocks_for_free = pop
+    side.manager.free_deferred_blocks = free_deferred_blocks
 
 
 @mutant("reset-not-announced", "a successful prefix-cache reset emits no AllBlocksCleared",
@@ -290,7 +287,7 @@ def _stored_parent_dropped(side: KvcacheSide) -> None:
         ]
         return out
 
-    _around(pool, "cache_full_blocks", around)
+    _around(pool, "register_full_blocks", around)
 
 
 def _release(ordered_blocks: Any) -> list[Any]:

@@ -194,6 +194,8 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         _no_snapshot_change,
         releases="0.34",
         applies=lambda api: api.has("cached_tokens_probe") and api.has("request_hit_limit"),
+    ),
+    KnownDeviation(
         REMOVED_WHILE_HELD,
         "docs/findings/011-block-removed-while-held.md",
         _no_snapshot_change,

@@ -515,6 +515,17 @@ class KVCacheManager:
         """The request's full tables (live lists: do not mutate)."""
         return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
 
+    def pop_blocks_for_free_per_group(self, request: Request) -> list[list[KVCacheBlock]]:
+        """`pop_blocks_for_free`, one list per group: what `free_deferred_blocks` takes."""
+        return [manager.pop_blocks_for_free(request.request_id)
+                for manager in self.coordinator.single_type_managers]
+
+    def free_deferred_blocks(self, blocks_per_group: list[list[KVCacheBlock]]) -> None:
+        """Release popped blocks as `free` would have: group after group, each tail first."""
+        for blocks in blocks_per_group:
+            if blocks:
+                self.block_pool.free_blocks(blocks[::-1])
+
     def take_events(self) -> list[KVCacheEvent]:
         """The KV events queued since the last call; ValueError when events are off."""
         if not self.enable_kv_cache_events:

@@ -1,6 +1,7 @@
 """KV cache events: what an external router learns about the prefix cache (docs/spec.md §3.10).
 
-`BlockStored` announces keys a `cache_full_blocks` or `cache_partial_block` call registered,
+`BlockStored` announces keys a `cache_full_blocks` (`register_full_blocks`) or
+`cache_partial_block` call registered,
 `BlockRemoved` a key no block holds any more, `AllBlocksCleared` a successful reset. A pool
 with events on is an `EventfulBlockPool`: the plain `BlockPool` with each mutating method
 wrapped, so pools without events pay nothing.
@@ -85,7 +86,7 @@ class EventfulBlockPool(BlockPool):
         lora = getattr(request, "lora_request", None)
         return lora.lora_name if lora is not None else None
 
-    def cache_full_blocks(
+    def register_full_blocks(
         self,
         request: Request,
         blocks: Sequence[KVCacheBlock],
@@ -95,8 +96,8 @@ class EventfulBlockPool(BlockPool):
         kv_cache_group_id: int,
         block_mask: Sequence[bool] | None = None,
     ) -> None:
-        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
-                                  block_size, kv_cache_group_id, block_mask)
+        super().register_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
+                                     block_size, kv_cache_group_id, block_mask)
         if num_cached_blocks >= num_full_blocks:
             return
         hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)

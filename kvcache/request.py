@@ -54,6 +54,18 @@ class MultiModalFeature:
     length: int
 
 
+def _check_extras(lora_request: LoRARequest | None, num_prompt_tokens: int,
+                  **per_position: list[int] | list[bool] | None) -> None:
+    """ValueError unless the adapter id is >= 1 and each per-position list fits the prompt."""
+    if lora_request is not None and lora_request.lora_int_id < 1:
+        raise ValueError(f"lora_int_id must be >= 1, got {lora_request.lora_int_id!r}")
+    for name, values in per_position.items():
+        if values is not None and len(values) != num_prompt_tokens:
+            raise ValueError(
+                f"{name} has {len(values)} entries for {num_prompt_tokens} prompt tokens"
+            )
+
+
 class ConstantList(Sequence[int]):
     """Read-only view of a list that keeps growing underneath."""
 
@@ -113,14 +125,11 @@ class Request:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         if not isinstance(num_encoder_tokens, int) or num_encoder_tokens < 0:
             raise ValueError(f"num_encoder_tokens must be an int >= 0, got {num_encoder_tokens!r}")
-        if lora_request is not None and lora_request.lora_int_id < 1:
-            raise ValueError(f"lora_int_id must be >= 1, got {lora_request.lora_int_id!r}")
-        for extra in ("prompt_embeds", "prompt_is_token_ids"):
-            values = locals()[extra]
-            if values is not None and len(values) != len(prompt_token_ids):
-                raise ValueError(
-                    f"{extra} has {len(values)} entries for {len(prompt_token_ids)} prompt tokens"
-                )
+        if lora_request is not None or prompt_embeds is not None or (
+            prompt_is_token_ids is not None
+        ):
+            _check_extras(lora_request, len(prompt_token_ids),
+                          prompt_embeds=prompt_embeds, prompt_is_token_ids=prompt_is_token_ids)
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)

@@ -32,7 +32,7 @@ def events_replay_to_cache(before: Snapshot, after: Snapshot, ctx: CheckContext)
     "EV2",
     "no BlockRemoved for a key another block still holds (a removal leaves it uncached "
     "unless a later event of the same op stores it again)",
-    covers=("§3.10", "vLLM PR #55092"),
+    covers=("§3.10", "bugs #25"),
 )
 def no_removal_while_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     events = ctx.observations.kv_events

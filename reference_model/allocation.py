@@ -185,10 +185,10 @@ def free_request(layout: Layout, state: State, rid: str) -> None:
         state.release(list(reversed(_pop_table(state, g.gid, rid))))
 
 
-def pop_request_blocks(layout: Layout, state: State, rid: str) -> list[int]:
+def pop_request_blocks(layout: Layout, state: State, rid: str) -> list[list[int]]:
     """pop_blocks_for_free (docs/spec.md §4.7): every group's table as `free_request` drops it,
-    group after group, still held."""
-    return [b for g in layout.groups for b in _pop_table(state, g.gid, rid)]
+    one list per group, still held."""
+    return [_pop_table(state, g.gid, rid) for g in layout.groups]
 
 
 def _pop_table(state: State, gid: int, rid: str) -> list[int]:

@@ -75,7 +75,7 @@ class Manager:
     def free(self, rid: str) -> None:
         free_request(self.layout, self.state, rid)
 
-    def pop_blocks_for_free(self, rid: str) -> list[int]:
+    def pop_blocks_for_free(self, rid: str) -> list[list[int]]:
         return pop_request_blocks(self.layout, self.state, rid)
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:

@@ -57,7 +57,7 @@ class ReferenceModel:
         self.driver = Driver(self.manager)
         self.requests: dict[str, Request] = {}
         self._mm_lengths: dict[int, int] = {}
-        self._deferred: list[list[int]] = []
+        self._deferred: list[list[list[int]]] = []
         self.lookups: dict[str, tuple[Lists, int]] = {}
         """API level: request id -> its live lookup (blocks, hit)."""
         self._views: dict[str, tuple[tuple[Any, ...], RequestView]] = {}
@@ -121,7 +121,7 @@ class ReferenceModel:
             requests=views,
             pending_copies=tuple([pair for g in state.pending_copies for pair in g]),
             retained_copies=tuple(state.retained),
-            deferred_frees=tuple(tuple(batch) for batch in self._deferred),
+            deferred_frees=tuple(tuple(run) for runs in self._deferred for run in runs),
             new_block_ids=tuple([b for g in state.new_block_ids for b in g]),
             waiting=tuple([r.request_id for r in self.driver.waiting]),
             running=tuple([r.request_id for r in self.driver.running]),
@@ -291,22 +291,26 @@ class ReferenceModel:
         return None
 
     def _op_free_deferred(self, op: Op) -> list[int]:
-        """pop_blocks_for_free: every group's table (leading nulls trimmed), group after group,
+        """pop_blocks_for_free: every group's table (leading nulls trimmed) kept as one run,
         still held; the request is finished."""
         req = self._live(op["request_id"])
-        popped = self.manager.pop_blocks_for_free(req.request_id)
-        if popped:
-            self._deferred.append(popped)
-            self.manager.state.deferred.extend(popped)
+        runs = [run for run in self.manager.pop_blocks_for_free(req.request_id) if run]
+        if runs:
+            self._deferred.append(runs)
+            for run in runs:
+                self.manager.state.deferred.extend(run)
         req.status = "FINISHED_STOPPED"
-        return popped
+        return [b for run in runs for b in run]
 
     def _op_release_deferred(self, op: Op) -> None:
+        """Each kept batch, oldest first, released as a free would: group after group, each
+        run tail first."""
         batches, self._deferred = self._deferred, []
-        for blocks in batches:
-            for b in blocks:
-                self.manager.state.deferred.remove(b)
-            self.manager.state.release(blocks[::-1])
+        for runs in batches:
+            for run in runs:
+                for b in run:
+                    self.manager.state.deferred.remove(b)
+                self.manager.state.release(run[::-1])
         return None
 
     def _op_take_events(self, op: Op) -> dict[str, list[str]]:

@@ -42,7 +42,7 @@ EXPECTED = {
     "lora-salt-untagged": {"H1"},
     "embeds-mask-dropped": {"H1"},
     "removed-while-held": {"EV2"},
-    "deferred-free-head-first": {"DIFF-result", "I7", "DIFF-state"},
+    "deferred-free-whole-list": {"I7", "DIFF-state"},
     "reset-not-announced": {"EV1"},
     "stored-parent-dropped": {"EV3"},
     "state-predictor-under-count": {"P1"},
