@@ -141,3 +141,18 @@ def test_a_closed_stdout_changes_neither_the_exit_code_nor_the_quiet_stderr(tmp_
     done = _kvfuzz(tmp_path, "replay", "t.json", shell_tail=" | head -1; exit ${PIPESTATUS[0]}")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith("replaying t.json")
+
+
+def test_a_check_that_raises_in_a_worker_exits_three_naming_it(tmp_path):
+    """With --workers the worker sends its error to the parent, which exits 3 as one process
+    would, and no worker outlives it."""
+    (tmp_path / "late_typo.py").write_text(
+        "from kvfuzz.properties import invariant\n@invariant('TYPO2', 'a late typo')\n"
+        "def typo(snapshot, ctx):\n    if ctx.step > 2:\n        return undefined_name\n")
+    done = _kvfuzz(tmp_path, "run", "--plugin", "late_typo", "--workers", "2", "--examples",
+                   "10", "--config", "full", "--level", "api")
+    assert done.returncode == 3, done.stderr
+    assert "check TYPO2 (from late_typo, at step 3 on kvcache) raised NameError: name " \
+        "'undefined_name' is not defined" in done.stderr
+    log = Path(done.stderr.split("the traceback is in ")[1].split(";")[0]).read_text()
+    assert "the worker's traceback" in log and "undefined_name" in log
