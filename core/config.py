@@ -14,10 +14,12 @@ from kvfuzz.core.errors import ConfigError
 from kvfuzz.core.limits import MAX_GROUPS, MAX_NUM_BLOCKS, MAX_SIZE, shown
 
 GroupKind = Literal[
-    "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa"
+    "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
+    "circular_buffer",
 ]
 GROUP_KINDS: tuple[str, ...] = (
-    "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa"
+    "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
+    "circular_buffer",
 )
 # Kinds vLLM manages as full attention (specs that subclass FullAttentionSpec).
 FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
@@ -174,13 +176,20 @@ class Config:
         return self.groups[0].block_size if not self.is_hybrid else math.lcm(*self.block_sizes)
 
     @property
+    def cacheable_block_sizes(self) -> tuple[int, ...]:
+        """Block sizes of the groups that take part in prefix caching (a circular buffer does
+        not); all of them if none does."""
+        sizes = tuple(g.block_size for g in self.groups if g.kind != "circular_buffer")
+        return sizes or self.block_sizes
+
+    @property
     def resolved_hash_block_size(self) -> int:
         if self.hash_block_size is not None:
             return self.hash_block_size
         if not self.is_hybrid:
             return self.groups[0].block_size
         if self.enable_caching:
-            return math.gcd(*self.block_sizes)
+            return math.gcd(*self.cacheable_block_sizes)
         return self.scheduler_block_size
 
     @property
@@ -241,6 +250,8 @@ class Config:
                 f"hash_block_size {hbs} does not divide the scheduler block size {sbs}"
             )
         for i, g in enumerate(self.groups):
+            if g.kind == "circular_buffer":
+                continue  # scratch: never hashed
             if self.enable_caching and self.is_hybrid and g.block_size % hbs:
                 raise ConfigError(
                     f"groups[{i}].block_size {g.block_size} is not a multiple of "
@@ -256,6 +267,12 @@ class Config:
         kinds = [g.kind for g in self.groups]
         if self.enable_caching and "cross" in kinds:
             raise ConfigError("a cross-attention group needs enable_caching false")
+        if self.enable_caching and self.is_hybrid and all(k == "circular_buffer" for k in kinds):
+            raise ConfigError(
+                "with enable_caching true a config with several groups needs one that is not a "
+                "circular_buffer (vLLM: HybridKVCacheCoordinator requires at least one "
+                "cacheable group)"
+            )
         for i, g in enumerate(self.groups):
             if g.kind == "mamba" and self.enable_caching and g.mamba_cache_mode != "align":
                 raise ConfigError(
@@ -276,7 +293,7 @@ class Config:
                 raise ConfigError("partial_hits needs enable_caching and at least two groups")
             hbs = self.resolved_hash_block_size
             for i, g in enumerate(self.groups):
-                if g.kind != "full" and g.block_size != hbs:
+                if g.kind not in ("full", "circular_buffer") and g.block_size != hbs:
                     raise ConfigError(
                         f"partial_hits: groups[{i}] ({g.kind}) block_size {g.block_size} "
                         f"must equal hash_block_size {hbs}"
