@@ -133,13 +133,13 @@ def _check_value(where: str, kind: str, value: Any, key: str) -> None:
         for triple in value:
             _check_value(where, _INTS, triple, "")
     elif isinstance(value, list):
-        low, high = (0, MAX_TOKEN_ID) if key in _TOKEN_LISTS else (-MAX_INT - 1, MAX_INT)
+        # A negative token is an i64 the reference model refuses where it stands (InvalidTrace).
+        low, high = -MAX_INT - 1, MAX_TOKEN_ID if key in _TOKEN_LISTS else MAX_INT
         if value and not low <= min(value) <= max(value) <= high:
             bad = next(v for v in value if not low <= v <= high)
-            if key in _TOKEN_LISTS:
-                raise TraceFormatError(f"{where}: token id {shown(bad)} " + (
-                    "is negative" if bad < 0 else
-                    f"exceeds {MAX_TOKEN_ID}, the largest id vLLM stores (int32)"))
+            if key in _TOKEN_LISTS and bad > MAX_TOKEN_ID:
+                raise TraceFormatError(f"{where}: token id {shown(bad)} exceeds {MAX_TOKEN_ID}, "
+                                       "the largest id vLLM stores (int32)")
             raise TraceFormatError(f"{where} holds {shown(bad)}, outside the i64 range")
     elif _is_int(value) and not -MAX_INT - 1 <= value <= MAX_INT:
         raise TraceFormatError(f"{where} must be an i64, got {shown(value)}")

@@ -392,6 +392,9 @@ class Campaign:
             self.stats.interrupted = True
             self.findings.shrink_seconds = 0.0  # save what is still coming, raw: stop soon
             self._take_all(backend.close(cancel=True))
+        except BaseException:  # a check, adapter or plugin fault (exit 3): no worker outlives it
+            backend.close(cancel=True)
+            raise
         else:
             self._take_all(backend.close(cancel=False))
         self.stats.interrupted = self.stats.interrupted or STOP_REQUESTED.is_set()

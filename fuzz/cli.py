@@ -116,6 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help=_FILE_PLUGIN_HELP)
     replay.add_argument("--quiet", action="store_true", help="print only the outcome")
+    replay.add_argument("--config-file", type=Path, metavar="FILE",
+                        help="run the trace's ops on this config (TOML or JSON, "
+                        "docs/configs.md) instead of the trace's own")
     replay.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
     replay.set_defaults(handler=_cmd_replay)
@@ -547,6 +550,10 @@ def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | N
     from kvfuzz.fuzz.trust import recorded_plugins
 
     trace = Trace.load(args.file)
+    if getattr(args, "config_file", None) is not None:
+        from kvfuzz.core.config_file import load_config_file
+
+        trace = Trace(load_config_file(args.config_file), trace.level, trace.ops, trace.meta)
     _plugins(args.plugin)
     recorded, note = recorded_plugins(trace, args.plugin)
     if note:
