@@ -86,8 +86,10 @@ def test_a_ray_campaign_runs_the_same_batches_and_findings_as_one_process(tmp_pa
     on_ray = kvfuzz(tmp_path, *common, "--ray", "--corpus", "ray", "--json", "ray.json")
     assert alone.returncode == 1, alone.stdout + alone.stderr
     assert on_ray.returncode == 1, on_ray.stdout + on_ray.stderr
+    assert "seed 5, Ray, engine hypothesis" in on_ray.stdout
     assert "ray: 2 CPUs on 1 node(s)" in on_ray.stdout
     one, ray_report = (json.loads((tmp_path / n).read_text()) for n in ("one.json", "ray.json"))
+    assert ray_report["ray"] == "local" and one["ray"] is None
     assert ray_report["examples"] == one["examples"] == 60
     assert ray_report["operations"] == one["operations"]
     assert findings(tmp_path / "ray.json") == findings(tmp_path / "one.json")
