@@ -604,7 +604,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
           f"{merged['operations']} operations, {merged['invariant_checks']} invariant checks")
     for row in merged["by_config"]:
         print(f"  {row['level'] + '/' + row['config']:<28} {row['examples']:>9} examples  "
-              f"{row['findings']:>3} findings")
+              f"{row['findings']:>3} bug(s)")
     if merged["findings"]:
         print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
         for f in merged["findings"]:
