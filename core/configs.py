@@ -134,6 +134,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_model_len=32),
         ),
         (
+            "full attention + a circular buffer (bs 8), shaped like GLM-5.3-Flash's indexer "
+            "tail: one ring block per request, out of every lookup",
+            Config(24, (_full(4), GroupConfig("circular_buffer", 8)), name="full_ring",
+                   max_model_len=64),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),

@@ -172,8 +172,13 @@ class AtherisWorker:
             os._exit(0)
 
     def _record(self, failure: Failure, level: str, name: str) -> None:
-        """Only the first worker to find a bug (`dedup_key`) saves and shrinks it."""
-        claim = hashlib.sha256(dedup_key(failure.check, failure.signature).encode()).hexdigest()
+        """Only the first worker to find a bug (`dedup_key`) saves and shrinks it; it counts its
+        own duplicates of it."""
+        key = dedup_key(failure.check, failure.signature)
+        if key in self.findings.records:
+            self.findings.offer(failure, level, name, time.monotonic() - self.start)
+            return
+        claim = hashlib.sha256(key.encode()).hexdigest()
         try:
             os.close(os.open(self.run_dir / "claims" / claim[:16], os.O_CREAT | os.O_EXCL))
         except FileExistsError:
@@ -231,8 +236,10 @@ class _Log:
         return "\n".join(text[-lines:])
 
 
-def _collect(run_dir: Path, logs: list[_Log], start: float) -> Stats:
+def _collect(run_dir: Path, logs: list[_Log], start: float, options: CampaignOptions) -> Stats:
     total = Stats()
+    for pair in campaign_pairs(options):
+        total.pair(*pair)
     for worker, log in enumerate(logs):
         path = run_dir / f"worker-{worker}.pickle"
         stats = pickle.loads(path.read_bytes()) if path.exists() else Stats()
@@ -296,14 +303,14 @@ def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) 
         try:
             while any(proc.poll() is None for proc in procs) and not stopped:
                 time.sleep(POLL_S)
-                stats = _collect(run_dir, logs, start)
+                stats = _collect(run_dir, logs, start, options)
                 on_progress(stats)
                 stopped = _budget_spent(options, stats, start)
         except KeyboardInterrupt:
             stopped = interrupted = True
         if stopped:
             _stop(procs, grace)
-        stats = _collect(run_dir, logs, start)
+        stats = _collect(run_dir, logs, start, options)
         stats.interrupted = interrupted
     for worker, (proc, log) in enumerate(zip(procs, logs)):
         if proc.returncode != 0 and not (stopped and -proc.returncode in _STOP_SIGNALS):

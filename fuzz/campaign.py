@@ -29,6 +29,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
+from kvfuzz.core.config import Config
 from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.harness.executor import Counterexample, Execution
@@ -73,6 +74,9 @@ class CampaignOptions:
     """Stop once this many distinct findings are saved (None: run the whole budget)."""
     data: str | None = None
     """Add the data checks D1, D2 on this `DEVICE[:DTYPE]` (None: the invariants only)."""
+    config_files: tuple[Config, ...] = ()
+    """Users' configs (`--config-file`), run as given (not varied), by their names in
+    `configs`."""
     database: tuple[str, ...] = ()
     """Hypothesis' example database, as specs of `kvfuzz.fuzz.database` (directories, Redis
     URLs): failing examples are saved there and replayed first by later campaigns with the same
@@ -253,9 +257,10 @@ class BatchRunner:
         """Run one example of pair (level, name) from its bytes (both engines call this)."""
         opts = self.options
         run_example(
-            data, builtin_config(name), level, steps=opts.steps, targets=(opts.target,),
+            data, campaign_config(opts, name), level, steps=opts.steps, targets=(opts.target,),
             model=opts.model, checks=self.checks, allow_misuse=opts.target != "vllm",
             swarm=opts.swarm, focus=self.focus_rules, on_execution=self._executed,
+            vary=name not in {c.name for c in opts.config_files},
         )
 
     def _executed(self, execution: Execution) -> None:
@@ -433,12 +438,20 @@ class Campaign:
             self.report(self.stats)
 
 
+def campaign_config(options: CampaignOptions, name: str) -> Config:
+    """The config named `name`: one of the user's config files, else a built-in one."""
+    for config in options.config_files:
+        if config.name == name:
+            return config
+    return builtin_config(name)
+
+
 def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None],
                  backend: Backend | None = None) -> Stats:
     """Run a campaign on `backend` (default: `--workers` local processes, or this process);
     call on_progress with the running totals."""
     for name in options.configs:
-        builtin_config(name)
+        campaign_config(options, name)
     STOP_REQUESTED.clear()
     import_plugins(options.plugins)
     campaign = Campaign(options, report=on_progress)

@@ -1,7 +1,8 @@
 """The `kvfuzz` command line (also `python -m kvfuzz`).
 
-Exit codes: 0 no counterexample (or the command succeeded), 1 a counterexample was found or a
-trace still fails, 2 usage or input error.
+Exit codes (`kvfuzz.fuzz.exits`): 0 no counterexample (or the command succeeded), 1 a
+counterexample was found or a trace still fails, 2 usage or input error, 3 a check, adapter or
+plugin (or kvfuzz) raised.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 from kvfuzz import __version__, shipped, versions
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.errors import KvfuzzError, require
+from kvfuzz.fuzz.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE, PluginFault, guarded
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(KvfuzzError):
@@ -26,21 +27,23 @@ class UsageError(KvfuzzError):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `kvfuzz` command; its exit codes are those of `kvfuzz.fuzz.exits`."""
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    # --debug is read by `guarded`, before parsing; it may stand anywhere on the line.
+    args = parser.parse_args([a for a in (sys.argv[1:] if argv is None else argv)
+                              if a != "--debug"])
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_USAGE
-    try:
-        return args.handler(args)
-    except KvfuzzError as exc:
-        print(f"kvfuzz: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ModuleNotFoundError as exc:
-        print(f"kvfuzz: error: cannot import {exc.name!r} ({exc})", file=sys.stderr)
-        return EXIT_USAGE
+    return args.handler(args)
 
 
+_FILE_PLUGIN_HELP = ("import MODULE (repeat for more). Nothing else is imported: the plugins a trace "
+                     "records are shown, with the --plugin options to pass")
 _DATA_HELP = ("add the data checks D1, D2 (torch paged K/V written through the block tables) on "
               "DEVICE[:DTYPE], e.g. cpu, cuda:float16 (default when given alone: cpu)")
 
@@ -52,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Run `kvfuzz COMMAND --help` for a command's options.",
     )
     p.add_argument("--version", action="version", version=_version_line())
+    p.add_argument("--debug", action="store_true",
+                   help="print the full traceback of an internal or plugin error (exit 3)")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a fuzzing campaign",
@@ -67,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=1, help="processes with disjoint seeds")
     run.add_argument("--config", nargs="+", metavar="NAME", help="built-in configs (default: "
                      "all; see `kvfuzz configs`)")
+    run.add_argument("--config-file", action="append", default=[], type=Path, metavar="FILE",
+                     help="your model shape: a config (docs/configs.md) in TOML (.toml) or JSON; "
+                     "repeat for more; run as given, besides any --config (default then: only "
+                     "these)")
     run.add_argument("--level", nargs="+", choices=("api", "scheduler"),
                      default=["api", "scheduler"], help="trace levels to generate")
     run.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
@@ -104,8 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("file", type=Path)
     replay.add_argument("--target", help="target (default: the trace's, else kvcache)")
     replay.add_argument("--no-model", action="store_true", help="without the reference model")
-    replay.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
-                        help="import MODULE too (the trace's plugins are imported anyway)")
+    replay.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help=_FILE_PLUGIN_HELP)
     replay.add_argument("--quiet", action="store_true", help="print only the outcome")
     replay.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
@@ -119,8 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     shrink.add_argument("--out", type=Path, help="output file (default: FILE.min.json)")
     shrink.add_argument("--seconds", type=float, default=60.0, help="time budget (default: 60)")
     shrink.add_argument("--no-model", action="store_true", help="without the reference model")
-    shrink.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
-                        help="import MODULE too (the trace's plugins are imported anyway)")
+    shrink.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help=_FILE_PLUGIN_HELP)
     shrink.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
     shrink.set_defaults(handler=_cmd_shrink)
@@ -129,8 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("file", type=Path)
     export.add_argument("--pytest", type=Path, required=True, metavar="OUT.py")
     export.add_argument("--target", help="target the test replays on (default: the trace's)")
-    export.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
-                        help="import MODULE too in the test (besides the trace's plugins)")
+    export.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help=_FILE_PLUGIN_HELP + " (the exported test imports the same)")
     export.set_defaults(handler=_cmd_export)
 
     merge = sub.add_parser("merge", help="merge campaigns' reports into one report and corpus",
@@ -179,6 +188,9 @@ def _mutate_parser(sub: Any) -> None:
     m.add_argument("--timeout", type=float, default=300.0,
                    help="seconds per mutant before it counts as timed out (default: 300)")
     m.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report")
+    m.add_argument("--all-lines", action="store_true",
+                   help="mutate every line (default: only statements the unmutated campaign "
+                   "runs, measured with coverage.py, outside type annotations)")
     m.add_argument("--fail-under", type=float, metavar="PERCENT",
                    help="exit 1 when the score is below PERCENT")
     m.set_defaults(handler=_cmd_mutate)
@@ -206,7 +218,22 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         if args.report:  # so far: a run cut short keeps what it measured
             _write_json(args.report, {"versions": versions(), **report.as_json()})
 
-    found = mutate.mutants(paths)
+    everything = mutate.mutants(paths)
+    try:  # coverage.py slows it: three mutants' time
+        check, lines = mutate.baseline(args.target, args.examples, args.seed, paths,
+                                       3 * args.timeout)
+    except RuntimeError as exc:
+        print(f"kvfuzz mutate: {exc}", file=sys.stderr)
+        return 3
+    if check is not None:
+        print(f"the campaign fails on the unmutated source ({check}): fix that first; "
+              f"`kvfuzz run --target {args.target} --examples {args.examples} "
+              f"--seed {args.seed}` shows it")
+        return EXIT_FOUND
+    ran = mutate.eligible(everything, lines)
+    print(f"{len(ran)} of {len(everything)} mutants lie on lines the campaign runs, outside "
+          "type annotations")
+    found = everything if args.all_lines else ran
     chosen = mutate.sample(found, args.sample, args.seed)
     report = mutate.run(mutate.Report(args.target, args.examples, args.seed, len(found)),
                         chosen, args.timeout, show)
@@ -218,8 +245,8 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         score = "-" if row["score"] is None else f"{100 * row['score']:.0f}%"
         print(f"  {Path(path).name:<34} killed {row['killed']:3d}  survived {row['survived']:3d}"
               f"  timeout {row['timeout']:3d}  score {score}")
-    for check, n in sorted(data["by_check"].items(), key=lambda kv: -kv[1]):
-        print(f"  killed by {check}: {n}")
+    for name, n in sorted(data["by_check"].items(), key=lambda kv: -kv[1]):
+        print(f"  killed by {name}: {n}")
     score = data["score"]
     print("score: " + ("-" if score is None else f"{100 * score:.1f}%"))
     for r in report.results:
@@ -250,7 +277,13 @@ def _plugins(plugins: list[str]) -> None:
     try:
         import_plugins(tuple(plugins))
     except PluginError as exc:
-        raise UsageError(f"cannot import plugin {exc.name!r}: {exc}") from None
+        cause = exc.__cause__
+        if isinstance(cause, ModuleNotFoundError) and cause.name and (
+            exc.name == cause.name or exc.name.startswith(cause.name + ".")
+        ):
+            raise UsageError(f"cannot import plugin {exc.name!r}: no module named "
+                             f"{cause.name!r}") from None
+        raise PluginFault(f"plugin {exc.name!r} (while importing it)", cause or exc) from cause
 
 
 def _positive(option: str, value: float | None) -> None:
@@ -304,9 +337,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         require("atheris", _FUZZ, "--engine atheris")
     _check_data(args.data)
     selected_checks(args.data)  # a bad --data spec fails here, before any worker starts
-    configs = tuple(args.config or BUILTIN)
+    config_files = _config_files(args.config_file, args.engine)
+    configs = tuple(args.config or (() if config_files else BUILTIN))
     for name in configs:
         builtin_config(name)
+    configs += tuple(c.name for c in config_files)
     for option, value in (("--workers", args.workers), ("--examples", args.examples),
                           ("--seconds", args.seconds), ("--steps", args.steps)):
         _positive(option, value)
@@ -321,7 +356,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
-        data=args.data, database=databases, focus=tuple(args.focus),
+        data=args.data, database=databases, focus=tuple(args.focus), config_files=config_files,
     )
     check_focus(options.focus, configs)
     backend = _ray_backend(args, options)
@@ -358,6 +393,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _write_json(args.json, report)
         print(f"report written to {args.json}")
     return EXIT_FOUND if stats.findings else EXIT_OK
+
+
+def _config_files(paths: list[Path], engine: str) -> tuple[Any, ...]:
+    """The configs of `--config-file`, each validated, their names distinct from each other and
+    from the built-in ones."""
+    from kvfuzz.core.config_file import load_config_file
+
+    if paths and engine != "hypothesis":
+        raise UsageError("--config-file needs --engine hypothesis")
+    configs = tuple(load_config_file(p) for p in paths)
+    names = [c.name for c in configs]
+    for path, name in zip(paths, names):
+        if name in BUILTIN or names.count(name) > 1:
+            raise UsageError(f"--config-file {path}: its name {name!r} is already taken (by "
+                             + ("a built-in config" if name in BUILTIN else "another file")
+                             + "): give it another `name`")
+    return configs
 
 
 def _check_databases(specs: tuple[str, ...], engine: str) -> None:
@@ -491,29 +543,30 @@ def _findings(records: list[Any]) -> None:
 
 def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | None]:
     """The trace FILE, its target and its data spec (`--target`, `--data`, else the trace's
-    own), with its plugins imported: those the trace records, then `--plugin`'s, all recorded
-    in its meta. The check the trace records must then be registered."""
+    own), with the `--plugin` modules imported. A trace is data: the plugins it records are
+    shown, never imported (`kvfuzz.fuzz.trust`). The check it records must be registered."""
     from kvfuzz.core.trace import Trace
+    from kvfuzz.fuzz.trust import recorded_plugins
 
     trace = Trace.load(args.file)
-    recorded = trace.meta.get("plugins", [])
-    if not isinstance(recorded, list) or not all(isinstance(m, str) for m in recorded):
-        raise UsageError(f"{args.file}: meta.plugins must be a list of module names, "
-                         f"got {recorded!r}")
-    plugins = list(dict.fromkeys(recorded + args.plugin))
-    _plugins(plugins)
-    if plugins:
-        trace.meta["plugins"] = plugins
+    _plugins(args.plugin)
+    recorded, note = recorded_plugins(trace, args.plugin)
+    if note:
+        print(note, file=sys.stderr)
+    if recorded or args.plugin:
+        trace.meta["plugins"] = list(dict.fromkeys(recorded + args.plugin))
     target = _check_target(args.target or str(trace.meta.get("target", "kvcache")))
     data = data or trace.meta.get("data")
     _check_data(data)
-    _check_registered(args.file, trace.meta.get("check"), data, plugins)
+    _check_registered(args.file, trace.meta.get("check"), data, args.plugin, recorded)
     return trace, target, data
 
 
-def _check_registered(path: Path, check: Any, data: str | None, plugins: list[str]) -> None:
+def _check_registered(path: Path, check: Any, data: str | None, plugins: list[str],
+                      recorded: list[str]) -> None:
     """A trace's recorded check must exist here, or its replay would pass for want of it."""
     from kvfuzz.fuzz.campaign import selected_checks
+    from kvfuzz.fuzz.trust import plugin_options
     from kvfuzz.harness.executor import CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE
     from kvfuzz.properties import REGISTRY
 
@@ -521,8 +574,11 @@ def _check_registered(path: Path, check: Any, data: str | None, plugins: list[st
     if check is None or check in known | {CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE}:
         return
     imported = f" (plugins imported: {', '.join(plugins)})" if plugins else ""
+    missing = [m for m in recorded if m not in plugins]
+    hint = (f"pass `{plugin_options(missing)}` (the plugins the trace records) if you trust "
+            "them, or" if missing else "pass")
     raise UsageError(f"{path} records a failure of check {check!r}, which is not "
-                     f"registered{imported}: pass `--plugin MODULE` naming the module that "
+                     f"registered{imported}: {hint} `--plugin MODULE` naming the module that "
                      "defines it")
 
 
@@ -536,8 +592,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     print(f"replaying {args.file}: {len(trace.ops)} ops, {trace.level} level, config "
           f"{trace.config.name!r}, target {target}" + (", no model" if args.no_model else "")
           + (f", data checks on {data}" if data else ""))
-    execution = Execution(trace.config, trace.level, [target], model=not args.no_model,
-                          checks=selected_checks(data))
+    try:
+        execution = Execution(trace.config, trace.level, [target], model=not args.no_model,
+                              checks=selected_checks(data))
+    except Counterexample as exc:
+        print(f"\nFAILED {exc.finding.report()}")
+        return EXIT_FOUND
     for i, op in enumerate(trace.ops):
         before = execution.targets[0].snapshot
         try:
@@ -588,7 +648,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     trace, target, _ = _load(args, None)
     _writable("--pytest", args.pytest)
-    export_pytest(trace, target, args.pytest)
+    export_pytest(trace, target, args.pytest, plugins=tuple(args.plugin))
     print(f"wrote {args.pytest}: run it with `python -m pytest {args.pytest}`")
     return EXIT_OK
 

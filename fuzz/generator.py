@@ -371,15 +371,17 @@ def run_example(
     swarm: bool = True,
     focus: frozenset[str] = frozenset(),
     on_execution: Callable[[Execution], None] | None = None,
+    vary: bool = True,
 ) -> Execution | None:
     """One example of a campaign: every decision read from `data` (`BytesChoices`): the varied
     config, the swarm, the prompt prefixes, then up to `steps` rules. The example ends early,
     passing, when the bytes run out or no rule can run; a failed check raises `Counterexample`.
-    `focus` holds rule and knob names (`focus_features`)."""
+    `focus` holds rule and knob names (`focus_features`); `vary=False` keeps `base` as it is
+    (a user's config file)."""
     choices = BytesChoices(data)
     rules_class = RULES_BY_LEVEL[level]
     try:
-        config = vary_config(choices, base)
+        config = vary_config(choices, base) if vary else base
         chosen = rules_class.draw_swarm(choices, keep=focus) if swarm else ALL
         execution = Execution(config, level, targets, model=model, checks=checks)
     except Exhausted:

@@ -10,12 +10,14 @@ while it is mutated, so that a run killed outright is repaired by the next one.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 import importlib.util
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +35,8 @@ from kvfuzz.core.errors import KvfuzzError, require
 INSTALL = "pip install 'kvfuzz[mutate]'"
 BACKUP = ".kvfuzz-orig"
 KILLED, SURVIVED, TIMEOUT, INCOMPETENT = "killed", "survived", "timeout", "incompetent"
+ERROR = "campaign-error"
+"""The `check` of a mutant that made the campaign raise instead of failing a check."""
 _PACKAGES = {"kvcache": "kvfuzz.kvcache", "vllm": "vllm"}
 
 
@@ -42,12 +46,13 @@ class MutateError(KvfuzzError):
 
 @dataclass(frozen=True)
 class Mutant:
-    """One cosmic-ray mutation: `occurrence` of `operator` in `path`, at `line`."""
+    """One cosmic-ray mutation: `occurrence` of `operator` in `path`, at `line`, `column`."""
 
     path: str
     operator: str
     occurrence: int
     line: int
+    column: int
 
 
 @dataclass
@@ -129,9 +134,64 @@ def mutants(paths: list[Path]) -> list[Mutant]:
     with tempfile.TemporaryDirectory(prefix="kvfuzz-mutate-") as tmp:
         with use_db(str(Path(tmp) / "session.sqlite"), WorkDB.Mode.create) as db:
             init(paths, db, {})
-            found = [Mutant(str(m.module_path), m.operator_name, m.occurrence, m.start_pos[0])
+            found = [Mutant(str(m.module_path), m.operator_name, m.occurrence, *m.start_pos)
                      for item in db.work_items for m in item.mutations]
     return sorted(set(found), key=lambda m: (m.path, m.operator, m.occurrence))
+
+
+def baseline(target: str, examples: int, seed: int, paths: list[Path],
+             timeout: float) -> tuple[str | None, dict[str, set[int]]]:
+    """The campaign on the unmutated source, under coverage.py: the check it fails (None when
+    it passes, as it must for the score to mean anything) and the lines of `paths` it runs."""
+    require("coverage", INSTALL, "kvfuzz mutate")
+    from coverage import CoverageData
+
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-baseline-") as tmp:
+        data, out = Path(tmp) / "coverage", Path(tmp) / "result.json"
+        spec = {"target": target, "examples": examples, "seed": seed, "corpus": tmp,
+                "out": str(out)}
+        argv = [sys.executable, "-m", "coverage", "run", f"--data-file={data}",
+                "--include=" + ",".join(map(str, paths)), "-m", "kvfuzz.fuzz.mutate",
+                json.dumps(spec)]
+        try:
+            with terminable():
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the baseline campaign ran past {timeout:g} s") from None
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"the baseline campaign failed (exit {proc.returncode}):\n"
+                               + (proc.stderr or proc.stdout)[-2000:])
+        covered = CoverageData(basename=str(data))
+        covered.read()
+        lines = {str(p): set(covered.lines(str(p)) or ()) for p in paths}
+        return json.loads(out.read_text())["check"], lines
+
+
+def annotation(m: Mutant, tree: ast.Module) -> bool:
+    """Whether `m` lies in a type annotation, which the runtime never evaluates here."""
+    where = (m.line, m.column)
+    for node in ast.walk(tree):
+        notes = ([node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 else [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) else [])
+        if any(n is not None and (n.lineno, n.col_offset) <= where
+               < (n.end_lineno or n.lineno, n.end_col_offset or 0) for n in notes):
+            return True
+    return False
+
+
+def eligible(found: list[Mutant], lines: dict[str, set[int]]) -> list[Mutant]:
+    """The mutants inside a statement that ran and outside type annotations. coverage.py
+    names a statement by its first line, so a mutant counts by the innermost statement around
+    it."""
+    trees = {path: ast.parse(Path(path).read_text()) for path in lines}
+    spans = {path: [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+                    if isinstance(n, ast.stmt)] for path, tree in trees.items()}
+
+    def ran(m: Mutant) -> bool:
+        around = [(first, last) for first, last in spans[m.path] if first <= m.line <= last]
+        return bool(around) and max(around, key=lambda s: (s[0], -s[1]))[0] in lines[m.path]
+
+    return [m for m in found if ran(m) and not annotation(m, trees[m.path])]
 
 
 def sample(found: list[Mutant], k: int | None, seed: int) -> list[Mutant]:
@@ -168,19 +228,28 @@ class Originals:
 
 
 @contextmanager
-def guarded(paths: list[Path]) -> Iterator[Originals]:
-    """Originals of `paths`, restored on any exit; SIGTERM ends the run like Ctrl-C."""
+def terminable() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt meanwhile, so cleanups run and children are killed."""
 
     def terminate(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, terminate)
-    originals = Originals(paths)
     try:
-        yield originals
+        yield
     finally:
-        originals.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def guarded(paths: list[Path]) -> Iterator[Originals]:
+    """Originals of `paths`, restored on any exit; SIGTERM ends the run like Ctrl-C."""
+    with terminable():
+        originals = Originals(paths)
+        try:
+            yield originals
+        finally:
+            originals.close()
 
 
 def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Result:
@@ -194,6 +263,10 @@ def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Resu
                                        mutant.occurrence)
     if mutated is None:
         return Result(mutant, INCOMPETENT, detail="cosmic-ray made no mutation")
+    try:
+        compile(mutated, str(path), "exec")
+    except SyntaxError as exc:
+        return Result(mutant, INCOMPETENT, detail=f"not Python: {exc.msg}")
     if path.stat().st_mtime_ns // 10**9 == before // 10**9:
         # a cached .pyc of the original records its mtime in seconds: make it stale
         os.utime(path, ns=(before + 2 * 10**9, before + 2 * 10**9))
@@ -212,11 +285,19 @@ def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Resu
             return Result(mutant, TIMEOUT, seconds=time.monotonic() - start, diff=diff)
         seconds = time.monotonic() - start
         if proc.returncode != 0 or not out.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
-            return Result(mutant, INCOMPETENT, seconds=seconds, diff=diff,
-                          detail=f"exit {proc.returncode}: {tail[0]}")
+            # The baseline passed, so the mutant made the campaign itself raise (a manager
+            # that cannot be built, say): detected, though by no check.
+            return Result(mutant, KILLED, ERROR, seconds, diff,
+                          detail=f"exit {proc.returncode}: {_exception(proc.stderr)}")
         check = json.loads(out.read_text())["check"]
     return Result(mutant, KILLED if check else SURVIVED, check, seconds, diff)
+
+
+def _exception(stderr: str) -> str:
+    """The last `SomeError: message` line of a traceback (else its last line)."""
+    lines = stderr.strip().splitlines() or [""]
+    raised = [ln for ln in lines if re.match(r"[\w.]+(Error|Exception|Exit)\b", ln)]
+    return (raised or lines)[-1]
 
 
 def run(report: Report, chosen: list[Mutant], timeout: float,

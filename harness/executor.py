@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.errors import InvalidTrace, KvfuzzError
+from kvfuzz.core.errors import HarnessFault, InvalidTrace, KvfuzzError
 from kvfuzz.core.sides import Observations, Side
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.harness.targets import get_target
@@ -56,12 +56,13 @@ class Finding:
     A shrunk trace must keep it (`kvfuzz.fuzz.shrink`), and findings are deduplicated by it."""
 
     def headline(self) -> str:
-        return f"[{self.check}] step {self.step} on {self.target}: {self.message}"
+        where = f"step {self.step}" if self.step >= 0 else "the initial state"
+        return f"[{self.check}] {where} on {self.target}: {self.message}"
 
     def report(self, with_trace: bool = True) -> str:
         """Headline, check, op and states; then the trace up to the step, one op a line
         (`with_trace=False` for a caller that has already printed the ops)."""
-        op = self.trace.ops[self.step] if self.step < len(self.trace.ops) else None
+        op = self.trace.ops[self.step] if 0 <= self.step < len(self.trace.ops) else None
         lines = [self.headline(), f"  check: {self.check} — {self.description}"]
         if op is not None:
             lines.append(f"  op: {op}")
@@ -69,7 +70,8 @@ class Finding:
             lines.append(self.details)
         if with_trace:
             trace = self.trace
-            lines.append(f"  trace up to step {self.step}, {trace.level} level, config "
+            lines.append(f"  trace up to {'step ' + str(self.step) if self.step >= 0 else 'no op'}, "
+                         f"{trace.level} level, config "
                          f"{json.dumps(trace.config.to_dict())}:")
             lines.extend(f"    {i}: {op_text(o, trace.level)}" for i, o in enumerate(trace.ops))
         return "\n".join(lines)
@@ -130,14 +132,21 @@ class Execution:
                              ref_snap=ref_snap)
 
     def _track(self, target: TargetSpec) -> _Tracked:
-        if isinstance(target, str):
-            info = get_target(target)
-            side = info.build(self.config, self.level)
-            name = info.name
-        else:
-            side = target(self.config, self.level)
-            name = getattr(side, "name", "target")
-        return _Tracked(name, side, side.snapshot())
+        name = target if isinstance(target, str) else getattr(target, "__name__", "target")
+        try:
+            if isinstance(target, str):
+                info = get_target(target)
+                name = info.name
+                side = info.build(self.config, self.level)
+            else:
+                side = target(self.config, self.level)
+                name = getattr(side, "name", name)
+            return _Tracked(name, side, side.snapshot())
+        except (InvalidTrace, KvfuzzError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the adapter, not the trace, is at fault
+            raise HarnessFault(f"target {name!r} (building its manager for config "
+                               f"{self.config.name!r})", exc) from exc
 
     def offers(self, name: str) -> bool:
         """Whether every target implements an optional op or trace field (`ManagerSide.offers`);
@@ -243,12 +252,17 @@ class Execution:
         ran = 0
         try:
             for transition, fn, check in self._plan:
-                if transition:
-                    if before is None:
-                        continue
-                    message = fn(before, after, ctx)
-                else:
-                    message = fn(after, ctx)
+                try:
+                    if transition:
+                        if before is None:
+                            continue
+                        message = fn(before, after, ctx)
+                    else:
+                        message = fn(after, ctx)
+                except Exception as exc:  # noqa: BLE001 - the check, not the target, is at fault
+                    where = f"step {step}" if step >= 0 else "the initial state"
+                    raise HarnessFault(f"check {check.name} (from {check.module or 'unknown'}, "
+                                       f"at {where} on {tracked.name})", exc) from exc
                 ran += 1
                 if message:
                     self._fail(check.name, message, step, tracked.name, after, ref_snap,
@@ -340,8 +354,11 @@ def run_trace(
     on_step: Callable[[int, Op, Any], None] | None = None,
 ) -> RunResult:
     """Replay a trace from a fresh manager; stop at the first finding or invalid op."""
-    execution = Execution(trace.config, trace.level, targets, model=model, checks=checks,
-                          meta=trace.meta)
+    try:
+        execution = Execution(trace.config, trace.level, targets, model=model, checks=checks,
+                              meta=trace.meta)
+    except Counterexample as exc:  # a check fails on the initial state
+        return RunResult(0, finding=exc.finding)
     for i, op in enumerate(trace.ops):
         try:
             result = execution.apply(op)

@@ -13,6 +13,7 @@ def kvcache_spec(group: GroupConfig) -> Any:
     """The kvcache spec object of a config group."""
     from kvfuzz.kvcache import (
         ChunkedLocalAttentionSpec,
+        CircularBufferSpec,
         CrossAttentionSpec,
         FullAttentionSpec,
         MambaSpec,
@@ -34,6 +35,8 @@ def kvcache_spec(group: GroupConfig) -> Any:
         return ChunkedLocalAttentionSpec(
             block_size=group.block_size, attention_chunk_size=group.attention_chunk_size
         )
+    if group.kind == "circular_buffer":
+        return CircularBufferSpec(block_size=group.block_size)
     if group.kind == "mla":
         return MLAAttentionSpec(block_size=group.block_size)
     if group.kind == "sink_full":

@@ -478,3 +478,17 @@ def _rswa_gap_kept(side: KvcacheSide) -> None:
     for single in _singles(side):
         if type(single).__name__ == "RSWAManager":
             single.remove_skipped_blocks = lambda *args, **kwargs: None
+
+
+@mutant("ring-block-per-step", "a circular buffer claims another ring block at every allocation "
+        "while its predictor still counts one per request", bug="docs/spec.md §12.3",
+        configs=("full_ring",))
+def _ring_block_per_step(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "CircularBufferManager":
+            def grow(request_id, num_tokens, num_tokens_main_model, m=single):
+                new_blocks = m.block_pool.get_new_blocks(1)
+                m.req_to_blocks.setdefault(request_id, []).extend(new_blocks)
+                return new_blocks
+
+            single.allocate_new_blocks = grow

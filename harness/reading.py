@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from enum import Enum
+from operator import attrgetter
 from typing import Any
 
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot

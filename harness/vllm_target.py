@@ -52,6 +52,8 @@ def _spec(group: GroupConfig, v: VllmApi) -> Any:
         return iface.ChunkedLocalAttentionSpec(
             **common, attention_chunk_size=group.attention_chunk_size
         )
+    if group.kind == "circular_buffer":
+        return iface.CircularBufferSpec(**common)
     if group.kind == "mla":
         return iface.MLAAttentionSpec(**common)
     if group.kind == "sink_full":

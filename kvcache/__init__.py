@@ -15,6 +15,7 @@ from kvfuzz.kvcache.kv_cache_coordinator import (
 from kvfuzz.kvcache.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -37,6 +38,7 @@ from kvfuzz.kvcache.request import Request, RequestStatus
 from kvfuzz.kvcache.scheduler import Scheduler, StepOutput
 from kvfuzz.kvcache.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
@@ -51,6 +53,8 @@ __all__ = [
     "BlockPool",
     "ChunkedLocalAttentionManager",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferManager",
+    "CircularBufferSpec",
     "CrossAttentionManager",
     "CrossAttentionSpec",
     "FreeKVCacheBlockQueue",

@@ -156,6 +156,16 @@ class CrossAttentionSpec(AttentionSpec):
     """Encoder-side KV of an encoder-decoder model: allocated once, never prefix-cached."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class CircularBufferSpec(KVCacheSpec):
+    """A per-request ring of `block_size` slots (e.g. a compressor's open group): one block for
+    the request's whole life, never prefix-cached."""
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return False
+
+
 MAMBA_CACHE_MODES = ("none", "align")
 
 

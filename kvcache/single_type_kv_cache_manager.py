@@ -19,6 +19,7 @@ from kvfuzz.kvcache.block_math import (
 from kvfuzz.kvcache.block_pool import BlockPool
 from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
@@ -422,6 +423,43 @@ class RSWAManager(FullAttentionManager):
             self.block_pool.free_blocks(removed)
 
 
+class CircularBufferManager(FullAttentionManager):
+    """One ring block per request, claimed at its first allocation and kept until it is freed;
+    no hits, no caching, no zeroing (docs/spec.md §12.3)."""
+
+    def __init__(self, kv_cache_spec: CircularBufferSpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        self._record_new_block_ids = False  # vLLM never zeroes a ring
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, *args: Any, **kwargs: Any
+    ) -> int:
+        return 0 if self.req_to_blocks.get(request_id) else 1
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        if req_blocks:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(1)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
+        """Nothing to adopt: the ring is claimed by the allocation."""
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Scratch: never registered."""
+
+    @classmethod
+    def find_longest_cache_hit(  # type: ignore[override]
+        cls, block_hashes: BlockHashList, max_length: int, kv_cache_group_ids: Sequence[int],
+        *args: Any,
+    ) -> tuple[HitBlocks, int]:
+        return tuple([] for _ in kv_cache_group_ids), 0
+
+
 class SlidingWindowManager(SingleTypeKVCacheManager):
     recycles_blocks: ClassVar[bool] = True
 
@@ -692,6 +730,7 @@ _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     MLAAttentionSpec: FullAttentionManager,
     SinkFullAttentionSpec: FullAttentionManager,
     RSWASpec: RSWAManager,
+    CircularBufferSpec: CircularBufferManager,
 }
 
 

@@ -12,6 +12,8 @@ from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
+# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring).
+_FIXED_KINDS = ("cross", "circular_buffer")
 # Kinds whose tables release blocks no future token reads (nulls left in place).
 _WINDOW_KINDS = ("sliding_window", "chunked_local", "mamba", "rswa")
 
@@ -413,6 +415,10 @@ def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | No
     if hit and ctx.requests[rid].skip_reading_prefix_cache:
         return f"{rid} skips reading the prefix cache but hit {hit} tokens"
     for g, (group, ids) in enumerate(zip(config.groups, result["block_ids"])):
+        if group.kind == "circular_buffer":
+            if ids:
+                return f"group {g} is a circular buffer but the lookup returned blocks {ids}"
+            continue
         if len(ids) != cdiv(hit, group.block_size):
             return f"{rid}: group {g} lists {len(ids)} blocks for a {hit}-token hit"
         if group.kind == "full" and 0 in ids:
@@ -540,7 +546,7 @@ def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
             continue
         for g, group in enumerate(ctx.config.groups):
             needed = cdiv(view.num_computed_tokens, group.block_size)
-            if group.kind != "cross" and len(view.tables[g] or ()) < needed:
+            if group.kind not in _FIXED_KINDS and len(view.tables[g] or ()) < needed:
                 return (
                     f"{rid} computed {view.num_computed_tokens} tokens but holds "
                     f"{len(view.tables[g] or ())} group-{g} blocks (needs {needed})"

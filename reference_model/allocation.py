@@ -51,6 +51,9 @@ def gate_block_count(
             T, group_hits, total, local = num_encoder_tokens, [], 0, 0
         else:
             T, group_hits, total, local = num_tokens, hits[g.gid], total_computed, local_computed
+        if g.kind == "circular_buffer":  # one ring block, claimed once (§12.3)
+            need += 0 if state.tables[g.gid].get(rid) else 1
+            continue
         R = cdiv(T + g.speculative, g.bs)
         if g.cap is not None:
             R = min(R, g.cap)
@@ -77,8 +80,8 @@ def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: i
     rid = req.request_id
     taken = [0] * len(layout.groups)
     for g in layout.groups:
-        if g.kind == "cross":
-            assert not hits[g.gid], "cross-attention hits"
+        if g.kind in ("cross", "circular_buffer"):
+            assert not hits[g.gid], f"{g.kind} hits"
             continue
         assert not state.tables[g.gid].get(rid), "adopting into a non-empty table"
         before = len(state.free)
@@ -110,6 +113,13 @@ def allocate_new_blocks(
         T = num_encoder_tokens if g.kind == "cross" else slots + g.speculative
         result: list[int] = []
         table = state.tables[g.gid].setdefault(rid, [])
+        if g.kind == "circular_buffer":
+            if not table:
+                result = state.get_new_blocks(1)
+                table.extend(result)
+            new.append(result)
+            taken.append(len(result))
+            continue
         if rid in state.partial_hits[g.gid]:
             index, src = state.partial_hits[g.gid].pop(rid)
             cow = state.get_new_blocks(1)[0]
@@ -122,7 +132,7 @@ def allocate_new_blocks(
         if k > 0:
             blocks = state.get_new_blocks(k)
             table.extend(blocks)
-            if layout.zeroing and g.kind != "mamba":
+            if layout.zeroing and g.kind != "mamba":  # (rings never get here)
                 state.new_block_ids[g.gid].extend(blocks)
             result.extend(blocks)
         new.append(result)

@@ -122,7 +122,8 @@ class Layout:
         if hybrid:
             members: dict[tuple[str, int, int, int, int, str, int, int], list[int]] = {}
             for g in groups:
-                members.setdefault(g.spec, []).append(g.gid)
+                if g.kind != "circular_buffer":  # scratch: no part in lookups (§12.3)
+                    members.setdefault(g.spec, []).append(g.gid)
             spec_groups = [
                 SpecGroup(groups[gids[0]], tuple(gids), any(groups[m].drops for m in gids))
                 for gids in members.values()

@@ -134,7 +134,13 @@ def search_chunked(s: Search) -> tuple[Lists, int]:
     return lists, len(lists[0]) * bs
 
 
-SEARCHES = {"full": search_full, "sliding_window": search_sliding, "chunked_local": search_chunked}
+def search_nothing(s: Search) -> tuple[Lists, int]:
+    """A circular buffer is never cached (docs/spec.md §12.3)."""
+    return [[] for _ in s.gids], 0
+
+
+SEARCHES = {"full": search_full, "sliding_window": search_sliding, "chunked_local": search_chunked,
+            "circular_buffer": search_nothing}
 
 
 def find_longest_cache_hit(layout: Layout, state: State, req: Request,

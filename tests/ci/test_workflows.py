@@ -413,3 +413,23 @@ def test_the_buildkite_example_runs_commands_the_cli_accepts(
     assert [argv[0] for argv in commands] == ["run", "merge"]
     assert pipeline["steps"][0]["parallelism"] > 1
     assert "--database" in commands[0] and "--json" in commands[1]
+
+
+def test_the_vllm_workflow_runs_every_release_install_vllm_supports():
+    """One matrix job per release `ci/install-vllm.sh` installs; each installs its own."""
+    script = (REPO / "ci" / "install-vllm.sh").read_text()
+    supported = re.search(r"^supported=\(([^)]*)\)", script, re.M).group(1).split()
+    job = yaml.safe_load((CANONICAL / "vllm.yml").read_text())["jobs"]["conformance"]
+    assert job["strategy"]["matrix"]["vllm"] == supported
+    assert job["strategy"]["fail-fast"] is False
+    install = next(s["run"] for s in job["steps"] if "install-vllm.sh" in str(s.get("run", "")))
+    assert "bash ci/install-vllm.sh ${{ matrix.vllm }}" in install
+    cache = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/cache"))
+    assert cache["with"]["path"] == "~/.cache/kvfuzz/vllm-${{ matrix.vllm }}"
+
+
+def test_install_vllm_refuses_an_unsupported_version():
+    out = subprocess.run(["bash", str(REPO / "ci" / "install-vllm.sh"), "0.31.0"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "unsupported vLLM version '0.31.0'; supported: 0.32.0 0.33.0 0.34.0" in out.stderr

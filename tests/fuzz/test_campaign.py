@@ -181,6 +181,14 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def _gone(pids: list[int], seconds: float = 10) -> bool:
+    """Whether every process in `pids` has exited within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return not any(_alive(p) for p in pids)
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -205,10 +213,7 @@ def test_workers_die_with_a_killed_parent(tmp_path, engine):
     time.sleep(2)  # the workers are fuzzing
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(k) for k in kids):
-        time.sleep(0.1)
-    assert not [k for k in kids if _alive(k)]
+    assert _gone(kids)
 
 
 class TwoCrashes(KvcacheSide):
@@ -243,3 +248,21 @@ def test_a_shrink_keeps_the_same_crash_and_does_not_slip_into_another():
     assert result.finding.signature == found.signature
     assert result.finding.message.startswith("KeyError")
     assert result.trace.ops[-1]["op"] == "free"
+
+
+def test_ctrl_c_with_workers_keeps_the_findings_and_stops_the_workers(tmp_path):
+    corpus = tmp_path / "corpus"
+    proc = _kvfuzz(tmp_path, "--target", "bug:free-forgets-decrement", "--config", "full",
+                   "--workers", "2", "--seconds", "300", "--corpus", str(corpus),
+                   "--json", str(tmp_path / "r.json"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not _files(corpus):
+        time.sleep(0.2)
+    kids = _children(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert proc.returncode == 1 and report["interrupted"], out
+    assert [f["file"] for f in report["findings"]] == [str(f) for f in _files(corpus)]
+    assert "Traceback" not in out
+    assert _gone(kids)

@@ -28,18 +28,42 @@ def test_a_killed_and_a_surviving_mutant_and_the_source_restored():
     # `type(blocks) == dict` is `type(blocks) is dict`: an equivalent mutant.
     equivalent = next(m for m in found if m.line == lookup + 3
                       and m.operator == "core/ReplaceComparisonOperator_Is_Eq")
+    (factory,) = mutate.resolve("kvcache", ["kv_cache_coordinator.py"])
+    gate = 1 + factory.read_text().splitlines().index("    if enable_partial_hash_hits and (")
+    # `if not enable_partial_hash_hits and (...)`: no single-group manager can be built.
+    raises = next(m for m in mutate.mutants([factory])
+                  if m.line == gate and m.operator == "core/AddNot")
     seen = []
-    report = mutate.run(mutate.Report("kvcache", 20, 0, len(found)), [killed, equivalent],
-                        timeout=240, on_result=lambda i, n, r: seen.append(_digest(path)))
+    report = mutate.run(mutate.Report("kvcache", 20, 0, len(found)),
+                        [killed, equivalent, raises], timeout=240,
+                        on_result=lambda i, n, r: seen.append(_digest(path)))
     assert _digest(path) == before
-    assert seen == [before, before]  # restored after each mutant, not only at the end
+    assert seen == [before] * 3  # restored after each mutant, not only at the end
     assert not path.with_name(path.name + mutate.BACKUP).exists()
-    first, second = report.results
+    first, second, third = report.results
     assert first.outcome == mutate.KILLED and first.check, first
     assert second.outcome == mutate.SURVIVED and "== dict" in second.diff, second
-    assert report.score() == 0.5
+    assert third.outcome == mutate.KILLED and third.check == mutate.ERROR, third
+    assert "ValueError" in third.detail
+    assert report.score() == 2 / 3
     data = report.as_json()
-    assert data["by_file"][str(path)]["killed"] == 1 and data["by_check"] == {first.check: 1}
+    assert data["by_file"][str(path)]["killed"] == 1
+    assert data["by_check"] == {first.check: 1, mutate.ERROR: 1}
+
+
+def test_the_baseline_passes_and_only_statements_it_ran_outside_annotations_are_eligible():
+    (path,) = mutate.resolve("kvcache", ["kv_cache_manager.py"])
+    found = mutate.mutants([path])
+    check, lines = mutate.baseline("kvcache", 10, 0, [path], timeout=240)
+    assert check is None and lines[str(path)]
+    kept = mutate.eligible(found, lines)
+    assert 0 < len(kept) < len(found)
+    assert mutate.eligible(found, {str(path): set()}) == []  # nothing ran: nothing to mutate
+    signature = 1 + path.read_text().splitlines().index(
+        "        self, request: Request, max_cache_hit_length: int | None = None")
+    in_annotation = [m for m in found if m.line == signature]
+    assert in_annotation and not set(in_annotation) & set(
+        mutate.eligible(found, {str(path): set(range(1, 10_000))}))
 
 
 def test_a_file_left_mutated_by_a_killed_run_is_restored_from_its_backup():

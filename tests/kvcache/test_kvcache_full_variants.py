@@ -11,7 +11,9 @@ from kvfuzz.core.errors import ConfigError
 from kvfuzz.core.trace import Trace
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.kvcache import (
+    CircularBufferSpec,
     FullAttentionManager,
+    FullAttentionSpec,
     MLAAttentionSpec,
     RSWAManager,
     RSWASpec,
@@ -76,7 +78,8 @@ def test_full_and_mla_are_two_spec_groups_looked_up_together():
     assert len(groups) == 2 and all(g.is_full for g in groups)
 
 
-@pytest.mark.parametrize("name", ["mla", "full_mla", "sink_full", "rswa", "full_rswa"])
+@pytest.mark.parametrize("name", ["mla", "full_mla", "sink_full", "rswa", "full_rswa",
+                                  "full_ring"])
 def test_variant_configs_run_clean_on_kvcache_and_the_model(name):
     ops = []
     for i in range(2):
@@ -91,3 +94,24 @@ def test_variant_configs_run_clean_on_kvcache_and_the_model(name):
     api = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "api",
                            "config": BUILTIN[name][1].to_dict(), "ops": ops})
     assert run_trace(api, ["kvcache"]).passed
+
+
+def test_circular_buffer_claims_one_ring_block_for_the_request_lifetime():
+    """Full (bs 4) + ring (bs 8): the ring takes one block at the first allocation and none after;
+    the lookup returns nothing for it and it never gets a key."""
+    manager = make_manager(16, FullAttentionSpec(block_size=4), CircularBufferSpec(block_size=8))
+    request = make_request("r", list(range(9)), 4, max_tokens=8)
+    assert manager.allocate_slots(request, 9) is not None
+    assert [len(t) for t in table_ids(manager, "r")] == [3, 1]
+    request.num_computed_tokens = 9
+    request.append_output_token_ids(1)
+    assert manager.allocate_slots(request, 1) is not None
+    assert [len(t) for t in table_ids(manager, "r")] == [3, 1]
+    twin = make_request("t", list(range(9)), 4)
+    blocks, hit = manager.get_computed_blocks(twin)[:2]
+    assert hit == 8 and blocks.get_block_ids()[1] == []
+
+
+def test_rings_alone_cannot_cache():
+    with pytest.raises(ConfigError, match="requires at least one cacheable group"):
+        Config(8, (GroupConfig("circular_buffer", 4), GroupConfig("circular_buffer", 8)))
