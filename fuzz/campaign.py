@@ -370,6 +370,8 @@ class Campaign:
         """Run the campaign on `backend` (default: this process) until its budget is spent."""
         if backend is None:
             backend = InProcess(self.runner)
+        # The driver's shrinks replay refused ops too: kvcache's warnings about them are noise.
+        logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
         self._start = time.monotonic()
         in_flight = 0
         try:

@@ -364,8 +364,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_focus(options.focus, configs)
     backend = _ray_backend(args, options)
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
+    workers = "Ray" if backend is not None else f"{args.workers} worker(s)"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
-          f"{args.workers} worker(s), engine {args.engine}"
+          f"{workers}, engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
     if backend is not None:
@@ -389,6 +390,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         report = {"versions": versions(), "target": target, "configs": list(configs),
                   "seed": args.seed,
                   "engine": args.engine, "workers": args.workers, "model": options.model,
+                  "ray": None if args.ray is None else args.ray or "local",
                   "data": args.data,
                   **stats.summary()}
         _write_json(args.json, report)
@@ -669,7 +671,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
           f"{merged['operations']} operations, {merged['invariant_checks']} invariant checks")
     for row in merged["by_config"]:
         print(f"  {row['level'] + '/' + row['config']:<28} {row['examples']:>9} examples  "
-              f"{row['findings']:>3} findings")
+              f"{row['findings']:>3} bug(s)")
     if merged["findings"]:
         print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
         for f in merged["findings"]:
