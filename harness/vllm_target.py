@@ -209,6 +209,15 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         releases="0.33–0.34",
         applies=lambda api: api.has("prompt_embeds_mask"),
     ),
+    # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
+    KnownDeviation(
+        "bound-raises-ceiling",
+        "docs/findings/009-lookup-bound-raises-ceiling.md",
+        _no_snapshot_change,
+        releases="0.33",
+        # The bound exists, but not get_max_cache_hit_length, which makes it only lower.
+        applies=lambda api: api.has("lookup_bound") and not api.has("request_hit_limit"),
+    ),
 )
 
 # Trace fields and ops that need an optional feature of the installed vLLM (vllm_api.FEATURES).
@@ -254,6 +263,12 @@ class VllmSide(ManagerSide):
     def lookup(self, request: Any, bound: int | None) -> Any:
         if bound is not None:
             self._require("max_cache_hit_length")
+            ceiling = request.num_tokens - 1
+            if "bound-raises-ceiling" in self.tolerated and bound > ceiling:
+                # vLLM 0.33 takes a bound above num_tokens - 1 as the ceiling itself; pass
+                # the ceiling it would have used, which is what 0.34 does with it.
+                self.tolerated["bound-raises-ceiling"].add(request.request_id)
+                bound = ceiling
         return super().lookup(request, bound)
 
     def num_cached_tokens(self, request: Any) -> int:
