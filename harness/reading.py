@@ -111,6 +111,16 @@ def _prefix_text(prefix: tuple[str | None, tuple[int, ...]]) -> str:
     return f"({len(tokens)} tokens, salt {salt!r})"
 
 
+def _ids_of_blocks(held: Any) -> tuple[int, ...]:
+    if type(held) is tuple:
+        return tuple([b.block_id for b in held])
+    return (held.block_id,)
+
+
+def _ids_as_given(held: Any) -> tuple[int, ...]:
+    return held if type(held) is tuple else (held,)
+
+
 def read_snapshot(
     manager: Any,
     requests: Iterable[Any],
@@ -166,10 +176,19 @@ def read_snapshot(
     else:
         linked = frozenset(linked_ids)
         last["linked"] = (linked_ids, linked)
-    entries = pool.cached_block_hash_to_block._cache
-    # Per key one block or a dict of blocks; the map reads the same when the same keys hold the
-    # same block objects (all a snapshot takes from a block is its id, which never changes).
-    held = [tuple(e.values()) if isinstance(e, dict) else e for e in entries.values()]
+    cache_map = pool.cached_block_hash_to_block
+    entries = cache_map._cache
+    dup_ids = getattr(cache_map, "_dup_ids", None)
+    if dup_ids is None:
+        # Per key one block or a dict of blocks (kvcache, vLLM up to 0.33.0); the map reads the
+        # same when the same keys hold the same block objects (all a snapshot takes from a
+        # block is its id, which never changes).
+        held = [tuple(e.values()) if isinstance(e, dict) else e for e in entries.values()]
+        ids_of = _ids_of_blocks
+    else:
+        # vLLM 0.34.0: one block id per key, all of a key's ids apart when it has several.
+        held = [tuple(dup_ids[k]) if k in dup_ids else v for k, v in entries.items()]
+        ids_of = _ids_as_given
     prev = last.get("cache")
     if prev is not None and prev[1] == held and prev[0] == list(entries) and (
         prev[2] == known_prefixes
@@ -178,10 +197,7 @@ def read_snapshot(
     else:
         cache = {}
         for packed, blocks_of_key in zip(entries, held):
-            cache[key(packed)] = (
-                tuple([b.block_id for b in blocks_of_key]) if type(blocks_of_key) is tuple
-                else (blocks_of_key.block_id,)
-            )
+            cache[key(packed)] = ids_of(blocks_of_key)
         last["cache"] = (list(entries), held, known_prefixes, cache)
     singles = manager.coordinator.single_type_managers
     tables_of = [m.req_to_blocks for m in singles]
