@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from kvfuzz.core.errors import ConfigError
+from kvfuzz.core.limits import MAX_GROUPS, MAX_NUM_BLOCKS, MAX_SIZE, shown
 
 GroupKind = Literal[
     "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
@@ -28,14 +29,26 @@ MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='a
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
 
 
+def _int_in(where: str, value: Any, low: int, high: int = MAX_SIZE) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{where} must be an int in [{low}, {high}], got {shown(value)}")
+
+
 def _positive_int(where: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{where} must be a positive int, got {value!r}")
+    _int_in(where, value, 1)
 
 
 def _non_negative_int(where: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{where} must be a non-negative int, got {value!r}")
+    _int_in(where, value, 0)
+
+
+def _text(where: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {shown(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{where} must be text, got {value!r} (a lone surrogate)") from None
 
 
 def _bool(where: str, value: Any) -> None:
@@ -60,7 +73,7 @@ class GroupConfig:
 
     def validate(self, where: str) -> None:
         if self.kind not in GROUP_KINDS:
-            raise ConfigError(f"{where}.kind must be one of {GROUP_KINDS}, got {self.kind!r}")
+            raise ConfigError(f"{where}.kind must be one of {GROUP_KINDS}, got {shown(self.kind)}")
         _positive_int(f"{where}.block_size", self.block_size)
         _bool(f"{where}.eagle", self.eagle)
         if self.kind == "sliding_window":
@@ -73,7 +86,9 @@ class GroupConfig:
         elif self.attention_chunk_size is not None:
             raise ConfigError(f"{where}: attention_chunk_size on a {self.kind!r} group")
         if self.kind == "mamba":
-            if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            if not isinstance(self.mamba_cache_mode, str) or (
+                self.mamba_cache_mode not in MAMBA_CACHE_MODES
+            ):
                 raise ConfigError(
                     f"{where}.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
                     f"got {self.mamba_cache_mode!r}"
@@ -115,7 +130,7 @@ class SchedulerConfig:
     vocab_size: int = 4
 
     def validate(self) -> None:
-        if self.policy not in POLICIES:
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise ConfigError(f"scheduler.policy must be one of {POLICIES}, got {self.policy!r}")
         _positive_int("scheduler.token_budget", self.token_budget)
         _positive_int("scheduler.max_running", self.max_running)
@@ -197,15 +212,10 @@ class Config:
     # ----- validation -----
 
     def validate(self) -> None:
-        if not isinstance(self.name, str):
-            raise ConfigError(f"name must be a string, got {self.name!r}")
-        if not isinstance(self.num_blocks, int) or isinstance(self.num_blocks, bool) or (
-            self.num_blocks < 2
-        ):
-            raise ConfigError(f"num_blocks must be an int >= 2, got {self.num_blocks!r}")
-        if not isinstance(self.max_model_len, int) or self.max_model_len < 2:
-            raise ConfigError(f"max_model_len must be an int >= 2, got {self.max_model_len!r}")
-        if not self.groups:
+        _text("name", self.name)
+        _int_in("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)
+        _int_in("max_model_len", self.max_model_len, 2)
+        if not isinstance(self.groups, tuple) or not self.groups:
             raise ConfigError("groups must list at least one KV cache group")
         for i, group in enumerate(self.groups):
             if not isinstance(group, GroupConfig):
@@ -218,11 +228,10 @@ class Config:
         if self.max_in_flight_tokens is not None:
             _positive_int("max_in_flight_tokens", self.max_in_flight_tokens)
         if not isinstance(self.watermark, (int, float)) or isinstance(self.watermark, bool) or (
-            self.watermark < 0
+            not 0 <= self.watermark <= 1  # also rejects NaN
         ):
-            raise ConfigError(f"watermark must be a number >= 0, got {self.watermark!r}")
-        if not isinstance(self.none_hash_seed, str):
-            raise ConfigError(f"none_hash_seed must be a string, got {self.none_hash_seed!r}")
+            raise ConfigError(f"watermark must be a number in [0, 1], got {shown(self.watermark)}")
+        _text("none_hash_seed", self.none_hash_seed)
         if not isinstance(self.scheduler, SchedulerConfig):
             raise ConfigError(f"scheduler must be a scheduler object, got {self.scheduler!r}")
         self.scheduler.validate()
@@ -230,7 +239,12 @@ class Config:
         self._validate_features()
 
     def _validate_sizes(self) -> None:
+        if len(self.groups) > MAX_GROUPS:
+            raise ConfigError(f"groups lists {len(self.groups)} groups, at most {MAX_GROUPS}")
         sbs, hbs = self.scheduler_block_size, self.resolved_hash_block_size
+        if sbs > MAX_SIZE:
+            raise ConfigError(f"the scheduler block size (the LCM of the block sizes "
+                              f"{list(self.block_sizes)}) is {sbs}, at most {MAX_SIZE}")
         if sbs % hbs:
             raise ConfigError(
                 f"hash_block_size {hbs} does not divide the scheduler block size {sbs}"

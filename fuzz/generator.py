@@ -75,10 +75,16 @@ class Rules:
 
     @classmethod
     def draw_swarm(cls, choices: Choices, keep: Iterable[str] = ()) -> Swarm:
-        """Leave each optional feature out with a probability p that is itself drawn per
-        example (as Hypothesis' own feature flags do), so some examples keep almost every
-        feature and others a few; those in `keep` are always kept."""
-        p = choices.below(256)
+        """Half the examples keep every feature; the others leave each optional feature out
+        with a probability p drawn per example (as Hypothesis' own feature flags do), so some
+        keep almost every feature and others a few. Those in `keep` are always kept.
+
+        Measured on the planted bugs (docs/engines.md): a swarm in every example found the
+        plants that need a rule to be rare sooner, and those that need several rules and knobs
+        at once (a reset while blocks are held, duplicate keys then an eviction) much later;
+        keeping every feature in half the examples keeps most of the gain and bounds the loss.
+        """
+        p = max(0, choices.below(512) - 256)
         kept = set(keep)
         return Swarm(frozenset(
             f for f in cls.features() if f not in kept and choices.below(256) < p
@@ -127,6 +133,10 @@ class Rules:
         max_len = self.config.max_model_len - 1
         salt = self.knob("salt", lambda: pick(c, (None, None, None, "a", "b")), None)
         encoder = between(c, 1, 12) if self.config.has_cross_attention else 0
+        if self.execution.offers("prefix_cache_hit_limit"):
+            # vLLM 0.34's per-request limit on prefix hits (prompt scoring): mostly unbounded.
+            extra.setdefault("prefix_cache_hit_limit", self.knob(
+                "hit_limit", lambda: pick(c, (None,) * 5 + (between(c, 0, max_len),)), None))
         self.apply(
             op="add_request",
             request_id=rid,
@@ -142,11 +152,12 @@ class ApiRules(Rules):
     """Layer-1 calls, with the rules playing the scheduler (docs/traces.md, API level)."""
 
     level = "api"
-    RULES = ("add_request", "admit", "compute", "sample", "free", "housekeeping")
+    RULES = ("add_request", "admit", "compute", "sample", "free", "housekeeping",
+             "probe_cached_tokens")
     CORE = frozenset({"add_request", "admit", "compute"})
     KNOBS = ("skip_reading", "salt", "no_lookup", "adopt_only", "lookahead", "gate", "reserved",
              "idle", "preempt", "evict_blocks", "reset_prefix_cache", "take_copies",
-             "cache_blocks", "release_copies", "misuse")
+             "cache_blocks", "release_copies", "misuse", "hit_limit", "lookup_bound")
 
     def feasible(self, rule: str) -> bool:
         if rule == "add_request":
@@ -159,6 +170,9 @@ class ApiRules(Rules):
             return bool(self._running(False))
         if rule == "free":
             return bool(self.views("RUNNING"))
+        if rule == "probe_cached_tokens":
+            return (bool(self.views("WAITING", "PREEMPTED"))
+                    and self.execution.offers("get_num_cached_tokens"))
         return True  # housekeeping
 
     def add_request(self) -> None:
@@ -172,7 +186,12 @@ class ApiRules(Rules):
         use_lookup = self.knob("no_lookup", lambda: pick(c, (True, True, True, False)), True)
         hit = 0
         if use_lookup:
-            hit = self.apply(op="get_computed_blocks", request_id=rid)["num_computed_tokens"]
+            bound = None
+            if self.execution.offers("max_cache_hit_length"):
+                bound = self.knob("lookup_bound", lambda: pick(
+                    c, (None, None, None, between(c, 0, view.num_tokens))), None)
+            hit = self.apply(op="get_computed_blocks", request_id=rid,
+                             max_cache_hit_length=bound)["num_computed_tokens"]
         remaining = view.num_tokens - hit
         least = 0 if hit and self.knob("adopt_only", lambda: flip(c), False) else 1
         self.apply(
@@ -186,6 +205,11 @@ class ApiRules(Rules):
             has_scheduled_reqs=not self.knob("idle", lambda: flip(c), False),
             num_encoder_tokens=self.execution.requests[rid].num_encoder_tokens,
         )
+
+    def probe_cached_tokens(self) -> None:
+        """vLLM 0.34's probe: P5 relates its answer to the lookup it predicts."""
+        rid, _ = pick(self.choices, self.views("WAITING", "PREEMPTED"))
+        self.apply(op="get_num_cached_tokens", request_id=rid)
 
     def _running(self, computing: bool) -> Views:
         max_len = self.config.max_model_len
@@ -258,14 +282,12 @@ class ApiRules(Rules):
         running = [rid for rid, _ in self.views("RUNNING")]
         choices = ["evict_out_of_range"]
         if waiting:
-            choices += ["free_untracked", "zero_tokens"]
+            choices += ["zero_tokens"]
         if running:
             choices += ["negative_tokens"]
         kind = pick(c, choices)
         if kind == "evict_out_of_range":
             self.apply(op="evict_blocks", block_ids=[self.config.num_blocks])
-        elif kind == "free_untracked":
-            self.apply(op="free", request_id=pick(c, waiting))
         elif kind == "zero_tokens":
             self.apply(op="allocate_slots", request_id=pick(c, waiting), num_new_tokens=0)
         else:
@@ -279,7 +301,7 @@ class SchedulerRules(Rules):
     RULES = ("add_request", "step", "step_again", "abort")
     """Two step rules: steps dominate the runs."""
     CORE = frozenset({"add_request", "step", "step_again"})
-    KNOBS = ("salt", "priority", "max_tokens")
+    KNOBS = ("salt", "priority", "max_tokens", "hit_limit")
     max_requests = 10
 
     def feasible(self, rule: str) -> bool:
@@ -310,6 +332,7 @@ class SchedulerRules(Rules):
 FOCUS_OPS: dict[str, tuple[str, ...]] = {
     "add_request": ("add_request",),
     "get_computed_blocks": ("admit",),
+    "get_num_cached_tokens": ("probe_cached_tokens",),
     "allocate_slots": ("admit", "compute"),
     "append_tokens": ("sample",),
     "free": ("free", "preempt"),
@@ -348,15 +371,17 @@ def run_example(
     swarm: bool = True,
     focus: frozenset[str] = frozenset(),
     on_execution: Callable[[Execution], None] | None = None,
+    vary: bool = True,
 ) -> Execution | None:
     """One example of a campaign: every decision read from `data` (`BytesChoices`): the varied
     config, the swarm, the prompt prefixes, then up to `steps` rules. The example ends early,
     passing, when the bytes run out or no rule can run; a failed check raises `Counterexample`.
-    `focus` holds rule and knob names (`focus_features`)."""
+    `focus` holds rule and knob names (`focus_features`); `vary=False` keeps `base` as it is
+    (a user's config file)."""
     choices = BytesChoices(data)
     rules_class = RULES_BY_LEVEL[level]
     try:
-        config = vary_config(choices, base)
+        config = vary_config(choices, base) if vary else base
         chosen = rules_class.draw_swarm(choices, keep=focus) if swarm else ALL
         execution = Execution(config, level, targets, model=model, checks=checks)
     except Exhausted:

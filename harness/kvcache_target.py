@@ -105,4 +105,5 @@ class KvcacheSide(ManagerSide):
             block_hasher=self._hasher,
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"],
             num_encoder_tokens=op["num_encoder_tokens"],
+            prefix_cache_hit_limit=op["prefix_cache_hit_limit"],
         )

@@ -59,11 +59,14 @@ class ManagerProbes:
 
     def _around_allocate_slots(self, original: Callable[..., Any], request: Any, *args: Any,
                                **kwargs: Any) -> Any:
-        admission = kwargs.get("has_scheduled_reqs", True) and int(request.status) in (
+        # Read defensively: a misuse driver passes things that are not requests.
+        status = getattr(request, "status", None)
+        admission = kwargs.get("has_scheduled_reqs", True) and status in (
             self._waiting, self._preempted
         )
         call = self._call = _Call(
-            request.request_id, self._num_groups, kwargs.get("reserved_blocks", 0), admission
+            getattr(request, "request_id", None), self._num_groups,
+            kwargs.get("reserved_blocks", 0), admission,
         )
         try:
             result = original(request, *args, **kwargs)

@@ -1,7 +1,8 @@
 """Reading a `Snapshot` out of a vLLM-shaped manager (kvcache, or vLLM itself).
 
 Both name their state alike (docs/spec.md, NOTES.md): `block_pool.blocks[i].ref_cnt / block_hash /
-block_hash_num_tokens`, the free queue's sentinels and links, `cached_block_hash_to_block._cache`,
+block_hash_num_tokens`, the free queue's sentinels and links, `cached_block_hash_to_block._cache`
+(and `_dup_ids` where the map holds block ids),
 `cached_block_hashes_by_block`, and per layer-3 manager `req_to_blocks`, `num_cached_block`,
 `_partial_hit_reqs`, `_pending_cow_copies`, `new_block_ids`. Hash keys are translated to content
 (`CacheKey`) through the prefixes of the requests the harness created.
@@ -111,16 +112,6 @@ def _prefix_text(prefix: tuple[str | None, tuple[int, ...]]) -> str:
     return f"({len(tokens)} tokens, salt {salt!r})"
 
 
-def _ids_of_blocks(held: Any) -> tuple[int, ...]:
-    if type(held) is tuple:
-        return tuple([b.block_id for b in held])
-    return (held.block_id,)
-
-
-def _ids_as_given(held: Any) -> tuple[int, ...]:
-    return held if type(held) is tuple else (held,)
-
-
 def read_snapshot(
     manager: Any,
     requests: Iterable[Any],
@@ -154,19 +145,19 @@ def read_snapshot(
     # translator knows, which only grow: the same count of them means the same translations.
     last = keys.last
     known_prefixes = keys.num_prefixes
-    # The private fields behind the block_hash properties where there are some (kvcache, vLLM
-    # up to 0.33.0; 0.34.0 has plain fields): a snapshot reads every block after every op.
-    private = hasattr(blocks[0], "_block_hash")
-    hash_of = attrgetter("_block_hash" if private else "block_hash")
-    hashes = [hash_of(b) for b in blocks]
+    # The private fields behind the block_hash properties where they are properties (kvcache,
+    # vLLM up to 0.33), else the plain fields (vLLM 0.34); a snapshot reads every block after
+    # every op.
+    private = hasattr(blocks[0], "_block_hash") if blocks else True
+    hashes = [b._block_hash for b in blocks] if private else [b.block_hash for b in blocks]
     prev = last.get("block_keys")
     if prev is not None and prev[0] == hashes and prev[1] == known_prefixes:
         block_keys = prev[2]
     else:
         block_keys = tuple([None if h is None else key(h) for h in hashes])
         last["block_keys"] = (hashes, known_prefixes, block_keys)
-    tokens_of = attrgetter("_block_hash_num_tokens" if private else "block_hash_num_tokens")
-    key_tokens = tuple([tokens_of(b) for b in blocks])
+    key_tokens = tuple([b._block_hash_num_tokens for b in blocks] if private
+                       else [b.block_hash_num_tokens for b in blocks])
     linked_ids = [
         b.block_id for b in blocks if b.prev_free_block is not None and b.next_free_block is not None
     ]
@@ -176,19 +167,16 @@ def read_snapshot(
     else:
         linked = frozenset(linked_ids)
         last["linked"] = (linked_ids, linked)
-    cache_map = pool.cached_block_hash_to_block
-    entries = cache_map._cache
-    dup_ids = getattr(cache_map, "_dup_ids", None)
+    hash_map = pool.cached_block_hash_to_block
+    entries = hash_map._cache
+    dup_ids = getattr(hash_map, "_dup_ids", None)
     if dup_ids is None:
-        # Per key one block or a dict of blocks (kvcache, vLLM up to 0.33.0); the map reads the
-        # same when the same keys hold the same block objects (all a snapshot takes from a
-        # block is its id, which never changes).
+        # Per key one block or a dict of blocks (kvcache, vLLM up to 0.33); the map reads the
+        # same when the same keys hold the same block objects (a block's id never changes).
         held = [tuple(e.values()) if isinstance(e, dict) else e for e in entries.values()]
-        ids_of = _ids_of_blocks
     else:
-        # vLLM 0.34.0: one block id per key, all of a key's ids apart when it has several.
-        held = [tuple(dup_ids[k]) if k in dup_ids else v for k, v in entries.items()]
-        ids_of = _ids_as_given
+        # Per key a block id, and every id of a key several blocks hold in _dup_ids (vLLM 0.34).
+        held = [tuple(dup_ids[k]) if k in dup_ids else i for k, i in entries.items()]
     prev = last.get("cache")
     if prev is not None and prev[1] == held and prev[0] == list(entries) and (
         prev[2] == known_prefixes
@@ -197,7 +185,10 @@ def read_snapshot(
     else:
         cache = {}
         for packed, blocks_of_key in zip(entries, held):
-            cache[key(packed)] = ids_of(blocks_of_key)
+            cache[key(packed)] = (
+                tuple([_block_id(b) for b in blocks_of_key]) if type(blocks_of_key) is tuple
+                else (_block_id(blocks_of_key),)
+            )
         last["cache"] = (list(entries), held, known_prefixes, cache)
     singles = manager.coordinator.single_type_managers
     tables_of = [m.req_to_blocks for m in singles]
@@ -248,6 +239,10 @@ def read_snapshot(
         running=tuple([r.request_id for r in running]),
         hash_collisions=tuple(keys.collisions),
     )
+
+
+def _block_id(block: Any) -> int:
+    return block if type(block) is int else block.block_id
 
 
 def _table(blocks: Sequence[Any] | None) -> tuple[int, ...] | None:

@@ -17,6 +17,7 @@ import importlib
 import inspect
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,10 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "BlockPool.free_blocks(blocks, evict_first)",
         _takes("BlockPool", "free_blocks", "evict_first"),
     ),
+    "null_ref_counted": (
+        "free_blocks and touch move the null block's ref_cnt (fixed in 0.33)",
+        lambda api: _frees_null_block(api["BlockPool"]),
+    ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",
         lambda api: _importable("vllm.v1.token_buffer"),
@@ -140,6 +145,13 @@ def check_vllm() -> None:
 
 def _probe() -> VllmApi:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # Import-time warnings of vLLM's dependencies (requests, transformers) are not ours to show.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _probe_quietly()
+
+
+def _probe_quietly() -> VllmApi:
     try:
         vllm = importlib.import_module("vllm")
     except ImportError as exc:
@@ -228,6 +240,16 @@ def _importable(module: str) -> bool:
     except Exception:  # noqa: BLE001 - absent or broken: the feature is not there
         return False
     return True
+
+
+def _frees_null_block(block_pool: Any) -> bool:
+    """A behavioural probe: does freeing the null block of a fresh pool change its ref_cnt?"""
+    try:
+        pool = block_pool(num_gpu_blocks=2, enable_caching=True, hash_block_size=16)
+        pool.free_blocks([pool.null_block])
+    except Exception:  # noqa: BLE001 - a pool that refuses has nothing to tolerate
+        return False
+    return pool.null_block.ref_cnt != 0
 
 
 def _quiet_vllm_logs() -> None:

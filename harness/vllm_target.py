@@ -16,7 +16,14 @@ from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.harness.manager_side import ManagerSide
-from kvfuzz.harness.vllm_api import VllmApi, VllmUnavailable, check_vllm, load_vllm
+from kvfuzz.harness.vllm_api import (
+    FEATURES,
+    VllmApi,
+    VllmUnavailable,
+    VllmUnsupported,
+    check_vllm,
+    load_vllm,
+)
 from kvfuzz.core.snapshot import RequestView, Snapshot
 from kvfuzz.core.trace import Op
 
@@ -144,13 +151,46 @@ def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snap
     return dataclasses.replace(snapshot, requests={**snapshot.requests, **changed}), list(changed)
 
 
+def _zero_null_ref_cnt(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    """The null block (block 0) reads with ref_cnt 0: vLLM 0.32's touch and free_blocks move it."""
+    if not snapshot.ref_cnt or snapshot.ref_cnt[0] == 0:
+        return snapshot, []
+    return dataclasses.replace(snapshot, ref_cnt=(0, *snapshot.ref_cnt[1:])), ["null block"]
+
+
+def _no_snapshot_change(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    return snapshot, []
+
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
         "docs/findings/001-empty-window-entry.md",
         _drop_empty_window_entries,
     ),
+    KnownDeviation(
+        "null-block-ref-count",
+        "docs/findings/007-null-block-ref-count.md",
+        _zero_null_ref_cnt,
+        releases="0.32",
+        applies=lambda api: api.has("null_ref_counted"),
+    ),
+    # A result, not a snapshot: `VllmSide.num_cached_tokens` undoes it (see there).
+    KnownDeviation(
+        "probe-ignores-hit-limit",
+        "docs/findings/008-probe-ignores-hit-limit.md",
+        _no_snapshot_change,
+        releases="0.34",
+        applies=lambda api: api.has("cached_tokens_probe") and api.has("request_hit_limit"),
+    ),
 )
+
+# Trace fields and ops that need an optional feature of the installed vLLM (vllm_api.FEATURES).
+OP_FEATURES = {
+    "get_num_cached_tokens": "cached_tokens_probe",
+    "max_cache_hit_length": "lookup_bound",
+    "prefix_cache_hit_limit": "request_hit_limit",
+}
 
 
 class VllmSide(ManagerSide):
@@ -170,6 +210,37 @@ class VllmSide(ManagerSide):
         self.deviations = tuple(d for d in self.known_deviations if d.applies(self.api))
         self.tolerated: dict[str, set[str]] = {d.name: set() for d in self.deviations}
         super().__init__(config, level)
+
+    def offers(self, name: str) -> bool:
+        """Whether this vLLM has what an op or field of `OP_FEATURES` needs (generators ask)."""
+        feature = OP_FEATURES.get(name)
+        return feature is None or self.api.has(feature)
+
+    def _require(self, name: str) -> None:
+        if not self.offers(name):
+            what = FEATURES[OP_FEATURES[name]][0]
+            raise VllmUnsupported(
+                f"the trace uses {name}, which needs {what}; vLLM {self.api.version} lacks it "
+                "(docs/vllm.md, per-release table)"
+            )
+
+    def lookup(self, request: Any, bound: int | None) -> Any:
+        if bound is not None:
+            self._require("max_cache_hit_length")
+        return super().lookup(request, bound)
+
+    def num_cached_tokens(self, request: Any) -> int:
+        self._require("get_num_cached_tokens")
+        answer = super().num_cached_tokens(request)
+        name = "probe-ignores-hit-limit"
+        if name in self.tolerated and request.prefix_cache_hit_limit is not None:
+            # vLLM 0.34 probes up to num_tokens - 1 whatever the limit: answer what the lookup
+            # it predicts hits (read-only), only where the limit made them differ.
+            hit = super().lookup(request, None)[1]
+            if hit != answer:
+                self.tolerated[name].add(request.request_id)
+                return hit
+        return answer
 
     def snapshot(self) -> Snapshot:
         snapshot = super().snapshot()
@@ -205,6 +276,13 @@ class VllmSide(ManagerSide):
         )
         # vLLM counts encoder tokens from multimodal features; the driver reads this instead.
         request.num_encoder_tokens = op["num_encoder_tokens"]
+        limit = op["prefix_cache_hit_limit"]
+        if limit is not None:
+            self._require("prefix_cache_hit_limit")
+            # What vLLM derives from prompt-scoring parameters, set directly (0 stays 0 when
+            # the request skips cache reads).
+            if request.prefix_cache_hit_limit != 0:
+                request.prefix_cache_hit_limit = limit
         return request
 
 

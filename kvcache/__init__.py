@@ -13,6 +13,7 @@ from kvfuzz.kvcache.kv_cache_coordinator import (
     get_kv_cache_coordinator,
 )
 from kvfuzz.kvcache.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
@@ -47,6 +48,7 @@ from kvfuzz.kvcache.single_type_kv_cache_manager import (
 )
 
 __all__ = [
+    "AttentionSpec",
     "BlockHashToBlockMap",
     "BlockPool",
     "ChunkedLocalAttentionManager",

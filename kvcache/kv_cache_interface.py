@@ -14,9 +14,17 @@ from kvfuzz.kvcache.kv_cache_utils import check_positive_int
 
 @dataclass(frozen=True, kw_only=True)
 class KVCacheSpec:
-    """The KV cache format of one layer; equal specs can share a lookup."""
+    """The KV cache format of one layer; equal specs can share a lookup.
+
+    Besides `block_size`, the specs take vLLM's layout fields (`num_kv_heads`, `head_size`,
+    `dtype`, ... and `dcp_sharded`, `block_stride_alignment`) so that code written against
+    `vllm.v1.kv_cache_interface` builds them unchanged. The manager never reads them: they
+    describe the tensors, which it does not hold.
+    """
 
     block_size: int
+    dcp_sharded: bool = False
+    block_stride_alignment: Any = None
 
     def __post_init__(self) -> None:
         check_positive_int("block_size", self.block_size)
@@ -28,7 +36,24 @@ class KVCacheSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FullAttentionSpec(KVCacheSpec):
+class AttentionSpec(KVCacheSpec):
+    """An attention layer's spec; its tensor layout fields are accepted and not read."""
+
+    num_kv_heads: int = 1
+    head_size: int = 1
+    dtype: Any = None
+    head_size_v: int | None = None
+    max_tp_shards: int | None = None
+    kv_quant_mode: Any = None
+    page_size_padded: int | None = None
+    num_head_slots: int | None = None
+    state_content_bytes: int | None = None
+    kv_head_major_slots: bool = False
+    tokens_per_state: Any = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullAttentionSpec(AttentionSpec):
     """Every token keeps its KV for the request's lifetime.
 
     `sliding_window` / `attention_chunk_size` are informational: window layers treated as full
@@ -37,6 +62,7 @@ class FullAttentionSpec(KVCacheSpec):
 
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    non_causal: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +102,7 @@ class RSWASpec(FullAttentionSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SlidingWindowSpec(KVCacheSpec):
+class SlidingWindowSpec(AttentionSpec):
     """The next token attends to the previous `sliding_window - 1` tokens and itself.
 
     `extra_retained_tokens` keeps that many more tokens below the window alive (never attended).
@@ -109,7 +135,7 @@ class SlidingWindowSpec(KVCacheSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChunkedLocalAttentionSpec(KVCacheSpec):
+class ChunkedLocalAttentionSpec(AttentionSpec):
     """Token t attends only within its chunk `[t // c * c, t]`."""
 
     attention_chunk_size: int
@@ -126,7 +152,7 @@ class ChunkedLocalAttentionSpec(KVCacheSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CrossAttentionSpec(KVCacheSpec):
+class CrossAttentionSpec(AttentionSpec):
     """Encoder-side KV of an encoder-decoder model: allocated once, never prefix-cached."""
 
 
@@ -182,16 +208,29 @@ class KVCacheGroupSpec:
     layer_names: list[str]
     kv_cache_spec: KVCacheSpec
     is_eagle_group: bool = False
+    # vLLM's placement fields, accepted with their neutral meaning and not read.
+    host_resident: bool = False
+    enable_kv_transfer: bool = True
+    role: Any = "default"
 
 
 @dataclass
 class KVCacheConfig:
     """The pool size and the groups of a model.
 
-    `num_blocks` counts the null block. `kv_cache_tensors` is opaque to the manager.
+    `num_blocks` counts the null block. `kv_cache_tensors` is opaque to the manager, and so
+    are vLLM's worker-side fields after `prefix_cache_retention_interval` (accepted, not read;
+    the manager's own `hash_block_size` argument decides hashing).
     """
 
     num_blocks: int
     kv_cache_tensors: list[Any] = field(default_factory=list)
     kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
     prefix_cache_retention_interval: int | None = None
+    kv_cache_layout: str | None = None
+    hash_block_size: int | None = None
+    cache_hit_alignment_tokens: int | None = None
+    hisparse_host_num_blocks: int | None = None
+    hisparse_host_block_stride: int | None = None
+    hisparse_shared_host_pool: bool = False
+    kv_tp_replicas: int = 1

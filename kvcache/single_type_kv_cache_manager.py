@@ -209,7 +209,7 @@ class SingleTypeKVCacheManager:
             num_tokens if num_tokens < num_hashed_tokens else num_hashed_tokens
         ) // self.block_size
         if num_cached_blocks < num_full_blocks:
-            self.block_pool.cache_full_blocks(
+            self.block_pool.register_full_blocks(
                 request,
                 self.req_to_blocks[request_id],
                 num_cached_blocks,
@@ -246,7 +246,7 @@ class SingleTypeKVCacheManager:
         """
         blocks = self.pop_blocks_for_free(request_id)
         if blocks:
-            self.block_pool.free_blocks(blocks[::-1])  # a list: free_blocks need not copy it
+            self.block_pool.release(blocks[::-1])  # this pool's blocks, as a list
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -274,7 +274,7 @@ class SingleTypeKVCacheManager:
                 break
             removed.append(blocks[i])
             blocks[i] = null_block
-        self.block_pool.free_blocks(removed)
+        self.block_pool.release(removed)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens no future token attends to, given `num_computed_tokens`."""

@@ -143,9 +143,12 @@ SEARCHES = {"full": search_full, "sliding_window": search_sliding, "chunked_loca
             "circular_buffer": search_nothing}
 
 
-def find_longest_cache_hit(layout: Layout, state: State, req: Request) -> tuple[Lists, int]:
-    """The coordinator's lookup with max_cache_hit_length = num_tokens − 1 (docs/spec.md §6.3 step 2)."""
-    max_hit = req.num_tokens - 1
+def find_longest_cache_hit(layout: Layout, state: State, req: Request,
+                           bound: int | None = None) -> tuple[Lists, int]:
+    """The coordinator's lookup with max_cache_hit_length = the least of num_tokens − 1, the
+    request's prefix_cache_hit_limit and `bound` (docs/spec.md §6.3 step 2)."""
+    max_hit = min(x for x in (req.num_tokens - 1, req.prefix_cache_hit_limit, bound)
+                  if x is not None)
     hashed = req.hashed_tokens(layout.hbs)
     if not layout.hybrid:
         g = layout.groups[0]
@@ -198,8 +201,10 @@ def _hybrid_fixed_point(
     return out, L
 
 
-def get_computed_blocks(layout: Layout, state: State, req: Request) -> tuple[Lists, int]:
-    """docs/spec.md §6.3: (per-group hit lists, hit length); empty when the lookup is disabled."""
-    if not layout.caching or req.skip_reading_prefix_cache:
+def get_computed_blocks(layout: Layout, state: State, req: Request,
+                        bound: int | None = None) -> tuple[Lists, int]:
+    """docs/spec.md §6.3: (per-group hit lists, hit length); empty when the lookup is disabled
+    (no caching, skip_reading_prefix_cache, or a hit limit of 0)."""
+    if not layout.caching or req.skip_reading_prefix_cache or req.prefix_cache_hit_limit == 0:
         return [[] for _ in layout.groups], 0
-    return find_longest_cache_hit(layout, state, req)
+    return find_longest_cache_hit(layout, state, req, bound)
