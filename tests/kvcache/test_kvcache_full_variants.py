@@ -59,8 +59,8 @@ def test_sink_len_must_be_whole_blocks():
     "group, needle",
     [
         (GroupConfig("sink_full", 4, sink_len=6), "sink_len 6 must be a multiple of block_size 4"),
-        (GroupConfig("sink_full", 4), "sink_len must be a positive int"),
-        (GroupConfig("rswa", 4), "rswa_window must be a positive int"),
+        (GroupConfig("sink_full", 4), "sink_len must be an int"),
+        (GroupConfig("rswa", 4), "rswa_window must be an int"),
         (GroupConfig("full", 4, rswa_window=4), "rswa_window on a 'full' group"),
     ],
 )

@@ -48,7 +48,7 @@ EXPECTED = {
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1", "DIFF-result"},
     "rswa-gap-kept": {"DIFF-state"},
-    "ring-block-per-step": {"P1"},
+    "ring-block-per-step": {"P1", "P4"},
     "boundary-before-hit": {"I20"},
 }
 
