@@ -24,7 +24,7 @@ EXPECTED = {
     "touch-leaves-queued": {"P1", "P3"},
     "free-forgets-decrement": {"P2"},
     "free-forward-order": {"I7", "DIFF-state"},
-    "hit-reaches-num-tokens": {"I12"},
+    "hit-reaches-num-tokens": {"I12", "DIFF-result"},
     "salt-ignored": {"H1"},
     "weak-hash": {"H1"},
     "uncached-to-tail": {"I7", "DIFF-state"},
@@ -41,7 +41,7 @@ EXPECTED = {
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1", "DIFF-result"},
     "rswa-gap-kept": {"DIFF-state"},
-    "ring-block-per-step": {"P1"},
+    "ring-block-per-step": {"P1", "P4"},
 }
 
 
