@@ -137,22 +137,25 @@ def search_chunked(s: Search) -> tuple[Lists, int]:
 SEARCHES = {"full": search_full, "sliding_window": search_sliding, "chunked_local": search_chunked}
 
 
-def find_longest_cache_hit(layout: Layout, state: State, req: Request) -> tuple[Lists, int]:
-    """The coordinator's lookup with max_cache_hit_length = num_tokens − 1 (docs/spec.md §6.3 step 2)."""
+def find_longest_cache_hit(layout: Layout, state: State,
+                           req: Request) -> tuple[Lists, int, int]:
+    """The coordinator's lookup with max_cache_hit_length = num_tokens − 1 (docs/spec.md §6.3
+    step 2): the lists, the hit, and the uncached common prefix (0 with one group)."""
     max_hit = req.num_tokens - 1
     hashed = req.hashed_tokens(layout.hbs)
     if not layout.hybrid:
         g = layout.groups[0]
         s = Search(state, req, hashed, layout.hbs, (0,), g, max_hit, g.drops, g.bs)
-        return SEARCHES[g.kind](s)
+        return (*SEARCHES[g.kind](s), 0)
     return _hybrid_fixed_point(layout, state, req, max_hit, hashed)
 
 
 def _hybrid_fixed_point(
     layout: Layout, state: State, req: Request, max_hit: int, hashed: int
-) -> tuple[Lists, int]:
+) -> tuple[Lists, int, int]:
     """docs/spec.md §5.5 "Lookup (fixed point)"."""
     L = max_hit
+    longest = 0
     results: dict[int, tuple[Lists, int]] = {}
     """Spec-group index -> its latest search result."""
     verified: set[int] = set()
@@ -178,6 +181,7 @@ def _hybrid_fixed_point(
             elif length < cur:
                 verified.clear()
             cur = length
+            longest = max(longest, cur)
             results[n] = (lists, length)
         if cur >= L:
             break
@@ -189,11 +193,13 @@ def _hybrid_fixed_point(
         lists, _ = results[n]
         for gid, lst in zip(sg.gids, lists):
             out[gid] = lst[: cdiv(L, sg.spec.bs)] if sg.spec.kind == "full" else lst
-    return out, L
+    return out, L, longest - L
 
 
-def get_computed_blocks(layout: Layout, state: State, req: Request) -> tuple[Lists, int]:
-    """docs/spec.md §6.3: (per-group hit lists, hit length); empty when the lookup is disabled."""
+def get_computed_blocks(layout: Layout, state: State, req: Request) -> tuple[Lists, int, int]:
+    """docs/spec.md §6.3: (per-group hit lists, hit length, shared-prefix boundary); empty when
+    the lookup is disabled."""
     if not layout.caching or req.skip_reading_prefix_cache:
-        return [[] for _ in layout.groups], 0
-    return find_longest_cache_hit(layout, state, req)
+        return [[] for _ in layout.groups], 0, 0
+    lists, hit, uncached = find_longest_cache_hit(layout, state, req)
+    return lists, hit, hit + uncached if uncached else 0

@@ -24,7 +24,7 @@ class Manager:
         """The request has a table entry (from its first successful allocation to its free)."""
         return any(rid in group for group in self.state.tables)
 
-    def get_computed_blocks(self, req: Request) -> tuple[Lists, int]:
+    def get_computed_blocks(self, req: Request) -> tuple[Lists, int, int]:
         return get_computed_blocks(self.layout, self.state, req)
 
     def allocate_slots(

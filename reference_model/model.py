@@ -172,8 +172,9 @@ class ReferenceModel:
 
     def _op_get_computed_blocks(self, op: Op) -> Any:
         req = self._live(op["request_id"])
-        lists, hit = self.manager.get_computed_blocks(req)
+        lists, hit, boundary = self.manager.get_computed_blocks(req)
         self.lookups[req.request_id] = (lists, hit)
+        self.manager.observations.lookups.append((req.request_id, hit, boundary))
         return {"block_ids": [list(lst) for lst in lists], "num_computed_tokens": hit}
 
     def _op_allocate_slots(self, op: Op) -> Any:
