@@ -37,6 +37,7 @@ EXPECTED = {
     "watermark-ignored": {"I8", "DIFF-probe", "DIFF-result"},
     "cow-unretained": {"P2"},
     "boundary-before-hit": {"I20"},
+    "boundary-one-short": {"DIFF-probe"},
 }
 
 
