@@ -69,12 +69,18 @@ def _workloads(quick: bool) -> list[Workload]:
     scale = 4 if quick else 1
     full = GroupConfig("full", 16)
     swa = GroupConfig("sliding_window", 16, sliding_window=128)
+    # Caching off, vLLM's state block spans the context: Qwen3.5-shaped, 1 attention : 3 state.
+    state = GroupConfig("mamba", 1024, num_speculative_blocks=1)
     return [
         Workload("full attention, 600 blocks", Config(600, (full,), max_model_len=1024),
                  2000 // scale, 512, 256, 32, 2048, 24, 5),
         Workload("full + sliding window (128), 600 blocks",
                  Config(600, (full, swa), max_model_len=1024),
                  2000 // scale, 512, 256, 32, 2048, 24, 5),
+        Workload("full + 3 Mamba state groups (Qwen3.5-shaped, caching off), 600 blocks",
+                 Config(600, (full, state, state, state), max_model_len=1024,
+                        enable_caching=False),
+                 2000 // scale, 512, 0, 32, 2048, 24, 5),
         Workload("long context, 1,000,000 blocks",
                  Config(1_000_000, (full,), max_model_len=131_072),
                  64 // scale, 65_536, 32_768, 32, 16_384, 16, 3 if not quick else 1),
@@ -167,9 +173,9 @@ class Vllm(Implementation):
     name = "vLLM"
 
     def __init__(self) -> None:
-        from kvfuzz.harness.vllm_target import vllm_modules
+        from kvfuzz.harness.vllm_api import load_vllm
 
-        self._v = vllm_modules()
+        self._v = load_vllm()
 
     def manager(self, config: Config) -> Any:
         from kvfuzz.harness.vllm_target import build_vllm_manager
@@ -266,10 +272,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, help="repeats per workload (default: 5, 5, 3)")
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
+    parser.add_argument("--only", metavar="TEXT", help="run the workloads whose name has TEXT")
     args = parser.parse_args(argv)
     impls = [Kvcache(), Vllm()]
     start = time.monotonic()
     for workload in _workloads(args.quick):
+        if args.only and args.only not in workload.name:
+            continue
         if args.repeats:
             workload = Workload(**{**workload.__dict__, "repeats": args.repeats})
         bench(workload, impls)

@@ -25,6 +25,23 @@ def _local(bs: int, chunk: int) -> GroupConfig:
     return GroupConfig("chunked_local", bs, attention_chunk_size=chunk)
 
 
+def _mamba(bs: int, speculative: int = 0) -> GroupConfig:
+    return GroupConfig("mamba", bs, num_speculative_blocks=speculative)
+
+
+def _attention_mamba(
+    name: str, num_blocks: int, num_mamba_groups: int, speculative: int = 0, state_bs: int = 64
+) -> Config:
+    """One full-attention group beside `num_mamba_groups` state groups, prefix caching off.
+
+    vLLM groups layers in equal-sized groups, so a model with a:m attention:Mamba layers has
+    m/a state groups per attention group. With caching off vLLM's state block spans the whole
+    context (max_model_len), so a request holds 1 + speculative state blocks per group.
+    """
+    groups = (_full(4),) + tuple(_mamba(state_bs, speculative) for _ in range(num_mamba_groups))
+    return Config(num_blocks, groups, name=name, max_model_len=64, enable_caching=False)
+
+
 BUILTIN: dict[str, tuple[str, Config]] = {
     c.name: (description, c)
     for description, c in [
@@ -70,6 +87,57 @@ BUILTIN: dict[str, tuple[str, Config]] = {
         (
             "Tier B: EAGLE last-block drop on a full-attention group",
             Config(16, (_full(),), name="eagle", max_model_len=64, use_eagle=True),
+        ),
+        (
+            "Mamba-only (Mamba-Codestral-like): one state group, state block = max_model_len",
+            Config(6, (_mamba(64),), name="mamba", max_model_len=64, enable_caching=False),
+        ),
+        (
+            "Jamba-shaped: 1 attention : 7 Mamba layers -> full (bs 4) + 7 state groups",
+            _attention_mamba("jamba", 40, 7),
+        ),
+        (
+            "Nemotron-H-shaped: 1 attention : 6 Mamba2 layers -> full (bs 4) + 6 state groups",
+            _attention_mamba("nemotron_h", 36, 6),
+        ),
+        (
+            "Qwen3.5-shaped: 1 gated attention : 3 Gated DeltaNet, MTP draft -> full (bs 4) + "
+            "3 state groups with 2 speculative blocks each",
+            _attention_mamba("qwen3_5", 40, 3, speculative=2),
+        ),
+        (
+            "state groups with small blocks (bs 4, 1 speculative) beside full attention: "
+            "exercises releasing state blocks behind the last computed token",
+            _attention_mamba("mamba_small_blocks", 20, 2, speculative=1, state_bs=4),
+        ),
+        (
+            "MLA (DeepSeek-V2/V3-shaped): latent attention, managed as full attention",
+            Config(16, (GroupConfig("mla", 4),), name="mla", max_model_len=64),
+        ),
+        (
+            "full attention + MLA (bs 8): two full-attention spec groups in one hybrid lookup",
+            Config(24, (_full(4), GroupConfig("mla", 8)), name="full_mla", max_model_len=64),
+        ),
+        (
+            "full attention + sink full attention (8 sink tokens, static-sink attention)",
+            Config(24, (_full(4), GroupConfig("sink_full", 4, sink_len=8)), name="sink_full",
+                   max_model_len=64),
+        ),
+        (
+            "R-SWA (bs 2, window 2): the prompt stays, decode keeps its last 2 tokens",
+            Config(24, (GroupConfig("rswa", 2, rswa_window=2),), name="rswa", max_model_len=32),
+        ),
+        (
+            "full attention (bs 4) + R-SWA (bs 2, window 2): gap blocks released beside a full "
+            "group",
+            Config(32, (_full(4), GroupConfig("rswa", 2, rswa_window=2)), name="full_rswa",
+                   max_model_len=32),
+        ),
+        (
+            "full attention + a circular buffer (bs 8), shaped like GLM-5.3-Flash's indexer "
+            "tail: one ring block per request, out of every lookup",
+            Config(24, (_full(4), GroupConfig("circular_buffer", 8)), name="full_ring",
+                   max_model_len=64),
         ),
         (
             "priority scheduling, no chunked prefill",

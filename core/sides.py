@@ -7,7 +7,7 @@ every op reports its result, a `Snapshot` and the `Observations` its probes made
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.snapshot import Snapshot
@@ -55,6 +55,15 @@ class ForwardPass:
     tables: tuple[tuple[int, ...], ...]
 
 
+class CachedTokensProbe(NamedTuple):
+    """A `get_num_cached_tokens` answer beside the hit `get_computed_blocks` gives right after
+    (read-only, same state): P5 requires them equal."""
+
+    request_id: str
+    num_cached_tokens: int
+    lookup_hit: int
+
+
 @dataclass
 class Observations:
     """What the probes saw during one op."""
@@ -66,6 +75,7 @@ class Observations:
     """(request, hit, shared_prefix_boundary) of each get_computed_blocks op answered (I20; the
     executor compares them with the reference's, DIFF-probe)."""
     forward: list[ForwardPass] = field(default_factory=list)
+    cached_token_probes: list[CachedTokensProbe] = field(default_factory=list)
     """Forward passes a target's harness ran during the op, in order (the data checks write
     through them). The reference model reports none."""
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from kvfuzz import versions
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import ConfigError, TraceFormatError
+from kvfuzz.core.limits import MAX_INT, MAX_OPS, MAX_TOKEN_ID, read_document, shown
 
 FORMAT = "kvfuzz-trace"
 VERSION = 1
@@ -34,12 +35,15 @@ _REQUEST_FIELDS = {
     "max_tokens": (_INT, 16),
     "skip_reading_prefix_cache": (_BOOL, False),
     "num_encoder_tokens": (_INT, 0),
+    "prefix_cache_hit_limit": (_OPT_INT, None),
 }
 
 OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
     "api": {
         "add_request": _REQUEST_FIELDS,
-        "get_computed_blocks": {"request_id": (_STR, None)},
+        "get_computed_blocks": {"request_id": (_STR, None),
+                                "max_cache_hit_length": (_OPT_INT, None)},
+        "get_num_cached_tokens": {"request_id": (_STR, None)},
         "allocate_slots": {
             "request_id": (_STR, None),
             "num_new_tokens": (_INT, None),
@@ -67,30 +71,56 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
     },
 }
 
+
 # Fields whose schema default is None but which must be given.
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids"}
 
 
-def _check_value(where: str, kind: str, value: Any) -> None:
+_EXPECTED = {
+    _INT: "an int",
+    _BOOL: "true or false",
+    _STR: "a string",
+    _OPT_STR: "a string or null",
+    _OPT_INT: "an int or null",
+    _INTS: "a list of ints",
+}
+_TOKEN_LISTS = ("prompt", "tokens")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_value(where: str, kind: str, value: Any, key: str) -> None:
     ok = {
-        _INT: isinstance(value, int) and not isinstance(value, bool),
+        _INT: _is_int(value),
         _BOOL: isinstance(value, bool),
         _STR: isinstance(value, str),
         _OPT_STR: value is None or isinstance(value, str),
-        _OPT_INT: value is None or (isinstance(value, int) and not isinstance(value, bool)),
-        _INTS: isinstance(value, list)
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        _OPT_INT: value is None or _is_int(value),
+        _INTS: isinstance(value, list) and all(_is_int(v) for v in value),
     }[kind]
     if not ok:
-        expected = {
-            _INT: "an int",
-            _BOOL: "true or false",
-            _STR: "a string",
-            _OPT_STR: "a string or null",
-            _OPT_INT: "an int or null",
-            _INTS: "a list of ints",
-        }[kind]
-        raise TraceFormatError(f"{where} must be {expected}, got {value!r}")
+        got = "a list holding " + ", ".join(sorted({type(v).__name__ for v in value})) if (
+            isinstance(value, list)) else shown(value)
+        raise TraceFormatError(f"{where} must be {_EXPECTED[kind]}, got {got}")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TraceFormatError(f"{where} must be text, got {value!r} (a lone "
+                                   "surrogate)") from None
+    elif isinstance(value, list):
+        low, high = (0, MAX_TOKEN_ID) if key in _TOKEN_LISTS else (-MAX_INT - 1, MAX_INT)
+        if value and not low <= min(value) <= max(value) <= high:
+            bad = next(v for v in value if not low <= v <= high)
+            if key in _TOKEN_LISTS:
+                raise TraceFormatError(f"{where}: token id {shown(bad)} " + (
+                    "is negative" if bad < 0 else
+                    f"exceeds {MAX_TOKEN_ID}, the largest id vLLM stores (int32)"))
+            raise TraceFormatError(f"{where} holds {shown(bad)}, outside the i64 range")
+    elif _is_int(value) and not -MAX_INT - 1 <= value <= MAX_INT:
+        raise TraceFormatError(f"{where} must be an i64, got {shown(value)}")
 
 
 def normalize_op(raw: Any, level: str, where: str = "op") -> Op:
@@ -99,18 +129,18 @@ def normalize_op(raw: Any, level: str, where: str = "op") -> Op:
         raise TraceFormatError(f"{where} must be an object, got {raw!r}")
     name = raw.get("op")
     schemas = OP_SCHEMAS[level]
-    if name not in schemas:
+    if not isinstance(name, str) or name not in schemas:
         raise TraceFormatError(
-            f"{where}: unknown {level}-level op {name!r} (known: {', '.join(schemas)})"
+            f"{where}: unknown {level}-level op {shown(name)} (known: {', '.join(schemas)})"
         )
     schema = schemas[name]
-    unknown = sorted(set(raw) - set(schema) - {"op"})
+    unknown = sorted(map(repr, set(raw) - set(schema) - {"op"}))
     if unknown:
-        raise TraceFormatError(f"{where} ({name}): unknown field(s) {', '.join(map(repr, unknown))}")
+        raise TraceFormatError(f"{where} ({name}): unknown field(s) {', '.join(unknown)}")
     op: Op = {"op": name}
     for key, (kind, default) in schema.items():
         if key in raw:
-            _check_value(f"{where} ({name}).{key}", kind, raw[key])
+            _check_value(f"{where} ({name}).{key}", kind, raw[key], key)
             value = raw[key]
             op[key] = list(value) if isinstance(value, list) else value
         elif key in _MANDATORY:
@@ -190,14 +220,13 @@ class Trace:
             config = Config.from_dict(data.get("config"))
         except ConfigError as exc:
             raise TraceFormatError(f"config: {exc}") from None
-        except TypeError as exc:
-            raise TraceFormatError(f"config: {exc}") from None
         ops = data.get("ops")
         if not isinstance(ops, list):
-            raise TraceFormatError(f"ops must be a list, got {ops!r}")
+            raise TraceFormatError(f"ops must be a list, got {shown(ops)}")
+        if len(ops) > MAX_OPS:
+            raise TraceFormatError(f"ops lists {len(ops)} ops, at most {MAX_OPS}")
         meta = data.get("meta", {})
-        if not isinstance(meta, dict):
-            raise TraceFormatError(f"meta must be an object, got {meta!r}")
+        check_meta(meta)
         normalized = [normalize_op(op, level, f"ops[{i}]") for i, op in enumerate(ops)]
         return cls(config, level, normalized, meta)
 
@@ -205,20 +234,7 @@ class Trace:
     def load(cls, path: str | os.PathLike[str]) -> Trace:
         """Read a trace file; TraceFormatError says what is wrong and where."""
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TraceFormatError(f"cannot read {p}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(
-                f"{p} is not a trace: not UTF-8 JSON ({exc.reason} at byte {exc.start})"
-            ) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(
-                f"{p} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-            ) from None
+        data = read_document(p)
         try:
             return cls.from_dict(data)
         except TraceFormatError as exc:
@@ -226,26 +242,69 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a reader never sees a half-written file."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return p
+        return write_atomic(path, self.to_json())
+
+    def digest(self) -> str:
+        """A short digest of what the trace runs (config, level, ops), its meta left out: the
+        same trace found under another seed or run has the same digest."""
+        content = json.dumps([self.config.to_dict(), self.level, self.ops], sort_keys=True)
+        return hashlib.sha256(content.encode()).hexdigest()[:10]
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` to `path` atomically, with the usual permissions (0666 less the umask)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+META_TYPES: dict[str, tuple[type, str]] = {
+    **{key: (str, "a string") for key in ("check", "message", "target", "data", "config",
+                                          "level")},
+    "plugins": (list, "a list of module names"),
+    "seed": (int, "an int"),
+    "versions": (dict, "an object"),
+}
+"""The meta keys kvfuzz reads or writes (docs/traces.md, Meta), with their types."""
+
+
+def check_meta(meta: Any) -> None:
+    """`meta` is an object whose known keys have their documented types."""
+    if not isinstance(meta, dict):
+        raise TraceFormatError(f"meta must be an object, got {shown(meta)}")
+    for key, (kind, expected) in META_TYPES.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if key == "plugins":
+            ok = ok and all(isinstance(m, str) for m in value)
+        if not ok:
+            raise TraceFormatError(f"meta.{key} must be {expected}, got {shown(value)}")
 
 
 def save_finding(trace: Trace, directory: str | os.PathLike[str]) -> Path:
-    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory`, its meta
-    recording the versions of kvfuzz and Hypothesis that found it (`versions`)."""
-    text = trace.to_json()
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory` (the
+    digest of what it runs, `Trace.digest`), its meta recording the versions of kvfuzz and
+    Hypothesis that found it (`versions`)."""
+    digest = trace.digest()
     check = str(trace.meta.get("check", "finding")).replace("/", "-")
     config = str(trace.meta.get("config", trace.config.name)).replace("/", "-")
     trace.meta["versions"] = versions()

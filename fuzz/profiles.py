@@ -4,6 +4,8 @@ They are registered with Hypothesis as `kvfuzz-ci`, `kvfuzz-dev` and `kvfuzz-nig
 apply to the state machines that `kvfuzz.testing` builds; other Hypothesis tests keep their own
 settings. The active one is, in order: the one `select` chose (`pytest --kvfuzz-profile`),
 `KVFUZZ_PROFILE`, `ci` where the `CI` variable is set (Hypothesis' own convention), else `dev`.
+`use_database` (`pytest --kvfuzz-database`, `KVFUZZ_DATABASE`) gives every profile one example
+database, shared or local (`kvfuzz.fuzz.database`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, settings
+from hypothesis.database import ExampleDatabase
 
 _COMMON = dict(
     deadline=None,
@@ -31,6 +34,7 @@ for _name, _settings in PROFILES.items():
     settings.register_profile(f"kvfuzz-{_name}", _settings)
 
 _selected: str | None = None
+_database: ExampleDatabase | None = None
 
 
 def select(name: str | None) -> None:
@@ -51,5 +55,26 @@ def active() -> str:
     return name
 
 
+def use_database(database: ExampleDatabase) -> None:
+    """Make `database` the example database of every profile, and Hypothesis' default one
+    (HypoFuzz fuzzes only tests whose database is the default). A derandomized run keeps no
+    database in Hypothesis, so the `ci` profile then draws random examples too."""
+    global _database
+    _database = database
+    settings.register_profile("kvfuzz-database", settings(settings(), database=database,
+                                                          derandomize=False))
+    settings.load_profile("kvfuzz-database")
+
+
 def active_settings() -> settings:
-    return PROFILES[active()]
+    chosen = PROFILES[active()]
+    if _database is None:
+        return chosen
+    return settings(chosen, database=_database, derandomize=False)
+
+
+def load_active() -> None:
+    """Make the active profile, with the database of `use_database` if any, Hypothesis'
+    default settings (for a suite's other `@given` tests)."""
+    settings.register_profile("kvfuzz-active", active_settings())
+    settings.load_profile("kvfuzz-active")

@@ -1,8 +1,10 @@
-"""Shrinking a failing trace to a minimal one that fails the same check.
+"""Shrinking a failing trace to a minimal one that fails the same way.
 
 Works on traces from any source (a Hypothesis run, atheris, another tool, an old corpus):
 candidates are replayed through the one executor, and a candidate counts only if it is a valid
-trace that fails the same check. Passes, repeated until none helps: shrink the config (fewer
+trace that fails the same way: the same check and the same `Finding.signature` (for a DIFF the
+op kind and the differing field, for a CRASH the exception type and place), so a shrink cannot
+slip into another, already known failure. Passes, repeated until none helps: shrink the config (fewer
 blocks, default driver knobs), drop a whole request, drop chunks of ops (delta debugging,
 halving the chunk size), simplify single ops (shorter prompts and token lists, smaller counts,
 fields back to their defaults).
@@ -38,6 +40,7 @@ class Shrinker:
         *,
         model: bool = True,
         check: str | None = None,
+        signature: tuple[str, ...] | None = None,
         checks: Any = None,
         seconds: float = 60.0,
         on_progress: Callable[[Trace], None] | None = None,
@@ -45,6 +48,7 @@ class Shrinker:
         self.targets = targets
         self.model = model
         self.check = check
+        self.signature = signature
         self.checks = checks
         self.deadline = 0.0
         self.seconds = seconds
@@ -54,22 +58,23 @@ class Shrinker:
         self.on_progress = on_progress
 
     def fails(self, trace: Trace) -> Finding | None:
-        """The finding if `trace` still fails the check being shrunk for."""
+        """The finding if `trace` still fails the way being shrunk for."""
         self.attempts += 1
-        result = run_trace(trace, self.targets, model=self.model, checks=self.checks)
-        if result.finding is not None and (
-            self.check is None or result.finding.check == self.check
-        ):
-            return result.finding
-        return None
+        found = run_trace(trace, self.targets, model=self.model, checks=self.checks).finding
+        if found is None or self.check not in (None, found.check):
+            return None
+        if self.signature not in (None, found.signature):
+            return None
+        return found
 
     def shrink(self, trace: Trace) -> ShrinkResult:
         start = time.monotonic()
         self.deadline = start + self.seconds
         finding = self.fails(trace)
         if finding is None:
-            raise ValueError("the trace does not fail" + (f" {self.check}" if self.check else ""))
-        self.check = finding.check
+            raise ValueError("the trace does not fail" + (f" {self.check}" if self.check else "")
+                             + (f" as {'/'.join(self.signature)}" if self.signature else ""))
+        self.check, self.signature = finding.check, finding.signature
         self.best, self.best_finding = finding.trace, finding
         changed = True
         while changed and not self._late():

@@ -1,60 +1,130 @@
-"""Hypothesis strategies for configs and prompts.
+"""Choice sources, and the configs and prompts drawn from them.
 
-Configs vary around the built-in shapes (harness/configs.py) with small pools; prompts are built
+Every generator decision is one `below(n)` call on a choice source. `BytesChoices` reads the
+decisions from a byte string: the campaign engines hand it the bytes Hypothesis draws (one
+`st.binary` per example, stored in the example database) or the input libFuzzer mutates, so a
+byte changed is a decision changed, and zeros are the simplest decisions. `DataChoices` asks
+Hypothesis for each one (the pytest state machines, which Hypothesis shrinks choice by choice).
+
+Configs vary around the built-in shapes (core/configs.py) with small pools; prompts are built
 from a few shared prefixes so that prefix hits, duplicates and evictions of shared blocks happen.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from hypothesis import strategies as st
 
 from kvfuzz.core.config import Config, GroupConfig
-from kvfuzz.core.configs import BUILTIN
 
 TOKEN_VOCAB = 4
 """Tokens are drawn from a tiny vocabulary: identical blocks arise by chance, too."""
 
+T = TypeVar("T")
 
-def _vary_group(draw: st.DrawFn, group: GroupConfig) -> GroupConfig:
+
+class Exhausted(Exception):
+    """The byte string ran out of decisions: the example ends at the op being built."""
+
+
+class Choices(Protocol):
+    def below(self, n: int) -> int:
+        """A number in [0, n) (0 when n <= 1, without consuming a decision)."""
+
+
+class BytesChoices:
+    """Decisions read from bytes: one byte for up to 256 options, little-endian bytes above."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def below(self, n: int) -> int:
+        if n <= 1:
+            return 0
+        pos = self.pos
+        if n <= 256:
+            if pos >= len(self.data):
+                raise Exhausted
+            self.pos = pos + 1
+            return self.data[pos] % n
+        end = pos + (n.bit_length() + 7) // 8
+        if end > len(self.data):
+            raise Exhausted
+        self.pos = end
+        return int.from_bytes(self.data[pos:end], "little") % n
+
+
+class DataChoices:
+    """Decisions drawn one by one with a Hypothesis draw function (`data.draw` or a
+    composite's `draw`)."""
+
+    __slots__ = ("draw",)
+
+    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any]) -> None:
+        self.draw = draw
+
+    def below(self, n: int) -> int:
+        return 0 if n <= 1 else self.draw(st.integers(0, n - 1))
+
+
+def between(choices: Choices, low: int, high: int) -> int:
+    return low + choices.below(high - low + 1)
+
+
+def pick(choices: Choices, options: Sequence[T]) -> T:
+    return options[choices.below(len(options))]
+
+
+def flip(choices: Choices) -> bool:
+    return choices.below(2) == 1
+
+
+def _vary_group(choices: Choices, group: GroupConfig) -> GroupConfig:
     if group.kind == "sliding_window":
-        return dataclasses.replace(group, sliding_window=draw(st.sampled_from([4, 5, 8, 9])))
+        return dataclasses.replace(group, sliding_window=pick(choices, (4, 5, 8, 9)))
     if group.kind == "chunked_local":
-        return dataclasses.replace(
-            group, attention_chunk_size=draw(st.sampled_from([4, 8, 12]))
-        )
+        return dataclasses.replace(group, attention_chunk_size=pick(choices, (4, 8, 12)))
     return group
 
 
-@st.composite
-def configs(draw: st.DrawFn, names: tuple[str, ...] | None = None, vary: bool = True) -> Config:
-    """A built-in config, optionally with its pool, window and driver knobs varied."""
-    name = draw(st.sampled_from(sorted(names or BUILTIN)))
-    base = BUILTIN[name][1]
-    if not vary:
-        return base
-    sched = base.scheduler
+def vary_config(choices: Choices, base: Config) -> Config:
+    """`base` with its pool, window and driver knobs varied."""
     sched = dataclasses.replace(
-        sched,
-        token_budget=draw(st.sampled_from([8, 16, 32])),
-        max_running=draw(st.integers(1, 4)),
-        chunked_prefill=sched.chunked_prefill and draw(st.booleans()),
+        base.scheduler,
+        token_budget=pick(choices, (8, 16, 32)),
+        max_running=between(choices, 1, 4),
+        chunked_prefill=base.scheduler.chunked_prefill and flip(choices),
     )
-    groups = tuple(_vary_group(draw, g) for g in base.groups)
+    groups = tuple(_vary_group(choices, g) for g in base.groups)
     blocks_per_request = max(-(-base.max_model_len // (2 * g.block_size)) for g in groups)
-    num_blocks = draw(st.integers(max(4, blocks_per_request // 2), base.num_blocks + 8))
+    num_blocks = between(choices, max(4, blocks_per_request // 2), base.num_blocks + 8)
     return dataclasses.replace(base, num_blocks=num_blocks, groups=groups, scheduler=sched)
 
 
-def prefixes(max_len: int) -> st.SearchStrategy[list[list[int]]]:
+def tokens(choices: Choices, length: int) -> list[int]:
+    return [choices.below(TOKEN_VOCAB) for _ in range(length)]
+
+
+_ROUND_LENGTHS = (4, 8, 12, 16)
+
+
+def prefixes(choices: Choices, max_len: int) -> list[list[int]]:
     """A few shared prompt prefixes for one run, often a whole number of small blocks long."""
-    token = st.integers(0, TOKEN_VOCAB - 1)
-    length = st.sampled_from([4, 8, 12, 16]).filter(lambda n: n <= max_len) | st.integers(
-        1, max_len
-    )
-    one = length.flatmap(lambda n: st.lists(token, min_size=n, max_size=n))
-    return st.lists(one, min_size=1, max_size=3)
+    out = []
+    for _ in range(between(choices, 1, 3)):
+        round_lengths = [n for n in _ROUND_LENGTHS if n <= max_len]
+        if round_lengths and not flip(choices):
+            length = pick(choices, round_lengths)
+        else:
+            length = between(choices, 1, max_len)
+        out.append(tokens(choices, length))
+    return out
 
 
 def tokens_from(value: int, length: int) -> list[int]:
@@ -71,24 +141,17 @@ _TAIL = 8
 _SHAPES = ("exact", "extend", "cut")
 
 
-def prompts(shared: list[list[int]], max_len: int) -> st.SearchStrategy[list[int]]:
+def prompt(choices: Choices, shared: list[list[int]], max_len: int) -> list[int]:
     """A prompt: one shared prefix exactly (a resend), or extended, or cut, then a short random
-    tail; 1..max_len tokens. Four draws whatever the length, for speed."""
-    choice = st.tuples(
-        st.integers(0, len(shared) * len(_SHAPES) - 1),
-        st.integers(0, max(len(p) for p in shared)),
-        st.integers(0, _TAIL),
-        st.integers(0, TOKEN_VOCAB**_TAIL - 1),
-    )
-
-    def build(drawn: tuple[int, int, int, int]) -> list[int]:
-        which, cut, tail_len, tail_bits = drawn
-        prefix = shared[which // len(_SHAPES)]
-        shape = _SHAPES[which % len(_SHAPES)]
-        if shape == "exact":
-            return list(prefix[:max_len])
-        cut = len(prefix) if shape == "extend" else min(cut, len(prefix))
-        prompt = (prefix[:cut] + tokens_from(tail_bits, tail_len))[:max_len]
-        return prompt or [tail_bits % TOKEN_VOCAB]
-
-    return choice.map(build)
+    tail; 1..max_len tokens. Four decisions whatever the length, for speed."""
+    which = choices.below(len(shared) * len(_SHAPES))
+    cut = choices.below(max(len(p) for p in shared) + 1)
+    tail_len = choices.below(_TAIL + 1)
+    tail_bits = choices.below(TOKEN_VOCAB**_TAIL)
+    prefix = shared[which // len(_SHAPES)]
+    shape = _SHAPES[which % len(_SHAPES)]
+    if shape == "exact":
+        return list(prefix[:max_len])
+    cut = len(prefix) if shape == "extend" else min(cut, len(prefix))
+    out = (prefix[:cut] + tokens_from(tail_bits, tail_len))[:max_len]
+    return out or [tail_bits % TOKEN_VOCAB]

@@ -13,8 +13,13 @@ def kvcache_spec(group: GroupConfig) -> Any:
     """The kvcache spec object of a config group."""
     from kvfuzz.kvcache import (
         ChunkedLocalAttentionSpec,
+        CircularBufferSpec,
         CrossAttentionSpec,
         FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        RSWASpec,
+        SinkFullAttentionSpec,
         SlidingWindowSpec,
     )
 
@@ -29,6 +34,20 @@ def kvcache_spec(group: GroupConfig) -> Any:
     if group.kind == "chunked_local":
         return ChunkedLocalAttentionSpec(
             block_size=group.block_size, attention_chunk_size=group.attention_chunk_size
+        )
+    if group.kind == "circular_buffer":
+        return CircularBufferSpec(block_size=group.block_size)
+    if group.kind == "mla":
+        return MLAAttentionSpec(block_size=group.block_size)
+    if group.kind == "sink_full":
+        return SinkFullAttentionSpec(block_size=group.block_size, sink_len=group.sink_len)
+    if group.kind == "rswa":
+        return RSWASpec(block_size=group.block_size, rswa_window=group.rswa_window)
+    if group.kind == "mamba":
+        return MambaSpec(
+            block_size=group.block_size,
+            mamba_cache_mode=group.mamba_cache_mode,
+            num_speculative_blocks=group.num_speculative_blocks,
         )
     return CrossAttentionSpec(block_size=group.block_size)
 
@@ -86,4 +105,5 @@ class KvcacheSide(ManagerSide):
             block_hasher=self._hasher,
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"],
             num_encoder_tokens=op["num_encoder_tokens"],
+            prefix_cache_hit_limit=op["prefix_cache_hit_limit"],
         )

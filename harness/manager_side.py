@@ -1,6 +1,6 @@
 """The harness half of a target: plays docs/traces.md against any vLLM-shaped KVCacheManager.
 
-A concrete target (kvcache, vLLM 0.33.0, a broken variant) only says how to build its manager
+A concrete target (kvcache, the installed vLLM, a broken variant) only says how to build its manager
 and its Request objects from a config; everything else — validity, the lookup a request
 carries into allocate_slots, the copies a caller holds, the scheduler driver, probes and
 snapshots — is shared here, so every target is driven identically.
@@ -12,14 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.core.errors import InvalidTrace, KvfuzzError
 from kvfuzz.harness.probes import ManagerProbes
 from kvfuzz.harness.reading import KeyTranslator, read_snapshot
-from kvfuzz.core.sides import ForwardPass, Observations
+from kvfuzz.core.sides import CachedTokensProbe, ForwardPass, Observations
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 
-_KEEPS_LOOKUPS = frozenset({"get_computed_blocks", "add_request"})
+_KEEPS_LOOKUPS = frozenset({"get_computed_blocks", "add_request", "get_num_cached_tokens"})
 
 
 class ManagerSide:
@@ -44,6 +44,7 @@ class ManagerSide:
         self._handlers: dict[str, Callable[[Op], Any]] = {
             "add_request": self._add_request,
             "get_computed_blocks": self._get_computed_blocks,
+            "get_num_cached_tokens": self._get_num_cached_tokens,
             "allocate_slots": self._allocate_slots,
             "free": self._free,
             "append_tokens": self._append_tokens,
@@ -127,6 +128,8 @@ class ManagerSide:
         """Run a manager call; an exception becomes the op's error result."""
         try:
             return True, fn()
+        except KvfuzzError:  # the harness's own (a usage error), not the implementation's
+            raise
         except Exception as exc:  # noqa: BLE001 - every implementation error is a result
             return False, {"error": type(exc).__name__}
 
@@ -143,19 +146,52 @@ class ManagerSide:
             )
         if any(t < 0 for t in prompt):
             raise InvalidTrace(f"add_request {rid!r}: negative token id in the prompt")
-        if op["max_tokens"] < 1 or op["num_encoder_tokens"] < 0:
+        if op["max_tokens"] < 1 or op["num_encoder_tokens"] < 0 or (
+            op["prefix_cache_hit_limit"] or 0
+        ) < 0:
             raise InvalidTrace(
-                f"add_request {rid!r}: max_tokens {op['max_tokens']} must be >= 1 and "
-                f"num_encoder_tokens {op['num_encoder_tokens']} >= 0"
+                f"add_request {rid!r}: max_tokens {op['max_tokens']} must be >= 1, "
+                f"num_encoder_tokens {op['num_encoder_tokens']} >= 0 and "
+                f"prefix_cache_hit_limit {op['prefix_cache_hit_limit']} None or >= 0"
             )
         request = self.make_request(op, float(len(self.requests)))
         self.requests[rid] = request
         if self.scheduler is not None:
             self.scheduler.add_request(request)
 
+    def offers(self, name: str) -> bool:
+        """Whether this target implements an optional op or field (every one, by default)."""
+        return True
+
+    def lookup(self, request: Any, bound: int | None) -> Any:
+        """The manager's get_computed_blocks (a target may pass the bound its own way)."""
+        if bound is None:
+            return self.manager.get_computed_blocks(request)
+        return self.manager.get_computed_blocks(request, bound)
+
+    def num_cached_tokens(self, request: Any) -> int:
+        """The manager's get_num_cached_tokens probe."""
+        return self.manager.get_num_cached_tokens(request)
+
+    def _get_num_cached_tokens(self, op: Op) -> Any:
+        request = self._live_request(op)
+        ok, out = self._call(lambda: self.num_cached_tokens(request))
+        if not ok:
+            return out
+        # What it predicts, asked right after in the same state (both are read-only).
+        ok, lookup = self._call(lambda: self.lookup(request, None))
+        if ok:
+            self.probes.observations.cached_token_probes.append(
+                CachedTokensProbe(request.request_id, out, lookup[1])
+            )
+        return {"num_cached_tokens": out}
+
     def _get_computed_blocks(self, op: Op) -> Any:
         request = self._live_request(op)
-        ok, out = self._call(lambda: self.manager.get_computed_blocks(request))
+        bound = op["max_cache_hit_length"]
+        if bound is not None and bound < 0:
+            raise InvalidTrace(f"get_computed_blocks: max_cache_hit_length {bound} < 0")
+        ok, out = self._call(lambda: self.lookup(request, bound))
         if not ok:
             return out
         blocks, hit, boundary = out

@@ -107,8 +107,38 @@ def _touch_leaves_queued(side: KvcacheSide) -> None:
     _around(_pool(side), "touch", around)
 
 
-@mutant("free-forgets-decrement", "free_blocks forgets the decrement of the last block it is given",
-        bug="docs/bugs.md #1, #22")
+@mutant("touch-unvalidated", "touch takes each reference before looking at the next entry, "
+        "with no undo (kvcache before its misuse contract); only the misuse driver sees it",
+        bug="issue 13: touch([free_block, 7])")
+def _touch_unvalidated(side: KvcacheSide) -> None:
+    pool = _pool(side)
+
+    def touch(blocks):
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                pool.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    pool.touch = touch
+
+
+@mutant("probe-ignores-hit-limit", "get_num_cached_tokens probes up to num_tokens - 1, "
+        "ignoring the request's prefix_cache_hit_limit (as vLLM 0.34 does)",
+        bug="docs/findings/008-probe-ignores-hit-limit.md")
+def _probe_ignores_hit_limit(side: KvcacheSide) -> None:
+    manager = side.manager
+
+    def probe(request):
+        if not manager.prefix_cache_lookup_enabled(request):
+            return 0
+        return manager.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.num_tokens - 1)[1]
+
+    manager.get_num_cached_tokens = probe
+
+
+@mutant("free-forgets-decrement",
+        "release (free_blocks) forgets the decrement of the last block it is given", bug="docs/bugs.md #1, #22")
 def _free_forgets_decrement(side: KvcacheSide) -> None:
     def around(original, ordered_blocks):
         blocks = list(ordered_blocks)
@@ -117,7 +147,7 @@ def _free_forgets_decrement(side: KvcacheSide) -> None:
             real[-1].ref_cnt += 1
         original(blocks)
 
-    _around(_pool(side), "free_blocks", around)
+    _around(_pool(side), "release", around)
 
 
 @mutant("free-forward-order", "a request's blocks are freed head first instead of tail first",
@@ -185,14 +215,14 @@ def _release(ordered_blocks: Any) -> list[Any]:
         bug="docs/bugs.md #12, #13")
 def _uncached_to_tail(side: KvcacheSide) -> None:
     pool = _pool(side)
-    pool.free_blocks = lambda ordered: pool.free_block_queue.append_n(_release(ordered))
+    pool.release = lambda ordered: pool.free_block_queue.append_n(_release(ordered))
 
 
 @mutant("cached-to-head", "freed cached blocks go to the queue head, evicted before uncached "
         "ones", bug="docs/spec.md §3.6 / docs/bugs.md #13")
 def _cached_to_head(side: KvcacheSide) -> None:
     pool = _pool(side)
-    pool.free_blocks = lambda ordered: pool.free_block_queue.prepend_n(_release(ordered))
+    pool.release = lambda ordered: pool.free_block_queue.prepend_n(_release(ordered))
 
 
 @mutant("touch-before-check", "hit blocks are touched before the capacity check and not "
@@ -432,3 +462,55 @@ def _cache_ahead_of_schedule(side: KvcacheSide) -> None:
             return original(request, min(-(-num_tokens // bs) * bs, request.num_tokens))
 
         _around(single, "cache_blocks", ahead)
+
+
+_STATE_CONFIGS = ("mamba", "jamba", "qwen3_5", "mamba_small_blocks")
+
+
+def _state_managers(side: KvcacheSide) -> list[Any]:
+    return [s for s in _singles(side) if type(s).__name__ == "MambaManager"]
+
+
+@mutant("state-predictor-under-count", "a state group's get_num_blocks_to_allocate counts one "
+        "block too few for a request's first allocation", bug="docs/bugs.md #21",
+        configs=_STATE_CONFIGS)
+def _state_predictor_under_count(side: KvcacheSide) -> None:
+    def around(original, request_id, *args, **kwargs):
+        value = original(request_id, *args, **kwargs)
+        first = request_id not in single.num_cached_block
+        return value - 1 if first and value > 0 else value
+
+    for single in _state_managers(side)[:1]:
+        _around(single, "get_num_blocks_to_allocate", around)
+
+
+@mutant("state-released-early", "a state group releases the block holding the last computed "
+        "token's state, which the next step resumes from", bug="docs/bugs.md #28",
+        configs=_STATE_CONFIGS)
+def _state_released_early(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        single.get_num_skipped_tokens = lambda num_computed_tokens, bs=single.block_size: (
+            num_computed_tokens + bs - 1
+        )
+
+
+@mutant("rswa-gap-kept", "an R-SWA group never releases the blocks between the prompt and the "
+        "decode window", bug="docs/spec.md §12.2", configs=("rswa", "full_rswa"))
+def _rswa_gap_kept(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "RSWAManager":
+            single.remove_skipped_blocks = lambda *args, **kwargs: None
+
+
+@mutant("ring-block-per-step", "a circular buffer claims another ring block at every allocation "
+        "while its predictor still counts one per request", bug="docs/spec.md §12.3",
+        configs=("full_ring",))
+def _ring_block_per_step(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "CircularBufferManager":
+            def grow(request_id, num_tokens, num_tokens_main_model, m=single):
+                new_blocks = m.block_pool.get_new_blocks(1)
+                m.req_to_blocks.setdefault(request_id, []).extend(new_blocks)
+                return new_blocks
+
+            single.allocate_new_blocks = grow

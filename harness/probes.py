@@ -1,6 +1,6 @@
 """Probes around a vLLM-shaped KVCacheManager: what P1 and P4 need to see from outside layer 1.
 
-They wrap instance methods (so the same code probes kvcache and vLLM 0.33.0): layer 1's
+They wrap instance methods (so the same code probes kvcache and every vLLM release): layer 1's
 allocate_slots, layer 2's and every layer-3 manager's get_num_blocks_to_allocate, layer 3's
 add_local_computed_blocks and allocate_new_blocks, and layer 4's get_new_blocks. Both
 implementations pass `apply_admission_cap` by keyword, which is how the gate's call is told from
@@ -59,11 +59,14 @@ class ManagerProbes:
 
     def _around_allocate_slots(self, original: Callable[..., Any], request: Any, *args: Any,
                                **kwargs: Any) -> Any:
-        admission = kwargs.get("has_scheduled_reqs", True) and int(request.status) in (
+        # Read defensively: a misuse driver passes things that are not requests.
+        status = getattr(request, "status", None)
+        admission = kwargs.get("has_scheduled_reqs", True) and status in (
             self._waiting, self._preempted
         )
         call = self._call = _Call(
-            request.request_id, self._num_groups, kwargs.get("reserved_blocks", 0), admission
+            getattr(request, "request_id", None), self._num_groups,
+            kwargs.get("reserved_blocks", 0), admission,
         )
         try:
             result = original(request, *args, **kwargs)

@@ -1,7 +1,8 @@
-"""Reading a `Snapshot` out of a vLLM-shaped manager (kvcache, or vLLM 0.33.0 itself).
+"""Reading a `Snapshot` out of a vLLM-shaped manager (kvcache, or vLLM itself).
 
 Both name their state alike (docs/spec.md, NOTES.md): `block_pool.blocks[i].ref_cnt / block_hash /
-block_hash_num_tokens`, the free queue's sentinels and links, `cached_block_hash_to_block._cache`,
+block_hash_num_tokens`, the free queue's sentinels and links, `cached_block_hash_to_block._cache`
+(and `_dup_ids` where the map holds block ids),
 `cached_block_hashes_by_block`, and per layer-3 manager `req_to_blocks`, `num_cached_block`,
 `_partial_hit_reqs`, `_pending_cow_copies`, `new_block_ids`. Hash keys are translated to content
 (`CacheKey`) through the prefixes of the requests the harness created.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from enum import Enum
+from operator import attrgetter
 from typing import Any
 
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
@@ -143,16 +145,19 @@ def read_snapshot(
     # translator knows, which only grow: the same count of them means the same translations.
     last = keys.last
     known_prefixes = keys.num_prefixes
-    # The private fields behind the block_hash properties: both implementations name them so,
-    # and a snapshot reads every block after every op.
-    hashes = [b._block_hash for b in blocks]
+    # The private fields behind the block_hash properties where they are properties (kvcache,
+    # vLLM up to 0.33), else the plain fields (vLLM 0.34); a snapshot reads every block after
+    # every op.
+    private = hasattr(blocks[0], "_block_hash") if blocks else True
+    hashes = [b._block_hash for b in blocks] if private else [b.block_hash for b in blocks]
     prev = last.get("block_keys")
     if prev is not None and prev[0] == hashes and prev[1] == known_prefixes:
         block_keys = prev[2]
     else:
         block_keys = tuple([None if h is None else key(h) for h in hashes])
         last["block_keys"] = (hashes, known_prefixes, block_keys)
-    key_tokens = tuple([b._block_hash_num_tokens for b in blocks])
+    key_tokens = tuple([b._block_hash_num_tokens for b in blocks] if private
+                       else [b.block_hash_num_tokens for b in blocks])
     linked_ids = [
         b.block_id for b in blocks if b.prev_free_block is not None and b.next_free_block is not None
     ]
@@ -162,10 +167,16 @@ def read_snapshot(
     else:
         linked = frozenset(linked_ids)
         last["linked"] = (linked_ids, linked)
-    entries = pool.cached_block_hash_to_block._cache
-    # Per key one block or a dict of blocks; the map reads the same when the same keys hold the
-    # same block objects (all a snapshot takes from a block is its id, which never changes).
-    held = [tuple(e.values()) if isinstance(e, dict) else e for e in entries.values()]
+    hash_map = pool.cached_block_hash_to_block
+    entries = hash_map._cache
+    dup_ids = getattr(hash_map, "_dup_ids", None)
+    if dup_ids is None:
+        # Per key one block or a dict of blocks (kvcache, vLLM up to 0.33); the map reads the
+        # same when the same keys hold the same block objects (a block's id never changes).
+        held = [tuple(e.values()) if isinstance(e, dict) else e for e in entries.values()]
+    else:
+        # Per key a block id, and every id of a key several blocks hold in _dup_ids (vLLM 0.34).
+        held = [tuple(dup_ids[k]) if k in dup_ids else i for k, i in entries.items()]
     prev = last.get("cache")
     if prev is not None and prev[1] == held and prev[0] == list(entries) and (
         prev[2] == known_prefixes
@@ -175,8 +186,8 @@ def read_snapshot(
         cache = {}
         for packed, blocks_of_key in zip(entries, held):
             cache[key(packed)] = (
-                tuple([b.block_id for b in blocks_of_key]) if type(blocks_of_key) is tuple
-                else (blocks_of_key.block_id,)
+                tuple([_block_id(b) for b in blocks_of_key]) if type(blocks_of_key) is tuple
+                else (_block_id(blocks_of_key),)
             )
         last["cache"] = (list(entries), held, known_prefixes, cache)
     singles = manager.coordinator.single_type_managers
@@ -228,6 +239,10 @@ def read_snapshot(
         running=tuple([r.request_id for r in running]),
         hash_collisions=tuple(keys.collisions),
     )
+
+
+def _block_id(block: Any) -> int:
+    return block if type(block) is int else block.block_id
 
 
 def _table(blocks: Sequence[Any] | None) -> tuple[int, ...] | None:

@@ -30,9 +30,13 @@ class TargetInfo:
     """(module, how to install it) when the target needs an optional package."""
 
     def check_available(self) -> None:
-        """MissingDependency, saying how to install it, if the target cannot be built here."""
+        """A KvfuzzError (exit 2) saying what is missing if the target cannot be built here."""
         if self.requires is not None:
             require(*self.requires, f"target {self.name}")
+        # A factory may probe what it needs beyond importability (the vLLM adapter does).
+        check = getattr(self.locate(), "check_available", None)
+        if check is not None:
+            check()
 
     def build(self, config: Config, level: str) -> Side:
         return self.locate()(config, level)
@@ -75,9 +79,9 @@ def _load_mutants() -> None:
 _lazy("kvcache", "kvfuzz's own kvcache/ (the production implementation)",
       "kvfuzz.harness.kvcache_target", "KvcacheSide")
 _VLLM = ("vllm", "install vLLM into this Python (docs/vllm.md says how, CPU-only machines too)")
-_lazy("vllm", "vLLM 0.33.0's v1 KVCacheManager (needs the venv of ci/install-vllm.sh)",
+_lazy("vllm", "the installed vLLM's v1 KVCacheManager, 0.32–0.34 or a checkout (ci/install-vllm.sh)",
       "kvfuzz.harness.vllm_target", "VllmSide", _VLLM)
-_lazy("vllm-strict", "vLLM 0.33.0 without the known deviations target vllm tolerates "
+_lazy("vllm-strict", "the installed vLLM without the known deviations target vllm tolerates "
       "(docs/vllm.md)", "kvfuzz.harness.vllm_target", "VllmStrictSide", _VLLM)
 _lazy("model", "the reference model itself (checks the oracle against the invariants)",
       "kvfuzz.reference_model", "ReferenceModel")

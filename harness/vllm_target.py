@@ -1,7 +1,9 @@
-"""Target `vllm`: vLLM 0.33.0's own v1 KV cache manager, driven through the shared harness.
+"""Target `vllm`: the installed vLLM's own v1 KV cache manager, driven through the shared harness.
 
-Importing vLLM costs seconds (torch, transformers), so this module imports it only when a side
-is built. `ci/install-vllm.sh` makes a venv where it imports on a CPU machine.
+What the install offers is probed by `vllm_api.load_vllm()` (never by version string); this
+module builds the manager and requests from a config with what was found, and lists the
+known deviations, each with the features (release range) it applies to. Importing vLLM costs
+seconds, so nothing is imported until a side is built or checked.
 """
 
 from __future__ import annotations
@@ -13,67 +15,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
-from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.harness.manager_side import ManagerSide
+from kvfuzz.harness.vllm_api import (
+    FEATURES,
+    VllmApi,
+    VllmUnavailable,
+    VllmUnsupported,
+    check_vllm,
+    load_vllm,
+)
 from kvfuzz.core.snapshot import RequestView, Snapshot
 from kvfuzz.core.trace import Op
 
-VLLM_VERSION = "0.33.0"
-
-
-class VllmUnavailable(KvfuzzError):
-    """vLLM 0.33.0 cannot be imported in this Python."""
-
-
-def vllm_modules() -> dict[str, Any]:
-    """The vLLM objects the adapter uses, imported once (VllmUnavailable if they cannot be)."""
-    global _MODULES
-    if _MODULES is None:
-        try:
-            import vllm
-            import vllm.v1.core.kv_cache_coordinator as coordinator
-            import vllm.v1.core.kv_cache_utils as utils
-            from vllm.sampling_params import SamplingParams
-            from vllm.utils.hashing import sha256
-            from vllm.v1 import kv_cache_interface as interface
-            from vllm.v1.core.kv_cache_manager import KVCacheManager
-            from vllm.v1.request import Request, RequestStatus
-        except ImportError as exc:
-            raise VllmUnavailable(
-                f"vLLM {VLLM_VERSION} is not importable here ({exc}); run "
-                "`bash ci/install-vllm.sh` and use the kvfuzz of the venv it prints"
-            ) from None
-        if vllm.__version__ != VLLM_VERSION:
-            raise VllmUnavailable(f"found vLLM {vllm.__version__}, need {VLLM_VERSION}")
-        import torch
-
-        _MODULES = {
-            "coordinator": coordinator,
-            "utils": utils,
-            "interface": interface,
-            "KVCacheManager": KVCacheManager,
-            "Request": Request,
-            "RequestStatus": RequestStatus,
-            "SamplingParams": SamplingParams,
-            "sha256": sha256,
-            "dtype": torch.float16,
-        }
-    return _MODULES
-
-
-_MODULES: dict[str, Any] | None = None
-
 
 def vllm_available() -> bool:
-    """Whether vLLM 0.33.0 imports in this Python."""
+    """Whether an installed vLLM that this adapter can drive imports in this Python."""
     try:
-        vllm_modules()
+        load_vllm()
     except VllmUnavailable:
         return False
     return True
 
 
-def _spec(group: GroupConfig, v: Any) -> Any:
+def _spec(group: GroupConfig, v: VllmApi) -> Any:
     iface = v["interface"]
     common = {"block_size": group.block_size, "num_kv_heads": 1, "head_size": 8, "dtype": v["dtype"]}
     if group.kind == "full":
@@ -88,11 +52,28 @@ def _spec(group: GroupConfig, v: Any) -> Any:
         return iface.ChunkedLocalAttentionSpec(
             **common, attention_chunk_size=group.attention_chunk_size
         )
+    if group.kind == "circular_buffer":
+        return iface.CircularBufferSpec(**common)
+    if group.kind == "mla":
+        return iface.MLAAttentionSpec(**common)
+    if group.kind == "sink_full":
+        return iface.SinkFullAttentionSpec(**common, sink_len=group.sink_len)
+    if group.kind == "rswa":
+        return iface.RSWASpec(**common, rswa_window=group.rswa_window)
+    if group.kind == "mamba":
+        # One small state tensor per block; the manager reads only block counts.
+        return iface.MambaSpec(
+            block_size=group.block_size,
+            shapes=((8,),),
+            dtypes=(v["dtype"],),
+            mamba_cache_mode=group.mamba_cache_mode,
+            num_speculative_blocks=group.num_speculative_blocks,
+        )
     return iface.CrossAttentionSpec(**common)
 
 
 @contextlib.contextmanager
-def _partial_hits_forced(v: Any, on: bool) -> Iterator[None]:
+def _partial_hits_forced(v: VllmApi, on: bool) -> Iterator[None]:
     """vLLM enables fine-grained hits only beside Mamba "align" groups; force them on."""
     if not on:
         yield
@@ -107,8 +88,8 @@ def _partial_hits_forced(v: Any, on: bool) -> Iterator[None]:
 
 
 def build_vllm_manager(config: Config) -> Any:
-    """A vLLM 0.33.0 KVCacheManager for a harness config."""
-    v = vllm_modules()
+    """The installed vLLM's KVCacheManager for a harness config."""
+    v = load_vllm()
     iface = v["interface"]
     kv_cache_config = iface.KVCacheConfig(
         num_blocks=config.num_blocks,
@@ -133,16 +114,20 @@ def build_vllm_manager(config: Config) -> Any:
 
 @dataclass(frozen=True)
 class KnownDeviation:
-    """A documented way vLLM 0.33.0 differs from docs/spec.md, which target `vllm` tolerates.
+    """A documented way vLLM differs from docs/spec.md, which target `vllm` tolerates.
 
     `tolerate(snapshot, config)` returns the snapshot with exactly that difference undone and
     the request ids it was undone for; everything else is still compared and checked.
+    `applies(api)` says, from the probed features, whether the installed vLLM has it;
+    `releases` names that range for docs and reports.
     """
 
     name: str
     finding: str
     """The finding document (docs/findings/) that describes it."""
     tolerate: Callable[[Snapshot, Config], tuple[Snapshot, list[str]]]
+    releases: str = "0.32–0.34"
+    applies: Callable[[VllmApi], bool] = lambda api: True
 
 
 _WINDOW_KINDS = ("sliding_window", "chunked_local")
@@ -166,28 +151,96 @@ def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snap
     return dataclasses.replace(snapshot, requests={**snapshot.requests, **changed}), list(changed)
 
 
+def _zero_null_ref_cnt(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    """The null block (block 0) reads with ref_cnt 0: vLLM 0.32's touch and free_blocks move it."""
+    if not snapshot.ref_cnt or snapshot.ref_cnt[0] == 0:
+        return snapshot, []
+    return dataclasses.replace(snapshot, ref_cnt=(0, *snapshot.ref_cnt[1:])), ["null block"]
+
+
+def _no_snapshot_change(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    return snapshot, []
+
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
         "docs/findings/001-empty-window-entry.md",
         _drop_empty_window_entries,
     ),
+    KnownDeviation(
+        "null-block-ref-count",
+        "docs/findings/007-null-block-ref-count.md",
+        _zero_null_ref_cnt,
+        releases="0.32",
+        applies=lambda api: api.has("null_ref_counted"),
+    ),
+    # A result, not a snapshot: `VllmSide.num_cached_tokens` undoes it (see there).
+    KnownDeviation(
+        "probe-ignores-hit-limit",
+        "docs/findings/008-probe-ignores-hit-limit.md",
+        _no_snapshot_change,
+        releases="0.34",
+        applies=lambda api: api.has("cached_tokens_probe") and api.has("request_hit_limit"),
+    ),
 )
+
+# Trace fields and ops that need an optional feature of the installed vLLM (vllm_api.FEATURES).
+OP_FEATURES = {
+    "get_num_cached_tokens": "cached_tokens_probe",
+    "max_cache_hit_length": "lookup_bound",
+    "prefix_cache_hit_limit": "request_hit_limit",
+}
 
 
 class VllmSide(ManagerSide):
-    """vLLM 0.33.0's KVCacheManager and Request, built from our config.
+    """The installed vLLM's KVCacheManager and Request, built from our config.
 
-    Its snapshots tolerate the `KNOWN_DEVIATIONS`; `tolerated` records, per deviation name,
-    the request ids it was tolerated for. `VllmStrictSide` tolerates nothing.
+    Its snapshots tolerate the `KNOWN_DEVIATIONS` that apply to the installed vLLM;
+    `tolerated` records, per deviation name, the request ids it was tolerated for.
+    `VllmStrictSide` tolerates nothing.
     """
 
     name = "vllm"
-    deviations: tuple[KnownDeviation, ...] = KNOWN_DEVIATIONS
+    known_deviations: tuple[KnownDeviation, ...] = KNOWN_DEVIATIONS
+    check_available = staticmethod(check_vllm)
 
     def __init__(self, config: Config, level: str) -> None:
+        self.api = load_vllm()
+        self.deviations = tuple(d for d in self.known_deviations if d.applies(self.api))
         self.tolerated: dict[str, set[str]] = {d.name: set() for d in self.deviations}
         super().__init__(config, level)
+
+    def offers(self, name: str) -> bool:
+        """Whether this vLLM has what an op or field of `OP_FEATURES` needs (generators ask)."""
+        feature = OP_FEATURES.get(name)
+        return feature is None or self.api.has(feature)
+
+    def _require(self, name: str) -> None:
+        if not self.offers(name):
+            what = FEATURES[OP_FEATURES[name]][0]
+            raise VllmUnsupported(
+                f"the trace uses {name}, which needs {what}; vLLM {self.api.version} lacks it "
+                "(docs/vllm.md, per-release table)"
+            )
+
+    def lookup(self, request: Any, bound: int | None) -> Any:
+        if bound is not None:
+            self._require("max_cache_hit_length")
+        return super().lookup(request, bound)
+
+    def num_cached_tokens(self, request: Any) -> int:
+        self._require("get_num_cached_tokens")
+        answer = super().num_cached_tokens(request)
+        name = "probe-ignores-hit-limit"
+        if name in self.tolerated and request.prefix_cache_hit_limit is not None:
+            # vLLM 0.34 probes up to num_tokens - 1 whatever the limit: answer what the lookup
+            # it predicts hits (read-only), only where the limit made them differ.
+            hit = super().lookup(request, None)[1]
+            if hit != answer:
+                self.tolerated[name].add(request.request_id)
+                return hit
+        return answer
 
     def snapshot(self) -> Snapshot:
         snapshot = super().snapshot()
@@ -197,7 +250,7 @@ class VllmSide(ManagerSide):
         return snapshot
 
     def build_manager(self, config: Config) -> Any:
-        v = vllm_modules()
+        v = self.api
         self.request_status = v["RequestStatus"]
         utils = v["utils"]
         # vLLM keeps its none hash in a module global, read whenever a request hashes.
@@ -206,7 +259,7 @@ class VllmSide(ManagerSide):
         return build_vllm_manager(config)
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
-        v = vllm_modules()
+        v = self.api
         params = v["SamplingParams"](
             max_tokens=op["max_tokens"],
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"] or None,
@@ -223,11 +276,18 @@ class VllmSide(ManagerSide):
         )
         # vLLM counts encoder tokens from multimodal features; the driver reads this instead.
         request.num_encoder_tokens = op["num_encoder_tokens"]
+        limit = op["prefix_cache_hit_limit"]
+        if limit is not None:
+            self._require("prefix_cache_hit_limit")
+            # What vLLM derives from prompt-scoring parameters, set directly (0 stays 0 when
+            # the request skips cache reads).
+            if request.prefix_cache_hit_limit != 0:
+                request.prefix_cache_hit_limit = limit
         return request
 
 
 class VllmStrictSide(VllmSide):
-    """vLLM 0.33.0 with no tolerated deviation: replays the findings of docs/findings/."""
+    """The installed vLLM with no tolerated deviation: replays the findings of docs/findings/."""
 
     name = "vllm-strict"
-    deviations = ()
+    known_deviations = ()

@@ -13,12 +13,18 @@ from kvfuzz.kvcache.kv_cache_coordinator import (
     get_kv_cache_coordinator,
 )
 from kvfuzz.kvcache.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -32,17 +38,23 @@ from kvfuzz.kvcache.request import Request, RequestStatus
 from kvfuzz.kvcache.scheduler import Scheduler, StepOutput
 from kvfuzz.kvcache.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
+    MambaManager,
+    RSWAManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
 )
 
 __all__ = [
+    "AttentionSpec",
     "BlockHashToBlockMap",
     "BlockPool",
     "ChunkedLocalAttentionManager",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferManager",
+    "CircularBufferSpec",
     "CrossAttentionManager",
     "CrossAttentionSpec",
     "FreeKVCacheBlockQueue",
@@ -57,6 +69,12 @@ __all__ = [
     "KVCacheGroupSpec",
     "KVCacheManager",
     "KVCacheSpec",
+    "MambaManager",
+    "MambaSpec",
+    "MLAAttentionSpec",
+    "RSWAManager",
+    "RSWASpec",
+    "SinkFullAttentionSpec",
     "Request",
     "RequestStatus",
     "Scheduler",

@@ -119,7 +119,13 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
-        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        # This pool's blocks are instances of a subclass of its own: `type(b) is
+        # self.block_type` tells them from another pool's blocks and from non-blocks with one
+        # pointer compare on the object header, which any use of the block reads anyway.
+        self.block_type: type[KVCacheBlock] = type(
+            "KVCacheBlock", (KVCacheBlock,), {"__slots__": (), "__module__": KVCacheBlock.__module__}
+        )
+        self.blocks: list[KVCacheBlock] = [self.block_type(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         # Keys beyond the primary one (partial entries), per block id.
@@ -174,8 +180,32 @@ class BlockPool:
         """Register `blocks[num_cached_blocks:num_full_blocks]` under the request's hashes.
 
         Null blocks and blocks masked out are skipped. A block that already has a key may only
-        be a partial entry being promoted to its full key.
+        be a partial entry being promoted to its full key. Counts that are not ints, or blocks
+        that are not this pool's, raise ValueError and change nothing.
         """
+        counts = {"num_cached_blocks": num_cached_blocks, "num_full_blocks": num_full_blocks,
+                  "block_size": block_size, "kv_cache_group_id": kv_cache_group_id}
+        for name, n in counts.items():
+            if type(n) is not int or n < 0:
+                raise ValueError(f"cache_full_blocks(): {name}={n!r} is not an int >= 0")
+        if block_size == 0:
+            raise ValueError("cache_full_blocks(): block_size=0 is not a block size")
+        blocks = self._block_list("cache_full_blocks", blocks)
+        self.check_own("cache_full_blocks()", blocks[num_cached_blocks:num_full_blocks])
+        self.register_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                                  kv_cache_group_id, block_mask)
+
+    def register_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """`cache_full_blocks` of a manager's own table (this pool's blocks, int counts)."""
         if num_cached_blocks >= num_full_blocks:
             return
         block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
@@ -231,6 +261,8 @@ class BlockPool:
         The key is the fine hash at that boundary. A new key covering more tokens than the
         block's current primary replaces its keys; otherwise it is added as an extra.
         """
+        if type(block) is not self.block_type:
+            raise ValueError(f"cache_partial_block(): {self.describe_foreign(block)}")
         if block.is_null:
             return None
         hbs = self.hash_block_size
@@ -330,20 +362,24 @@ class BlockPool:
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on each (prefix-hit) block, rescuing free ones from the queue.
 
-        A bad block changes nothing: the references taken before it are dropped again, and
-        the queue is only touched once every block passed.
+        A bad entry (not a block of this pool) raises ValueError and changes nothing: the
+        references taken before it are dropped again, and the queue is only touched once every
+        block passed.
         """
+        blocks = self._block_list("touch", blocks)
+        own = self.block_type
         rescued: list[KVCacheBlock] = []
         remaining = iter(blocks)
         for block in remaining:
+            if type(block) is not own:
+                self._untouch(_before_current(blocks, remaining))
+                raise ValueError(f"touch(): {self.describe_foreign(block)}")
             ref_cnt = block.ref_cnt
             if ref_cnt == 0:
                 if block.is_null:  # only a count of 0 can be the null block's
                     continue
                 if block.prev_free_block is None or block.next_free_block is None:
-                    for done in _before_current(blocks, remaining):
-                        if not done.is_null:
-                            done.ref_cnt -= 1
+                    self._untouch(_before_current(blocks, remaining))
                     raise RuntimeError(
                         f"touch(): block {block.block_id} has ref_cnt 0 but is not in the "
                         "free queue"
@@ -353,21 +389,54 @@ class BlockPool:
             block.ref_cnt = ref_cnt + 1
         self.free_block_queue.remove_n(rescued)
 
+    @staticmethod
+    def _untouch(done: Sequence[KVCacheBlock]) -> None:
+        for block in done:
+            if not block.is_null:
+                block.ref_cnt -= 1
+
+    def _block_list(self, operation: str, blocks: object) -> list[KVCacheBlock]:
+        """`blocks` as a list (a list is not copied), or ValueError if it is not a sequence."""
+        if type(blocks) is list:
+            return blocks
+        if isinstance(blocks, str | bytes) or not hasattr(blocks, "__iter__"):
+            raise ValueError(f"{operation}(): {blocks!r} is not a sequence of blocks")
+        return list(blocks)  # type: ignore[call-overload]
+
+    def describe_foreign(self, block: object) -> str:
+        """Why `block` is refused: not a block, or a block of another pool."""
+        if isinstance(block, KVCacheBlock):
+            return f"block {block.block_id} belongs to another pool"
+        return f"{block!r} is not a block of this pool"
+
+    def check_own(self, operation: str, blocks: Iterable[object]) -> None:
+        """ValueError unless every entry is a block of this pool (nothing is changed)."""
+        own = self.block_type
+        for block in blocks:
+            if type(block) is not own:
+                raise ValueError(f"{operation}: {self.describe_foreign(block)}")
+
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference per block; the first block is the first to evict.
 
         Blocks reaching zero without a key go to the queue head as one run (reused first, for
-        locality); cached ones go to the tail (evicted oldest release first). Releasing a block
-        that is not held raises ValueError and changes nothing.
+        locality); cached ones go to the tail (evicted oldest release first). An entry that is
+        not a block of this pool, or a block that is not held, raises ValueError and changes
+        nothing.
+        """
+        blocks = self._block_list("free_blocks", ordered_blocks)
+        self.check_own("free_blocks()", blocks)
+        self.release(blocks)
+
+    def release(self, blocks: list[KVCacheBlock]) -> None:
+        """`free_blocks` of blocks known to be this pool's (the managers' own tables).
+
+        A block that is not held raises ValueError and changes nothing.
 
         One pass: each released block is threaded onto its run as it is met, and the two runs
         are spliced into the queue at the end. Held blocks are never linked, so a run's links
         are all this call's.
         """
-        # Read, never changed; a list is not copied.
-        blocks: list[KVCacheBlock] = (
-            ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
-        )
         caching = self.enable_caching
         first_head = first_tail = last_head = last_tail = None
         # The tail run is the common one: its length is what the others leave.
@@ -416,6 +485,8 @@ class BlockPool:
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Strip the cache keys of these blocks without moving or releasing them."""
+        if isinstance(block_ids, str | bytes) or not hasattr(block_ids, "__iter__"):
+            raise ValueError(f"evict_blocks(): {block_ids!r} is not a collection of block ids")
         ids = tuple(block_ids)
         for block_id in ids:
             if (

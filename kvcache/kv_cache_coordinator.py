@@ -13,6 +13,7 @@ from kvfuzz.kvcache.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
+    MambaSpec,
 )
 from kvfuzz.kvcache.kv_cache_utils import BlockHash, KVCacheBlock, cdiv, check_positive_int
 from kvfuzz.kvcache.single_type_kv_cache_manager import (
@@ -90,6 +91,11 @@ class KVCacheCoordinator(ABC):
         # Groups whose lookups drop the last matched unit.
         self.drop_eagle_group_ids: set[int] = self.eagle_group_ids if use_eagle else set()
 
+        # Blocks of a state group are read before written, so with one in the pool vLLM zeroes
+        # every new attention block (its #35219): the worker needs their ids.
+        zeroing = record_new_block_ids or any(
+            isinstance(g.kv_cache_spec, MambaSpec) for g in groups
+        )
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(
                 group.kv_cache_spec,
@@ -99,7 +105,7 @@ class KVCacheCoordinator(ABC):
                 enable_caching=enable_caching,
                 kv_cache_group_id=i,
                 scheduler_block_size=scheduler_block_size,
-                record_new_block_ids=record_new_block_ids,
+                record_new_block_ids=zeroing and not isinstance(group.kv_cache_spec, MambaSpec),
             )
             for i, group in enumerate(groups)
         )

@@ -14,9 +14,17 @@ from kvfuzz.kvcache.kv_cache_utils import check_positive_int
 
 @dataclass(frozen=True, kw_only=True)
 class KVCacheSpec:
-    """The KV cache format of one layer; equal specs can share a lookup."""
+    """The KV cache format of one layer; equal specs can share a lookup.
+
+    Besides `block_size`, the specs take vLLM's layout fields (`num_kv_heads`, `head_size`,
+    `dtype`, ... and `dcp_sharded`, `block_stride_alignment`) so that code written against
+    `vllm.v1.kv_cache_interface` builds them unchanged. The manager never reads them: they
+    describe the tensors, which it does not hold.
+    """
 
     block_size: int
+    dcp_sharded: bool = False
+    block_stride_alignment: Any = None
 
     def __post_init__(self) -> None:
         check_positive_int("block_size", self.block_size)
@@ -28,7 +36,24 @@ class KVCacheSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FullAttentionSpec(KVCacheSpec):
+class AttentionSpec(KVCacheSpec):
+    """An attention layer's spec; its tensor layout fields are accepted and not read."""
+
+    num_kv_heads: int = 1
+    head_size: int = 1
+    dtype: Any = None
+    head_size_v: int | None = None
+    max_tp_shards: int | None = None
+    kv_quant_mode: Any = None
+    page_size_padded: int | None = None
+    num_head_slots: int | None = None
+    state_content_bytes: int | None = None
+    kv_head_major_slots: bool = False
+    tokens_per_state: Any = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullAttentionSpec(AttentionSpec):
     """Every token keeps its KV for the request's lifetime.
 
     `sliding_window` / `attention_chunk_size` are informational: window layers treated as full
@@ -37,10 +62,47 @@ class FullAttentionSpec(KVCacheSpec):
 
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    non_causal: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
-class SlidingWindowSpec(KVCacheSpec):
+class MLAAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention: one latent vector per token, managed as full attention.
+
+    A different spec from FullAttentionSpec, so a hybrid looks its groups up separately.
+    """
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinkFullAttentionSpec(FullAttentionSpec):
+    """Full attention with `sink_len` attention-sink tokens, a whole number of blocks; the
+    manager is full attention's."""
+
+    sink_len: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("sink_len", self.sink_len)
+        if self.sink_len % self.block_size:
+            raise ValueError(
+                f"sink_len {self.sink_len} must be a multiple of block_size {self.block_size}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RSWASpec(FullAttentionSpec):
+    """Reference sliding window: the prompt stays visible, decode keeps only its last
+    `rswa_window` tokens; the blocks between the two are released as decode moves on."""
+
+    rswa_window: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("rswa_window", self.rswa_window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowSpec(AttentionSpec):
     """The next token attends to the previous `sliding_window - 1` tokens and itself.
 
     `extra_retained_tokens` keeps that many more tokens below the window alive (never attended).
@@ -73,7 +135,7 @@ class SlidingWindowSpec(KVCacheSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChunkedLocalAttentionSpec(KVCacheSpec):
+class ChunkedLocalAttentionSpec(AttentionSpec):
     """Token t attends only within its chunk `[t // c * c, t]`."""
 
     attention_chunk_size: int
@@ -90,8 +152,53 @@ class ChunkedLocalAttentionSpec(KVCacheSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CrossAttentionSpec(KVCacheSpec):
+class CrossAttentionSpec(AttentionSpec):
     """Encoder-side KV of an encoder-decoder model: allocated once, never prefix-cached."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CircularBufferSpec(KVCacheSpec):
+    """A per-request ring of `block_size` slots (e.g. a compressor's open group): one block for
+    the request's whole life, never prefix-cached."""
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return False
+
+
+MAMBA_CACHE_MODES = ("none", "align")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MambaSpec(KVCacheSpec):
+    """Recurrent state layers (Mamba, linear attention): a request needs only the state after
+    its last computed token, one block of `block_size` tokens' worth of positions.
+
+    `num_speculative_blocks` more blocks hold the states of draft tokens (MTP/EAGLE).
+    kvcache implements `mamba_cache_mode` "none" (no prefix caching).
+    """
+
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise ValueError(
+                f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
+                f"got {self.mamba_cache_mode!r}"
+            )
+        if self.mamba_cache_mode == "align":
+            raise ValueError("mamba_cache_mode 'align' is not implemented by kvcache")
+        if not isinstance(self.num_speculative_blocks, int) or self.num_speculative_blocks < 0:
+            raise ValueError(
+                f"num_speculative_blocks must be a non-negative int, "
+                f"got {self.num_speculative_blocks!r}"
+            )
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return self.mamba_cache_mode == "align"
 
 
 @dataclass
@@ -101,16 +208,29 @@ class KVCacheGroupSpec:
     layer_names: list[str]
     kv_cache_spec: KVCacheSpec
     is_eagle_group: bool = False
+    # vLLM's placement fields, accepted with their neutral meaning and not read.
+    host_resident: bool = False
+    enable_kv_transfer: bool = True
+    role: Any = "default"
 
 
 @dataclass
 class KVCacheConfig:
     """The pool size and the groups of a model.
 
-    `num_blocks` counts the null block. `kv_cache_tensors` is opaque to the manager.
+    `num_blocks` counts the null block. `kv_cache_tensors` is opaque to the manager, and so
+    are vLLM's worker-side fields after `prefix_cache_retention_interval` (accepted, not read;
+    the manager's own `hash_block_size` argument decides hashing).
     """
 
     num_blocks: int
     kv_cache_tensors: list[Any] = field(default_factory=list)
     kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
     prefix_cache_retention_interval: int | None = None
+    kv_cache_layout: str | None = None
+    hash_block_size: int | None = None
+    cache_hit_alignment_tokens: int | None = None
+    hisparse_host_num_blocks: int | None = None
+    hisparse_host_block_stride: int | None = None
+    hisparse_shared_host_pool: bool = False
+    kv_tp_replicas: int = 1

@@ -90,14 +90,34 @@ class KVCacheManager:
         max_in_flight_tokens: int | None = None,
         enable_caching: bool = True,
         use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
         log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: object = None,
         watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+        *,
         enable_partial_hash_hits: bool = False,
         record_new_block_ids: bool = False,
     ) -> None:
-        """`enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
+        """vLLM's arguments, in vLLM's order; those kvcache does not implement are accepted
+        with their neutral value (no lookahead hashing, no events, one DCP/PCP rank, no metrics
+        collector, no Mamba checkpoints) and refused with ValueError otherwise.
+        `enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
         `record_new_block_ids` records fresh blocks for a worker that zeroes them.
         """
+        _require_neutral(
+            num_hash_lookahead_tokens=(num_hash_lookahead_tokens, 0),
+            num_prefill_lookahead=(num_prefill_lookahead, 0),
+            enable_kv_cache_events=(enable_kv_cache_events, False),
+            dcp_world_size=(dcp_world_size, 1),
+            pcp_world_size=(pcp_world_size, 1),
+            metrics_collector=(metrics_collector, None),
+            enable_mamba_shared_prefix_checkpoint=(enable_mamba_shared_prefix_checkpoint, False),
+        )
         check_positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
             # No effective admission cap: both caps are then at least the uncapped need.
@@ -147,8 +167,19 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        """Requests that must genuinely recompute their prompt never read the cache."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
+        """Requests that must genuinely recompute their prompt (skip_reading_prefix_cache,
+        or a hit limit of 0) never read the cache."""
+        return self.enable_caching and request.prefix_cache_hit_limit != 0
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """How many of the request's tokens `get_computed_blocks` would hit now: a probe that
+        takes no reference and changes nothing (0 when the lookup is disabled)."""
+        _request_id("get_num_cached_tokens", request)
+        if not self.prefix_cache_lookup_enabled(request):
+            return 0
+        return self.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.get_max_cache_hit_length()
+        )[1]
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Record an admitted lookup; lookups whose admission failed are not counted."""
@@ -178,12 +209,14 @@ class KVCacheManager:
         `num_tokens - 1` because one token must be computed to get logits; with block-aligned
         hits a fully cached prompt recomputes its whole last block.
         """
+        _request_id("get_computed_blocks", request)
+        if max_cache_hit_length is not None and (
+            type(max_cache_hit_length) is not int or max_cache_hit_length < 0
+        ):
+            raise ValueError(f"max_cache_hit_length must be >= 0, got {max_cache_hit_length!r}")
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
-        elif max_cache_hit_length < 0:
-            raise ValueError(f"max_cache_hit_length must be >= 0, got {max_cache_hit_length}")
+        max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, num_hit_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )
@@ -215,7 +248,10 @@ class KVCacheManager:
         External (KV connector) tokens are Tier C and must be 0, so `skip_zeroing_group_ids`
         (which spares their blocks from zeroing) has nothing to act on: only checked.
         """
-        request_id = request.request_id
+        try:
+            request_id = request.request_id
+        except AttributeError:
+            raise ValueError(f"allocate_slots(): {request!r} is not a Request") from None
         # 0. Argument checks, before step 4 frees anything.
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and (
             num_external_computed_tokens == 0
@@ -252,7 +288,12 @@ class KVCacheManager:
         if new_computed_blocks is None:
             hit_blocks = empty_blocks
         else:
-            hit_blocks = new_computed_blocks.blocks
+            hit_blocks = getattr(new_computed_blocks, "blocks", None)
+            if type(hit_blocks) is not tuple:
+                raise ValueError(
+                    f"allocate_slots({request_id!r}): new_computed_blocks="
+                    f"{new_computed_blocks!r} is not a KVCacheBlocks"
+                )
             if hit_blocks is not empty_blocks:
                 self._check_hits(request_id, new_computed_blocks)
 
@@ -372,6 +413,9 @@ class KVCacheManager:
                 f"allocate_slots({request_id!r}): new_computed_blocks has "
                 f"{len(hits.blocks)} block lists for {self.num_kv_cache_groups} groups"
             )
+        for group in hits.blocks:
+            self.block_pool.check_own(f"allocate_slots({request_id!r}) new_computed_blocks",
+                                      self.block_pool._block_list("allocate_slots", group))
         if not any(hits.blocks):
             return
         if self.coordinator.tracks(request_id):
@@ -391,16 +435,22 @@ class KVCacheManager:
             raise ValueError(f"{operation}: request {request_id!r} is not tracked by the manager")
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks, each group tail first."""
-        # The coordinator tells whether it freed anything: an untracked request changes nothing.
-        if not self.coordinator.free(request.request_id):
-            self._check_tracked(request.request_id, "free")
+        """Release the request's blocks, each group tail first.
+
+        A request that holds nothing (never allocated: aborted while waiting, or already
+        freed) is a no-op, as in vLLM, whose scheduler frees every finished request.
+        """
+        try:  # inlined `_request_id`: free runs once per finished request
+            request_id = request.request_id
+        except AttributeError:
+            raise ValueError(f"free(): {request!r} is not a Request") from None
+        self.coordinator.free(request_id)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Forget the request but keep its references, for a deferred free: the caller frees
         each group's blocks in reverse order later.
         """
-        return self.coordinator.pop_blocks_for_free(request.request_id)
+        return self.coordinator.pop_blocks_for_free(_request_id("pop_blocks_for_free", request))
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -417,12 +467,13 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to `num_computed_tokens` (if caching)."""
-        request_id = request.request_id
-        self._check_tracked(request_id, "cache_blocks")
-        if num_computed_tokens < 0:
+        request_id = _request_id("cache_blocks", request)
+        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
             raise ValueError(
-                f"cache_blocks({request_id!r}): num_computed_tokens={num_computed_tokens} < 0"
+                f"cache_blocks({request_id!r}): num_computed_tokens={num_computed_tokens!r} is "
+                "not an int >= 0"
             )
+        self._check_tracked(request_id, "cache_blocks")
         for group_id, manager in enumerate(self.coordinator.single_type_managers):
             if group_id in self._cross_group_ids:
                 continue
@@ -482,3 +533,21 @@ class KVCacheManager:
     def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         """A new result if any group is non-empty, else the shared empty one."""
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+
+def _request_id(operation: str, request: Request) -> str:
+    """The request's id, or ValueError naming what was passed instead of a Request."""
+    try:
+        return request.request_id
+    except AttributeError:
+        raise ValueError(f"{operation}(): {request!r} is not a Request") from None
+
+
+def _require_neutral(**arguments: tuple[object, object]) -> None:
+    """ValueError naming each argument that is not at its neutral value (a feature kvcache
+    does not implement)."""
+    for name, (value, neutral) in arguments.items():
+        if value != neutral or type(value) is not type(neutral):
+            raise ValueError(
+                f"KVCacheManager: {name}={value!r} is not supported by kvcache (only {neutral!r})"
+            )

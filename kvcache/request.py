@@ -85,6 +85,7 @@ class Request:
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
         skip_reading_prefix_cache: bool = False,
         num_encoder_tokens: int = 0,
+        prefix_cache_hit_limit: int | None = None,
     ) -> None:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
@@ -98,6 +99,15 @@ class Request:
         self.priority = priority
         self.arrival_time = arrival_time
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        if prefix_cache_hit_limit is not None and (
+            type(prefix_cache_hit_limit) is not int or prefix_cache_hit_limit < 0
+        ):
+            raise ValueError(
+                f"prefix_cache_hit_limit must be None or an int >= 0, got {prefix_cache_hit_limit!r}"
+            )
+        # Leading tokens the prefix cache may serve (None: unbounded), as vLLM 0.34's requests
+        # carry it (0 when skipping cache reads, the first scored row for prompt scoring).
+        self.prefix_cache_hit_limit = 0 if skip_reading_prefix_cache else prefix_cache_hit_limit
         self.num_encoder_tokens = num_encoder_tokens
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
@@ -117,6 +127,15 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self._all_token_ids)
+
+    def get_max_cache_hit_length(self, bound: int | None = None) -> int:
+        """The longest prefix hit allowed: the last token is always recomputed, and the hit
+        limit and `bound` can only lower it."""
+        limit = self.num_tokens - 1
+        hit_limit = self.prefix_cache_hit_limit
+        if hit_limit is not None and hit_limit < limit:
+            limit = hit_limit
+        return bound if bound is not None and bound < limit else limit
 
     @property
     def num_tokens_with_spec(self) -> int:

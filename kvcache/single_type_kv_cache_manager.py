@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvfuzz.kvcache.block_math import (
     aligned_num_blocks,
@@ -19,9 +19,14 @@ from kvfuzz.kvcache.block_math import (
 from kvfuzz.kvcache.block_pool import BlockPool
 from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_utils import (
@@ -204,7 +209,7 @@ class SingleTypeKVCacheManager:
             num_tokens if num_tokens < num_hashed_tokens else num_hashed_tokens
         ) // self.block_size
         if num_cached_blocks < num_full_blocks:
-            self.block_pool.cache_full_blocks(
+            self.block_pool.register_full_blocks(
                 request,
                 self.req_to_blocks[request_id],
                 num_cached_blocks,
@@ -241,7 +246,7 @@ class SingleTypeKVCacheManager:
         """
         blocks = self.pop_blocks_for_free(request_id)
         if blocks:
-            self.block_pool.free_blocks(blocks[::-1])  # a list: free_blocks need not copy it
+            self.block_pool.release(blocks[::-1])  # this pool's blocks, as a list
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -269,7 +274,7 @@ class SingleTypeKVCacheManager:
                 break
             removed.append(blocks[i])
             blocks[i] = null_block
-        self.block_pool.free_blocks(removed)
+        self.block_pool.release(removed)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens no future token attends to, given `num_computed_tokens`."""
@@ -379,6 +384,80 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         self.block_pool.cache_partial_block(
             request, blocks[block_idx], boundary, self.kv_cache_group_id, self.block_size
         )
+
+
+class RSWAManager(FullAttentionManager):
+    """Full attention whose decode keeps only the last `rswa_window` tokens: the blocks wholly
+    between the prompt's last block and the window are released (docs/spec.md §12.2)."""
+
+    recycles_blocks: ClassVar[bool] = True
+
+    def __init__(self, kv_cache_spec: RSWASpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        self.rswa_window = kv_cache_spec.rswa_window
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Release [cdiv(prompt, bs), max(prompt, processed - window) // bs), walking back from
+        the end and stopping at the first null (the part below was released earlier)."""
+        if num_prompt_tokens is None:
+            return  # without a prompt length there is no gap: full attention skips nothing
+        window_start = processed_computed_tokens - self.rswa_window
+        if window_start <= num_prompt_tokens:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        block_size = self.block_size
+        first = -(-num_prompt_tokens // block_size)
+        last = min(window_start // block_size, len(blocks))
+        null_block = self._null_block
+        removed: list[KVCacheBlock] = []
+        for i in range(last - 1, first - 1, -1):
+            if blocks[i] is null_block:
+                break
+            removed.append(blocks[i])
+            blocks[i] = null_block
+        if removed:
+            self.block_pool.free_blocks(removed)
+
+
+class CircularBufferManager(FullAttentionManager):
+    """One ring block per request, claimed at its first allocation and kept until it is freed;
+    no hits, no caching, no zeroing (docs/spec.md §12.3)."""
+
+    def __init__(self, kv_cache_spec: CircularBufferSpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        self._record_new_block_ids = False  # vLLM never zeroes a ring
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, *args: Any, **kwargs: Any
+    ) -> int:
+        return 0 if self.req_to_blocks.get(request_id) else 1
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        if req_blocks:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(1)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
+        """Nothing to adopt: the ring is claimed by the allocation."""
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Scratch: never registered."""
+
+    @classmethod
+    def find_longest_cache_hit(  # type: ignore[override]
+        cls, block_hashes: BlockHashList, max_length: int, kv_cache_group_ids: Sequence[int],
+        *args: Any,
+    ) -> tuple[HitBlocks, int]:
+        return tuple([] for _ in kv_cache_group_ids), 0
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -572,11 +651,86 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         raise NotImplementedError("CrossAttentionManager does not support prefix caching")
 
 
+class MambaManager(SingleTypeKVCacheManager):
+    """Recurrent state groups, `mamba_cache_mode` "none": the table grows like full attention
+    (plus `num_speculative_blocks` blocks for draft-token states) and every block before the
+    one holding the last computed token's state is released (docs/spec.md §11).
+    """
+
+    recycles_blocks: ClassVar[bool] = True
+
+    def __init__(self, kv_cache_spec: MambaSpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        if self.enable_caching and kv_cache_spec.mamba_cache_mode != "align":
+            raise ValueError("Mamba prefix caching requires mamba_cache_mode='align'")
+        # Extra slots for the states of speculative (draft) tokens.
+        self._speculative_tokens = kv_cache_spec.num_speculative_blocks * self.block_size
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> int:
+        """The base formula with no hits (mode "none" never has any), inlined: blocks for
+        `num_tokens` + draft slots beyond both the table and the released head."""
+        assert not new_computed_blocks, "hits on a state group without prefix caching"
+        block_size = self.block_size
+        num_required_blocks = -(-(num_tokens + self._speculative_tokens) // block_size)
+        req_blocks = self.req_to_blocks.get(request_id)
+        num_req_blocks = len(req_blocks) if req_blocks is not None else 0
+        if request_id not in self.num_cached_block:
+            num_skipped_blocks = (total_computed_tokens - 1) // block_size
+            if num_skipped_blocks > num_req_blocks:
+                num_req_blocks = num_skipped_blocks
+        return num_required_blocks - num_req_blocks if num_required_blocks > num_req_blocks else 0
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        num_tokens += self._speculative_tokens
+        req_blocks = self.req_to_blocks.get(request_id)
+        if req_blocks is not None and num_tokens <= len(req_blocks) * self.block_size:
+            return []  # most decode steps: the table already covers the slots
+        return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+
+    def free(self, request_id: str) -> None:
+        """As the base (leading nulls dropped, tail first), without the partial-hit record
+        mode "none" never has."""
+        req_blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if not req_blocks:
+            return
+        num_nulls = null_head_len(req_blocks, self._null_block)
+        self.block_pool.free_blocks(
+            req_blocks[:num_nulls - 1:-1] if num_nulls else req_blocks[::-1]
+        )
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        if processed_computed_tokens > self.block_size:  # else the first block holds the state
+            super().remove_skipped_blocks(request_id, processed_computed_tokens)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Only the state after the last computed token is read again."""
+        return num_computed_tokens - 1
+
+
 _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     CrossAttentionSpec: CrossAttentionManager,
+    MambaSpec: MambaManager,
+    # Full-attention variants (vLLM registers them the same way).
+    MLAAttentionSpec: FullAttentionManager,
+    SinkFullAttentionSpec: FullAttentionManager,
+    RSWASpec: RSWAManager,
+    CircularBufferSpec: CircularBufferManager,
 }
 
 

@@ -14,6 +14,7 @@ The behavioural contract is docs/spec.md and the catalogue of real bugs docs/bug
 inside the package (`kvfuzz.docs`).
 """
 
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -30,8 +31,13 @@ __version__ = _version("kvfuzz")
 
 
 def versions() -> dict[str, str]:
-    """The versions a report or a finding records: kvfuzz's and Hypothesis'."""
-    return {"kvfuzz": __version__, "hypothesis": _version("hypothesis")}
+    """The versions a report or a finding records: kvfuzz's and Hypothesis', and vLLM's when a
+    vLLM target has imported it (never imported here: it costs seconds)."""
+    out = {"kvfuzz": __version__, "hypothesis": _version("hypothesis")}
+    vllm = sys.modules.get("vllm")
+    if vllm is not None:
+        out["vllm"] = str(getattr(vllm, "__version__", "unknown"))
+    return out
 
 
 def shipped(folder: str) -> Path:

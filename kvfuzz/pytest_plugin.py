@@ -5,8 +5,13 @@
   machines check them after every op. A module that cannot be imported is a usage error.
 - `--kvfuzz-profile ci|dev|nightly` (or `KVFUZZ_PROFILE`): the settings of kvfuzz's state
   machines; by default `ci` where `CI` is set, else `dev`, which keeps the example database.
+- `--kvfuzz-database SPEC` (repeatable) and `KVFUZZ_DATABASE=spec1,spec2`: the example database
+  of kvfuzz's state machines and Hypothesis' default one, as `kvfuzz run --database` takes it
+  (a directory, `redis://HOST:PORT/N`, `readonly:SPEC`; docs/distributed.md). A Redis server
+  that cannot be reached is a usage error.
 
-Nothing else changes: tests that do not use kvfuzz keep their own Hypothesis settings.
+Nothing else changes: tests that do not use kvfuzz keep their own Hypothesis settings (their
+database too, unless they use the default one and a kvfuzz database is named).
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kvfuzz-profile", choices=("ci", "dev", "nightly"), default=None,
                     help="settings of kvfuzz's state machines (default: KVFUZZ_PROFILE, else "
                     "ci where CI is set, else dev)")
+    group.addoption("--kvfuzz-database", action="append", default=[], metavar="SPEC",
+                    help="example database: a directory, redis://HOST:PORT/N, readonly:SPEC; "
+                    "repeatable; KVFUZZ_DATABASE=spec1,spec2 adds more")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,6 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
             profiles.active()
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
+    _database(config)
     if not plugins:
         return
     from kvfuzz.fuzz.plugins import PluginError, import_plugins
@@ -47,3 +56,22 @@ def pytest_configure(config: pytest.Config) -> None:
             import_plugins((name,))
         except PluginError as exc:
             raise pytest.UsageError(f"cannot import kvfuzz plugin {name!r}: {exc}") from None
+
+
+def _database(config: pytest.Config) -> None:
+    """`--kvfuzz-database`, `KVFUZZ_DATABASE`: checked, opened and made the machines' own."""
+    from_env = [s.strip() for s in os.environ.get("KVFUZZ_DATABASE", "").split(",") if s.strip()]
+    specs = from_env + config.getoption("kvfuzz_database")
+    if not specs:
+        return
+    from kvfuzz.core.errors import KvfuzzError
+    from kvfuzz.fuzz import profiles
+    from kvfuzz.fuzz.database import check_reachable, open_database
+
+    try:
+        check_reachable(specs)
+        database = open_database(specs)
+    except KvfuzzError as exc:
+        raise pytest.UsageError(f"kvfuzz database: {exc}") from None
+    assert database is not None
+    profiles.use_database(database)

@@ -385,6 +385,9 @@ def data_checks_for(spec: str) -> list[Check]:
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(f"--data {spec!r}: {exc} (expected DEVICE[:DTYPE], e.g. cpu or "
                           "cuda:float16)") from None
+    if torch.device(device).type not in ("cpu", "cuda"):
+        raise ConfigError(f"--data {spec!r}: the data checks run on cpu or cuda, not on "
+                          f"{torch.device(device).type!r}")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--data {spec!r}: CUDA is not available here")
     return data_checks(device, dtype)

@@ -12,7 +12,10 @@ from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
-_WINDOW_KINDS = ("sliding_window", "chunked_local")
+# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring).
+_FIXED_KINDS = ("cross", "circular_buffer")
+# Kinds whose tables release blocks no future token reads (nulls left in place).
+_WINDOW_KINDS = ("sliding_window", "chunked_local", "mamba", "rswa")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -25,6 +28,8 @@ def skipped_tokens(group: GroupConfig, n: int) -> int:
         return max(0, n - group.sliding_window + 1 - group.extra_retained_tokens)
     if group.kind == "chunked_local":
         return (n // group.attention_chunk_size) * group.attention_chunk_size
+    if group.kind == "mamba":
+        return max(n - 1, 0)
     return 0
 
 
@@ -410,6 +415,10 @@ def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | No
     if hit and ctx.requests[rid].skip_reading_prefix_cache:
         return f"{rid} skips reading the prefix cache but hit {hit} tokens"
     for g, (group, ids) in enumerate(zip(config.groups, result["block_ids"])):
+        if group.kind == "circular_buffer":
+            if ids:
+                return f"group {g} is a circular buffer but the lookup returned blocks {ids}"
+            continue
         if len(ids) != cdiv(hit, group.block_size):
             return f"{rid}: group {g} lists {len(ids)} blocks for a {hit}-token hit"
         if group.kind == "full" and 0 in ids:
@@ -556,10 +565,37 @@ def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
             continue
         for g, group in enumerate(ctx.config.groups):
             needed = cdiv(view.num_computed_tokens, group.block_size)
-            if group.kind != "cross" and len(view.tables[g] or ()) < needed:
+            if group.kind not in _FIXED_KINDS and len(view.tables[g] or ()) < needed:
                 return (
                     f"{rid} computed {view.num_computed_tokens} tokens but holds "
                     f"{len(view.tables[g] or ())} group-{g} blocks (needs {needed})"
+                )
+    return None
+
+
+@invariant(
+    "S1",
+    "state groups: a running request holds the state block of its last computed token and "
+    "its speculative blocks after it",
+    covers=("docs/spec.md §11",),
+)
+def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
+    for g, group in enumerate(ctx.config.groups):
+        if group.kind != "mamba":
+            continue
+        for rid, view in s.requests.items():
+            n = view.num_computed_tokens
+            if view.status != "RUNNING" or not n:
+                continue
+            table = view.tables[g] or ()
+            last = (n - 1) // group.block_size
+            if last >= len(table) or table[last] == 0:
+                return f"{rid} group {g}: the state after token {n - 1} (position {last}) is not held"
+            needed = cdiv(n, group.block_size) + group.num_speculative_blocks
+            if len(table) < needed:
+                return (
+                    f"{rid} group {g}: {len(table)} state blocks, needs {needed} "
+                    f"({group.num_speculative_blocks} speculative)"
                 )
     return None
 

@@ -1,7 +1,9 @@
-"""The four mission properties P1-P4 (the reasons kvfuzz exists), and I8's capacity margin.
+"""The four mission properties P1-P4 (the reasons kvfuzz exists), I8's capacity margin, and P5.
 
 P1 predictor exactness, P2 no leaks, P3 ref_cnt == 0 exactly in the free queue, P4 the pool's
-"Cannot get N free blocks" ValueError is unreachable through allocate_slots.
+"Cannot get N free blocks" ValueError is unreachable through allocate_slots. P5 is P1's twin for
+the prefix-cache probe vLLM 0.34 added: `get_num_cached_tokens` answers what the lookup it
+predicts hits, and changes nothing.
 """
 
 from __future__ import annotations
@@ -104,4 +106,22 @@ def capacity_margin(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str
                 f"below its margin of {margin} (reserved {probe.reserved_blocks}"
                 f"{f', watermark {watermark}' if probe.admission else ''})"
             )
+    return None
+
+
+@transition(
+    "P5",
+    "probe agreement: get_num_cached_tokens equals the hit get_computed_blocks gives in the same "
+    "state (the per-request hit limit included), and the probe changes no state",
+    covers=("spec §6.3",),
+)
+def cached_tokens_probe_agrees(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    for probe in ctx.observations.cached_token_probes:
+        if probe.num_cached_tokens != probe.lookup_hit:
+            return (
+                f"get_num_cached_tokens({probe.request_id!r}) = {probe.num_cached_tokens}, but "
+                f"get_computed_blocks hits {probe.lookup_hit} tokens"
+            )
+    if ctx.op["op"] == "get_num_cached_tokens" and before != after:
+        return f"get_num_cached_tokens({ctx.op['request_id']!r}) changed the manager's state"
     return None

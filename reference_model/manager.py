@@ -24,8 +24,9 @@ class Manager:
         """The request has a table entry (from its first successful allocation to its free)."""
         return any(rid in group for group in self.state.tables)
 
-    def get_computed_blocks(self, req: Request) -> tuple[Lists, int, int]:
-        return get_computed_blocks(self.layout, self.state, req)
+    def get_computed_blocks(self, req: Request,
+                            bound: int | None = None) -> tuple[Lists, int, int]:
+        return get_computed_blocks(self.layout, self.state, req, bound)
 
     def allocate_slots(
         self,

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
-from kvfuzz.core.sides import Observations
+from kvfuzz.core.sides import CachedTokensProbe, Observations
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.reference_model.layout import Layout
@@ -24,6 +24,7 @@ MISUSE = {"error": "ValueError"}
 API_OPS = (
     "add_request",
     "get_computed_blocks",
+    "get_num_cached_tokens",
     "allocate_slots",
     "free",
     "append_tokens",
@@ -69,7 +70,7 @@ class ReferenceModel:
         try:
             return getattr(self, f"_op_{name}")(op)
         finally:
-            if name not in ("get_computed_blocks", "add_request"):
+            if name not in ("get_computed_blocks", "add_request", "get_num_cached_tokens"):
                 self.lookups = {}  # a lookup dies at any other op
 
     def observations(self) -> Observations:
@@ -162,6 +163,7 @@ class ReferenceModel:
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"],
             num_encoder_tokens=op["num_encoder_tokens"],
             tokens=list(prompt),
+            prefix_cache_hit_limit=op["prefix_cache_hit_limit"],
         )
         self.requests[rid] = req
         if self.level == "scheduler":
@@ -172,10 +174,18 @@ class ReferenceModel:
 
     def _op_get_computed_blocks(self, op: Op) -> Any:
         req = self._live(op["request_id"])
-        lists, hit, boundary = self.manager.get_computed_blocks(req)
+        lists, hit, boundary = self.manager.get_computed_blocks(req, op["max_cache_hit_length"])
         self.lookups[req.request_id] = (lists, hit)
         self.manager.observations.lookups.append((req.request_id, hit, boundary))
         return {"block_ids": [list(lst) for lst in lists], "num_computed_tokens": hit}
+
+    def _op_get_num_cached_tokens(self, op: Op) -> Any:
+        """The probe answers what get_computed_blocks (without a bound) would hit."""
+        req = self._live(op["request_id"])
+        _, hit, _ = self.manager.get_computed_blocks(req)
+        self.manager.observations.cached_token_probes.append(
+            CachedTokensProbe(req.request_id, hit, hit))
+        return {"num_cached_tokens": hit}
 
     def _op_allocate_slots(self, op: Op) -> Any:
         req = self._live(op["request_id"])
@@ -218,8 +228,7 @@ class ReferenceModel:
 
     def _op_free(self, op: Op) -> Any:
         req = self._live(op["request_id"])
-        if not self.manager.tracked(req.request_id):
-            return MISUSE
+        # A request that holds nothing is freed as a no-op (docs/spec.md §5.2).
         self.manager.free(req.request_id)
         if op["preempt"]:
             req.status = "PREEMPTED"

@@ -25,6 +25,9 @@ class Request:
     skip_reading_prefix_cache: bool
     num_encoder_tokens: int
     tokens: list[int] = field(default_factory=list)
+    prefix_cache_hit_limit: int | None = None
+    """Leading tokens the prefix cache may serve (None: unbounded; vLLM 0.34's per-request
+    limit, e.g. the first scored prompt row of prompt scoring)."""
     """all_token_ids: the prompt followed by the output tokens."""
     num_computed_tokens: int = 0
     status: str = "WAITING"

@@ -59,8 +59,9 @@ def test_invalid_ops_stop_with_the_step_and_change_nothing(op, needle):
 def test_misuse_is_an_error_result_equal_on_both_sides():
     execution = Execution(FULL, "api", ["kvcache"])
     execution.apply(_e1_ops()[0])
-    assert execution.apply({"op": "free", "request_id": "A"}) == {"error": "ValueError"}
     assert execution.apply({"op": "evict_blocks", "block_ids": [10]}) == {"error": "ValueError"}
+    assert execution.apply({"op": "cache_blocks", "request_id": "A",
+                            "num_computed_tokens": 4}) == {"error": "ValueError"}
 
 
 def test_a_finding_reports_step_check_states_and_trace():

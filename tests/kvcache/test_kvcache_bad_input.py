@@ -134,16 +134,26 @@ def test_valid_decode_in_the_cow_world_frees_window_blocks() -> None:
 # ----- free -----
 
 
-def test_free_of_a_never_allocated_request(world: World) -> None:
+def assert_no_op(w: World, call: Callable[[], object]) -> None:
+    before = w.dump()
+    assert call() is None
+    assert w.dump() == before
+
+
+def test_free_of_a_never_allocated_request_is_a_no_op(world: World) -> None:
+    """As in vLLM, whose scheduler frees requests aborted while waiting (findings/004)."""
     x = world.new_request("X", [7, 7, 7, 7, 7])
-    assert_rejected(world, lambda: world.manager.free(x), r"free: request 'X' is not tracked")
+    assert_no_op(world, lambda: world.manager.free(x))
 
 
-def test_free_twice(world: World) -> None:
-    rid = world.freed.request_id
-    assert_rejected(
-        world, lambda: world.manager.free(world.freed), rf"free: request '{rid}' is not tracked"
-    )
+def test_free_twice_is_a_no_op(world: World) -> None:
+    assert_no_op(world, lambda: world.manager.free(world.freed))
+
+
+@pytest.mark.parametrize("bad", [None, "A", 1.5, 7])
+def test_free_of_something_else_than_a_request(world: World, bad: object) -> None:
+    assert_rejected(world, lambda: world.manager.free(bad), rf"free\(\): {re.escape(repr(bad))} "
+                    "is not a Request")
 
 
 # ----- allocate_slots -----
@@ -333,7 +343,7 @@ def test_cache_blocks_negative_count(world: World) -> None:
     assert_rejected(
         world,
         lambda: world.manager.cache_blocks(world.running, -3),
-        rf"cache_blocks\('{rid}'\): num_computed_tokens=-3 < 0",
+        rf"cache_blocks\('{rid}'\): num_computed_tokens=-3 is not an int >= 0",
     )
 
 
@@ -422,6 +432,87 @@ def test_free_blocks_of_a_block_not_held(world: World, case: str) -> None:
         lambda: pool.free_blocks(blocks),
         rf"free_blocks\(\): block {bad.block_id} is not held",
     )
+
+
+@pytest.mark.parametrize("bad", [5, None, "x", 1.5])
+def test_free_blocks_with_a_non_block_after_a_held_one(world: World, bad: object) -> None:
+    """The held block before the bad entry keeps its reference (no leak, no half release)."""
+    pool = world.manager.block_pool
+    held = next(b for b in pool.blocks if b.ref_cnt == 1)
+    assert_rejected(world, lambda: pool.free_blocks([held, bad]),
+                    rf"free_blocks\(\): {re.escape(repr(bad))} is not a block of this pool")
+
+
+@pytest.mark.parametrize("bad", [7, None, "x", 1.5])
+def test_touch_with_a_non_block_after_a_free_one(world: World, bad: object) -> None:
+    pool = world.manager.block_pool
+    free_block = pool.free_block_queue.get_all_free_blocks()[0]
+    assert_rejected(world, lambda: pool.touch([free_block, bad]),
+                    rf"touch\(\): {re.escape(repr(bad))} is not a block of this pool")
+
+
+@pytest.mark.parametrize("bad", [None, 5, "blocks"])
+def test_block_lists_that_are_not_lists(world: World, bad: object) -> None:
+    pool = world.manager.block_pool
+    for call, name in ((pool.free_blocks, "free_blocks"), (pool.touch, "touch")):
+        assert_rejected(world, lambda: call(bad),
+                        rf"{name}\(\): {re.escape(repr(bad))} is not a sequence of blocks")
+
+
+def _foreign_block(world: World, held: bool) -> object:
+    pool = BlockPool(len(world.manager.block_pool.blocks), True, 4)
+    if held:
+        return pool.get_new_blocks(1)[0]
+    return pool.free_block_queue.get_all_free_blocks()[0]
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_blocks_of_another_pool_are_refused(world: World, held: bool) -> None:
+    pool = world.manager.block_pool
+    foreign = _foreign_block(world, held)
+    ours = next(b for b in pool.blocks if b.ref_cnt == 1)
+    pattern = rf"block {foreign.block_id} belongs to another pool"
+    assert_rejected(world, lambda: pool.free_blocks([ours, foreign]), pattern)
+    assert_rejected(world, lambda: pool.touch([ours, foreign]), pattern)
+
+
+def test_hits_of_another_pool_are_refused(world: World) -> None:
+    x = world.new_request("X", [7] * 40)
+    hits = KVCacheBlocks(tuple([_foreign_block(world, held=False)] for _ in
+                               world.manager.coordinator.single_type_managers))
+    assert_rejected(world, lambda: world.manager.allocate_slots(x, 4, 4, hits),
+                    r"new_computed_blocks: block \d+ belongs to another pool")
+
+
+@pytest.mark.parametrize("bad", ["x", 1.5, [1]])
+def test_hits_that_are_not_kv_cache_blocks(world: World, bad: object) -> None:
+    x = world.new_request("X", [7] * 40)
+    assert_rejected(world, lambda: world.manager.allocate_slots(x, 4, 0, bad),
+                    rf"new_computed_blocks={re.escape(repr(bad))} is not a KVCacheBlocks")
+
+
+@pytest.mark.parametrize("bad", [None, 1.5, "8", True])
+def test_cache_blocks_count_of_the_wrong_type(world: World, bad: object) -> None:
+    rid = world.running.request_id
+    assert_rejected(world, lambda: world.manager.cache_blocks(world.running, bad),
+                    rf"cache_blocks\('{rid}'\): num_computed_tokens={re.escape(repr(bad))} is "
+                    "not an int >= 0")
+
+
+@pytest.mark.parametrize("method", ["allocate_slots", "cache_blocks", "get_computed_blocks"])
+@pytest.mark.parametrize("bad", [None, "A", 1.5])
+def test_request_of_the_wrong_type(world: World, method: str, bad: object) -> None:
+    args = {"allocate_slots": (4,), "cache_blocks": (4,), "get_computed_blocks": ()}[method]
+    assert_rejected(world, lambda: getattr(world.manager, method)(bad, *args),
+                    rf"{method}\(\): {re.escape(repr(bad))} is not a Request")
+
+
+@pytest.mark.parametrize("bad", [1.5, "3", None])
+def test_cache_full_blocks_counts_of_the_wrong_type(world: World, bad: object) -> None:
+    pool, request = world.manager.block_pool, world.running
+    blocks = world.manager.coordinator.single_type_managers[0].req_to_blocks[request.request_id]
+    assert_rejected(world, lambda: pool.cache_full_blocks(request, blocks, 0, bad, 4, 0),
+                    rf"num_full_blocks={re.escape(repr(bad))} is not an int >= 0")
 
 
 # ----- construction -----

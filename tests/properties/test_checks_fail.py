@@ -10,7 +10,7 @@ import pytest
 
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.harness.executor import Execution
-from kvfuzz.core.sides import AllocationProbe, Observations
+from kvfuzz.core.sides import AllocationProbe, CachedTokensProbe, Observations
 from kvfuzz.properties import REGISTRY, CheckContext
 
 # Checks registered by user plugins (`--kvfuzz-plugin`) bring no planted violation here.
@@ -87,6 +87,8 @@ def _cases(execution, snaps):
                         num_free_blocks=s.num_free_blocks + 1), _ctx(execution)),
         "P4": (prev, s, _ctx(execution, observations=Observations(
             pool_shortages=["Cannot get 3 free blocks from the pool"]))),
+        "P5": (s, s, _ctx(execution, observations=Observations(
+            cached_token_probes=[CachedTokensProbe("r1", 8, 4)]))),
         "I8": (prev, s, _ctx(execution, observations=_probe(free_after=1, free_before=3,
                                                           reserved_blocks=2))),
         "I1": (s, _with(s, linked=s.linked - {s.free_queue[0]}), _ctx(execution)),

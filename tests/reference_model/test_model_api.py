@@ -76,11 +76,16 @@ def test_running_request_with_an_empty_lookup_allocates():
     assert m.run("allocate_slots", request_id="A", num_new_tokens=2) == {"block_ids": [[]]}
 
 
-def test_misuse_4_free_untracked():
+def test_free_untracked_is_a_no_op_that_finishes_the_request():
+    """Not misuse (docs/findings/004): vLLM's scheduler frees requests aborted while waiting."""
     m = running()
     m.add("B", [1, 2])
-    assert_misuse(m, "free", request_id="B")
-    assert m.snap.requests["B"].status == "WAITING"
+    before = m.snap
+    assert m.run("free", request_id="B") is None
+    after = m.snap
+    assert after.requests["B"].status == "FINISHED_STOPPED"
+    assert (after.ref_cnt, after.free_queue, after.cache) == (before.ref_cnt, before.free_queue,
+                                                              before.cache)
 
 
 def test_misuse_5_cache_blocks():

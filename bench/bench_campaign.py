@@ -1,0 +1,174 @@
+"""Campaign throughput against executor replay, memory over a campaign, and time to the first
+counterexample with and without swarm testing and weighting; everything measured in one run.
+
+Throughput, per built-in config and engine (both levels, model and every check on): the
+Hypothesis engine runs a seeded campaign and keeps the traces it generated; replaying those
+same traces with `run_trace` gives the executor's ops/s on exactly those ops; the ratio is
+campaign / replay (goal >= 0.5). The atheris engine runs as `kvfuzz run --engine atheris` does
+(a libFuzzer subprocess, kvcache instrumented), less the worker's start-up (Python imports and
+instrumentation, timed once with a 1-example run); its ratio is against the same replay
+figure, so it also pays for libFuzzer and the instrumentation.
+
+Memory: the resident set size of this process, sampled after batches of a longer Hypothesis
+campaign over every config.
+
+Time to counterexample: per planted bug, seconds to the first finding over `--seeds` seeds,
+with swarm and weighting off (before) and on (after), on the bug's configs.
+
+The machine this runs on may be shared: compare the figures of one run with each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
+from kvfuzz.harness.executor import run_trace
+from kvfuzz.harness.mutants import MUTANTS, REQUIRED
+
+REPLAYS = 3
+PLANTS = (*REQUIRED, "watermark-ignored", "reset-while-held", "cow-unretained",
+          "no-eviction-on-pop", "window-never-freed")
+
+
+def hypothesis_rate(config: str, examples: int) -> tuple[float, float]:
+    """(campaign ops/s, replay ops/s of the same traces, median of REPLAYS)."""
+    with tempfile.TemporaryDirectory() as corpus:
+        campaign = Campaign(CampaignOptions(seconds=None, examples=examples, seed=7,
+                                            configs=(config,), corpus=Path(corpus)))
+        traces: list = []
+        campaign.runner.on_execution = lambda execution: traces.append(execution.trace)
+        start = time.perf_counter()
+        stats = campaign.run()
+        rate = stats.operations / (time.perf_counter() - start)
+    return rate, replay_rate([t for t in traces if t.ops])
+
+
+def replay_rate(traces: list) -> float:
+    ops = sum(len(t.ops) for t in traces)
+    rates = []
+    for _ in range(REPLAYS):
+        start = time.perf_counter()
+        for trace in traces:
+            assert run_trace(trace, ["kvcache"]).passed
+        rates.append(ops / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def atheris_run(config: str, examples: int) -> tuple[int, float]:
+    """(ops, seconds) of `kvfuzz run --engine atheris --examples N` on one config."""
+    from kvfuzz.fuzz.atheris_engine import run_atheris
+
+    with tempfile.TemporaryDirectory() as corpus:
+        stats = run_atheris(CampaignOptions(seconds=None, examples=examples, seed=7,
+                                            configs=(config,), corpus=Path(corpus),
+                                            engine="atheris"), lambda s: None)
+    return stats.operations, stats.elapsed
+
+
+def throughput(examples: int) -> None:
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        startup = None
+    else:
+        startup = atheris_run("full", 1)[1]
+    print(f"throughput, {examples} examples per config and engine, model + every check on; "
+          f"replay: median of {REPLAYS} replays of the Hypothesis campaign's traces; atheris: "
+          f"its worker's start-up ({startup or 0:.1f} s, a 1-example run) left out")
+    print(f"{'config':15} {'replay ops/s':>12} {'hypothesis':>11} {'ratio':>6} "
+          f"{'atheris':>8} {'ratio':>6}")
+    hypothesis_rate("full", 5)  # warm-up: imports, first-use caches
+    for name in BUILTIN:
+        rate, replay = hypothesis_rate(name, examples)
+        ath_text = "       -      -"
+        if startup is not None:
+            ops, seconds = atheris_run(name, examples)
+            ath = ops / max(seconds - startup, 1e-9)
+            ath_text = f"{ath:8.0f} {ath / replay:6.2f}"
+        print(f"{name:15} {replay:12.0f} {rate:11.0f} {rate / replay:6.2f} {ath_text}",
+              flush=True)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def memory(seconds: float) -> None:
+    samples: list[tuple[float, float]] = []
+    last = [0.0]
+
+    def sample(stats) -> None:
+        if stats.elapsed - last[0] >= seconds / 10:
+            last[0] = stats.elapsed
+            samples.append((stats.elapsed, rss_mb()))
+
+    with tempfile.TemporaryDirectory() as corpus:
+        stats = Campaign(CampaignOptions(seconds=seconds, seed=3, corpus=Path(corpus)),
+                         report=sample).run()
+    print(f"\nRSS over a {seconds:g} s campaign ({stats.examples} examples, "
+          f"{stats.operations} ops): " + ", ".join(f"{t:.0f}s {m:.1f}MB" for t, m in samples))
+    if len(samples) > 2:
+        (t1, m1), (t2, m2) = samples[1], samples[-1]
+        print(f"growth after warm-up: {(m2 - m1) / max(t2 - t1, 1e-9) * 60:.2f} MB/min")
+
+
+def hunt(name: str, seed: int, budget: float, tuned: bool, every_config: bool) -> float | None:
+    mutant = MUTANTS[name]
+    configs = CampaignOptions().configs if every_config else mutant.configs
+    with tempfile.TemporaryDirectory() as corpus:
+        options = CampaignOptions(
+            target=f"bug:{name}", seconds=budget, seed=seed, corpus=Path(corpus),
+            configs=configs or CampaignOptions().configs, max_findings=1,
+            data="cpu" if mutant.needs_data else None, swarm=tuned, weighting=tuned,
+            shrink_seconds=0.1,
+        )
+        stats = Campaign(options).run()
+    return stats.findings[0].found_after_s if stats.findings else None
+
+
+def time_to_counterexample(seeds: int, budget: float, every_config: bool) -> None:
+    where = "every built-in config" if every_config else "the configs where the bug can show"
+    print(f"\nseconds to first counterexample on {where}, {seeds} seeds, budget {budget:g} s "
+          "(not found counts as the budget)")
+    print(f"{'planted bug':22} {'before median':>13} {'max':>6} {'after median':>13} "
+          f"{'max':>6} {'after/before':>12}")
+    for name in PLANTS:
+        row = []
+        for tuned in (False, True):
+            times = [hunt(name, seed, budget, tuned, every_config) for seed in range(seeds)]
+            times = [budget if t is None else t for t in times]
+            row += [statistics.median(times), max(times)]
+        print(f"{name:22} {row[0]:13.2f} {row[1]:6.2f} {row[2]:13.2f} {row[3]:6.2f} "
+              f"{row[2] / max(row[0], 1e-3):12.2f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=60, help="per config and engine")
+    parser.add_argument("--rss-seconds", type=float, default=60.0)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=20.0, help="seconds per hunt")
+    parser.add_argument("--every-config", action="store_true",
+                        help="hunt each bug over every built-in config (default: its own)")
+    parser.add_argument("--only", choices=("throughput", "memory", "ttc"))
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    if args.only in (None, "throughput"):
+        throughput(args.examples)
+    if args.only in (None, "memory"):
+        memory(args.rss_seconds)
+    if args.only in (None, "ttc"):
+        time_to_counterexample(args.seeds, args.budget, args.every_config)
+
+
+if __name__ == "__main__":
+    main()

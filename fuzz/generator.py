@@ -1,0 +1,399 @@
+"""The rules that build valid ops from the execution's state, and the example loop of campaigns.
+
+`ApiRules` plays the scheduler itself and makes layer-1 calls (lookups, admissions, decode
+steps, frees, preemptions, cache/evict/reset, copies, and some API misuse); `SchedulerRules`
+adds requests and runs steps of the scheduler driver. A rule reads the reference's state from the
+`Execution`, takes its decisions from a choice source (`kvfuzz.fuzz.strategies`) and applies
+its ops through the execution, which checks every invariant after every op. Only valid ops are
+built, so no example is thrown away.
+
+Two drivers share these rules: the Hypothesis state machines (`kvfuzz.fuzz.machines`, where
+Hypothesis picks the rule and draws each decision) and `run_example`, the loop of both campaign
+engines, which picks the rule and every decision from one byte string.
+
+Swarm testing (`Swarm`): an example may leave out some rules and knobs (drawn first, from the
+same bytes, so a replay of the example runs the same subset); the rules it keeps then get the
+whole example. A knob left out keeps its default value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kvfuzz.core.config import Config
+from kvfuzz.core.snapshot import RequestView
+from kvfuzz.fuzz.strategies import (
+    TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, flip, pick, prefixes, prompt, tokens,
+    vary_config,
+)
+from kvfuzz.harness.executor import Execution
+
+Views = list[tuple[str, RequestView]]
+
+
+@dataclass(frozen=True)
+class Swarm:
+    """The rules and knobs one example may use (everything: `ALL`)."""
+
+    off: frozenset[str] = frozenset()
+
+    def on(self, feature: str) -> bool:
+        return feature not in self.off
+
+
+ALL = Swarm()
+
+
+class Rules:
+    """Shared plumbing: requests, views of the reference's state, rule choice."""
+
+    level = "api"
+    RULES: tuple[str, ...] = ()
+    """The rule names, in the order a choice picks among them."""
+    CORE: frozenset[str] = frozenset()
+    """Rules every swarm keeps (without them an example does nothing)."""
+    KNOBS: tuple[str, ...] = ()
+    """Features of single ops a swarm may leave at their default."""
+    max_requests = 8
+
+    def __init__(self, execution: Execution, choices: Choices, *, allow_misuse: bool = True,
+                 swarm: Swarm = ALL, focus: Iterable[str] = ()) -> None:
+        self.execution = execution
+        self.choices = choices
+        self.allow_misuse = allow_misuse
+        self.swarm = swarm
+        self.focus = frozenset(focus)
+        self.shared: list[list[int]] = [[0]]
+        self.count = 0
+
+    @classmethod
+    def features(cls) -> tuple[str, ...]:
+        """What a swarm may leave out: the optional rules, then the knobs."""
+        return tuple(r for r in cls.RULES if r not in cls.CORE) + cls.KNOBS
+
+    @classmethod
+    def draw_swarm(cls, choices: Choices, keep: Iterable[str] = ()) -> Swarm:
+        """Half the examples keep every feature; the others leave each optional feature out
+        with a probability p drawn per example (as Hypothesis' own feature flags do), so some
+        keep almost every feature and others a few. Those in `keep` are always kept.
+
+        Measured on the planted bugs (docs/engines.md): a swarm in every example found the
+        plants that need a rule to be rare sooner, and those that need several rules and knobs
+        at once (a reset while blocks are held, duplicate keys then an eviction) much later;
+        keeping every feature in half the examples keeps most of the gain and bounds the loss.
+        """
+        p = max(0, choices.below(512) - 256)
+        kept = set(keep)
+        return Swarm(frozenset(
+            f for f in cls.features() if f not in kept and choices.below(256) < p
+        ))
+
+    @property
+    def config(self) -> Config:
+        return self.execution.config
+
+    def start(self) -> None:
+        """Draw the run's shared prompt prefixes."""
+        self.shared = prefixes(self.choices, self.config.max_model_len // 2)
+
+    def apply(self, **op: Any) -> Any:
+        return self.execution.apply(op)
+
+    def views(self, *statuses: str) -> Views:
+        return [
+            (rid, v) for rid, v in self.execution.state.requests.items() if v.status in statuses
+        ]
+
+    def can_add(self) -> bool:
+        return self.count < self.max_requests
+
+    def feasible(self, rule: str) -> bool:
+        raise NotImplementedError
+
+    def run_one(self) -> bool:
+        """Run one rule, chosen among those this example's swarm keeps and that can run now
+        (focused rules count three times); False when none can."""
+        names = [r for r in self.RULES if self.swarm.on(r) and self.feasible(r)]
+        if not names:
+            return False
+        names += [r for r in names if r in self.focus] * 2
+        getattr(self, pick(self.choices, names))()
+        return True
+
+    def knob(self, feature: str, draw: Callable[[], Any], default: Any) -> Any:
+        """`draw()` if this example's swarm keeps the knob, else its default."""
+        return draw() if self.swarm.on(feature) else default
+
+    def new_request(self, **extra: Any) -> str:
+        c = self.choices
+        rid = f"r{self.count}"
+        self.count += 1
+        max_len = self.config.max_model_len - 1
+        salt = self.knob("salt", lambda: pick(c, (None, None, None, "a", "b")), None)
+        encoder = between(c, 1, 12) if self.config.has_cross_attention else 0
+        if self.execution.offers("prefix_cache_hit_limit"):
+            # vLLM 0.34's per-request limit on prefix hits (prompt scoring): mostly unbounded.
+            extra.setdefault("prefix_cache_hit_limit", self.knob(
+                "hit_limit", lambda: pick(c, (None,) * 5 + (between(c, 0, max_len),)), None))
+        self.apply(
+            op="add_request",
+            request_id=rid,
+            prompt=prompt(c, self.shared, max_len),
+            cache_salt=salt,
+            num_encoder_tokens=encoder,
+            **extra,
+        )
+        return rid
+
+
+class ApiRules(Rules):
+    """Layer-1 calls, with the rules playing the scheduler (docs/traces.md, API level)."""
+
+    level = "api"
+    RULES = ("add_request", "admit", "compute", "sample", "free", "housekeeping",
+             "probe_cached_tokens")
+    CORE = frozenset({"add_request", "admit", "compute"})
+    KNOBS = ("skip_reading", "salt", "no_lookup", "adopt_only", "lookahead", "gate", "reserved",
+             "idle", "preempt", "evict_blocks", "reset_prefix_cache", "take_copies",
+             "cache_blocks", "release_copies", "misuse", "hit_limit", "lookup_bound")
+
+    def feasible(self, rule: str) -> bool:
+        if rule == "add_request":
+            return self.can_add()
+        if rule == "admit":
+            return bool(self.views("WAITING", "PREEMPTED"))
+        if rule == "compute":
+            return bool(self._running(True))
+        if rule == "sample":
+            return bool(self._running(False))
+        if rule == "free":
+            return bool(self.views("RUNNING"))
+        if rule == "probe_cached_tokens":
+            return (bool(self.views("WAITING", "PREEMPTED"))
+                    and self.execution.offers("get_num_cached_tokens"))
+        return True  # housekeeping
+
+    def add_request(self) -> None:
+        c = self.choices
+        skip = self.knob("skip_reading", lambda: pick(c, (False,) * 7 + (True,)), False)
+        self.new_request(skip_reading_prefix_cache=skip)
+
+    def admit(self) -> None:
+        c = self.choices
+        rid, view = pick(c, self.views("WAITING", "PREEMPTED"))
+        use_lookup = self.knob("no_lookup", lambda: pick(c, (True, True, True, False)), True)
+        hit = 0
+        if use_lookup:
+            bound = None
+            if self.execution.offers("max_cache_hit_length"):
+                bound = self.knob("lookup_bound", lambda: pick(
+                    c, (None, None, None, between(c, 0, view.num_tokens))), None)
+            hit = self.apply(op="get_computed_blocks", request_id=rid,
+                             max_cache_hit_length=bound)["num_computed_tokens"]
+        remaining = view.num_tokens - hit
+        least = 0 if hit and self.knob("adopt_only", lambda: flip(c), False) else 1
+        self.apply(
+            op="allocate_slots",
+            request_id=rid,
+            num_new_tokens=between(c, least, remaining),
+            use_lookup=use_lookup,
+            num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
+            full_sequence_must_fit=self.knob("gate", lambda: flip(c), False),
+            reserved_blocks=self.knob("reserved", lambda: between(c, 0, 2), 0),
+            has_scheduled_reqs=not self.knob("idle", lambda: flip(c), False),
+            num_encoder_tokens=self.execution.requests[rid].num_encoder_tokens,
+        )
+
+    def probe_cached_tokens(self) -> None:
+        """vLLM 0.34's probe: P5 relates its answer to the lookup it predicts."""
+        rid, _ = pick(self.choices, self.views("WAITING", "PREEMPTED"))
+        self.apply(op="get_num_cached_tokens", request_id=rid)
+
+    def _running(self, computing: bool) -> Views:
+        max_len = self.config.max_model_len
+        return [
+            (rid, v)
+            for rid, v in self.views("RUNNING")
+            if (v.num_computed_tokens < v.num_tokens) == computing
+            and (computing or v.num_tokens < max_len)
+        ]
+
+    def compute(self) -> None:
+        c = self.choices
+        rid, view = pick(c, self._running(True))
+        self.apply(
+            op="allocate_slots",
+            request_id=rid,
+            num_new_tokens=between(c, 1, view.num_tokens - view.num_computed_tokens),
+            num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
+        )
+
+    def sample(self) -> None:
+        c = self.choices
+        rid, view = pick(c, self._running(False))
+        room = self.config.max_model_len - view.num_tokens
+        self.apply(op="append_tokens", request_id=rid,
+                   tokens=tokens(c, between(c, 1, min(3, room))))
+
+    def free(self) -> None:
+        c = self.choices
+        rid, _ = pick(c, self.views("RUNNING"))
+        self.apply(op="free", request_id=rid, preempt=self.knob("preempt", lambda: flip(c), False))
+
+    def housekeeping(self) -> None:
+        """The less frequent calls, behind one rule so the main ones dominate a run."""
+        c = self.choices
+        kinds = [k for k in ("evict_blocks", "reset_prefix_cache", "take_copies")
+                 if self.swarm.on(k)]
+        if self.swarm.on("cache_blocks") and self.views("RUNNING"):
+            kinds.append("cache_blocks")
+        if self.swarm.on("release_copies") and self.execution.state.retained_copies:
+            kinds.append("release_copies")
+        if self.allow_misuse and self.count and self.swarm.on("misuse"):
+            kinds.append("misuse")
+        if not kinds:
+            kinds.append("take_copies")
+        kinds += [k for k in kinds if k in self.focus] * 2
+        kind = pick(c, kinds)
+        if kind == "evict_blocks":
+            n = between(c, 0, 3)
+            ids = [between(c, 1, self.config.num_blocks - 1) for _ in range(n)]
+            self.apply(op="evict_blocks", block_ids=ids)
+        elif kind == "reset_prefix_cache":
+            self.apply(op="reset_prefix_cache")
+        elif kind == "take_copies":
+            self.apply(op="take_kv_cache_block_copies")
+            self.apply(op="take_new_block_ids")
+        elif kind == "cache_blocks":
+            rid, view = pick(c, self.views("RUNNING"))
+            n = None if flip(c) else between(c, 0, view.num_computed_tokens)
+            self.apply(op="cache_blocks", request_id=rid, num_computed_tokens=n)
+        elif kind == "release_copies":
+            self.apply(op="release_copies")
+        else:
+            self._misuse()
+
+    def _misuse(self) -> None:
+        """Bad input must raise ValueError and change nothing (checked by I10)."""
+        c = self.choices
+        waiting = [rid for rid, _ in self.views("WAITING", "PREEMPTED")]
+        running = [rid for rid, _ in self.views("RUNNING")]
+        choices = ["evict_out_of_range"]
+        if waiting:
+            choices += ["zero_tokens"]
+        if running:
+            choices += ["negative_tokens"]
+        kind = pick(c, choices)
+        if kind == "evict_out_of_range":
+            self.apply(op="evict_blocks", block_ids=[self.config.num_blocks])
+        elif kind == "zero_tokens":
+            self.apply(op="allocate_slots", request_id=pick(c, waiting), num_new_tokens=0)
+        else:
+            self.apply(op="allocate_slots", request_id=pick(c, running), num_new_tokens=-1)
+
+
+class SchedulerRules(Rules):
+    """Requests arrive, finish and abort while the scheduler driver runs steps."""
+
+    level = "scheduler"
+    RULES = ("add_request", "step", "step_again", "abort")
+    """Two step rules: steps dominate the runs."""
+    CORE = frozenset({"add_request", "step", "step_again"})
+    KNOBS = ("salt", "priority", "max_tokens", "hit_limit")
+    max_requests = 10
+
+    def feasible(self, rule: str) -> bool:
+        if rule == "add_request":
+            return self.can_add()
+        if rule == "abort":
+            return bool(self.views("WAITING", "PREEMPTED", "RUNNING"))
+        return True
+
+    def add_request(self) -> None:
+        c = self.choices
+        self.new_request(
+            priority=self.knob("priority", lambda: between(c, 0, 2), 0),
+            max_tokens=self.knob("max_tokens", lambda: between(c, 1, 6), 4),
+        )
+
+    def step(self) -> None:
+        self.apply(op="step", sample=self.choices.below(TOKEN_VOCAB))
+
+    step_again = step
+
+    def abort(self) -> None:
+        c = self.choices
+        rid, _ = pick(c, self.views("WAITING", "PREEMPTED", "RUNNING"))
+        self.apply(op=pick(c, ("abort", "finish")), request_id=rid)
+
+
+FOCUS_OPS: dict[str, tuple[str, ...]] = {
+    "add_request": ("add_request",),
+    "get_computed_blocks": ("admit",),
+    "get_num_cached_tokens": ("probe_cached_tokens",),
+    "allocate_slots": ("admit", "compute"),
+    "append_tokens": ("sample",),
+    "free": ("free", "preempt"),
+    "cache_blocks": ("housekeeping", "cache_blocks"),
+    "evict_blocks": ("housekeeping", "evict_blocks"),
+    "reset_prefix_cache": ("housekeeping", "reset_prefix_cache"),
+    "take_kv_cache_block_copies": ("housekeeping", "take_copies"),
+    "take_new_block_ids": ("housekeeping", "take_copies"),
+    "release_copies": ("housekeeping", "release_copies"),
+    "step": ("step", "step_again"),
+    "abort": ("abort",),
+    "finish": ("abort",),
+}
+"""`--focus` op names (the trace's, docs/traces.md) and the rules and knobs that make them."""
+
+
+def focus_features(ops: Iterable[str]) -> frozenset[str]:
+    """The rules and knobs to favour for focused ops: swarms keep them, rule choice weighs
+    them three times."""
+    return frozenset(f for op in ops for f in FOCUS_OPS[op])
+
+
+RULES_BY_LEVEL: dict[str, type[Rules]] = {"api": ApiRules, "scheduler": SchedulerRules}
+
+
+def run_example(
+    data: bytes,
+    base: Config,
+    level: str,
+    *,
+    steps: int,
+    targets: tuple[Any, ...],
+    model: bool = True,
+    checks: tuple[Any, ...] | None = None,
+    allow_misuse: bool = True,
+    swarm: bool = True,
+    focus: frozenset[str] = frozenset(),
+    on_execution: Callable[[Execution], None] | None = None,
+    vary: bool = True,
+) -> Execution | None:
+    """One example of a campaign: every decision read from `data` (`BytesChoices`): the varied
+    config, the swarm, the prompt prefixes, then up to `steps` rules. The example ends early,
+    passing, when the bytes run out or no rule can run; a failed check raises `Counterexample`.
+    `focus` holds rule and knob names (`focus_features`); `vary=False` keeps `base` as it is
+    (a user's config file)."""
+    choices = BytesChoices(data)
+    rules_class = RULES_BY_LEVEL[level]
+    try:
+        config = vary_config(choices, base) if vary else base
+        chosen = rules_class.draw_swarm(choices, keep=focus) if swarm else ALL
+        execution = Execution(config, level, targets, model=model, checks=checks)
+    except Exhausted:
+        return None
+    if on_execution is not None:
+        on_execution(execution)
+    rules = rules_class(execution, choices, allow_misuse=allow_misuse, swarm=chosen, focus=focus)
+    try:
+        rules.start()
+        for _ in range(steps):
+            if not rules.run_one():
+                break
+    except Exhausted:
+        pass
+    return execution

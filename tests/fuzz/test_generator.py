@@ -1,0 +1,117 @@
+"""The campaign generator: bytes decide every op, swarms leave features out, focus weighs them,
+pairs whose coverage grows get more batches, and batches build nothing that accumulates."""
+
+from __future__ import annotations
+
+import gc
+import random
+from collections import Counter
+from dataclasses import replace
+
+from kvfuzz.core.configs import builtin_config
+from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, Campaign, CampaignOptions, campaign_pairs,
+                                  pair_weight)
+from kvfuzz.fuzz.generator import ApiRules, SchedulerRules, Swarm, focus_features, run_example
+from kvfuzz.fuzz.strategies import BytesChoices
+from kvfuzz.harness.executor import Execution, run_trace
+
+
+def _example(data: bytes, level: str = "api", config: str = "hybrid", **kwargs):
+    return run_example(data, builtin_config(config), level, steps=40, targets=("kvcache",),
+                       **kwargs)
+
+
+def _bytes(seed: int, size: int = 1024) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def test_the_same_bytes_give_the_same_trace_which_replays():
+    for level in ("api", "scheduler"):
+        first, again = _example(_bytes(1), level), _example(_bytes(1), level)
+        assert first.trace.ops and first.trace.ops == again.trace.ops
+        assert first.trace.config == again.trace.config
+        assert first.trace.ops != _example(_bytes(2), level).trace.ops
+        assert run_trace(first.trace, ["kvcache"]).passed
+
+
+def test_an_example_ends_when_its_bytes_run_out():
+    assert _example(b"") is None
+    short = _example(_bytes(3, 40))
+    assert short is not None and len(short.trace.ops) < len(_example(_bytes(3)).trace.ops)
+
+
+def _ops(rules_class, swarm: Swarm, seeds: range, focus=frozenset()) -> Counter:
+    counts: Counter = Counter()
+    for seed in seeds:
+        execution = Execution(builtin_config("full"), rules_class.level, ("kvcache",))
+        rules = rules_class(execution, BytesChoices(_bytes(seed, 4096)), swarm=swarm,
+                            focus=focus)
+        rules.start()
+        for _ in range(60):
+            if not rules.run_one():
+                break
+        counts.update(op["op"] for op in execution.trace.ops)
+        if "lookahead" in swarm.off:
+            assert all(op.get("num_lookahead_tokens", 0) == 0 for op in execution.trace.ops)
+    return counts
+
+
+def test_a_swarm_leaves_out_its_rules_and_knobs():
+    everything = _ops(ApiRules, Swarm(), range(20))
+    assert everything["free"] and everything["append_tokens"]
+    without = _ops(ApiRules, Swarm(frozenset({"free", "misuse", "sample", "lookahead"})),
+                   range(20))
+    assert without["free"] == 0 and without["append_tokens"] == 0 and without["allocate_slots"]
+    assert _ops(SchedulerRules, Swarm(frozenset({"abort"})), range(10))["abort"] == 0
+
+
+def test_swarms_vary_per_example_and_keep_the_core_and_focused_rules():
+    swarms = [ApiRules.draw_swarm(BytesChoices(_bytes(s, 64))) for s in range(200)]
+    sizes = {len(s.off) for s in swarms}
+    assert 0 in sizes and max(sizes) >= len(ApiRules.features()) - 3
+    assert not any(s.off & ApiRules.CORE for s in swarms)
+    kept = [ApiRules.draw_swarm(BytesChoices(_bytes(s, 64)), keep={"free"}) for s in range(200)]
+    assert not any("free" in s.off for s in kept)
+
+
+def test_focus_on_an_op_makes_more_of_it():
+    plain = _ops(ApiRules, Swarm(), range(20))
+    focused = _ops(ApiRules, Swarm(), range(20), focus=focus_features(["evict_blocks"]))
+    assert focused["evict_blocks"] > 1.5 * plain["evict_blocks"]
+
+
+def _picks(options: CampaignOptions, growth: dict, batches: int) -> list:
+    """The pairs of the first `batches` batches of a time-budgeted campaign's schedule, with
+    the weights its driver gives after a batch of `growth` new features per pair."""
+    schedule = Campaign(options).schedule
+    picks = [schedule.next_batch().pair for _ in schedule.pairs]
+    for pair in schedule.pairs:
+        schedule.weights[pair] = pair_weight(options, pair, growth.get(pair, 0))
+    return picks + [schedule.next_batch().pair for _ in range(batches - len(picks))]
+
+
+def test_every_pair_comes_first_then_growing_and_focused_pairs_get_more(tmp_path):
+    options = CampaignOptions(seconds=60, configs=("full", "watermark"), corpus=tmp_path)
+    pairs = campaign_pairs(options)
+    assert _picks(options, {}, len(pairs)) == pairs
+    later = Counter(_picks(options, {pairs[2]: 30}, 400)[len(pairs):])
+    assert later[pairs[2]] > 396 * 0.7 and set(later) == set(pairs)
+    focused = replace(options, focus=("watermark",), weighting=False)
+    picks = Counter(p[1] for p in _picks(focused, {pairs[0]: 30}, 800)[len(pairs):])
+    assert 0.6 * FOCUS_WEIGHT < picks["watermark"] / picks["full"] < 1.5 * FOCUS_WEIGHT
+    plain = replace(options, weighting=False)
+    assert _picks(plain, {pairs[0]: 30}, 12) == pairs * 3
+
+
+def test_batches_create_no_classes(tmp_path):
+    """The old engine built a state-machine class per batch, which Hypothesis kept."""
+
+    def classes() -> int:
+        gc.collect()
+        return sum(isinstance(o, type) for o in gc.get_objects())
+
+    options = dict(seconds=None, configs=("full",), levels=("api",), corpus=tmp_path, steps=5)
+    Campaign(CampaignOptions(examples=30, **options)).run()
+    before = classes()
+    Campaign(CampaignOptions(examples=300, **options)).run()
+    assert classes() == before

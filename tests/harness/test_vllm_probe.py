@@ -1,0 +1,87 @@
+"""The vLLM adapter's probe on installs it cannot drive: exit 2 naming what was found and what is
+supported, never a traceback or a finding. Each case is a small fake `vllm` package put first on
+PYTHONPATH, so these run without vLLM."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+_GOOD_REQUEST = """
+class RequestStatus(int):
+    WAITING = 0
+class Request:
+    def __init__(self, request_id, prompt_token_ids, sampling_params, pooling_params,
+                 arrival_time=0.0, cache_salt=None, priority=0, block_hasher=None):
+        pass
+"""
+
+
+def _fake_vllm(root: Path, request: str = _GOOD_REQUEST, init: str = "") -> Path:
+    files = {
+        "vllm/__init__.py": '__version__ = "9.9.9"\n' + init,
+        "vllm/sampling_params.py": "class SamplingParams: pass\n",
+        "vllm/utils/__init__.py": "",
+        "vllm/utils/hashing.py": "def sha256(x): return b''\n",
+        "vllm/v1/__init__.py": "",
+        "vllm/v1/request.py": request,
+        "vllm/v1/kv_cache_interface.py": "",
+        "vllm/v1/core/__init__.py": "",
+        "vllm/v1/core/kv_cache_manager.py": "class KVCacheManager:\n    pass\n",
+        "vllm/v1/core/kv_cache_utils.py": "",
+        "vllm/v1/core/kv_cache_coordinator.py": "",
+        "vllm/v1/core/block_pool.py": "class BlockPool: pass\n",
+    }
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def _run(fake: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(fake)}
+    return subprocess.run([sys.executable, "-m", "kvfuzz", *argv], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=fake)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("new required argument",
+     "vLLM 9.9.9: Request() takes a new required argument kv_hints; kvfuzz supports vLLM 0.32–0.34"),
+    ("argument gone", "vLLM 9.9.9: Request() no longer takes the argument cache_salt"),
+    ("module broken", "vLLM 9.9.9: importing vllm.v1.core.kv_cache_manager raised RuntimeError"),
+    ("vllm broken", "importing vLLM failed: RuntimeError: no CUDA and no CPU backend"),
+    ("method missing", "vLLM 9.9.9: KVCacheManager has no method get_computed_blocks()"),
+])
+def test_an_install_the_adapter_cannot_drive_exits_2_saying_what_it_found(tmp_path, case,
+                                                                            expected):
+    request, init = _GOOD_REQUEST, ""
+    if case == "new required argument":
+        request = request.replace("pooling_params,", "pooling_params, kv_hints,")
+    elif case == "argument gone":
+        request = request.replace("cache_salt=None, ", "")
+    elif case == "vllm broken":
+        init = "raise RuntimeError('no CUDA and no CPU backend')\n"
+    fake = _fake_vllm(tmp_path, request, init)
+    if case == "module broken":
+        (fake / "vllm/v1/core/kv_cache_manager.py").write_text("raise RuntimeError('abi')\n")
+    out = _run(fake, "run", "--target", "vllm", "--seconds", "1", "--corpus",
+               str(tmp_path / "corpus"))
+    assert out.returncode == 2, out.stderr
+    assert expected in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "corpus").exists()
+
+
+def test_replaying_on_an_unsupported_install_exits_2_too(tmp_path):
+    fake = _fake_vllm(tmp_path, _GOOD_REQUEST.replace("pooling_params,", "pooling_params, y,"))
+    finding = Path(__file__).resolve().parents[2] / "docs/findings/001-empty-window-entry.json"
+    out = _run(fake, "replay", str(finding), "--target", "vllm")
+    assert out.returncode == 2, out.stderr
+    assert "takes a new required argument y" in out.stderr
+    assert "Traceback" not in out.stderr
