@@ -92,8 +92,8 @@ class Observations:
     pool_shortages: list[str] = field(default_factory=list)
     """Messages of ValueErrors raised by BlockPool.get_new_blocks (P4)."""
     lookups: list[tuple[str, int, int]] = field(default_factory=list)
-    """(request, hit, shared_prefix_boundary) of each get_computed_blocks the target answered
-    (I20). The reference model reports none."""
+    """(request, hit, shared_prefix_boundary) of each get_computed_blocks op answered (I20; the
+    executor compares them with the reference's, DIFF-probe)."""
     forward: list[ForwardPass] = field(default_factory=list)
     cached_token_probes: list[CachedTokensProbe] = field(default_factory=list)
     """Forward passes a target's harness ran during the op, in order (the data checks write

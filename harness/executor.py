@@ -34,7 +34,8 @@ DIFF_STATE = "DIFF-state"
 CRASH = "CRASH"
 _DIFF_DESCRIPTIONS = {
     DIFF_RESULT: "the op's result differs from the reference's",
-    DIFF_PROBE: "allocate_slots outcomes or predictions differ from the reference's",
+    DIFF_PROBE: "allocate_slots outcomes or predictions, or lookup boundaries, differ from the "
+                "reference's",
     DIFF_STATE: "the state after the op differs from the reference's",
     CRASH: "the harness could not drive or read the target",
 }
@@ -231,6 +232,13 @@ class Execution:
                 f"{ref_name} {theirs}",
                 step, tracked.name, snap, ref_snap, ref_name,
                 signature=(kind, "allocations"),
+            )
+        if obs.lookups != ref_obs.lookups:
+            self._fail(
+                DIFF_PROBE,
+                f"get_computed_blocks (request, hit, shared_prefix_boundary): {tracked.name} "
+                f"{obs.lookups}, {ref_name} {ref_obs.lookups}",
+                step, tracked.name, snap, ref_snap, ref_name,
             )
         if snap != ref_snap:
             diffs = snap.differences(ref_snap)

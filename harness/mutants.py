@@ -473,6 +473,17 @@ def _boundary_before_hit(side: KvcacheSide) -> None:
     _around(side.manager, "get_computed_blocks", around)
 
 
+@mutant("boundary-one-short", "a hybrid lookup's shared-prefix boundary is one token short of "
+        "the longest single-group hit (still past the hit, so only the reference sees it)",
+        bug="docs/spec.md §6.3 step 3 / DIFF-probe", configs=("hybrid", "hybrid3", "partial_hits"))
+def _boundary_one_short(side: KvcacheSide) -> None:
+    def around(original, request, max_cache_hit_length=None):
+        hits, num_hit_tokens, boundary = original(request, max_cache_hit_length)
+        return hits, num_hit_tokens, boundary - 1 if boundary > num_hit_tokens + 1 else boundary
+
+    _around(side.manager, "get_computed_blocks", around)
+
+
 @mutant("cow-skipped", "a partial (sub-block) hit is adopted without its private copy: the hitter "
         "writes into the shared tail block", bug="docs/spec.md §4.5 / I11", configs=("partial_hits",))
 def _cow_skipped(side: KvcacheSide) -> None:

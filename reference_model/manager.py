@@ -24,7 +24,8 @@ class Manager:
         """The request has a table entry (from its first successful allocation to its free)."""
         return any(rid in group for group in self.state.tables)
 
-    def get_computed_blocks(self, req: Request, bound: int | None = None) -> tuple[Lists, int]:
+    def get_computed_blocks(self, req: Request,
+                            bound: int | None = None) -> tuple[Lists, int, int]:
         return get_computed_blocks(self.layout, self.state, req, bound)
 
     def allocate_slots(

@@ -187,14 +187,15 @@ class ReferenceModel:
 
     def _op_get_computed_blocks(self, op: Op) -> Any:
         req = self._live(op["request_id"])
-        lists, hit = self.manager.get_computed_blocks(req, op["max_cache_hit_length"])
+        lists, hit, boundary = self.manager.get_computed_blocks(req, op["max_cache_hit_length"])
         self.lookups[req.request_id] = (lists, hit)
+        self.manager.observations.lookups.append((req.request_id, hit, boundary))
         return {"block_ids": [list(lst) for lst in lists], "num_computed_tokens": hit}
 
     def _op_get_num_cached_tokens(self, op: Op) -> Any:
         """The probe answers what get_computed_blocks (without a bound) would hit."""
         req = self._live(op["request_id"])
-        _, hit = self.manager.get_computed_blocks(req)
+        _, hit, _ = self.manager.get_computed_blocks(req)
         self.manager.observations.cached_token_probes.append(
             CachedTokensProbe(req.request_id, hit, hit))
         return {"num_cached_tokens": hit}

@@ -34,7 +34,7 @@ def test_a_killed_and_a_surviving_mutant_and_the_source_restored():
     raises = next(m for m in mutate.mutants([factory])
                   if m.line == gate and m.operator == "core/AddNot")
     seen = []
-    report = mutate.run(mutate.Report("kvcache", 20, 0, len(found)),
+    report = mutate.run(mutate.Report("kvcache", 60, 0, len(found)),
                         [killed, equivalent, raises], timeout=240,
                         on_result=lambda i, n, r: seen.append(_digest(path)))
     assert _digest(path) == before

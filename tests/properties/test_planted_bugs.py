@@ -50,6 +50,7 @@ EXPECTED = {
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1", "P4"},
     "boundary-before-hit": {"I20"},
+    "boundary-one-short": {"DIFF-probe"},
 }
 
 
