@@ -11,23 +11,44 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from kvfuzz.core.errors import ConfigError
+from kvfuzz.core.limits import MAX_GROUPS, MAX_NUM_BLOCKS, MAX_SIZE, shown
 
-GroupKind = Literal["full", "sliding_window", "chunked_local", "cross", "mamba"]
-GROUP_KINDS: tuple[str, ...] = ("full", "sliding_window", "chunked_local", "cross", "mamba")
+GroupKind = Literal[
+    "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
+    "circular_buffer",
+]
+GROUP_KINDS: tuple[str, ...] = (
+    "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
+    "circular_buffer",
+)
+# Kinds vLLM manages as full attention (specs that subclass FullAttentionSpec).
+FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
 # vLLM 0.34.0's MambaCacheMode; kvfuzz runs "none" (docs/spec.md §11).
 MAMBA_CACHE_MODES: tuple[str, ...] = ("none", "align")
 MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='align'"
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
 
 
+def _int_in(where: str, value: Any, low: int, high: int = MAX_SIZE) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{where} must be an int in [{low}, {high}], got {shown(value)}")
+
+
 def _positive_int(where: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{where} must be a positive int, got {value!r}")
+    _int_in(where, value, 1)
 
 
 def _non_negative_int(where: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{where} must be a non-negative int, got {value!r}")
+    _int_in(where, value, 0)
+
+
+def _text(where: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {shown(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{where} must be text, got {value!r} (a lone surrogate)") from None
 
 
 def _bool(where: str, value: Any) -> None:
@@ -47,10 +68,12 @@ class GroupConfig:
     eagle: bool = False
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+    sink_len: int | None = None
+    rswa_window: int | None = None
 
     def validate(self, where: str) -> None:
         if self.kind not in GROUP_KINDS:
-            raise ConfigError(f"{where}.kind must be one of {GROUP_KINDS}, got {self.kind!r}")
+            raise ConfigError(f"{where}.kind must be one of {GROUP_KINDS}, got {shown(self.kind)}")
         _positive_int(f"{where}.block_size", self.block_size)
         _bool(f"{where}.eagle", self.eagle)
         if self.kind == "sliding_window":
@@ -63,7 +86,9 @@ class GroupConfig:
         elif self.attention_chunk_size is not None:
             raise ConfigError(f"{where}: attention_chunk_size on a {self.kind!r} group")
         if self.kind == "mamba":
-            if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            if not isinstance(self.mamba_cache_mode, str) or (
+                self.mamba_cache_mode not in MAMBA_CACHE_MODES
+            ):
                 raise ConfigError(
                     f"{where}.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
                     f"got {self.mamba_cache_mode!r}"
@@ -76,6 +101,19 @@ class GroupConfig:
             _non_negative_int(f"{where}.num_speculative_blocks", self.num_speculative_blocks)
         elif self.mamba_cache_mode != "none" or self.num_speculative_blocks:
             raise ConfigError(f"{where}: mamba settings on a {self.kind!r} group")
+        if self.kind == "sink_full":
+            _positive_int(f"{where}.sink_len", self.sink_len)
+            if self.sink_len % self.block_size:  # type: ignore[operator]
+                raise ConfigError(
+                    f"{where}.sink_len {self.sink_len} must be a multiple of block_size "
+                    f"{self.block_size}"
+                )
+        elif self.sink_len is not None:
+            raise ConfigError(f"{where}: sink_len on a {self.kind!r} group")
+        if self.kind == "rswa":
+            _positive_int(f"{where}.rswa_window", self.rswa_window)
+        elif self.rswa_window is not None:
+            raise ConfigError(f"{where}: rswa_window on a {self.kind!r} group")
 
 
 @dataclass(frozen=True)
@@ -92,7 +130,7 @@ class SchedulerConfig:
     vocab_size: int = 4
 
     def validate(self) -> None:
-        if self.policy not in POLICIES:
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise ConfigError(f"scheduler.policy must be one of {POLICIES}, got {self.policy!r}")
         _positive_int("scheduler.token_budget", self.token_budget)
         _positive_int("scheduler.max_running", self.max_running)
@@ -118,6 +156,12 @@ class Config:
     partial_hits: bool = False
     watermark: float = 0.0
     none_hash_seed: str = "kvfuzz"
+    extra_keys: bool = False
+    """Generators give requests LoRA adapters, multimodal inputs and prompt embeddings."""
+    deferred_frees: bool = False
+    """Generators free some requests in two steps: pop their blocks, release them later."""
+    kv_events: bool = False
+    """The manager queues KV cache events; `take_events` ops read them (docs/spec.md §3.10)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -138,13 +182,20 @@ class Config:
         return self.groups[0].block_size if not self.is_hybrid else math.lcm(*self.block_sizes)
 
     @property
+    def cacheable_block_sizes(self) -> tuple[int, ...]:
+        """Block sizes of the groups that take part in prefix caching (a circular buffer does
+        not); all of them if none does."""
+        sizes = tuple(g.block_size for g in self.groups if g.kind != "circular_buffer")
+        return sizes or self.block_sizes
+
+    @property
     def resolved_hash_block_size(self) -> int:
         if self.hash_block_size is not None:
             return self.hash_block_size
         if not self.is_hybrid:
             return self.groups[0].block_size
         if self.enable_caching:
-            return math.gcd(*self.block_sizes)
+            return math.gcd(*self.cacheable_block_sizes)
         return self.scheduler_block_size
 
     @property
@@ -167,32 +218,27 @@ class Config:
     # ----- validation -----
 
     def validate(self) -> None:
-        if not isinstance(self.name, str):
-            raise ConfigError(f"name must be a string, got {self.name!r}")
-        if not isinstance(self.num_blocks, int) or isinstance(self.num_blocks, bool) or (
-            self.num_blocks < 2
-        ):
-            raise ConfigError(f"num_blocks must be an int >= 2, got {self.num_blocks!r}")
-        if not isinstance(self.max_model_len, int) or self.max_model_len < 2:
-            raise ConfigError(f"max_model_len must be an int >= 2, got {self.max_model_len!r}")
-        if not self.groups:
+        _text("name", self.name)
+        _int_in("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)
+        _int_in("max_model_len", self.max_model_len, 2)
+        if not isinstance(self.groups, tuple) or not self.groups:
             raise ConfigError("groups must list at least one KV cache group")
         for i, group in enumerate(self.groups):
             if not isinstance(group, GroupConfig):
                 raise ConfigError(f"groups[{i}] must be a group object, got {group!r}")
             group.validate(f"groups[{i}]")
-        for flag in ("enable_caching", "use_eagle", "partial_hits"):
+        for flag in ("enable_caching", "use_eagle", "partial_hits", "extra_keys", "kv_events",
+                     "deferred_frees"):
             _bool(flag, getattr(self, flag))
         if self.hash_block_size is not None:
             _positive_int("hash_block_size", self.hash_block_size)
         if self.max_in_flight_tokens is not None:
             _positive_int("max_in_flight_tokens", self.max_in_flight_tokens)
         if not isinstance(self.watermark, (int, float)) or isinstance(self.watermark, bool) or (
-            self.watermark < 0
+            not 0 <= self.watermark <= 1  # also rejects NaN
         ):
-            raise ConfigError(f"watermark must be a number >= 0, got {self.watermark!r}")
-        if not isinstance(self.none_hash_seed, str):
-            raise ConfigError(f"none_hash_seed must be a string, got {self.none_hash_seed!r}")
+            raise ConfigError(f"watermark must be a number in [0, 1], got {shown(self.watermark)}")
+        _text("none_hash_seed", self.none_hash_seed)
         if not isinstance(self.scheduler, SchedulerConfig):
             raise ConfigError(f"scheduler must be a scheduler object, got {self.scheduler!r}")
         self.scheduler.validate()
@@ -200,12 +246,19 @@ class Config:
         self._validate_features()
 
     def _validate_sizes(self) -> None:
+        if len(self.groups) > MAX_GROUPS:
+            raise ConfigError(f"groups lists {len(self.groups)} groups, at most {MAX_GROUPS}")
         sbs, hbs = self.scheduler_block_size, self.resolved_hash_block_size
+        if sbs > MAX_SIZE:
+            raise ConfigError(f"the scheduler block size (the LCM of the block sizes "
+                              f"{list(self.block_sizes)}) is {sbs}, at most {MAX_SIZE}")
         if sbs % hbs:
             raise ConfigError(
                 f"hash_block_size {hbs} does not divide the scheduler block size {sbs}"
             )
         for i, g in enumerate(self.groups):
+            if g.kind == "circular_buffer":
+                continue  # scratch: never hashed
             if self.enable_caching and self.is_hybrid and g.block_size % hbs:
                 raise ConfigError(
                     f"groups[{i}].block_size {g.block_size} is not a multiple of "
@@ -221,6 +274,12 @@ class Config:
         kinds = [g.kind for g in self.groups]
         if self.enable_caching and "cross" in kinds:
             raise ConfigError("a cross-attention group needs enable_caching false")
+        if self.enable_caching and self.is_hybrid and all(k == "circular_buffer" for k in kinds):
+            raise ConfigError(
+                "with enable_caching true a config with several groups needs one that is not a "
+                "circular_buffer (vLLM: HybridKVCacheCoordinator requires at least one "
+                "cacheable group)"
+            )
         for i, g in enumerate(self.groups):
             if g.kind == "mamba" and self.enable_caching and g.mamba_cache_mode != "align":
                 raise ConfigError(
@@ -241,7 +300,7 @@ class Config:
                 raise ConfigError("partial_hits needs enable_caching and at least two groups")
             hbs = self.resolved_hash_block_size
             for i, g in enumerate(self.groups):
-                if g.kind != "full" and g.block_size != hbs:
+                if g.kind not in ("full", "circular_buffer") and g.block_size != hbs:
                     raise ConfigError(
                         f"partial_hits: groups[{i}] ({g.kind}) block_size {g.block_size} "
                         f"must equal hash_block_size {hbs}"

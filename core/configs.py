@@ -89,6 +89,20 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(16, (_full(),), name="eagle", max_model_len=64, use_eagle=True),
         ),
         (
+            "deferred frees (pop_blocks_for_free, released later): full (bs 8) + sliding window "
+            "(bs 4), so the per-group release order shows",
+            Config(20, (_full(8), _swa(4, 8)), name="deferred", max_model_len=64,
+                   deferred_frees=True),
+        ),
+        (
+            "KV cache events on (take_events), a small pool so that copies and evictions happen",
+            Config(12, (_full(),), name="events", max_model_len=64, kv_events=True),
+        ),
+        (
+            "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",
+            Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True),
+        ),
+        (
             "Mamba-only (Mamba-Codestral-like): one state group, state block = max_model_len",
             Config(6, (_mamba(64),), name="mamba", max_model_len=64, enable_caching=False),
         ),
@@ -109,6 +123,35 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "state groups with small blocks (bs 4, 1 speculative) beside full attention: "
             "exercises releasing state blocks behind the last computed token",
             _attention_mamba("mamba_small_blocks", 20, 2, speculative=1, state_bs=4),
+        ),
+        (
+            "MLA (DeepSeek-V2/V3-shaped): latent attention, managed as full attention",
+            Config(16, (GroupConfig("mla", 4),), name="mla", max_model_len=64),
+        ),
+        (
+            "full attention + MLA (bs 8): two full-attention spec groups in one hybrid lookup",
+            Config(24, (_full(4), GroupConfig("mla", 8)), name="full_mla", max_model_len=64),
+        ),
+        (
+            "full attention + sink full attention (8 sink tokens, static-sink attention)",
+            Config(24, (_full(4), GroupConfig("sink_full", 4, sink_len=8)), name="sink_full",
+                   max_model_len=64),
+        ),
+        (
+            "R-SWA (bs 2, window 2): the prompt stays, decode keeps its last 2 tokens",
+            Config(24, (GroupConfig("rswa", 2, rswa_window=2),), name="rswa", max_model_len=32),
+        ),
+        (
+            "full attention (bs 4) + R-SWA (bs 2, window 2): gap blocks released beside a full "
+            "group",
+            Config(32, (_full(4), GroupConfig("rswa", 2, rswa_window=2)), name="full_rswa",
+                   max_model_len=32),
+        ),
+        (
+            "full attention + a circular buffer (bs 8), shaped like GLM-5.3-Flash's indexer "
+            "tail: one ring block per request, out of every lookup",
+            Config(24, (_full(4), GroupConfig("circular_buffer", 8)), name="full_ring",
+                   max_model_len=64),
         ),
         (
             "priority scheduling, no chunked prefill",

@@ -1,4 +1,5 @@
-"""Errors of the harness: bad configs and malformed traces (usage errors, never findings)."""
+"""Errors of the harness: bad configs and malformed traces (usage errors, never findings), and
+faults of the code the harness runs (a check, an adapter, a plugin: exit 3, never a finding)."""
 
 
 class KvfuzzError(Exception):
@@ -42,3 +43,12 @@ def require(module: str, install: str, needed_by: str) -> None:
 
     if importlib.util.find_spec(module) is None:
         raise MissingDependency(f"{needed_by} needs {module}, which is not installed: {install}")
+
+
+class HarnessFault(Exception):
+    """Code the harness runs (a check, a target adapter, a plugin) raised: not a counterexample
+    and not bad input, so the CLI exits 3 naming `source` and the exception (`__cause__`)."""
+
+    def __init__(self, source: str, exc: BaseException) -> None:
+        super().__init__(f"{source} raised {type(exc).__name__}: {exc}")
+        self.source = source

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.core.trace import Op
 
 Outcome = Literal["blocks", "gate", "capacity", "error"]
@@ -64,6 +64,26 @@ class CachedTokensProbe(NamedTuple):
     lookup_hit: int
 
 
+@dataclass(frozen=True)
+class KvEvent:
+    """One KV cache event with its hashes read as content keys (docs/spec.md §3.10): `kind` is
+    "stored", "removed" or "cleared"; stored events also carry the parent key (None: the chain
+    starts at token 0), the token ids and the block size."""
+
+    kind: str
+    group: int = 0
+    keys: tuple[CacheKey, ...] = ()
+    parent: CacheKey | None = None
+    token_ids: tuple[int, ...] = ()
+    block_size: int = 0
+
+
+def take_events_result(keys: Any) -> dict[str, list[str]]:
+    """The result of a take_events op (docs/traces.md): the cache keys the events replayed
+    from the start say are cached (the model: its cache map's keys), exact reprs, sorted."""
+    return {"cached": sorted(repr(k) for k in keys)}
+
+
 @dataclass
 class Observations:
     """What the probes saw during one op."""
@@ -71,10 +91,16 @@ class Observations:
     allocations: list[AllocationProbe] = field(default_factory=list)
     pool_shortages: list[str] = field(default_factory=list)
     """Messages of ValueErrors raised by BlockPool.get_new_blocks (P4)."""
+    lookups: list[tuple[str, int, int]] = field(default_factory=list)
+    """(request, hit, shared_prefix_boundary) of each get_computed_blocks op answered (I20; the
+    executor compares them with the reference's, DIFF-probe)."""
     forward: list[ForwardPass] = field(default_factory=list)
     cached_token_probes: list[CachedTokensProbe] = field(default_factory=list)
     """Forward passes a target's harness ran during the op, in order (the data checks write
     through them). The reference model reports none."""
+    kv_events: list[KvEvent] = field(default_factory=list)
+    """The KV cache events the op made a target emit, in content form, in order (configs with
+    kv_events). The reference model reports none."""
 
 
 class Side(Protocol):

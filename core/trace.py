@@ -17,6 +17,8 @@ from typing import Any, Literal
 from kvfuzz import versions
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import ConfigError, TraceFormatError
+from kvfuzz.core.limits import (MAX_INT, MAX_OPS, MAX_REQUESTS, MAX_TOKEN_ID, read_document,
+                                 shown)
 
 FORMAT = "kvfuzz-trace"
 VERSION = 1
@@ -25,6 +27,7 @@ LEVELS = ("api", "scheduler")
 Op = dict[str, Any]
 
 _INT, _BOOL, _STR, _INTS, _OPT_STR, _OPT_INT = "int", "bool", "str", "ints", "str?", "int?"
+_OPT_INTS, _TRIPLES = "ints?", "triples"
 
 _REQUEST_FIELDS = {
     "request_id": (_STR, None),
@@ -35,6 +38,11 @@ _REQUEST_FIELDS = {
     "skip_reading_prefix_cache": (_BOOL, False),
     "num_encoder_tokens": (_INT, 0),
     "prefix_cache_hit_limit": (_OPT_INT, None),
+    # Extra hash keys (docs/spec.md §2.3); absent on a plain request.
+    "lora_name": (_OPT_STR, None),
+    "lora_id": (_OPT_INT, None),
+    "mm_inputs": (_TRIPLES, None),
+    "prompt_embeds": (_OPT_INTS, None),
 }
 
 OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
@@ -61,6 +69,9 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "take_new_block_ids": {},
         "take_kv_cache_block_copies": {},
         "release_copies": {},
+        "take_events": {},
+        "free_deferred": {"request_id": (_STR, None)},
+        "release_deferred": {},
     },
     "scheduler": {
         "add_request": _REQUEST_FIELDS,
@@ -70,34 +81,68 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
     },
 }
 
-MAX_TOKEN_ID = 2**31 - 1
-"""Token ids are stored as int32 by vLLM 0.34 (`TokenBuffer`); a larger id cannot be stored."""
-_TOKEN_FIELDS = ("prompt", "tokens")
 
 # Fields whose schema default is None but which must be given.
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids"}
 
 
-def _check_value(where: str, kind: str, value: Any) -> None:
+def _is_ints(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+_EXPECTED = {
+    _INT: "an int",
+    _BOOL: "true or false",
+    _STR: "a string",
+    _OPT_STR: "a string or null",
+    _OPT_INT: "an int or null",
+    _INTS: "a list of ints",
+    _OPT_INTS: "a list of ints or null",
+    _TRIPLES: "a list of [int, int, int] or null",
+}
+_TOKEN_LISTS = ("prompt", "tokens")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_value(where: str, kind: str, value: Any, key: str) -> None:
     ok = {
-        _INT: isinstance(value, int) and not isinstance(value, bool),
+        _INT: _is_int(value),
         _BOOL: isinstance(value, bool),
         _STR: isinstance(value, str),
         _OPT_STR: value is None or isinstance(value, str),
-        _OPT_INT: value is None or (isinstance(value, int) and not isinstance(value, bool)),
-        _INTS: isinstance(value, list)
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        _OPT_INT: value is None or _is_int(value),
+        _INTS: _is_ints(value),
+        _OPT_INTS: value is None or _is_ints(value),
+        _TRIPLES: value is None or isinstance(value, list)
+        and all(_is_ints(v) and len(v) == 3 for v in value),
     }[kind]
     if not ok:
-        expected = {
-            _INT: "an int",
-            _BOOL: "true or false",
-            _STR: "a string",
-            _OPT_STR: "a string or null",
-            _OPT_INT: "an int or null",
-            _INTS: "a list of ints",
-        }[kind]
-        raise TraceFormatError(f"{where} must be {expected}, got {value!r}")
+        got = "a list holding " + ", ".join(sorted({type(v).__name__ for v in value})) if (
+            isinstance(value, list)) else shown(value)
+        raise TraceFormatError(f"{where} must be {_EXPECTED[kind]}, got {got}")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TraceFormatError(f"{where} must be text, got {value!r} (a lone "
+                                   "surrogate)") from None
+    elif kind == _TRIPLES and value:
+        for triple in value:
+            _check_value(where, _INTS, triple, "")
+    elif isinstance(value, list):
+        # A negative token is an i64 the reference model refuses where it stands (InvalidTrace).
+        low, high = -MAX_INT - 1, MAX_TOKEN_ID if key in _TOKEN_LISTS else MAX_INT
+        if value and not low <= min(value) <= max(value) <= high:
+            bad = next(v for v in value if not low <= v <= high)
+            if key in _TOKEN_LISTS and bad > MAX_TOKEN_ID:
+                raise TraceFormatError(f"{where}: token id {shown(bad)} exceeds {MAX_TOKEN_ID}, "
+                                       "the largest id vLLM stores (int32)")
+            raise TraceFormatError(f"{where} holds {shown(bad)}, outside the i64 range")
+    elif _is_int(value) and not -MAX_INT - 1 <= value <= MAX_INT:
+        raise TraceFormatError(f"{where} must be an i64, got {shown(value)}")
 
 
 def normalize_op(raw: Any, level: str, where: str = "op") -> Op:
@@ -106,25 +151,23 @@ def normalize_op(raw: Any, level: str, where: str = "op") -> Op:
         raise TraceFormatError(f"{where} must be an object, got {raw!r}")
     name = raw.get("op")
     schemas = OP_SCHEMAS[level]
-    if name not in schemas:
+    if not isinstance(name, str) or name not in schemas:
         raise TraceFormatError(
-            f"{where}: unknown {level}-level op {name!r} (known: {', '.join(schemas)})"
+            f"{where}: unknown {level}-level op {shown(name)} (known: {', '.join(schemas)})"
         )
     schema = schemas[name]
-    unknown = sorted(set(raw) - set(schema) - {"op"})
+    unknown = sorted(map(repr, set(raw) - set(schema) - {"op"}))
     if unknown:
-        raise TraceFormatError(f"{where} ({name}): unknown field(s) {', '.join(map(repr, unknown))}")
+        raise TraceFormatError(f"{where} ({name}): unknown field(s) {', '.join(unknown)}")
     op: Op = {"op": name}
     for key, (kind, default) in schema.items():
         if key in raw:
-            _check_value(f"{where} ({name}).{key}", kind, raw[key])
+            _check_value(f"{where} ({name}).{key}", kind, raw[key], key)
             value = raw[key]
-            if key in _TOKEN_FIELDS and any(t > MAX_TOKEN_ID for t in value):
-                raise TraceFormatError(
-                    f"{where} ({name}).{key}: token id {max(value)} exceeds {MAX_TOKEN_ID}, "
-                    "the largest id vLLM stores (int32)"
-                )
-            op[key] = list(value) if isinstance(value, list) else value
+            op[key] = (
+                [list(v) if isinstance(v, list) else v for v in value]
+                if isinstance(value, list) else value
+            )
         elif key in _MANDATORY:
             raise TraceFormatError(f"{where} ({name}) needs field {key!r}")
         else:
@@ -202,35 +245,25 @@ class Trace:
             config = Config.from_dict(data.get("config"))
         except ConfigError as exc:
             raise TraceFormatError(f"config: {exc}") from None
-        except TypeError as exc:
-            raise TraceFormatError(f"config: {exc}") from None
         ops = data.get("ops")
         if not isinstance(ops, list):
-            raise TraceFormatError(f"ops must be a list, got {ops!r}")
+            raise TraceFormatError(f"ops must be a list, got {shown(ops)}")
+        if len(ops) > MAX_OPS:
+            raise TraceFormatError(f"ops lists {len(ops)} ops, at most {MAX_OPS}")
         meta = data.get("meta", {})
-        if not isinstance(meta, dict):
-            raise TraceFormatError(f"meta must be an object, got {meta!r}")
+        check_meta(meta)
         normalized = [normalize_op(op, level, f"ops[{i}]") for i, op in enumerate(ops)]
+        requests = sum(op["op"] == "add_request" for op in normalized)
+        if requests > MAX_REQUESTS:
+            raise TraceFormatError(f"ops add {requests} requests, at most {MAX_REQUESTS} "
+                                   "(docs/traces.md, Bounds)")
         return cls(config, level, normalized, meta)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
         """Read a trace file; TraceFormatError says what is wrong and where."""
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TraceFormatError(f"cannot read {p}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(
-                f"{p} is not a trace: not UTF-8 JSON ({exc.reason} at byte {exc.start})"
-            ) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(
-                f"{p} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-            ) from None
+        data = read_document(p)
         try:
             return cls.from_dict(data)
         except TraceFormatError as exc:
@@ -238,26 +271,69 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a reader never sees a half-written file."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return p
+        return write_atomic(path, self.to_json())
+
+    def digest(self) -> str:
+        """A short digest of what the trace runs (config, level, ops), its meta left out: the
+        same trace found under another seed or run has the same digest."""
+        content = json.dumps([self.config.to_dict(), self.level, self.ops], sort_keys=True)
+        return hashlib.sha256(content.encode()).hexdigest()[:10]
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` to `path` atomically, with the usual permissions (0666 less the umask)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+META_TYPES: dict[str, tuple[type, str]] = {
+    **{key: (str, "a string") for key in ("check", "message", "target", "data", "config",
+                                          "level")},
+    "plugins": (list, "a list of module names"),
+    "seed": (int, "an int"),
+    "versions": (dict, "an object"),
+}
+"""The meta keys kvfuzz reads or writes (docs/traces.md, Meta), with their types."""
+
+
+def check_meta(meta: Any) -> None:
+    """`meta` is an object whose known keys have their documented types."""
+    if not isinstance(meta, dict):
+        raise TraceFormatError(f"meta must be an object, got {shown(meta)}")
+    for key, (kind, expected) in META_TYPES.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if key == "plugins":
+            ok = ok and all(isinstance(m, str) for m in value)
+        if not ok:
+            raise TraceFormatError(f"meta.{key} must be {expected}, got {shown(value)}")
 
 
 def save_finding(trace: Trace, directory: str | os.PathLike[str]) -> Path:
-    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory`, its meta
-    recording the versions of kvfuzz and Hypothesis that found it (`versions`)."""
-    text = trace.to_json()
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    """Atomically write a finding as `<check>-<config>-<digest>.json` in `directory` (the
+    digest of what it runs, `Trace.digest`), its meta recording the versions of kvfuzz and
+    Hypothesis that found it (`versions`)."""
+    digest = trace.digest()
     check = str(trace.meta.get("check", "finding")).replace("/", "-")
     config = str(trace.meta.get("config", trace.config.name)).replace("/", "-")
     trace.meta["versions"] = versions()

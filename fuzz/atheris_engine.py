@@ -12,14 +12,16 @@ both engines and `edges` is libFuzzer's `cov:`.
 
 Processes: `atheris.Fuzz` runs once per process and ends it, so each worker is a subprocess
 (`python -m kvfuzz.fuzz.atheris_engine RUN_DIR WORKER LIBFUZZER_ARGS... CORPUS_DIR`) with its own
-libFuzzer seed; the parent polls the workers' stats files and logs and calls `on_progress`.
+libFuzzer seed; the parent polls the workers' stats files and logs and calls `on_progress`. A
+worker dies with the parent, even when the parent is killed (`kvfuzz.fuzz.workers`).
 
 Files: `<corpus>/atheris-inputs/` is libFuzzer's corpus, shared by the workers (libFuzzer reloads
 it, so they learn from each other) and kept between runs; it starts with one seed input per
 pair. `<corpus>/atheris-logs/worker-K.log` is libFuzzer's output (and any crash artifact of
 the harness itself). Findings are the `Counterexample`s the executor raises inside an input:
-the worker catches them, so libFuzzer goes on; the first of each (check, level, config) across
-all workers is shrunk with `kvfuzz.fuzz.shrink` and saved in the corpus like the Hypothesis engine's.
+the worker catches them, so libFuzzer goes on; the first failure of each bug across all workers
+(`kvfuzz.fuzz.findings.dedup_key`) is saved, shrunk and saved again in the corpus like the
+Hypothesis engine's.
 Each worker rewrites its stats file atomically after a finding, on its last input and at
 least every POLL_S seconds, so nothing already found is lost when the run is interrupted; SIGINT/SIGTERM make a worker stop after its current input.
 
@@ -32,6 +34,7 @@ several workers sharing the corpus, make the run depend on timing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import logging
@@ -50,10 +53,15 @@ from pathlib import Path
 from typing import Any
 
 import atheris
-from kvfuzz.fuzz.campaign import FOCUS_WEIGHT, Campaign, CampaignOptions, Stats
+from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, BatchRunner, CampaignOptions, Stats, account,
+                                  campaign_findings, campaign_pairs, failure_of)
+from kvfuzz.fuzz.findings import dedup_key
+from kvfuzz.fuzz.schedule import Batch, BatchResult, Failure
+from kvfuzz.fuzz.workers import die_with_parent
 from kvfuzz.fuzz.plugins import import_plugins
 from kvfuzz.core.configs import builtin_config
-from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.core.errors import HarnessFault, KvfuzzError
+from kvfuzz.fuzz.exits import ErrorReport
 from kvfuzz.harness.executor import Counterexample
 
 INPUTS_DIR = "atheris-inputs"
@@ -67,6 +75,10 @@ POLL_S = 0.25
 _COV = re.compile(rb"\bcov: (\d+)")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 """How `_stop` may end a worker that has not set up its handler yet, or does not stop."""
+
+
+FAULT_FILE = "fault.pickle"
+"""Where a worker leaves the `ErrorReport` of a check, adapter or plugin that raised."""
 
 
 class AtherisError(KvfuzzError):
@@ -112,15 +124,21 @@ def _write_atomic(path: Path, data: bytes) -> None:
 # ----- the worker (a subprocess) -----
 
 
-class AtherisWorker(Campaign):
+class AtherisWorker:
     """One libFuzzer process: libFuzzer's inputs, the campaign's accounting and findings."""
 
     def __init__(self, options: CampaignOptions, worker: int, run_dir: Path) -> None:
-        super().__init__(options, worker)
+        self.options = options
         self.run_dir = run_dir
+        self.stats = Stats()
+        self.runner = BatchRunner(options)
+        self.findings = campaign_findings(options)
         self.stats_file = run_dir / f"worker-{worker}.pickle"
+        pairs = campaign_pairs(options)
+        for pair in pairs:
+            self.stats.pair(*pair)
         focus = set(options.focus)
-        self.rotation = self.pairs + [p for p in self.pairs if p[1] in focus] * (FOCUS_WEIGHT - 1)
+        self.rotation = pairs + [p for p in pairs if p[1] in focus] * (FOCUS_WEIGHT - 1)
         """The pair of each first-byte value: focused configs take FOCUS_WEIGHT times more."""
         self.start = time.monotonic()
         self.stopping = False
@@ -138,13 +156,18 @@ class AtherisWorker(Campaign):
         self.stopping = True
 
     def one_input(self, data: bytes) -> None:
-        index = data[0] % len(self.rotation) if data else 0
+        level, name = self.rotation[data[0] % len(self.rotation) if data else 0]
+        result = BatchResult(Batch(0, level, name, 0, 1), examples=1)
         try:
-            self.example(*self.rotation[index], data[1:])
+            self.runner.example(level, name, data[1:])
         except Counterexample as exc:
-            self._record(exc, *self.rotation[index], self.start)
+            self._record(failure_of(exc), level, name)
             self.written = 0.0
-        self._account(*self.rotation[index], examples=1)
+        except HarnessFault as exc:  # not a finding: the parent exits 3 with it
+            _write_atomic(self.run_dir / FAULT_FILE, pickle.dumps(ErrorReport.of(exc)))
+            os._exit(3)
+        account(result, self.runner.take_executions())
+        self.stats.add(result)
         now = time.monotonic()
         self.stats.elapsed = now - self.start
         # Written after a finding, on the last input of an examples budget, when stopping, and
@@ -156,14 +179,22 @@ class AtherisWorker(Campaign):
         if self.stopping:
             os._exit(0)
 
-    def _record(self, exc: Counterexample, level: str, name: str, start: float) -> None:
-        """Only the first worker to find a (check, level, config) shrinks and saves it."""
-        key = "-".join((exc.finding.check, level, name)).replace("/", "-")
+    def _record(self, failure: Failure, level: str, name: str) -> None:
+        """Only the first worker to find a bug (`dedup_key`) saves and shrinks it; it counts its
+        own duplicates of it."""
+        key = dedup_key(failure.check, failure.signature)
+        if key in self.findings.records:
+            self.findings.offer(failure, level, name, time.monotonic() - self.start)
+            return
+        claim = hashlib.sha256(key.encode()).hexdigest()
         try:
-            os.close(os.open(self.run_dir / "claims" / key, os.O_CREAT | os.O_EXCL))
+            os.close(os.open(self.run_dir / "claims" / claim[:16], os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             return
-        super()._record(exc, level, name, start)
+        try:
+            self.findings.offer(failure, level, name, time.monotonic() - self.start)
+        finally:
+            self.stats.findings = self.findings.all()
 
 
 def _instrument(package: str) -> None:
@@ -213,8 +244,10 @@ class _Log:
         return "\n".join(text[-lines:])
 
 
-def _collect(run_dir: Path, logs: list[_Log], start: float) -> Stats:
+def _collect(run_dir: Path, logs: list[_Log], start: float, options: CampaignOptions) -> Stats:
     total = Stats()
+    for pair in campaign_pairs(options):
+        total.pair(*pair)
     for worker, log in enumerate(logs):
         path = run_dir / f"worker-{worker}.pickle"
         stats = pickle.loads(path.read_bytes()) if path.exists() else Stats()
@@ -271,21 +304,26 @@ def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) 
                      *libfuzzer_args(options, worker, logs_dir), str(inputs)],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,  # Ctrl-C reaches the parent, which stops them
+                    preexec_fn=functools.partial(die_with_parent, os.getpid(), watchdog=False),
                 ))
         grace = options.shrink_seconds + 10
         stopped = interrupted = False
         try:
             while any(proc.poll() is None for proc in procs) and not stopped:
                 time.sleep(POLL_S)
-                stats = _collect(run_dir, logs, start)
+                stats = _collect(run_dir, logs, start, options)
                 on_progress(stats)
-                stopped = _budget_spent(options, stats, start)
+                stopped = (_budget_spent(options, stats, start)
+                           or (run_dir / FAULT_FILE).exists())
         except KeyboardInterrupt:
             stopped = interrupted = True
         if stopped:
             _stop(procs, grace)
-        stats = _collect(run_dir, logs, start)
+        stats = _collect(run_dir, logs, start, options)
         stats.interrupted = interrupted
+        fault = run_dir / FAULT_FILE
+        if fault.exists():
+            pickle.loads(fault.read_bytes()).raise_here()
     for worker, (proc, log) in enumerate(zip(procs, logs)):
         if proc.returncode != 0 and not (stopped and -proc.returncode in _STOP_SIGNALS):
             raise AtherisError(f"atheris worker {worker} exited with code {proc.returncode} "

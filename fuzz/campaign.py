@@ -1,51 +1,52 @@
 """A fuzzing campaign: generate traces until time or examples run out, keep every finding.
 
-The Hypothesis engine runs batches of examples of one (level, config) pair: every pair in
-turn first, then pairs drawn with more weight where behaviour coverage still grew in their
-latest batch, and on configs named by `--focus`. Each batch is seeded from the campaign seed,
-so a seed, target and options give the same examples and the same findings. An example is
-`kvfuzz.fuzz.generator.run_example` on bytes seeded by one Hypothesis draw: the rules build
-valid ops straight from the bytes (with swarm testing, see there), so the campaign runs at
-the executor's pace (docs/engines.md, "Where a campaign's time goes"). With an example database
-(`CampaignOptions.database`) each batch first replays the failing examples saved there by earlier
-campaigns with the same options, then generates its seeded ones. Hypothesis's own shrinking
-is off: a failing trace is shrunk by `kvfuzz.fuzz.shrink` (fast, and the same for every engine) and
-saved atomically in the corpus folder under a name that says the check it breaks.
+The campaign is a stream of (level, config, seed) batches from `kvfuzz.fuzz.schedule.Schedule`,
+which shares the budget out so that every pair is reached first; after that, pairs whose
+behaviour coverage still grew in their latest batch weigh more (`weighting`), and so do the
+configs named by `--focus`. A backend runs each batch with a `BatchRunner` (in this process for
+`--workers 1`, in worker processes for `--workers K`, see `kvfuzz.fuzz.workers`); `Campaign`
+takes the results in batch order, so the same seed and options give the same examples and
+findings whatever the number of workers. An example is `kvfuzz.fuzz.generator.run_example` on
+bytes seeded by one Hypothesis draw: the rules build valid ops straight from the bytes (with
+swarm testing, see there), so the campaign runs at the executor's pace (docs/engines.md,
+"Where a campaign's time goes"). With an example database (`CampaignOptions.database`) each
+batch first replays the failing examples saved there by earlier campaigns with the same
+options. Hypothesis's own shrinking is off: a failure is deduplicated, saved raw, shrunk by
+`kvfuzz.fuzz.shrink` and saved again, once, by the driver (`kvfuzz.fuzz.findings`).
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
-import multiprocessing
-import os
 import random
-import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
+from kvfuzz.core.config import Config
 from kvfuzz.core.configs import BUILTIN, builtin_config
+from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
-from kvfuzz.core.trace import save_finding
 from kvfuzz.fuzz.coverage import behaviour_features
-from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.fuzz.database import open_database
+from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
 from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
 from kvfuzz.fuzz.plugins import import_plugins
-from kvfuzz.fuzz.shrink import shrink_trace
+from kvfuzz.fuzz.schedule import (FEW_EXAMPLES, LAG, Backend, Batch, BatchResult, Failure,
+                                  InProcess, Pair, Schedule)
 
 LEVELS = ("api", "scheduler")
-BATCH_EXAMPLES = 10
 BYTES_PER_STEP = 24
 """Decisions a rule takes at most, about (an example ends early if its bytes run out)."""
+FOCUS_WEIGHT = 3
+"""How much more a focused pair weighs than the others."""
 
 
 @dataclass
@@ -67,28 +68,22 @@ class CampaignOptions:
     """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
     focus: tuple[str, ...] = ()
     """Config and op names to favour (`check_focus`)."""
+    lag: int = LAG
+    """Batches between a result and the batch its weight first applies to: at most this many
+    run at once, and the same lag gives the same batches whatever runs them."""
     engine: str = "hypothesis"
     shrink_seconds: float = 30.0
     max_findings: int | None = None
     """Stop once this many distinct findings are saved (None: run the whole budget)."""
     data: str | None = None
     """Add the data checks D1, D2 on this `DEVICE[:DTYPE]` (None: the invariants only)."""
+    config_files: tuple[Config, ...] = ()
+    """Users' configs (`--config-file`), run as given (not varied), by their names in
+    `configs`."""
     database: tuple[str, ...] = ()
     """Hypothesis' example database, as specs of `kvfuzz.fuzz.database` (directories, Redis
     URLs): failing examples are saved there and replayed first by later campaigns with the same
     options, on any machine sharing it (empty: no database)."""
-
-
-@dataclass
-class FindingRecord:
-    check: str
-    message: str
-    config: str
-    level: str
-    file: str
-    ops: int
-    found_after_s: float
-    shrink_s: float
 
 
 @dataclass
@@ -101,7 +96,7 @@ class PairStats:
 
 @dataclass
 class Stats:
-    """Progress of one worker (or the sum over workers)."""
+    """Progress of a campaign (or of one atheris worker, or their sum)."""
 
     examples: int = 0
     operations: int = 0
@@ -111,8 +106,8 @@ class Stats:
     elapsed: float = 0.0
     edges: int = 0
     """libFuzzer's edge coverage (`cov:`) of the atheris engine, the largest over workers."""
-    pairs: dict[tuple[str, str], PairStats] = field(default_factory=dict)
-    """The examples and operations of each (level, config) pair, in the order first run."""
+    pairs: dict[Pair, PairStats] = field(default_factory=dict)
+    """The examples and operations of each (level, config) pair, in the campaign's order."""
     interrupted: bool = False
     """The campaign was ended by Ctrl-C or SIGTERM before its budget was spent."""
 
@@ -133,8 +128,30 @@ class Stats:
             mine.operations += counts.operations
         self.interrupted = self.interrupted or other.interrupted
 
+    def add(self, result: BatchResult) -> None:
+        """Count a batch's examples, operations, checks and features."""
+        pair = self.pair(*result.batch.pair)
+        pair.examples += result.examples
+        pair.operations += result.operations
+        self.examples += result.examples
+        self.operations += result.operations
+        self.checks += result.checks
+        self.features |= result.features
+        self.interrupted = self.interrupted or result.interrupted
+
+    def pairs_done(self) -> int:
+        return sum(1 for counts in self.pairs.values() if counts.examples)
+
+    def unreached(self) -> list[Pair]:
+        """The pairs of the campaign that ran no example."""
+        return [pair for pair, counts in self.pairs.items() if not counts.examples]
+
+    def few(self) -> list[Pair]:
+        """The pairs that ran some examples, fewer than `FEW_EXAMPLES`."""
+        return [pair for pair, c in self.pairs.items() if 0 < c.examples < FEW_EXAMPLES]
+
     def by_config(self) -> list[dict[str, Any]]:
-        """One row per (level, config) pair run: examples, operations, findings."""
+        """One row per (level, config) pair: examples, operations, findings."""
         return [
             {"level": level, "config": config, **asdict(counts),
              "findings": sum(f.level == level and f.config == config for f in self.findings)}
@@ -150,7 +167,12 @@ class Stats:
             "edges": self.edges,
             "seconds": round(self.elapsed, 2),
             "interrupted": self.interrupted,
+            "pairs": len(self.pairs),
+            "pairs_reached": self.pairs_done(),
+            "unreached": ["/".join(p) for p in self.unreached()],
+            f"under_{FEW_EXAMPLES}_examples": ["/".join(p) for p in self.few()],
             "by_config": self.by_config(),
+            "by_check": by_check(self.findings),
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -181,6 +203,11 @@ def selected_checks(data: str | None) -> list[Any] | None:
     return list(REGISTRY) + data_checks_for(data)
 
 
+def campaign_pairs(options: CampaignOptions) -> list[Pair]:
+    """The (level, config) pairs of a campaign, in its order."""
+    return [(level, name) for name in options.configs for level in options.levels]
+
+
 class FocusError(KvfuzzError):
     """A `--focus` name is neither a campaign config nor an op."""
 
@@ -193,46 +220,61 @@ def check_focus(names: tuple[str, ...], configs: tuple[str, ...]) -> None:
                              f"({', '.join(configs)}) nor an op ({', '.join(FOCUS_OPS)})")
 
 
-FOCUS_WEIGHT = 3
-"""How much more a focused pair weighs than the others."""
+def pair_weight(options: CampaignOptions, pair: Pair, growth: int) -> float:
+    """A pair's weight in the schedule: 1 + the new behaviour features of its latest batch
+    (with weighting), times FOCUS_WEIGHT for a focused config."""
+    return ((1 + (growth if options.weighting else 0))
+            * (FOCUS_WEIGHT if pair[1] in options.focus else 1))
 
 
-class Campaign:
-    """One worker's campaign (the CLI runs K of them in processes with disjoint seeds)."""
+def failure_of(exc: Counterexample) -> Failure:
+    """A counterexample as plain data, to hand back from any process."""
+    f = exc.finding
+    return Failure(f.check, f.message, tuple(f.signature), f.trace.to_json())
 
-    def __init__(self, options: CampaignOptions, worker: int = 0,
-                 report: Callable[[Stats], None] | None = None) -> None:
+
+def account(result: BatchResult, executions: list[Execution]) -> None:
+    """Add the operations, checks and features of the executions run to `result`."""
+    for execution in executions:
+        result.operations += execution.ops_checked
+        result.checks += execution.checks_run
+        result.features |= behaviour_features(execution)
+
+
+class BatchRunner:
+    """Runs batches of one campaign in one process (each backend's worker makes one): the
+    checks, the example database and the focused rules are set up once."""
+
+    def __init__(self, options: CampaignOptions) -> None:
         self.options = options
-        self.worker = worker
-        self.report = report
-        self.stats = Stats()
-        self._seen: set[tuple[str, str, str]] = set()
-        self._executions: list[Execution] = []
-        self.checks = selected_checks(options.data)
+        checks = selected_checks(options.data)
+        self.checks = None if checks is None else tuple(checks)
         self.database = open_database(options.database)
         check_focus(options.focus, options.configs)
         self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
-        self.growth: dict[tuple[str, str], int] = {}
-        """New behaviour features of each pair's latest batch (the weighting's signal)."""
-
-    def batch_seed(self, index: int) -> int:
-        material = f"{self.options.seed}:{self.worker}:{index}".encode()
-        return int.from_bytes(hashlib.sha256(material).digest()[:8], "big")
-
-    @property
-    def pairs(self) -> list[tuple[str, str]]:
-        """The (level, config) pairs the campaign rotates through."""
-        return [(level, name) for name in self.options.configs for level in self.options.levels]
+        self.on_execution: Callable[[Execution], None] | None = None
+        """Also called with each execution (a benchmark keeps their traces)."""
+        self._executions: list[Execution] = []
 
     def example(self, level: str, name: str, data: bytes) -> None:
         """Run one example of pair (level, name) from its bytes (both engines call this)."""
         opts = self.options
         run_example(
-            data, builtin_config(name), level, steps=opts.steps, targets=(opts.target,),
-            model=opts.model, checks=None if self.checks is None else tuple(self.checks),
-            allow_misuse=opts.target != "vllm", swarm=opts.swarm, focus=self.focus_rules,
-            on_execution=self._executions.append,
+            data, campaign_config(opts, name), level, steps=opts.steps, targets=(opts.target,),
+            model=opts.model, checks=self.checks, allow_misuse=opts.target != "vllm",
+            swarm=opts.swarm, focus=self.focus_rules, on_execution=self._executed,
+            vary=name not in {c.name for c in opts.config_files},
         )
+
+    def _executed(self, execution: Execution) -> None:
+        self._executions.append(execution)
+        if self.on_execution is not None:
+            self.on_execution(execution)
+
+    def take_executions(self) -> list[Execution]:
+        """The executions run since the last call."""
+        done, self._executions = self._executions, []
+        return done
 
     def database_key(self, level: str, name: str) -> bytes:
         """What keys a pair's examples in the database: they replay only under the same target,
@@ -242,223 +284,186 @@ class Campaign:
                     sorted(self.focus_rules), opts.plugins))
         return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}".encode()
 
-    def hypothesis_batch(self, level: str, name: str, count: int, seed: int) -> None:
-        """`count` examples of one pair (after the database's saved failures for the pair).
+    @property
+    def example_bytes(self) -> int:
+        """Bytes per Hypothesis example: enough decisions for `steps` rules."""
+        return BYTES_PER_STEP * self.options.steps + 64
+
+    def hypothesis_batch(self, batch: Batch) -> None:
+        """The batch's examples (after the database's saved failures for the pair).
         Hypothesis draws 8 bytes per example, which seed the example's decision bytes (its own
         draws cost more than the ops they would decide, and a campaign shrinks traces, not
         choices); 8 zero bytes, Hypothesis' simplest draw, stand for all-zero decisions, the
         simplest example."""
         size = self.example_bytes
 
-        @settings(max_examples=count, deadline=None, database=self.database,
+        @settings(max_examples=batch.examples, deadline=None, database=self.database,
                   phases=[Phase.reuse, Phase.generate], suppress_health_check=list(HealthCheck),
                   report_multiple_bugs=False)
         @given(st.binary(min_size=8, max_size=8))
-        def batch(example_seed: bytes) -> None:
+        def run(example_seed: bytes) -> None:
             data = random.Random(example_seed).randbytes(size) if any(example_seed) else bytes(size)
-            self.example(level, name, data)
+            self.example(batch.level, batch.config, data)
 
-        batch._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
-        batch.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
-            self.database_key(level, name))
-        batch()
+        run._hypothesis_internal_use_seed = batch.seed  # type: ignore[attr-defined]
+        run.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
+            self.database_key(batch.level, batch.config))
+        run()
 
-    @property
-    def example_bytes(self) -> int:
-        """Bytes per Hypothesis example: enough decisions for `steps` rules."""
-        return BYTES_PER_STEP * self.options.steps + 64
-
-    def run(self) -> Stats:
+    def __call__(self, batch: Batch) -> BatchResult:
+        """Run one batch: its examples, stopping at the first counterexample (returned raw)."""
         logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
-        opts = self.options
+        result = BatchResult(batch)
         start = time.monotonic()
-        pairs = self.pairs
-        index = 0
-        level, name = pairs[0]
         try:
-            while not self._done(start):
-                level, name = self.next_pair(index)
-                count = self._batch_size()
-                try:
-                    self.hypothesis_batch(level, name, count, self.batch_seed(index))
-                except Counterexample as exc:
-                    self._record(exc, level, name, start)
-                except Exception:
-                    # An interrupt during Hypothesis's replay of a failure surfaces as its
-                    # Flaky error: the campaign ends as interrupted, keeping what it found.
-                    if not STOP_REQUESTED.is_set():
-                        raise
-                self._account(level, name, count)
-                self.stats.elapsed = time.monotonic() - start
-                if self.report is not None:
-                    self.report(self.stats)
-                index += 1
+            self.hypothesis_batch(batch)
+            result.examples = batch.examples
+        except Counterexample as exc:
+            result.failure = failure_of(exc)
+            result.examples = batch.examples
+        except (KeyboardInterrupt, Stop):
+            result.interrupted = True
+        except Exception:
+            # An interrupt during Hypothesis's replay of a failure surfaces as its Flaky error.
+            if not STOP_REQUESTED.is_set():
+                raise
+            result.interrupted = True
+        account(result, self.take_executions())
+        result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
+        result.seconds = time.monotonic() - start
+        return result
+
+
+def campaign_findings(options: CampaignOptions) -> Findings:
+    """The findings of a campaign into its corpus, each saved with its target, seed, data
+    checks and plugins."""
+    meta: dict[str, Any] = {"target": get_target(options.target).name, "seed": options.seed}
+    if options.data is not None:
+        meta["data"] = options.data
+    if options.plugins:
+        meta["plugins"] = list(options.plugins)
+    return Findings(options.corpus, meta, [meta["target"]], model=options.model,
+                    checks=selected_checks(options.data), shrink_seconds=options.shrink_seconds)
+
+
+class Campaign:
+    """The driver: batches from the schedule to a backend, results back into the stats and
+    the findings, in batch order."""
+
+    def __init__(self, options: CampaignOptions,
+                 report: Callable[[Stats], None] | None = None) -> None:
+        self.options = options
+        self.report = report
+        self.stats = Stats()
+        self.schedule = Schedule(campaign_pairs(options), options.seed, options.examples,
+                                 options.lag)
+        for pair in self.schedule.pairs:
+            self.stats.pair(*pair)
+            self.schedule.weights[pair] = pair_weight(options, pair, 0)
+        self.findings = campaign_findings(options)
+        self.runner = BatchRunner(options)
+        self._waiting: dict[int, BatchResult] = {}
+        self._next = 0
+        self._start = 0.0
+
+    def run(self, backend: Backend | None = None) -> Stats:
+        """Run the campaign on `backend` (default: this process) until its budget is spent."""
+        if backend is None:
+            backend = InProcess(self.runner)
+        # The driver's shrinks replay refused ops too: kvcache's warnings about them are noise.
+        logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
+        self._start = time.monotonic()
+        in_flight = 0
+        try:
+            while True:
+                while (in_flight < backend.capacity and not self._done()
+                       and self.schedule.ready()):
+                    batch = self.schedule.next_batch(self._seconds_left(), backend.capacity)
+                    if batch is None:
+                        break
+                    backend.submit(batch)
+                    in_flight += 1
+                if not in_flight:
+                    break
+                for result in backend.results(timeout=0.5):
+                    in_flight -= 1
+                    self._take(result)
+                if self.stats.interrupted:
+                    raise Stop()
         except (KeyboardInterrupt, Stop):
             self.stats.interrupted = True
-            self._account(level, name)
-            self.stats.elapsed = time.monotonic() - start
-        # A library that swallowed the interrupt's exception leaves only the flag.
+            self.findings.shrink_seconds = 0.0  # save what is still coming, raw: stop soon
+            self._take_all(backend.close(cancel=True))
+        except BaseException:  # a check, adapter or plugin fault (exit 3): no worker outlives it
+            backend.close(cancel=True)
+            raise
+        else:
+            self._take_all(backend.close(cancel=False))
         self.stats.interrupted = self.stats.interrupted or STOP_REQUESTED.is_set()
+        self.stats.elapsed = time.monotonic() - self._start
         return self.stats
 
-    def next_pair(self, index: int) -> tuple[str, str]:
-        """The pair of batch `index`: every pair in turn for the first round (and always,
-        without weighting); then drawn, seeded by the batch, with weight 1 + the new features
-        of the pair's latest batch, times FOCUS_WEIGHT for a focused config."""
-        pairs = self.pairs
-        if index < len(pairs) or not (self.options.weighting or self.options.focus):
-            return pairs[index % len(pairs)]
-        focus = set(self.options.focus)
-        weights = [(1 + (self.growth.get(p, 0) if self.options.weighting else 0))
-                   * (FOCUS_WEIGHT if p[1] in focus else 1) for p in pairs]
-        return random.Random(self.batch_seed(index)).choices(pairs, weights)[0]
+    def _seconds_left(self) -> float | None:
+        if self.options.seconds is None:
+            return None
+        return max(0.0, self.options.seconds - (time.monotonic() - self._start))
 
-    def _batch_size(self) -> int:
-        if self.options.examples is None:
-            return BATCH_EXAMPLES
-        return max(0, min(BATCH_EXAMPLES, self.options.examples - self.stats.examples))
-
-    def _done(self, start: float) -> bool:
+    def _done(self) -> bool:
         opts = self.options
-        if STOP_REQUESTED.is_set():
+        if STOP_REQUESTED.is_set() or self.stats.interrupted:
             return True
-        if opts.max_findings is not None and len(self.stats.findings) >= opts.max_findings:
+        if opts.max_findings is not None and len(self.findings.records) >= opts.max_findings:
             return True
-        if opts.examples is not None and self.stats.examples >= opts.examples:
-            return True
-        return opts.seconds is not None and time.monotonic() - start >= opts.seconds
+        left = self._seconds_left()
+        return left is not None and left <= 0
 
-    def _account(self, level: str, name: str, examples: int = 0) -> None:
-        """Add the finished examples and the executions run since the last call to the totals
-        and to the (level, config) pair they ran on."""
-        pair = self.stats.pair(level, name)
-        self.stats.examples += examples
-        pair.examples += examples
-        known = len(self.stats.features)
-        for execution in self._executions:
-            self.stats.operations += execution.ops_checked
-            pair.operations += execution.ops_checked
-            self.stats.checks += execution.checks_run
-            self.stats.features |= behaviour_features(execution)
-        self._executions.clear()
-        self.growth[(level, name)] = len(self.stats.features) - known
+    def _take(self, result: BatchResult) -> None:
+        """Take results in batch order (a later batch waits for the earlier ones)."""
+        self._waiting[result.batch.index] = result
+        while self._next in self._waiting:
+            self._count(self._waiting.pop(self._next))
+            self._next += 1
 
-    def _record(self, exc: Counterexample, level: str, name: str, start: float) -> None:
-        finding = exc.finding
-        key = (finding.check, level, name)
-        if key in self._seen:
-            return
-        self._seen.add(key)
-        found_after = time.monotonic() - start
-        t = time.monotonic()
-        target = get_target(self.options.target).name
-        shrunk = shrink_trace(
-            finding.trace, [target], model=self.options.model, checks=self.checks,
-            seconds=self.options.shrink_seconds,
-        )
-        trace = shrunk.trace
-        trace.meta.update({"check": finding.check, "target": target, "config": name,
-                           "seed": self.options.seed, "level": level})
-        if self.options.data is not None:
-            trace.meta["data"] = self.options.data
-        if self.options.plugins:
-            trace.meta["plugins"] = list(self.options.plugins)
-        path = save_finding(trace, self.options.corpus)
-        self.stats.findings.append(
-            FindingRecord(
-                check=finding.check,
-                message=shrunk.finding.message,
-                config=name,
-                level=level,
-                file=str(path),
-                ops=len(trace.ops),
-                found_after_s=round(found_after, 3),
-                shrink_s=round(time.monotonic() - t, 3),
-            )
-        )
+    def _take_all(self, results: list[BatchResult]) -> None:
+        """The last results: in batch order, whatever went missing."""
+        for result in results:
+            self._waiting[result.batch.index] = result
+        for index in sorted(self._waiting):
+            self._count(self._waiting.pop(index))
+
+    def _count(self, result: BatchResult) -> None:
+        growth = len(result.features - self.stats.features)
+        self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth))
+        self.stats.add(result)
+        self.stats.elapsed = time.monotonic() - self._start
+        if result.failure is not None:
+            try:
+                self.findings.offer(result.failure, *result.batch.pair, self.stats.elapsed)
+            finally:
+                self.stats.findings = self.findings.all()
+        if self.report is not None:
+            self.report(self.stats)
 
 
-def _worker(options: CampaignOptions, worker: int, queue: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def stop(signum: int, frame: Any) -> None:
-        STOP_REQUESTED.set()
-        raise Stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    import_plugins(options.plugins)
-    campaign = Campaign(options, worker, report=lambda stats: queue.put(("progress", worker,
-                                                                         _portable(stats))))
-    stats = campaign.run()
-    queue.put(("done", worker, _portable(stats)))
+def campaign_config(options: CampaignOptions, name: str) -> Config:
+    """The config named `name`: one of the user's config files, else a built-in one."""
+    for config in options.config_files:
+        if config.name == name:
+            return config
+    return builtin_config(name)
 
 
-def _portable(stats: Stats) -> Stats:
-    """A copy to queue: the queue pickles it later, while the campaign goes on."""
-    return copy.deepcopy(stats)
-
-
-def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None]) -> Stats:
-    """Run `options.workers` workers; call on_progress with the running totals."""
+def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None],
+                 backend: Backend | None = None) -> Stats:
+    """Run a campaign on `backend` (default: `--workers` local processes, or this process);
+    call on_progress with the running totals."""
     for name in options.configs:
-        builtin_config(name)
+        campaign_config(options, name)
     STOP_REQUESTED.clear()
-    if options.workers <= 1:
-        import_plugins(options.plugins)
-        return Campaign(options, 0, report=on_progress).run()
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(worker_options, w, queue), daemon=True)
-             for w, worker_options in enumerate(_split_examples(options))]
-    for p in procs:
-        p.start()
-    latest: dict[int, Stats] = {}
-    done: set[int] = set()
-    interrupted = False
-    try:
-        while len(done) < len(procs):
-            try:
-                kind, worker, stats = queue.get(timeout=0.5)
-            except Exception:  # queue.Empty: check for dead workers
-                if all(not p.is_alive() for p in procs):
-                    break
-                continue
-            latest[worker] = stats
-            if kind == "done":
-                done.add(worker)
-            on_progress(_total(latest))
-    except KeyboardInterrupt:
-        interrupted = True
-        for p in procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while len(done) < len(procs) and time.monotonic() < deadline:
-            try:
-                kind, worker, stats = queue.get(timeout=0.5)
-            except Exception:
-                continue
-            latest[worker] = stats
-            if kind == "done":
-                done.add(worker)
-    for p in procs:
-        p.join(timeout=5)
-    total = _total(latest)
-    total.interrupted = total.interrupted or interrupted
-    return total
+    import_plugins(options.plugins)
+    campaign = Campaign(options, report=on_progress)
+    if backend is None and options.workers > 1:
+        from kvfuzz.fuzz.workers import LocalWorkers
 
-
-def _split_examples(options: CampaignOptions) -> list[CampaignOptions]:
-    """Each worker's options: an examples budget is shared out, a time budget is everyone's."""
-    if options.examples is None:
-        return [options] * options.workers
-    share, extra = divmod(options.examples, options.workers)
-    return [replace(options, examples=share + (w < extra))
-            for w in range(options.workers) if share + (w < extra)]
-
-
-def _total(latest: dict[int, Stats]) -> Stats:
-    total = Stats()
-    for stats in latest.values():
-        total.merge(stats)
-    return total
+        backend = LocalWorkers(options, options.workers)
+    return campaign.run(backend)

@@ -1,7 +1,8 @@
 """The `kvfuzz` command line (also `python -m kvfuzz`).
 
-Exit codes: 0 no counterexample (or the command succeeded), 1 a counterexample was found or a
-trace still fails, 2 usage or input error.
+Exit codes (`kvfuzz.fuzz.exits`): 0 no counterexample (or the command succeeded), 1 a
+counterexample was found or a trace still fails, 2 usage or input error, 3 a check, adapter or
+plugin (or kvfuzz) raised.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 from kvfuzz import __version__, shipped, versions
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.errors import KvfuzzError, require
+from kvfuzz.fuzz.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE, PluginFault, guarded
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(KvfuzzError):
@@ -26,21 +27,23 @@ class UsageError(KvfuzzError):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `kvfuzz` command; its exit codes are those of `kvfuzz.fuzz.exits`."""
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    # --debug is read by `guarded`, before parsing; it may stand anywhere on the line.
+    args = parser.parse_args([a for a in (sys.argv[1:] if argv is None else argv)
+                              if a != "--debug"])
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_USAGE
-    try:
-        return args.handler(args)
-    except KvfuzzError as exc:
-        print(f"kvfuzz: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ModuleNotFoundError as exc:
-        print(f"kvfuzz: error: cannot import {exc.name!r} ({exc})", file=sys.stderr)
-        return EXIT_USAGE
+    return args.handler(args)
 
 
+_FILE_PLUGIN_HELP = ("import MODULE (repeat for more). Nothing else is imported: the plugins a trace "
+                     "records are shown, with the --plugin options to pass")
 _DATA_HELP = ("add the data checks D1, D2 (torch paged K/V written through the block tables) on "
               "DEVICE[:DTYPE], e.g. cpu, cuda:float16 (default when given alone: cpu)")
 
@@ -52,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Run `kvfuzz COMMAND --help` for a command's options.",
     )
     p.add_argument("--version", action="version", version=_version_line())
+    p.add_argument("--debug", action="store_true",
+                   help="print the full traceback of an internal or plugin error (exit 3)")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a fuzzing campaign",
@@ -67,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=1, help="processes with disjoint seeds")
     run.add_argument("--config", nargs="+", metavar="NAME", help="built-in configs (default: "
                      "all; see `kvfuzz configs`)")
+    run.add_argument("--config-file", action="append", default=[], type=Path, metavar="FILE",
+                     help="your model shape: a config (docs/configs.md) in TOML (.toml) or JSON; "
+                     "repeat for more; run as given, besides any --config (default then: only "
+                     "these)")
     run.add_argument("--level", nargs="+", choices=("api", "scheduler"),
                      default=["api", "scheduler"], help="trace levels to generate")
     run.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
@@ -89,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
                      "repeat to combine. Failing examples saved there by earlier runs with the "
                      "same options replay first (default: none, so a seed gives the same "
                      "examples; hypothesis engine only; docs/distributed.md)")
+    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                     help="run the batches as Ray tasks: on the cluster at ADDRESS (HOST:PORT, "
+                     "ray://HOST:PORT or auto), or on a local one of 2 CPUs without ADDRESS "
+                     "(kvfuzz[distributed]; docs/distributed.md)")
+    run.add_argument("--ray-runtime-env", metavar="JSON",
+                     help="Ray runtime environment of the tasks, e.g. to ship kvfuzz to nodes "
+                     "without it: '{\"pip\": [\"kvfuzz[distributed]==VERSION\"]}'")
     run.set_defaults(handler=_cmd_run)
 
     replay = sub.add_parser("replay", help="re-run a saved trace step by step",
@@ -97,9 +113,12 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("file", type=Path)
     replay.add_argument("--target", help="target (default: the trace's, else kvcache)")
     replay.add_argument("--no-model", action="store_true", help="without the reference model")
-    replay.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
-                        help="import MODULE too (the trace's plugins are imported anyway)")
+    replay.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help=_FILE_PLUGIN_HELP)
     replay.add_argument("--quiet", action="store_true", help="print only the outcome")
+    replay.add_argument("--config-file", type=Path, metavar="FILE",
+                        help="run the trace's ops on this config (TOML or JSON, "
+                        "docs/configs.md) instead of the trace's own")
     replay.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
     replay.set_defaults(handler=_cmd_replay)
@@ -112,8 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     shrink.add_argument("--out", type=Path, help="output file (default: FILE.min.json)")
     shrink.add_argument("--seconds", type=float, default=60.0, help="time budget (default: 60)")
     shrink.add_argument("--no-model", action="store_true", help="without the reference model")
-    shrink.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
-                        help="import MODULE too (the trace's plugins are imported anyway)")
+    shrink.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help=_FILE_PLUGIN_HELP)
     shrink.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
     shrink.set_defaults(handler=_cmd_shrink)
@@ -122,9 +141,19 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("file", type=Path)
     export.add_argument("--pytest", type=Path, required=True, metavar="OUT.py")
     export.add_argument("--target", help="target the test replays on (default: the trace's)")
-    export.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
-                        help="import MODULE too in the test (besides the trace's plugins)")
+    export.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help=_FILE_PLUGIN_HELP + " (the exported test imports the same)")
     export.set_defaults(handler=_cmd_export)
+
+    merge = sub.add_parser("merge", help="merge campaigns' reports into one report and corpus",
+                           description="Merge the JSON reports of several campaigns (parallel "
+                           "CI jobs): their work summed, one finding per bug, its smallest "
+                           "trace copied into one corpus. Exit 1 if there is a finding.")
+    merge.add_argument("reports", nargs="+", type=Path, metavar="REPORT")
+    merge.add_argument("--corpus", type=Path, default=Path("kvfuzz-corpus"),
+                       help="where the findings' traces are copied (default: ./kvfuzz-corpus)")
+    merge.add_argument("--json", type=Path, metavar="FILE", help="write the merged report")
+    merge.set_defaults(handler=_cmd_merge)
 
     for name, helptext, handler in (
         ("targets", "list the targets", _cmd_targets),
@@ -141,7 +170,98 @@ def _parser() -> argparse.ArgumentParser:
     prove.add_argument("--per-function", type=float, default=10.0, metavar="SECONDS",
                        help="time bound per function (default: 10)")
     prove.set_defaults(handler=_cmd_prove)
+    _mutate_parser(sub)
     return p
+
+
+def _mutate_parser(sub: Any) -> None:
+    m = sub.add_parser("mutate", help="mutation score: how many source mutants campaigns kill",
+                       description="Mutate the target's source with cosmic-ray, one mutant at a "
+                       "time, in place (always restored); run a fixed-example campaign on each; "
+                       "report killed / survived / timed out per file and per check. Exit 0 "
+                       "when it ran, 1 under --fail-under, 2 on bad usage or without cosmic-ray.")
+    m.add_argument("--target", choices=("kvcache", "vllm"), default="kvcache")
+    m.add_argument("--paths", nargs="+", required=True, metavar="FILE",
+                   help="source files of the target, e.g. block_pool.py or "
+                   "vllm/v1/core/block_pool.py")
+    m.add_argument("--examples", type=int, default=300, help="examples per mutant (default: 300)")
+    m.add_argument("--sample", type=int, metavar="K", help="run K mutants drawn with --seed "
+                   "(default: all)")
+    m.add_argument("--seed", type=int, default=0, help="sample and campaign seed (default: 0)")
+    m.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds per mutant before it counts as timed out (default: 300)")
+    m.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report")
+    m.add_argument("--all-lines", action="store_true",
+                   help="mutate every line (default: only statements the unmutated campaign "
+                   "runs, measured with coverage.py, outside type annotations)")
+    m.add_argument("--fail-under", type=float, metavar="PERCENT",
+                   help="exit 1 when the score is below PERCENT")
+    m.set_defaults(handler=_cmd_mutate)
+
+
+def _cmd_mutate(args: argparse.Namespace) -> int:
+    from kvfuzz.fuzz import mutate
+
+    require("cosmic_ray", mutate.INSTALL, "kvfuzz mutate")
+    for option, value in (("--examples", args.examples), ("--sample", args.sample),
+                          ("--timeout", args.timeout)):
+        _positive(option, value)
+    if args.report is not None:
+        _writable("--report", args.report)
+    _check_target(args.target)
+    paths = mutate.resolve(args.target, args.paths)
+    print(f"kvfuzz mutate: target {args.target}, {args.examples} examples per mutant, "
+          f"seed {args.seed}")
+
+    def show(i: int, n: int, report: Any) -> None:
+        r = report.results[-1]
+        by = f" by {r.check}" if r.check else ""
+        print(f"[{i}/{n}] {r.outcome}{by}  {Path(r.mutant.path).name}:{r.mutant.line} "
+              f"{r.mutant.operator} #{r.mutant.occurrence}  ({r.seconds:.1f} s)", flush=True)
+        if args.report:  # so far: a run cut short keeps what it measured
+            _write_json(args.report, {"versions": versions(), **report.as_json()})
+
+    everything = mutate.mutants(paths)
+    try:  # coverage.py slows it: three mutants' time
+        check, lines = mutate.baseline(args.target, args.examples, args.seed, paths,
+                                       3 * args.timeout)
+    except RuntimeError as exc:
+        print(f"kvfuzz mutate: {exc}", file=sys.stderr)
+        return 3
+    if check is not None:
+        print(f"the campaign fails on the unmutated source ({check}): fix that first; "
+              f"`kvfuzz run --target {args.target} --examples {args.examples} "
+              f"--seed {args.seed}` shows it")
+        return EXIT_FOUND
+    ran = mutate.eligible(everything, lines)
+    print(f"{len(ran)} of {len(everything)} mutants lie on lines the campaign runs, outside "
+          "type annotations")
+    found = everything if args.all_lines else ran
+    chosen = mutate.sample(found, args.sample, args.seed)
+    report = mutate.run(mutate.Report(args.target, args.examples, args.seed, len(found)),
+                        chosen, args.timeout, show)
+    data = report.as_json()
+    print(f"\n{data['run']} of {data['total_mutants']} mutants"
+          + (" (interrupted; sources restored)" if report.interrupted else "") + ": "
+          + ", ".join(f"{v} {k}" for k, v in data["counts"].items()))
+    for path, row in data["by_file"].items():
+        score = "-" if row["score"] is None else f"{100 * row['score']:.0f}%"
+        print(f"  {Path(path).name:<34} killed {row['killed']:3d}  survived {row['survived']:3d}"
+              f"  timeout {row['timeout']:3d}  score {score}")
+    for name, n in sorted(data["by_check"].items(), key=lambda kv: -kv[1]):
+        print(f"  killed by {name}: {n}")
+    score = data["score"]
+    print("score: " + ("-" if score is None else f"{100 * score:.1f}%"))
+    for r in report.results:
+        if r.outcome == mutate.SURVIVED:
+            print(f"\nsurvived: {r.mutant.path}:{r.mutant.line} {r.mutant.operator}\n{r.diff}",
+                  end="")
+    if args.report:
+        _write_json(args.report, {"versions": versions(), **data})
+        print(f"report written to {args.report}")
+    if args.fail_under is not None and (score is None or 100 * score < args.fail_under):
+        return EXIT_FOUND
+    return EXIT_OK
 
 
 def _version_line() -> str:
@@ -160,7 +280,13 @@ def _plugins(plugins: list[str]) -> None:
     try:
         import_plugins(tuple(plugins))
     except PluginError as exc:
-        raise UsageError(f"cannot import plugin {exc.name!r}: {exc}") from None
+        cause = exc.__cause__
+        if isinstance(cause, ModuleNotFoundError) and cause.name and (
+            exc.name == cause.name or exc.name.startswith(cause.name + ".")
+        ):
+            raise UsageError(f"cannot import plugin {exc.name!r}: no module named "
+                             f"{cause.name!r}") from None
+        raise PluginFault(f"plugin {exc.name!r} (while importing it)", cause or exc) from cause
 
 
 def _positive(option: str, value: float | None) -> None:
@@ -214,14 +340,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         require("atheris", _FUZZ, "--engine atheris")
     _check_data(args.data)
     selected_checks(args.data)  # a bad --data spec fails here, before any worker starts
-    configs = tuple(args.config or BUILTIN)
+    config_files = _config_files(args.config_file, args.engine)
+    configs = tuple(args.config or (() if config_files else BUILTIN))
     for name in configs:
         builtin_config(name)
+    configs += tuple(c.name for c in config_files)
     for option, value in (("--workers", args.workers), ("--examples", args.examples),
                           ("--seconds", args.seconds), ("--steps", args.steps)):
         _positive(option, value)
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
+    _check_ray(args)
     _writable("--corpus", args.corpus, folder=True)
     if args.json is not None:
         _writable("--json", args.json)
@@ -230,14 +359,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
-        data=args.data, database=databases, focus=tuple(args.focus),
+        data=args.data, database=databases, focus=tuple(args.focus), config_files=config_files,
     )
     check_focus(options.focus, configs)
+    backend = _ray_backend(args, options)
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
+    workers = "Ray" if backend is not None else f"{args.workers} worker(s)"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
-          f"{args.workers} worker(s), engine {args.engine}"
+          f"{workers}, engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
+    if backend is not None:
+        print(f"ray: {backend.describe()}")
     progress = _Progress(seconds)
     # SIGINT and SIGTERM end a campaign: findings so far are kept and summarised.
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -247,7 +380,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             stats = run_atheris(options, progress.update)
         else:
-            stats = run_campaign(options, progress.update)
+            stats = run_campaign(options, progress.update, backend=backend)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -257,11 +390,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
         report = {"versions": versions(), "target": target, "configs": list(configs),
                   "seed": args.seed,
                   "engine": args.engine, "workers": args.workers, "model": options.model,
+                  "ray": None if args.ray is None else args.ray or "local",
                   "data": args.data,
                   **stats.summary()}
         _write_json(args.json, report)
         print(f"report written to {args.json}")
     return EXIT_FOUND if stats.findings else EXIT_OK
+
+
+def _config_files(paths: list[Path], engine: str) -> tuple[Any, ...]:
+    """The configs of `--config-file`, each validated, their names distinct from each other and
+    from the built-in ones."""
+    from kvfuzz.core.config_file import load_config_file
+
+    if paths and engine != "hypothesis":
+        raise UsageError("--config-file needs --engine hypothesis")
+    configs = tuple(load_config_file(p) for p in paths)
+    names = [c.name for c in configs]
+    for path, name in zip(paths, names):
+        if name in BUILTIN or names.count(name) > 1:
+            raise UsageError(f"--config-file {path}: its name {name!r} is already taken (by "
+                             + ("a built-in config" if name in BUILTIN else "another file")
+                             + "): give it another `name`")
+    return configs
 
 
 def _check_databases(specs: tuple[str, ...], engine: str) -> None:
@@ -278,15 +429,32 @@ def _check_databases(specs: tuple[str, ...], engine: str) -> None:
     check_reachable(specs)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    import os
-    import tempfile
+def _check_ray(args: argparse.Namespace) -> None:
+    """`--ray` goes with the hypothesis engine and one driver, and `--ray-runtime-env` with it."""
+    if args.ray is None:
+        if args.ray_runtime_env is not None:
+            raise UsageError("--ray-runtime-env needs --ray")
+        return
+    if args.engine != "hypothesis":
+        raise UsageError("--ray needs --engine hypothesis")
+    if args.workers != 1:
+        raise UsageError("--ray and --workers exclude each other: Ray's CPUs are the workers")
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-    os.replace(tmp, path)
+
+def _ray_backend(args: argparse.Namespace, options: Any) -> Any:
+    """With `--ray`: connected to the cluster, checked, and ready (None without it)."""
+    if args.ray is None:
+        return None
+    from kvfuzz.fuzz.ray_backend import RayBackend, connect, runtime_env
+
+    connect(args.ray or None, runtime_env(args.ray_runtime_env))
+    return RayBackend(options)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    from kvfuzz.core.trace import write_atomic
+
+    write_atomic(path, json.dumps(data, indent=2))
 
 
 class _Progress:
@@ -300,7 +468,10 @@ class _Progress:
 
     def line(self, stats: Any) -> str:
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        return (f"{elapsed:6.1f}s  {stats.operations / elapsed:8.0f} ops/s  "
+        left = ("" if self.seconds is None
+                else f"  left {max(0.0, self.seconds - elapsed):5.1f}s")
+        return (f"{elapsed:6.1f}s{left}  pairs {stats.pairs_done()}/{len(stats.pairs)}  "
+                f"{stats.operations / elapsed:8.0f} ops/s  "
                 f"examples {stats.examples:6d}  coverage {len(stats.features):5d}  "
                 f"checks {stats.checks:9d}  findings {len(stats.findings)}"
                 + (f"  edges {stats.edges}" if stats.edges else ""))
@@ -340,38 +511,69 @@ def _summary(stats: Any, options: Any) -> None:
         for r in by_config:
             print(f"  {r['level'] + '/' + r['config']:<{width}}  {r['examples']:>9}  "
                   f"{r['operations']:>11}  {r['findings']:>8}")
+    _reach(stats)
     if stats.findings:
-        print("\nfindings (replay with `kvfuzz replay FILE`)")
-        for f in stats.findings:
-            print(f"  [{f.check}] {f.level}/{f.config}, {f.ops} ops, found after "
-                  f"{f.found_after_s:.1f} s: {f.message}\n      {f.file}")
+        _findings(stats.findings)
+
+
+def _reach(stats: Any) -> None:
+    """Name the (level, config) pairs the budget did not reach, or reached too little."""
+    from kvfuzz.fuzz.schedule import FEW_EXAMPLES
+
+    for pairs, what in ((stats.unreached(), "not reached (no example)"),
+                        (stats.few(), f"under {FEW_EXAMPLES} examples")):
+        if pairs:
+            print(f"\n  {len(pairs)} of {len(stats.pairs)} pairs {what}: "
+                  + ", ".join("/".join(p) for p in pairs))
+
+
+def _findings(records: list[Any]) -> None:
+    """One line per distinct bug, grouped per check, with its duplicates."""
+    from kvfuzz.fuzz.findings import by_check
+
+    print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
+    for check, group in by_check(records).items():
+        print(f"  [{check}] {group['bugs']} bug(s), {group['duplicates']} duplicate(s)")
+        for f in (r for r in records if r.check == check):
+            state = ("already in the corpus" if f.known
+                     else f"{f.ops} ops, " + {False: "raw, not shrunk",
+                                              "partial": "shrink interrupted"}.get(f.shrunk,
+                                                                                   "shrunk"))
+            print(f"    {f.level}/{f.config} ({state}), found after "
+                  f"{f.found_after_s:.1f} s, {f.duplicates} duplicate(s): {f.message}"
+                  f"\n      {f.file}")
 
 
 def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | None]:
     """The trace FILE, its target and its data spec (`--target`, `--data`, else the trace's
-    own), with its plugins imported: those the trace records, then `--plugin`'s, all recorded
-    in its meta. The check the trace records must then be registered."""
+    own), with the `--plugin` modules imported. A trace is data: the plugins it records are
+    shown, never imported (`kvfuzz.fuzz.trust`). The check it records must be registered."""
     from kvfuzz.core.trace import Trace
+    from kvfuzz.fuzz.trust import recorded_plugins
 
     trace = Trace.load(args.file)
-    recorded = trace.meta.get("plugins", [])
-    if not isinstance(recorded, list) or not all(isinstance(m, str) for m in recorded):
-        raise UsageError(f"{args.file}: meta.plugins must be a list of module names, "
-                         f"got {recorded!r}")
-    plugins = list(dict.fromkeys(recorded + args.plugin))
-    _plugins(plugins)
-    if plugins:
-        trace.meta["plugins"] = plugins
+    if getattr(args, "config_file", None) is not None:
+        from kvfuzz.core.config_file import load_config_file
+
+        trace = Trace(load_config_file(args.config_file), trace.level, trace.ops, trace.meta)
+    _plugins(args.plugin)
+    recorded, note = recorded_plugins(trace, args.plugin)
+    if note:
+        print(note, file=sys.stderr)
+    if recorded or args.plugin:
+        trace.meta["plugins"] = list(dict.fromkeys(recorded + args.plugin))
     target = _check_target(args.target or str(trace.meta.get("target", "kvcache")))
     data = data or trace.meta.get("data")
     _check_data(data)
-    _check_registered(args.file, trace.meta.get("check"), data, plugins)
+    _check_registered(args.file, trace.meta.get("check"), data, args.plugin, recorded)
     return trace, target, data
 
 
-def _check_registered(path: Path, check: Any, data: str | None, plugins: list[str]) -> None:
+def _check_registered(path: Path, check: Any, data: str | None, plugins: list[str],
+                      recorded: list[str]) -> None:
     """A trace's recorded check must exist here, or its replay would pass for want of it."""
     from kvfuzz.fuzz.campaign import selected_checks
+    from kvfuzz.fuzz.trust import plugin_options
     from kvfuzz.harness.executor import CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE
     from kvfuzz.properties import REGISTRY
 
@@ -379,8 +581,11 @@ def _check_registered(path: Path, check: Any, data: str | None, plugins: list[st
     if check is None or check in known | {CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE}:
         return
     imported = f" (plugins imported: {', '.join(plugins)})" if plugins else ""
+    missing = [m for m in recorded if m not in plugins]
+    hint = (f"pass `{plugin_options(missing)}` (the plugins the trace records) if you trust "
+            "them, or" if missing else "pass")
     raise UsageError(f"{path} records a failure of check {check!r}, which is not "
-                     f"registered{imported}: pass `--plugin MODULE` naming the module that "
+                     f"registered{imported}: {hint} `--plugin MODULE` naming the module that "
                      "defines it")
 
 
@@ -394,8 +599,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     print(f"replaying {args.file}: {len(trace.ops)} ops, {trace.level} level, config "
           f"{trace.config.name!r}, target {target}" + (", no model" if args.no_model else "")
           + (f", data checks on {data}" if data else ""))
-    execution = Execution(trace.config, trace.level, [target], model=not args.no_model,
-                          checks=selected_checks(data))
+    try:
+        execution = Execution(trace.config, trace.level, [target], model=not args.no_model,
+                              checks=selected_checks(data))
+    except Counterexample as exc:
+        print(f"\nFAILED {exc.finding.report()}")
+        return EXIT_FOUND
     for i, op in enumerate(trace.ops):
         before = execution.targets[0].snapshot
         try:
@@ -446,9 +655,32 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     trace, target, _ = _load(args, None)
     _writable("--pytest", args.pytest)
-    export_pytest(trace, target, args.pytest)
+    export_pytest(trace, target, args.pytest, plugins=tuple(args.plugin))
     print(f"wrote {args.pytest}: run it with `python -m pytest {args.pytest}`")
     return EXIT_OK
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from kvfuzz.fuzz.merge import merge_reports
+
+    _writable("--corpus", args.corpus, folder=True)
+    if args.json is not None:
+        _writable("--json", args.json)
+    merged = merge_reports(args.reports, args.corpus)
+    print(f"merged {len(args.reports)} reports: {merged['examples']} examples, "
+          f"{merged['operations']} operations, {merged['invariant_checks']} invariant checks")
+    for row in merged["by_config"]:
+        print(f"  {row['level'] + '/' + row['config']:<28} {row['examples']:>9} examples  "
+              f"{row['findings']:>3} bug(s)")
+    if merged["findings"]:
+        print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
+        for f in merged["findings"]:
+            print(f"  [{f['check']}] {f['level']}/{f['config']}, {f['ops']} ops, "
+                  f"{f['duplicates']} duplicate(s): {f['message']}\n      {f['file']}")
+    if args.json is not None:
+        _write_json(args.json, merged)
+        print(f"report written to {args.json}")
+    return EXIT_FOUND if merged["findings"] else EXIT_OK
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
@@ -465,7 +697,7 @@ def _cmd_invariants(args: argparse.Namespace) -> int:
 
     _plugins(args.plugin)
     docs = shipped("docs")
-    print(f"§ and I1-I19 refer to {docs / 'spec.md'}, bugs #N to {docs / 'bugs.md'}\n")
+    print(f"§ and I1-I20 refer to {docs / 'spec.md'}, bugs #N to {docs / 'bugs.md'}\n")
     for check in REGISTRY:
         covers = f" [covers {', '.join(check.covers)}]" if check.covers else ""
         print(f"{check.name:5} {check.kind:10} {check.description}{covers}")

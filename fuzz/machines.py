@@ -20,6 +20,7 @@ from hypothesis import note, strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from kvfuzz.core.config import Config
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.trace import save_finding
 from kvfuzz.fuzz import profiles
@@ -39,6 +40,8 @@ class _TraceMachine(RuleBasedStateMachine):
     targets: tuple[Any, ...] = ("kvcache",)
     use_model = True
     config_names: tuple[str, ...] | None = None
+    configs: tuple[Config, ...] = ()
+    """Configs to run as given (a user's config files), instead of the built-in ones."""
     vary_configs = True
     allow_misuse = True
     checks: tuple[Any, ...] | None = None
@@ -57,8 +60,11 @@ class _TraceMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def start(self, data: st.DataObject) -> None:
         choices = DataChoices(data.draw)
-        config = BUILTIN[pick(choices, sorted(self.config_names or BUILTIN))][1]
-        if self.vary_configs:
+        if self.configs:
+            config = self.configs[pick(choices, range(len(self.configs)))]
+        else:
+            config = BUILTIN[pick(choices, sorted(self.config_names or BUILTIN))][1]
+        if self.vary_configs and not self.configs:
             config = vary_config(choices, config)
         execution = Execution(
             config, self.level, self.targets, model=self.use_model, checks=self.checks
@@ -137,8 +143,10 @@ def machine_for(
     allow_misuse: bool = True,
     checks: tuple[Any, ...] | None = None,
     name: str | None = None,
+    configs: tuple[Config, ...] = (),
 ) -> type[_TraceMachine]:
-    """A state machine class for other targets or configs (e.g. vLLM, a planted bug)."""
+    """A state machine class for other targets or configs (e.g. vLLM, a planted bug); `configs`
+    are run as given instead of the built-in ones (see `machine_for_config_file`)."""
     base = ApiMachine if level == "api" else SchedulerMachine
     attrs = {
         "targets": tuple(targets),
@@ -147,5 +155,15 @@ def machine_for(
         "vary_configs": vary_configs,
         "allow_misuse": allow_misuse,
         "checks": checks,
+        "configs": tuple(configs),
     }
     return type(name or f"{base.__name__}For{len(targets)}", (base,), attrs)
+
+
+def machine_for_config_file(path: str | Path, level: str = "api",
+                            **kwargs: Any) -> type[_TraceMachine]:
+    """A state machine on the model shape of a config file (TOML or JSON, docs/configs.md), as
+    `kvfuzz run --config-file` runs it; other arguments as for `machine_for`."""
+    from kvfuzz.core.config_file import load_config_file
+
+    return machine_for(level, configs=(load_config_file(path),), **kwargs)

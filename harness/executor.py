@@ -10,16 +10,19 @@ step. Every generator (state machines, atheris, a file) goes through here.
 from __future__ import annotations
 
 import json
+import os
+import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.errors import InvalidTrace, KvfuzzError
+from kvfuzz.core.errors import HarnessFault, InvalidTrace, KvfuzzError
 from kvfuzz.core.sides import Observations, Side
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.harness.targets import get_target
 from kvfuzz.core.trace import Op, Trace, normalize_op, op_text
+from kvfuzz.core.extra_keys import Extras
 from kvfuzz.properties import REGISTRY, CheckContext, RequestMeta
 from kvfuzz.reference_model import ReferenceModel
 
@@ -31,7 +34,8 @@ DIFF_STATE = "DIFF-state"
 CRASH = "CRASH"
 _DIFF_DESCRIPTIONS = {
     DIFF_RESULT: "the op's result differs from the reference's",
-    DIFF_PROBE: "allocate_slots outcomes or predictions differ from the reference's",
+    DIFF_PROBE: "allocate_slots outcomes or predictions, or lookup boundaries, differ from the "
+                "reference's",
     DIFF_STATE: "the state after the op differs from the reference's",
     CRASH: "the harness could not drive or read the target",
 }
@@ -48,14 +52,19 @@ class Finding:
     target: str
     trace: Trace
     details: str = ""
+    signature: tuple[str, ...] = ()
+    """How it fails, beyond the check: for a DIFF the op kind and the differing field, for a
+    CRASH the exception type and the place raised (file:function:line); empty for a named check.
+    A shrunk trace must keep it (`kvfuzz.fuzz.shrink`), and findings are deduplicated by it."""
 
     def headline(self) -> str:
-        return f"[{self.check}] step {self.step} on {self.target}: {self.message}"
+        where = f"step {self.step}" if self.step >= 0 else "the initial state"
+        return f"[{self.check}] {where} on {self.target}: {self.message}"
 
     def report(self, with_trace: bool = True) -> str:
         """Headline, check, op and states; then the trace up to the step, one op a line
         (`with_trace=False` for a caller that has already printed the ops)."""
-        op = self.trace.ops[self.step] if self.step < len(self.trace.ops) else None
+        op = self.trace.ops[self.step] if 0 <= self.step < len(self.trace.ops) else None
         lines = [self.headline(), f"  check: {self.check} — {self.description}"]
         if op is not None:
             lines.append(f"  op: {op}")
@@ -63,7 +72,8 @@ class Finding:
             lines.append(self.details)
         if with_trace:
             trace = self.trace
-            lines.append(f"  trace up to step {self.step}, {trace.level} level, config "
+            lines.append(f"  trace up to {'step ' + str(self.step) if self.step >= 0 else 'no op'}, "
+                         f"{trace.level} level, config "
                          f"{json.dumps(trace.config.to_dict())}:")
             lines.extend(f"    {i}: {op_text(o, trace.level)}" for i, o in enumerate(trace.ops))
         return "\n".join(lines)
@@ -124,14 +134,21 @@ class Execution:
                              ref_snap=ref_snap)
 
     def _track(self, target: TargetSpec) -> _Tracked:
-        if isinstance(target, str):
-            info = get_target(target)
-            side = info.build(self.config, self.level)
-            name = info.name
-        else:
-            side = target(self.config, self.level)
-            name = getattr(side, "name", "target")
-        return _Tracked(name, side, side.snapshot())
+        name = target if isinstance(target, str) else getattr(target, "__name__", "target")
+        try:
+            if isinstance(target, str):
+                info = get_target(target)
+                name = info.name
+                side = info.build(self.config, self.level)
+            else:
+                side = target(self.config, self.level)
+                name = getattr(side, "name", name)
+            return _Tracked(name, side, side.snapshot())
+        except (InvalidTrace, KvfuzzError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the adapter, not the trace, is at fault
+            raise HarnessFault(f"target {name!r} (building its manager for config "
+                               f"{self.config.name!r})", exc) from exc
 
     def offers(self, name: str) -> bool:
         """Whether every target implements an optional op or trace field (`ManagerSide.offers`);
@@ -158,6 +175,7 @@ class Execution:
                 op["cache_salt"],
                 op["skip_reading_prefix_cache"],
                 op["num_encoder_tokens"],
+                Extras.of_op(op),
             )
         ref_result = ref_obs = ref_snap = None
         try:
@@ -191,16 +209,19 @@ class Execution:
         except KvfuzzError:  # an invalid trace, or one the target cannot take: usage errors
             raise
         except Exception as exc:  # noqa: BLE001 - a broken target is a finding, not a crash
-            self._fail(CRASH, f"{type(exc).__name__}: {exc}", step, tracked.name)
+            self._fail(CRASH, f"{type(exc).__name__}: {exc}", step, tracked.name,
+                       signature=(op["op"], type(exc).__name__, _place(exc)))
 
     def _compare(self, tracked: _Tracked, step: int, result: Any, obs: Observations,
                  snap: Snapshot, ref_result: Any, ref_obs: Observations, ref_snap: Snapshot) -> None:
         ref_name = self.reference_name
+        kind = self.trace.ops[step]["op"]
         if result != ref_result:
             self._fail(
                 DIFF_RESULT,
                 f"{tracked.name} returned {result!r}, {ref_name} returned {ref_result!r}",
                 step, tracked.name, snap, ref_snap, ref_name,
+                signature=(kind, _differing_key(result, ref_result)),
             )
         mine = [p.compared() for p in obs.allocations]
         theirs = [p.compared() for p in ref_obs.allocations]
@@ -210,6 +231,14 @@ class Execution:
                 f"allocate_slots (request, outcome, prediction): {tracked.name} {mine}, "
                 f"{ref_name} {theirs}",
                 step, tracked.name, snap, ref_snap, ref_name,
+                signature=(kind, "allocations"),
+            )
+        if obs.lookups != ref_obs.lookups:
+            self._fail(
+                DIFF_PROBE,
+                f"get_computed_blocks (request, hit, shared_prefix_boundary): {tracked.name} "
+                f"{obs.lookups}, {ref_name} {ref_obs.lookups}",
+                step, tracked.name, snap, ref_snap, ref_name,
             )
         if snap != ref_snap:
             diffs = snap.differences(ref_snap)
@@ -218,6 +247,7 @@ class Execution:
                 f"{tracked.name} vs {ref_name}: " + "; ".join(diffs[:3])
                 + (f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""),
                 step, tracked.name, snap, ref_snap, ref_name,
+                signature=(kind, _differing_field(snap, ref_snap)),
             )
 
     def _run_checks(self, tracked: _Tracked, before: Snapshot | None, after: Snapshot,
@@ -232,12 +262,17 @@ class Execution:
         ran = 0
         try:
             for transition, fn, check in self._plan:
-                if transition:
-                    if before is None:
-                        continue
-                    message = fn(before, after, ctx)
-                else:
-                    message = fn(after, ctx)
+                try:
+                    if transition:
+                        if before is None:
+                            continue
+                        message = fn(before, after, ctx)
+                    else:
+                        message = fn(after, ctx)
+                except Exception as exc:  # noqa: BLE001 - the check, not the target, is at fault
+                    where = f"step {step}" if step >= 0 else "the initial state"
+                    raise HarnessFault(f"check {check.name} (from {check.module or 'unknown'}, "
+                                       f"at {where} on {tracked.name})", exc) from exc
                 ran += 1
                 if message:
                     self._fail(check.name, message, step, tracked.name, after, ref_snap,
@@ -247,7 +282,8 @@ class Execution:
 
     def _fail(self, check: str, message: str, step: int, target: str,
               snap: Snapshot | None = None, ref_snap: Snapshot | None = None,
-              ref_name: str = "model", check_description: str | None = None) -> None:
+              ref_name: str = "model", check_description: str | None = None,
+              signature: tuple[str, ...] = ()) -> None:
         description = check_description or _DIFF_DESCRIPTIONS.get(check, check)
         trace = self.trace.prefix(step + 1)
         trace.meta.update({"check": check, "target": target, "message": message})
@@ -257,7 +293,34 @@ class Execution:
                                    f"{ref_name} after step {step}", ref_snap.render())
         elif snap is not None:
             details = f"--- {target} after step {step} ---\n{snap.render()}"
-        raise Counterexample(Finding(check, description, message, step, target, trace, details))
+        raise Counterexample(Finding(check, description, message, step, target, trace, details,
+                                     signature))
+
+
+def _place(exc: BaseException) -> str:
+    """Where `exc` was raised: the innermost frame's file name, function and line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    frame = frames[-1]
+    return f"{os.path.basename(frame.filename)}:{frame.name}:{frame.lineno}"
+
+
+def _differing_key(result: Any, reference: Any) -> str:
+    """The first key where two dict results differ, else "result"."""
+    if isinstance(result, dict) and isinstance(reference, dict):
+        for key in sorted(set(result) | set(reference), key=str):
+            if result.get(key) != reference.get(key):
+                return str(key)
+    return "result"
+
+
+def _differing_field(snap: Snapshot, reference: Snapshot) -> str:
+    """The first snapshot field where two states differ."""
+    for f in fields(snap):
+        if f.compare and getattr(snap, f.name) != getattr(reference, f.name):
+            return f.name
+    return "state"
 
 
 def side_by_side(left_title: str, left: str, right_title: str, right: str, width: int = 60) -> str:
@@ -301,8 +364,11 @@ def run_trace(
     on_step: Callable[[int, Op, Any], None] | None = None,
 ) -> RunResult:
     """Replay a trace from a fresh manager; stop at the first finding or invalid op."""
-    execution = Execution(trace.config, trace.level, targets, model=model, checks=checks,
-                          meta=trace.meta)
+    try:
+        execution = Execution(trace.config, trace.level, targets, model=model, checks=checks,
+                              meta=trace.meta)
+    except Counterexample as exc:  # a check fails on the initial state
+        return RunResult(0, finding=exc.finding)
     for i, op in enumerate(trace.ops):
         try:
             result = execution.apply(op)

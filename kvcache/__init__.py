@@ -15,12 +15,16 @@ from kvfuzz.kvcache.kv_cache_coordinator import (
 from kvfuzz.kvcache.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -34,9 +38,11 @@ from kvfuzz.kvcache.request import Request, RequestStatus
 from kvfuzz.kvcache.scheduler import Scheduler, StepOutput
 from kvfuzz.kvcache.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
+    RSWAManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
 )
@@ -47,6 +53,8 @@ __all__ = [
     "BlockPool",
     "ChunkedLocalAttentionManager",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferManager",
+    "CircularBufferSpec",
     "CrossAttentionManager",
     "CrossAttentionSpec",
     "FreeKVCacheBlockQueue",
@@ -63,6 +71,10 @@ __all__ = [
     "KVCacheSpec",
     "MambaManager",
     "MambaSpec",
+    "MLAAttentionSpec",
+    "RSWAManager",
+    "RSWASpec",
+    "SinkFullAttentionSpec",
     "Request",
     "RequestStatus",
     "Scheduler",

@@ -66,6 +66,42 @@ class FullAttentionSpec(AttentionSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention: one latent vector per token, managed as full attention.
+
+    A different spec from FullAttentionSpec, so a hybrid looks its groups up separately.
+    """
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinkFullAttentionSpec(FullAttentionSpec):
+    """Full attention with `sink_len` attention-sink tokens, a whole number of blocks; the
+    manager is full attention's."""
+
+    sink_len: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("sink_len", self.sink_len)
+        if self.sink_len % self.block_size:
+            raise ValueError(
+                f"sink_len {self.sink_len} must be a multiple of block_size {self.block_size}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RSWASpec(FullAttentionSpec):
+    """Reference sliding window: the prompt stays visible, decode keeps only its last
+    `rswa_window` tokens; the blocks between the two are released as decode moves on."""
+
+    rswa_window: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("rswa_window", self.rswa_window)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SlidingWindowSpec(AttentionSpec):
     """The next token attends to the previous `sliding_window - 1` tokens and itself.
 
@@ -118,6 +154,16 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 @dataclass(frozen=True, kw_only=True)
 class CrossAttentionSpec(AttentionSpec):
     """Encoder-side KV of an encoder-decoder model: allocated once, never prefix-cached."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CircularBufferSpec(KVCacheSpec):
+    """A per-request ring of `block_size` slots (e.g. a compressor's open group): one block for
+    the request's whole life, never prefix-cached."""
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return False
 
 
 MAMBA_CACHE_MODES = ("none", "align")

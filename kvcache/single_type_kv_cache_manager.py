@@ -19,10 +19,14 @@ from kvfuzz.kvcache.block_math import (
 from kvfuzz.kvcache.block_pool import BlockPool
 from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_utils import (
@@ -382,6 +386,80 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         )
 
 
+class RSWAManager(FullAttentionManager):
+    """Full attention whose decode keeps only the last `rswa_window` tokens: the blocks wholly
+    between the prompt's last block and the window are released (docs/spec.md §12.2)."""
+
+    recycles_blocks: ClassVar[bool] = True
+
+    def __init__(self, kv_cache_spec: RSWASpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        self.rswa_window = kv_cache_spec.rswa_window
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Release [cdiv(prompt, bs), max(prompt, processed - window) // bs), walking back from
+        the end and stopping at the first null (the part below was released earlier)."""
+        if num_prompt_tokens is None:
+            return  # without a prompt length there is no gap: full attention skips nothing
+        window_start = processed_computed_tokens - self.rswa_window
+        if window_start <= num_prompt_tokens:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        block_size = self.block_size
+        first = -(-num_prompt_tokens // block_size)
+        last = min(window_start // block_size, len(blocks))
+        null_block = self._null_block
+        removed: list[KVCacheBlock] = []
+        for i in range(last - 1, first - 1, -1):
+            if blocks[i] is null_block:
+                break
+            removed.append(blocks[i])
+            blocks[i] = null_block
+        if removed:
+            self.block_pool.free_blocks(removed)
+
+
+class CircularBufferManager(FullAttentionManager):
+    """One ring block per request, claimed at its first allocation and kept until it is freed;
+    no hits, no caching, no zeroing (docs/spec.md §12.3)."""
+
+    def __init__(self, kv_cache_spec: CircularBufferSpec, **kwargs: object) -> None:
+        super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
+        self._record_new_block_ids = False  # vLLM never zeroes a ring
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, *args: Any, **kwargs: Any
+    ) -> int:
+        return 0 if self.req_to_blocks.get(request_id) else 1
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        if req_blocks:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(1)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
+        """Nothing to adopt: the ring is claimed by the allocation."""
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Scratch: never registered."""
+
+    @classmethod
+    def find_longest_cache_hit(  # type: ignore[override]
+        cls, block_hashes: BlockHashList, max_length: int, kv_cache_group_ids: Sequence[int],
+        *args: Any,
+    ) -> tuple[HitBlocks, int]:
+        return tuple([] for _ in kv_cache_group_ids), 0
+
+
 class SlidingWindowManager(SingleTypeKVCacheManager):
     recycles_blocks: ClassVar[bool] = True
 
@@ -619,6 +697,18 @@ class MambaManager(SingleTypeKVCacheManager):
             return []  # most decode steps: the table already covers the slots
         return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
 
+    def free(self, request_id: str) -> None:
+        """As the base (leading nulls dropped, tail first), without the partial-hit record
+        mode "none" never has."""
+        req_blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if not req_blocks:
+            return
+        num_nulls = null_head_len(req_blocks, self._null_block)
+        self.block_pool.free_blocks(
+            req_blocks[:num_nulls - 1:-1] if num_nulls else req_blocks[::-1]
+        )
+
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
@@ -636,6 +726,11 @@ _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     CrossAttentionSpec: CrossAttentionManager,
     MambaSpec: MambaManager,
+    # Full-attention variants (vLLM registers them the same way).
+    MLAAttentionSpec: FullAttentionManager,
+    SinkFullAttentionSpec: FullAttentionManager,
+    RSWASpec: RSWAManager,
+    CircularBufferSpec: CircularBufferManager,
 }
 
 

@@ -15,13 +15,16 @@ runs after it. A failure is shrunk by Hypothesis, and its trace is saved under
 `.hypothesis/kvfuzz-findings/` for `kvfuzz replay`. The settings come from the kvfuzz profile
 (`--kvfuzz-profile`, see `kvfuzz.fuzz.profiles`).
 
+`machine_for_config_file("llama3.toml")` runs a machine on your own model shape (a config file,
+docs/configs.md), as `kvfuzz run --config-file` does.
 `ApiMachine` and `SchedulerMachine` are the two machines on kvcache over every built-in config;
 `assert_invariants(manager)` checks the state invariants on a live vLLM-shaped manager in a
 hand-written test.
 """
 
-from kvfuzz.fuzz.machines import ApiMachine, SchedulerMachine, machine_for
+from kvfuzz.fuzz.machines import ApiMachine, SchedulerMachine, machine_for, machine_for_config_file
 from kvfuzz.fuzz.profiles import PROFILES
 from kvfuzz.harness.spot_check import assert_invariants
 
-__all__ = ["PROFILES", "ApiMachine", "SchedulerMachine", "assert_invariants", "machine_for"]
+__all__ = ["PROFILES", "ApiMachine", "SchedulerMachine", "assert_invariants", "machine_for",
+           "machine_for_config_file"]

@@ -51,6 +51,9 @@ def gate_block_count(
             T, group_hits, total, local = num_encoder_tokens, [], 0, 0
         else:
             T, group_hits, total, local = num_tokens, hits[g.gid], total_computed, local_computed
+        if g.kind == "circular_buffer":  # one ring block, claimed once (§12.3)
+            need += 0 if state.tables[g.gid].get(rid) else 1
+            continue
         R = cdiv(T + g.speculative, g.bs)
         if g.cap is not None:
             R = min(R, g.cap)
@@ -77,8 +80,8 @@ def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: i
     rid = req.request_id
     taken = [0] * len(layout.groups)
     for g in layout.groups:
-        if g.kind == "cross":
-            assert not hits[g.gid], "cross-attention hits"
+        if g.kind in ("cross", "circular_buffer"):
+            assert not hits[g.gid], f"{g.kind} hits"
             continue
         assert not state.tables[g.gid].get(rid), "adopting into a non-empty table"
         before = len(state.free)
@@ -110,6 +113,13 @@ def allocate_new_blocks(
         T = num_encoder_tokens if g.kind == "cross" else slots + g.speculative
         result: list[int] = []
         table = state.tables[g.gid].setdefault(rid, [])
+        if g.kind == "circular_buffer":
+            if not table:
+                result = state.get_new_blocks(1)
+                table.extend(result)
+            new.append(result)
+            taken.append(len(result))
+            continue
         if rid in state.partial_hits[g.gid]:
             index, src = state.partial_hits[g.gid].pop(rid)
             cow = state.get_new_blocks(1)[0]
@@ -122,7 +132,7 @@ def allocate_new_blocks(
         if k > 0:
             blocks = state.get_new_blocks(k)
             table.extend(blocks)
-            if layout.zeroing and g.kind != "mamba":
+            if layout.zeroing and g.kind != "mamba":  # (rings never get here)
                 state.new_block_ids[g.gid].extend(blocks)
             result.extend(blocks)
         new.append(result)
@@ -138,6 +148,8 @@ def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed:
     for g in layout.groups:
         skipped = g.skipped(processed)
         table = state.tables[g.gid].get(rid)
+        if g.rswa and table is not None:
+            release_rswa_gap(g.rswa, g.bs, state, table, req.num_prompt_tokens, processed)
         if skipped <= 0 or table is None:
             continue
         replaced = []
@@ -149,16 +161,43 @@ def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed:
         state.release(replaced)
 
 
+def release_rswa_gap(
+    window: int, bs: int, state: State, table: list[int], prompt: int, processed: int
+) -> None:
+    """docs/spec.md §12.2: the positions wholly after the prompt's last block and before the
+    decode window, [cdiv(prompt, bs), (processed − window) // bs), become null walking back
+    from the end and stopping at the first null; freed in that order."""
+    if processed - window <= prompt:
+        return
+    replaced = []
+    for i in range(min((processed - window) // bs, len(table)) - 1, cdiv(prompt, bs) - 1, -1):
+        if table[i] == NULL:
+            break
+        replaced.append(table[i])
+        table[i] = NULL
+    state.release(replaced)
+
+
 def free_request(layout: Layout, state: State, rid: str) -> None:
     """Coordinator free (docs/spec.md §5.2, §4.7): per group in order, drop the table, num_cached_block
     and partial-hit record, then release the table without its leading nulls, tail first."""
     for g in layout.groups:
-        table = state.tables[g.gid].pop(rid, [])
-        state.num_cached[g.gid].pop(rid, None)
-        state.partial_hits[g.gid].pop(rid, None)
-        while table and table[0] == NULL:
-            table.pop(0)
-        state.release(list(reversed(table)))
+        state.release(list(reversed(_pop_table(state, g.gid, rid))))
+
+
+def pop_request_blocks(layout: Layout, state: State, rid: str) -> list[list[int]]:
+    """pop_blocks_for_free (docs/spec.md §4.7): every group's table as `free_request` drops it,
+    one list per group, still held."""
+    return [_pop_table(state, g.gid, rid) for g in layout.groups]
+
+
+def _pop_table(state: State, gid: int, rid: str) -> list[int]:
+    table = state.tables[gid].pop(rid, [])
+    state.num_cached[gid].pop(rid, None)
+    state.partial_hits[gid].pop(rid, None)
+    while table and table[0] == NULL:
+        table.pop(0)
+    return table
 
 
 def allocate_slots(

@@ -15,7 +15,8 @@ def cache_request(layout: Layout, state: State, req: Request, num_tokens: int) -
     if not layout.caching:
         return
     for g in layout.groups:
-        cache_group(layout, state, g, req, cacheable(layout, g, num_tokens))
+        if g.kind != "circular_buffer":
+            cache_group(layout, state, g, req, cacheable(layout, g, num_tokens))
 
 
 def cacheable(layout: Layout, g: Group, n: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvfuzz.core.config import Config, SchedulerConfig
+from kvfuzz.core.config import FULL_ATTENTION_KINDS, Config, SchedulerConfig
 
 
 def cdiv(a: int, b: int) -> int:
@@ -36,11 +36,19 @@ class Group:
     """Admission cap in blocks (§4.3), None for full and cross attention."""
     speculative: int = 0
     """Slots for draft-token states: num_speculative_blocks * bs (mamba groups, §11.2)."""
+    variant: str = ""
+    """The config kind where `kind` is "full" for a full-attention variant (mla, sink_full,
+    rswa; §12.1): a different spec, so a hybrid looks it up as its own spec group."""
+    sink: int = 0
+    """Attention-sink tokens (sink_full groups only); the manager is full attention's."""
+    rswa: int = 0
+    """R-SWA decode window (rswa groups only, §12.2)."""
 
     @property
-    def spec(self) -> tuple[str, int, int, int, int]:
+    def spec(self) -> tuple[str, int, int, int, int, str, int, int]:
         """The KVCacheSpec fields; equal specs merge into one hybrid spec group (§5.5 step 4)."""
-        return (self.kind, self.bs, self.window, self.extra, self.chunk)
+        return (self.kind, self.bs, self.window, self.extra, self.chunk, self.variant, self.sink,
+                self.rswa)
 
     def skipped(self, n: int) -> int:
         """get_num_skipped_tokens (§4.2): leading tokens no future token attends to."""
@@ -104,16 +112,18 @@ class Layout:
                 cap = cdiv(min(chunk + F, M), g.block_size)
             drops = config.use_eagle and flagged[gid]
             speculative = g.num_speculative_blocks * g.block_size
+            kind, variant = ("full", g.kind) if g.kind in FULL_ATTENTION_KINDS else (g.kind, "")
             groups.append(
-                Group(gid, g.kind, g.block_size, window, extra, chunk, flagged[gid], drops, drops,
-                      cap, speculative)
+                Group(gid, kind, g.block_size, window, extra, chunk, flagged[gid], drops, drops,
+                      cap, speculative, variant, g.sink_len or 0, g.rswa_window or 0)
             )
         hybrid = config.enable_caching and len(groups) > 1
         spec_groups: list[SpecGroup] = []
         if hybrid:
-            members: dict[tuple[str, int, int, int, int], list[int]] = {}
+            members: dict[tuple[str, int, int, int, int, str, int, int], list[int]] = {}
             for g in groups:
-                members.setdefault(g.spec, []).append(g.gid)
+                if g.kind != "circular_buffer":  # scratch: no part in lookups (§12.3)
+                    members.setdefault(g.spec, []).append(g.gid)
             spec_groups = [
                 SpecGroup(groups[gids[0]], tuple(gids), any(groups[m].drops for m in gids))
                 for gids in members.values()

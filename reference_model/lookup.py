@@ -134,28 +134,36 @@ def search_chunked(s: Search) -> tuple[Lists, int]:
     return lists, len(lists[0]) * bs
 
 
-SEARCHES = {"full": search_full, "sliding_window": search_sliding, "chunked_local": search_chunked}
+def search_nothing(s: Search) -> tuple[Lists, int]:
+    """A circular buffer is never cached (docs/spec.md §12.3)."""
+    return [[] for _ in s.gids], 0
+
+
+SEARCHES = {"full": search_full, "sliding_window": search_sliding, "chunked_local": search_chunked,
+            "circular_buffer": search_nothing}
 
 
 def find_longest_cache_hit(layout: Layout, state: State, req: Request,
-                           bound: int | None = None) -> tuple[Lists, int]:
+                           bound: int | None = None) -> tuple[Lists, int, int]:
     """The coordinator's lookup with max_cache_hit_length = the least of num_tokens − 1, the
-    request's prefix_cache_hit_limit and `bound` (docs/spec.md §6.3 step 2)."""
+    request's prefix_cache_hit_limit and `bound` (docs/spec.md §6.3 step 2): the lists, the hit,
+    and the uncached common prefix (0 with one group)."""
     max_hit = min(x for x in (req.num_tokens - 1, req.prefix_cache_hit_limit, bound)
                   if x is not None)
     hashed = req.hashed_tokens(layout.hbs)
     if not layout.hybrid:
         g = layout.groups[0]
         s = Search(state, req, hashed, layout.hbs, (0,), g, max_hit, g.drops, g.bs)
-        return SEARCHES[g.kind](s)
+        return (*SEARCHES[g.kind](s), 0)
     return _hybrid_fixed_point(layout, state, req, max_hit, hashed)
 
 
 def _hybrid_fixed_point(
     layout: Layout, state: State, req: Request, max_hit: int, hashed: int
-) -> tuple[Lists, int]:
+) -> tuple[Lists, int, int]:
     """docs/spec.md §5.5 "Lookup (fixed point)"."""
     L = max_hit
+    longest = 0
     results: dict[int, tuple[Lists, int]] = {}
     """Spec-group index -> its latest search result."""
     verified: set[int] = set()
@@ -181,6 +189,7 @@ def _hybrid_fixed_point(
             elif length < cur:
                 verified.clear()
             cur = length
+            longest = max(longest, cur)
             results[n] = (lists, length)
         if cur >= L:
             break
@@ -192,13 +201,14 @@ def _hybrid_fixed_point(
         lists, _ = results[n]
         for gid, lst in zip(sg.gids, lists):
             out[gid] = lst[: cdiv(L, sg.spec.bs)] if sg.spec.kind == "full" else lst
-    return out, L
+    return out, L, longest - L
 
 
 def get_computed_blocks(layout: Layout, state: State, req: Request,
-                        bound: int | None = None) -> tuple[Lists, int]:
-    """docs/spec.md §6.3: (per-group hit lists, hit length); empty when the lookup is disabled
-    (no caching, skip_reading_prefix_cache, or a hit limit of 0)."""
+                        bound: int | None = None) -> tuple[Lists, int, int]:
+    """docs/spec.md §6.3: (per-group hit lists, hit length, shared-prefix boundary); empty when
+    the lookup is disabled (no caching, skip_reading_prefix_cache, or a hit limit of 0)."""
     if not layout.caching or req.skip_reading_prefix_cache or req.prefix_cache_hit_limit == 0:
-        return [[] for _ in layout.groups], 0
-    return find_longest_cache_hit(layout, state, req, bound)
+        return [[] for _ in layout.groups], 0, 0
+    lists, hit, uncached = find_longest_cache_hit(layout, state, req, bound)
+    return lists, hit, hit + uncached if uncached else 0

@@ -105,7 +105,7 @@ class Driver:
             while budget > 0 and self.waiting and len(self.running) < cfg.max_running:
                 r = self.waiting[0]
                 hits, hit = (
-                    mgr.get_computed_blocks(r) if r.num_computed_tokens == 0 else (None, 0)
+                    mgr.get_computed_blocks(r)[:2] if r.num_computed_tokens == 0 else (None, 0)
                 )
                 n = r.num_tokens - r.num_computed_tokens - hit
                 if n > budget:

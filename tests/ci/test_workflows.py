@@ -39,6 +39,8 @@ _EXPRESSION = re.compile(r"\$\{\{.*?\}\}", re.S)
 _SHELL_VARIABLE = re.compile(r"\$\{?\w+\}?")
 _OPERATOR_CHARS = set("();<>|&")
 _SOURCE_DIRS = (".ci/", "ci/", "bench/", "tests/", "docs/")
+SHARED = ("redis://", "rediss://", "readonly:", "$KVFUZZ_REDIS_URL")
+"""`--database` specs of a shared server, which no cache has to carry between runs."""
 _PINNED = re.compile(r"[\w.-]+/[\w.-]+(/[\w./-]+)?@(v\d+(\.\d+){0,2}|[0-9a-f]{40})")
 
 
@@ -180,9 +182,11 @@ def test_campaign_databases_are_restored_and_saved_even_after_a_finding() -> Non
             for i, step in enumerate(steps):
                 for command in _commands(step.get("run", "")):
                     argv = _after(command, "kvfuzz") or []
-                    if "--database" not in argv:
+                    local = [argv[j + 1] for j, word in enumerate(argv[:-1])
+                             if word == "--database" and not argv[j + 1].startswith(SHARED)]
+                    if not local:
                         continue
-                    db = argv[argv.index("--database") + 1]
+                    db = local[0]
                     databases.add(f"{path.name}/{job_id}")
                     restores = [s for s in steps[:i] if s.get("uses", "").startswith(
                         "actions/cache/restore@") and s["with"]["path"] == db]
@@ -388,6 +392,27 @@ def test_actionlint_passes() -> None:
     result = subprocess.run(["actionlint", "-no-color", *map(str, sorted(COPIES.glob("*.yml")))],
                             cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_buildkite_example_runs_commands_the_cli_accepts(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """ci/buildkite/distributed.yml: N parallel campaigns on one Redis, then `kvfuzz merge`."""
+    pipeline = yaml.safe_load((REPO / "ci" / "buildkite" / "distributed.yml").read_text())
+    commands = []
+    for step in pipeline["steps"]:
+        script = step.get("command", "").replace("$$", "$")  # Buildkite's escaped `$`
+        for command in _commands(script):
+            argv = _after(command, "kvfuzz")
+            if argv is not None:
+                commands.append([_SHELL_VARIABLE.sub("1", word) for word in argv])
+    for argv in commands:
+        try:
+            _parser().parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"rejected: kvfuzz {shlex.join(argv)}: {capsys.readouterr().err}")
+    assert [argv[0] for argv in commands] == ["run", "merge"]
+    assert pipeline["steps"][0]["parallelism"] > 1
+    assert "--database" in commands[0] and "--json" in commands[1]
 
 
 def test_the_vllm_workflow_runs_every_release_install_vllm_supports():

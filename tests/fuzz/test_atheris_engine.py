@@ -90,6 +90,6 @@ def test_sigterm_keeps_the_findings_of_every_worker(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
-    assert "[P1] api/full" in out and "findings           1" in out
+    assert "[P1] 1 bug(s)" in out and "api/full (" in out and "findings           1" in out
     logs = [f.read_text() for f in log_files]
     assert len({line for log in logs for line in log.splitlines() if "Seed: " in line}) == 2

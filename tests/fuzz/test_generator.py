@@ -6,10 +6,11 @@ from __future__ import annotations
 import gc
 import random
 from collections import Counter
-from pathlib import Path
+from dataclasses import replace
 
 from kvfuzz.core.configs import builtin_config
-from kvfuzz.fuzz.campaign import Campaign, CampaignOptions, FOCUS_WEIGHT
+from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, Campaign, CampaignOptions, campaign_pairs,
+                                  pair_weight)
 from kvfuzz.fuzz.generator import ApiRules, SchedulerRules, Swarm, focus_features, run_example
 from kvfuzz.fuzz.strategies import BytesChoices
 from kvfuzz.harness.executor import Execution, run_trace
@@ -79,24 +80,27 @@ def test_focus_on_an_op_makes_more_of_it():
     assert focused["evict_blocks"] > 1.5 * plain["evict_blocks"]
 
 
-def _campaign(tmp_path: Path, **kwargs) -> Campaign:
-    options = CampaignOptions(seconds=None, examples=20, configs=("full", "watermark"),
-                              corpus=tmp_path, **kwargs)
-    return Campaign(options)
+def _picks(options: CampaignOptions, growth: dict, batches: int) -> list:
+    """The pairs of the first `batches` batches of a time-budgeted campaign's schedule, with
+    the weights its driver gives after a batch of `growth` new features per pair."""
+    schedule = Campaign(options).schedule
+    picks = [schedule.next_batch().pair for _ in schedule.pairs]
+    for pair in schedule.pairs:
+        schedule.weights[pair] = pair_weight(options, pair, growth.get(pair, 0))
+    return picks + [schedule.next_batch().pair for _ in range(batches - len(picks))]
 
 
 def test_every_pair_comes_first_then_growing_and_focused_pairs_get_more(tmp_path):
-    campaign = _campaign(tmp_path)
-    pairs = campaign.pairs
-    assert [campaign.next_pair(i) for i in range(len(pairs))] == pairs
-    campaign.growth = {pairs[2]: 30}
-    later = Counter(campaign.next_pair(i) for i in range(len(pairs), 400))
-    assert later[pairs[2]] > 400 * 0.7 and set(later) == set(pairs)
-    focused = _campaign(tmp_path, focus=("watermark",), weighting=False)
-    picks = Counter(focused.next_pair(i)[1] for i in range(len(pairs), 800))
+    options = CampaignOptions(seconds=60, configs=("full", "watermark"), corpus=tmp_path)
+    pairs = campaign_pairs(options)
+    assert _picks(options, {}, len(pairs)) == pairs
+    later = Counter(_picks(options, {pairs[2]: 30}, 400)[len(pairs):])
+    assert later[pairs[2]] > 396 * 0.7 and set(later) == set(pairs)
+    focused = replace(options, focus=("watermark",), weighting=False)
+    picks = Counter(p[1] for p in _picks(focused, {pairs[0]: 30}, 800)[len(pairs):])
     assert 0.6 * FOCUS_WEIGHT < picks["watermark"] / picks["full"] < 1.5 * FOCUS_WEIGHT
-    plain = _campaign(tmp_path, weighting=False)
-    assert [plain.next_pair(i) for i in range(12)] == pairs * 3
+    plain = replace(options, weighting=False)
+    assert _picks(plain, {pairs[0]: 30}, 12) == pairs * 3
 
 
 def test_batches_create_no_classes(tmp_path):

@@ -1,6 +1,6 @@
 """docs/spec.md §9 worked examples E1-E9 as traces through the one executor.
 
-Every op runs in lockstep with the reference model, and every registered check (P1-P4, I1-I19,
+Every op runs in lockstep with the reference model, and every registered check (P1-P4, I1-I20,
 state and transition) runs after every op, beside the exact block ids and free-queue orders
 asserted here. Always on kvcache; three-way with the installed vLLM where it is importable (the
 `vllm` parameter, run by .ci/run from the venv of ci/install-vllm.sh).

@@ -1,0 +1,337 @@
+"""`kvfuzz mutate`: how many source mutants of the target a fixed-example campaign kills.
+
+cosmic-ray (`pip install 'kvfuzz[mutate]'`) lists the mutants of the named files and applies
+each one in place; for each, a fixed-example campaign (`kvfuzz.fuzz.campaign`, seeded, stopped at
+its first finding) runs in a fresh interpreter under a timeout and says which check killed it.
+The files' original bytes are written back after every mutant and at the end, even on Ctrl-C,
+SIGTERM or an error, and verified by SHA-256; a copy `FILE.kvfuzz-orig` stands beside each file
+while it is mutated, so that a run killed outright is repaired by the next one.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvfuzz.core.errors import KvfuzzError, require
+
+INSTALL = "pip install 'kvfuzz[mutate]'"
+BACKUP = ".kvfuzz-orig"
+KILLED, SURVIVED, TIMEOUT, INCOMPETENT = "killed", "survived", "timeout", "incompetent"
+ERROR = "campaign-error"
+"""The `check` of a mutant that made the campaign raise instead of failing a check."""
+_PACKAGES = {"kvcache": "kvfuzz.kvcache", "vllm": "vllm"}
+
+
+class MutateError(KvfuzzError):
+    """A path to mutate is not a file of the target's package, or cannot be written."""
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One cosmic-ray mutation: `occurrence` of `operator` in `path`, at `line`, `column`."""
+
+    path: str
+    operator: str
+    occurrence: int
+    line: int
+    column: int
+
+
+@dataclass
+class Result:
+    mutant: Mutant
+    outcome: str
+    check: str | None = None
+    """The check whose finding killed it (killed only)."""
+    seconds: float = 0.0
+    diff: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    target: str
+    examples: int
+    seed: int
+    total_mutants: int
+    results: list[Result] = field(default_factory=list)
+    interrupted: bool = False
+
+    def counts(self, results: list[Result] | None = None) -> dict[str, int]:
+        c = Counter(r.outcome for r in (self.results if results is None else results))
+        return {o: c[o] for o in (KILLED, SURVIVED, TIMEOUT, INCOMPETENT)}
+
+    def score(self, results: list[Result] | None = None) -> float | None:
+        """Detected (killed or timed out) over the competent mutants."""
+        c = self.counts(results)
+        competent = c[KILLED] + c[SURVIVED] + c[TIMEOUT]
+        return None if competent == 0 else (c[KILLED] + c[TIMEOUT]) / competent
+
+    def as_json(self) -> dict[str, Any]:
+        by_file = {p: [r for r in self.results if r.mutant.path == p]
+                   for p in dict.fromkeys(r.mutant.path for r in self.results)}
+        return {
+            "target": self.target, "examples": self.examples, "seed": self.seed,
+            "total_mutants": self.total_mutants, "run": len(self.results),
+            "interrupted": self.interrupted,
+            "counts": self.counts(), "score": self.score(),
+            "by_file": {p: {**self.counts(rs), "score": self.score(rs)}
+                        for p, rs in by_file.items()},
+            "by_check": dict(Counter(r.check for r in self.results if r.check)),
+            "results": [{**asdict(r.mutant), **{k: v for k, v in asdict(r).items()
+                                                if k != "mutant"}} for r in self.results],
+        }
+
+
+def resolve(target: str, names: list[str]) -> list[Path]:
+    """The source files `names` of the target's package: absolute, or relative to the folder
+    holding the package (`vllm/v1/core/block_pool.py`), or to the package (`block_pool.py`)."""
+    package = _PACKAGES.get(target)
+    if package is None:
+        raise MutateError(f"--target {target!r}: mutate knows {', '.join(sorted(_PACKAGES))}")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise MutateError(f"--target {target}: package {package} is not installed")
+    root = Path(next(iter(spec.submodule_search_locations))).resolve()
+    paths = []
+    for name in names:
+        given = Path(name)
+        candidates = [given] if given.is_absolute() else [root.parent / given, root / given]
+        path = next((c.resolve() for c in candidates if c.is_file()), None)
+        if path is None or root not in path.parents or path.suffix != ".py":
+            raise MutateError(f"--paths {name}: not a .py file of {package} ({root})")
+        if not os.access(path, os.W_OK) or path.stat().st_nlink > 1:  # a hard link: shared
+            raise MutateError(f"--paths {name}: {path} is read-only or hard-linked; mutate a "
+                              "copy in a venv of your own (docs/mutation.md)")
+        paths.append(path)
+    return paths
+
+
+def mutants(paths: list[Path]) -> list[Mutant]:
+    """Every mutant cosmic-ray's operators make of `paths`, in a stable order."""
+    require("cosmic_ray", INSTALL, "kvfuzz mutate")
+    from cosmic_ray.commands import init
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-mutate-") as tmp:
+        with use_db(str(Path(tmp) / "session.sqlite"), WorkDB.Mode.create) as db:
+            init(paths, db, {})
+            found = [Mutant(str(m.module_path), m.operator_name, m.occurrence, *m.start_pos)
+                     for item in db.work_items for m in item.mutations]
+    return sorted(set(found), key=lambda m: (m.path, m.operator, m.occurrence))
+
+
+def baseline(target: str, examples: int, seed: int, paths: list[Path],
+             timeout: float) -> tuple[str | None, dict[str, set[int]]]:
+    """The campaign on the unmutated source, under coverage.py: the check it fails (None when
+    it passes, as it must for the score to mean anything) and the lines of `paths` it runs."""
+    require("coverage", INSTALL, "kvfuzz mutate")
+    from coverage import CoverageData
+
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-baseline-") as tmp:
+        data, out = Path(tmp) / "coverage", Path(tmp) / "result.json"
+        spec = {"target": target, "examples": examples, "seed": seed, "corpus": tmp,
+                "out": str(out)}
+        argv = [sys.executable, "-m", "coverage", "run", f"--data-file={data}",
+                "--include=" + ",".join(map(str, paths)), "-m", "kvfuzz.fuzz.mutate",
+                json.dumps(spec)]
+        try:
+            with terminable():
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the baseline campaign ran past {timeout:g} s") from None
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"the baseline campaign failed (exit {proc.returncode}):\n"
+                               + (proc.stderr or proc.stdout)[-2000:])
+        covered = CoverageData(basename=str(data))
+        covered.read()
+        lines = {str(p): set(covered.lines(str(p)) or ()) for p in paths}
+        return json.loads(out.read_text())["check"], lines
+
+
+def annotation(m: Mutant, tree: ast.Module) -> bool:
+    """Whether `m` lies in a type annotation, which the runtime never evaluates here."""
+    where = (m.line, m.column)
+    for node in ast.walk(tree):
+        notes = ([node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 else [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) else [])
+        if any(n is not None and (n.lineno, n.col_offset) <= where
+               < (n.end_lineno or n.lineno, n.end_col_offset or 0) for n in notes):
+            return True
+    return False
+
+
+def eligible(found: list[Mutant], lines: dict[str, set[int]]) -> list[Mutant]:
+    """The mutants inside a statement that ran and outside type annotations. coverage.py
+    names a statement by its first line, so a mutant counts by the innermost statement around
+    it."""
+    trees = {path: ast.parse(Path(path).read_text()) for path in lines}
+    spans = {path: [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+                    if isinstance(n, ast.stmt)] for path, tree in trees.items()}
+
+    def ran(m: Mutant) -> bool:
+        around = [(first, last) for first, last in spans[m.path] if first <= m.line <= last]
+        return bool(around) and max(around, key=lambda s: (s[0], -s[1]))[0] in lines[m.path]
+
+    return [m for m in found if ran(m) and not annotation(m, trees[m.path])]
+
+
+def sample(found: list[Mutant], k: int | None, seed: int) -> list[Mutant]:
+    """`k` of `found` drawn with `seed` (all when k is None), in file and line order."""
+    chosen = found if k is None or k >= len(found) else random.Random(seed).sample(found, k)
+    return sorted(chosen, key=lambda m: (m.path, m.line, m.operator, m.occurrence))
+
+
+class Originals:
+    """The files' original bytes: written back and verified by hash on `restore()`."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.saved: dict[Path, tuple[bytes, str]] = {}
+        for path in paths:
+            backup = path.with_name(path.name + BACKUP)
+            if backup.exists():  # left by a run killed outright: its bytes are the original
+                print(f"kvfuzz mutate: restoring {path} from {backup}", file=sys.stderr)
+                path.write_bytes(backup.read_bytes())
+            data = path.read_bytes()
+            self.saved[path] = (data, hashlib.sha256(data).hexdigest())
+            backup.write_bytes(data)
+
+    def restore(self) -> None:
+        for path, (data, digest) in self.saved.items():
+            if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+                path.write_bytes(data)
+            if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+                raise RuntimeError(f"kvfuzz mutate: could not restore {path}")
+
+    def close(self) -> None:
+        self.restore()
+        for path in self.saved:
+            path.with_name(path.name + BACKUP).unlink(missing_ok=True)
+
+
+@contextmanager
+def terminable() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt meanwhile, so cleanups run and children are killed."""
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def guarded(paths: list[Path]) -> Iterator[Originals]:
+    """Originals of `paths`, restored on any exit; SIGTERM ends the run like Ctrl-C."""
+    with terminable():
+        originals = Originals(paths)
+        try:
+            yield originals
+        finally:
+            originals.close()
+
+
+def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Result:
+    """Apply `mutant` (the caller restores the file) and run the campaign on it."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import apply_mutation
+
+    path = Path(mutant.path)
+    before = path.stat().st_mtime_ns
+    original, mutated = apply_mutation(path, cosmic_ray.plugins.get_operator(mutant.operator)(),
+                                       mutant.occurrence)
+    if mutated is None:
+        return Result(mutant, INCOMPETENT, detail="cosmic-ray made no mutation")
+    try:
+        compile(mutated, str(path), "exec")
+    except SyntaxError as exc:
+        return Result(mutant, INCOMPETENT, detail=f"not Python: {exc.msg}")
+    if path.stat().st_mtime_ns // 10**9 == before // 10**9:
+        # a cached .pyc of the original records its mtime in seconds: make it stale
+        os.utime(path, ns=(before + 2 * 10**9, before + 2 * 10**9))
+    diff = "".join(difflib.unified_diff(original.splitlines(True), mutated.splitlines(True),
+                                        f"a/{path.name}", f"b/{path.name}", n=1))
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-mutant-") as tmp:
+        out = Path(tmp) / "result.json"
+        argv = [sys.executable, "-m", "kvfuzz.fuzz.mutate",
+                json.dumps({**campaign, "corpus": tmp, "out": str(out)})]
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True,
+                                  timeout=timeout, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return Result(mutant, TIMEOUT, seconds=time.monotonic() - start, diff=diff)
+        seconds = time.monotonic() - start
+        if proc.returncode != 0 or not out.exists():
+            # The baseline passed, so the mutant made the campaign itself raise (a manager
+            # that cannot be built, say): detected, though by no check.
+            return Result(mutant, KILLED, ERROR, seconds, diff,
+                          detail=f"exit {proc.returncode}: {_exception(proc.stderr)}")
+        check = json.loads(out.read_text())["check"]
+    return Result(mutant, KILLED if check else SURVIVED, check, seconds, diff)
+
+
+def _exception(stderr: str) -> str:
+    """The last `SomeError: message` line of a traceback (else its last line)."""
+    lines = stderr.strip().splitlines() or [""]
+    raised = [ln for ln in lines if re.match(r"[\w.]+(Error|Exception|Exit)\b", ln)]
+    return (raised or lines)[-1]
+
+
+def run(report: Report, chosen: list[Mutant], timeout: float,
+        on_result: Callable[[int, int, Report], None]) -> Report:
+    """Run the `chosen` mutants, a fixed campaign on each, into `report`; `on_result` sees the
+    report after each mutant."""
+    campaign = {"target": report.target, "examples": report.examples, "seed": report.seed}
+    paths = sorted({Path(m.path) for m in chosen})
+    with guarded(paths) as originals:
+        try:
+            for i, mutant in enumerate(chosen, 1):
+                try:
+                    result = run_mutant(mutant, campaign, timeout)
+                finally:
+                    originals.restore()
+                report.results.append(result)
+                on_result(i, len(chosen), report)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the mutants run so far are the report
+            report.interrupted = True
+    return report
+
+
+def _campaign(spec: dict[str, Any]) -> None:
+    """The child: one fixed-example campaign, stopped at its first finding; writes the check
+    that found it (or null) to spec["out"]."""
+    from kvfuzz.fuzz.campaign import CampaignOptions, run_campaign
+
+    options = CampaignOptions(target=spec["target"], seconds=None, examples=spec["examples"],
+                              seed=spec["seed"], corpus=Path(spec["corpus"]), max_findings=1,
+                              shrink_seconds=0.0)
+    stats = run_campaign(options, lambda stats: None)
+    check = stats.findings[0].check if stats.findings else None
+    Path(spec["out"]).write_text(json.dumps({"check": check, "examples": stats.examples}))
+
+
+if __name__ == "__main__":
+    _campaign(json.loads(sys.argv[1]))

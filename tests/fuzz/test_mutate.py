@@ -1,0 +1,103 @@
+"""`kvfuzz mutate`: a killed and an equivalent (surviving) mutant of kvcache, the source restored
+byte for byte, and the usage errors."""
+
+import hashlib
+import importlib.util
+
+import pytest
+
+from kvfuzz.fuzz import mutate
+from kvfuzz.fuzz.cli import main
+
+pytest.importorskip("cosmic_ray", reason="kvfuzz mutate needs kvfuzz[mutate]")
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_killed_and_a_surviving_mutant_and_the_source_restored():
+    (path,) = mutate.resolve("kvcache", ["block_pool.py"])
+    before = _digest(path)
+    found = mutate.mutants([path])
+    lines = path.read_text().splitlines()
+    lookup = 1 + lines.index("            blocks = get(block_hash + suffix)")
+    # `block_hash - suffix` makes every cached-block lookup miss: prefix hits disappear.
+    killed = next(m for m in found if m.line == lookup
+                  and m.operator == "core/ReplaceBinaryOperator_Add_Sub")
+    # `type(blocks) == dict` is `type(blocks) is dict`: an equivalent mutant.
+    equivalent = next(m for m in found if m.line == lookup + 3
+                      and m.operator == "core/ReplaceComparisonOperator_Is_Eq")
+    (factory,) = mutate.resolve("kvcache", ["kv_cache_coordinator.py"])
+    gate = 1 + factory.read_text().splitlines().index("    if enable_partial_hash_hits and (")
+    # `if not enable_partial_hash_hits and (...)`: no single-group manager can be built.
+    raises = next(m for m in mutate.mutants([factory])
+                  if m.line == gate and m.operator == "core/AddNot")
+    seen = []
+    report = mutate.run(mutate.Report("kvcache", 60, 0, len(found)),
+                        [killed, equivalent, raises], timeout=240,
+                        on_result=lambda i, n, r: seen.append(_digest(path)))
+    assert _digest(path) == before
+    assert seen == [before] * 3  # restored after each mutant, not only at the end
+    assert not path.with_name(path.name + mutate.BACKUP).exists()
+    first, second, third = report.results
+    assert first.outcome == mutate.KILLED and first.check, first
+    assert second.outcome == mutate.SURVIVED and "== dict" in second.diff, second
+    assert third.outcome == mutate.KILLED and third.check == mutate.ERROR, third
+    assert "ValueError" in third.detail
+    assert report.score() == 2 / 3
+    data = report.as_json()
+    assert data["by_file"][str(path)]["killed"] == 1
+    assert data["by_check"] == {first.check: 1, mutate.ERROR: 1}
+
+
+def test_the_baseline_passes_and_only_statements_it_ran_outside_annotations_are_eligible():
+    (path,) = mutate.resolve("kvcache", ["kv_cache_manager.py"])
+    found = mutate.mutants([path])
+    check, lines = mutate.baseline("kvcache", 10, 0, [path], timeout=240)
+    assert check is None and lines[str(path)]
+    kept = mutate.eligible(found, lines)
+    assert 0 < len(kept) < len(found)
+    assert mutate.eligible(found, {str(path): set()}) == []  # nothing ran: nothing to mutate
+    signature = 1 + path.read_text().splitlines().index(
+        "        self, request: Request, max_cache_hit_length: int | None = None")
+    in_annotation = [m for m in found if m.line == signature]
+    assert in_annotation and not set(in_annotation) & set(
+        mutate.eligible(found, {str(path): set(range(1, 10_000))}))
+
+
+def test_a_file_left_mutated_by_a_killed_run_is_restored_from_its_backup():
+    (path,) = mutate.resolve("kvcache", ["block_pool.py"])
+    original = path.read_bytes()
+    backup = path.with_name(path.name + mutate.BACKUP)
+    backup.write_bytes(original)
+    try:
+        path.write_bytes(original + b"\n# left by a run killed with SIGKILL\n")
+        with mutate.guarded([path]):
+            assert path.read_bytes() == original
+    finally:
+        path.write_bytes(original)
+        backup.unlink(missing_ok=True)
+    assert not backup.exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--paths", "no_such_file.py"], "no_such_file.py"),
+    (["--paths", "block_pool.py", "--examples", "0"], "--examples"),
+    (["--target", "vllm", "--paths", "block_pool.py"], None),
+])
+def test_usage_errors_exit_two(capsys, argv, needle):
+    if needle is None and importlib.util.find_spec("vllm") is None:
+        needle = "vllm"
+    elif needle is None:
+        pytest.skip("vLLM installed: its block_pool.py is a real path")
+    assert main(["mutate", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_without_cosmic_ray_exit_two_with_the_install_line(capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "cosmic_ray" else real(name, *a))
+    assert main(["mutate", "--paths", "block_pool.py"]) == 2
+    assert "pip install 'kvfuzz[mutate]'" in capsys.readouterr().err
