@@ -128,5 +128,5 @@ def test_a_feature_kvcache_lacks_is_refused_by_name():
     ns.KVCacheManager(config, 64, BLOCK, BLOCK, num_hash_lookahead_tokens=0)  # 0.33's, neutral
     with pytest.raises(ValueError, match=r"num_hash_lookahead_tokens=1 is not supported"):
         ns.KVCacheManager(config, 64, BLOCK, BLOCK, num_hash_lookahead_tokens=1)
-    with pytest.raises(ValueError, match=r"enable_kv_cache_events=True is not supported"):
-        ns.KVCacheManager(config, 64, BLOCK, BLOCK, enable_kv_cache_events=True)
+    with pytest.raises(ValueError, match=r"dcp_world_size=2 is not supported"):
+        ns.KVCacheManager(config, 64, BLOCK, BLOCK, dcp_world_size=2)
