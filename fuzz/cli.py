@@ -231,9 +231,10 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         print(f"kvfuzz mutate: {exc}", file=sys.stderr)
         return 3
     if check is not None:
+        configs = f" --config {' '.join(args.config)}" if args.config else ""
         print(f"the campaign fails on the unmutated source ({check}): fix that first; "
               f"`kvfuzz run --target {args.target} --examples {args.examples} "
-              f"--seed {args.seed}` shows it")
+              f"--seed {args.seed}{configs}` shows it")
         return EXIT_FOUND
     ran = mutate.eligible(everything, lines)
     print(f"{len(ran)} of {len(everything)} mutants lie on lines the campaign runs, outside "
