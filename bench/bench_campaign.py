@@ -83,7 +83,7 @@ def throughput(examples: int) -> None:
     print(f"throughput, {examples} examples per config and engine, model + every check on; "
           f"replay: median of {REPLAYS} replays of the Hypothesis campaign's traces; atheris: "
           f"its worker's start-up ({startup or 0:.1f} s, a 1-example run) left out")
-    print(f"{'config':15} {'replay ops/s':>12} {'hypothesis':>11} {'ratio':>6} "
+    print(f"{'config':18} {'replay ops/s':>12} {'hypothesis':>11} {'ratio':>6} "
           f"{'atheris':>8} {'ratio':>6}")
     hypothesis_rate("full", 5)  # warm-up: imports, first-use caches
     for name in BUILTIN:
@@ -93,7 +93,7 @@ def throughput(examples: int) -> None:
             ops, seconds = atheris_run(name, examples)
             ath = ops / max(seconds - startup, 1e-9)
             ath_text = f"{ath:8.0f} {ath / replay:6.2f}"
-        print(f"{name:15} {replay:12.0f} {rate:11.0f} {rate / replay:6.2f} {ath_text}",
+        print(f"{name:18} {replay:12.0f} {rate:11.0f} {rate / replay:6.2f} {ath_text}",
               flush=True)
 
 
@@ -117,11 +117,13 @@ def memory(seconds: float) -> None:
     print(f"\nRSS over a {seconds:g} s campaign ({stats.examples} examples, "
           f"{stats.operations} ops): " + ", ".join(f"{t:.0f}s {m:.1f}MB" for t, m in samples))
     if len(samples) > 2:
-        (t1, m1), (t2, m2) = samples[1], samples[-1]
-        print(f"growth after warm-up: {(m2 - m1) / max(t2 - t1, 1e-9) * 60:.2f} MB/min")
+        (t1, m1), (t2, m2) = samples[len(samples) // 2], samples[-1]
+        print(f"growth over the second half: {(m2 - m1) / max(t2 - t1, 1e-9) * 60:.2f} MB/min")
 
 
-def hunt(name: str, seed: int, budget: float, tuned: bool, every_config: bool) -> float | None:
+def hunt(name: str, seed: int, budget: float, tuned: bool,
+         every_config: bool) -> tuple[float, int] | None:
+    """(seconds, ops) to the first counterexample, or None."""
     mutant = MUTANTS[name]
     configs = CampaignOptions().configs if every_config else mutant.configs
     with tempfile.TemporaryDirectory() as corpus:
@@ -132,23 +134,25 @@ def hunt(name: str, seed: int, budget: float, tuned: bool, every_config: bool) -
             shrink_seconds=0.1,
         )
         stats = Campaign(options).run()
-    return stats.findings[0].found_after_s if stats.findings else None
+    return (stats.findings[0].found_after_s, stats.operations) if stats.findings else None
 
 
 def time_to_counterexample(seeds: int, budget: float, every_config: bool) -> None:
     where = "every built-in config" if every_config else "the configs where the bug can show"
-    print(f"\nseconds to first counterexample on {where}, {seeds} seeds, budget {budget:g} s "
-          "(not found counts as the budget)")
-    print(f"{'planted bug':22} {'before median':>13} {'max':>6} {'after median':>13} "
-          f"{'max':>6} {'after/before':>12}")
+    print(f"\nto the first counterexample on {where}, {seeds} seeds, budget {budget:g} s (not "
+          "found: the budget); ops: median ops run until the campaign stopped at it (noise-free)")
+    print(f"{'planted bug':22} {'before median s':>15} {'max s':>6} {'ops':>6} "
+          f"{'after median s':>14} {'max s':>6} {'ops':>6} {'after/before s':>14}")
     for name in PLANTS:
-        row = []
+        row: list[float] = []
         for tuned in (False, True):
-            times = [hunt(name, seed, budget, tuned, every_config) for seed in range(seeds)]
-            times = [budget if t is None else t for t in times]
-            row += [statistics.median(times), max(times)]
-        print(f"{name:22} {row[0]:13.2f} {row[1]:6.2f} {row[2]:13.2f} {row[3]:6.2f} "
-              f"{row[2] / max(row[0], 1e-3):12.2f}", flush=True)
+            runs = [hunt(name, seed, budget, tuned, every_config) for seed in range(seeds)]
+            times = [budget if r is None else r[0] for r in runs]
+            ops = [r[1] for r in runs if r is not None]
+            row += [statistics.median(times), max(times),
+                    statistics.median(ops) if ops else float("nan")]
+        print(f"{name:22} {row[0]:15.2f} {row[1]:6.2f} {row[2]:6.0f} {row[3]:14.2f} "
+              f"{row[4]:6.2f} {row[5]:6.0f} {row[3] / max(row[0], 1e-3):14.2f}", flush=True)
 
 
 def main() -> None:

@@ -7,9 +7,11 @@ check on, the same seed) for `--seconds`, through `run_campaign` as `kvfuzz run`
 - start-up: from the call to the first batch result (processes spawned, for Ray also
   `ray.init` and the node probe, and the first batch's imports);
 - examples/s once started: the examples of the results after the first, over the time after it;
-- examples per CPU second: all examples over the CPU time of every process of the mode (driver,
-  workers, Ray's daemons), which a busy shared machine disturbs less than the wall clock;
-- the CPU split: driver, batch workers, Ray's daemons (GCS, raylet, agents, log monitor);
+- examples per CPU second once started: the same examples over the CPU time every process of
+  the mode took after the first result (driver, workers, Ray's daemons), which a busy shared
+  machine disturbs less than the wall clock;
+- the CPU split after the first result: driver, batch workers, Ray's daemons (GCS, raylet,
+  agents, log monitor);
 - for Ray: `ray.init`, the node probe, and the round trip of an empty task.
 
 The machine may be shared: compare the figures of one run with each other (`--rounds`
@@ -74,42 +76,42 @@ class CpuWatch:
 
 
 class Clock:
-    """on_progress hook: when the first result came, and the examples counted then."""
+    """on_progress hook: when the first result came, the examples and the CPU seconds then."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: CpuWatch) -> None:
+        self.watch = watch
         self.start = time.perf_counter()
         self.first: float | None = None
         self.first_examples = 0
+        self.first_cpu: dict[str, float] = {}
 
     def __call__(self, stats: Any) -> None:
         if self.first is None and stats.examples:
             self.first = time.perf_counter()
             self.first_examples = stats.examples
+            self.first_cpu = self.watch.totals()
 
 
 def campaign(seconds: float, workers: int = 1,
              backend: Callable[[CampaignOptions], Any] | None = None,
              started: float | None = None) -> dict[str, float]:
     watch = CpuWatch()
-    before = watch.totals()
     with tempfile.TemporaryDirectory() as corpus:
         options = CampaignOptions(seconds=seconds, seed=11, workers=workers,
                                   corpus=Path(corpus))
-        clock = Clock()
+        clock = Clock(watch)
         if started is not None:
             clock.start = started
-        if backend is None:
-            stats = run_campaign(options, clock)
-        else:
-            stats = run_campaign(options, clock, backend=backend(options))
+        stats = run_campaign(options, clock, backend=None if backend is None else backend(options))
         end = time.perf_counter()
     after = watch.totals()
     watch.stop()
     assert clock.first is not None, "no batch finished"
-    cpu = {kind: after[kind] - before[kind] for kind in after}
+    cpu = {kind: after[kind] - clock.first_cpu[kind] for kind in after}
+    examples = stats.examples - clock.first_examples
     return {"startup_s": clock.first - clock.start,
-            "rate": (stats.examples - clock.first_examples) / (end - clock.first),
-            "per_cpu_s": stats.examples / max(sum(cpu.values()), 1e-9),
+            "rate": examples / (end - clock.first),
+            "per_cpu_s": examples / max(sum(cpu.values()), 1e-9),
             **{f"cpu_{kind}": seconds for kind, seconds in cpu.items()}}
 
 

@@ -156,6 +156,12 @@ class Config:
     partial_hits: bool = False
     watermark: float = 0.0
     none_hash_seed: str = "kvfuzz"
+    extra_keys: bool = False
+    """Generators give requests LoRA adapters, multimodal inputs and prompt embeddings."""
+    deferred_frees: bool = False
+    """Generators free some requests in two steps: pop their blocks, release them later."""
+    kv_events: bool = False
+    """The manager queues KV cache events; `take_events` ops read them (docs/spec.md §3.10)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -221,7 +227,8 @@ class Config:
             if not isinstance(group, GroupConfig):
                 raise ConfigError(f"groups[{i}] must be a group object, got {group!r}")
             group.validate(f"groups[{i}]")
-        for flag in ("enable_caching", "use_eagle", "partial_hits"):
+        for flag in ("enable_caching", "use_eagle", "partial_hits", "extra_keys", "kv_events",
+                     "deferred_frees"):
             _bool(flag, getattr(self, flag))
         if self.hash_block_size is not None:
             _positive_int("hash_block_size", self.hash_block_size)

@@ -89,6 +89,20 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(16, (_full(),), name="eagle", max_model_len=64, use_eagle=True),
         ),
         (
+            "deferred frees (pop_blocks_for_free, released later): full (bs 8) + sliding window "
+            "(bs 4), so the per-group release order shows",
+            Config(20, (_full(8), _swa(4, 8)), name="deferred", max_model_len=64,
+                   deferred_frees=True),
+        ),
+        (
+            "KV cache events on (take_events), a small pool so that copies and evictions happen",
+            Config(12, (_full(),), name="events", max_model_len=64, kv_events=True),
+        ),
+        (
+            "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",
+            Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True),
+        ),
+        (
             "Mamba-only (Mamba-Codestral-like): one state group, state block = max_model_len",
             Config(6, (_mamba(64),), name="mamba", max_model_len=64, enable_caching=False),
         ),

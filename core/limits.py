@@ -23,6 +23,9 @@ MAX_NESTING = 32
 """Objects and lists nest at most 32 deep (a trace needs 5)."""
 MAX_OPS = 200_000
 """Ops in one trace."""
+MAX_REQUESTS = 1024
+"""`add_request` ops in one trace: every op snapshots and checks every request, so a replay's
+time grows with the square of the requests (1,000 take about 5 s, 2,000 about 23 s)."""
 MAX_NUM_BLOCKS = 1 << 17
 """Pool size N (131,072 blocks; each costs the manager and the model memory up front)."""
 MAX_GROUPS = 16

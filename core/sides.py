@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.core.trace import Op
 
 Outcome = Literal["blocks", "gate", "capacity", "error"]
@@ -64,6 +64,26 @@ class CachedTokensProbe(NamedTuple):
     lookup_hit: int
 
 
+@dataclass(frozen=True)
+class KvEvent:
+    """One KV cache event with its hashes read as content keys (docs/spec.md §3.10): `kind` is
+    "stored", "removed" or "cleared"; stored events also carry the parent key (None: the chain
+    starts at token 0), the token ids and the block size."""
+
+    kind: str
+    group: int = 0
+    keys: tuple[CacheKey, ...] = ()
+    parent: CacheKey | None = None
+    token_ids: tuple[int, ...] = ()
+    block_size: int = 0
+
+
+def take_events_result(keys: Any) -> dict[str, list[str]]:
+    """The result of a take_events op (docs/traces.md): the cache keys the events replayed
+    from the start say are cached (the model: its cache map's keys), exact reprs, sorted."""
+    return {"cached": sorted(repr(k) for k in keys)}
+
+
 @dataclass
 class Observations:
     """What the probes saw during one op."""
@@ -78,6 +98,9 @@ class Observations:
     cached_token_probes: list[CachedTokensProbe] = field(default_factory=list)
     """Forward passes a target's harness ran during the op, in order (the data checks write
     through them). The reference model reports none."""
+    kv_events: list[KvEvent] = field(default_factory=list)
+    """The KV cache events the op made a target emit, in content form, in order (configs with
+    kv_events). The reference model reports none."""
 
 
 class Side(Protocol):

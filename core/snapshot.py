@@ -10,12 +10,16 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 CacheKey = tuple[int, str | None, tuple[int, ...]]
-"""(group id, cache salt or None, token ids of the prefix the key fingerprints)."""
+"""(group id, identity, token ids of the prefix the key fingerprints). The identity is the cache
+salt or None for a plain request, else the prefix's extra keys by value (core/extra_keys.py)."""
 
 
 def format_key(key: CacheKey) -> str:
     group, salt, tokens = key
-    salt_part = f" salt={salt!r}" if salt is not None else ""
+    if isinstance(salt, tuple):
+        salt_part = f" extras={salt[-1]!r}" if len(salt) > 1 else ""
+    else:
+        salt_part = f" salt={salt!r}" if salt is not None else ""
     shown = ",".join(map(str, tokens[:6])) + (",…" if len(tokens) > 6 else "")
     return f"g{group}{salt_part} [{len(tokens)} tok: {shown}]"
 
@@ -54,6 +58,9 @@ class Snapshot:
     requests: dict[str, RequestView]
     pending_copies: tuple[tuple[int, int], ...] = ()
     retained_copies: tuple[tuple[int, int], ...] = ()
+    deferred_frees: tuple[tuple[int, ...], ...] = ()
+    """Blocks popped for deferred frees and not yet released: one run per (batch, group), in
+    the order they will be released (each run tail first); each entry holds a reference."""
     new_block_ids: tuple[int, ...] = ()
     waiting: tuple[str, ...] = ()
     running: tuple[str, ...] = ()
@@ -76,6 +83,9 @@ class Snapshot:
                 for src, dst in pairs:
                     cached[src] += 1
                     cached[dst] += 1
+            for batch in self.deferred_frees:
+                for b in batch:
+                    cached[b] += 1
             cached[0] = 0
             self._derived["holders"] = cached
         return cached

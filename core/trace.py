@@ -17,7 +17,8 @@ from typing import Any, Literal
 from kvfuzz import versions
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import ConfigError, TraceFormatError
-from kvfuzz.core.limits import MAX_INT, MAX_OPS, MAX_TOKEN_ID, read_document, shown
+from kvfuzz.core.limits import (MAX_INT, MAX_OPS, MAX_REQUESTS, MAX_TOKEN_ID, read_document,
+                                 shown)
 
 FORMAT = "kvfuzz-trace"
 VERSION = 1
@@ -26,6 +27,7 @@ LEVELS = ("api", "scheduler")
 Op = dict[str, Any]
 
 _INT, _BOOL, _STR, _INTS, _OPT_STR, _OPT_INT = "int", "bool", "str", "ints", "str?", "int?"
+_OPT_INTS, _TRIPLES = "ints?", "triples"
 
 _REQUEST_FIELDS = {
     "request_id": (_STR, None),
@@ -36,6 +38,11 @@ _REQUEST_FIELDS = {
     "skip_reading_prefix_cache": (_BOOL, False),
     "num_encoder_tokens": (_INT, 0),
     "prefix_cache_hit_limit": (_OPT_INT, None),
+    # Extra hash keys (docs/spec.md §2.3); absent on a plain request.
+    "lora_name": (_OPT_STR, None),
+    "lora_id": (_OPT_INT, None),
+    "mm_inputs": (_TRIPLES, None),
+    "prompt_embeds": (_OPT_INTS, None),
 }
 
 OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
@@ -62,6 +69,9 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "take_new_block_ids": {},
         "take_kv_cache_block_copies": {},
         "release_copies": {},
+        "take_events": {},
+        "free_deferred": {"request_id": (_STR, None)},
+        "release_deferred": {},
     },
     "scheduler": {
         "add_request": _REQUEST_FIELDS,
@@ -76,6 +86,10 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids"}
 
 
+def _is_ints(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
 _EXPECTED = {
     _INT: "an int",
     _BOOL: "true or false",
@@ -83,6 +97,8 @@ _EXPECTED = {
     _OPT_STR: "a string or null",
     _OPT_INT: "an int or null",
     _INTS: "a list of ints",
+    _OPT_INTS: "a list of ints or null",
+    _TRIPLES: "a list of [int, int, int] or null",
 }
 _TOKEN_LISTS = ("prompt", "tokens")
 
@@ -98,7 +114,10 @@ def _check_value(where: str, kind: str, value: Any, key: str) -> None:
         _STR: isinstance(value, str),
         _OPT_STR: value is None or isinstance(value, str),
         _OPT_INT: value is None or _is_int(value),
-        _INTS: isinstance(value, list) and all(_is_int(v) for v in value),
+        _INTS: _is_ints(value),
+        _OPT_INTS: value is None or _is_ints(value),
+        _TRIPLES: value is None or isinstance(value, list)
+        and all(_is_ints(v) and len(v) == 3 for v in value),
     }[kind]
     if not ok:
         got = "a list holding " + ", ".join(sorted({type(v).__name__ for v in value})) if (
@@ -110,14 +129,17 @@ def _check_value(where: str, kind: str, value: Any, key: str) -> None:
         except UnicodeEncodeError:
             raise TraceFormatError(f"{where} must be text, got {value!r} (a lone "
                                    "surrogate)") from None
+    elif kind == _TRIPLES and value:
+        for triple in value:
+            _check_value(where, _INTS, triple, "")
     elif isinstance(value, list):
-        low, high = (0, MAX_TOKEN_ID) if key in _TOKEN_LISTS else (-MAX_INT - 1, MAX_INT)
+        # A negative token is an i64 the reference model refuses where it stands (InvalidTrace).
+        low, high = -MAX_INT - 1, MAX_TOKEN_ID if key in _TOKEN_LISTS else MAX_INT
         if value and not low <= min(value) <= max(value) <= high:
             bad = next(v for v in value if not low <= v <= high)
-            if key in _TOKEN_LISTS:
-                raise TraceFormatError(f"{where}: token id {shown(bad)} " + (
-                    "is negative" if bad < 0 else
-                    f"exceeds {MAX_TOKEN_ID}, the largest id vLLM stores (int32)"))
+            if key in _TOKEN_LISTS and bad > MAX_TOKEN_ID:
+                raise TraceFormatError(f"{where}: token id {shown(bad)} exceeds {MAX_TOKEN_ID}, "
+                                       "the largest id vLLM stores (int32)")
             raise TraceFormatError(f"{where} holds {shown(bad)}, outside the i64 range")
     elif _is_int(value) and not -MAX_INT - 1 <= value <= MAX_INT:
         raise TraceFormatError(f"{where} must be an i64, got {shown(value)}")
@@ -142,7 +164,10 @@ def normalize_op(raw: Any, level: str, where: str = "op") -> Op:
         if key in raw:
             _check_value(f"{where} ({name}).{key}", kind, raw[key], key)
             value = raw[key]
-            op[key] = list(value) if isinstance(value, list) else value
+            op[key] = (
+                [list(v) if isinstance(v, list) else v for v in value]
+                if isinstance(value, list) else value
+            )
         elif key in _MANDATORY:
             raise TraceFormatError(f"{where} ({name}) needs field {key!r}")
         else:
@@ -228,6 +253,10 @@ class Trace:
         meta = data.get("meta", {})
         check_meta(meta)
         normalized = [normalize_op(op, level, f"ops[{i}]") for i, op in enumerate(ops)]
+        requests = sum(op["op"] == "add_request" for op in normalized)
+        if requests > MAX_REQUESTS:
+            raise TraceFormatError(f"ops add {requests} requests, at most {MAX_REQUESTS} "
+                                   "(docs/traces.md, Bounds)")
         return cls(config, level, normalized, meta)
 
     @classmethod

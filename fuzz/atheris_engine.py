@@ -60,7 +60,8 @@ from kvfuzz.fuzz.schedule import Batch, BatchResult, Failure
 from kvfuzz.fuzz.workers import die_with_parent
 from kvfuzz.fuzz.plugins import import_plugins
 from kvfuzz.core.configs import builtin_config
-from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.core.errors import HarnessFault, KvfuzzError
+from kvfuzz.fuzz.exits import ErrorReport
 from kvfuzz.harness.executor import Counterexample
 
 INPUTS_DIR = "atheris-inputs"
@@ -74,6 +75,10 @@ POLL_S = 0.25
 _COV = re.compile(rb"\bcov: (\d+)")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 """How `_stop` may end a worker that has not set up its handler yet, or does not stop."""
+
+
+FAULT_FILE = "fault.pickle"
+"""Where a worker leaves the `ErrorReport` of a check, adapter or plugin that raised."""
 
 
 class AtherisError(KvfuzzError):
@@ -158,6 +163,9 @@ class AtherisWorker:
         except Counterexample as exc:
             self._record(failure_of(exc), level, name)
             self.written = 0.0
+        except HarnessFault as exc:  # not a finding: the parent exits 3 with it
+            _write_atomic(self.run_dir / FAULT_FILE, pickle.dumps(ErrorReport.of(exc)))
+            os._exit(3)
         account(result, self.runner.take_executions())
         self.stats.add(result)
         now = time.monotonic()
@@ -305,13 +313,17 @@ def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) 
                 time.sleep(POLL_S)
                 stats = _collect(run_dir, logs, start, options)
                 on_progress(stats)
-                stopped = _budget_spent(options, stats, start)
+                stopped = (_budget_spent(options, stats, start)
+                           or (run_dir / FAULT_FILE).exists())
         except KeyboardInterrupt:
             stopped = interrupted = True
         if stopped:
             _stop(procs, grace)
         stats = _collect(run_dir, logs, start, options)
         stats.interrupted = interrupted
+        fault = run_dir / FAULT_FILE
+        if fault.exists():
+            pickle.loads(fault.read_bytes()).raise_here()
     for worker, (proc, log) in enumerate(zip(procs, logs)):
         if proc.returncode != 0 and not (stopped and -proc.returncode in _STOP_SIGNALS):
             raise AtherisError(f"atheris worker {worker} exited with code {proc.returncode} "

@@ -39,8 +39,8 @@ from kvfuzz.fuzz.database import open_database
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
 from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
 from kvfuzz.fuzz.plugins import import_plugins
-from kvfuzz.fuzz.schedule import (FEW_EXAMPLES, Backend, Batch, BatchResult, Failure, InProcess,
-                                  Pair, Schedule)
+from kvfuzz.fuzz.schedule import (FEW_EXAMPLES, LAG, Backend, Batch, BatchResult, Failure,
+                                  InProcess, Pair, Schedule)
 
 LEVELS = ("api", "scheduler")
 BYTES_PER_STEP = 24
@@ -68,6 +68,9 @@ class CampaignOptions:
     """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
     focus: tuple[str, ...] = ()
     """Config and op names to favour (`check_focus`)."""
+    lag: int = LAG
+    """Batches between a result and the batch its weight first applies to: at most this many
+    run at once, and the same lag gives the same batches whatever runs them."""
     engine: str = "hypothesis"
     shrink_seconds: float = 30.0
     max_findings: int | None = None
@@ -352,7 +355,8 @@ class Campaign:
         self.options = options
         self.report = report
         self.stats = Stats()
-        self.schedule = Schedule(campaign_pairs(options), options.seed, options.examples)
+        self.schedule = Schedule(campaign_pairs(options), options.seed, options.examples,
+                                 options.lag)
         for pair in self.schedule.pairs:
             self.stats.pair(*pair)
             self.schedule.weights[pair] = pair_weight(options, pair, 0)
@@ -366,6 +370,8 @@ class Campaign:
         """Run the campaign on `backend` (default: this process) until its budget is spent."""
         if backend is None:
             backend = InProcess(self.runner)
+        # The driver's shrinks replay refused ops too: kvcache's warnings about them are noise.
+        logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
         self._start = time.monotonic()
         in_flight = 0
         try:
@@ -388,6 +394,9 @@ class Campaign:
             self.stats.interrupted = True
             self.findings.shrink_seconds = 0.0  # save what is still coming, raw: stop soon
             self._take_all(backend.close(cancel=True))
+        except BaseException:  # a check, adapter or plugin fault (exit 3): no worker outlives it
+            backend.close(cancel=True)
+            raise
         else:
             self._take_all(backend.close(cancel=False))
         self.stats.interrupted = self.stats.interrupted or STOP_REQUESTED.is_set()

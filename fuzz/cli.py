@@ -116,6 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help=_FILE_PLUGIN_HELP)
     replay.add_argument("--quiet", action="store_true", help="print only the outcome")
+    replay.add_argument("--config-file", type=Path, metavar="FILE",
+                        help="run the trace's ops on this config (TOML or JSON, "
+                        "docs/configs.md) instead of the trace's own")
     replay.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
     replay.set_defaults(handler=_cmd_replay)
@@ -367,8 +370,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_focus(options.focus, configs)
     backend = _ray_backend(args, options)
     budget = f"{seconds:g} s" if seconds is not None else f"{args.examples} examples"
+    workers = "Ray" if backend is not None else f"{args.workers} worker(s)"
     print(f"kvfuzz run: target {target}, {len(configs)} configs, {budget}, seed {args.seed}, "
-          f"{args.workers} worker(s), engine {args.engine}"
+          f"{workers}, engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
     if backend is not None:
@@ -382,8 +386,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             stats = run_atheris(options, progress.update)
         else:
-            stats = (run_campaign(options, progress.update) if backend is None
-                     else run_campaign(options, progress.update, backend=backend))
+            stats = run_campaign(options, progress.update, backend=backend)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -393,6 +396,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         report = {"versions": versions(), "target": target, "configs": list(configs),
                   "seed": args.seed,
                   "engine": args.engine, "workers": args.workers, "model": options.model,
+                  "ray": None if args.ray is None else args.ray or "local",
                   "data": args.data,
                   **stats.summary()}
         _write_json(args.json, report)
@@ -554,6 +558,10 @@ def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | N
     from kvfuzz.fuzz.trust import recorded_plugins
 
     trace = Trace.load(args.file)
+    if getattr(args, "config_file", None) is not None:
+        from kvfuzz.core.config_file import load_config_file
+
+        trace = Trace(load_config_file(args.config_file), trace.level, trace.ops, trace.meta)
     _plugins(args.plugin)
     recorded, note = recorded_plugins(trace, args.plugin)
     if note:
@@ -669,7 +677,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
           f"{merged['operations']} operations, {merged['invariant_checks']} invariant checks")
     for row in merged["by_config"]:
         print(f"  {row['level'] + '/' + row['config']:<28} {row['examples']:>9} examples  "
-              f"{row['findings']:>3} findings")
+              f"{row['findings']:>3} bug(s)")
     if merged["findings"]:
         print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
         for f in merged["findings"]:

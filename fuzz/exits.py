@@ -14,6 +14,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kvfuzz.core.errors import HarnessFault, KvfuzzError
@@ -25,6 +26,38 @@ EXIT_INTERRUPTED = 130
 
 class PluginFault(HarnessFault):
     """A plugin module named by the user raised while being imported."""
+
+
+@dataclass
+class ErrorReport:
+    """An error of another process (a `--workers` worker), sent to the parent to raise there as
+    the same exit: `usage` for bad input (2), else a fault of `source` (3)."""
+
+    usage: bool
+    source: str
+    error: str
+    """The exception's type name."""
+    message: str
+    traceback: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> ErrorReport:
+        cause = exc.__cause__ if isinstance(exc, HarnessFault) and exc.__cause__ else exc
+        source = exc.source if isinstance(exc, HarnessFault) else "a worker process"
+        return cls(isinstance(exc, KvfuzzError), source, type(cause).__name__, str(cause),
+                   "".join(traceback.format_exception(exc)))
+
+    def raise_here(self) -> None:
+        if self.usage:
+            raise KvfuzzError(self.message)
+        remote = type(self.error, (Exception,), {"__module__": "worker"})(self.message)
+        remote.__cause__ = _RemoteTraceback(self.traceback)
+        raise HarnessFault(self.source, remote) from remote
+
+
+class _RemoteTraceback(Exception):
+    def __str__(self) -> str:
+        return "the worker's traceback:\n" + str(self.args[0])
 
 
 def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:

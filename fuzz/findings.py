@@ -73,8 +73,9 @@ class Findings:
             self.records[key].duplicates += 1
             return
         if key in self.known:
+            path, ops = self.known[key]
             self.records[key] = FindingRecord(
-                failure.check, failure.message, config, level, str(self.known[key]), 0,
+                failure.check, failure.message, config, level, str(path), ops,
                 round(found_after, 3), 0.0, key, known=True)
             return
         trace = Trace.from_dict(json.loads(failure.trace_json))
@@ -122,17 +123,19 @@ def _marked(trace: Trace, shrunk: bool | str) -> Trace:
     return trace
 
 
-def known_keys(corpus: Path) -> dict[str, Path]:
-    """The dedup keys of the findings already in `corpus` (files that record one)."""
-    keys: dict[str, Path] = {}
+def known_keys(corpus: Path) -> dict[str, tuple[Path, int]]:
+    """The dedup keys of the findings already in `corpus` (files that record one), each with
+    its file and number of ops."""
+    keys: dict[str, tuple[Path, int]] = {}
     for path in sorted(corpus.glob("*.json")) if corpus.is_dir() else ():
         try:
-            meta = json.loads(path.read_text()).get("meta", {})
+            data = json.loads(path.read_text())
+            meta, ops = data.get("meta", {}), data.get("ops", [])
         except (OSError, ValueError, AttributeError):
             continue
         key = meta.get("dedup_key") if isinstance(meta, dict) else None
-        if isinstance(key, str):
-            keys.setdefault(key, path)
+        if isinstance(key, str) and isinstance(ops, list):
+            keys.setdefault(key, (path, len(ops)))
     return keys
 
 

@@ -25,8 +25,8 @@ from typing import Any
 from kvfuzz.core.config import Config
 from kvfuzz.core.snapshot import RequestView
 from kvfuzz.fuzz.strategies import (
-    TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, flip, pick, prefixes, prompt, tokens,
-    vary_config,
+    TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, extra_keys, flip, pick, prefixes,
+    prompt, tokens, vary_config,
 )
 from kvfuzz.harness.executor import Execution
 
@@ -137,10 +137,13 @@ class Rules:
             # vLLM 0.34's per-request limit on prefix hits (prompt scoring): mostly unbounded.
             extra.setdefault("prefix_cache_hit_limit", self.knob(
                 "hit_limit", lambda: pick(c, (None,) * 5 + (between(c, 0, max_len),)), None))
+        tokens_in = prompt(c, self.shared, max_len)
+        if self.config.extra_keys:
+            extra = {**extra_keys(c, tokens_in), **extra}
         self.apply(
             op="add_request",
             request_id=rid,
-            prompt=prompt(c, self.shared, max_len),
+            prompt=tokens_in,
             cache_salt=salt,
             num_encoder_tokens=encoder,
             **extra,
@@ -240,6 +243,9 @@ class ApiRules(Rules):
     def free(self) -> None:
         c = self.choices
         rid, _ = pick(c, self.views("RUNNING"))
+        if self.config.deferred_frees and flip(c):
+            self.apply(op="free_deferred", request_id=rid)
+            return
         self.apply(op="free", request_id=rid, preempt=self.knob("preempt", lambda: flip(c), False))
 
     def housekeeping(self) -> None:
@@ -255,6 +261,10 @@ class ApiRules(Rules):
             kinds.append("misuse")
         if not kinds:
             kinds.append("take_copies")
+        if self.config.kv_events:
+            kinds += ["take_events"] * 2
+        if self.config.deferred_frees:
+            kinds += ["release_deferred"] * 2
         kinds += [k for k in kinds if k in self.focus] * 2
         kind = pick(c, kinds)
         if kind == "evict_blocks":
@@ -272,6 +282,10 @@ class ApiRules(Rules):
             self.apply(op="cache_blocks", request_id=rid, num_computed_tokens=n)
         elif kind == "release_copies":
             self.apply(op="release_copies")
+        elif kind == "take_events":
+            self.apply(op="take_events")
+        elif kind == "release_deferred":
+            self.apply(op="release_deferred")
         else:
             self._misuse()
 

@@ -48,6 +48,7 @@ def merge_reports(paths: list[Path], corpus: Path) -> dict[str, Any]:
     merged.update(seconds=0.0, interrupted=False, campaigns=[])
     pairs: dict[tuple[str, str], dict[str, Any]] = {}
     bugs: dict[str, dict[str, Any]] = {}
+    pair_bugs: dict[tuple[str, str], set[str]] = {}
     for path in paths:
         report = _load(path)
         merged["campaigns"].append({"report": str(path), "seed": report.get("seed"),
@@ -61,10 +62,11 @@ def merge_reports(paths: list[Path], corpus: Path) -> dict[str, Any]:
             mine = pairs.setdefault((row["level"], row["config"]),
                                     {"level": row["level"], "config": row["config"],
                                      "examples": 0, "operations": 0, "findings": 0})
-            for key in ("examples", "operations", "findings"):
+            for key in ("examples", "operations"):
                 mine[key] += row.get(key, 0)
         for finding in report["findings"]:
             key = finding.get("key") or finding["check"]
+            pair_bugs.setdefault((finding["level"], finding["config"]), set()).add(key)
             found = dict(finding, key=key, source=_trace_file(path, finding["file"]))
             best = bugs.get(key)
             if best is None:
@@ -83,6 +85,8 @@ def merge_reports(paths: list[Path], corpus: Path) -> dict[str, Any]:
         if source.resolve() != target.resolve():
             shutil.copyfile(source, target)
         bug["file"] = str(target)
+    for pair, row in pairs.items():
+        row["findings"] = len(pair_bugs.get(pair, ()))  # distinct bugs seen on the pair
     merged["by_config"] = list(pairs.values())
     merged["findings"] = sorted(bugs.values(), key=lambda b: (b["check"], b["key"]))
     return merged

@@ -45,7 +45,9 @@ FIRST_BATCH = 2
 FEW_EXAMPLES = 10
 """A pair that ran fewer examples than this is named in the summary as run too little."""
 LAG = 16
-"""A result's weight applies from the batch LAG places after it."""
+"""A result's weight applies from the batch LAG places after it (the default `lag`): the
+batches are the same for any number of workers or nodes running at most `lag` at once; a
+bigger cluster needs a bigger lag to keep every CPU busy, and weights then react later."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,8 @@ def batch_seed(campaign_seed: int, index: int) -> int:
 class Schedule:
     """The batches of one campaign over `pairs`, for `examples` in all (None: until time ends)."""
 
-    def __init__(self, pairs: Sequence[Pair], seed: int, examples: int | None = None) -> None:
+    def __init__(self, pairs: Sequence[Pair], seed: int, examples: int | None = None,
+                 lag: int = LAG) -> None:
         if not pairs:
             raise ValueError("a campaign needs at least one (level, config) pair")
         self.pairs = list(pairs)
@@ -107,6 +110,7 @@ class Schedule:
         self.seconds_per_example: float | None = None
         self._index = 0
         self._ran_seconds = 0.0
+        self.lag = lag
         self._fed = 0
         self._pending: dict[int, tuple[Pair, float]] = {}
 
@@ -127,7 +131,7 @@ class Schedule:
     def next_batch(self, seconds_left: float | None = None, parallel: int = 1) -> Batch | None:
         """The next batch, or None when the examples budget is all assigned. `seconds_left`
         (with `parallel` batches running at once) keeps a batch from overrunning a time budget."""
-        for index in sorted(i for i in self._pending if i < self._index - LAG):
+        for index in sorted(i for i in self._pending if i < self._index - self.lag):
             pair, weight = self._pending.pop(index)
             self.weights[pair] = weight
         candidates = [p for p in self.pairs if self._room(p) > 0]
@@ -145,8 +149,9 @@ class Schedule:
         return batch
 
     def ready(self) -> bool:
-        """Whether the next batch can be chosen: every result LAG batches back is in."""
-        return self._fed >= self._index - LAG
+        """Whether the next batch can be chosen: every result `lag` batches back is in (so at
+        most `lag` batches run at once)."""
+        return self._fed >= self._index - self.lag
 
     def record(self, result: BatchResult, weight: float | None = None) -> None:
         """Feedback, in batch order: what a batch ran, how long an example takes, and the

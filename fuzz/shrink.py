@@ -19,7 +19,7 @@ from typing import Any
 
 from kvfuzz.core.config import SchedulerConfig
 from kvfuzz.core.errors import ConfigError
-from kvfuzz.harness.executor import Finding, TargetSpec, run_trace
+from kvfuzz.harness.executor import Finding, RunResult, TargetSpec, run_trace
 from kvfuzz.core.trace import OP_SCHEMAS, Op, Trace
 
 
@@ -55,25 +55,41 @@ class Shrinker:
         self.best: Trace | None = None
         self.best_finding: Finding | None = None
         self.attempts = 0
+        self.last: RunResult | None = None
+        """The latest replay (`fails`)."""
         self.on_progress = on_progress
 
     def fails(self, trace: Trace) -> Finding | None:
         """The finding if `trace` still fails the way being shrunk for."""
         self.attempts += 1
-        found = run_trace(trace, self.targets, model=self.model, checks=self.checks).finding
+        self.last = run_trace(trace, self.targets, model=self.model, checks=self.checks)
+        found = self.last.finding
         if found is None or self.check not in (None, found.check):
             return None
         if self.signature not in (None, found.signature):
             return None
         return found
 
+    def _why_not(self, result: RunResult) -> str:
+        """Why a trace to shrink does not fail the way asked: it is invalid (where and why),
+        it fails another way, or it passes."""
+        if result.invalid is not None:
+            return f"the trace is invalid, so there is nothing to shrink: {result.invalid}"
+        wanted = (f" {self.check}" if self.check else "") + (
+            f" as {'/'.join(self.signature)}" if self.signature else "")
+        if result.finding is not None:
+            other = result.finding
+            return (f"the trace does not fail{wanted}: it fails [{other.check}]"
+                    + (f" as {'/'.join(other.signature)}" if other.signature else "")
+                    + f" at step {other.step} ({other.message})")
+        return f"the trace does not fail{wanted}: it passes all {result.ops_run} ops"
+
     def shrink(self, trace: Trace) -> ShrinkResult:
         start = time.monotonic()
         self.deadline = start + self.seconds
         finding = self.fails(trace)
         if finding is None:
-            raise ValueError("the trace does not fail" + (f" {self.check}" if self.check else "")
-                             + (f" as {'/'.join(self.signature)}" if self.signature else ""))
+            raise ValueError(self._why_not(self.last))
         self.check, self.signature = finding.check, finding.signature
         self.best, self.best_finding = finding.trace, finding
         changed = True
@@ -179,9 +195,12 @@ def _op_variants(op: Op, level: str) -> Iterator[Op]:
     for key, (_, default) in schema.items():
         value = op[key]
         if key in ("prompt", "tokens", "block_ids") and len(value) > 1:
-            yield {**op, key: value[: len(value) // 2]}
-            yield {**op, key: value[:-1]}
-            yield {**op, key: value[1:]}
+            embeds = op.get("prompt_embeds") if key == "prompt" else None
+            for cut in (slice(len(value) // 2), slice(-1), slice(1, None)):
+                if embeds is None:
+                    yield {**op, key: value[cut]}
+                else:
+                    yield {**op, key: value[cut], "prompt_embeds": embeds[cut]}
         elif key in ("prompt", "tokens") and value and value[0] != 0:
             yield {**op, key: [0] + value[1:]}
         elif key in _NUMBERS_TO_SHRINK and isinstance(value, int) and value > 0:
@@ -189,8 +208,10 @@ def _op_variants(op: Op, level: str) -> Iterator[Op]:
             yield {**op, key: value - 1}
         elif key != "request_id" and default is not None and value != default:
             yield {**op, key: default}
-        elif key == "cache_salt" and value is not None:
+        elif key in ("cache_salt", "mm_inputs", "prompt_embeds") and value is not None:
             yield {**op, key: None}
+        elif key == "lora_name" and value is not None:
+            yield {**op, "lora_name": None, "lora_id": None}
 
 
 def _config_variants(trace: Trace) -> Iterator[Trace]:

@@ -155,3 +155,31 @@ def prompt(choices: Choices, shared: list[list[int]], max_len: int) -> list[int]
     cut = len(prefix) if shape == "extend" else min(cut, len(prefix))
     out = (prefix[:cut] + tokens_from(tail_bits, tail_len))[:max_len]
     return out or [tail_bits % TOKEN_VOCAB]
+
+
+_MM_LENGTH = (2, 3)
+"""Multimodal identifier i always spans _MM_LENGTH[i] positions (one content, one length)."""
+
+
+def extra_keys(choices: Choices, prompt: list[int]) -> dict[str, Any]:
+    """add_request fields for a multi-tenant request (docs/spec.md §2.3): maybe a LoRA adapter
+    whose name may equal a cache salt, maybe one multimodal input, maybe prompt embeddings on a
+    repeating 4-position mask (embedding positions get the placeholder token 0, written into
+    `prompt`; half the time the whole prompt is zeros, so that token and embedding positions
+    differ only by the mask)."""
+    fields: dict[str, Any] = {}
+    lora = pick(choices, (None, None, ("a", 1), ("a", 2), ("b", 1)))
+    if lora is not None:
+        fields["lora_name"], fields["lora_id"] = lora
+    ident = pick(choices, (None, 0, 1))
+    if ident is not None and len(prompt) >= _MM_LENGTH[ident]:
+        offset = choices.below(len(prompt) - _MM_LENGTH[ident] + 1)
+        fields["mm_inputs"] = [[ident, offset, _MM_LENGTH[ident]]]
+    mask = pick(choices, (None, 0, 15, 5))
+    if mask is not None:
+        if flip(choices):
+            prompt[:] = [0] * len(prompt)
+        embeds = [0 if mask >> (i % 4) & 1 else -1 for i in range(len(prompt))]
+        prompt[:] = [0 if v == 0 else t for v, t in zip(embeds, prompt)]
+        fields["prompt_embeds"] = embeds
+    return fields

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.fuzz.exits import ErrorReport
 from kvfuzz.fuzz.schedule import Batch, BatchResult
 
 PR_SET_DEATHSIG = 1
@@ -68,8 +69,8 @@ def _serve(options: Any, tasks: Any, results: Any, parent: int) -> None:
         raise Stop()
 
     signal.signal(signal.SIGTERM, stop)
-    import_plugins(options.plugins)
     try:
+        import_plugins(options.plugins)
         runner = BatchRunner(options)
         while not STOP_REQUESTED.is_set():
             batch = tasks.get()
@@ -78,6 +79,10 @@ def _serve(options: Any, tasks: Any, results: Any, parent: int) -> None:
             results.put(runner(batch))
     except Stop:
         pass
+    except Exception as exc:  # noqa: BLE001 - the parent exits 2 or 3 with it (fuzz/exits.py)
+        results.put(ErrorReport.of(exc))
+    finally:  # a SIGTERM now would interrupt the queues' flushing at exit
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class LocalWorkers:
@@ -109,6 +114,8 @@ class LocalWorkers:
         except queue.Empty:
             pass
         for result in out:
+            if isinstance(result, ErrorReport):
+                result.raise_here()
             self.submitted.pop(result.batch.index, None)
         dead = [p for p in self.procs if not p.is_alive()]
         if not out and self.submitted and dead and not self.closing:

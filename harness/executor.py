@@ -22,6 +22,7 @@ from kvfuzz.core.sides import Observations, Side
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.harness.targets import get_target
 from kvfuzz.core.trace import Op, Trace, normalize_op, op_text
+from kvfuzz.core.extra_keys import Extras
 from kvfuzz.properties import REGISTRY, CheckContext, RequestMeta
 from kvfuzz.reference_model import ReferenceModel
 
@@ -174,6 +175,7 @@ class Execution:
                 op["cache_salt"],
                 op["skip_reading_prefix_cache"],
                 op["num_encoder_tokens"],
+                Extras.of_op(op),
             )
         ref_result = ref_obs = ref_snap = None
         try:

@@ -74,6 +74,7 @@ def build_kvcache_manager(config: Config) -> Any:
         use_eagle=config.use_eagle,
         watermark=config.watermark,
         enable_partial_hash_hits=config.partial_hits,
+        **({"enable_kv_cache_events": True} if config.kv_events else {}),
     )
 
 
@@ -93,8 +94,9 @@ class KvcacheSide(ManagerSide):
         return build_kvcache_manager(config)
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
-        from kvfuzz.kvcache import Request
+        from kvfuzz.kvcache.request import LoRARequest, MultiModalFeature, Request
 
+        embeds = op["prompt_embeds"]
         return Request(
             op["request_id"],
             list(op["prompt"]),
@@ -106,4 +108,9 @@ class KvcacheSide(ManagerSide):
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"],
             num_encoder_tokens=op["num_encoder_tokens"],
             prefix_cache_hit_limit=op["prefix_cache_hit_limit"],
+            lora_request=None if op["lora_name"] is None
+            else LoRARequest(op["lora_name"], op["lora_id"]),
+            mm_features=[MultiModalFeature(f"mm-{i}", o, n) for i, o, n in op["mm_inputs"] or ()],
+            prompt_embeds=None if embeds is None else [max(v, 0) for v in embeds],
+            prompt_is_token_ids=None if embeds is None else [v < 0 for v in embeds],
         )

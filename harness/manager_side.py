@@ -8,14 +8,19 @@ snapshots — is shared here, so every target is driven identically.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace, KvfuzzError
+from kvfuzz.core.extra_keys import Extras, extras_problem
+from kvfuzz.harness.events import EventReplay, read_event
 from kvfuzz.harness.probes import ManagerProbes
 from kvfuzz.harness.reading import KeyTranslator, read_snapshot
-from kvfuzz.core.sides import CachedTokensProbe, ForwardPass, Observations
+from kvfuzz.core.sides import (
+    CachedTokensProbe, ForwardPass, KvEvent, Observations, take_events_result,
+)
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 
@@ -35,11 +40,14 @@ class ManagerSide:
         self.manager = self.build_manager(config)
         self.probes = ManagerProbes(self.manager, self.request_status)
         self.keys = KeyTranslator(config.resolved_hash_block_size)
+        self._mm_lengths: dict[int, int] = {}
         self.requests: dict[str, Any] = {}
         self.lookups: dict[str, tuple[Any, int]] = {}
         self._live_lookups: dict[str, tuple[Any, int]] = {}
         self.retained_pairs: list[tuple[int, int]] = []
         self.retained_blocks: list[Any] = []
+        self.deferred_blocks: list[list[Any]] = []
+        """Batches popped by free_deferred and not yet released."""
         self.scheduler = self.build_scheduler(config) if level == "scheduler" else None
         self._handlers: dict[str, Callable[[Op], Any]] = {
             "add_request": self._add_request,
@@ -57,7 +65,12 @@ class ManagerSide:
             "step": self._step,
             "abort": self._end_request,
             "finish": self._end_request,
+            "take_events": self._take_events,
+            "free_deferred": self._free_deferred,
+            "release_deferred": self._release_deferred,
         }
+        self._event_replay = EventReplay()
+        self._op_events: list[KvEvent] = []
 
     # ----- what a concrete target provides -----
 
@@ -89,12 +102,16 @@ class ManagerSide:
         self._live_lookups = self.lookups
         if op["op"] not in _KEEPS_LOOKUPS:
             self.lookups = {}
-        return self._handlers[op["op"]](op)
+        try:
+            return self._handlers[op["op"]](op)
+        finally:
+            if self.config.kv_events:
+                self._drain_events()
 
     def snapshot(self) -> Snapshot:
         self.keys.learn_all(self.requests.values())
         scheduler = self.scheduler
-        return read_snapshot(
+        snapshot = read_snapshot(
             self.manager,
             self.requests.values(),
             self.keys,
@@ -102,9 +119,37 @@ class ManagerSide:
             waiting=scheduler.waiting if scheduler else (),
             running=scheduler.running if scheduler else (),
         )
+        if not self.deferred_blocks:
+            return snapshot
+        deferred = tuple(tuple(b.block_id for b in run) for runs in self.deferred_blocks
+                         for run in runs)
+        return dataclasses.replace(snapshot, deferred_frees=deferred, _derived={})
 
     def observations(self) -> Observations:
-        return self.probes.take()
+        obs = self.probes.take()
+        obs.kv_events, self._op_events = self._op_events, []
+        return obs
+
+    def _drain_events(self) -> None:
+        """Read the events this op made the manager queue (as a router polling after every
+        step would) into the op's observations and the replay."""
+        events = self.manager.take_events()
+        if not events:
+            return
+        self.keys.learn_all(self.requests.values())
+        for event in self.tolerate_events(events):
+            read = read_event(event, self.keys)
+            self._op_events.append(read)
+            self._event_replay.apply(read)
+
+    def tolerate_events(self, events: list[Any]) -> list[Any]:
+        """The events as compared and checked (a target may undo a documented deviation)."""
+        return events
+
+    def _take_events(self, op: Op) -> Any:
+        if not self.config.kv_events:
+            raise InvalidTrace("take_events needs a config with kv_events on")
+        return take_events_result(self._event_replay.cached)
 
     # ----- validity (docs/traces.md), checked before anything reaches the manager -----
 
@@ -154,6 +199,12 @@ class ManagerSide:
                 f"num_encoder_tokens {op['num_encoder_tokens']} >= 0 and "
                 f"prefix_cache_hit_limit {op['prefix_cache_hit_limit']} None or >= 0"
             )
+        extras = Extras.of_op(op)
+        problem = extras_problem(extras, prompt, self._mm_lengths)
+        if problem:
+            raise InvalidTrace(f"add_request {rid!r}: {problem}")
+        if extras is not None:
+            self.keys.extras[rid] = extras
         request = self.make_request(op, float(len(self.requests)))
         self.requests[rid] = request
         if self.scheduler is not None:
@@ -297,6 +348,50 @@ class ManagerSide:
         self.retained_pairs.extend(pairs)
         self.retained_blocks.extend(retained)
         return [list(p) for p in pairs]
+
+    def _free_deferred(self, op: Op) -> Any:
+        """The scheduler's deferred free: forget the request now, keep its blocks held, one
+        run per group (kvcache pops them so; for another manager the runs are cut from the
+        concatenated list by the group tables read just before)."""
+        request = self._live_request(op)
+        per_group = getattr(self.manager, "pop_blocks_for_free_per_group", None)
+        if per_group is not None:
+            ok, runs = self._call(lambda: per_group(request))
+        else:
+            lengths = []
+            for manager in self.manager.coordinator.single_type_managers:
+                table = manager.req_to_blocks.get(request.request_id, [])
+                lengths.append(len(table) - next(
+                    (i for i, b in enumerate(table) if not b.is_null), len(table)))
+            ok, out = self._call(lambda: self.manager.pop_blocks_for_free(request))
+            runs = out
+            if ok:
+                runs, start = [], 0
+                for n in lengths:
+                    runs.append(out[start:start + n])
+                    start += n
+        if not ok:
+            return runs
+        runs = [run for run in runs if run]
+        if runs:
+            self.deferred_blocks.append(runs)
+        request.status = self.request_status.FINISHED_STOPPED
+        return [block.block_id for run in runs for block in run]
+
+    def _release_deferred(self, op: Op) -> Any:
+        """Release every deferred batch, oldest first, as `free` would have: each group's run
+        tail first, group after group."""
+        batches, self.deferred_blocks = self.deferred_blocks, []
+        release = getattr(self.manager, "free_deferred_blocks", None)
+        for runs in batches:
+            if release is not None:
+                ok, out = self._call(lambda: release(runs))
+            else:
+                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1])
+                                              for r in runs])
+            if not ok:
+                return out
+        return None
 
     def _release_copies(self, op: Op) -> Any:
         blocks, self.retained_blocks, self.retained_pairs = self.retained_blocks, [], []

@@ -7,6 +7,7 @@ methods where they can, so each variant differs from kvcache in exactly one beha
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Callable
@@ -168,18 +169,50 @@ def _hit_reaches_num_tokens(side: KvcacheSide) -> None:
     _around(side.manager, "get_computed_blocks", around)
 
 
+_HASHED_FIELDS = ("request_id", "block_hashes", "num_tokens", "all_token_ids", "cache_salt",
+                  "lora_request", "mm_features", "prompt_embeds", "prompt_is_token_ids")
+
+
+def _hash_as(side: KvcacheSide, **changes: Callable[[Any], Any]) -> None:
+    """Hash every request as if the named fields were what `changes` makes of the request."""
+    hasher = side._hasher
+
+    def hash_view(request):
+        fields = {name: getattr(request, name) for name in _HASHED_FIELDS}
+        fields.update({name: change(request) for name, change in changes.items()})
+        return hasher(SimpleNamespace(**fields))
+
+    side._hasher = hash_view
+
+
 @mutant("salt-ignored", "the block-0 hash leaves the cache salt out",
         bug="docs/bugs.md #17, #16")
 def _salt_ignored(side: KvcacheSide) -> None:
-    hasher = side._hasher
+    _hash_as(side, cache_salt=lambda request: None)
 
-    def unsalted(request):
-        return hasher(SimpleNamespace(
-            request_id=request.request_id, block_hashes=request.block_hashes,
-            num_tokens=request.num_tokens, all_token_ids=request.all_token_ids, cache_salt=None,
-        ))
 
-    side._hasher = unsalted
+@mutant("lora-name-only", "a LoRA adapter keys blocks by its name, not its id",
+        bug="docs/bugs.md #16", configs=("tenants",))
+def _lora_name_only(side: KvcacheSide) -> None:
+    def same_id(request):
+        lora = request.lora_request
+        return lora and SimpleNamespace(lora_name=lora.lora_name, lora_int_id=1)
+
+    _hash_as(side, lora_request=same_id)
+
+
+@mutant("lora-salt-untagged", "untagged extra keys: a LoRA name reads as a cache salt",
+        bug="docs/bugs.md #17", configs=("tenants",))
+def _lora_salt_untagged(side: KvcacheSide) -> None:
+    _hash_as(side, lora_request=lambda request: None,
+             cache_salt=lambda request: request.cache_salt or (
+                 request.lora_request and request.lora_request.lora_name))
+
+
+@mutant("embeds-mask-dropped", "prompt-embedding keys leave out which positions hold token ids",
+        bug="docs/bugs.md #18", configs=("tenants",))
+def _embeds_mask_dropped(side: KvcacheSide) -> None:
+    _hash_as(side, prompt_is_token_ids=lambda request: None)
 
 
 @mutant("weak-hash", "block hashes chain only the sum of a block's tokens",
@@ -197,6 +230,64 @@ def _weak_hash(side: KvcacheSide) -> None:
         return out
 
     side._hasher = weak
+
+
+@mutant("removed-while-held", "BlockRemoved for every evicted copy of a key, though another "
+        "block still holds it", bug="docs/bugs.md #25", configs=("events",))
+def _removed_while_held(side: KvcacheSide) -> None:
+    from kvfuzz.kvcache.kv_events import BlockRemoved, _split
+
+    pool = side.manager.block_pool
+
+    def removed(keys):
+        for key in keys:
+            block_hash, group = _split(key)
+            pool.kv_event_queue.append(BlockRemoved([block_hash], group))
+
+    pool._removed = removed
+
+
+@mutant("deferred-free-whole-list", "a deferred free reverses the concatenated blocks of every "
+        "group once instead of freeing each group tail first", bug="docs/bugs.md #11",
+        configs=("deferred",))
+def _deferred_free_whole_list(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
+
+    def free_deferred_blocks(blocks_per_group):
+        pool.free_blocks([b for blocks in blocks_per_group for b in blocks][::-1])
+
+    side.manager.free_deferred_blocks = free_deferred_blocks
+
+
+@mutant("reset-not-announced", "a successful prefix-cache reset emits no AllBlocksCleared",
+        bug="docs/spec.md §3.10", configs=("events",))
+def _reset_not_announced(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
+
+    def around(original):
+        queued = len(pool.kv_event_queue)
+        done = original()
+        del pool.kv_event_queue[queued:]
+        return done
+
+    _around(pool, "reset_prefix_cache", around)
+
+
+@mutant("stored-parent-dropped", "every BlockStored names no parent, as if its chain started "
+        "at token 0", bug="docs/spec.md §3.10", configs=("events",))
+def _stored_parent_dropped(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
+
+    def around(original, *args, **kwargs):
+        queued = len(pool.kv_event_queue)
+        out = original(*args, **kwargs)
+        pool.kv_event_queue[queued:] = [
+            dataclasses.replace(e, parent_block_hash=None)
+            if hasattr(e, "parent_block_hash") else e for e in pool.kv_event_queue[queued:]
+        ]
+        return out
+
+    _around(pool, "register_full_blocks", around)
 
 
 def _release(ordered_blocks: Any) -> list[Any]:
@@ -486,7 +577,7 @@ def _state_predictor_under_count(side: KvcacheSide) -> None:
 
 @mutant("state-released-early", "a state group releases the block holding the last computed "
         "token's state, which the next step resumes from", bug="docs/bugs.md #28",
-        configs=_STATE_CONFIGS)
+        configs=("mamba_small_blocks",))  # the only one whose requests pass a state block
 def _state_released_early(side: KvcacheSide) -> None:
     for single in _state_managers(side):
         single.get_num_skipped_tokens = lambda num_computed_tokens, bs=single.block_size: (

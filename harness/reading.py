@@ -15,6 +15,7 @@ from enum import Enum
 from operator import attrgetter
 from typing import Any
 
+from kvfuzz.core.extra_keys import Extras, prefix_identity
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
 
 
@@ -25,7 +26,7 @@ class KeyTranslator:
     def __init__(self, hash_block_size: int, strict: bool = True) -> None:
         self._hbs = hash_block_size
         self._strict = strict
-        self._prefix_of: dict[bytes, tuple[str | None, tuple[int, ...]]] = {}
+        self._prefix_of: dict[bytes, tuple[Any, tuple[int, ...]]] = {}
         self._seen: dict[str, int] = {}
         self._unknown: set[str] = set()
         self._memo: dict[bytes, CacheKey] = {}
@@ -36,6 +37,8 @@ class KeyTranslator:
         self.last: dict[str, tuple[Any, ...]] = {}
         """Part of a snapshot -> what `read_snapshot` last read for it and what it made of that."""
         self.collisions: list[str] = []
+        self.extras: dict[str, Extras] = {}
+        """Request id -> its extra-key inputs, for requests that have any."""
 
     def tokens(self, request: Any, num_tokens: int | None = None) -> tuple[int, ...]:
         """The request's tokens; tokens are only ever appended, so the length says if stale."""
@@ -75,8 +78,11 @@ class KeyTranslator:
             return
         salt = request.cache_salt or None
         tokens = self.tokens(request)
+        extras = self.extras.get(request.request_id)
         for k in range(start, len(hashes)):
-            prefix = (salt, tokens[: (k + 1) * self._hbs])
+            end = (k + 1) * self._hbs
+            ident = salt if extras is None else prefix_identity(salt, extras, end, self._hbs)
+            prefix = (ident, tokens[:end])
             known = self._prefix_of.setdefault(hashes[k], prefix)
             if known != prefix:
                 self.collisions.append(
@@ -107,9 +113,9 @@ class KeyTranslator:
         return (group, known[0], known[1])
 
 
-def _prefix_text(prefix: tuple[str | None, tuple[int, ...]]) -> str:
+def _prefix_text(prefix: tuple[Any, tuple[int, ...]]) -> str:
     salt, tokens = prefix
-    return f"({len(tokens)} tokens, salt {salt!r})"
+    return f"({len(tokens)} tokens, {'extras' if isinstance(salt, tuple) else 'salt'} {salt!r})"
 
 
 def read_snapshot(

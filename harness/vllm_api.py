@@ -97,6 +97,14 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "free_blocks and touch move the null block's ref_cnt (fixed in 0.33)",
         lambda api: _frees_null_block(api["BlockPool"]),
     ),
+    "kv_events": (
+        "KVCacheManager(enable_kv_cache_events=) and take_events()",
+        _takes("KVCacheManager", "__init__", "enable_kv_cache_events"),
+    ),
+    "prompt_embeds_mask": (
+        "Request(prompt_is_token_ids=): prompts mixing token ids and embeddings",
+        _takes("Request", "__init__", "prompt_is_token_ids"),
+    ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",
         lambda api: _importable("vllm.v1.token_buffer"),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +111,7 @@ def build_vllm_manager(config: Config) -> Any:
             enable_caching=config.enable_caching,
             use_eagle=config.use_eagle,
             watermark=config.watermark,
+            **({"enable_kv_cache_events": True} if config.kv_events else {}),
         )
 
 
@@ -162,6 +165,15 @@ def _no_snapshot_change(snapshot: Snapshot, config: Config) -> tuple[Snapshot, l
     return snapshot, []
 
 
+EMBEDS_MASK = "embeds-mask-unkeyed"
+"""vLLM keys a block's prompt embeddings without the token-id mask (docs/findings/010): `vllm`
+fills token positions of the embedding tensor with a value no embedding takes (-1.0), so the
+tensor alone tells them apart; `vllm-strict` fills them with 0.0."""
+
+REMOVED_WHILE_HELD = "removed-while-held"
+"""vLLM emits BlockRemoved for each evicted copy of a key, even while another block still
+holds it (docs/findings/011): `vllm` drops such removals when it reads the events."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
@@ -183,6 +195,29 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         releases="0.34",
         applies=lambda api: api.has("cached_tokens_probe") and api.has("request_hit_limit"),
     ),
+    KnownDeviation(
+        REMOVED_WHILE_HELD,
+        "docs/findings/011-block-removed-while-held.md",
+        _no_snapshot_change,
+        releases="0.33–0.34",
+        applies=lambda api: api.has("kv_events"),
+    ),
+    KnownDeviation(
+        EMBEDS_MASK,
+        "docs/findings/010-prompt-embeds-mask-unkeyed.md",
+        _no_snapshot_change,
+        releases="0.33–0.34",
+        applies=lambda api: api.has("prompt_embeds_mask"),
+    ),
+    # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
+    KnownDeviation(
+        "bound-raises-ceiling",
+        "docs/findings/009-lookup-bound-raises-ceiling.md",
+        _no_snapshot_change,
+        releases="0.33",
+        # The bound exists, but not get_max_cache_hit_length, which makes it only lower.
+        applies=lambda api: api.has("lookup_bound") and not api.has("request_hit_limit"),
+    ),
 )
 
 # Trace fields and ops that need an optional feature of the installed vLLM (vllm_api.FEATURES).
@@ -190,6 +225,7 @@ OP_FEATURES = {
     "get_num_cached_tokens": "cached_tokens_probe",
     "max_cache_hit_length": "lookup_bound",
     "prefix_cache_hit_limit": "request_hit_limit",
+    "take_events": "kv_events",
 }
 
 
@@ -227,6 +263,12 @@ class VllmSide(ManagerSide):
     def lookup(self, request: Any, bound: int | None) -> Any:
         if bound is not None:
             self._require("max_cache_hit_length")
+            ceiling = request.num_tokens - 1
+            if "bound-raises-ceiling" in self.tolerated and bound > ceiling:
+                # vLLM 0.33 takes a bound above num_tokens - 1 as the ceiling itself; pass
+                # the ceiling it would have used, which is what 0.34 does with it.
+                self.tolerated["bound-raises-ceiling"].add(request.request_id)
+                bound = ceiling
         return super().lookup(request, bound)
 
     def num_cached_tokens(self, request: Any) -> int:
@@ -251,6 +293,10 @@ class VllmSide(ManagerSide):
 
     def build_manager(self, config: Config) -> Any:
         v = self.api
+        if config.kv_events:
+            self._require("take_events")
+            # Events then carry the block hashes themselves, which the harness reads as content.
+            os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "0"
         self.request_status = v["RequestStatus"]
         utils = v["utils"]
         # vLLM keeps its none hash in a module global, read whenever a request hashes.
@@ -273,6 +319,7 @@ class VllmSide(ManagerSide):
             cache_salt=op["cache_salt"],
             priority=op["priority"],
             block_hasher=self._hasher,
+            **self._extra_key_args(op),
         )
         # vLLM counts encoder tokens from multimodal features; the driver reads this instead.
         request.num_encoder_tokens = op["num_encoder_tokens"]
@@ -284,6 +331,69 @@ class VllmSide(ManagerSide):
             if request.prefix_cache_hit_limit != 0:
                 request.prefix_cache_hit_limit = limit
         return request
+
+
+    def tolerate_events(self, events: list[Any]) -> list[Any]:
+        if REMOVED_WHILE_HELD not in self.tolerated:
+            return events
+        cache = self.manager.block_pool.cached_block_hash_to_block._cache
+        kept = []
+        for event in events:
+            if type(event).__name__ == "BlockRemoved" and all(
+                bytes(h) + (event.group_idx or 0).to_bytes(4, "big") in cache
+                for h in event.block_hashes
+            ):
+                self.tolerated[REMOVED_WHILE_HELD].update(
+                    bytes(h)[:6].hex() for h in event.block_hashes)
+                continue
+            kept.append(event)
+        return kept
+
+    def _extra_key_args(self, op: Op) -> dict[str, Any]:
+        """vLLM's Request arguments for the op's extra keys (docs/vllm.md "Extra keys"): a LoRA
+        adapter's id becomes its path (vLLM keys adapters by name and path), a multimodal
+        identifier i becomes "mm-i", embedding values a float tensor with the token-id mask."""
+        args: dict[str, Any] = {}
+        if op["lora_name"] is not None:
+            lora_request = self._vllm_class(op, "lora_name", "vllm.lora.request", "LoRARequest")
+            args["lora_request"] = lora_request(
+                op["lora_name"], op["lora_id"], f"/kvfuzz/lora/{op['lora_id']}")
+        if op["mm_inputs"]:
+            module = "vllm.multimodal.inputs"
+            feature = self._vllm_class(op, "mm_inputs", module, "MultiModalFeatureSpec")
+            placeholder = self._vllm_class(op, "mm_inputs", module, "PlaceholderRange")
+            args["mm_features"] = [
+                feature(data=None, modality="image", identifier=f"mm-{i}",
+                        mm_position=placeholder(offset=o, length=n))
+                for i, o, n in op["mm_inputs"]
+            ]
+        embeds = op["prompt_embeds"]
+        if embeds is not None:
+            if not self.api.has("prompt_embeds_mask") and any(v < 0 for v in embeds):
+                raise VllmUnsupported(
+                    f"add_request {op['request_id']!r}: prompt_embeds with token positions "
+                    f"(-1) need Request(prompt_is_token_ids=), which target {self.name} "
+                    f"({self.api.describe()}) lacks")
+            import torch
+
+            fill = 0.0
+            if any(v < 0 for v in embeds):
+                args["prompt_is_token_ids"] = [v < 0 for v in embeds]
+                if EMBEDS_MASK in self.tolerated:
+                    fill = -1.0
+                    self.tolerated[EMBEDS_MASK].add(op["request_id"])
+            args["prompt_embeds"] = torch.tensor([[float(v) if v >= 0 else fill] for v in embeds])
+        return args
+
+
+    def _vllm_class(self, op: Op, field: str, module: str, name: str) -> Any:
+        """A vLLM class an op's field needs; VllmUnsupported (exit 2) naming both if absent."""
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            raise VllmUnsupported(
+                f"add_request {op['request_id']!r}: {field} needs {module}.{name}, which target "
+                f"{self.name} ({self.api.describe()}) lacks") from None
 
 
 class VllmStrictSide(VllmSide):

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, overload
 
 from kvfuzz.kvcache.kv_cache_coordinator import get_kv_cache_coordinator
-from kvfuzz.kvcache.kv_cache_interface import CrossAttentionSpec, KVCacheConfig
+from kvfuzz.kvcache.kv_cache_interface import (
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    KVCacheConfig,
+)
+from kvfuzz.kvcache.kv_events import EventfulBlockPool, KVCacheEvent
 from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
 from kvfuzz.kvcache.request import RequestStatus
 from kvfuzz.kvcache.stats import PrefixCacheStats
@@ -104,15 +109,15 @@ class KVCacheManager:
         record_new_block_ids: bool = False,
     ) -> None:
         """vLLM's arguments, in vLLM's order; those kvcache does not implement are accepted
-        with their neutral value (no lookahead hashing, no events, one DCP/PCP rank, no metrics
+        with their neutral value (no lookahead hashing, one DCP/PCP rank, no metrics
         collector, no Mamba checkpoints) and refused with ValueError otherwise.
         `enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
-        `record_new_block_ids` records fresh blocks for a worker that zeroes them.
+        `record_new_block_ids` records fresh blocks for a worker that zeroes them;
+        `enable_kv_cache_events` queues KV events for `take_events` (kvcache/kv_events.py).
         """
         _require_neutral(
             num_hash_lookahead_tokens=(num_hash_lookahead_tokens, 0),
             num_prefill_lookahead=(num_prefill_lookahead, 0),
-            enable_kv_cache_events=(enable_kv_cache_events, False),
             dcp_world_size=(dcp_world_size, 1),
             pcp_world_size=(pcp_world_size, 1),
             metrics_collector=(metrics_collector, None),
@@ -147,6 +152,9 @@ class KVCacheManager:
             enable_partial_hash_hits,
         )
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.enable_kv_cache_events = enable_kv_cache_events
+        if enable_kv_cache_events:
+            EventfulBlockPool.enable_on(self.coordinator.block_pool)
         # Layer 1 reads the free count directly, skipping layer 2.
         self.block_pool = self.coordinator.block_pool
         # Counted on N including the null block, as vLLM does.
@@ -156,10 +164,11 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
-        self._cross_group_ids = frozenset(
+        # Groups whose tables do not follow the token count: encoder KV, a ring's one block.
+        self._fixed_group_ids = frozenset(
             i
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
-            if isinstance(group.kv_cache_spec, CrossAttentionSpec)
+            if isinstance(group.kv_cache_spec, CrossAttentionSpec | CircularBufferSpec)
         )
 
     @property
@@ -475,7 +484,7 @@ class KVCacheManager:
             )
         self._check_tracked(request_id, "cache_blocks")
         for group_id, manager in enumerate(self.coordinator.single_type_managers):
-            if group_id in self._cross_group_ids:
+            if group_id in self._fixed_group_ids:
                 continue
             num_slots = len(manager.req_to_blocks.get(request_id, ())) * manager.block_size
             if num_computed_tokens > num_slots:
@@ -505,6 +514,23 @@ class KVCacheManager:
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's full tables (live lists: do not mutate)."""
         return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
+
+    def pop_blocks_for_free_per_group(self, request: Request) -> list[list[KVCacheBlock]]:
+        """`pop_blocks_for_free`, one list per group: what `free_deferred_blocks` takes."""
+        return [manager.pop_blocks_for_free(request.request_id)
+                for manager in self.coordinator.single_type_managers]
+
+    def free_deferred_blocks(self, blocks_per_group: list[list[KVCacheBlock]]) -> None:
+        """Release popped blocks as `free` would have: group after group, each tail first."""
+        for blocks in blocks_per_group:
+            if blocks:
+                self.block_pool.free_blocks(blocks[::-1])
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV events queued since the last call; ValueError when events are off."""
+        if not self.enable_kv_cache_events:
+            raise ValueError("take_events(): this manager was built with KV cache events off")
+        return self.block_pool.take_events()  # type: ignore[attr-defined]
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()

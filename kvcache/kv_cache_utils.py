@@ -264,7 +264,8 @@ DEFAULT_NONE_HASH_SEED = "kvcache-none-hash"
 lets separate processes agree. Isolation between tenants is the cache salt's job."""
 
 _TOKEN_COUNT = struct.Struct("<I")
-_SALT_TAG = b"\x01"
+_SALT_TAG, _LORA_TAG, _MM_TAG, _EMBEDS_TAG = b"\x01", b"\x02", b"\x03", b"\x04"
+_I64 = struct.Struct("<q")
 
 
 def resolve_none_hash_seed(seed: str | None = None) -> str:
@@ -284,6 +285,43 @@ def _salt_extra(cache_salt: str) -> bytes:
     return _SALT_TAG + _TOKEN_COUNT.pack(len(encoded)) + encoded
 
 
+def _text(value: str) -> bytes:
+    encoded = value.encode()
+    return _TOKEN_COUNT.pack(len(encoded)) + encoded
+
+
+def block_extra_keys(request: Request, start: int, end: int) -> bytes:
+    """The tagged, length-prefixed extra keys of hash block [start, end), in vLLM's order:
+    the LoRA adapter (name and id), each multimodal input overlapping the block (identifier and
+    offset from start), the cache salt (block 0 only), the block's prompt embeddings with their
+    token-id mask. Tags keep one kind of key from reading as another."""
+    parts = []
+    lora = request.lora_request
+    if lora is not None:
+        parts += (_LORA_TAG, _text(lora.lora_name), _I64.pack(lora.lora_int_id))
+    for mm in request.mm_features:
+        if mm.offset < end and start < mm.offset + mm.length:
+            parts += (_MM_TAG, _text(mm.identifier), _I64.pack(mm.offset - start))
+    if start == 0 and request.cache_salt:
+        parts.append(_salt_extra(request.cache_salt))
+    embeds = request.prompt_embeds
+    if embeds is not None:
+        values = embeds[start:end]
+        mask = request.prompt_is_token_ids
+        parts += (_EMBEDS_TAG, _TOKEN_COUNT.pack(len(values)), array("q", values).tobytes())
+        if mask is not None:
+            parts.append(bytes(mask[start : start + len(values)]))
+    return b"".join(parts)
+
+
+def has_extra_keys(request: Request) -> bool:
+    """Whether any block of the request has extra keys besides the salt."""
+    return bool(
+        request.lora_request is not None or request.mm_features
+        or request.prompt_embeds is not None
+    )
+
+
 def get_request_block_hasher(
     hash_block_size: int, none_hash_seed: str | None = None
 ) -> Callable[[Request], list[BlockHash]]:
@@ -291,8 +329,10 @@ def get_request_block_hasher(
 
     Block k hashes `parent || u32 token count || tokens as u64 LE || extras` with SHA-256,
     where parent is hash k-1 (the none hash for k = 0): fixed-width fields make the encoding
-    unambiguous, and chaining makes each hash fingerprint the whole prefix. The only extra key
-    is the cache salt, tagged and length-prefixed, on block 0 only, when non-empty.
+    unambiguous, and chaining makes each hash fingerprint the whole prefix. A plain request's
+    only extra key is the cache salt, tagged and length-prefixed, on block 0 only, when
+    non-empty; a request with a LoRA adapter, multimodal inputs or prompt embeddings appends
+    `block_extra_keys` to every block.
     """
     check_positive_int("hash_block_size", hash_block_size)
     root = none_hash(none_hash_seed)
@@ -309,6 +349,13 @@ def get_request_block_hasher(
         data = array("Q", request.all_token_ids[start:end]).tobytes()
         parent = block_hashes[-1] if block_hashes else root
         new_hashes: list[BlockHash] = []
+        if has_extra_keys(request):
+            for first in range(start, end, hash_block_size):
+                parts = [parent, header, data[(first - start) * 8 : (first - start) * 8 + stride],
+                         block_extra_keys(request, first, first + hash_block_size)]
+                parent = sha256(b"".join(parts)).digest()  # type: ignore[assignment]
+                new_hashes.append(parent)
+            return new_hashes
         for offset in range(0, len(data), stride):
             parts = [parent, header, data[offset : offset + stride]]
             if start + offset == 0 and request.cache_salt:

@@ -7,8 +7,9 @@ maps positions to flat slots (`block * block_size + offset`) with index arithmet
 data with one `index_copy_` / `index_select` / advanced-indexing call, never a loop per token.
 
 `attention` is paged attention for one query step (gather through the table, then softmax
-attention accumulated in float32); `dense_attention` is the reference over contiguous K/V,
-accumulated in float64. The two agree within `tolerance(dtype)`.
+attention accumulated in float32, or in float64 for float64 data: `accumulation_dtype`);
+`dense_attention` is the reference over contiguous K/V, accumulated in float64. The two agree
+within `tolerance(dtype)`.
 """
 
 from __future__ import annotations
@@ -113,7 +114,13 @@ class PagedKVCache:
                   scale: float | None = None) -> torch.Tensor:
         """Paged attention of one query [num_heads, head_dim] over positions start..end-1."""
         key, value = self.gather(table, start, end)
-        return _attention(query, key, value, scale, torch.float32)
+        return _attention(query, key, value, scale, accumulation_dtype(key.dtype))
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What paged attention accumulates `dtype` data in: float32 for half precision and float32
+    (as attention kernels do), the data's own dtype when it is wider (float64)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _query_groups(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

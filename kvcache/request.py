@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import overload
 
 from kvfuzz.kvcache.kv_cache_utils import BlockHash
@@ -34,6 +35,35 @@ class RequestStatus(enum.IntEnum):
     def is_finished(status: int) -> bool:
         """Finished means strictly after PREEMPTED."""
         return status > RequestStatus.PREEMPTED
+
+
+@dataclass(frozen=True)
+class LoRARequest:
+    """The adapter a request runs with: its name and id both key its blocks."""
+
+    lora_name: str
+    lora_int_id: int
+
+
+@dataclass(frozen=True)
+class MultiModalFeature:
+    """One multimodal input: its content identifier and where its placeholders sit."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
+def _check_extras(lora_request: LoRARequest | None, num_prompt_tokens: int,
+                  **per_position: list[int] | list[bool] | None) -> None:
+    """ValueError unless the adapter id is >= 1 and each per-position list fits the prompt."""
+    if lora_request is not None and lora_request.lora_int_id < 1:
+        raise ValueError(f"lora_int_id must be >= 1, got {lora_request.lora_int_id!r}")
+    for name, values in per_position.items():
+        if values is not None and len(values) != num_prompt_tokens:
+            raise ValueError(
+                f"{name} has {len(values)} entries for {num_prompt_tokens} prompt tokens"
+            )
 
 
 class ConstantList(Sequence[int]):
@@ -86,11 +116,20 @@ class Request:
         skip_reading_prefix_cache: bool = False,
         num_encoder_tokens: int = 0,
         prefix_cache_hit_limit: int | None = None,
+        lora_request: LoRARequest | None = None,
+        mm_features: list[MultiModalFeature] | None = None,
+        prompt_embeds: list[int] | None = None,
+        prompt_is_token_ids: list[bool] | None = None,
     ) -> None:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         if not isinstance(num_encoder_tokens, int) or num_encoder_tokens < 0:
             raise ValueError(f"num_encoder_tokens must be an int >= 0, got {num_encoder_tokens!r}")
+        if lora_request is not None or prompt_embeds is not None or (
+            prompt_is_token_ids is not None
+        ):
+            _check_extras(lora_request, len(prompt_token_ids),
+                          prompt_embeds=prompt_embeds, prompt_is_token_ids=prompt_is_token_ids)
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -109,6 +148,12 @@ class Request:
         # carry it (0 when skipping cache reads, the first scored row for prompt scoring).
         self.prefix_cache_hit_limit = 0 if skip_reading_prefix_cache else prefix_cache_hit_limit
         self.num_encoder_tokens = num_encoder_tokens
+        self.lora_request = lora_request
+        self.mm_features = mm_features or []
+        self.prompt_embeds = prompt_embeds
+        """One value per prompt position standing in for its embedding vector, or None."""
+        self.prompt_is_token_ids = prompt_is_token_ids
+        """Per prompt position: it holds a token id, not an embedding (mixed prompts)."""
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         # Scheduled but not yet settled; always 0 in a synchronous driver.

@@ -20,9 +20,9 @@ Checks (registry `DATA_CHECKS`; `data_checks(device, dtype)` binds them to a dev
   copies nor writes re-reads only the requests whose tables or computed count changed: nothing
   else can change what a request reads.)
 - **D2** for every request that ran a forward pass in the op, paged attention of its next query
-  over the cache (float32 accumulation) equals dense attention over the recomputed K/V (float64)
-  within the dtype's tolerance (`kvcache.paged_kv.tolerance`). With D1 holding, this tests the
-  paged layer itself.
+  over the cache (float32 accumulation, float64 for float64 data) equals dense attention over
+  the recomputed K/V (float64) within the dtype's tolerance (`kvcache.paged_kv.tolerance`).
+  With D1 holding, this tests the paged layer itself.
 
 How an op updates the mirror, in this order:
 

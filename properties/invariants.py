@@ -7,8 +7,10 @@ an implementation, so the same checks judge kvcache, vLLM and the reference mode
 from __future__ import annotations
 
 from itertools import compress
+from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.extra_keys import prefix_identity
 from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
@@ -33,8 +35,11 @@ def skipped_tokens(group: GroupConfig, n: int) -> int:
     return 0
 
 
-def _salt(ctx: CheckContext, rid: str) -> str | None:
-    return ctx.requests[rid].cache_salt or None
+def _identity(ctx: CheckContext, rid: str, num_tokens: int) -> Any:
+    """What rid's prefix of num_tokens tokens stands for besides them (core/extra_keys.py)."""
+    meta = ctx.requests[rid]
+    return prefix_identity(meta.cache_salt, meta.extras, num_tokens,
+                           ctx.config.resolved_hash_block_size)
 
 
 def _keys_of(s: Snapshot, block: int) -> set[CacheKey]:
@@ -264,6 +269,8 @@ def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list
         return [list(reversed(t)) for t in view.tables if t] if view else []
     if kind == "release_copies":
         return [[b for pair in before.retained_copies for b in pair]]
+    if kind == "release_deferred":
+        return [list(reversed(batch)) for batch in before.deferred_frees]
     if kind == "allocate_slots":
         # Out-of-window blocks, nulled and released highest index first, group by group.
         old = before.requests[op["request_id"]].tables
@@ -466,7 +473,8 @@ def _hit_length_problem(config: Config, hit: int, num_tokens: int) -> str | None
 @transition(
     "I13",
     "a hit serves only the requester's own prefix: each hit block carries the key of the "
-    "request's salt and tokens up to that block (so salts isolate and collisions show)",
+    "request's salt, extra keys and tokens up to that block (so salts, LoRA adapters, "
+    "multimodal inputs and embeddings isolate, and collisions show)",
     covers=("bugs #16", "bugs #17", "bugs #18", "bugs #19"),
 )
 def hits_match_prefix(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
@@ -474,7 +482,7 @@ def hits_match_prefix(before: Snapshot, after: Snapshot, ctx: CheckContext) -> s
     if op["op"] != "get_computed_blocks" or not isinstance(result, dict) or "error" in result:
         return None
     rid, hit = op["request_id"], result["num_computed_tokens"]
-    salt, tokens = _salt(ctx, rid), after.requests[rid].tokens
+    tokens = after.requests[rid].tokens
     for g, (group, ids) in enumerate(zip(ctx.config.groups, result["block_ids"])):
         bs = group.block_size
         for j, b in enumerate(ids):
@@ -484,12 +492,14 @@ def hits_match_prefix(before: Snapshot, after: Snapshot, ctx: CheckContext) -> s
             # A key may cover more of the block than the hit does (an EAGLE drop inside the
             # block), but only the requester's own tokens, and no more than the block holds.
             if not any(
-                key[0] == g and key[1] == salt and end <= len(key[2]) <= (j + 1) * bs
+                key[0] == g and end <= len(key[2]) <= (j + 1) * bs
                 and key[2] == tokens[: len(key[2])]
+                and key[1] == _identity(ctx, rid, len(key[2]))
                 for key in _keys_of(after, b)
             ):
                 return (
-                    f"{rid} (salt {salt!r}) hit block {b} at group {g} position {j}, but the "
+                    f"{rid} (salt {ctx.requests[rid].cache_salt!r}) hit block {b} at group {g} "
+                    f"position {j}, but the "
                     f"block does not hold that request's {end}-token prefix"
                 )
     return None

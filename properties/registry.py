@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvfuzz.core.config import Config
+from kvfuzz.core.extra_keys import Extras
 from kvfuzz.core.sides import Observations
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
@@ -35,6 +36,8 @@ class RequestMeta:
     cache_salt: str | None
     skip_reading_prefix_cache: bool
     num_encoder_tokens: int
+    extras: Extras | None = None
+    """LoRA, multimodal inputs and prompt embeddings (docs/spec.md §2.3); None for none."""
 
 
 @dataclass

@@ -182,12 +182,22 @@ def free_request(layout: Layout, state: State, rid: str) -> None:
     """Coordinator free (docs/spec.md §5.2, §4.7): per group in order, drop the table, num_cached_block
     and partial-hit record, then release the table without its leading nulls, tail first."""
     for g in layout.groups:
-        table = state.tables[g.gid].pop(rid, [])
-        state.num_cached[g.gid].pop(rid, None)
-        state.partial_hits[g.gid].pop(rid, None)
-        while table and table[0] == NULL:
-            table.pop(0)
-        state.release(list(reversed(table)))
+        state.release(list(reversed(_pop_table(state, g.gid, rid))))
+
+
+def pop_request_blocks(layout: Layout, state: State, rid: str) -> list[list[int]]:
+    """pop_blocks_for_free (docs/spec.md §4.7): every group's table as `free_request` drops it,
+    one list per group, still held."""
+    return [_pop_table(state, g.gid, rid) for g in layout.groups]
+
+
+def _pop_table(state: State, gid: int, rid: str) -> list[int]:
+    table = state.tables[gid].pop(rid, [])
+    state.num_cached[gid].pop(rid, None)
+    state.partial_hits[gid].pop(rid, None)
+    while table and table[0] == NULL:
+        table.pop(0)
+    return table
 
 
 def allocate_slots(

@@ -4,7 +4,7 @@ AllocationProbe for every allocate_slots it runs."""
 from __future__ import annotations
 
 from kvfuzz.core.sides import AllocationProbe, Observations
-from kvfuzz.reference_model.allocation import allocate_slots, free_request
+from kvfuzz.reference_model.allocation import allocate_slots, free_request, pop_request_blocks
 from kvfuzz.reference_model.caching import cache_request
 from kvfuzz.reference_model.layout import Layout
 from kvfuzz.reference_model.lookup import Lists, get_computed_blocks
@@ -75,6 +75,9 @@ class Manager:
 
     def free(self, rid: str) -> None:
         free_request(self.layout, self.state, rid)
+
+    def pop_blocks_for_free(self, rid: str) -> list[list[int]]:
+        return pop_request_blocks(self.layout, self.state, rid)
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         cache_request(self.layout, self.state, req, num_tokens)

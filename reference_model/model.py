@@ -10,7 +10,8 @@ from typing import Any
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
-from kvfuzz.core.sides import CachedTokensProbe, Observations
+from kvfuzz.core.extra_keys import Extras, extras_problem
+from kvfuzz.core.sides import CachedTokensProbe, Observations, take_events_result
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.reference_model.layout import Layout
@@ -34,6 +35,9 @@ API_OPS = (
     "take_new_block_ids",
     "take_kv_cache_block_copies",
     "release_copies",
+    "take_events",
+    "free_deferred",
+    "release_deferred",
 )
 SCHEDULER_OPS = ("add_request", "step", "abort", "finish")
 
@@ -52,6 +56,8 @@ class ReferenceModel:
         self.manager = Manager(self.layout)
         self.driver = Driver(self.manager)
         self.requests: dict[str, Request] = {}
+        self._mm_lengths: dict[int, int] = {}
+        self._deferred: list[list[list[int]]] = []
         self.lookups: dict[str, tuple[Lists, int]] = {}
         """API level: request id -> its live lookup (blocks, hit)."""
         self._views: dict[str, tuple[tuple[Any, ...], RequestView]] = {}
@@ -115,6 +121,7 @@ class ReferenceModel:
             requests=views,
             pending_copies=tuple([pair for g in state.pending_copies for pair in g]),
             retained_copies=tuple(state.retained),
+            deferred_frees=tuple(tuple(run) for runs in self._deferred for run in runs),
             new_block_ids=tuple([b for g in state.new_block_ids for b in g]),
             waiting=tuple([r.request_id for r in self.driver.waiting]),
             running=tuple([r.request_id for r in self.driver.running]),
@@ -153,10 +160,16 @@ class ReferenceModel:
             raise InvalidTrace(f"max_tokens must be >= 1, got {op['max_tokens']}")
         if op["num_encoder_tokens"] < 0:
             raise InvalidTrace(f"num_encoder_tokens must be >= 0, got {op['num_encoder_tokens']}")
+        extras = Extras.of_op(op)
+        problem = extras_problem(extras, prompt, self._mm_lengths)
+        if problem:
+            raise InvalidTrace(f"add_request {rid!r}: {problem}")
         req = Request(
             request_id=rid,
             prompt=list(prompt),
             salt=op["cache_salt"] or None,
+            hbs=self.layout.hbs,
+            extras=extras,
             priority=op["priority"],
             arrival_time=float(len(self.requests)),
             max_tokens=op["max_tokens"],
@@ -264,7 +277,7 @@ class ReferenceModel:
             or any(
                 n > len(state.tables[g.gid][rid]) * g.bs
                 for g in self.layout.groups
-                if g.kind != "cross"
+                if g.kind not in ("cross", "circular_buffer")
             )
         ):
             return MISUSE
@@ -277,6 +290,35 @@ class ReferenceModel:
             return MISUSE
         self.manager.evict_blocks(set(ids))
         return None
+
+    def _op_free_deferred(self, op: Op) -> list[int]:
+        """pop_blocks_for_free: every group's table (leading nulls trimmed) kept as one run,
+        still held; the request is finished."""
+        req = self._live(op["request_id"])
+        runs = [run for run in self.manager.pop_blocks_for_free(req.request_id) if run]
+        if runs:
+            self._deferred.append(runs)
+            for run in runs:
+                self.manager.state.deferred.extend(run)
+        req.status = "FINISHED_STOPPED"
+        return [b for run in runs for b in run]
+
+    def _op_release_deferred(self, op: Op) -> None:
+        """Each kept batch, oldest first, released as a free would: group after group, each
+        run tail first."""
+        batches, self._deferred = self._deferred, []
+        for runs in batches:
+            for run in runs:
+                for b in run:
+                    self.manager.state.deferred.remove(b)
+                self.manager.state.release(run[::-1])
+        return None
+
+    def _op_take_events(self, op: Op) -> dict[str, list[str]]:
+        """The keys a consumer of every event believes cached: exactly the cache map's."""
+        if not self.config.kv_events:
+            raise InvalidTrace("take_events needs a config with kv_events on")
+        return take_events_result({key for key, _ in self.manager.state.entries})
 
     def _op_reset_prefix_cache(self, op: Op) -> bool:
         return self.manager.reset_prefix_cache()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvfuzz.core.extra_keys import Extras, prefix_identity
 from kvfuzz.core.snapshot import CacheKey
 
 WAITING_STATES = ("WAITING", "PREEMPTED")
@@ -24,6 +25,10 @@ class Request:
     max_tokens: int
     skip_reading_prefix_cache: bool
     num_encoder_tokens: int
+    hbs: int = 1
+    """The hash block size: extra keys are per hash block."""
+    extras: Extras | None = None
+    """LoRA adapter, multimodal inputs, prompt embeddings (docs/spec.md §2.3); None for none."""
     tokens: list[int] = field(default_factory=list)
     prefix_cache_hit_limit: int | None = None
     """Leading tokens the prefix cache may serve (None: unbounded; vLLM 0.34's per-request
@@ -55,4 +60,7 @@ class Request:
 
     def key(self, group_id: int, num_tokens: int) -> CacheKey:
         """The content key of this request's prefix of num_tokens tokens in a group."""
-        return (group_id, self.salt, tuple(self.tokens[:num_tokens]))
+        if self.extras is None:
+            return (group_id, self.salt, tuple(self.tokens[:num_tokens]))
+        ident = prefix_identity(self.salt, self.extras, num_tokens, self.hbs)
+        return (group_id, ident, tuple(self.tokens[:num_tokens]))

@@ -9,7 +9,7 @@ of (content key, block id) entries in insertion order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvfuzz.core.snapshot import CacheKey
 
@@ -42,6 +42,8 @@ class State:
     """Per group: ids recorded for zeroing and not yet drained (only CoW ids: no zeroing)."""
     retained: list[tuple[int, int]]
     """CoW pairs taken by take_kv_cache_block_copies and not yet released."""
+    deferred: list[int] = field(default_factory=list)
+    """Blocks popped by a deferred free and not yet released; each entry holds one reference."""
     phantoms_used: int = 0
     """Blocks handed out beyond the free queue (ids >= num_blocks); see get_new_blocks."""
 
@@ -83,6 +85,7 @@ class State:
             pending_copies=[list(g) for g in self.pending_copies],
             new_block_ids=[list(g) for g in self.new_block_ids],
             retained=list(self.retained),
+            deferred=list(self.deferred),
         )
 
     def blocks_taken_since(self, free_before: int) -> int:
@@ -101,7 +104,7 @@ class State:
         for pairs in [*self.pending_copies, self.retained]:
             for src, dst in pairs:
                 count += (src == block) + (dst == block)
-        return count
+        return count + self.deferred.count(block)
 
     def ref_counts(self) -> list[int]:
         """ref_cnt of every block, the null block's as 0 (never maintained, docs/spec.md §3.1)."""
@@ -114,6 +117,8 @@ class State:
             for src, dst in pairs:
                 counts[src] += 1
                 counts[dst] += 1
+        for b in self.deferred:
+            counts[b] += 1
         counts[NULL] = 0
         return counts
 

@@ -29,8 +29,8 @@ def test_two_campaigns_merge_into_one_report_with_one_finding_per_bug(tmp_path, 
     singles = [json.loads(r.read_text()) for r in reports]
     assert merged["examples"] == sum(r["examples"] for r in singles) == 40
     assert merged["operations"] == sum(r["operations"] for r in singles)
-    assert [(r["level"], r["config"], r["examples"]) for r in merged["by_config"]] == [
-        ("api", "full", 40)]
+    assert [(r["level"], r["config"], r["examples"], r["findings"])
+            for r in merged["by_config"]] == [("api", "full", 40, 1)]
     assert len(merged["findings"]) == 1
     (bug,) = merged["findings"]
     assert bug["check"] == "P2" and bug["duplicates"] >= 1

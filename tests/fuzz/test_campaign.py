@@ -114,6 +114,7 @@ def test_two_workers_save_each_bug_once_and_a_second_run_adds_nothing(tmp_path, 
     second = json.loads((tmp_path / "r2.json").read_text())
     assert _files(corpus) == files
     assert second["findings"] and all(f["known"] for f in second["findings"])
+    assert all(f["ops"] == len(Trace.load(f["file"]).ops) for f in second["findings"])
     assert "already in the corpus" in capsys.readouterr().out
 
 
@@ -266,3 +267,40 @@ def test_ctrl_c_with_workers_keeps_the_findings_and_stops_the_workers(tmp_path):
     assert [f["file"] for f in report["findings"]] == [str(f) for f in _files(corpus)]
     assert "Traceback" not in out
     assert _gone(kids)
+
+
+class TwoDiffs(KvcacheSide):
+    """kvcache whose allocate_slots reports a wrong block table after any get_computed_blocks,
+    and whose get_computed_blocks reports a field too many for a request of at most four
+    tokens: two different disagreements with the model."""
+
+    name = "two-diffs"
+
+    def apply(self, op):
+        result = super().apply(op)
+        if op["op"] == "add_request" and len(op["prompt"]) <= 4:
+            self.short = getattr(self, "short", set()) | {op["request_id"]}
+        self.looked_up = getattr(self, "looked_up", False) or op["op"] == "get_computed_blocks"
+        if (op["op"] == "allocate_slots" and self.looked_up and isinstance(result, dict)
+                and "block_ids" in result):
+            return {**result, "block_ids": [[99]]}
+        if op["op"] == "get_computed_blocks" and op["request_id"] in getattr(self, "short", ()):
+            return {**result, "stray": 1}
+        return result
+
+
+def test_a_shrink_keeps_the_same_difference_and_does_not_slip_into_another():
+    config = BUILTIN["full"][1]
+    ops = [{"op": "add_request", "request_id": "r0", "prompt": list(range(1, 9))},
+           {"op": "add_request", "request_id": "r1", "prompt": list(range(1, 9))},
+           {"op": "get_computed_blocks", "request_id": "r1"},
+           {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 8}]
+    found = run_trace(Trace(config, "api", ops), [TwoDiffs]).finding
+    assert (found.check, found.signature) == ("DIFF-result", ("allocate_slots", "block_ids"))
+    # Checking the check alone would slip: a shorter prompt for r1 fails another way, sooner.
+    shorter = [ops[0], {**ops[1], "prompt": [1, 2, 3, 4]}, *ops[2:]]
+    other = run_trace(Trace(config, "api", shorter), [TwoDiffs]).finding
+    assert (other.check, other.signature) == ("DIFF-result", ("get_computed_blocks", "stray"))
+    result = shrink_trace(Trace(config, "api", ops), [TwoDiffs], seconds=30)
+    assert result.finding.signature == found.signature
+    assert [op["op"] for op in result.trace.ops][-2:] == ["get_computed_blocks", "allocate_slots"]

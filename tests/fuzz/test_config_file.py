@@ -98,3 +98,15 @@ def test_a_state_machine_runs_a_config_file_as_given(tmp_path):
                                          database=None)
     machine.TestCase().runTest()
     assert seen and all(e.config == load_config_file(path) for e in seen)
+
+
+def test_replay_runs_a_trace_on_a_config_file_instead_of_its_own(tmp_path, capsys):
+    ops = [{"op": "add_request", "request_id": "r0", "prompt": list(range(20))},
+           {"op": "get_computed_blocks", "request_id": "r0"},
+           {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 20}]
+    Trace(load_config_file(EXAMPLES[0]), "api", ops).save(tmp_path / "t.json")
+    (tmp_path / "mine.toml").write_text(SHAPE)
+    assert main(["replay", str(tmp_path / "t.json"), "--config-file",
+                 str(tmp_path / "mine.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "config 'my-model'" in out and '"block_ids": [[1, 2], [3, 4]]' in out

@@ -2,6 +2,7 @@
 plugin that raises (a short message, the traceback in a log file or with --debug), never a
 traceback, and a closed stdout does not change the code."""
 
+import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -141,3 +142,23 @@ def test_a_closed_stdout_changes_neither_the_exit_code_nor_the_quiet_stderr(tmp_
     done = _kvfuzz(tmp_path, "replay", "t.json", shell_tail=" | head -1; exit ${PIPESTATUS[0]}")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith("replaying t.json")
+
+
+@pytest.mark.parametrize("engine", [
+    ["--workers", "2"],
+    pytest.param(["--engine", "atheris"], marks=pytest.mark.skipif(
+        importlib.util.find_spec("atheris") is None, reason="atheris is not installed")),
+], ids=["workers", "atheris"])
+def test_a_check_that_raises_in_a_worker_exits_three_naming_it(tmp_path, engine):
+    """A worker (--workers, or an atheris worker) sends its error to the parent, which exits 3
+    as one process would, and no worker outlives it."""
+    (tmp_path / "late_typo.py").write_text(
+        "from kvfuzz.properties import invariant\n@invariant('TYPO2', 'a late typo')\n"
+        "def typo(snapshot, ctx):\n    if ctx.step > 2:\n        return undefined_name\n")
+    done = _kvfuzz(tmp_path, "run", "--plugin", "late_typo", *engine, "--examples",
+                   "30", "--config", "full", "--level", "api")
+    assert done.returncode == 3, done.stderr
+    assert "check TYPO2 (from late_typo, at step 3 on kvcache) raised NameError: name " \
+        "'undefined_name' is not defined" in done.stderr
+    log = Path(done.stderr.split("the traceback is in ")[1].split(";")[0]).read_text()
+    assert "the worker's traceback" in log and "undefined_name" in log

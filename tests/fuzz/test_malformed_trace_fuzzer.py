@@ -13,6 +13,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from kvfuzz.core.config_file import load_config_file
+from kvfuzz.core.errors import ConfigError
 from kvfuzz.fuzz.cli import main
 
 VALID = {
@@ -72,11 +74,19 @@ def documents(draw: st.DrawFn) -> bytes:
     doc = json.loads(json.dumps(VALID))
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(_paths(doc)))
-        kind = draw(st.sampled_from(["replace", "drop", "add", "nest", "repeat"]))
+        kind = draw(st.sampled_from(["leaf", "leaf", "replace", "drop", "add", "nest",
+                                     "repeat"]))
         node = doc
         for key in path:
             node = node[key]
-        if kind == "replace":
+        if kind == "leaf":  # an odd value of the same kind: the trace often stays valid
+            if isinstance(node, bool):
+                doc = _set(doc, path, not node)
+            elif isinstance(node, int):
+                doc = _set(doc, path, draw(ODD_INTS | st.integers(-3, 40)))
+            elif isinstance(node, str):
+                doc = _set(doc, path, draw(ODD_STRINGS))
+        elif kind == "replace":
             doc = _set(doc, path, draw(VALUES))
         elif kind == "drop" and path:
             parent = doc
@@ -112,6 +122,7 @@ def _nested(node: Any, depth: int) -> Any:
 
 
 COUNTS: Counter = Counter()
+CONFIG_COUNTS: Counter = Counter()
 
 
 @settings(max_examples=int(os.environ.get("KVFUZZ_MALFORMED_EXAMPLES", "150")), deadline=None,
@@ -138,3 +149,62 @@ def test_no_malformed_trace_gives_a_traceback_or_an_exit_outside_0_1_2(tmp_path_
         print(f"\nmalformed-trace fuzzer: {COUNTS['inputs']} inputs, " + ", ".join(
             f"{key} {COUNTS[key]}" for key in sorted(COUNTS) if key.startswith("exit")))
     assert COUNTS["exit 2"] > 0 and COUNTS["exit 0"] + COUNTS["exit 1"] > 0
+
+
+@settings(max_examples=int(os.environ.get("KVFUZZ_MALFORMED_EXAMPLES", "150")), deadline=None,
+          database=None, suppress_health_check=list(HealthCheck))
+@given(raw=documents(), toml=st.booleans())
+def _fuzz_config_files(tmp_path_factory, raw: bytes, toml: bool) -> None:
+    """The trace's config, mutated, as a --config-file (TOML when the JSON text still parses)."""
+    folder = tmp_path_factory.mktemp("c")
+    try:
+        config = json.loads(raw)["config"]
+        text = _toml(config) if toml else json.dumps(config, allow_nan=True)
+        data = text.encode("utf-8", errors="surrogatepass")
+    except (ValueError, KeyError, TypeError):
+        data, toml = raw, False
+    path = folder / ("c.toml" if toml else "c.json")
+    path.write_bytes(data)
+    try:
+        load_config_file(path)
+        CONFIG_COUNTS["accepted"] += 1
+    except ConfigError:
+        CONFIG_COUNTS["ConfigError (exit 2)"] += 1
+    CONFIG_COUNTS["inputs"] += 1
+
+
+def _toml(value: Any) -> str:
+    """A config object as TOML: scalars, then [scheduler], then [[groups]] (other shapes raise
+    TypeError and go in as JSON)."""
+    if not isinstance(value, dict):
+        raise TypeError
+    lines, tables = [], []
+    for key, item in value.items():
+        if isinstance(item, dict):
+            tables.append(f"[{json.dumps(key)}]\n" + _toml(item))
+        elif isinstance(item, list) and item and all(isinstance(g, dict) for g in item):
+            tables += [f"[[{json.dumps(key)}]]\n" + _toml(g) for g in item]
+        else:
+            lines.append(f"{json.dumps(key)} = {_scalar(item)}")
+    return "\n".join(lines + tables) + "\n"
+
+
+def _scalar(item: Any) -> str:
+    if isinstance(item, bool):
+        return "true" if item else "false"
+    if isinstance(item, float) and item != item:
+        return "nan"
+    if isinstance(item, float) and item in (float("inf"), float("-inf")):
+        return "inf" if item > 0 else "-inf"
+    if isinstance(item, list):
+        return "[" + ", ".join(map(_scalar, item)) + "]"
+    if item is None or isinstance(item, dict):
+        raise TypeError
+    return json.dumps(item, ensure_ascii=False)
+
+
+def test_no_malformed_config_file_raises_anything_but_a_config_error(tmp_path_factory):
+    CONFIG_COUNTS.clear()
+    _fuzz_config_files(tmp_path_factory)
+    print(f"\nmalformed config-file fuzzer: {dict(CONFIG_COUNTS)}")
+    assert CONFIG_COUNTS["accepted"] > 0 and CONFIG_COUNTS["ConfigError (exit 2)"] > 0

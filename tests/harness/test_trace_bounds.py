@@ -51,7 +51,7 @@ CASES = {
                    "prompt: token id an int of 65 bits exceeds 2147483647"),
     "token 2^31": (_trace(ops=[{**ADD, "prompt": [2 ** 31]}]),
                    "prompt: token id 2147483648 exceeds 2147483647"),
-    "token -1": (_trace(ops=[{**ADD, "prompt": [-1]}]), "prompt: token id -1 is negative"),
+    "token -2^63-1": (_trace(ops=[{**ADD, "prompt": [-(2 ** 63) - 1]}]), "outside the i64 range"),
     "count 2^63": (_trace(ops=[ADD, {"op": "allocate_slots", "request_id": "r0",
                                      "num_new_tokens": 2 ** 63}]),
                    "num_new_tokens must be an i64, got 9223372036854775808"),
@@ -59,6 +59,8 @@ CASES = {
                         "num_blocks must be an int in [2, 131072], got 10000000"),
     "too many groups": (_trace(config={**CONFIG, "groups": [{"kind": "full", "block_size": 4}]
                                        * 17}), "groups lists 17 groups, at most 16"),
+    "too many requests": (_trace(ops=[{**ADD, "request_id": f"r{i}"} for i in range(1025)]),
+                          "ops add 1025 requests, at most 1024"),
     "huge LCM": (_trace(config={**CONFIG, "enable_caching": False, "groups": [
         {"kind": "full", "block_size": b} for b in (4093, 4091, 4099)]}),
         "the scheduler block size"),
@@ -95,3 +97,9 @@ def test_the_config_bounds_hold_for_configs_built_in_python():
         Config.from_dict({**CONFIG, "watermark": float("nan")})
     with pytest.raises(ConfigError, match="name must be text"):
         Config.from_dict({**CONFIG, "name": "\udc80"})
+
+
+def test_a_negative_token_is_an_invalid_op_where_it_stands(tmp_path, capsys):
+    (tmp_path / "t.json").write_text(_trace(ops=[{**ADD, "prompt": [-1]}]))
+    assert main(["replay", str(tmp_path / "t.json")]) == 2
+    assert "step 0 (add_request): prompt has a negative token id: [-1]" in capsys.readouterr().err

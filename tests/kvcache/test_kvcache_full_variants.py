@@ -59,8 +59,8 @@ def test_sink_len_must_be_whole_blocks():
     "group, needle",
     [
         (GroupConfig("sink_full", 4, sink_len=6), "sink_len 6 must be a multiple of block_size 4"),
-        (GroupConfig("sink_full", 4), "sink_len must be a positive int"),
-        (GroupConfig("rswa", 4), "rswa_window must be a positive int"),
+        (GroupConfig("sink_full", 4), "sink_len must be an int"),
+        (GroupConfig("rswa", 4), "rswa_window must be an int"),
         (GroupConfig("full", 4, rswa_window=4), "rswa_window on a 'full' group"),
     ],
 )
@@ -107,6 +107,7 @@ def test_circular_buffer_claims_one_ring_block_for_the_request_lifetime():
     request.append_output_token_ids(1)
     assert manager.allocate_slots(request, 1) is not None
     assert [len(t) for t in table_ids(manager, "r")] == [3, 1]
+    manager.cache_blocks(request, 10)  # more tokens than the ring's 8 slots: not misuse
     twin = make_request("t", list(range(9)), 4)
     blocks, hit = manager.get_computed_blocks(twin)[:2]
     assert hit == 8 and blocks.get_block_ids()[1] == []

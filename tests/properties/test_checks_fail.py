@@ -10,7 +10,9 @@ import pytest
 
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.harness.executor import Execution
-from kvfuzz.core.sides import AllocationProbe, CachedTokensProbe, Observations
+from kvfuzz.core.sides import (
+    AllocationProbe, CachedTokensProbe, KvEvent, Observations, take_events_result,
+)
 from kvfuzz.properties import REGISTRY, CheckContext
 
 # Checks registered by user plugins (`--kvfuzz-plugin`) bring no planted violation here.
@@ -122,6 +124,23 @@ def _cases(execution, snaps):
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
+        **_event_cases(execution, s),
+    }
+
+
+def _event_cases(execution, s):
+    """EV1: a replay missing a cached key; EV2: a removal of a key a block still holds; EV3:
+    a stored event whose second key skips its tokens."""
+    key = next(iter(s.cache))
+    short = take_events_result(set(s.cache) - {key})
+    parent = (key[0], key[1], key[2][:4]) if len(key[2]) > 4 else None
+    stored = KvEvent("stored", key[0], (key, key), parent, key[2][len(parent[2]) if parent
+                                                                  else 0:] * 2, 4)
+    return {
+        "EV1": (s, s, _ctx(execution, op={"op": "take_events"}, result=short)),
+        "EV2": (s, s, _ctx(execution, observations=Observations(
+            kv_events=[KvEvent("removed", key[0], (key,))]))),
+        "EV3": (s, s, _ctx(execution, observations=Observations(kv_events=[stored]))),
     }
 
 

@@ -1,0 +1,106 @@
+"""Extra hash keys by value (docs/spec.md §2.3): what besides its tokens a cached prefix stands for.
+
+A request may carry a LoRA adapter (name and id), multimodal inputs (identifier, offset, length),
+prompt embeddings (one value per prompt position; -1 marks a position that holds a token id) and a
+cache salt. Per hash block [s, e) the extra keys are, in vLLM's order: the LoRA adapter, every
+multimodal input overlapping the block with its offset relative to s, the salt (block 0 only),
+the block's slice of the embeddings with their token-id mask. `prefix_identity` gives the values
+a key's prefix stands for; two prefixes may share a block only when their identities and tokens
+are equal. Nothing here hashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MmInput = tuple[int, int, int]
+"""(identifier, offset, length) of one multimodal input in prompt positions."""
+
+
+@dataclass(frozen=True)
+class Extras:
+    """A request's extra-key inputs, as its add_request op gave them."""
+
+    lora_name: str | None = None
+    lora_id: int | None = None
+    mm_inputs: tuple[MmInput, ...] = ()
+    prompt_embeds: tuple[int, ...] | None = None
+
+    @classmethod
+    def of_op(cls, op: dict[str, Any]) -> Extras | None:
+        """The extras of an add_request op, or None when it has none (a plain request)."""
+        embeds = op.get("prompt_embeds")
+        extras = cls(
+            op.get("lora_name"),
+            op.get("lora_id"),
+            tuple(tuple(m) for m in op.get("mm_inputs") or ()),  # type: ignore[misc]
+            None if embeds is None else tuple(embeds),
+        )
+        return None if extras == _NONE else extras
+
+    def block_keys(self, salt: str | None, start: int, end: int) -> tuple[Any, ...]:
+        """The tagged extra keys of hash block [start, end), by value, in vLLM's order."""
+        keys: list[Any] = []
+        if self.lora_name is not None:
+            keys.append(("lora", self.lora_name, self.lora_id))
+        for ident, offset, length in self.mm_inputs:
+            if offset < end and start < offset + length:
+                keys.append(("mm", ident, offset - start))
+        if start == 0 and salt:
+            keys.append(("cache_salt", salt))
+        if self.prompt_embeds is not None:
+            keys.append(("prompt_embeds", self.prompt_embeds[start:end]))
+        return tuple(keys)
+
+
+_NONE = Extras()
+
+
+def prefix_identity(salt: str | None, extras: Extras | None, num_tokens: int, hbs: int) -> Any:
+    """What a prefix of num_tokens tokens (a multiple of hbs) stands for besides its tokens:
+    the salt alone (None for none) when no block of it has another extra key (a plain request
+    and one whose adapter, inputs or embeddings lie beyond the prefix look alike), else every
+    hash block's extra keys."""
+    if extras is None:
+        return salt or None
+    blocks = tuple(
+        extras.block_keys(salt, s, s + hbs) for s in range(0, num_tokens - num_tokens % hbs, hbs)
+    )
+    if all(key[0] == "cache_salt" for keys in blocks for key in keys):
+        return salt or None
+    return ("extras",) + blocks
+
+
+def extras_problem(extras: Extras | None, prompt: list[int], mm_lengths: dict[int, int]) -> str | None:
+    """Why these extras are not valid for this prompt (docs/traces.md), or None. `mm_lengths`
+    holds the length each multimodal identifier had before (one identifier, one length);
+    it is updated when the extras are valid."""
+    if extras is None:
+        return None
+    if (extras.lora_name is None) != (extras.lora_id is None):
+        return "lora_name and lora_id come together"
+    if extras.lora_id is not None and extras.lora_id < 1:
+        return f"lora_id must be >= 1, got {extras.lora_id}"
+    end = 0
+    for m in extras.mm_inputs:
+        if len(m) != 3:
+            return f"an mm input is [identifier, offset, length], got {list(m)!r}"
+        ident, offset, length = m
+        if ident < 0 or length < 1 or offset < end or offset + length > len(prompt):
+            return (f"mm input {list(m)!r}: needs identifier >= 0, length >= 1, inputs sorted "
+                    f"and apart, inside the {len(prompt)}-token prompt")
+        if mm_lengths.get(ident, length) != length:
+            return f"mm identifier {ident} had length {mm_lengths[ident]}, now {length}"
+        end = offset + length
+    embeds = extras.prompt_embeds
+    if embeds is not None:
+        if len(embeds) != len(prompt):
+            return f"prompt_embeds has {len(embeds)} values for a {len(prompt)}-token prompt"
+        if any(v < -1 for v in embeds):
+            return "prompt_embeds values must be >= -1 (-1: a token position)"
+        if any(v >= 0 and t != 0 for v, t in zip(embeds, prompt)):
+            return "an embedding position's prompt token must be the placeholder 0"
+    for ident, _, length in extras.mm_inputs:
+        mm_lengths[ident] = length
+    return None

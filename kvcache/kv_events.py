@@ -1,0 +1,187 @@
+"""KV cache events: what an external router learns about the prefix cache (docs/spec.md §3.10).
+
+`BlockStored` announces keys a `cache_full_blocks` (`register_full_blocks`) or
+`cache_partial_block` call registered,
+`BlockRemoved` a key no block holds any more, `AllBlocksCleared` a successful reset. A pool
+with events on is an `EventfulBlockPool`: the plain `BlockPool` with each mutating method
+wrapped, so pools without events pay nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvfuzz.kvcache.block_pool import BlockPool
+from kvfuzz.kvcache.kv_cache_utils import (
+    BlockHash,
+    BlockHashWithGroupId,
+    KVCacheBlock,
+    group_id_suffix,
+    resolve_block_hashes,
+)
+
+if TYPE_CHECKING:
+    from kvfuzz.kvcache.request import Request
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Consecutive blocks of one group cached under `block_hashes`, chained on
+    `parent_block_hash` (None: the chain starts at token 0); `token_ids` are the tokens of the
+    range those blocks cover, `block_size` per block."""
+
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    group_idx: int
+    lora_name: str | None = None
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """No block of the group holds these hashes any more."""
+
+    block_hashes: list[BlockHash]
+    group_idx: int
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """The prefix cache was reset."""
+
+
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+_SUFFIX_LEN = len(group_id_suffix(0))
+
+
+def _split(key: BlockHashWithGroupId) -> tuple[BlockHash, int]:
+    return BlockHash(key[:-_SUFFIX_LEN]), int.from_bytes(key[-_SUFFIX_LEN:], "big")
+
+
+class EventfulBlockPool(BlockPool):
+    """A BlockPool that queues KV events; `take_events` hands them over."""
+
+    kv_event_queue: list[KVCacheEvent]
+    _evicting_inline: bool = False
+    """While get_new_blocks runs: it reports what it evicts itself, once, in pop order."""
+
+    @classmethod
+    def enable_on(cls, pool: BlockPool) -> EventfulBlockPool:
+        """Turn events on for a pool already shared by the managers (before any request)."""
+        pool.__class__ = cls
+        assert isinstance(pool, EventfulBlockPool)
+        pool.kv_event_queue = []
+        return pool
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Every event since the last call, oldest first; the queue is then empty."""
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events
+
+    def _lora_name(self, request: Request) -> str | None:
+        lora = getattr(request, "lora_request", None)
+        return lora.lora_name if lora is not None else None
+
+    def register_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        super().register_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
+                                     block_size, kv_cache_group_id, block_mask)
+        if num_cached_blocks >= num_full_blocks:
+            return
+        hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        stored = [
+            hashes[i] for i in range(num_cached_blocks, num_full_blocks)
+            if not blocks[i].is_null
+            and (block_mask is None or block_mask[i - num_cached_blocks])
+        ]
+        self.kv_event_queue.append(BlockStored(
+            stored,
+            hashes[num_cached_blocks - 1] if num_cached_blocks else None,
+            list(request.all_token_ids[num_cached_blocks * block_size:
+                                       num_full_blocks * block_size]),
+            block_size,
+            kv_cache_group_id,
+            self._lora_name(request),
+        ))
+
+    def cache_partial_block(
+        self,
+        request: Request,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> BlockHashWithGroupId | None:
+        hbs = self.hash_block_size
+        known = (
+            not block.is_null and not replace_existing_hashes and 0 < num_tokens // hbs
+            <= len(request.block_hashes) and self._carries_key(
+                block, request.block_hashes[num_tokens // hbs - 1]
+                + group_id_suffix(kv_cache_group_id))  # type: ignore[arg-type]
+        )
+        key = super().cache_partial_block(request, block, num_tokens, kv_cache_group_id,
+                                          block_size, replace_existing_hashes)
+        if key is not None and not known:
+            n = num_tokens // hbs
+            self.kv_event_queue.append(BlockStored(
+                [request.block_hashes[n - 1]],
+                request.block_hashes[n - 2] if n > 1 else None,
+                list(request.all_token_ids[(n - 1) * hbs: n * hbs]),
+                hbs,
+                kv_cache_group_id,
+                self._lora_name(request),
+            ))
+        return key
+
+    def _removed(self, keys: list[BlockHashWithGroupId]) -> None:
+        """BlockRemoved for each key no block holds any more (another copy keeps it)."""
+        cache = self.cached_block_hash_to_block
+        for key in keys:
+            if cache.get_one_block(key) is None:
+                block_hash, group = _split(key)
+                self.kv_event_queue.append(BlockRemoved([block_hash], group))
+
+    def _keys_of(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
+        if block.block_hash is None:
+            return []
+        return [block.block_hash, *self.cached_block_hashes_by_block.get(block.block_id, ())]
+
+    def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
+        keys = self._keys_of(block)
+        super()._remove_cached_block_hashes(block)
+        if not self._evicting_inline:
+            self._removed(keys)
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        # The base class evicts inline; the keys of the blocks it will pop are read first.
+        ahead = self.free_block_queue.get_all_free_blocks()
+        keys = [
+            key for block in ahead[: num_blocks if isinstance(num_blocks, int) else 0]
+            for key in self._keys_of(block)
+        ]
+        self._evicting_inline = True
+        try:
+            blocks = super().get_new_blocks(num_blocks)
+        finally:
+            self._evicting_inline = False
+        self._removed(keys)
+        return blocks
+
+    def reset_prefix_cache(self) -> bool:
+        done = super().reset_prefix_cache()
+        if done:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return done
