@@ -190,6 +190,8 @@ def _mutate_parser(sub: Any) -> None:
     m.add_argument("--seed", type=int, default=0, help="sample and campaign seed (default: 0)")
     m.add_argument("--timeout", type=float, default=300.0,
                    help="seconds per mutant before it counts as timed out (default: 300)")
+    m.add_argument("--config", nargs="+", metavar="NAME", default=[],
+                   help="built-in configs the campaign runs (default: all)")
     m.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report")
     m.add_argument("--all-lines", action="store_true",
                    help="mutate every line (default: only statements the unmutated campaign "
@@ -200,6 +202,7 @@ def _mutate_parser(sub: Any) -> None:
 
 
 def _cmd_mutate(args: argparse.Namespace) -> int:
+    from kvfuzz.core.configs import builtin_config
     from kvfuzz.fuzz import mutate
 
     require("cosmic_ray", mutate.INSTALL, "kvfuzz mutate")
@@ -209,6 +212,8 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
     if args.report is not None:
         _writable("--report", args.report)
     _check_target(args.target)
+    for name in args.config:
+        builtin_config(name)
     paths = mutate.resolve(args.target, args.paths)
     print(f"kvfuzz mutate: target {args.target}, {args.examples} examples per mutant, "
           f"seed {args.seed}")
@@ -224,22 +229,23 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
     everything = mutate.mutants(paths)
     try:  # coverage.py slows it: three mutants' time
         check, lines = mutate.baseline(args.target, args.examples, args.seed, paths,
-                                       3 * args.timeout)
+                                       3 * args.timeout, tuple(args.config))
     except RuntimeError as exc:
         print(f"kvfuzz mutate: {exc}", file=sys.stderr)
         return 3
     if check is not None:
+        configs = f" --config {' '.join(args.config)}" if args.config else ""
         print(f"the campaign fails on the unmutated source ({check}): fix that first; "
               f"`kvfuzz run --target {args.target} --examples {args.examples} "
-              f"--seed {args.seed}` shows it")
+              f"--seed {args.seed}{configs}` shows it")
         return EXIT_FOUND
     ran = mutate.eligible(everything, lines)
     print(f"{len(ran)} of {len(everything)} mutants lie on lines the campaign runs, outside "
           "type annotations")
     found = everything if args.all_lines else ran
     chosen = mutate.sample(found, args.sample, args.seed)
-    report = mutate.run(mutate.Report(args.target, args.examples, args.seed, len(found)),
-                        chosen, args.timeout, show)
+    report = mutate.run(mutate.Report(args.target, args.examples, args.seed, len(found),
+                                      tuple(args.config)), chosen, args.timeout, show)
     data = report.as_json()
     print(f"\n{data['run']} of {data['total_mutants']} mutants"
           + (" (interrupted; sources restored)" if report.interrupted else "") + ": "

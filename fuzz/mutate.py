@@ -72,6 +72,8 @@ class Report:
     examples: int
     seed: int
     total_mutants: int
+    configs: tuple[str, ...] = ()
+    """The built-in configs the campaign runs (empty: all)."""
     results: list[Result] = field(default_factory=list)
     interrupted: bool = False
 
@@ -90,6 +92,7 @@ class Report:
                    for p in dict.fromkeys(r.mutant.path for r in self.results)}
         return {
             "target": self.target, "examples": self.examples, "seed": self.seed,
+            "configs": list(self.configs),
             "total_mutants": self.total_mutants, "run": len(self.results),
             "interrupted": self.interrupted,
             "counts": self.counts(), "score": self.score(),
@@ -139,8 +142,8 @@ def mutants(paths: list[Path]) -> list[Mutant]:
     return sorted(set(found), key=lambda m: (m.path, m.operator, m.occurrence))
 
 
-def baseline(target: str, examples: int, seed: int, paths: list[Path],
-             timeout: float) -> tuple[str | None, dict[str, set[int]]]:
+def baseline(target: str, examples: int, seed: int, paths: list[Path], timeout: float,
+             configs: tuple[str, ...] = ()) -> tuple[str | None, dict[str, set[int]]]:
     """The campaign on the unmutated source, under coverage.py: the check it fails (None when
     it passes, as it must for the score to mean anything) and the lines of `paths` it runs."""
     require("coverage", INSTALL, "kvfuzz mutate")
@@ -149,7 +152,7 @@ def baseline(target: str, examples: int, seed: int, paths: list[Path],
     with tempfile.TemporaryDirectory(prefix="kvfuzz-baseline-") as tmp:
         data, out = Path(tmp) / "coverage", Path(tmp) / "result.json"
         spec = {"target": target, "examples": examples, "seed": seed, "corpus": tmp,
-                "out": str(out)}
+                "out": str(out), "configs": list(configs)}
         argv = [sys.executable, "-m", "coverage", "run", f"--data-file={data}",
                 "--include=" + ",".join(map(str, paths)), "-m", "kvfuzz.fuzz.mutate",
                 json.dumps(spec)]
@@ -304,7 +307,8 @@ def run(report: Report, chosen: list[Mutant], timeout: float,
         on_result: Callable[[int, int, Report], None]) -> Report:
     """Run the `chosen` mutants, a fixed campaign on each, into `report`; `on_result` sees the
     report after each mutant."""
-    campaign = {"target": report.target, "examples": report.examples, "seed": report.seed}
+    campaign = {"target": report.target, "examples": report.examples, "seed": report.seed,
+                "configs": list(report.configs)}
     paths = sorted({Path(m.path) for m in chosen})
     with guarded(paths) as originals:
         try:
@@ -328,6 +332,8 @@ def _campaign(spec: dict[str, Any]) -> None:
     options = CampaignOptions(target=spec["target"], seconds=None, examples=spec["examples"],
                               seed=spec["seed"], corpus=Path(spec["corpus"]), max_findings=1,
                               shrink_seconds=0.0)
+    if spec["configs"]:
+        options.configs = tuple(spec["configs"])
     stats = run_campaign(options, lambda stats: None)
     check = stats.findings[0].check if stats.findings else None
     Path(spec["out"]).write_text(json.dumps({"check": check, "examples": stats.examples}))

@@ -84,6 +84,7 @@ def test_a_file_left_mutated_by_a_killed_run_is_restored_from_its_backup():
 @pytest.mark.parametrize("argv, needle", [
     (["--paths", "no_such_file.py"], "no_such_file.py"),
     (["--paths", "block_pool.py", "--examples", "0"], "--examples"),
+    (["--paths", "block_pool.py", "--config", "no_such_config"], "no_such_config"),
     (["--target", "vllm", "--paths", "block_pool.py"], None),
 ])
 def test_usage_errors_exit_two(capsys, argv, needle):
