@@ -26,8 +26,9 @@ MAX_OPS = 200_000
 MAX_REQUESTS = 1024
 """`add_request` ops in one trace: every op snapshots and checks every request, so a replay's
 time grows with the square of the requests (1,000 take about 5 s, 2,000 about 23 s)."""
-MAX_NUM_BLOCKS = 1 << 17
-"""Pool size N (131,072 blocks; each costs the manager and the model memory up front)."""
+MAX_NUM_BLOCKS = 1 << 20
+"""Pool size N (1,048,576 blocks, a large GPU's pool at block size 16; each costs the manager
+and the model memory up front, about 0.6 KB a block)."""
 MAX_GROUPS = 16
 """KV cache groups in one config."""
 MAX_SIZE = 1 << 24

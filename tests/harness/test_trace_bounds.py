@@ -56,7 +56,7 @@ CASES = {
                                      "num_new_tokens": 2 ** 63}]),
                    "num_new_tokens must be an i64, got 9223372036854775808"),
     "num_blocks 10^7": (_trace(config={**CONFIG, "num_blocks": 10 ** 7}),
-                        "num_blocks must be an int in [2, 131072], got 10000000"),
+                        "num_blocks must be an int in [2, 1048576], got 10000000"),
     "too many groups": (_trace(config={**CONFIG, "groups": [{"kind": "full", "block_size": 4}]
                                        * 17}), "groups lists 17 groups, at most 16"),
     "too many requests": (_trace(ops=[{**ADD, "request_id": f"r{i}"} for i in range(1025)]),

@@ -20,6 +20,8 @@ BUILTIN = [c.name for c in REGISTRY if c.builtin]
 
 FULL = Config(12, (GroupConfig("full", 4),), max_model_len=64)
 WINDOW = Config(12, (GroupConfig("sliding_window", 4, sliding_window=4),), max_model_len=64)
+MAMBA = Config(12, (GroupConfig("full", 4), GroupConfig("mamba", 4, num_speculative_blocks=1)),
+               max_model_len=64, enable_caching=False)
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
@@ -121,6 +123,7 @@ def _cases(execution, snaps):
         "I16": (s, _view(s, "r3", tables=((6,),)), _ctx(execution)),
         "I17": (s, _view(s, "r0", num_computed_tokens=40), _ctx(execution)),
         "I18": _window_left_live(),
+        "S1": _state_block_dropped(),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
@@ -150,6 +153,20 @@ def _write_into_cached(execution, snaps):
     after = _view(after, "r0", num_computed_tokens=4)
     op = {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 4}
     return before, after, _ctx(execution, op=op, result={"block_ids": [[]]})
+
+
+def _state_block_dropped():
+    """A Mamba request computed 6 tokens, yet its table no longer holds the state block of
+    token 5 (position 1): only the speculative block after it is left."""
+    execution, snaps = _run(MAMBA, [
+        {"op": "add_request", "request_id": "m", "prompt": list(range(8))},
+        {"op": "allocate_slots", "request_id": "m", "num_new_tokens": 6},
+    ])
+    s = snaps[-1]
+    tables = s.requests["m"].tables
+    assert tables[1][1] != 0, tables
+    state = (0, 0) + tables[1][2:]
+    return s, _view(s, "m", tables=(tables[0], state)), _ctx(execution, config=MAMBA)
 
 
 def _window_left_live():
