@@ -12,6 +12,7 @@ Run with the venv of ci/install-vllm.sh:  "$py" -m pytest -m vllm tests/vllm -q
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 from kvfuzz.fuzz.cli import main as kvfuzz
 from kvfuzz.fuzz.shrink import shrink_trace
 from kvfuzz.core.config import Config
+from kvfuzz.core.errors import HarnessFault
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.harness.executor import Execution, run_trace
 from kvfuzz.core.trace import Trace
@@ -118,6 +120,10 @@ def test_finding_replays_on_vllm_strict_and_passes_on_kvcache(path):
     needs = _unsupported_features(trace)
     if needs:  # a finding of a newer release: a usage error here, never a finding
         with pytest.raises(VllmUnsupported, match="|".join(needs)):
+            run_trace(trace, ["vllm-strict"])
+        return
+    if "check" not in trace.meta:  # vLLM cannot build this config: a fault, never a finding
+        with pytest.raises(HarnessFault, match=re.escape(trace.meta["message"])):
             run_trace(trace, ["vllm-strict"])
         return
     result = run_trace(trace, ["vllm-strict"])
