@@ -122,11 +122,13 @@ def test_redis_vanishing_mid_campaign_keeps_the_findings(tmp_path, redis_server)
 
 
 PYTEST_PROBE = '''
-from hypothesis import settings
+from hypothesis import Phase, settings
 from kvfuzz.testing import machine_for
 
 TestBug = machine_for("api", targets=("bug:free-forgets-decrement",),
                       config_names=("full",)).TestCase
+# The plugin's database kept; no shrinking (slow here, and not what is tested).
+TestBug.settings = settings(TestBug.settings, phases=[Phase.generate])
 
 
 def test_the_database_is_hypothesis_default():
