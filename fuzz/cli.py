@@ -13,11 +13,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvfuzz import __version__, shipped, versions
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.errors import KvfuzzError, require
+
+if TYPE_CHECKING:
+    from kvfuzz.core.config import Config
 from kvfuzz.fuzz.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE, PluginFault, guarded
 
 
@@ -328,6 +331,28 @@ def _check_target(name: str) -> str:
     return info.name
 
 
+def _buildable(target: str, names: tuple[str, ...], config_files: tuple[Config, ...],
+               named: set[str]) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
+    """The configs a campaign runs on `target`, and (name, reason) for the built-in ones it
+    leaves out because the target cannot build them here (e.g. docs/findings/012). A config the
+    user named stays, as do all when none builds: the run then stops with exit 3 naming the
+    target and its error."""
+    from kvfuzz.core.configs import builtin_config
+    from kvfuzz.harness.targets import get_target
+
+    info = get_target(target)
+    files = {c.name: c for c in config_files}
+    kept, skipped = [], []
+    for name in names:
+        if name in named or name in files:
+            kept.append(name)
+        elif (reason := info.cannot_build(builtin_config(name))) is None:
+            kept.append(name)
+        else:
+            skipped.append((name, reason))
+    return (tuple(kept), skipped) if kept else (names, [])
+
+
 def _check_data(data: str | None) -> None:
     """`--data` needs torch."""
     if data is not None:
@@ -351,6 +376,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for name in configs:
         builtin_config(name)
     configs += tuple(c.name for c in config_files)
+    configs, skipped = _buildable(target, configs, config_files, named=set(args.config or ()))
     for option, value in (("--workers", args.workers), ("--examples", args.examples),
                           ("--seconds", args.seconds), ("--steps", args.steps)):
         _positive(option, value)
@@ -375,6 +401,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"{workers}, engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
+    for name, reason in skipped:
+        print(f"config {name} left out: target {target} cannot build it here ({reason})")
     if backend is not None:
         print(f"ray: {backend.describe()}")
     progress = _Progress(seconds)
@@ -394,6 +422,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _summary(stats, options)
     if args.json:
         report = {"versions": versions(), "target": target, "configs": list(configs),
+                  "configs_left_out": {name: reason for name, reason in skipped},
                   "seed": args.seed,
                   "engine": args.engine, "workers": args.workers, "model": options.model,
                   "ray": None if args.ray is None else args.ray or "local",

@@ -41,6 +41,17 @@ class TargetInfo:
     def build(self, config: Config, level: str) -> Side:
         return self.locate()(config, level)
 
+    def cannot_build(self, config: Config) -> str | None:
+        """Why this target cannot build `config` here (its own exception, in one line), or
+        None when it can: a campaign leaves such a config out instead of failing on it."""
+        try:
+            self.build(config, "api")
+        except KvfuzzError:
+            raise
+        except Exception as exc:  # the target's own failure, e.g. vLLM's (docs/findings/012)
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
 
 _TARGETS: dict[str, TargetInfo] = {}
 

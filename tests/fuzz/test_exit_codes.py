@@ -2,6 +2,7 @@
 plugin that raises (a short message, the traceback in a log file or with --debug), never a
 traceback, and a closed stdout does not change the code."""
 
+import json
 import importlib.util
 import subprocess
 import sys
@@ -162,3 +163,33 @@ def test_a_check_that_raises_in_a_worker_exits_three_naming_it(tmp_path, engine)
         "'undefined_name' is not defined" in done.stderr
     log = Path(done.stderr.split("the traceback is in ")[1].split(";")[0]).read_text()
     assert "the worker's traceback" in log and "undefined_name" in log
+
+
+PICKY_PLUGIN = '''
+from kvfuzz.harness.kvcache_target import KvcacheSide
+from kvfuzz.harness.targets import register_target
+
+def picky(config, level):
+    if config.name == "watermark":
+        raise TypeError("no watermark here")
+    return KvcacheSide(config, level)
+
+register_target("picky", "kvcache, except that it cannot build the watermark config", picky)
+'''
+
+
+def test_a_builtin_config_the_target_cannot_build_is_left_out_and_said(tmp_path):
+    """A campaign over the built-in configs runs the others and names the one left out (as
+    `--target vllm` leaves out sink_full, docs/findings/012); named, it is exit 3."""
+    (tmp_path / "picky_plugin.py").write_text(PICKY_PLUGIN)
+    run = _kvfuzz(tmp_path, "run", "--plugin", "picky_plugin", "--target", "picky",
+                  "--examples", "60", "--level", "api", "--json", "r.json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "config watermark left out: target picky cannot build it here (TypeError: no " \
+        "watermark here)" in run.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert "watermark" not in report["configs"] and "full" in report["configs"]
+    assert report["configs_left_out"] == {"watermark": "TypeError: no watermark here"}
+    named = _kvfuzz(tmp_path, "run", "--plugin", "picky_plugin", "--target", "picky",
+                    "--examples", "2", "--config", "watermark", "--level", "api")
+    assert named.returncode == 3 and "no watermark here" in named.stderr, named.stderr
