@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -331,6 +332,17 @@ def _check_target(name: str) -> str:
     return info.name
 
 
+def _hypothesis_home() -> None:
+    """Hypothesis' own files (its cache of constants) go to kvfuzz's cache folder, not to
+    ./.hypothesis, unless HYPOTHESIS_STORAGE_DIRECTORY says where; workers inherit it."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    where = os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                                  str(cache / "kvfuzz" / "hypothesis"))
+    set_hypothesis_home_dir(where)
+
+
 def _buildable(target: str, names: tuple[str, ...], config_files: tuple[Config, ...],
                named: set[str]) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
     """The configs a campaign runs on `target`, and (name, reason) for the built-in ones it
@@ -366,6 +378,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kvfuzz.core.configs import builtin_config
 
     _plugins(args.plugin)
+    _hypothesis_home()
     target = _check_target(args.target)
     if args.engine == "atheris":
         require("atheris", _FUZZ, "--engine atheris")

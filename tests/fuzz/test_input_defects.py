@@ -3,6 +3,8 @@
 
 import os
 import stat
+import subprocess
+import sys
 
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.trace import Trace
@@ -39,3 +41,17 @@ def test_a_campaign_leaves_no_hypothesis_folder_and_files_follow_the_umask(tmp_p
     for path in (*(tmp_path / "c").glob("*.json"), tmp_path / "r.json", tmp_path / "t.json",
                  tmp_path / "test_t.py"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o664, path
+
+
+def test_a_campaign_process_writes_no_hypothesis_folder_where_it_runs(tmp_path):
+    """In a fresh process (Hypothesis' home is fixed at its first use): its own files go to
+    kvfuzz's cache folder, not ./.hypothesis."""
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    done = subprocess.run(
+        [sys.executable, "-m", "kvfuzz", "run", "--config", "full", "--examples", "60",
+         "--corpus", "c"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (tmp_path / ".hypothesis").exists()
+    assert (tmp_path / "cache" / "kvfuzz" / "hypothesis").is_dir()
