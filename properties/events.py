@@ -14,7 +14,7 @@ from kvfuzz.properties.registry import CheckContext, transition
 @transition(
     "EV1",
     "replaying every KV event from the start gives exactly the cache map's keys",
-    covers=("§3.10",),
+    covers=("spec §3.10",),
 )
 def events_replay_to_cache(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     if ctx.op["op"] != "take_events" or not isinstance(ctx.result, dict) or "error" in ctx.result:
@@ -32,7 +32,7 @@ def events_replay_to_cache(before: Snapshot, after: Snapshot, ctx: CheckContext)
     "EV2",
     "no BlockRemoved for a key another block still holds (a removal leaves it uncached "
     "unless a later event of the same op stores it again)",
-    covers=("§3.10", "bugs #25"),
+    covers=("spec §3.10", "bugs #25"),
 )
 def no_removal_while_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     events = ctx.observations.kv_events
@@ -51,7 +51,7 @@ def no_removal_while_held(before: Snapshot, after: Snapshot, ctx: CheckContext) 
     "EV3",
     "each BlockStored chains on its parent: key i covers the parent's tokens plus (i+1) "
     "blocks of the event's token ids, all in the event's group",
-    covers=("§3.10",),
+    covers=("spec §3.10",),
 )
 def stored_events_chain(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     for event in ctx.observations.kv_events:

@@ -587,7 +587,7 @@ def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
     "S1",
     "state groups: a running request holds the state block of its last computed token and "
     "its speculative blocks after it",
-    covers=("docs/spec.md §11",),
+    covers=("spec §11",),
 )
 def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
     for g, group in enumerate(ctx.config.groups):
