@@ -35,7 +35,7 @@ from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
 from kvfuzz.fuzz.coverage import behaviour_features
-from kvfuzz.fuzz.database import open_database, warn
+from kvfuzz.fuzz.database import open_database
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
 from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
 from kvfuzz.fuzz.plugins import import_plugins
@@ -245,15 +245,11 @@ class BatchRunner:
     """Runs batches of one campaign in one process (each backend's worker makes one): the
     checks, the example database and the focused rules are set up once."""
 
-    def __init__(self, options: CampaignOptions,
-                 warn: Callable[[str], None] | None = None) -> None:
-        """`warn` shows a warning at once (the driver's runner); without it a worker's runner
-        hands its warnings to the driver in each batch's result."""
+    def __init__(self, options: CampaignOptions) -> None:
         self.options = options
         checks = selected_checks(options.data)
         self.checks = None if checks is None else tuple(checks)
-        self._warnings: list[str] = []
-        self.database = open_database(options.database, warn=warn or self._warnings.append)
+        self.database = open_database(options.database)
         check_focus(options.focus, options.configs)
         self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
         self.on_execution: Callable[[Execution], None] | None = None
@@ -335,7 +331,6 @@ class BatchRunner:
         account(result, self.take_executions())
         result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
         result.seconds = time.monotonic() - start
-        result.warnings, self._warnings = self._warnings, []
         return result
 
 
@@ -366,8 +361,7 @@ class Campaign:
             self.stats.pair(*pair)
             self.schedule.weights[pair] = pair_weight(options, pair, 0)
         self.findings = campaign_findings(options)
-        self._database_warned = False
-        self.runner = BatchRunner(options, warn=self._warn_once)
+        self.runner = BatchRunner(options)
         self._waiting: dict[int, BatchResult] = {}
         self._next = 0
         self._start = 0.0
@@ -437,15 +431,7 @@ class Campaign:
         for index in sorted(self._waiting):
             self._count(self._waiting.pop(index))
 
-    def _warn_once(self, message: str) -> None:
-        """A lost shared database is said once per campaign, whichever process lost it."""
-        if not self._database_warned:
-            self._database_warned = True
-            warn(message)
-
     def _count(self, result: BatchResult) -> None:
-        for message in result.warnings:
-            self._warn_once(message)
         growth = len(result.features - self.stats.features)
         self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth))
         self.stats.add(result)

@@ -117,13 +117,12 @@ def check_reachable(specs: Sequence[str]) -> None:
             client.close()
 
 
-def warn(message: str) -> None:
-    """Print a kvfuzz warning to stderr."""
+def _warn(message: str) -> None:
     print(f"kvfuzz: warning: {message}", file=sys.stderr, flush=True)
 
 
 def open_database(specs: Sequence[str],
-                  warn: Callable[[str], None] = warn) -> ExampleDatabase | None:
+                  warn: Callable[[str], None] = _warn) -> ExampleDatabase | None:
     """The database the specs name (None when there are none). It does not connect yet: a
     shared part that fails at any time is dropped then, calling `warn` once."""
     if not specs:

@@ -87,9 +87,6 @@ class BatchResult:
     seconds: float = 0.0
     failure: Failure | None = None
     interrupted: bool = False
-    warnings: list[str] = field(default_factory=list)
-    """Warnings the batch's process gave (a lost shared database): the driver shows each kind
-    once per campaign, however many workers gave it."""
 
 
 def batch_seed(campaign_seed: int, index: int) -> int:
