@@ -71,7 +71,7 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "release_copies": {},
         "take_events": {},
         "free_deferred": {"request_id": (_STR, None)},
-        "release_deferred": {},
+        "release_deferred": {"evict_first": (_BOOL, False)},
     },
     "scheduler": {
         "add_request": _REQUEST_FIELDS,

@@ -214,6 +214,9 @@ class ManagerSide:
         """Whether this target implements an optional op or field (every one, by default)."""
         return True
 
+    def require(self, name: str) -> None:
+        """A usage error (exit 2) naming `name` and the target unless it `offers` it."""
+
     def lookup(self, request: Any, bound: int | None) -> Any:
         """The manager's get_computed_blocks (a target may pass the bound its own way)."""
         if bound is None:
@@ -380,14 +383,17 @@ class ManagerSide:
 
     def _release_deferred(self, op: Op) -> Any:
         """Release every deferred batch, oldest first, as `free` would have: each group's run
-        tail first, group after group."""
+        tail first, group after group (`evict_first` passed on to `BlockPool.free_blocks`)."""
+        option = {"evict_first": True} if op["evict_first"] else {}
+        if option:
+            self.require("evict_first")
         batches, self.deferred_blocks = self.deferred_blocks, []
         release = getattr(self.manager, "free_deferred_blocks", None)
         for runs in batches:
             if release is not None:
-                ok, out = self._call(lambda: release(runs))
+                ok, out = self._call(lambda: release(runs, **option))
             else:
-                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1])
+                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1], **option)
                                               for r in runs])
             if not ok:
                 return out

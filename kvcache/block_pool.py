@@ -416,19 +416,24 @@ class BlockPool:
             if type(block) is not own:
                 raise ValueError(f"{operation}: {self.describe_foreign(block)}")
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(
+        self, ordered_blocks: Iterable[KVCacheBlock], evict_first: bool = False
+    ) -> None:
         """Drop one reference per block; the first block is the first to evict.
 
         Blocks reaching zero without a key go to the queue head as one run (reused first, for
-        locality); cached ones go to the tail (evicted oldest release first). An entry that is
-        not a block of this pool, or a block that is not held, raises ValueError and changes
-        nothing.
+        locality); cached ones go to the tail (evicted oldest release first), or with
+        `evict_first` (their contents held by another tier) into the head run too, keeping
+        their keys until popped. An entry that is not a block of this pool, a block that is not
+        held, or an `evict_first` that is not a bool raises ValueError and changes nothing.
         """
+        if type(evict_first) is not bool:
+            raise ValueError(f"free_blocks(): evict_first={evict_first!r} is not a bool")
         blocks = self._block_list("free_blocks", ordered_blocks)
         self.check_own("free_blocks()", blocks)
-        self.release(blocks)
+        self.release(blocks, evict_first)
 
-    def release(self, blocks: list[KVCacheBlock]) -> None:
+    def release(self, blocks: list[KVCacheBlock], evict_first: bool = False) -> None:
         """`free_blocks` of blocks known to be this pool's (the managers' own tables).
 
         A block that is not held raises ValueError and changes nothing.
@@ -437,7 +442,7 @@ class BlockPool:
         are spliced into the queue at the end. Held blocks are never linked, so a run's links
         are all this call's.
         """
-        caching = self.enable_caching
+        all_first = evict_first or not self.enable_caching
         first_head = first_tail = last_head = last_tail = None
         # The tail run is the common one: its length is what the others leave.
         num_first = num_kept = 0
@@ -448,7 +453,7 @@ class BlockPool:
                 block.ref_cnt = 0
                 # Without caching every released block counts as unhashed. `_hashed` leaves
                 # the key object, likely out of the CPU cache by now, untouched.
-                if not block._hashed or not caching:
+                if all_first or not block._hashed:
                     if first_tail is None:
                         first_head = block
                     else:
