@@ -433,3 +433,10 @@ def test_install_vllm_refuses_an_unsupported_version():
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert "unsupported vLLM version '0.31.0'; supported: 0.32.0 0.33.0 0.34.0" in out.stderr
+
+
+def test_install_vllm_refuses_a_directory_that_is_not_a_vllm_checkout(tmp_path):
+    out = subprocess.run(["bash", str(REPO / "ci" / "install-vllm.sh"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert f"'{tmp_path}' is not a vLLM checkout" in out.stderr
