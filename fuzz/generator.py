@@ -265,6 +265,9 @@ class ApiRules(Rules):
             kinds += ["take_events"] * 2
         if self.config.deferred_frees:
             kinds += ["release_deferred"] * 2
+        if self.config.enable_caching and any(g.mamba_cache_mode == "align"
+                                              for g in self.config.groups):
+            kinds += ["new_step_starts"] * 3  # a state hit waits for the step after its write
         kinds += [k for k in kinds if k in self.focus] * 2
         kind = pick(c, kinds)
         if kind == "evict_blocks":
@@ -286,6 +289,8 @@ class ApiRules(Rules):
             self.apply(op="take_events")
         elif kind == "release_deferred":
             self.apply(op="release_deferred")
+        elif kind == "new_step_starts":
+            self.apply(op="new_step_starts")
         else:
             self._misuse()
 
@@ -356,6 +361,7 @@ FOCUS_OPS: dict[str, tuple[str, ...]] = {
     "take_kv_cache_block_copies": ("housekeeping", "take_copies"),
     "take_new_block_ids": ("housekeeping", "take_copies"),
     "release_copies": ("housekeeping", "release_copies"),
+    "new_step_starts": ("housekeeping",),
     "step": ("step", "step_again"),
     "abort": ("abort",),
     "finish": ("abort",),

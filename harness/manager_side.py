@@ -62,6 +62,7 @@ class ManagerSide:
             "take_new_block_ids": self._take_new_block_ids,
             "take_kv_cache_block_copies": self._take_copies,
             "release_copies": self._release_copies,
+            "new_step_starts": self._new_step_starts,
             "step": self._step,
             "abort": self._end_request,
             "finish": self._end_request,
@@ -392,6 +393,10 @@ class ManagerSide:
             if not ok:
                 return out
         return None
+
+    def _new_step_starts(self, op: Op) -> Any:
+        ok, out = self._call(self.manager.new_step_starts)
+        return None if ok else out
 
     def _release_copies(self, op: Op) -> Any:
         blocks, self.retained_blocks, self.retained_pairs = self.retained_blocks, [], []

@@ -59,6 +59,7 @@ class Driver:
 
     def step(self, sample: int) -> dict[str, Any]:
         mgr, cfg, M = self.manager, self.cfg, self.max_model_len
+        mgr.new_step_starts()
         la = cfg.num_lookahead_tokens
         budget = cfg.token_budget
         scheduled: list[tuple[Request, int, int]] = []
