@@ -162,6 +162,12 @@ class ApiRules(Rules):
              "idle", "preempt", "evict_blocks", "reset_prefix_cache", "take_copies",
              "cache_blocks", "release_copies", "misuse", "hit_limit", "lookup_bound")
 
+    @property
+    def _align(self) -> bool:
+        """The config caches Mamba states (align mode)."""
+        return self.config.enable_caching and any(
+            g.mamba_cache_mode == "align" for g in self.config.groups)
+
     def feasible(self, rule: str) -> bool:
         if rule == "add_request":
             return self.can_add()
@@ -265,8 +271,7 @@ class ApiRules(Rules):
             kinds += ["take_events"] * 2
         if self.config.deferred_frees:
             kinds += ["release_deferred"] * 2
-        if self.config.enable_caching and any(g.mamba_cache_mode == "align"
-                                              for g in self.config.groups):
+        if self._align:
             kinds += ["new_step_starts"] * 3  # a state hit waits for the step after its write
         kinds += [k for k in kinds if k in self.focus] * 2
         kind = pick(c, kinds)
@@ -282,6 +287,9 @@ class ApiRules(Rules):
         elif kind == "cache_blocks":
             rid, view = pick(c, self.views("RUNNING"))
             n = None if flip(c) else between(c, 0, view.num_computed_tokens)
+            if n is not None and self._align:
+                # A state key must name the state its block holds: only the computed count.
+                n = None
             self.apply(op="cache_blocks", request_id=rid, num_computed_tokens=n)
         elif kind == "release_copies":
             self.apply(op="release_copies")
@@ -322,6 +330,12 @@ class SchedulerRules(Rules):
     CORE = frozenset({"add_request", "step", "step_again"})
     KNOBS = ("salt", "priority", "max_tokens", "hit_limit")
     max_requests = 10
+
+    @property
+    def _align(self) -> bool:
+        """The config caches Mamba states (align mode)."""
+        return self.config.enable_caching and any(
+            g.mamba_cache_mode == "align" for g in self.config.groups)
 
     def feasible(self, rule: str) -> bool:
         if rule == "add_request":

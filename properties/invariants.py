@@ -182,8 +182,10 @@ def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext
     keys0, keys1 = before.block_keys, after.block_keys
     if keys0 == keys1 or None not in [keys1[b] for b in compress(range(len(keys1)), keys0)]:
         return None  # no block lost its key
-    moved = {src for src, dst in set(after.pending_copies) - set(before.pending_copies)
-             if keys1[dst] == keys0[src]}
+    copies = set(after.pending_copies) - set(before.pending_copies)
+    if ctx.op["op"] == "step" and isinstance(ctx.result, dict):  # taken within the step
+        copies |= {(src, dst) for src, dst in ctx.result.get("copies", ())}
+    moved = {src for src, dst in copies if keys1[dst] == keys0[src]}
     for rid, old in before.requests.items():
         new = after.requests.get(rid)
         if new is None:
