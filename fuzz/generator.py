@@ -29,6 +29,7 @@ from kvfuzz.fuzz.strategies import (
     prompt, tokens, vary_config,
 )
 from kvfuzz.harness.executor import Execution
+from kvfuzz.kvcache.scheduler import mamba_block_aligned_split
 
 Views = list[tuple[str, RequestView]]
 
@@ -206,7 +207,7 @@ class ApiRules(Rules):
         self.apply(
             op="allocate_slots",
             request_id=rid,
-            num_new_tokens=between(c, least, remaining),
+            num_new_tokens=self._chunk(rid, view, hit, between(c, least, remaining)),
             use_lookup=use_lookup,
             num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
             full_sequence_must_fit=self.knob("gate", lambda: flip(c), False),
@@ -219,6 +220,20 @@ class ApiRules(Rules):
         """vLLM 0.34's probe: P5 relates its answer to the lookup it predicts."""
         rid, _ = pick(self.choices, self.views("WAITING", "PREEMPTED"))
         self.apply(op="get_num_cached_tokens", request_id=rid)
+
+    def _chunk(self, rid: str, view: RequestView, hit: int, n: int) -> int:
+        """n, or on a Mamba "align" config the chunk the scheduler would cut from it (a state
+        is written only at a chunk's end, so its key must name that end); the whole rest when
+        that cut leaves nothing."""
+        if not self._align or n == 0:
+            return n
+        start = view.num_computed_tokens + hit
+        sizes = (self.config.scheduler_block_size, self.config.resolved_hash_block_size,
+                 self.config.partial_hash_hits, self.config.max_model_len)
+        prompt = len(self.execution.requests[rid].prompt)
+        return (mamba_block_aligned_split(start, n, prompt, view.num_tokens, *sizes)
+                or mamba_block_aligned_split(start, view.num_tokens - start, prompt,
+                                             view.num_tokens, *sizes))
 
     def _running(self, computing: bool) -> Views:
         max_len = self.config.max_model_len
@@ -235,7 +250,8 @@ class ApiRules(Rules):
         self.apply(
             op="allocate_slots",
             request_id=rid,
-            num_new_tokens=between(c, 1, view.num_tokens - view.num_computed_tokens),
+            num_new_tokens=self._chunk(
+                rid, view, 0, between(c, 1, view.num_tokens - view.num_computed_tokens)),
             num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
         )
 
@@ -330,12 +346,6 @@ class SchedulerRules(Rules):
     CORE = frozenset({"add_request", "step", "step_again"})
     KNOBS = ("salt", "priority", "max_tokens", "hit_limit")
     max_requests = 10
-
-    @property
-    def _align(self) -> bool:
-        """The config caches Mamba states (align mode)."""
-        return self.config.enable_caching and any(
-            g.mamba_cache_mode == "align" for g in self.config.groups)
 
     def feasible(self, rule: str) -> bool:
         if rule == "add_request":

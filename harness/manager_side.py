@@ -95,6 +95,7 @@ class ManagerSide:
             full_sequence_must_fit=s.full_sequence_must_fit,
             num_lookahead_tokens=s.num_lookahead_tokens,
             reserved_blocks=s.reserved_blocks,
+            mamba_block_aligned_split=any(g.mamba_cache_mode == "align" for g in config.groups),
         )
 
     # ----- Side -----
