@@ -302,7 +302,7 @@ class Config:
         if self.use_eagle and any(g.mamba_cache_mode == "align" for g in self.groups):
             raise ConfigError(
                 "use_eagle with a mamba_cache_mode 'align' group is not implemented by kvfuzz "
-                "yet (docs/spec.md §11.4)"
+                "yet (docs/spec.md §11.5)"
             )
         if self.use_eagle and "chunked_local" in kinds:
             raise ConfigError("use_eagle is not supported with a chunked_local group")

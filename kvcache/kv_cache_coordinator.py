@@ -83,7 +83,7 @@ class KVCacheCoordinator(ABC):
                 if use_eagle and isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
                     raise ValueError(
                         f"group {i} is a Mamba 'align' group: EAGLE with align mode is not "
-                        "implemented by kvcache (docs/spec.md §11.4)"
+                        "implemented by kvcache (docs/spec.md §11.5)"
                     )
         self.enable_caching = enable_caching
         self.scheduler_block_size = scheduler_block_size
