@@ -363,17 +363,17 @@ class ManagerSide:
         if per_group is not None:
             ok, runs = self._call(lambda: per_group(request))
         else:
-            lengths = []
-            for manager in self.manager.coordinator.single_type_managers:
-                table = manager.req_to_blocks.get(request.request_id, [])
-                lengths.append(len(table) - next(
-                    (i for i, b in enumerate(table) if not b.is_null), len(table)))
+            tables = [list(manager.req_to_blocks.get(request.request_id, []))
+                      for manager in self.manager.coordinator.single_type_managers]
             ok, out = self._call(lambda: self.manager.pop_blocks_for_free(request))
             runs = out
             if ok:
+                # vLLM 0.33+ trims each table's leading nulls; 0.32 hands the whole tables.
+                whole = len(out) == sum(map(len, tables))
                 runs, start = [], 0
-                for n in lengths:
-                    runs.append(out[start:start + n])
+                for table in tables:
+                    n = len(table) if whole else len(_without_leading_nulls(table))
+                    runs.append(_without_leading_nulls(out[start:start + n]))
                     start += n
         if not ok:
             return runs
@@ -442,3 +442,8 @@ class ManagerSide:
         )
         ok, out = self._call(lambda: self.scheduler.finish_request(request.request_id, status))
         return None if ok else out
+
+
+def _without_leading_nulls(blocks: list[Any]) -> list[Any]:
+    """The blocks from the first that is not the null block."""
+    return blocks[next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks)):]
