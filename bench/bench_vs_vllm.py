@@ -71,6 +71,10 @@ def _workloads(quick: bool) -> list[Workload]:
     swa = GroupConfig("sliding_window", 16, sliding_window=128)
     # Caching off, vLLM's state block spans the context: Qwen3.5-shaped, 1 attention : 3 state.
     state = GroupConfig("mamba", 1024, num_speculative_blocks=1)
+    # Align mode, Qwen3.5-shaped: attention and state blocks of 64 tokens, prompts hashed in
+    # blocks of 16 (sub-block state hits, copy-on-write), 1 MTP block per state group.
+    full64 = GroupConfig("full", 64)
+    aligned = GroupConfig("mamba", 64, mamba_cache_mode="align", num_speculative_blocks=1)
     return [
         Workload("full attention, 600 blocks", Config(600, (full,), max_model_len=1024),
                  2000 // scale, 512, 256, 32, 2048, 24, 5),
@@ -81,6 +85,11 @@ def _workloads(quick: bool) -> list[Workload]:
                  Config(600, (full, state, state, state), max_model_len=1024,
                         enable_caching=False),
                  2000 // scale, 512, 0, 32, 2048, 24, 5),
+        Workload("full + 3 Mamba align groups (Qwen3.5-shaped, bs 64, hash blocks of 16), "
+                 "600 blocks",
+                 Config(600, (full64, aligned, aligned, aligned), max_model_len=1024,
+                        hash_block_size=16),
+                 2000 // scale, 512, 256, 32, 2048, 24, 5),
         Workload("long context, 1,000,000 blocks",
                  Config(1_000_000, (full,), max_model_len=131_072),
                  64 // scale, 65_536, 32_768, 32, 16_384, 16, 3 if not quick else 1),
@@ -211,6 +220,8 @@ def run_once(impls: list[Implementation], workload: Workload,
             max_model_len=workload.config.max_model_len,
             token_budget=workload.token_budget,
             max_running=workload.max_running,
+            mamba_block_aligned_split=any(
+                g.mamba_cache_mode == "align" for g in workload.config.groups),
         )
         sides.append((run, scheduler, impl.request_factory(workload.config,
                                                            workload.decode_steps)))
@@ -253,7 +264,7 @@ def bench(workload: Workload, impls: list[Implementation]) -> None:
     kv, vl = (runs[impl.name] for impl in impls)
     print(f"\n== {workload.name}: {workload.num_requests} requests of {workload.prompt_len} "
           f"tokens (half share {workload.shared_prefix_len}), {workload.decode_steps} decode "
-          f"steps, block size 16, budget {workload.token_budget}, max running "
+          f"steps, block sizes {sorted(set(workload.config.block_sizes))}, budget {workload.token_budget}, max running "
           f"{workload.max_running}, {workload.repeats} repeats after a warm-up ==")
     print(f"  {'operation':32} {'kvcache us':>11} {'vLLM us':>10} {'kv/vLLM':>8} {'calls':>9}")
     for op in OPERATIONS:

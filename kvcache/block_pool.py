@@ -147,6 +147,23 @@ class BlockPool:
             cached_blocks.append(block)
         return cached_blocks
 
+    def get_rightmost_cached_block(
+        self, block_hashes: Sequence[BlockHash], indices: Iterable[int],
+        kv_cache_group_ids: Sequence[int],
+    ) -> tuple[int, list[KVCacheBlock]] | None:
+        """The first of `indices` whose hash `get_cached_block` hits, with its blocks; None if
+        none does. Pure read (a state group's right-to-left search)."""
+        get = self.cached_block_hash_to_block._cache.get
+        first = group_id_suffix(kv_cache_group_ids[0])
+        for index in indices:
+            block_hash = block_hashes[index]
+            if get(block_hash + first) is None:  # type: ignore[operator]
+                continue
+            cached = self.get_cached_block(block_hash, kv_cache_group_ids)
+            if cached is not None:
+                return index, cached
+        return None
+
     def get_cached_block_run(
         self, block_hashes: Sequence[BlockHash], kv_cache_group_ids: Sequence[int]
     ) -> tuple[list[KVCacheBlock], ...]:
@@ -280,7 +297,7 @@ class BlockPool:
             self._remove_cached_block_hashes(block)
         elif (
             block.block_hash is not None
-            and not self._carries_key(block, key)
+            and not self.carries_key(block, key)
             and block.block_hash_num_tokens is not None
             and block.block_hash_num_tokens < num_tokens
         ):
@@ -298,11 +315,13 @@ class BlockPool:
         if primary is None:
             return
         extras = sorted(self.cached_block_hashes_by_block.get(src_block.block_id, ()))
-        self._remove_cached_block_hashes(src_block)
+        # The entries stay live, only their block changes: no KV event (the base removal).
+        BlockPool._remove_cached_block_hashes(self, src_block)
         for key in (primary, *extras):
             self._insert_block_hash(key, dst_block, num_tokens)  # type: ignore[arg-type]
 
-    def _carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
+    def carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
+        """The block is reachable under `key`, as its primary key or another one."""
         return block.block_hash == key or self.cached_block_hash_to_block.contain(
             key, block.block_id
         )
@@ -310,7 +329,7 @@ class BlockPool:
     def _insert_block_hash(
         self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int
     ) -> None:
-        if self._carries_key(block, key):
+        if self.carries_key(block, key):
             return
         if block.block_hash is None:
             block.set_block_hash(key, num_tokens)

@@ -148,3 +148,17 @@ def test_partial_hits_follow_vllms_rule():
     assert BUILTIN["qwen3_5_align"][1].partial_hash_hits
     assert not BUILTIN["swa_mamba_align"][1].partial_hash_hits
     assert not BUILTIN["mamba_align"][1].partial_hash_hits
+
+
+def test_a_moved_state_entry_emits_no_kv_event():
+    """vLLM's move_block_hashes keeps the entries live: no BlockRemoved, no BlockStored."""
+    manager = make_manager(40, FullAttentionSpec(block_size=8), _align(8), hash_block_size=2,
+                           enable_kv_cache_events=True)
+    a = make_request("a", list(range(11)), 2)
+    assert manager.allocate_slots(a, 10) is not None
+    a.num_computed_tokens = 10
+    assert manager.take_events()
+    manager.new_step_starts()
+    assert manager.allocate_slots(a, 1) is not None
+    assert manager.take_kv_cache_block_copies()[0]  # the move happened
+    assert manager.take_events() == []
