@@ -851,7 +851,23 @@ class MambaManager(SingleTypeKVCacheManager):
         if (num_tokens // self.block_size <= num_cached_before
                 and (not self.align or num_tokens % self._hash_block_size)):
             return  # most decode steps: no full block, no hash boundary
-        super().cache_blocks(request, num_tokens)
+        blocks = self.req_to_blocks[request_id]
+        num_full_blocks = min(num_tokens, len(request.block_hashes) * self._hash_block_size
+                              ) // self.block_size
+        if num_cached_before < num_full_blocks:
+            # Align-mode tables are mostly null, and nulls are never registered: start at the
+            # first real block.
+            first = num_cached_before
+            null_block = self._null_block
+            limit = min(num_full_blocks, len(blocks))  # beyond: register_full_blocks refuses
+            while first < limit and blocks[first] is null_block:
+                first += 1
+            if first < num_full_blocks:
+                self.block_pool.register_full_blocks(
+                    request, blocks, first, num_full_blocks, self.block_size,
+                    self.kv_cache_group_id,
+                )
+            self.num_cached_block[request_id] = num_full_blocks
         num_cached_after = self.num_cached_block.get(request_id, 0)
         if self.align:
             partial_key = self._cache_state_tail_block(request, num_tokens)
