@@ -189,6 +189,10 @@ REMOVED_WHILE_HELD = "removed-while-held"
 """vLLM emits BlockRemoved for each evicted copy of a key, even while another block still
 holds it (docs/findings/011): `vllm` drops such removals when it reads the events."""
 
+STATE_TAIL_REKEYED = "state-tail-rekeyed"
+"""vLLM 0.32 marks a state already keyed at the prompt's tail as cached again, deferring hits on
+it (docs/findings/014): `vllm` gives its state managers 0.33's "already keyed" return."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
@@ -228,6 +232,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         _no_snapshot_change,
         releases="0.33–0.34",
         applies=lambda api: api.has("prompt_embeds_mask"),
+    ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        STATE_TAIL_REKEYED,
+        "docs/findings/014-state-tail-rekeyed.md",
+        _no_snapshot_change,
+        releases="0.32",
+        applies=lambda api: api.has("state_tail_rekeyed"),
     ),
     # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
     KnownDeviation(
@@ -322,7 +334,31 @@ class VllmSide(ManagerSide):
         # vLLM keeps its none hash in a module global, read whenever a request hashes.
         utils.NONE_HASH = v["sha256"](config.none_hash_seed)
         self._hasher = utils.get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
-        return build_vllm_manager(config)
+        manager = build_vllm_manager(config)
+        if STATE_TAIL_REKEYED in self.tolerated:
+            for single in manager.coordinator.single_type_managers:
+                if getattr(single, "mamba_cache_mode", None) == "align":
+                    self._skip_rekeyed_state_tail(single)
+        return manager
+
+    def _skip_rekeyed_state_tail(self, single: Any) -> None:
+        """0.33's return in `_cache_partial_tail_block`: a state block already keyed at
+        `num_tokens` is not registered (nor marked cached this step) again."""
+        original = single._cache_partial_tail_block
+        tolerated = self.tolerated[STATE_TAIL_REKEYED]
+
+        def cache_partial_tail_block(request: Any, num_tokens: int, *args: Any,
+                                     **kwargs: Any) -> Any:
+            blocks = single.req_to_blocks.get(request.request_id, ())
+            index = -(-num_tokens // single.block_size) - 1
+            if (num_tokens > 0 and 0 <= index < len(blocks) and not blocks[index].is_null
+                    and blocks[index].block_hash_num_tokens == num_tokens
+                    and num_tokens % single.block_pool.hash_block_size == 0):
+                tolerated.add(request.request_id)
+                return None
+            return original(request, num_tokens, *args, **kwargs)
+
+        single._cache_partial_tail_block = cache_partial_tail_block
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
         v = self.api
