@@ -16,7 +16,6 @@ from kvfuzz.kvcache.kv_cache_utils import (
     check_positive_int,
     group_id_suffix,
     make_block_hash_with_group_id,
-    resolve_block_hashes,
 )
 
 if TYPE_CHECKING:
@@ -225,11 +224,17 @@ class BlockPool:
         """`cache_full_blocks` of a manager's own table (this pool's blocks, int counts)."""
         if num_cached_blocks >= num_full_blocks:
             return
-        block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
-        if not 0 <= num_cached_blocks < num_full_blocks <= min(len(blocks), len(block_hashes)):
+        # A block's key is the fine hash at its end: a strided slice of the request's hashes.
+        scale, rest = divmod(block_size, self.hash_block_size)
+        if rest:
+            raise ValueError(f"cache_full_blocks(): block_size {block_size} is not a multiple "
+                             f"of hash_block_size {self.hash_block_size}")
+        fine_hashes = request.block_hashes
+        num_hashes = len(fine_hashes) // scale
+        if not 0 <= num_cached_blocks < num_full_blocks <= min(len(blocks), num_hashes):
             raise ValueError(
                 f"cache_full_blocks({request.request_id!r}): blocks [{num_cached_blocks}, "
-                f"{num_full_blocks}) need {len(blocks)} blocks and {len(block_hashes)} hashes "
+                f"{num_full_blocks}) need {len(blocks)} blocks and {num_hashes} hashes "
                 f"of {block_size} tokens to cover them"
             )
         if block_mask is not None and len(block_mask) != num_full_blocks - num_cached_blocks:
@@ -237,7 +242,8 @@ class BlockPool:
                 f"cache_full_blocks({request.request_id!r}): block_mask has {len(block_mask)} "
                 f"entries for {num_full_blocks - num_cached_blocks} blocks"
             )
-        new_hashes = block_hashes[num_cached_blocks:num_full_blocks]
+        new_hashes = (fine_hashes[num_cached_blocks:num_full_blocks] if scale == 1 else
+                      fine_hashes[(num_cached_blocks + 1) * scale - 1:num_full_blocks * scale:scale])
         suffix = group_id_suffix(kv_cache_group_id)
         cache_map = self.cached_block_hash_to_block
         setdefault = cache_map._cache.setdefault

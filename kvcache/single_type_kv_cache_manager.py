@@ -348,14 +348,14 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             scale = block_size // alignment_tokens
             first = num_full * scale
             top = min(first + scale - 1, max_length // alignment_tokens, len(block_hashes))
-            for fine_idx in range(top - 1, first - 1, -1):
-                cached = block_pool.get_cached_block(block_hashes[fine_idx], kv_cache_group_ids)
-                if cached is None:
-                    continue
+            found = block_pool.get_rightmost_cached_block(
+                block_hashes, range(top - 1, first - 1, -1), kv_cache_group_ids
+            )
+            if found is not None:
+                fine_idx, cached = found
                 for blocks, block in zip(computed, cached):
                     blocks.append(block)
                 hit_length = (fine_idx + 1) * alignment_tokens
-                break
 
         hit_length, num_blocks = trim_hit(
             hit_length, block_size, alignment_tokens, drop_eagle_block
