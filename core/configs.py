@@ -170,6 +170,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    name="swa_mamba_align", max_model_len=64),
         ),
         (
+            "full (bs 8) + sliding window (bs 2, window 4) + Mamba align (bs 8), hash blocks of "
+            "2: sub-block hits stay on, and three spec groups make the fixed point run rounds",
+            Config(56, (_full(8), _swa(2, 4), GroupConfig("mamba", 8, mamba_cache_mode="align")),
+                   name="swa_mamba_align_fine", max_model_len=64),
+        ),
+        (
             "MLA (DeepSeek-V2/V3-shaped): latent attention, managed as full attention",
             Config(16, (GroupConfig("mla", 4),), name="mla", max_model_len=64),
         ),
