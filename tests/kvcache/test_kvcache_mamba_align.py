@@ -162,3 +162,33 @@ def test_a_moved_state_entry_emits_no_kv_event():
     assert manager.allocate_slots(a, 1) is not None
     assert manager.take_kv_cache_block_copies()[0]  # the move happened
     assert manager.take_events() == []
+
+
+@pytest.mark.parametrize("level", ["api", "scheduler"])
+def test_campaigns_reach_every_align_path(tmp_path, monkeypatch, level):
+    """Generated traces on the align configs adopt state hits, copy them on write, move a
+    producer's entry, defer a same-step hit and (API level) move draft blocks."""
+    from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
+    from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
+
+    reached: set[str] = set()
+    for name in ("_apply_cow", "_move_cached_state", "_relocate_speculative_block",
+                 "get_num_blocks_to_allocate"):
+        original = getattr(MambaManager, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            value = _original(self, *args, **kwargs)
+            if _name != "get_num_blocks_to_allocate":
+                reached.add(_name)
+            elif value == self.block_pool.num_gpu_blocks + 1:
+                reached.add("deferred")
+            return value
+
+        monkeypatch.setattr(MambaManager, name, spy)
+    Campaign(CampaignOptions(target="kvcache", seconds=None, examples=300, seed=0,
+                             corpus=tmp_path, configs=("qwen3_5_align", "granite4"),
+                             levels=(level,))).run()
+    expected = {"_apply_cow", "_move_cached_state", "deferred"}
+    if level == "api":
+        expected.add("_relocate_speculative_block")
+    assert expected <= reached
