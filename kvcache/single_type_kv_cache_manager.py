@@ -179,7 +179,7 @@ class SingleTypeKVCacheManager:
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
         if self._record_new_block_ids:
-            self.new_block_ids.extend(block.block_id for block in new_blocks)
+            self.new_block_ids.extend([block.block_id for block in new_blocks])
         return cow_blocks + new_blocks if cow_blocks else new_blocks
 
     def _apply_cow(
@@ -236,9 +236,11 @@ class SingleTypeKVCacheManager:
         """
         req_blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
-        self._partial_hit_reqs.pop(request_id, None)
-        num_nulls = null_head_len(req_blocks, self._null_block)
-        return req_blocks[num_nulls:] if num_nulls else req_blocks
+        if self._partial_hit_reqs:  # almost always empty: skips the call
+            self._partial_hit_reqs.pop(request_id, None)
+        if req_blocks and req_blocks[0] is self._null_block:  # only windows null a head
+            return req_blocks[null_head_len(req_blocks, self._null_block):]
+        return req_blocks
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks tail first, so a chain is evicted from its end and the
@@ -705,9 +707,9 @@ class MambaManager(SingleTypeKVCacheManager):
         if not req_blocks:
             return
         num_nulls = null_head_len(req_blocks, self._null_block)
-        self.block_pool.free_blocks(
-            req_blocks[:num_nulls - 1:-1] if num_nulls else req_blocks[::-1]
-        )
+        # The table holds this pool's blocks only: `release` is `free_blocks` without the
+        # ownership check.
+        self.block_pool.release(req_blocks[:num_nulls - 1:-1] if num_nulls else req_blocks[::-1])
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
