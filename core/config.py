@@ -23,7 +23,7 @@ GROUP_KINDS: tuple[str, ...] = (
 )
 # Kinds vLLM manages as full attention (specs that subclass FullAttentionSpec).
 FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
-# vLLM 0.34.0's MambaCacheMode; kvfuzz runs "none" (docs/spec.md §11).
+# vLLM 0.34.0's MambaCacheMode (docs/spec.md §11).
 MAMBA_CACHE_MODES: tuple[str, ...] = ("none", "align")
 MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='align'"
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
@@ -92,11 +92,6 @@ class GroupConfig:
                 raise ConfigError(
                     f"{where}.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
                     f"got {self.mamba_cache_mode!r}"
-                )
-            if self.mamba_cache_mode == "align":
-                raise ConfigError(
-                    f"{where}.mamba_cache_mode 'align' is not implemented by kvfuzz yet "
-                    "(docs/spec.md §11)"
                 )
             _non_negative_int(f"{where}.num_speculative_blocks", self.num_speculative_blocks)
         elif self.mamba_cache_mode != "none" or self.num_speculative_blocks:
@@ -199,11 +194,29 @@ class Config:
         return self.scheduler_block_size
 
     @property
+    def partial_hash_hits(self) -> bool:
+        """Sub-block hits are on: forced by `partial_hits`, or as vLLM turns them on (caching,
+        several groups, a Mamba "align" group with block_size > hbs, and every other cacheable
+        group fine-grained (full attention kinds, mamba) or of block_size hbs; docs/spec.md
+        §5.5)."""
+        if self.partial_hits:
+            return True
+        if not (self.enable_caching and self.is_hybrid):
+            return False
+        hbs = self.resolved_hash_block_size
+        if not any(g.kind == "mamba" and g.mamba_cache_mode == "align" and g.block_size > hbs
+                   for g in self.groups):
+            return False
+        return all(g.kind in (*FULL_ATTENTION_KINDS, "mamba", "circular_buffer")
+                   or g.block_size == hbs for g in self.groups)
+
+    @property
     def alignment_tokens(self) -> int:
         """Hit alignment: bs_0 for one group, hbs with partial hits, else sbs."""
         if not self.is_hybrid:
             return self.groups[0].block_size
-        return self.resolved_hash_block_size if self.partial_hits else self.scheduler_block_size
+        return (self.resolved_hash_block_size if self.partial_hash_hits
+                else self.scheduler_block_size)
 
     @property
     def resolved_max_in_flight_tokens(self) -> int:
@@ -286,6 +299,11 @@ class Config:
                     f"groups[{i}] (mamba, mamba_cache_mode {g.mamba_cache_mode!r}) with "
                     f"enable_caching true: {MAMBA_PREFIX_CACHING_REASON}"
                 )
+        if self.use_eagle and any(g.mamba_cache_mode == "align" for g in self.groups):
+            raise ConfigError(
+                "use_eagle with a mamba_cache_mode 'align' group is not implemented by kvfuzz "
+                "yet (docs/spec.md §11.5)"
+            )
         if self.use_eagle and "chunked_local" in kinds:
             raise ConfigError("use_eagle is not supported with a chunked_local group")
         if self.enable_caching and self.is_hybrid:
@@ -300,7 +318,7 @@ class Config:
                 raise ConfigError("partial_hits needs enable_caching and at least two groups")
             hbs = self.resolved_hash_block_size
             for i, g in enumerate(self.groups):
-                if g.kind not in ("full", "circular_buffer") and g.block_size != hbs:
+                if g.kind not in ("full", "mamba", "circular_buffer") and g.block_size != hbs:
                     raise ConfigError(
                         f"partial_hits: groups[{i}] ({g.kind}) block_size {g.block_size} "
                         f"must equal hash_block_size {hbs}"

@@ -69,6 +69,7 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "take_new_block_ids": {},
         "take_kv_cache_block_copies": {},
         "release_copies": {},
+        "new_step_starts": {},
         "take_events": {},
         "free_deferred": {"request_id": (_STR, None)},
         "release_deferred": {},

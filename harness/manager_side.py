@@ -62,6 +62,7 @@ class ManagerSide:
             "take_new_block_ids": self._take_new_block_ids,
             "take_kv_cache_block_copies": self._take_copies,
             "release_copies": self._release_copies,
+            "new_step_starts": self._new_step_starts,
             "step": self._step,
             "abort": self._end_request,
             "finish": self._end_request,
@@ -94,6 +95,7 @@ class ManagerSide:
             full_sequence_must_fit=s.full_sequence_must_fit,
             num_lookahead_tokens=s.num_lookahead_tokens,
             reserved_blocks=s.reserved_blocks,
+            mamba_block_aligned_split=any(g.mamba_cache_mode == "align" for g in config.groups),
         )
 
     # ----- Side -----
@@ -392,6 +394,10 @@ class ManagerSide:
             if not ok:
                 return out
         return None
+
+    def _new_step_starts(self, op: Op) -> Any:
+        ok, out = self._call(self.manager.new_step_starts)
+        return None if ok else out
 
     def _release_copies(self, op: Op) -> Any:
         blocks, self.retained_blocks, self.retained_pairs = self.retained_blocks, [], []

@@ -585,6 +585,54 @@ def _state_released_early(side: KvcacheSide) -> None:
         )
 
 
+_ALIGN_CONFIGS = ("qwen3_5_align", "nemotron_h_align", "granite4")
+"""Mamba "align" configs with sub-block hits, so copy-on-write happens."""
+
+
+@mutant("state-allocation-asserts-growth", "a state group's allocation asserts that its table "
+        "only grows: a table over-allocated for draft (lookahead) tokens trips "
+        "`num_required_blocks < len(req_blocks)`", bug="docs/bugs.md #27",
+        configs=("mamba_small_blocks",))  # state blocks small enough for lookahead to cross
+def _state_allocation_asserts_growth(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        def around(original, request_id, num_tokens, num_tokens_main_model, m=single):
+            table = m.req_to_blocks.get(request_id, [])
+            required = (-(-num_tokens_main_model // m.block_size) + m.num_speculative_blocks
+                        if m.align else -(-(num_tokens + m._speculative_tokens) // m.block_size))
+            assert not required < len(table), "num_required_blocks < len(req_blocks)"
+            return original(request_id, num_tokens, num_tokens_main_model)
+
+        _around(single, "allocate_new_blocks", around)
+
+
+@mutant("state-hit-misplaced", "an align-mode state hit is padded with one null too few, so "
+        "the hit request resumes from the position before its state block",
+        bug="docs/bugs.md #28", configs=("mamba_align",) + _ALIGN_CONFIGS)
+def _state_hit_misplaced(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        def around(original, *args, **kwargs):
+            computed, hit_length = original(*args, **kwargs)
+            for blocks in computed:
+                if len(blocks) > 1:
+                    del blocks[0]
+            return computed, hit_length
+
+        _around(single, "find_longest_cache_hit", around)
+
+
+@mutant("align-cow-forgets-pending-copy", "an align-mode copy-on-write takes its references "
+        "but forgets to queue the copy: the private copy is never filled",
+        bug="docs/spec.md §11.3", configs=_ALIGN_CONFIGS)
+def _align_cow_forgets_pending_copy(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        def around(original, *args, m=single, **kwargs):
+            original(*args, **kwargs)
+            m._pending_cow_copies.pop()
+
+        _around(single, "_apply_cow", around)
+        _around(single, "_move_cached_state", around)
+
+
 @mutant("rswa-gap-kept", "an R-SWA group never releases the blocks between the prompt and the "
         "decode window", bug="docs/spec.md §12.2", configs=("rswa", "full_rswa"))
 def _rswa_gap_kept(side: KvcacheSide) -> None:

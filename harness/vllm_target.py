@@ -140,7 +140,22 @@ def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snap
     """An empty window-group table of a request that is not running reads as no entry: vLLM's
     `remove_skipped_blocks` inserts it when a first allocate_slots is refused (docs/spec.md §10.1).
     """
-    windows = {g for g, group in enumerate(config.groups) if group.kind in _WINDOW_KINDS}
+    return _drop_empty_entries(
+        snapshot, {g for g, group in enumerate(config.groups) if group.kind in _WINDOW_KINDS}
+    )
+
+
+def _drop_empty_state_entries(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    """An empty Mamba "align" table of a request that is not running reads as no entry: vLLM's
+    align-mode predictor inserts it (docs/findings/013)."""
+    return _drop_empty_entries(
+        snapshot, {g for g, group in enumerate(config.groups)
+                   if group.kind == "mamba" and group.mamba_cache_mode == "align"}
+    )
+
+
+def _drop_empty_entries(snapshot: Snapshot, windows: set[int]) -> tuple[Snapshot, list[str]]:
+    """Empty tables of the given groups, for requests that are not running, read as None."""
     changed: dict[str, RequestView] = {}
     for rid, view in snapshot.requests.items():
         if view.status == "RUNNING" or not any(view.tables[g] == () for g in windows):
@@ -179,6 +194,11 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         "empty-window-entry",
         "docs/findings/001-empty-window-entry.md",
         _drop_empty_window_entries,
+    ),
+    KnownDeviation(
+        "empty-state-entry",
+        "docs/findings/013-empty-state-entry.md",
+        _drop_empty_state_entries,
     ),
     KnownDeviation(
         "null-block-ref-count",

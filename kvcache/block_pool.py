@@ -291,6 +291,20 @@ class BlockPool:
         self._insert_block_hash(key, block, num_tokens)
         return key
 
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        """Re-point every key of `src_block` (primary first) to `dst_block`, which has none:
+        its owner writes on in `src_block` while the cache keeps a private copy."""
+        assert dst_block.block_hash is None
+        assert dst_block.block_id not in self.cached_block_hashes_by_block
+        num_tokens = src_block.block_hash_num_tokens
+        primary = src_block.block_hash
+        if primary is None:
+            return
+        extras = sorted(self.cached_block_hashes_by_block.get(src_block.block_id, ()))
+        self._remove_cached_block_hashes(src_block)
+        for key in (primary, *extras):
+            self._insert_block_hash(key, dst_block, num_tokens)  # type: ignore[arg-type]
+
     def _carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
         return block.block_hash == key or self.cached_block_hash_to_block.contain(
             key, block.block_id

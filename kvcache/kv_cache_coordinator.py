@@ -80,6 +80,11 @@ class KVCacheCoordinator(ABC):
                     raise ValueError(
                         f"group {i} is chunked local attention, which does not support EAGLE"
                     )
+                if use_eagle and isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
+                    raise ValueError(
+                        f"group {i} is a Mamba 'align' group: EAGLE with align mode is not "
+                        "implemented by kvcache (docs/spec.md §11.5)"
+                    )
         self.enable_caching = enable_caching
         self.scheduler_block_size = scheduler_block_size
         self.hash_block_size = hash_block_size
@@ -439,8 +444,9 @@ class SpecGroup(NamedTuple):
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     """Several groups: a hit must land on a length every group accepts.
 
-    `enable_partial_hash_hits` (Tier B) forces fine-grained, hash-block-aligned hits; vLLM only
-    turns them on for Mamba "align" groups, so the default False equals vLLM 0.33.0 here.
+    Fine-grained, hash-block-aligned hits are on when vLLM turns them on (a Mamba "align"
+    group with block_size > hash_block_size, `partial_hash_hits_enabled`);
+    `enable_partial_hash_hits` (Tier B) forces them on for other configs too.
     """
 
     def __init__(
@@ -466,6 +472,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             record_new_block_ids,
         )
         groups = kv_cache_config.kv_cache_groups
+        enable_partial_hash_hits = enable_partial_hash_hits or partial_hash_hits_enabled(
+            [group.kv_cache_spec for group in groups], hash_block_size
+        )
         alignment = hash_block_size if enable_partial_hash_hits else scheduler_block_size
         for i, group in enumerate(groups):
             spec = group.kv_cache_spec
@@ -688,6 +697,24 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         ):
             return self.hash_block_size
         return spec.block_size
+
+
+def partial_hash_hits_enabled(specs: Sequence[KVCacheSpec], hash_block_size: int) -> bool:
+    """vLLM's rule: a Mamba "align" group whose block is larger than a hash block, and every
+    other prefix-cacheable group either supports fine-grained lookups or has block_size equal
+    to hash_block_size."""
+    if not any(
+        isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"
+        and spec.block_size > hash_block_size
+        for spec in specs
+    ):
+        return False
+    return all(
+        not spec.prefix_cacheable
+        or get_manager_class(spec).supports_fine_grained_hash_lookup
+        or spec.block_size == hash_block_size
+        for spec in specs
+    )
 
 
 def get_kv_cache_coordinator(

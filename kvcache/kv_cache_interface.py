@@ -175,7 +175,8 @@ class MambaSpec(KVCacheSpec):
     its last computed token, one block of `block_size` tokens' worth of positions.
 
     `num_speculative_blocks` more blocks hold the states of draft tokens (MTP/EAGLE).
-    kvcache implements `mamba_cache_mode` "none" (no prefix caching).
+    `mamba_cache_mode` "none" has no prefix caching; "align" caches states at block (and
+    prompt-tail hash) boundaries, without vLLM's prefill checkpoint blocks.
     """
 
     mamba_cache_mode: str = "none"
@@ -188,8 +189,6 @@ class MambaSpec(KVCacheSpec):
                 f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
                 f"got {self.mamba_cache_mode!r}"
             )
-        if self.mamba_cache_mode == "align":
-            raise ValueError("mamba_cache_mode 'align' is not implemented by kvcache")
         if not isinstance(self.num_speculative_blocks, int) or self.num_speculative_blocks < 0:
             raise ValueError(
                 f"num_speculative_blocks must be a non-negative int, "

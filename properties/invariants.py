@@ -172,7 +172,8 @@ def no_hash_collision(s: Snapshot, ctx: CheckContext) -> str | None:
 @transition(
     "I6",
     "a block held throughout an op keeps its keys, unless the op is evict_blocks or "
-    "reset_prefix_cache (eviction happens only to free blocks)",
+    "reset_prefix_cache (eviction happens only to free blocks), or its keys moved to the "
+    "destination of a copy it is the new source of (a Mamba align state, spec §11.3)",
     covers=("I6",),
 )
 def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
@@ -181,13 +182,18 @@ def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext
     keys0, keys1 = before.block_keys, after.block_keys
     if keys0 == keys1 or None not in [keys1[b] for b in compress(range(len(keys1)), keys0)]:
         return None  # no block lost its key
+    copies = set(after.pending_copies) - set(before.pending_copies)
+    if ctx.op["op"] == "step" and isinstance(ctx.result, dict):  # taken within the step
+        copies |= {(src, dst) for src, dst in ctx.result.get("copies", ())}
+    moved = {src for src, dst in copies if keys1[dst] == keys0[src]}
     for rid, old in before.requests.items():
         new = after.requests.get(rid)
         if new is None:
             continue
         for t0, t1 in zip(old.tables, new.tables):
             for b0, b1 in zip(t0 or (), t1 or ()):
-                if b0 and b0 == b1 and before.block_keys[b0] and after.block_keys[b0] is None:
+                if (b0 and b0 == b1 and before.block_keys[b0] and after.block_keys[b0] is None
+                        and b0 not in moved):
                     return f"block {b0}, held by {rid} throughout, lost its key"
     return None
 

@@ -4,6 +4,7 @@ cache_full_blocks / cache_partial_block (§3.3, §3.11). Keys are content (group
 
 from __future__ import annotations
 
+from kvfuzz.core.snapshot import CacheKey
 from kvfuzz.reference_model.layout import Group, Layout, cdiv
 from kvfuzz.reference_model.requests import Request
 from kvfuzz.reference_model.state import NULL, State
@@ -47,6 +48,37 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
     # Step 5 runs even when no full block is new: the prompt tail may just have been reached.
     if g.kind == "full" and g.bs != layout.hbs:
         _cache_prompt_tail(layout, state, g, req, num_tokens, table)
+    if g.kind == "mamba":
+        if g.align:
+            key = _cache_state_tail(layout, state, g, req, num_tokens, table)
+            if key is not None:
+                state.cached_this_step[g.gid].add(key)
+        for block in table[c:full]:
+            key = state.primary[block]
+            if block != NULL and key is not None:
+                state.cached_this_step[g.gid].add(key)
+
+
+def _cache_state_tail(
+    layout: Layout, state: State, g: Group, req: Request, num_tokens: int, table: list[int]
+) -> CacheKey | None:
+    """docs/spec.md §11.3: the state at the prompt's last hash boundary `(P − 1) // hbs · hbs`,
+    registered when num_tokens is exactly there; inside a block, the owner must copy it on its
+    next allocation (a partial-hit record on itself). Returns the key registered."""
+    hbs = layout.hbs
+    if num_tokens <= 0 or num_tokens % hbs or num_tokens != (req.num_prompt_tokens - 1) // hbs * hbs:
+        return None
+    index = cdiv(num_tokens, g.bs) - 1
+    if index >= len(table) or table[index] == NULL:
+        return None
+    block = table[index]
+    if state.primary_tokens[block] == num_tokens:
+        return None
+    cache_partial_block(state, req, block, num_tokens, g.gid)
+    if num_tokens % g.bs:
+        state.partial_hits[g.gid][req.request_id] = (index, block)
+        state.num_cached[g.gid][req.request_id] = index
+    return req.key(g.gid, num_tokens)
 
 
 def sparse_mask_keeps(layout: Layout, g: Group, i: int) -> bool:

@@ -35,6 +35,7 @@ API_OPS = (
     "take_new_block_ids",
     "take_kv_cache_block_copies",
     "release_copies",
+    "new_step_starts",
     "take_events",
     "free_deferred",
     "release_deferred",
@@ -328,6 +329,10 @@ class ReferenceModel:
 
     def _op_take_kv_cache_block_copies(self, op: Op) -> list[list[int]]:
         return [[src, dst] for src, dst in self.manager.take_kv_cache_block_copies()]
+
+    def _op_new_step_starts(self, op: Op) -> None:
+        self.manager.new_step_starts()
+        return None
 
     def _op_release_copies(self, op: Op) -> None:
         self.manager.release_copies()

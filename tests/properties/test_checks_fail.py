@@ -11,7 +11,7 @@ import pytest
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.harness.executor import Execution
 from kvfuzz.core.sides import (
-    AllocationProbe, CachedTokensProbe, KvEvent, Observations, take_events_result,
+    AllocationProbe, CachedTokensProbe, ForwardPass, KvEvent, Observations, take_events_result,
 )
 from kvfuzz.properties import REGISTRY, CheckContext
 
@@ -22,6 +22,7 @@ FULL = Config(12, (GroupConfig("full", 4),), max_model_len=64)
 WINDOW = Config(12, (GroupConfig("sliding_window", 4, sliding_window=4),), max_model_len=64)
 MAMBA = Config(12, (GroupConfig("full", 4), GroupConfig("mamba", 4, num_speculative_blocks=1)),
                max_model_len=64, enable_caching=False)
+ALIGN = Config(12, (GroupConfig("mamba", 4, mamba_cache_mode="align"),), max_model_len=64)
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
@@ -124,6 +125,8 @@ def _cases(execution, snaps):
         "I17": (s, _view(s, "r0", num_computed_tokens=40), _ctx(execution)),
         "I18": _window_left_live(),
         "S1": _state_block_dropped(),
+        "S2": _state_read_unwritten(),
+        "S3": (s, _with(s, pending_copies=((cached_free, held),)), _ctx(execution)),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
@@ -167,6 +170,21 @@ def _state_block_dropped():
     assert tables[1][1] != 0, tables
     state = (0, 0) + tables[1][2:]
     return s, _view(s, "m", tables=(tables[0], state)), _ctx(execution, config=MAMBA)
+
+
+def _state_read_unwritten():
+    """An align-mode request resumes at 8 from its hit block, whose state (in this fresh
+    history) nobody wrote."""
+    execution, snaps = _run(ALIGN, [
+        {"op": "add_request", "request_id": "a", "prompt": PROMPT},
+        {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 8},
+    ])
+    before, after = snaps[-2], snaps[-1]
+    table = after.requests["a"].tables[0]
+    forward = ForwardPass("a", 8, 9, (table,))
+    op = {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1}
+    return before, after, _ctx(execution, op=op, observations=Observations(forward=[forward]),
+                               config=ALIGN)
 
 
 def _window_left_live():

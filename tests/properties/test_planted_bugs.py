@@ -47,6 +47,9 @@ EXPECTED = {
     "stored-parent-dropped": {"EV3"},
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1", "DIFF-result"},
+    "state-allocation-asserts-growth": {"DIFF-result", "I10"},
+    "state-hit-misplaced": {"I12", "P1", "S2", "DIFF-result", "DIFF-state"},
+    "align-cow-forgets-pending-copy": {"P2", "DIFF-state"},
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1", "P4"},
     "boundary-before-hit": {"I20"},
@@ -88,7 +91,9 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
     "check, plant, level",
     [("P1", "predictor-off-by-one", "api"), ("P2", "free-forgets-decrement", "api"),
      ("P3", "touch-leaves-queued", "api"), ("P4", "predictor-off-by-one", "scheduler"),
-     ("I7", "free-forward-order", "api"), ("S1", "state-released-early", "api")],
+     ("I7", "free-forward-order", "api"), ("S1", "state-released-early", "api"),
+     ("S2", "state-hit-misplaced", "api"), ("S2", "state-hit-misplaced", "scheduler"),
+     ("S3", "cow-unretained", "api")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""
