@@ -484,7 +484,7 @@ class BlockPool:
                 else:
                     self._undo_release(blocks, remaining, block)
         else:
-            # Without caching every released block counts as unhashed.
+            # Without caching every released block counts as unhashed: one run, counted last.
             for block in remaining:
                 ref_cnt = block.ref_cnt
                 if ref_cnt == 1:
@@ -492,7 +492,6 @@ class BlockPool:
                     first_tail.next_free_block = block
                     block.prev_free_block = first_tail
                     first_tail = block
-                    num_first += 1
                 elif ref_cnt > 1:
                     block.ref_cnt = ref_cnt - 1
                     num_kept += 1
@@ -500,6 +499,7 @@ class BlockPool:
                     num_kept += 1
                 else:
                     self._undo_release(blocks, remaining, block)
+            num_first = len(blocks) - num_kept
         queue = self.free_block_queue
         if first_tail is not first_head:
             first = first_head.next_free_block

@@ -329,6 +329,17 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     ) -> HitResult:
         return tuple([] for _ in self.single_type_managers), 0, 0
 
+    def free(self, request_id: str) -> None:
+        """As the base, in one release: without caching every released block goes to the
+        queue head, so the tables of the last group down to the first, each tail first, as
+        one run give the queue that freeing group after group gives.
+        """
+        blocks: list[KVCacheBlock] = []
+        for manager in reversed(self.single_type_managers):
+            blocks += manager.pop_blocks_for_free(request_id)[::-1]
+        if blocks:
+            self.block_pool.release(blocks)
+
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """Exactly one group: its manager's search is the whole lookup."""

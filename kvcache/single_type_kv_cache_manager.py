@@ -888,12 +888,6 @@ class MambaManager(SingleTypeKVCacheManager):
             num_nulls = null_head_len(req_blocks, self._null_block)
         return req_blocks[num_nulls:] if num_nulls else req_blocks
 
-    def free(self, request_id: str) -> None:
-        """As the base (leading nulls dropped, tail first)."""
-        blocks = self.pop_blocks_for_free(request_id)
-        if blocks:
-            self.block_pool.free_blocks(blocks[::-1])
-
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
