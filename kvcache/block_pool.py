@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import compress, islice
 from operator import length_hint
 from typing import TYPE_CHECKING, NoReturn
 
@@ -223,16 +223,22 @@ class BlockPool:
                 f"cache_full_blocks({request.request_id!r}): block_mask has {len(block_mask)} "
                 f"entries for {num_full_blocks - num_cached_blocks} blocks"
             )
-        new_hashes = block_hashes[num_cached_blocks:num_full_blocks]
         suffix = group_id_suffix(kv_cache_group_id)
         cache_map = self.cached_block_hash_to_block
         setdefault = cache_map._cache.setdefault
-        num_tokens = num_cached_blocks * block_size
-        for offset, block in enumerate(blocks[num_cached_blocks:num_full_blocks]):
-            num_tokens += block_size
-            if block.is_null or (block_mask is not None and not block_mask[offset]):
+        # (block, its hash, the tokens its key covers), masked blocks left out, all in C.
+        entries: Iterable[tuple[KVCacheBlock, BlockHash, int]] = zip(
+            blocks[num_cached_blocks:num_full_blocks],
+            block_hashes[num_cached_blocks:num_full_blocks],
+            range((num_cached_blocks + 1) * block_size, num_full_blocks * block_size + 1,
+                  block_size),
+        )
+        if block_mask is not None:
+            entries = compress(entries, block_mask)
+        for block, block_hash, num_tokens in entries:
+            if block.is_null:
                 continue
-            key: BlockHashWithGroupId = new_hashes[offset] + suffix  # type: ignore[assignment]
+            key: BlockHashWithGroupId = block_hash + suffix  # type: ignore[assignment]
             if block._block_hash is None:  # the slot, as in free_blocks
                 # A block without a primary key has no extras either: nothing else to check,
                 # so the slots are set directly (what set_block_hash does after its check).
