@@ -468,8 +468,7 @@ class BlockPool:
         remaining = iter(blocks)
         if self.enable_caching:
             for block in remaining:
-                ref_cnt = block.ref_cnt
-                if ref_cnt == 1:
+                if block.ref_cnt == 1:  # the common case, tested without a local
                     block.ref_cnt = 0
                     # `_hashed` leaves the key object, likely out of the CPU cache by now,
                     # untouched.
@@ -482,8 +481,8 @@ class BlockPool:
                         block.prev_free_block = first_tail
                         first_tail = block
                         num_first += 1
-                elif ref_cnt > 1:
-                    block.ref_cnt = ref_cnt - 1
+                elif block.ref_cnt > 1:
+                    block.ref_cnt -= 1
                     num_kept += 1
                 elif block.is_null:  # its count stays 0: never pooled
                     num_kept += 1
@@ -492,14 +491,13 @@ class BlockPool:
         else:
             # Without caching every released block counts as unhashed: one run, counted last.
             for block in remaining:
-                ref_cnt = block.ref_cnt
-                if ref_cnt == 1:
+                if block.ref_cnt == 1:
                     block.ref_cnt = 0
                     first_tail.next_free_block = block
                     block.prev_free_block = first_tail
                     first_tail = block
-                elif ref_cnt > 1:
-                    block.ref_cnt = ref_cnt - 1
+                elif block.ref_cnt > 1:
+                    block.ref_cnt -= 1
                     num_kept += 1
                 elif block.is_null:
                     num_kept += 1
