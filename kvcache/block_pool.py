@@ -364,6 +364,7 @@ class BlockPool:
         extras_by_block = self.cached_block_hashes_by_block
         cache_map = self.cached_block_hash_to_block
         cache = cache_map._cache
+        pop = cache.pop
         for block in ret:
             # Only a block with a primary key has keys (extras come after the primary). The
             # common case, a primary key alone, is `_remove_cached_block_hashes` inlined, and
@@ -373,9 +374,9 @@ class BlockPool:
                 if extras_by_block and block.block_id in extras_by_block:
                     self._remove_cached_block_hashes(block)
                 else:
-                    if cache.get(key) is block:
-                        del cache[key]
-                    else:
+                    entry = pop(key, None)  # one lookup when the block is alone under its key
+                    if entry is not block and entry is not None:
+                        cache[key] = entry  # several blocks under the key: drop only this one
                         cache_map.pop(key, block.block_id)
                     block._block_hash = block._block_hash_num_tokens = None
                     block._hashed = False
