@@ -873,7 +873,8 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """As the base; align-mode tables also have nulls between states, which stay."""
-        self._partial_hit_reqs.pop(request_id, None)
+        if self._partial_hit_reqs:  # mode "none" never has any: skips the call
+            self._partial_hit_reqs.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         req_blocks = self.req_to_blocks.pop(request_id, None)
         if not req_blocks:
@@ -884,9 +885,10 @@ class MambaManager(SingleTypeKVCacheManager):
             self._num_retired_blocks.pop(request_id, None)
             num_nulls = next((i for i, block in enumerate(req_blocks) if not block.is_null),
                              len(req_blocks))
-        else:
-            num_nulls = null_head_len(req_blocks, self._null_block)
-        return req_blocks[num_nulls:] if num_nulls else req_blocks
+            return req_blocks[num_nulls:] if num_nulls else req_blocks
+        if req_blocks[0] is self._null_block:  # the released head, counted only when there
+            return req_blocks[null_head_len(req_blocks, self._null_block):]
+        return req_blocks
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
