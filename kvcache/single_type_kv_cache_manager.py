@@ -181,7 +181,7 @@ class SingleTypeKVCacheManager:
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
         if self._record_new_block_ids:
-            self.new_block_ids.extend(block.block_id for block in new_blocks)
+            self.new_block_ids.extend([block.block_id for block in new_blocks])
         return cow_blocks + new_blocks if cow_blocks else new_blocks
 
     def _apply_cow(
@@ -238,9 +238,11 @@ class SingleTypeKVCacheManager:
         """
         req_blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
-        self._partial_hit_reqs.pop(request_id, None)
-        num_nulls = null_head_len(req_blocks, self._null_block)
-        return req_blocks[num_nulls:] if num_nulls else req_blocks
+        if self._partial_hit_reqs:  # almost always empty: skips the call
+            self._partial_hit_reqs.pop(request_id, None)
+        if req_blocks and req_blocks[0] is self._null_block:  # only windows null a head
+            return req_blocks[null_head_len(req_blocks, self._null_block):]
+        return req_blocks
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks tail first, so a chain is evicted from its end and the
@@ -905,7 +907,8 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """As the base; align-mode tables also have nulls between states, which stay."""
-        self._partial_hit_reqs.pop(request_id, None)
+        if self._partial_hit_reqs:  # mode "none" never has any: skips the call
+            self._partial_hit_reqs.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         req_blocks = self.req_to_blocks.pop(request_id, None)
         if not req_blocks:
@@ -916,16 +919,15 @@ class MambaManager(SingleTypeKVCacheManager):
             self._num_retired_blocks.pop(request_id, None)
             num_nulls = next((i for i, block in enumerate(req_blocks) if not block.is_null),
                              len(req_blocks))
-        else:
-            num_nulls = null_head_len(req_blocks, self._null_block)
-        return req_blocks[num_nulls:] if num_nulls else req_blocks
+            return req_blocks[num_nulls:] if num_nulls else req_blocks
+        if req_blocks[0] is self._null_block:  # the released head, counted only when there
+            return req_blocks[null_head_len(req_blocks, self._null_block):]
+        return req_blocks
 
     def free(self, request_id: str) -> None:
-        """As the base: tail first (the release skips nulls, leading or between states)."""
+        """As the base; in align mode tail first, skipping the nulls between states."""
         if not self.align:
-            blocks = self.pop_blocks_for_free(request_id)
-            if blocks:
-                self.block_pool.release(blocks[::-1])
+            super().free(request_id)
             return
         self._partial_hit_reqs.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
