@@ -315,7 +315,9 @@ class ApiRules(Rules):
         elif kind == "take_events":
             self.apply(op="take_events")
         elif kind == "release_deferred":
-            self.apply(op="release_deferred")
+            # vLLM 0.34's option: blocks another tier holds are the next evicted (F1).
+            first = self.execution.offers("evict_first") and flip(c)
+            self.apply(op="release_deferred", evict_first=first)
         elif kind == "new_step_starts":
             self.apply(op="new_step_starts")
         else:

@@ -216,6 +216,9 @@ class ManagerSide:
         """Whether this target implements an optional op or field (every one, by default)."""
         return True
 
+    def require(self, name: str) -> None:
+        """A usage error (exit 2) naming `name` and the target unless it `offers` it."""
+
     def lookup(self, request: Any, bound: int | None) -> Any:
         """The manager's get_computed_blocks (a target may pass the bound its own way)."""
         if bound is None:
@@ -360,17 +363,17 @@ class ManagerSide:
         if per_group is not None:
             ok, runs = self._call(lambda: per_group(request))
         else:
-            lengths = []
-            for manager in self.manager.coordinator.single_type_managers:
-                table = manager.req_to_blocks.get(request.request_id, [])
-                lengths.append(len(table) - next(
-                    (i for i, b in enumerate(table) if not b.is_null), len(table)))
+            tables = [list(manager.req_to_blocks.get(request.request_id, []))
+                      for manager in self.manager.coordinator.single_type_managers]
             ok, out = self._call(lambda: self.manager.pop_blocks_for_free(request))
             runs = out
             if ok:
+                # vLLM 0.33+ trims each table's leading nulls; 0.32 hands the whole tables.
+                whole = len(out) == sum(map(len, tables))
                 runs, start = [], 0
-                for n in lengths:
-                    runs.append(out[start:start + n])
+                for table in tables:
+                    n = len(table) if whole else len(_without_leading_nulls(table))
+                    runs.append(_without_leading_nulls(out[start:start + n]))
                     start += n
         if not ok:
             return runs
@@ -382,14 +385,17 @@ class ManagerSide:
 
     def _release_deferred(self, op: Op) -> Any:
         """Release every deferred batch, oldest first, as `free` would have: each group's run
-        tail first, group after group."""
+        tail first, group after group (`evict_first` passed on to `BlockPool.free_blocks`)."""
+        option = {"evict_first": True} if op["evict_first"] else {}
+        if option:
+            self.require("evict_first")
         batches, self.deferred_blocks = self.deferred_blocks, []
         release = getattr(self.manager, "free_deferred_blocks", None)
         for runs in batches:
             if release is not None:
-                ok, out = self._call(lambda: release(runs))
+                ok, out = self._call(lambda: release(runs, **option))
             else:
-                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1])
+                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1], **option)
                                               for r in runs])
             if not ok:
                 return out
@@ -436,3 +442,8 @@ class ManagerSide:
         )
         ok, out = self._call(lambda: self.scheduler.finish_request(request.request_id, status))
         return None if ok else out
+
+
+def _without_leading_nulls(blocks: list[Any]) -> list[Any]:
+    """The blocks from the first that is not the null block."""
+    return blocks[next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks)):]

@@ -253,10 +253,18 @@ def _removed_while_held(side: KvcacheSide) -> None:
 def _deferred_free_whole_list(side: KvcacheSide) -> None:
     pool = side.manager.block_pool
 
-    def free_deferred_blocks(blocks_per_group):
-        pool.free_blocks([b for blocks in blocks_per_group for b in blocks][::-1])
+    def free_deferred_blocks(blocks_per_group, evict_first=False):
+        pool.free_blocks([b for blocks in blocks_per_group for b in blocks][::-1], evict_first)
 
     side.manager.free_deferred_blocks = free_deferred_blocks
+
+
+@mutant("evict-first-ignored", "free_blocks(evict_first=True) queues cached blocks at the tail, "
+        "as a plain free does, so blocks another tier holds outlive the ones it does not",
+        bug="vLLM 0.34 BlockPool.free_blocks(evict_first)", configs=("deferred",))
+def _evict_first_ignored(side: KvcacheSide) -> None:
+    _around(side.manager.block_pool, "free_blocks",
+            lambda original, blocks, evict_first=False: original(blocks))
 
 
 @mutant("reset-not-announced", "a successful prefix-cache reset emits no AllBlocksCleared",

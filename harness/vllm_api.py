@@ -93,6 +93,10 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "BlockPool.free_blocks(blocks, evict_first)",
         _takes("BlockPool", "free_blocks", "evict_first"),
     ),
+    "frontend_hashes": (
+        "Request(block_hashes=): prompt block hashes precomputed by the frontend",
+        _takes("Request", "__init__", "block_hashes"),
+    ),
     "null_ref_counted": (
         "free_blocks and touch move the null block's ref_cnt (fixed in 0.33)",
         lambda api: _frees_null_block(api["BlockPool"]),

@@ -258,6 +258,7 @@ OP_FEATURES = {
     "max_cache_hit_length": "lookup_bound",
     "prefix_cache_hit_limit": "request_hit_limit",
     "take_events": "kv_events",
+    "evict_first": "free_evict_first",
 }
 
 
@@ -284,17 +285,17 @@ class VllmSide(ManagerSide):
         feature = OP_FEATURES.get(name)
         return feature is None or self.api.has(feature)
 
-    def _require(self, name: str) -> None:
+    def require(self, name: str) -> None:
         if not self.offers(name):
             what = FEATURES[OP_FEATURES[name]][0]
             raise VllmUnsupported(
-                f"the trace uses {name}, which needs {what}; vLLM {self.api.version} lacks it "
-                "(docs/vllm.md, per-release table)"
+                f"the trace uses {name}, which needs {what}; target {self.name} (vLLM "
+                f"{self.api.version}) lacks it (docs/vllm.md, per-release table)"
             )
 
     def lookup(self, request: Any, bound: int | None) -> Any:
         if bound is not None:
-            self._require("max_cache_hit_length")
+            self.require("max_cache_hit_length")
             ceiling = request.num_tokens - 1
             if "bound-raises-ceiling" in self.tolerated and bound > ceiling:
                 # vLLM 0.33 takes a bound above num_tokens - 1 as the ceiling itself; pass
@@ -304,7 +305,7 @@ class VllmSide(ManagerSide):
         return super().lookup(request, bound)
 
     def num_cached_tokens(self, request: Any) -> int:
-        self._require("get_num_cached_tokens")
+        self.require("get_num_cached_tokens")
         answer = super().num_cached_tokens(request)
         name = "probe-ignores-hit-limit"
         if name in self.tolerated and request.prefix_cache_hit_limit is not None:
@@ -326,7 +327,7 @@ class VllmSide(ManagerSide):
     def build_manager(self, config: Config) -> Any:
         v = self.api
         if config.kv_events:
-            self._require("take_events")
+            self.require("take_events")
             # Events then carry the block hashes themselves, which the harness reads as content.
             os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "0"
         self.request_status = v["RequestStatus"]
@@ -381,7 +382,7 @@ class VllmSide(ManagerSide):
         request.num_encoder_tokens = op["num_encoder_tokens"]
         limit = op["prefix_cache_hit_limit"]
         if limit is not None:
-            self._require("prefix_cache_hit_limit")
+            self.require("prefix_cache_hit_limit")
             # What vLLM derives from prompt-scoring parameters, set directly (0 stays 0 when
             # the request skips cache reads).
             if request.prefix_cache_hit_limit != 0:

@@ -466,19 +466,24 @@ class BlockPool:
             if type(block) is not own:
                 raise ValueError(f"{operation}: {self.describe_foreign(block)}")
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(
+        self, ordered_blocks: Iterable[KVCacheBlock], evict_first: bool = False
+    ) -> None:
         """Drop one reference per block; the first block is the first to evict.
 
         Blocks reaching zero without a key go to the queue head as one run (reused first, for
-        locality); cached ones go to the tail (evicted oldest release first). An entry that is
-        not a block of this pool, or a block that is not held, raises ValueError and changes
-        nothing.
+        locality); cached ones go to the tail (evicted oldest release first), or with
+        `evict_first` (their contents held by another tier) into the head run too, keeping
+        their keys until popped. An entry that is not a block of this pool, a block that is not
+        held, or an `evict_first` that is not a bool raises ValueError and changes nothing.
         """
+        if type(evict_first) is not bool:
+            raise ValueError(f"free_blocks(): evict_first={evict_first!r} is not a bool")
         blocks = self._block_list("free_blocks", ordered_blocks)
         self.check_own("free_blocks()", blocks)
-        self.release(blocks)
+        self.release(blocks, evict_first)
 
-    def release(self, blocks: list[KVCacheBlock]) -> None:
+    def release(self, blocks: list[KVCacheBlock], evict_first: bool = False) -> None:
         """`free_blocks` of blocks known to be this pool's (the managers' own tables).
 
         A block that is not held raises ValueError and changes nothing.
@@ -493,7 +498,7 @@ class BlockPool:
         # The tail run is the common one: its length is what the others leave.
         num_first = num_kept = 0
         remaining = iter(blocks)
-        if self.enable_caching:
+        if self.enable_caching and not evict_first:
             for block in remaining:
                 if block.ref_cnt == 1:  # the common case, tested without a local
                     block.ref_cnt = 0
@@ -516,7 +521,8 @@ class BlockPool:
                 else:
                     self._undo_release(blocks, remaining, block)
         else:
-            # Without caching every released block counts as unhashed: one run, counted last.
+            # Without caching, or evicting first, every released block joins the head run,
+            # counted last.
             for block in remaining:
                 if block.ref_cnt == 1:
                     block.ref_cnt = 0

@@ -531,11 +531,13 @@ class KVCacheManager:
         return [manager.pop_blocks_for_free(request.request_id)
                 for manager in self.coordinator.single_type_managers]
 
-    def free_deferred_blocks(self, blocks_per_group: list[list[KVCacheBlock]]) -> None:
-        """Release popped blocks as `free` would have: group after group, each tail first."""
+    def free_deferred_blocks(self, blocks_per_group: list[list[KVCacheBlock]],
+                             evict_first: bool = False) -> None:
+        """Release popped blocks as `free` would have: group after group, each tail first
+        (`evict_first`: as `BlockPool.free_blocks` takes it, cached blocks to the head too)."""
         for blocks in blocks_per_group:
             if blocks:
-                self.block_pool.free_blocks(blocks[::-1])
+                self.block_pool.free_blocks(blocks[::-1], evict_first)
 
     def take_events(self) -> list[KVCacheEvent]:
         """The KV events queued since the last call; ValueError when events are off."""

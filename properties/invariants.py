@@ -203,13 +203,15 @@ def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext
     "eviction order: blocks that stay free keep their order and blocks leave from the head (or "
     "as cached hits); released uncached blocks go to the head (later release first), released "
     "cached ones to the tail (earlier release first), each release in the caller's order (a "
-    "table tail first); so uncached free blocks precede cached ones, bar keys stripped in place",
+    "table tail first; with evict_first cached ones join the head run); so uncached free blocks "
+    "precede cached ones, bar keys stripped in place or freed evict_first",
     covers=("bugs #11", "bugs #12", "bugs #13"),
 )
 def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     q0, q1, kind = before.free_queue, after.free_queue, ctx.op["op"]
+    first = bool(ctx.op.get("evict_first"))
     calls = _releases(before, after, ctx)
-    head, tail = _queued(before, calls or [])
+    head, tail = _queued(before, calls or [], first)
     if q0 == q1 and not head and not tail:
         return None
     pos = {b: i for i, b in enumerate(q0)}
@@ -230,7 +232,7 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
 
     # The queue must read [released uncached | stayed free, in order | released cached].
     i, j = 0, len(q1)
-    while i < j and keys1[q1[i]] is None and moved(q1[i]):
+    while i < j and (first or keys1[q1[i]] is None) and moved(q1[i]):
         i += 1
     while j > i and keys1[q1[j - 1]] is not None and moved(q1[j - 1]):
         j -= 1
@@ -238,7 +240,7 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
     for b in q1[i:j]:
         at = pos.get(b)
         if at is None:
-            end = "head" if keys1[b] is None else "tail"
+            end = "head" if first or keys1[b] is None else "tail"
             return f"{kind} released block {b} into the free queue, not at its {end}: {list(q1)}"
         if at < last:
             return (f"after {kind} block {q0[last]} precedes block {b} in the free queue, unlike "
@@ -286,8 +288,10 @@ def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list
     return []
 
 
-def _queued(before: Snapshot, calls: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Where free_blocks puts what these calls release: the head run and the tail run."""
+def _queued(before: Snapshot, calls: list[list[int]],
+            evict_first: bool = False) -> tuple[list[int], list[int]]:
+    """Where free_blocks puts what these calls release: the head run and the tail run (empty
+    with `evict_first`, which puts cached blocks in the head run too)."""
     counts: dict[int, int] = {}
     head: list[int] = []
     tail: list[int] = []
@@ -297,9 +301,41 @@ def _queued(before: Snapshot, calls: list[list[int]]) -> tuple[list[int], list[i
             if b:
                 counts[b] = counts.get(b, before.ref_cnt[b]) - 1
                 if counts[b] == 0:
-                    (run if before.block_keys[b] is None else tail).append(b)
+                    to_head = evict_first or before.block_keys[b] is None
+                    (run if to_head else tail).append(b)
         head[:0] = run
     return head, tail
+
+
+@transition(
+    "F1",
+    "an evict_first free is a plain free but for where it queues: the same blocks freed (the "
+    "same free count), their keys kept (still hits until popped), and those that reached zero "
+    "are the next to evict, ahead of every block already free, which keeps its order",
+    covers=("spec §3.6",),
+)
+def evict_first_free(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    op = ctx.op
+    if op["op"] != "release_deferred" or not op.get("evict_first") or ctx.result is not None:
+        return None
+    calls = _releases(before, after, ctx) or []
+    head, _ = _queued(before, calls, evict_first=True)
+    plain = _queued(before, calls)
+    freed = len(plain[0]) + len(plain[1])
+    if after.num_free_blocks != before.num_free_blocks + freed:
+        return (f"release_deferred(evict_first) left {after.num_free_blocks} blocks free; the "
+                f"plain free frees {freed} more than the {before.num_free_blocks} before")
+    changed = [b for b in range(after.num_blocks)
+               if after.block_keys[b] != before.block_keys[b]]
+    if changed or after.cache != before.cache:
+        return (f"release_deferred(evict_first) changed the cache keys (of blocks {changed}); "
+                "it only moves where freed blocks queue")
+    expected = (*head, *before.free_queue)
+    if after.free_queue != expected:
+        return (f"release_deferred(evict_first) left the free queue {list(after.free_queue)}, "
+                f"expected {list(expected)}: the released {head} next to evict, then the "
+                "blocks already free in their order")
+    return None
 
 
 @transition(

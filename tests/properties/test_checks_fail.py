@@ -127,6 +127,7 @@ def _cases(execution, snaps):
         "S1": _state_block_dropped(),
         "S2": _state_read_unwritten(),
         "S3": (s, _with(s, pending_copies=((cached_free, held),)), _ctx(execution)),
+        "F1": _evict_first_queued_at_tail(),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
@@ -185,6 +186,25 @@ def _state_read_unwritten():
     op = {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1}
     return before, after, _ctx(execution, op=op, observations=Observations(forward=[forward]),
                                config=ALIGN)
+
+
+def _evict_first_queued_at_tail():
+    """An evict_first release of r0's deferred blocks, yet its cached blocks went to the tail
+    (where a plain free puts them)."""
+    config = dataclasses.replace(FULL, deferred_frees=True)
+    execution, snaps = _run(config, [
+        {"op": "add_request", "request_id": "r0", "prompt": PROMPT},
+        {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 9},
+        {"op": "free_deferred", "request_id": "r0"},
+        {"op": "release_deferred", "evict_first": True},
+    ])
+    before, after = snaps[-2], snaps[-1]
+    cached = [b for b in after.free_queue if after.block_keys[b] is not None]
+    assert len(cached) == 2 and after.free_queue[:3] == (*reversed(before.deferred_frees[0]),)
+    plain = _with(after, free_queue=tuple(b for b in after.free_queue if b not in cached)
+                  + tuple(cached))
+    op = execution.trace.ops[-1]
+    return before, plain, _ctx(execution, op=op, config=config)
 
 
 def _window_left_live():

@@ -43,6 +43,7 @@ EXPECTED = {
     "embeds-mask-dropped": {"H1"},
     "removed-while-held": {"EV2"},
     "deferred-free-whole-list": {"I7", "DIFF-state"},
+    "evict-first-ignored": {"I7", "F1", "DIFF-state"},
     "reset-not-announced": {"EV1"},
     "stored-parent-dropped": {"EV3"},
     "state-predictor-under-count": {"P1"},
@@ -93,7 +94,7 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("P3", "touch-leaves-queued", "api"), ("P4", "predictor-off-by-one", "scheduler"),
      ("I7", "free-forward-order", "api"), ("S1", "state-released-early", "api"),
      ("S2", "state-hit-misplaced", "api"), ("S2", "state-hit-misplaced", "scheduler"),
-     ("S3", "cow-unretained", "api")],
+     ("S3", "cow-unretained", "api"), ("F1", "evict-first-ignored", "api")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""
