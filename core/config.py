@@ -15,11 +15,11 @@ from kvfuzz.core.limits import MAX_GROUPS, MAX_NUM_BLOCKS, MAX_SIZE, shown
 
 GroupKind = Literal[
     "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
-    "circular_buffer",
+    "circular_buffer", "encoder_only",
 ]
 GROUP_KINDS: tuple[str, ...] = (
     "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
-    "circular_buffer",
+    "circular_buffer", "encoder_only",
 )
 # Kinds vLLM manages as full attention (specs that subclass FullAttentionSpec).
 FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
@@ -27,6 +27,14 @@ FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
 MAMBA_CACHE_MODES: tuple[str, ...] = ("none", "align")
 MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='align'"
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
+# vLLM 0.34.0's reasons (ModelConfig.is_prefix_caching_supported / is_chunked_prefill_supported)
+# for a model with encoder-only (bidirectional) attention (docs/spec.md §12.4).
+ENCODER_ONLY_CACHING_REASON = (
+    "Pooling models with bidirectional attn do not support prefix caching."
+)
+ENCODER_ONLY_CHUNKING_REASON = (
+    "Pooling models with bidirectional attn do not support chunked prefill."
+)
 
 
 def _int_in(where: str, value: Any, low: int, high: int = MAX_SIZE) -> None:
@@ -287,6 +295,13 @@ class Config:
         kinds = [g.kind for g in self.groups]
         if self.enable_caching and "cross" in kinds:
             raise ConfigError("a cross-attention group needs enable_caching false")
+        if "encoder_only" in kinds:
+            if self.enable_caching:
+                raise ConfigError(f"an encoder_only group needs enable_caching false: "
+                                  f"{ENCODER_ONLY_CACHING_REASON}")
+            if self.scheduler.chunked_prefill:
+                raise ConfigError(f"an encoder_only group needs scheduler.chunked_prefill "
+                                  f"false: {ENCODER_ONLY_CHUNKING_REASON}")
         if self.enable_caching and self.is_hybrid and all(k == "circular_buffer" for k in kinds):
             raise ConfigError(
                 "with enable_caching true a config with several groups needs one that is not a "

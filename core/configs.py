@@ -199,6 +199,19 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_model_len=64),
         ),
         (
+            "BERT-shaped encoder-only model (bge/e5 embeddings): bidirectional attention keeps "
+            "no KV cache; vLLM turns prefix caching and chunked prefill off for it",
+            Config(8, (GroupConfig("encoder_only", 16),), name="bert", max_model_len=64,
+                   enable_caching=False, scheduler=SchedulerConfig(chunked_prefill=False)),
+        ),
+        (
+            "ColQwen3.5-shaped retriever: 1 encoder-only attention : 3 Gated DeltaNet -> "
+            "encoder-only (bs 16) + 3 state groups; caching and chunked prefill off",
+            Config(24, (GroupConfig("encoder_only", 16),) + tuple(_mamba(64) for _ in range(3)),
+                   name="colqwen3_5", max_model_len=64, enable_caching=False,
+                   scheduler=SchedulerConfig(chunked_prefill=False)),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),

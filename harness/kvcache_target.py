@@ -15,6 +15,7 @@ def kvcache_spec(group: GroupConfig) -> Any:
         ChunkedLocalAttentionSpec,
         CircularBufferSpec,
         CrossAttentionSpec,
+        EncoderOnlyAttentionSpec,
         FullAttentionSpec,
         MambaSpec,
         MLAAttentionSpec,
@@ -49,6 +50,8 @@ def kvcache_spec(group: GroupConfig) -> Any:
             mamba_cache_mode=group.mamba_cache_mode,
             num_speculative_blocks=group.num_speculative_blocks,
         )
+    if group.kind == "encoder_only":
+        return EncoderOnlyAttentionSpec(block_size=group.block_size)
     return CrossAttentionSpec(block_size=group.block_size)
 
 

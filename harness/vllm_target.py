@@ -71,6 +71,10 @@ def _spec(group: GroupConfig, v: VllmApi) -> Any:
             mamba_cache_mode=group.mamba_cache_mode,
             num_speculative_blocks=group.num_speculative_blocks,
         )
+    if group.kind == "encoder_only":
+        # vLLM registers no manager for it (its layers form no group): building fails, and a
+        # campaign leaves the config out (docs/findings/014).
+        return iface.EncoderOnlyAttentionSpec(**common)
     return iface.CrossAttentionSpec(**common)
 
 

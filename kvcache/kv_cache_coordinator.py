@@ -10,6 +10,7 @@ from kvfuzz.kvcache.block_pool import BlockPool
 from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
@@ -75,6 +76,11 @@ class KVCacheCoordinator(ABC):
                 if isinstance(spec, CrossAttentionSpec):
                     raise ValueError(
                         f"group {i} is cross attention, which needs enable_caching=False"
+                    )
+                if isinstance(spec, EncoderOnlyAttentionSpec):
+                    raise ValueError(
+                        f"group {i} is encoder-only attention, which needs enable_caching=False"
+                        " (Pooling models with bidirectional attn do not support prefix caching.)"
                     )
                 if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
                     raise ValueError(

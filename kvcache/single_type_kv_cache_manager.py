@@ -21,6 +21,7 @@ from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
@@ -452,6 +453,35 @@ class CircularBufferManager(FullAttentionManager):
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Scratch: never registered."""
+
+    @classmethod
+    def find_longest_cache_hit(  # type: ignore[override]
+        cls, block_hashes: BlockHashList, max_length: int, kv_cache_group_ids: Sequence[int],
+        *args: Any,
+    ) -> tuple[HitBlocks, int]:
+        return tuple([] for _ in kv_cache_group_ids), 0
+
+
+class EncoderOnlyAttentionManager(SingleTypeKVCacheManager):
+    """A group that takes no KV cache (docs/spec.md §12.4): a scheduled request gets an empty
+    table, no block is ever predicted, allocated, cached or hit."""
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, *args: Any, **kwargs: Any
+    ) -> int:
+        return 0
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        self.req_to_blocks.setdefault(request_id, [])
+        return []
+
+    def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
+        """Nothing to adopt: the group is never prefix-cached."""
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        raise ValueError("encoder-only attention keeps no KV; prefix caching must be off")
 
     @classmethod
     def find_longest_cache_hit(  # type: ignore[override]
@@ -985,6 +1015,8 @@ _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     SinkFullAttentionSpec: FullAttentionManager,
     RSWASpec: RSWAManager,
     CircularBufferSpec: CircularBufferManager,
+    # vLLM registers none: its encoder-only layers form no group (docs/spec.md §12.4).
+    EncoderOnlyAttentionSpec: EncoderOnlyAttentionManager,
 }
 
 
