@@ -618,7 +618,7 @@ def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
 
 
 @invariant(
-    "E1",
+    "EO1",
     "encoder-only groups take no KV cache: no request's table in such a group holds a block",
     covers=("spec §12.4",),
 )

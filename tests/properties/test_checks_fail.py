@@ -128,7 +128,7 @@ def _cases(execution, snaps):
         "I17": (s, _view(s, "r0", num_computed_tokens=40), _ctx(execution)),
         "I18": _window_left_live(),
         "S1": _state_block_dropped(),
-        "E1": _encoder_only_block_held(),
+        "EO1": _encoder_only_block_held(),
         "S2": _state_read_unwritten(),
         "S3": (s, _with(s, pending_copies=((cached_free, held),)), _ctx(execution)),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),

@@ -52,7 +52,7 @@ EXPECTED = {
     "align-cow-forgets-pending-copy": {"P2", "DIFF-state"},
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1", "P4"},
-    "encoder-only-takes-blocks": {"E1"},
+    "encoder-only-takes-blocks": {"EO1"},
     "boundary-before-hit": {"I20"},
     "boundary-one-short": {"DIFF-probe"},
 }

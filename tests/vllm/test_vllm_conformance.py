@@ -68,6 +68,20 @@ def test_scheduler_level_drives_vllm_through_the_kvcache_driver():
     assert any(out["finished"] for out in outcomes)
 
 
+@pytest.mark.parametrize("name, vllm_groups", [("bert", 0), ("colqwen3_5", 3)])
+def test_encoder_only_layers_form_no_vllm_group(name, vllm_groups):
+    """vLLM builds no group for encoder-only layers (docs/spec.md §12.4); its tables are spread
+    over the config's groups, the encoder-only one empty while the request runs."""
+    ex = Execution(BUILTIN[name][1], "scheduler", THREE_WAY)
+    vllm_side = ex.targets[1].side
+    assert len(vllm_side.manager.coordinator.single_type_managers) == vllm_groups
+    ex.apply(_add("r", list(range(12)), max_tokens=2))
+    ex.apply({"op": "step", "sample": 1})
+    tables = [t.snapshot.requests["r"].tables for t in ex.targets]
+    assert tables[0] == tables[1] and tables[0][0] == ()
+    assert len(tables[0]) == vllm_groups + 1
+
+
 # ----- the state machines over every built-in config and level, three-way -----
 
 def _cannot_build(name: str) -> str | None:
