@@ -165,6 +165,9 @@ class Config:
     """Generators free some requests in two steps: pop their blocks, release them later."""
     kv_events: bool = False
     """The manager queues KV cache events; `take_events` ops read them (docs/spec.md §3.10)."""
+    prefix_cache_retention_interval: int | None = None
+    """Sparse prefix-cache retention of sliding-window groups (docs/spec.md §4.9.2): None
+    dense, 0 only replay boundaries, R a segment end every R tokens and replay boundaries."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -255,6 +258,9 @@ class Config:
             _positive_int("hash_block_size", self.hash_block_size)
         if self.max_in_flight_tokens is not None:
             _positive_int("max_in_flight_tokens", self.max_in_flight_tokens)
+        if self.prefix_cache_retention_interval is not None:
+            _int_in("prefix_cache_retention_interval", self.prefix_cache_retention_interval,
+                    -MAX_SIZE)
         if not isinstance(self.watermark, (int, float)) or isinstance(self.watermark, bool) or (
             not 0 <= self.watermark <= 1  # also rejects NaN
         ):
@@ -319,6 +325,7 @@ class Config:
                 "use_eagle with a mamba_cache_mode 'align' group is not implemented by kvfuzz "
                 "yet (docs/spec.md §11.5)"
             )
+        self._validate_retention(kinds)
         if self.use_eagle and "chunked_local" in kinds:
             raise ConfigError("use_eagle is not supported with a chunked_local group")
         if self.enable_caching and self.is_hybrid:
@@ -338,6 +345,31 @@ class Config:
                         f"partial_hits: groups[{i}] ({g.kind}) block_size {g.block_size} "
                         f"must equal hash_block_size {hbs}"
                     )
+
+    def _validate_retention(self, kinds: list[str]) -> None:
+        """vLLM's rules for the retention interval, with its messages (docs/spec.md §4.9.2)."""
+        retention = self.prefix_cache_retention_interval
+        if retention is None:
+            return
+        if "sliding_window" not in kinds and "mamba" not in kinds:
+            if retention == 0:
+                return
+            raise ConfigError(
+                "prefix_cache_retention_interval is set but this model has no sliding-window "
+                "or Mamba KV cache group, so retention has no effect. Set it to 0 (it only "
+                "applies to sliding-window and Mamba attention)."
+            )
+        sbs = self.scheduler_block_size
+        if retention < 0 or retention % sbs:
+            raise ConfigError(
+                f"prefix_cache_retention_interval ({retention}) must be non-negative and a "
+                f"multiple of scheduler_block_size ({sbs})."
+            )
+        if self.enable_caching and any(g.mamba_cache_mode == "align" for g in self.groups):
+            raise ConfigError(
+                "prefix_cache_retention_interval with a mamba_cache_mode 'align' group is not "
+                "implemented by kvfuzz yet (docs/spec.md §11.5)"
+            )
 
     # ----- (de)serialisation -----
 

@@ -212,6 +212,19 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    scheduler=SchedulerConfig(chunked_prefill=False)),
         ),
         (
+            "Gemma-3-shaped with prefix-cache retention: 5 local : 1 global -> full (bs 4) + "
+            "sliding window (bs 4, window 8); window blocks keep keys only at 16-token segment "
+            "ends and replay boundaries",
+            Config(24, (_full(4), _swa(4, 8)), name="gemma3_retention", max_model_len=64,
+                   prefix_cache_retention_interval=16),
+        ),
+        (
+            "sliding window (bs 4, window 5) alone, retention 0: its blocks keep keys only at "
+            "each prompt's replay boundary",
+            Config(16, (_swa(4, 5),), name="swa_replay_only", max_model_len=64,
+                   max_in_flight_tokens=16, prefix_cache_retention_interval=0),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),

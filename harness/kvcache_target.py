@@ -62,6 +62,7 @@ def build_kvcache_manager(config: Config) -> Any:
     kv_cache_config = KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         kv_cache_groups=[
             KVCacheGroupSpec([f"layer.{i}"], kvcache_spec(g), is_eagle_group=g.eagle)
             for i, g in enumerate(config.groups)

@@ -102,6 +102,7 @@ def build_vllm_manager(config: Config) -> Any:
     kv_cache_config = iface.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         kv_cache_groups=[
             iface.KVCacheGroupSpec([f"layer.{i}"], _spec(config.groups[i], v),
                                    is_eagle_group=config.groups[i].eagle)
