@@ -205,6 +205,32 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_model_len=64),
         ),
         (
+            "BERT-shaped encoder-only model (bge/e5 embeddings): bidirectional attention keeps "
+            "no KV cache; vLLM turns prefix caching and chunked prefill off for it",
+            Config(8, (GroupConfig("encoder_only", 16),), name="bert", max_model_len=64,
+                   enable_caching=False, scheduler=SchedulerConfig(chunked_prefill=False)),
+        ),
+        (
+            "ColQwen3.5-shaped retriever: 1 encoder-only attention : 3 Gated DeltaNet -> "
+            "encoder-only (bs 16) + 3 state groups; caching and chunked prefill off",
+            Config(24, (GroupConfig("encoder_only", 16),) + tuple(_mamba(64) for _ in range(3)),
+                   name="colqwen3_5", max_model_len=64, enable_caching=False,
+                   scheduler=SchedulerConfig(chunked_prefill=False)),
+        ),
+        (
+            "Gemma-3-shaped with prefix-cache retention: 5 local : 1 global -> full (bs 4) + "
+            "sliding window (bs 4, window 8); window blocks keep keys only at 16-token segment "
+            "ends and replay boundaries",
+            Config(24, (_full(4), _swa(4, 8)), name="gemma3_retention", max_model_len=64,
+                   prefix_cache_retention_interval=16),
+        ),
+        (
+            "sliding window (bs 4, window 5) alone, retention 0: its blocks keep keys only at "
+            "each prompt's replay boundary",
+            Config(16, (_swa(4, 5),), name="swa_replay_only", max_model_len=64,
+                   max_in_flight_tokens=16, prefix_cache_retention_interval=0),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),

@@ -661,3 +661,23 @@ def _ring_block_per_step(side: KvcacheSide) -> None:
                 return new_blocks
 
             single.allocate_new_blocks = grow
+
+
+@mutant("encoder-only-takes-blocks", "an encoder-only group predicts and allocates blocks as "
+        "full attention does, though its layers keep no KV", bug="docs/spec.md §12.4",
+        configs=("bert", "colqwen3_5"))
+def _encoder_only_takes_blocks(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "EncoderOnlyAttentionManager":
+            base = type(single).__mro__[1]  # SingleTypeKVCacheManager: tables follow tokens
+            single.get_num_blocks_to_allocate = base.get_num_blocks_to_allocate.__get__(single)
+            single.allocate_new_blocks = base.allocate_new_blocks.__get__(single)
+
+
+@mutant("retention-ignored", "sliding-window groups ignore the prefix-cache retention interval "
+        "and key every block a dense hit could end at", bug="docs/spec.md §4.9.2",
+        configs=("gemma3_retention", "swa_replay_only"))
+def _retention_ignored(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "SlidingWindowManager":
+            single.retention_interval = None

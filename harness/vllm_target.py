@@ -74,6 +74,12 @@ def _spec(group: GroupConfig, v: VllmApi) -> Any:
     return iface.CrossAttentionSpec(**common)
 
 
+def vllm_group_ids(config: Config) -> tuple[int, ...]:
+    """The config groups vLLM builds a KV cache group for: not encoder-only ones, whose layers
+    return no spec (`Attention.get_kv_cache_spec`), so no manager is registered for them."""
+    return tuple(i for i, g in enumerate(config.groups) if g.kind != "encoder_only")
+
+
 @contextlib.contextmanager
 def _partial_hits_forced(v: VllmApi, on: bool) -> Iterator[None]:
     """vLLM enables fine-grained hits only beside Mamba "align" groups; force them on."""
@@ -96,9 +102,11 @@ def build_vllm_manager(config: Config) -> Any:
     kv_cache_config = iface.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         kv_cache_groups=[
-            iface.KVCacheGroupSpec([f"layer.{i}"], _spec(g, v), is_eagle_group=g.eagle)
-            for i, g in enumerate(config.groups)
+            iface.KVCacheGroupSpec([f"layer.{i}"], _spec(config.groups[i], v),
+                                   is_eagle_group=config.groups[i].eagle)
+            for i in vllm_group_ids(config)
         ],
     )
     with _partial_hits_forced(v, config.partial_hits):
@@ -279,6 +287,9 @@ class VllmSide(ManagerSide):
         self.deviations = tuple(d for d in self.known_deviations if d.applies(self.api))
         self.tolerated: dict[str, set[str]] = {d.name: set() for d in self.deviations}
         super().__init__(config, level)
+
+    def manager_group_ids(self, config: Config) -> tuple[int, ...]:
+        return vllm_group_ids(config)
 
     def offers(self, name: str) -> bool:
         """Whether this vLLM has what an op or field of `OP_FEATURES` needs (generators ask)."""

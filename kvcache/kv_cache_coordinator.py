@@ -10,10 +10,12 @@ from kvfuzz.kvcache.block_pool import BlockPool
 from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
     MambaSpec,
+    SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_utils import BlockHash, KVCacheBlock, cdiv, check_positive_int
 from kvfuzz.kvcache.single_type_kv_cache_manager import (
@@ -28,6 +30,39 @@ if TYPE_CHECKING:
 
 HitResult = tuple[tuple[list[KVCacheBlock], ...], int, int]
 """Per-group hit blocks, the hit length, and the uncached common prefix (Tier C, else 0)."""
+
+
+def validate_prefix_cache_retention_interval(
+    retention_interval: int | None,
+    scheduler_block_size: int,
+    kv_cache_config: KVCacheConfig,
+    enable_caching: bool,
+) -> None:
+    """vLLM's rules for the retention interval (docs/spec.md §4.9.2), with its messages; a
+    Mamba "align" group with caching on is refused as not implemented by kvfuzz."""
+    if retention_interval is None:
+        return
+    specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+    if not any(isinstance(spec, SlidingWindowSpec | MambaSpec) for spec in specs):
+        if retention_interval == 0:
+            return
+        raise ValueError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window or "
+            "Mamba KV cache group, so retention has no effect. Set it to 0 (it only applies to "
+            "sliding-window and Mamba attention)."
+        )
+    if retention_interval < 0 or retention_interval % scheduler_block_size != 0:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({retention_interval}) must be non-negative and "
+            f"a multiple of scheduler_block_size ({scheduler_block_size})."
+        )
+    if enable_caching and any(
+        isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" for spec in specs
+    ):
+        raise ValueError(
+            "prefix_cache_retention_interval with a Mamba 'align' group is not implemented by "
+            "kvfuzz yet"
+        )
 
 
 class KVCacheCoordinator(ABC):
@@ -62,11 +97,10 @@ class KVCacheCoordinator(ABC):
                     f"scheduler_block_size {scheduler_block_size} is not a multiple of "
                     f"group {i}'s block_size {block_size}"
                 )
-        if kv_cache_config.prefix_cache_retention_interval is not None:
-            raise ValueError(
-                "prefix_cache_retention_interval "
-                f"{kv_cache_config.prefix_cache_retention_interval!r} is not supported; use None"
-            )
+        validate_prefix_cache_retention_interval(
+            kv_cache_config.prefix_cache_retention_interval, scheduler_block_size,
+            kv_cache_config, enable_caching,
+        )
         if enable_caching:
             if not groups:
                 raise ValueError("a config with no KV cache groups needs enable_caching=False")
@@ -75,6 +109,11 @@ class KVCacheCoordinator(ABC):
                 if isinstance(spec, CrossAttentionSpec):
                     raise ValueError(
                         f"group {i} is cross attention, which needs enable_caching=False"
+                    )
+                if isinstance(spec, EncoderOnlyAttentionSpec):
+                    raise ValueError(
+                        f"group {i} is encoder-only attention, which needs enable_caching=False"
+                        " (Pooling models with bidirectional attn do not support prefix caching.)"
                     )
                 if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
                     raise ValueError(
@@ -114,6 +153,10 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(groups)
         )
+        # Sparse retention (§4.9.2): only sliding-window masks read it.
+        for manager in self.single_type_managers:
+            manager.retention_interval = kv_cache_config.prefix_cache_retention_interval
+            manager.replay_use_eagle = bool(self.drop_eagle_group_ids)
         # Only these can have blocks fall out of the window: the rest never skip a token.
         self._recycling_managers = tuple(
             m for m in self.single_type_managers if m.recycles_blocks

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal, overload
 from kvfuzz.kvcache.kv_cache_coordinator import get_kv_cache_coordinator
 from kvfuzz.kvcache.kv_cache_interface import (
     CircularBufferSpec,
+    EncoderOnlyAttentionSpec,
     CrossAttentionSpec,
     KVCacheConfig,
 )
@@ -164,11 +165,15 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
-        # Groups whose tables do not follow the token count: encoder KV, a ring's one block.
+        # Groups whose tables do not follow the token count: encoder KV, a ring's one block,
+        # encoder-only attention's none.
         self._fixed_group_ids = frozenset(
             i
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
-            if isinstance(group.kv_cache_spec, CrossAttentionSpec | CircularBufferSpec)
+            if isinstance(
+                group.kv_cache_spec,
+                CrossAttentionSpec | CircularBufferSpec | EncoderOnlyAttentionSpec,
+            )
         )
 
     @property

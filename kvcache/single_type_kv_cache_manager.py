@@ -9,6 +9,7 @@ from kvfuzz.kvcache.block_math import (
     aligned_num_blocks,
     chunked_local_skipped_tokens,
     first_blocks_to_allocate,
+    replay_boundaries,
     is_partial_hit,
     required_blocks,
     running_blocks_to_allocate,
@@ -21,6 +22,7 @@ from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
@@ -86,6 +88,10 @@ class SingleTypeKVCacheManager:
         self._null_block = block_pool.null_block
         # Set by the coordinator for groups that take the EAGLE last-block drop.
         self.use_eagle = False
+        # Set by the coordinator: sparse prefix-cache retention (§4.9.2) and whether replay
+        # boundaries follow EAGLE's (any group drops the last matched block).
+        self.retention_interval: int | None = None
+        self.replay_use_eagle = False
         # Tier B copy-on-write: request -> (table index, shared source block) ...
         self._partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
         # ... and (source, private copy) pairs waiting for the worker.
@@ -218,7 +224,7 @@ class SingleTypeKVCacheManager:
                 num_full_blocks,
                 self.block_size,
                 self.kv_cache_group_id,
-                self.reachable_block_mask(num_cached_blocks, num_full_blocks),
+                self.reachable_block_mask(num_cached_blocks, num_full_blocks, request),
             )
             self.num_cached_block[request_id] = num_full_blocks
         if self.caches_partial_tail_block:
@@ -227,8 +233,11 @@ class SingleTypeKVCacheManager:
     def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
         """Tier B: register the prompt's last hash boundary inside a block (full attention)."""
 
-    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Which of blocks [start, end) can ever serve a hit; None caches them all."""
+    def reachable_block_mask(
+        self, start_block: int, end_block: int, request: Request
+    ) -> list[bool] | None:
+        """Which of `request`'s blocks [start, end) can ever serve a hit; None caches them
+        all."""
         return None
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
@@ -469,6 +478,35 @@ class CircularBufferManager(FullAttentionManager):
         return tuple([] for _ in kv_cache_group_ids), 0
 
 
+class EncoderOnlyAttentionManager(SingleTypeKVCacheManager):
+    """A group that takes no KV cache (docs/spec.md §12.4): a scheduled request gets an empty
+    table, no block is ever predicted, allocated, cached or hit."""
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, *args: Any, **kwargs: Any
+    ) -> int:
+        return 0
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        self.req_to_blocks.setdefault(request_id, [])
+        return []
+
+    def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
+        """Nothing to adopt: the group is never prefix-cached."""
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        raise ValueError("encoder-only attention keeps no KV; prefix caching must be off")
+
+    @classmethod
+    def find_longest_cache_hit(  # type: ignore[override]
+        cls, block_hashes: BlockHashList, max_length: int, kv_cache_group_ids: Sequence[int],
+        *args: Any,
+    ) -> tuple[HitBlocks, int]:
+        return tuple([] for _ in kv_cache_group_ids), 0
+
+
 class SlidingWindowManager(SingleTypeKVCacheManager):
     recycles_blocks: ClassVar[bool] = True
 
@@ -560,25 +598,41 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         for blocks in computed:
             del blocks[num_blocks:]
 
-    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Cache only blocks that can end an aligned hit's window run (vLLM's hybrid default).
+    def reachable_block_mask(
+        self, start_block: int, end_block: int, request: Request
+    ) -> list[bool] | None:
+        """Cache only blocks that can end a kept boundary's window run (§4.9.2).
 
-        With `per` blocks per alignment unit, block i can be among the last `need` blocks
-        before an aligned boundary iff `(i - shift) % per >= per - need`; EAGLE's extra block
-        shifts the run right by one. Dense when every block qualifies or the alignment is not
-        a whole number of blocks.
+        With `per` blocks per segment (the hit alignment; the retention interval when one is
+        set; none when it is 0), block i is among the last `need` blocks before a segment end
+        iff `(i - shift) % per >= per - need`; EAGLE's extra block shifts the run right by one.
+        Under retention the `need` blocks before each replay boundary (aligned down) are kept
+        too. Dense when every block qualifies or the alignment is not a whole number of blocks.
         """
         alignment = self.cache_hit_alignment_tokens
         if alignment % self.block_size:
             return None
-        per = alignment // self.block_size
         need = sliding_window_hit_blocks(self.sliding_window, self.block_size, self.use_eagle)
-        if need >= per:
-            return None
         shift = 1 if self.use_eagle else 0
-        return [
-            i >= shift and (i - shift) % per >= per - need for i in range(start_block, end_block)
-        ]
+        retention = self.retention_interval
+        segment = alignment if retention is None else retention
+        mask = [False] * (end_block - start_block)
+        if segment:
+            per = segment // self.block_size
+            if need >= per:
+                return None
+            mask = [
+                i >= shift and (i - shift) % per >= per - need
+                for i in range(start_block, end_block)
+            ]
+        if retention is not None:
+            for boundary in replay_boundaries(
+                request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
+            ):
+                end = boundary // alignment * alignment // self.block_size + shift
+                for j in range(max(start_block, end - need), min(end_block, end)):
+                    mask[j - start_block] = True
+        return mask
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens before the window of the next token: with w = 4 and 7 computed, the next
@@ -1036,6 +1090,8 @@ _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     SinkFullAttentionSpec: FullAttentionManager,
     RSWASpec: RSWAManager,
     CircularBufferSpec: CircularBufferManager,
+    # vLLM registers none: its encoder-only layers form no group (docs/spec.md §12.4).
+    EncoderOnlyAttentionSpec: EncoderOnlyAttentionManager,
 }
 
 

@@ -14,8 +14,9 @@ from kvfuzz.core.extra_keys import prefix_identity
 from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
-# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring).
-_FIXED_KINDS = ("cross", "circular_buffer")
+# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring) or never
+# (encoder-only attention).
+_FIXED_KINDS = ("cross", "circular_buffer", "encoder_only")
 # Kinds whose tables release blocks no future token reads (nulls left in place).
 _WINDOW_KINDS = ("sliding_window", "chunked_local", "mamba", "rswa")
 
@@ -649,6 +650,22 @@ def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
                     f"{rid} group {g}: {len(table)} state blocks, needs {needed} "
                     f"({group.num_speculative_blocks} speculative)"
                 )
+    return None
+
+
+@invariant(
+    "EO1",
+    "encoder-only groups take no KV cache: no request's table in such a group holds a block",
+    covers=("spec §12.4",),
+)
+def encoder_only_holds_nothing(s: Snapshot, ctx: CheckContext) -> str | None:
+    groups = [g for g, group in enumerate(ctx.config.groups) if group.kind == "encoder_only"]
+    if not groups:
+        return None
+    for rid, view in s.requests.items():
+        for g in groups:
+            if view.tables[g]:
+                return f"{rid} group {g} is encoder-only but holds blocks {list(view.tables[g])}"
     return None
 
 

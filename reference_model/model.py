@@ -278,7 +278,7 @@ class ReferenceModel:
             or any(
                 n > len(state.tables[g.gid][rid]) * g.bs
                 for g in self.layout.groups
-                if g.kind not in ("cross", "circular_buffer")
+                if g.kind not in ("cross", "circular_buffer", "encoder_only")
             )
         ):
             return MISUSE

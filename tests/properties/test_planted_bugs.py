@@ -53,6 +53,8 @@ EXPECTED = {
     "align-cow-forgets-pending-copy": {"P2", "DIFF-state"},
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1", "P4"},
+    "encoder-only-takes-blocks": {"EO1"},
+    "retention-ignored": {"RT1"},
     "boundary-before-hit": {"I20"},
     "boundary-one-short": {"DIFF-probe"},
 }

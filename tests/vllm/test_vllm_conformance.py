@@ -12,6 +12,7 @@ Run with the venv of ci/install-vllm.sh:  "$py" -m pytest -m vllm tests/vllm -q
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,40 @@ def test_scheduler_level_drives_vllm_through_the_kvcache_driver():
     assert any(out["preempted"] for out in outcomes)
     assert any(hit for out in outcomes for _, _, hit in out["scheduled"])
     assert any(out["finished"] for out in outcomes)
+
+
+@pytest.mark.parametrize("name, vllm_groups", [("bert", 0), ("colqwen3_5", 3)])
+def test_encoder_only_layers_form_no_vllm_group(name, vllm_groups):
+    """vLLM builds no group for encoder-only layers (docs/spec.md §12.4); its tables are spread
+    over the config's groups, the encoder-only one empty while the request runs."""
+    ex = Execution(BUILTIN[name][1], "scheduler", THREE_WAY)
+    vllm_side = ex.targets[1].side
+    assert len(vllm_side.manager.coordinator.single_type_managers) == vllm_groups
+    ex.apply(_add("r", list(range(12)), max_tokens=2))
+    ex.apply({"op": "step", "sample": 1})
+    tables = [t.snapshot.requests["r"].tables for t in ex.targets]
+    assert tables[0] == tables[1] and tables[0][0] == ()
+    assert len(tables[0]) == vllm_groups + 1
+
+
+@pytest.mark.parametrize("name, retention", [("gemma3_retention", 6),
+                                             ("gemma3_retention", -4), ("full", 8)])
+def test_vllm_refuses_retention_as_the_config_does(name, retention):
+    """vLLM's own coordinator refuses the retention intervals the config loader refuses, with
+    the same message (docs/spec.md §4.9.2)."""
+    from kvfuzz.core.errors import ConfigError
+    from kvfuzz.harness import vllm_target
+
+    good = BUILTIN[name][1]
+    with pytest.raises(ConfigError) as ours:
+        Config.from_dict({**good.to_dict(), "prefix_cache_retention_interval": retention})
+    unchecked = object.__new__(Config)  # past our validation, to reach vLLM's
+    for field in dataclasses.fields(Config):
+        object.__setattr__(unchecked, field.name, getattr(good, field.name))
+    object.__setattr__(unchecked, "prefix_cache_retention_interval", retention)
+    with pytest.raises(ValueError) as theirs:
+        vllm_target.build_vllm_manager(unchecked)
+    assert str(theirs.value) == str(ours.value)
 
 
 # ----- the state machines over every built-in config and level, three-way -----
