@@ -178,18 +178,30 @@ class Stats:
 
 
 class Stop(Exception):
-    """Raised from a signal handler to end a campaign early, keeping its findings."""
+    """Ends a campaign early, keeping its findings (a batch came back interrupted)."""
 
 
 STOP_REQUESTED = threading.Event()
-"""Set by the signal handlers beside the exception they raise: should a library swallow that
-exception, the campaign still ends at its next batch."""
+"""Set by the signal handlers: the campaign stops at its next stop point (`stop_point`)."""
 
 
 def interrupt(signum: int, frame: Any) -> None:
-    """Signal handler of `kvfuzz run` (SIGINT, SIGTERM): end the campaign like Ctrl-C."""
+    """Signal handler of `kvfuzz run` (SIGINT, SIGTERM). The first signal only sets
+    STOP_REQUESTED: the driver's loop, a batch run in this process (before each example) and a
+    shrink (before each replay) then raise KeyboardInterrupt from kvfuzz's own code. A
+    KeyboardInterrupt raised by the handler itself could land anywhere: in a queue's read, a
+    `finally`, or a string `exec` (a dataclass being made), after which CPython ends a
+    `python -m kvfuzz` by SIGINT at exit although the campaign caught the interrupt and kept its
+    findings. A second signal, for a run that comes to no stop point, raises at once."""
+    if STOP_REQUESTED.is_set():
+        raise KeyboardInterrupt
     STOP_REQUESTED.set()
-    raise KeyboardInterrupt
+
+
+def stop_point() -> None:
+    """Raise KeyboardInterrupt if a stop was asked for (`interrupt`)."""
+    if STOP_REQUESTED.is_set():
+        raise KeyboardInterrupt
 
 
 def selected_checks(data: str | None) -> list[Any] | None:
@@ -258,6 +270,7 @@ class BatchRunner:
 
     def example(self, level: str, name: str, data: bytes) -> None:
         """Run one example of pair (level, name) from its bytes (both engines call this)."""
+        stop_point()
         opts = self.options
         run_example(
             data, campaign_config(opts, name), level, steps=opts.steps, targets=(opts.target,),
@@ -321,7 +334,7 @@ class BatchRunner:
         except Counterexample as exc:
             result.failure = failure_of(exc)
             result.examples = batch.examples
-        except (KeyboardInterrupt, Stop):
+        except KeyboardInterrupt:
             result.interrupted = True
         except Exception:
             # An interrupt during Hypothesis's replay of a failure surfaces as its Flaky error.
@@ -343,7 +356,8 @@ def campaign_findings(options: CampaignOptions) -> Findings:
     if options.plugins:
         meta["plugins"] = list(options.plugins)
     return Findings(options.corpus, meta, [meta["target"]], model=options.model,
-                    checks=selected_checks(options.data), shrink_seconds=options.shrink_seconds)
+                    checks=selected_checks(options.data), shrink_seconds=options.shrink_seconds,
+                    stop=STOP_REQUESTED.is_set)
 
 
 class Campaign:
@@ -385,11 +399,12 @@ class Campaign:
                     in_flight += 1
                 if not in_flight:
                     break
-                for result in backend.results(timeout=0.5):
-                    in_flight -= 1
-                    self._take(result)
+                results = backend.results(timeout=0.5)
+                in_flight -= len(results)
+                self._take(results)
                 if self.stats.interrupted:
                     raise Stop()
+                stop_point()
         except (KeyboardInterrupt, Stop):
             self.stats.interrupted = True
             self.findings.shrink_seconds = 0.0  # save what is still coming, raw: stop soon
@@ -417,9 +432,12 @@ class Campaign:
         left = self._seconds_left()
         return left is not None and left <= 0
 
-    def _take(self, result: BatchResult) -> None:
-        """Take results in batch order (a later batch waits for the earlier ones)."""
-        self._waiting[result.batch.index] = result
+    def _take(self, results: list[BatchResult]) -> None:
+        """Take results in batch order (a later batch waits for the earlier ones). All wait
+        first, so an interrupt while one is counted (its shrink) leaves the others to
+        `_take_all`."""
+        for result in results:
+            self._waiting[result.batch.index] = result
         while self._next in self._waiting:
             self._count(self._waiting.pop(self._next))
             self._next += 1
