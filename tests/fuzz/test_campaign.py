@@ -252,14 +252,21 @@ def test_a_shrink_keeps_the_same_crash_and_does_not_slip_into_another():
 
 
 def test_ctrl_c_with_workers_keeps_the_findings_and_stops_the_workers(tmp_path):
+    _ctrl_c_once_found(tmp_path, 0.0, "--target", "bug:free-forgets-decrement", "--config",
+                       "full")
+
+
+def _ctrl_c_once_found(tmp_path: Path, wait: float, *args: str) -> None:
+    """A `--workers 2` campaign, Ctrl-C `wait` s after its first finding is on disk: exit 1,
+    interrupted, every finding in the report is the corpus, no traceback, no worker left."""
     corpus = tmp_path / "corpus"
-    proc = _kvfuzz(tmp_path, "--target", "bug:free-forgets-decrement", "--config", "full",
-                   "--workers", "2", "--seconds", "300", "--corpus", str(corpus),
+    proc = _kvfuzz(tmp_path, *args, "--workers", "2", "--seconds", "300", "--corpus", str(corpus),
                    "--json", str(tmp_path / "r.json"))
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not _files(corpus):
-        time.sleep(0.2)
+    while time.monotonic() < deadline and not _files(corpus) and proc.poll() is None:
+        time.sleep(0.05)
     kids = _children(proc.pid)
+    time.sleep(wait)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     report = json.loads((tmp_path / "r.json").read_text())
@@ -291,22 +298,9 @@ def test_ctrl_c_inside_a_string_exec_of_the_shrink_exits_1_not_by_sigint(tmp_pat
     SIGINT at exit (-2), even when the campaign caught it: Ctrl-C only asks the campaign to
     stop, and kvfuzz raises at its own stop points, never inside the code it runs."""
     (tmp_path / "exec_slow_bug.py").write_text(EXEC_SLOW_BUG)
-    corpus = tmp_path / "corpus"
-    proc = _kvfuzz(tmp_path, "--plugin", "exec_slow_bug", "--target", "exec-slow-bug",
-                   "--config", "full", "--level", "api", "--workers", "2", "--seconds", "300",
-                   "--corpus", str(corpus), "--json", str(tmp_path / "r.json"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not _files(corpus) and proc.poll() is None:
-        time.sleep(0.05)
-    kids = _children(proc.pid)
-    time.sleep(0.3)  # in the shrink: nearly all of an op's time is inside the exec
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert proc.returncode == 1 and report["interrupted"], out
-    assert [f["file"] for f in report["findings"]] == [str(f) for f in _files(corpus)]
-    assert "Traceback" not in out
-    assert _gone(kids)
+    # 0.3 s: in the shrink, where nearly all of an op's time is inside the exec.
+    _ctrl_c_once_found(tmp_path, 0.3, "--plugin", "exec_slow_bug", "--target", "exec-slow-bug",
+                       "--config", "full", "--level", "api")
 
 
 class TwoDiffs(KvcacheSide):
