@@ -35,7 +35,7 @@ from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
 from kvfuzz.fuzz.coverage import behaviour_features
-from kvfuzz.fuzz.database import open_database
+from kvfuzz.fuzz.database import open_database, quiet, warn
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
 from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
 from kvfuzz.fuzz.plugins import import_plugins
@@ -47,6 +47,8 @@ BYTES_PER_STEP = 24
 """Decisions a rule takes at most, about (an example ends early if its bytes run out)."""
 FOCUS_WEIGHT = 3
 """How much more a focused pair weighs than the others."""
+PROBE_S = 2.0
+"""How often the driver pings a shared example database (`Campaign._probe_database`)."""
 
 
 @dataclass
@@ -257,11 +259,14 @@ class BatchRunner:
     """Runs batches of one campaign in one process (each backend's worker makes one): the
     checks, the example database and the focused rules are set up once."""
 
-    def __init__(self, options: CampaignOptions) -> None:
+    def __init__(self, options: CampaignOptions,
+                 warn: Callable[[str], None] = quiet) -> None:
+        """`warn` is told when a shared example database is lost: the driver's runner warns,
+        a worker's stays quiet and says so in each result (`BatchResult.database_lost`)."""
         self.options = options
         checks = selected_checks(options.data)
         self.checks = None if checks is None else tuple(checks)
-        self.database = open_database(options.database)
+        self.database = open_database(options.database, warn=warn)
         check_focus(options.focus, options.configs)
         self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
         self.on_execution: Callable[[Execution], None] | None = None
@@ -344,6 +349,7 @@ class BatchRunner:
         account(result, self.take_executions())
         result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
         result.seconds = time.monotonic() - start
+        result.database_lost = getattr(self.database, "lost", None)
         return result
 
 
@@ -375,10 +381,12 @@ class Campaign:
             self.stats.pair(*pair)
             self.schedule.weights[pair] = pair_weight(options, pair, 0)
         self.findings = campaign_findings(options)
-        self.runner = BatchRunner(options)
+        self.database_warned = False
+        self.runner = BatchRunner(options, warn=self._warn_database)
         self._waiting: dict[int, BatchResult] = {}
         self._next = 0
         self._start = 0.0
+        self._probed = 0.0
 
     def run(self, backend: Backend | None = None) -> Stats:
         """Run the campaign on `backend` (default: this process) until its budget is spent."""
@@ -402,6 +410,7 @@ class Campaign:
                 results = backend.results(timeout=0.5)
                 in_flight -= len(results)
                 self._take(results)
+                self._probe_database(PROBE_S)
                 if self.stats.interrupted:
                     raise Stop()
                 stop_point()
@@ -414,6 +423,7 @@ class Campaign:
             raise
         else:
             self._take_all(backend.close(cancel=False))
+        self._probe_database(0.0)
         self.stats.interrupted = self.stats.interrupted or STOP_REQUESTED.is_set()
         self.stats.elapsed = time.monotonic() - self._start
         return self.stats
@@ -449,7 +459,24 @@ class Campaign:
         for index in sorted(self._waiting):
             self._count(self._waiting.pop(index))
 
+    def _warn_database(self, message: str) -> None:
+        """A lost shared database is said once per campaign, whichever process lost it."""
+        if not self.database_warned:
+            self.database_warned = True
+            warn(message)
+
+    def _probe_database(self, every: float) -> None:
+        """Ping the shared example database, at most once per `every` s: the driver's own
+        check, so a loss is said even when the workers that met it were stopped before
+        their results came back."""
+        probe = getattr(self.runner.database, "probe", None)
+        if probe is not None and time.monotonic() - self._probed >= every:
+            probe()
+            self._probed = time.monotonic()
+
     def _count(self, result: BatchResult) -> None:
+        if result.database_lost:
+            self._warn_database(result.database_lost)
         growth = len(result.features - self.stats.features)
         self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth))
         self.stats.add(result)
