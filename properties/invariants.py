@@ -613,7 +613,7 @@ def _holds_loaded_kv(s: Snapshot, ctx: CheckContext, rid: str, view: Any) -> boo
     "C1",
     "KV loads: a request waiting for remote KV has a load in flight; a request with a load in "
     "flight is waiting for it or finished; a finished request whose load ended holds no block",
-    covers=("spec §14.2", "vLLM #46283"),
+    covers=("spec §14.2", "bugs #22"),
 )
 def kv_loads(s: Snapshot, ctx: CheckContext) -> str | None:
     for rid, view in s.requests.items():
