@@ -29,7 +29,6 @@ from kvfuzz.fuzz.strategies import (
     prompt, tokens, vary_config,
 )
 from kvfuzz.harness.executor import Execution
-from kvfuzz.kvcache.scheduler import mamba_block_aligned_split
 
 Views = list[tuple[str, RequestView]]
 
@@ -246,6 +245,10 @@ class ApiRules(Rules):
         that cut leaves nothing."""
         if not self._align or n == 0:
             return n
+        # Imported here: the atheris engine instruments kvcache, which must not be imported
+        # before it is (this module is loaded first).
+        from kvfuzz.kvcache.scheduler import mamba_block_aligned_split
+
         start = view.num_computed_tokens + hit
         sizes = (self.config.scheduler_block_size, self.config.resolved_hash_block_size,
                  self.config.partial_hash_hits, self.config.max_model_len)
