@@ -136,7 +136,7 @@ class SchedulerConfig:
         _positive_int("scheduler.vocab_size", self.vocab_size)
 
 
-# Kinds whose KV a connector may load (docs/spec.md §14.1).
+# Kinds whose KV a connector may load (docs/spec.md §13.1).
 _CONNECTOR_KINDS = ("full", "mla", "sink_full", "sliding_window", "chunked_local")
 
 
@@ -162,7 +162,7 @@ class Config:
     kv_events: bool = False
     """The manager queues KV cache events; `take_events` ops read them (docs/spec.md §3.10)."""
     kv_connector: bool = False
-    """Generators load some requests' KV from a simulated connector (docs/spec.md §14)."""
+    """Generators load some requests' KV from a simulated connector (docs/spec.md §13)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -316,7 +316,7 @@ class Config:
                     raise ConfigError(
                         f"kv_connector with groups[{i}] ({g.kind}): KV connector tokens are "
                         f"modelled on {', '.join(_CONNECTOR_KINDS)} groups only "
-                        "(docs/spec.md §14.1)"
+                        "(docs/spec.md §13.1)"
                     )
         if self.use_eagle and "chunked_local" in kinds:
             raise ConfigError("use_eagle is not supported with a chunked_local group")

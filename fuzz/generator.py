@@ -45,7 +45,7 @@ class Swarm:
 
 ALL = Swarm()
 CONNECTOR_FEATURES = frozenset({"external", "load_remote", "finish_load", "short_load"})
-"""Rules and knobs of KV connector configs only (docs/spec.md §14)."""
+"""Rules and knobs of KV connector configs only (docs/spec.md §13)."""
 
 
 class Rules:
@@ -390,7 +390,7 @@ class SchedulerRules(Rules):
                 if not v.num_computed_tokens and not any(v.tables)]
 
     def load_remote(self) -> None:
-        """A connector offers some of a waiting request's tokens (docs/spec.md §14.2)."""
+        """A connector offers some of a waiting request's tokens (docs/spec.md §13.2)."""
         c = self.choices
         rid, view = pick(c, self._loadable())
         self.apply(op="load_remote", request_id=rid,

@@ -435,7 +435,7 @@ class ManagerSide:
         }
 
     def _load_remote(self, op: Op) -> Any:
-        """The driver's connector offers the request's tokens (docs/spec.md §14.2)."""
+        """The driver's connector offers the request's tokens (docs/spec.md §13.2)."""
         request = self._known_request(op)
         ok, out = self._call(
             lambda: self.scheduler.start_load(request.request_id, op["num_external_tokens"]))

@@ -317,7 +317,7 @@ class KVCacheManager:
         Returns only the blocks newly taken (a CoW copy first), or None when they do not fit.
         A None from the full-sequence gate changes nothing; one from the capacity check leaves
         only the out-of-window frees of step 4. Misuse raises ValueError and changes nothing.
-        External (KV connector) tokens get blocks after the hits (docs/spec.md §14); with
+        External (KV connector) tokens get blocks after the hits (docs/spec.md §13); with
         `delay_cache_blocks` nothing is cached: the caller caches once the load lands.
         `skip_zeroing_group_ids` names groups whose external blocks are not recorded for zeroing.
         """
@@ -458,7 +458,7 @@ class KVCacheManager:
 
     def _check_counts(self, request_id: str, **counts: object) -> None:
         """Each count an int >= 0 (bools are not counts); external tokens only for a request
-        that holds nothing yet, on attention groups (docs/spec.md §14.1)."""
+        that holds nothing yet, on attention groups (docs/spec.md §13.1)."""
         for n in counts.values():
             if type(n) is not int or n < 0:  # type: ignore[operator]
                 _reject_counts(f"allocate_slots({request_id!r})", **counts)

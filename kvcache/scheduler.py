@@ -80,7 +80,7 @@ class Scheduler:
         self._waiting: deque[Any] = deque()
         self._requests: dict[str, Any] = {}
         self._loads: dict[str, int] = {}
-        """KV connector loads in flight: request id -> its local prefix hit (docs/spec.md §14.2)."""
+        """KV connector loads in flight: request id -> its local prefix hit (docs/spec.md §13.2)."""
         self._landed: set[str] = set()
         """Requests a load left holding blocks: never offered another load."""
 
@@ -123,7 +123,7 @@ class Scheduler:
         # else: the load may still write its blocks; `finish_load` frees them.
         request.status = status
 
-    # ----- KV connector (docs/spec.md §14.2): the driver plays the connector -----
+    # ----- KV connector (docs/spec.md §13.2): the driver plays the connector -----
 
     def start_load(self, request_id: str, num_external_tokens: int) -> tuple[int, int] | None:
         """A connector offers `num_external_tokens` tokens of a waiting request that holds

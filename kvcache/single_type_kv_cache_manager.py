@@ -52,7 +52,7 @@ class SingleTypeKVCacheManager:
     # Whether `get_num_skipped_tokens` can be positive: only then can blocks leave the window.
     recycles_blocks: ClassVar[bool] = False
     takes_external_tokens: ClassVar[bool] = True
-    """Whether kvcache gives this kind blocks for KV connector tokens (docs/spec.md §14.1)."""
+    """Whether kvcache gives this kind blocks for KV connector tokens (docs/spec.md §13.1)."""
 
     def __init__(
         self,

@@ -390,7 +390,7 @@ def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext
         if old.status != "RUNNING" and end - start == 1 and end == old.num_tokens and (
             ctx.config.kv_connector
         ):
-            continue  # a landed load covering the prompt recomputes its last token (§14.2)
+            continue  # a landed load covering the prompt recomputes its last token (§13.2)
         for g, group in enumerate(ctx.config.groups):
             t0, t1 = old.tables[g], new.tables[g]
             if group.kind == "cross" or not t0 or not t1:
@@ -602,7 +602,7 @@ def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
 
 
 def _holds_loaded_kv(s: Snapshot, ctx: CheckContext, rid: str, view: Any) -> bool:
-    """KV connector holdings (docs/spec.md §14.2): a load in flight (the request waiting for
+    """KV connector holdings (docs/spec.md §13.2): a load in flight (the request waiting for
     it or aborted meanwhile), or, on a connector config, a landed load the request waits with
     (its computed tokens may be 0: a one-token prompt recomputes its token)."""
     return rid in s.loads or (ctx.config.kv_connector
@@ -613,7 +613,7 @@ def _holds_loaded_kv(s: Snapshot, ctx: CheckContext, rid: str, view: Any) -> boo
     "C1",
     "KV loads: a request waiting for remote KV has a load in flight; a request with a load in "
     "flight is waiting for it or finished; a finished request whose load ended holds no block",
-    covers=("spec §14.2", "bugs #22"),
+    covers=("spec §13.2", "bugs #22"),
 )
 def kv_loads(s: Snapshot, ctx: CheckContext) -> str | None:
     for rid, view in s.requests.items():

@@ -132,7 +132,7 @@ def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: i
 
 def external_blocks(layout: Layout, state: State, req: Request, local: int, external: int
                     ) -> list[int]:
-    """docs/spec.md §14.1: after every group adopted its hits, each group's table grows to
+    """docs/spec.md §13.1: after every group adopted its hits, each group's table grows to
     cover the prefix of local + external tokens, unless all the external tokens left the
     window. Returns per-group blocks taken."""
     taken = []

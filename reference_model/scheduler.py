@@ -19,7 +19,7 @@ class Driver:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.loads: dict[str, int] = {}
-        """KV loads in flight: request id -> its local hit (docs/spec.md §14.2)."""
+        """KV loads in flight: request id -> its local hit (docs/spec.md §13.2)."""
         self.landed: set[str] = set()
         """Requests a load left holding blocks: offered no load again."""
         self.aligned = any(g.align for g in manager.layout.groups)
@@ -69,7 +69,7 @@ class Driver:
         req.status = status
 
     def load(self, req: Request, offered: int) -> dict[str, int] | None:
-        """docs/spec.md §14.2: a waiting request holding nothing takes blocks for its local hit
+        """docs/spec.md §13.2: a waiting request holding nothing takes blocks for its local hit
         and min(offered, what is left) external tokens, caches nothing, waits for remote KV."""
         if req not in self.waiting or req.num_computed_tokens or req.request_id in self.landed:
             return None
@@ -87,7 +87,7 @@ class Driver:
         return {"hit": hit, "external": external}
 
     def load_done(self, req: Request, loaded: int | None) -> int:
-        """docs/spec.md §14.2: the load ends. Aborted meanwhile: free. Else keep the valid
+        """docs/spec.md §13.2: the load ends. Aborted meanwhile: free. Else keep the valid
         prefix (hit + loaded tokens), cached, or free when there is none; wait again, first."""
         hit = self.loads.pop(req.request_id)
         if req.is_finished:

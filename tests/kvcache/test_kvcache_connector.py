@@ -1,4 +1,4 @@
-"""KV connector support (docs/spec.md §14): external tokens in allocate_slots, the lookup and
+"""KV connector support (docs/spec.md §13): external tokens in allocate_slots, the lookup and
 view helpers vLLM's connector scheduler calls, and the driver's simulated load life cycle."""
 
 from __future__ import annotations
