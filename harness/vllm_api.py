@@ -105,6 +105,12 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "Request(prompt_is_token_ids=): prompts mixing token ids and embeddings",
         _takes("Request", "__init__", "prompt_is_token_ids"),
     ),
+    "kv_connector": (
+        "allocate_slots(num_external_computed_tokens=, delay_cache_blocks=) for KV connector "
+        "loads",
+        lambda api: {"num_external_computed_tokens", "delay_cache_blocks"}
+        <= set(_parameters(api["KVCacheManager"].allocate_slots)),
+    ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",
         lambda api: _importable("vllm.v1.token_buffer"),
