@@ -214,6 +214,15 @@ MISUSE: dict[str, tuple[list[dict[str, Any]], str | None, Any, str]] = {
         _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1,
                "num_encoder_tokens": -1}],
         "DIFF-result", {"block_ids": [[1]]}, "002"),
+    "2 negative num_external_computed_tokens": (
+        _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1,
+               "num_external_computed_tokens": -3}],
+        "DIFF-result", {"block_ids": [[]]}, "014"),
+    "2 external tokens for a running request": (
+        _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 4},
+              {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1,
+               "num_external_computed_tokens": 4}],
+        "DIFF-result", {"block_ids": [[2, 3]]}, "014"),
     "3 running request adopts a lookup": (
         _B_RUNNING_WITH_HIT + [{"op": "allocate_slots", "request_id": "b", "num_new_tokens": 1,
                                 "use_lookup": True}],
