@@ -307,3 +307,25 @@ def test_cli_run_replay_and_shrink_with_vllm(tmp_path):
     assert kvfuzz(["shrink", str(finding), "--target", "vllm-strict", "--out", str(out),
                    "--seconds", "10"]) == 0
     assert run_trace(Trace.load(out), ["vllm-strict"]).finding.check == "I16"
+
+
+# ----- the KV connector ops on a vLLM without them -----
+
+@pytest.mark.parametrize("op", [
+    {"op": "load_remote", "request_id": "a", "num_external_tokens": 4},
+    {"op": "finish_load", "request_id": "a"},
+], ids=lambda op: op["op"])
+def test_a_connector_op_on_a_vllm_without_it_exits_2_naming_op_and_target(
+        monkeypatch, tmp_path, capsys, op):
+    import dataclasses
+
+    import kvfuzz.harness.vllm_api as vllm_api
+
+    api = load_vllm()
+    monkeypatch.setattr(vllm_api, "_API", dataclasses.replace(
+        api, features=api.features - {"kv_connector"}))
+    path = tmp_path / "t.json"
+    Trace(BUILTIN["connector"][1], "scheduler", [_add("a", PROMPT10), op]).save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert f"the trace uses {op['op']}" in err and f"vLLM {api.version} lacks it" in err
