@@ -8,7 +8,9 @@ a shared machine falls on both alike. Printed per operation: microseconds per ca
 over the repeats of each repeat's mean, the slowest 1% of calls left out on both sides alike:
 those the OS preempted), the ratio kvcache/vLLM and the number of calls; then
 whether both produced identical block tables (every request's tables when it is freed, and
-every step's schedule); if any workload's differ, the bench exits 1 after printing.
+every step's schedule); if any workload's differ, the bench exits 1 after printing. The KV
+connector workload also times the loads' allocations and the caching of a landed load (the
+driver plays the connector, docs/spec.md §13.2).
 Request creation includes hashing the prompt (SHA-256 on both sides). Figures only: nothing is
 asserted about time. Needs the venv of ci/install-vllm.sh:
 
@@ -37,6 +39,8 @@ OPERATIONS = (
     "allocate_slots (admission)",
     "allocate_slots (prefill chunk)",
     "allocate_slots (decode)",
+    "allocate_slots (KV load)",
+    "cache_blocks (load landed)",
     "free",
     "Request creation (hashing)",
 )
@@ -54,6 +58,8 @@ class Workload:
     token_budget: int
     max_running: int
     repeats: int
+    connector: bool = False
+    """The unshared half loads half its prompt from a simulated KV connector (spec §13.2)."""
 
     def prompts(self) -> list[list[int]]:
         """Half the prompts start with one shared prefix; the rest is random."""
@@ -92,6 +98,9 @@ def _workloads(quick: bool) -> list[Workload]:
                  Config(600, (full64, aligned, aligned, aligned), max_model_len=1024,
                         hash_block_size=16),
                  2000 // scale, 512, 256, 32, 2048, 24, 5),
+        Workload("KV connector: full attention, 600 blocks, half the requests load KV",
+                 Config(600, (full,), max_model_len=1024, kv_connector=True),
+                 2000 // scale, 512, 256, 32, 2048, 24, 5, connector=True),
         Workload("long context, 1,000,000 blocks",
                  Config(1_000_000, (full,), max_model_len=131_072),
                  64 // scale, 65_536, 32_768, 32, 16_384, 16, 3 if not quick else 1),
@@ -139,7 +148,9 @@ class TimedManager:
         return out
 
     def allocate_slots(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        if request.status in _ADMITTED:
+        if kwargs.get("delay_cache_blocks"):
+            op = "allocate_slots (KV load)"
+        elif request.status in _ADMITTED:
             op = "allocate_slots (admission)"
         elif request.num_computed_tokens < request.num_prompt_tokens:
             op = "allocate_slots (prefill chunk)"
@@ -149,6 +160,11 @@ class TimedManager:
         out = self._manager.allocate_slots(request, *args, **kwargs)
         self._run.add(op, time.perf_counter_ns() - start)
         return out
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        start = time.perf_counter_ns()
+        self._manager.cache_blocks(request, num_computed_tokens)
+        self._run.add("cache_blocks (load landed)", time.perf_counter_ns() - start)
 
     def free(self, request: Any) -> None:
         tables = tuple(tuple(ids) for ids in self._manager.get_block_ids(request.request_id))
@@ -247,8 +263,12 @@ def run_once(impls: list[Implementation], workload: Workload,
         def sample(request: Any) -> int:
             return request.num_tokens * 7919 % 32_000
 
-        while any(scheduler.waiting or scheduler.running for _, scheduler, _ in sides):
-            for run, scheduler, _ in sides:
+        loaded: list[set[str]] = [set() for _ in sides]
+        while any(scheduler.waiting or scheduler.running or scheduler.loads
+                  for _, scheduler, _ in sides):
+            for (run, scheduler, _), tried in zip(sides, loaded):
+                if workload.connector:
+                    _play_connector(scheduler, tried, workload.prompt_len // 2)
                 if scheduler.waiting or scheduler.running:
                     out = scheduler.step(sample)
                     run.preemptions += len(out.preempted)
@@ -256,6 +276,21 @@ def run_once(impls: list[Implementation], workload: Workload,
     finally:
         gc.enable()
     return [run for run, _, _ in sides]
+
+
+def _play_connector(scheduler: Scheduler, tried: set[str], num_external_tokens: int) -> None:
+    """Before a step: the loads started before the last step land (every fourth one short, with
+    half its tokens), then up to two waiting requests of the unshared half start theirs."""
+    for rid in scheduler.loads:
+        scheduler.finish_load(rid, num_external_tokens // 2 if int(rid[1:]) % 8 == 3 else None)
+    started = 0
+    for request in scheduler.waiting:
+        rid = request.request_id
+        if started == 2:
+            break
+        if int(rid[1:]) % 2 == 1 and rid not in tried and not request.num_computed_tokens:
+            tried.add(rid)
+            started += scheduler.start_load(rid, num_external_tokens) is not None
 
 
 def bench(workload: Workload, impls: list[Implementation]) -> bool:

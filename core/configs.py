@@ -115,6 +115,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(12, (_full(),), name="events", max_model_len=64, kv_events=True),
         ),
         (
+            "KV connector: requests load remote KV (external tokens, uncached until the load "
+            "lands); full (bs 4) + sliding window (bs 4, window 8)",
+            Config(20, (_full(), _swa(4, 8)), name="connector", max_model_len=64,
+                   kv_connector=True),
+        ),
+        (
             "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",
             Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True),
         ),

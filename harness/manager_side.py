@@ -74,6 +74,8 @@ class ManagerSide:
             "take_events": self._take_events,
             "free_deferred": self._free_deferred,
             "release_deferred": self._release_deferred,
+            "load_remote": self._load_remote,
+            "finish_load": self._finish_load,
         }
         self._event_replay = EventReplay()
         self._op_events: list[KvEvent] = []
@@ -143,6 +145,8 @@ class ManagerSide:
         )
         if self._groups_missing:
             snapshot = self._spread_snapshot(snapshot)
+        if scheduler is not None and scheduler.loads:
+            snapshot = dataclasses.replace(snapshot, loads=scheduler.loads, _derived={})
         if not self.deferred_blocks:
             return snapshot
         deferred = tuple(tuple(b.block_id for b in run) for runs in self.deferred_blocks
@@ -312,12 +316,16 @@ class ManagerSide:
                     "or add_request ops between)"
                 )
             blocks, hit = live[request.request_id]
-        new_tokens = op["num_new_tokens"]
-        if request.num_computed_tokens + hit + new_tokens > request.num_tokens:
+        new_tokens, external = op["num_new_tokens"], op["num_external_computed_tokens"]
+        if request.num_computed_tokens + hit + max(external, 0) + new_tokens > request.num_tokens:
             raise InvalidTrace(
                 f"allocate_slots {request.request_id!r}: {request.num_computed_tokens} computed "
-                f"+ {hit} hit + {new_tokens} new tokens exceed its {request.num_tokens} tokens"
+                f"+ {hit} hit + {external} external + {new_tokens} new tokens exceed its "
+                f"{request.num_tokens} tokens"
             )
+        connector = ({"num_external_computed_tokens": external,
+                      "delay_cache_blocks": op["delay_cache_blocks"]}
+                     if external or op["delay_cache_blocks"] else {})
         ok, out = self._call(
             lambda: self.manager.allocate_slots(
                 request,
@@ -329,11 +337,12 @@ class ManagerSide:
                 full_sequence_must_fit=op["full_sequence_must_fit"],
                 reserved_blocks=op["reserved_blocks"],
                 has_scheduled_reqs=op["has_scheduled_reqs"],
+                **connector,
             )
         )
         if not ok or out is None:
             return out
-        start = request.num_computed_tokens + hit
+        start = request.num_computed_tokens + hit + external
         self._forward(request, start, start + new_tokens)
         request.num_computed_tokens = start + new_tokens
         request.status = self.request_status.RUNNING
@@ -476,6 +485,21 @@ class ManagerSide:
             "finished": list(out.finished),
             "copies": [[int(s), int(d)] for s, d in out.copies],
         }
+
+    def _load_remote(self, op: Op) -> Any:
+        """The driver's connector offers the request's tokens (docs/spec.md §13.2)."""
+        request = self._known_request(op)
+        ok, out = self._call(
+            lambda: self.scheduler.start_load(request.request_id, op["num_external_tokens"]))
+        if not ok or out is None:
+            return out
+        return {"hit": out[0], "external": out[1]}
+
+    def _finish_load(self, op: Op) -> Any:
+        request = self._known_request(op)
+        ok, out = self._call(
+            lambda: self.scheduler.finish_load(request.request_id, op["num_loaded_tokens"]))
+        return out
 
     def _end_request(self, op: Op) -> Any:
         request = self._known_request(op)

@@ -681,3 +681,36 @@ def _retention_ignored(side: KvcacheSide) -> None:
     for single in _singles(side):
         if type(single).__name__ == "SlidingWindowManager":
             single.retention_interval = None
+
+
+@mutant("negative-external-accepted", "allocate_slots accepts a negative external-token count "
+        "and takes a negative number of blocks for it: the free count grows by them",
+        bug="docs/bugs.md #5", configs=("connector",))
+def _negative_external_accepted(side: KvcacheSide) -> None:
+    manager = side.manager
+    block_size = manager.coordinator.single_type_managers[0].block_size
+
+    def around(original, request, *args, num_external_computed_tokens=0, **kwargs):
+        if num_external_computed_tokens >= 0:
+            return original(request, *args,
+                            num_external_computed_tokens=num_external_computed_tokens, **kwargs)
+        result = original(request, *args, **kwargs)
+        if result is not None:
+            manager.block_pool.free_block_queue.num_free_blocks -= (
+                num_external_computed_tokens // block_size)
+        return result
+
+    _around(manager, "allocate_slots", around)
+
+
+@mutant("aborted-load-holds-blocks", "a request aborted while waiting for remote KV is never "
+        "freed when its load ends: it holds its blocks forever", bug="docs/bugs.md #22",
+        configs=("connector",))
+def _aborted_load_holds_blocks(side: KvcacheSide) -> None:
+    aborted = side.request_status.FINISHED_ABORTED
+
+    def around(original, request):
+        if request.status != aborted:  # only the driver's end of an aborted load frees these
+            original(request)
+
+    _around(side.manager, "free", around)

@@ -114,6 +114,12 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "(fixed in 0.33)",
         lambda api: _rekeys_state_tail(),
     ),
+    "kv_connector": (
+        "allocate_slots(num_external_computed_tokens=, delay_cache_blocks=) for KV connector "
+        "loads",
+        lambda api: {"num_external_computed_tokens", "delay_cache_blocks"}
+        <= set(_parameters(api["KVCacheManager"].allocate_slots)),
+    ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",
         lambda api: _importable("vllm.v1.token_buffer"),

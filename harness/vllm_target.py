@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.trace import Op
 from kvfuzz.harness.manager_side import ManagerSide
 from kvfuzz.harness.vllm_api import (
     FEATURES,
@@ -267,6 +268,9 @@ OP_FEATURES = {
     "prefix_cache_hit_limit": "request_hit_limit",
     "take_events": "kv_events",
     "evict_first": "free_evict_first",
+    "num_external_computed_tokens": "kv_connector",
+    "load_remote": "kv_connector",
+    "finish_load": "kv_connector",
 }
 
 
@@ -327,6 +331,19 @@ class VllmSide(ManagerSide):
                 self.tolerated[name].add(request.request_id)
                 return hit
         return answer
+
+    def _allocate_slots(self, op: Op) -> Any:
+        if op["num_external_computed_tokens"] or op["delay_cache_blocks"]:
+            self._require("num_external_computed_tokens")
+        return super()._allocate_slots(op)
+
+    def _load_remote(self, op: Op) -> Any:
+        self._require("load_remote")
+        return super()._load_remote(op)
+
+    def _finish_load(self, op: Op) -> Any:
+        self._require("finish_load")
+        return super()._finish_load(op)
 
     def snapshot(self) -> Snapshot:
         snapshot = super().snapshot()

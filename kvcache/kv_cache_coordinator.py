@@ -208,8 +208,10 @@ class KVCacheCoordinator(ABC):
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_local_computed_tokens: int,
         num_external_computed_tokens: int = 0,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> None:
-        """Adopt the hits of a request's first allocation in every group.
+        """Adopt the hits of a request's first allocation in every group, then take the blocks
+        of its external (KV connector) tokens.
 
         All touches finish before anything is popped, so no group's allocation can evict
         another group's hit blocks (vLLM #33775). A tracked request never adopts.
@@ -224,6 +226,12 @@ class KVCacheCoordinator(ABC):
                 num_local_computed_tokens,
                 num_external_computed_tokens,
             )
+        if num_external_computed_tokens > 0:
+            for i, manager in enumerate(self.single_type_managers):
+                manager.allocate_external_computed_blocks(
+                    request_id, num_local_computed_tokens, num_external_computed_tokens,
+                    i not in skip_zeroing_group_ids,
+                )
 
     def allocate_new_blocks(
         self,

@@ -54,6 +54,8 @@ class SingleTypeKVCacheManager:
     caches_partial_tail_block = False
     # Whether `get_num_skipped_tokens` can be positive: only then can blocks leave the window.
     recycles_blocks: ClassVar[bool] = False
+    takes_external_tokens: ClassVar[bool] = True
+    """Whether kvcache gives this kind blocks for KV connector tokens (docs/spec.md §13.1)."""
 
     def __init__(
         self,
@@ -165,6 +167,27 @@ class SingleTypeKVCacheManager:
             block_idx = num_local_computed_tokens // self.block_size
             self._partial_hit_reqs[request_id] = (block_idx, new_computed_blocks[-1])
             self.num_cached_block[request_id] = block_idx
+
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
+    ) -> None:
+        """Blocks for KV connector tokens after the adopted hits, up to the end of the prefix;
+        those wholly outside the window stay nulls (after every group adopted its hits)."""
+        num_prefix_tokens = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_tokens = self.get_num_skipped_tokens(num_prefix_tokens)
+        if num_skipped_tokens > 0:
+            num_external_computed_tokens = min(
+                num_prefix_tokens - num_skipped_tokens, num_external_computed_tokens
+            )
+        if num_external_computed_tokens <= 0:
+            return
+        req_blocks = self.req_to_blocks[request_id]
+        num_new_blocks = max(0, -(-num_prefix_tokens // self.block_size) - len(req_blocks))
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        if self._record_new_block_ids and record_for_zeroing:
+            self.new_block_ids.extend(block.block_id for block in new_blocks)
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
@@ -407,6 +430,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 class RSWAManager(FullAttentionManager):
     """Full attention whose decode keeps only the last `rswa_window` tokens: the blocks wholly
     between the prompt's last block and the window are released (docs/spec.md §12.2)."""
+    takes_external_tokens: ClassVar[bool] = False
 
     recycles_blocks: ClassVar[bool] = True
 
@@ -444,6 +468,7 @@ class RSWAManager(FullAttentionManager):
 class CircularBufferManager(FullAttentionManager):
     """One ring block per request, claimed at its first allocation and kept until it is freed;
     no hits, no caching, no zeroing (docs/spec.md §12.3)."""
+    takes_external_tokens: ClassVar[bool] = False
 
     def __init__(self, kv_cache_spec: CircularBufferSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
@@ -687,6 +712,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
     """Encoder KV: sized once by the encoder token count, never shared, never cached."""
+    takes_external_tokens: ClassVar[bool] = False
 
     def add_local_computed_blocks(
         self,
@@ -723,6 +749,7 @@ class MambaManager(SingleTypeKVCacheManager):
     (the rest are null), states are cached at block boundaries and at the prompt's last hash
     boundary, and sub-block hits are copied on write (docs/spec.md §11.3).
     """
+    takes_external_tokens: ClassVar[bool] = False
 
     supports_fine_grained_hash_lookup: ClassVar[bool] = True
     recycles_blocks: ClassVar[bool] = True

@@ -273,8 +273,10 @@ def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list
     kind = op["op"]
     if kind == "step":
         return None
-    if kind in ("free", "abort", "finish"):
+    if kind in ("free", "abort", "finish", "finish_load"):
         view = before.requests.get(op["request_id"])
+        if kind == "finish_load" and any(after.requests[op["request_id"]].tables):
+            return []  # the load landed: the request keeps its blocks
         return [list(reversed(t)) for t in view.tables if t] if view else []
     if kind == "release_copies":
         return [[b for pair in before.retained_copies for b in pair]]
@@ -422,6 +424,10 @@ def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext
         old, new = before.requests.get(rid), after.requests.get(rid)
         if old is None or new is None or new.status != "RUNNING":
             continue
+        if old.status != "RUNNING" and end - start == 1 and end == old.num_tokens and (
+            ctx.config.kv_connector
+        ):
+            continue  # a landed load covering the prompt recomputes its last token (§13.2)
         for g, group in enumerate(ctx.config.groups):
             t0, t1 = old.tables[g], new.tables[g]
             if group.kind == "cross" or not t0 or not t1:
@@ -591,13 +597,14 @@ def cached_prefix_bookkeeping(s: Snapshot, ctx: CheckContext) -> str | None:
 @invariant(
     "I16",
     "cleanup: a request that is not running has no table, num_cached_block or partial-hit "
-    "record in any group",
+    "record in any group, unless KV loaded for it: a load in flight, or a landed one it waits "
+    "with",
     covers=("bugs #22",),
 )
 def cleanup(s: Snapshot, ctx: CheckContext) -> str | None:
     untracked = (None,) * len(ctx.config.groups)
     for rid, view in s.requests.items():
-        if view.status == "RUNNING":
+        if view.status == "RUNNING" or _holds_loaded_kv(s, ctx, rid, view):
             continue
         if not view.tables == view.num_cached_blocks == view.partial_hit == untracked:
             return f"{rid} is {view.status} but the manager still tracks it: {view.tables}"
@@ -606,15 +613,20 @@ def cleanup(s: Snapshot, ctx: CheckContext) -> str | None:
 
 @invariant(
     "I17",
-    "status vs holdings: waiting and preempted requests have no computed tokens; a running "
-    "request's tables cover its computed tokens in every non-cross group",
+    "status vs holdings: waiting and preempted requests have no computed tokens unless KV "
+    "loaded for them; a running or KV-loading request's tables cover its computed tokens in "
+    "every non-cross group",
     covers=("bugs #4", "bugs #20"),
 )
 def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
     for rid, view in s.requests.items():
-        if view.status in ("WAITING", "PREEMPTED") and view.num_computed_tokens:
+        if view.status in ("WAITING", "PREEMPTED") and view.num_computed_tokens and (
+            not any(view.tables)
+        ):
             return f"{rid} is {view.status} with {view.num_computed_tokens} computed tokens"
-        if view.status != "RUNNING":
+        if view.status not in ("RUNNING", "WAITING_FOR_REMOTE_KVS") and not (
+            _holds_loaded_kv(s, ctx, rid, view) and view.num_computed_tokens
+        ):
             continue
         for g, group in enumerate(ctx.config.groups):
             needed = cdiv(view.num_computed_tokens, group.block_size)
@@ -623,6 +635,36 @@ def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
                     f"{rid} computed {view.num_computed_tokens} tokens but holds "
                     f"{len(view.tables[g] or ())} group-{g} blocks (needs {needed})"
                 )
+    return None
+
+
+def _holds_loaded_kv(s: Snapshot, ctx: CheckContext, rid: str, view: Any) -> bool:
+    """KV connector holdings (docs/spec.md §13.2): a load in flight (the request waiting for
+    it or aborted meanwhile), or, on a connector config, a landed load the request waits with
+    (its computed tokens may be 0: a one-token prompt recomputes its token)."""
+    return rid in s.loads or (ctx.config.kv_connector
+                              and view.status in ("WAITING", "PREEMPTED"))
+
+
+@invariant(
+    "C1",
+    "KV loads: a request waiting for remote KV has a load in flight; a request with a load in "
+    "flight is waiting for it or finished; a finished request whose load ended holds no block",
+    covers=("spec §13.2", "bugs #22"),
+)
+def kv_loads(s: Snapshot, ctx: CheckContext) -> str | None:
+    for rid, view in s.requests.items():
+        loading = rid in s.loads
+        if view.status == "WAITING_FOR_REMOTE_KVS" and not loading:
+            return f"{rid} waits for remote KV but no load is in flight for it"
+        if loading and view.status not in ("WAITING_FOR_REMOTE_KVS",) and not (
+            view.status.startswith("FINISHED")
+        ):
+            return f"{rid} is {view.status} while its KV load is in flight"
+        if view.status.startswith("FINISHED") and not loading and any(
+            t for t in view.tables if t
+        ):
+            return f"{rid} is {view.status}, its load ended, yet it holds {view.tables}"
     return None
 
 

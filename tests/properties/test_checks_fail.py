@@ -128,6 +128,8 @@ def _cases(execution, snaps):
         "I15": (s, _view(s, "r0", num_cached_blocks=(len(r0_table) + 1,)), _ctx(execution)),
         "I16": (s, _view(s, "r3", tables=((6,),)), _ctx(execution)),
         "I17": (s, _view(s, "r0", num_computed_tokens=40), _ctx(execution)),
+        # r3 (freed) aborted while loading, its load ended, yet it holds a block (vLLM #46283).
+        "C1": (s, _view(s, "r3", status="FINISHED_ABORTED", tables=((6,),)), _ctx(execution)),
         "I18": _window_left_live(),
         "S1": _state_block_dropped(),
         "EO1": _encoder_only_block_held(),
@@ -278,6 +280,17 @@ def test_check_passes_on_the_real_state(base, name):
     execution, snaps = base
     ctx = _ctx(execution, op=execution.trace.ops[-1], result=execution.results[-1])
     assert _call(REGISTRY.get(name), snaps[-2], snaps[-1], ctx) is None
+
+
+def test_c1_wants_a_load_in_flight_for_a_request_waiting_for_remote_kv(base):
+    """The other halves of C1: waiting for remote KV without a load, a load for a runner."""
+    execution, snaps = base
+    s = snaps[-1]
+    check = REGISTRY.get("C1")
+    assert check.fn(_view(s, "r1", status="WAITING_FOR_REMOTE_KVS"), _ctx(execution))
+    assert check.fn(_with(s, loads=("r0",)), _ctx(execution))
+    assert check.fn(_with(_view(s, "r3", status="FINISHED_ABORTED", tables=((6,),)),
+                          loads=("r3",)), _ctx(execution)) is None
 
 
 def test_i7_wants_a_freed_table_released_tail_first():

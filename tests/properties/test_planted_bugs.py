@@ -57,6 +57,8 @@ EXPECTED = {
     "retention-ignored": {"RT1"},
     "boundary-before-hit": {"I20"},
     "boundary-one-short": {"DIFF-probe"},
+    "negative-external-accepted": {"P1", "DIFF-result", "DIFF-probe", "DIFF-state"},
+    "aborted-load-holds-blocks": {"C1", "I16", "DIFF-state"},
 }
 
 
@@ -96,7 +98,9 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("P3", "touch-leaves-queued", "api"), ("P4", "predictor-off-by-one", "scheduler"),
      ("I7", "free-forward-order", "api"), ("S1", "state-released-early", "api"),
      ("S2", "state-hit-misplaced", "api"), ("S2", "state-hit-misplaced", "scheduler"),
-     ("S3", "cow-unretained", "api"), ("F1", "evict-first-ignored", "api")],
+     ("S3", "cow-unretained", "api"), ("F1", "evict-first-ignored", "api"),
+     ("C1", "aborted-load-holds-blocks", "scheduler"),
+     ("P1", "negative-external-accepted", "api")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""

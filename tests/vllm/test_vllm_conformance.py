@@ -249,6 +249,15 @@ MISUSE: dict[str, tuple[list[dict[str, Any]], str | None, Any, str]] = {
         _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1,
                "num_encoder_tokens": -1}],
         "DIFF-result", {"block_ids": [[1]]}, "002"),
+    "2 negative num_external_computed_tokens": (
+        _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1,
+               "num_external_computed_tokens": -3}],
+        "DIFF-result", {"block_ids": [[]]}, "015"),
+    "2 external tokens for a running request": (
+        _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 4},
+              {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1,
+               "num_external_computed_tokens": 4}],
+        "DIFF-result", {"block_ids": [[2, 3]]}, "015"),
     "3 running request adopts a lookup": (
         _B_RUNNING_WITH_HIT + [{"op": "allocate_slots", "request_id": "b", "num_new_tokens": 1,
                                 "use_lookup": True}],
@@ -392,3 +401,25 @@ def test_frontend_block_hashes_are_the_ones_the_request_computes():
             r.append_output_token_ids([5] * 8)
         assert request.block_hashes == plain.block_hashes, n
         plain = side.make_request(normalize_op(_add("a", prompt), "api"), 0.0)
+
+
+# ----- the KV connector ops on a vLLM without them -----
+
+@pytest.mark.parametrize("op", [
+    {"op": "load_remote", "request_id": "a", "num_external_tokens": 4},
+    {"op": "finish_load", "request_id": "a"},
+], ids=lambda op: op["op"])
+def test_a_connector_op_on_a_vllm_without_it_exits_2_naming_op_and_target(
+        monkeypatch, tmp_path, capsys, op):
+    import dataclasses
+
+    import kvfuzz.harness.vllm_api as vllm_api
+
+    api = load_vllm()
+    monkeypatch.setattr(vllm_api, "_API", dataclasses.replace(
+        api, features=api.features - {"kv_connector"}))
+    path = tmp_path / "t.json"
+    Trace(BUILTIN["connector"][1], "scheduler", [_add("a", PROMPT10), op]).save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert f"the trace uses {op['op']}" in err and f"vLLM {api.version} lacks it" in err
