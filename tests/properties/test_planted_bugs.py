@@ -24,7 +24,8 @@ EXPECTED = {
     "touch-leaves-queued": {"P1", "P3"},
     "free-forgets-decrement": {"P2"},
     "free-forward-order": {"I7", "DIFF-state"},
-    "hit-reaches-num-tokens": {"I12", "DIFF-result"},
+    "hit-reaches-num-tokens": {"I12"},
+    "lookup-ignores-bound": {"I12"},
     "salt-ignored": {"H1"},
     "weak-hash": {"H1"},
     "uncached-to-tail": {"I7", "DIFF-state"},
@@ -88,7 +89,8 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
     "check, plant, level",
     [("P1", "predictor-off-by-one", "api"), ("P2", "free-forgets-decrement", "api"),
      ("P3", "touch-leaves-queued", "api"), ("P4", "predictor-off-by-one", "scheduler"),
-     ("I7", "free-forward-order", "api"), ("S1", "state-released-early", "api")],
+     ("I7", "free-forward-order", "api"), ("S1", "state-released-early", "api"),
+     ("I12", "hit-reaches-num-tokens", "scheduler"), ("I12", "lookup-ignores-bound", "api")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""
