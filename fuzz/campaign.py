@@ -2,8 +2,8 @@
 
 The campaign is a stream of (level, config, seed) batches from `kvfuzz.fuzz.schedule.Schedule`,
 which shares the budget out so that every pair is reached first; after that, pairs whose
-behaviour coverage still grew in their latest batch weigh more (`weighting`), and so do the
-configs named by `--focus`. A backend runs each batch with a `BatchRunner` (in this process for
+behaviour coverage still grew in their latest batch weigh up to 20 % more (`weighting`), and
+the configs named by `--focus` three times as much. A backend runs each batch with a `BatchRunner` (in this process for
 `--workers 1`, in worker processes for `--workers K`, see `kvfuzz.fuzz.workers`); `Campaign`
 takes the results in batch order, so the same seed and options give the same examples and
 findings whatever the number of workers. An example is `kvfuzz.fuzz.generator.run_example` on
@@ -70,7 +70,8 @@ class CampaignOptions:
     levels: tuple[str, ...] = LEVELS
     steps: int = 40
     swarm: bool = True
-    """Swarm testing: each example leaves out a random subset of the optional rules and knobs."""
+    """Swarm testing: after a pair's first batch, each example may leave out a random subset
+    of the optional rules and knobs."""
     weighting: bool = True
     """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
     focus: tuple[str, ...] = ()
