@@ -47,7 +47,7 @@ EXPECTED = {
     "reset-not-announced": {"EV1"},
     "stored-parent-dropped": {"EV3"},
     "state-predictor-under-count": {"P1"},
-    "state-released-early": {"S1", "DIFF-result"},
+    "state-released-early": {"S1", "DIFF-result", "DIFF-state"},
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1", "P4"},
     "boundary-before-hit": {"I20"},
