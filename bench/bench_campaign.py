@@ -4,10 +4,11 @@ counterexample with and without swarm testing and weighting; everything measured
 Throughput, per built-in config and engine (both levels, model and every check on): the
 Hypothesis engine runs a seeded campaign and keeps the traces it generated; replaying those
 same traces with `run_trace` gives the executor's ops/s on exactly those ops; the ratio is
-campaign / replay (goal >= 0.5). The atheris engine runs as `kvfuzz run --engine atheris` does
-(a libFuzzer subprocess, kvcache instrumented), less the worker's start-up (Python imports and
-instrumentation, timed once with a 1-example run); its ratio is against the same replay
-figure, so it also pays for libFuzzer and the instrumentation.
+campaign / replay (goal >= 0.5), each the median of rounds that run one then the other. The
+atheris engine runs as `kvfuzz run --engine atheris` does (a libFuzzer subprocess, kvcache
+instrumented), less the worker's start-up (Python imports and instrumentation, timed with a
+1-example run of the same config just before); its ratio is against the same replay figure,
+so it also pays for libFuzzer and the instrumentation.
 
 Memory: the resident set size of this process, sampled after batches of a longer Hypothesis
 campaign over every config.
@@ -35,32 +36,37 @@ from kvfuzz.harness.executor import run_trace
 from kvfuzz.harness.mutants import MUTANTS, REQUIRED
 
 REPLAYS = 3
+ATHERIS_SCALE = 3
+"""The atheris run has this many times the examples, so that its ops outweigh the noise of the
+start-up subtracted."""
 PLANTS = (*REQUIRED, "lookup-ignores-bound", "watermark-ignored", "reset-while-held", "cow-unretained",
           "no-eviction-on-pop", "window-never-freed")
 
 
 def hypothesis_rate(config: str, examples: int) -> tuple[float, float]:
-    """(campaign ops/s, replay ops/s of the same traces, median of REPLAYS)."""
-    with tempfile.TemporaryDirectory() as corpus:
-        campaign = Campaign(CampaignOptions(seconds=None, examples=examples, seed=7,
-                                            configs=(config,), corpus=Path(corpus)))
-        traces: list = []
-        campaign.runner.on_execution = lambda execution: traces.append(execution.trace)
-        start = time.perf_counter()
-        stats = campaign.run()
-        rate = stats.operations / (time.perf_counter() - start)
-    return rate, replay_rate([t for t in traces if t.ops])
+    """(campaign ops/s, replay ops/s of the same traces): medians of REPLAYS rounds, each a
+    seeded campaign (the same examples every round) then a replay of its traces, so that both
+    sides of the ratio see the same load on a shared machine."""
+    rates, replays = [], []
+    for _ in range(REPLAYS):
+        with tempfile.TemporaryDirectory() as corpus:
+            campaign = Campaign(CampaignOptions(seconds=None, examples=examples, seed=7,
+                                                configs=(config,), corpus=Path(corpus)))
+            traces: list = []
+            campaign.runner.on_execution = lambda execution: traces.append(execution.trace)
+            start = time.perf_counter()
+            stats = campaign.run()
+            rates.append(stats.operations / (time.perf_counter() - start))
+        replays.append(replay_rate([t for t in traces if t.ops]))
+    return statistics.median(rates), statistics.median(replays)
 
 
 def replay_rate(traces: list) -> float:
     ops = sum(len(t.ops) for t in traces)
-    rates = []
-    for _ in range(REPLAYS):
-        start = time.perf_counter()
-        for trace in traces:
-            assert run_trace(trace, ["kvcache"]).passed
-        rates.append(ops / (time.perf_counter() - start))
-    return statistics.median(rates)
+    start = time.perf_counter()
+    for trace in traces:
+        assert run_trace(trace, ["kvcache"]).passed
+    return ops / (time.perf_counter() - start)
 
 
 def atheris_run(config: str, examples: int) -> tuple[int, float]:
@@ -78,20 +84,22 @@ def throughput(examples: int) -> None:
     try:
         import atheris  # noqa: F401
     except ImportError:
-        startup = None
+        has_atheris = False
     else:
-        startup = atheris_run("full", 1)[1]
+        has_atheris = True
     print(f"throughput, {examples} examples per config and engine, model + every check on; "
-          f"replay: median of {REPLAYS} replays of the Hypothesis campaign's traces; atheris: "
-          f"its worker's start-up ({startup or 0:.1f} s, a 1-example run) left out")
+          f"Hypothesis campaign and replay of its traces: medians of {REPLAYS} rounds of both, "
+          f"interleaved; atheris: {ATHERIS_SCALE} times the examples, less its worker's start-up "
+          "(a 1-example run of the same config just before)")
     print(f"{'config':18} {'replay ops/s':>12} {'hypothesis':>11} {'ratio':>6} "
           f"{'atheris':>8} {'ratio':>6}")
     hypothesis_rate("full", 5)  # warm-up: imports, first-use caches
     for name in BUILTIN:
         rate, replay = hypothesis_rate(name, examples)
         ath_text = "       -      -"
-        if startup is not None:
-            ops, seconds = atheris_run(name, examples)
+        if has_atheris:
+            startup = atheris_run(name, 1)[1]
+            ops, seconds = atheris_run(name, examples * ATHERIS_SCALE)
             ath = ops / max(seconds - startup, 1e-9)
             ath_text = f"{ath:8.0f} {ath / replay:6.2f}"
         print(f"{name:18} {replay:12.0f} {rate:11.0f} {rate / replay:6.2f} {ath_text}",
