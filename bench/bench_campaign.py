@@ -130,46 +130,50 @@ def memory(seconds: float) -> None:
         print(f"growth over the second half: {(m2 - m1) / max(t2 - t1, 1e-9) * 60:.2f} MB/min")
 
 
-def hunt(name: str, seed: int, budget: float, tuned: bool,
-         every_config: bool) -> tuple[float, int] | None:
-    """(seconds, ops) to the first counterexample, or None."""
+def hunt(name: str, seed: int, budget: int, tuned: bool,
+         every_config: bool) -> tuple[float, int, bool]:
+    """(seconds, ops, found) until the first counterexample, or until `budget` examples ran
+    (an examples budget, so that the ops do not depend on the machine's load)."""
     mutant = MUTANTS[name]
     configs = CampaignOptions().configs if every_config else mutant.configs
     with tempfile.TemporaryDirectory() as corpus:
         options = CampaignOptions(
-            target=f"bug:{name}", seconds=budget, seed=seed, corpus=Path(corpus),
-            configs=configs or CampaignOptions().configs, max_findings=1,
+            target=f"bug:{name}", seconds=None, examples=budget, seed=seed,
+            corpus=Path(corpus), configs=configs or CampaignOptions().configs, max_findings=1,
             data="cpu" if mutant.needs_data else None, swarm=tuned, weighting=tuned,
             shrink_seconds=0.1,
         )
         stats = Campaign(options).run()
-    return (stats.findings[0].found_after_s, stats.operations) if stats.findings else None
+    if stats.findings:
+        return stats.findings[0].found_after_s, stats.operations, True
+    return stats.elapsed, stats.operations, False
 
 
-def time_to_counterexample(seeds: int, budget: float, every_config: bool) -> None:
+def time_to_counterexample(seeds: int, budget: int, every_config: bool) -> None:
     where = "every built-in config" if every_config else "the configs where the bug can show"
-    print(f"\nto the first counterexample on {where}, {seeds} seeds, budget {budget:g} s (not "
-          "found: the budget); before (swarm and weighting off) and after run interleaved, seed "
-          "by seed; ops: ops run until the campaign stopped at it (deterministic, so the ratio is "
-          "taken on them)")
+    print(f"\nto the first counterexample on {where}, {seeds} seeds, at most {budget} examples "
+          "(not found: counted as the budget, shown under found); before (swarm and weighting "
+          "off) and after run interleaved, seed by seed; ops: ops run until the campaign stopped "
+          "at it (deterministic, so the ratio is taken on them)")
     print(f"{'planted bug':22} {'before median s':>15} {'max s':>6} {'ops':>6} {'max ops':>7} "
-          f"{'after median s':>14} {'max s':>6} {'ops':>6} {'max ops':>7} {'after/before ops':>16}")
+          f"{'after median s':>14} {'max s':>6} {'ops':>6} {'max ops':>7} {'after/before ops':>16}"
+          f" {'found':>7}")
     medians: dict[bool, list[float]] = {False: [], True: []}
     for name in PLANTS:
-        runs: dict[bool, list[tuple[float, int] | None]] = {False: [], True: []}
+        runs: dict[bool, list[tuple[float, int, bool]]] = {False: [], True: []}
         for seed in range(seeds):
             for tuned in (False, True):
                 runs[tuned].append(hunt(name, seed, budget, tuned, every_config))
         row: list[float] = []
         for tuned in (False, True):
-            times = [budget if r is None else r[0] for r in runs[tuned]]
-            ops = [r[1] for r in runs[tuned] if r is not None]
-            row += [statistics.median(times), max(times),
-                    statistics.median(ops) if ops else float("nan"), max(ops, default=float("nan"))]
+            times = [r[0] for r in runs[tuned]]
+            ops = [r[1] for r in runs[tuned]]
+            row += [statistics.median(times), max(times), statistics.median(ops), max(ops)]
             medians[tuned].append(row[-2])
+        found = "/".join(str(sum(r[2] for r in runs[t])) for t in (False, True))
         print(f"{name:22} {row[0]:15.2f} {row[1]:6.2f} {row[2]:6.0f} {row[3]:7.0f} "
               f"{row[4]:14.2f} {row[5]:6.2f} {row[6]:6.0f} {row[7]:7.0f} "
-              f"{row[6] / max(row[2], 1):16.2f}", flush=True)
+              f"{row[6] / max(row[2], 1):16.2f} {found:>7}", flush=True)
     before, after = (statistics.median(medians[t]) for t in (False, True))
     print(f"{'median over the plants':22} {'':22} {before:6.0f} {'':30} {after:6.0f} {'':7} "
           f"{after / max(before, 1):16.2f}")
@@ -180,7 +184,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=60, help="per config and engine")
     parser.add_argument("--rss-seconds", type=float, default=60.0)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--budget", type=float, default=20.0, help="seconds per hunt")
+    parser.add_argument("--budget", type=int, default=3000, help="examples per hunt")
     parser.add_argument("--every-config", action="store_true",
                         help="hunt each bug over every built-in config (default: its own)")
     parser.add_argument("--only", choices=("throughput", "memory", "ttc"))
