@@ -237,6 +237,13 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_in_flight_tokens=16, prefix_cache_retention_interval=0),
         ),
         (
+            "Tier B: EAGLE on a hybrid model with sub-block hits, full attention (bs 16) + two "
+            "sliding windows (bs 4, windows 8 and 12): the fixed point's rounds with EAGLE drops, "
+            "EAGLE with partial tails, 16-token blocks at a 4-token alignment",
+            Config(40, (_full(16), _swa(4, 8), _swa(4, 12)), name="eagle_hybrid",
+                   max_model_len=64, use_eagle=True, partial_hits=True),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),

@@ -163,8 +163,29 @@ def _free_forward_order(side: KvcacheSide) -> None:
 @mutant("hit-reaches-num-tokens", "the prefix hit may cover the whole prompt (no token left to "
         "compute)", bug="docs/spec.md §10.15")
 def _hit_reaches_num_tokens(side: KvcacheSide) -> None:
+    # The ceiling lives in Request.get_max_cache_hit_length (num_tokens - 1, lowered by the hit
+    # limit and the bound): during a lookup, and the probe that predicts it, it starts from
+    # num_tokens instead.
+    def around(original, request, *bound):
+        def whole_prompt(bound=None):
+            caps = (request.num_tokens, request.prefix_cache_hit_limit, bound)
+            return min(c for c in caps if c is not None)
+
+        request.get_max_cache_hit_length = whole_prompt
+        try:
+            return original(request, *bound)
+        finally:
+            del request.get_max_cache_hit_length
+
+    _around(side.manager, "get_computed_blocks", around)
+    _around(side.manager, "get_num_cached_tokens", around)
+
+
+@mutant("lookup-ignores-bound", "get_computed_blocks ignores its max_cache_hit_length bound",
+        bug="docs/spec.md §6.3 step 2 / I12")
+def _lookup_ignores_bound(side: KvcacheSide) -> None:
     def around(original, request, max_cache_hit_length=None):
-        return original(request, request.num_tokens)
+        return original(request)
 
     _around(side.manager, "get_computed_blocks", around)
 

@@ -446,9 +446,11 @@ def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext
 
 @transition(
     "I12",
-    "hit bounds: 0 <= hit <= num_tokens-1, aligned, within the hashed tokens (but chunked "
-    "local's null prefix), cdiv(hit, bs_g) blocks per group, no nulls in full-attention lists, "
-    "skipped(hit)//bs leading nulls in sliding-window lists",
+    "hit bounds: 0 <= hit <= the ceiling (num_tokens-1, lowered by the request's hit limit and "
+    "the lookup's bound; the get_num_cached_tokens probe's answer too, up to num_tokens-1), "
+    "aligned, within the hashed tokens "
+    "(but chunked local's null prefix), cdiv(hit, bs_g) blocks per group, no nulls in "
+    "full-attention lists, skipped(hit)//bs leading nulls in sliding-window lists",
     covers=("bugs #14", "bugs #15", "#46453"),
 )
 def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
@@ -457,19 +459,27 @@ def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | No
         for rid, _, hit in result["scheduled"]:
             view = before.requests.get(rid)
             if hit and view is not None:
-                problem = _hit_length_problem(config, hit, view.num_tokens)
+                problem = _hit_length_problem(config, hit, _ceiling(ctx, rid, view.num_tokens))
                 if problem:
                     return f"{rid}: {problem}"
         return None
-    if op["op"] != "get_computed_blocks" or not isinstance(result, dict) or "error" in result:
+    if op["op"] not in ("get_computed_blocks", "get_num_cached_tokens") or not isinstance(
+            result, dict) or "error" in result:
         return None
-    rid, hit = op["request_id"], result["num_computed_tokens"]
-    view = after.requests[rid]
-    problem = _hit_length_problem(config, hit, view.num_tokens) if hit else None
+    rid = op["request_id"]
+    probe = op["op"] == "get_num_cached_tokens"
+    hit = result["num_cached_tokens" if probe else "num_computed_tokens"]
+    num_tokens = after.requests[rid].num_tokens
+    # The probe's answer against the hit limit is P5's (it must equal the lookup's hit).
+    ceiling = ((num_tokens, num_tokens - 1) if probe
+               else _ceiling(ctx, rid, num_tokens, op.get("max_cache_hit_length")))
+    problem = _hit_length_problem(config, hit, ceiling) if hit else None
     if problem:
-        return f"{rid}: {problem}"
+        return f"{rid}: {problem}" + (" (get_num_cached_tokens)" if probe else "")
     if hit and ctx.requests[rid].skip_reading_prefix_cache:
         return f"{rid} skips reading the prefix cache but hit {hit} tokens"
+    if probe:
+        return None
     for g, (group, ids) in enumerate(zip(config.groups, result["block_ids"])):
         if group.kind == "circular_buffer":
             if ids:
@@ -508,9 +518,19 @@ def prefix_boundary(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str
     return None
 
 
-def _hit_length_problem(config: Config, hit: int, num_tokens: int) -> str | None:
-    if not 0 <= hit <= num_tokens - 1:
-        return f"hit {hit} outside 0..{num_tokens - 1}"
+def _ceiling(ctx: CheckContext, rid: str, num_tokens: int, bound: int | None = None
+             ) -> tuple[int, int]:
+    """(num_tokens, the longest hit allowed): num_tokens - 1, lowered by the request's hit
+    limit and the lookup's bound (docs/spec.md §6.3 step 2)."""
+    meta = ctx.requests.get(rid)
+    limit = meta.prefix_cache_hit_limit if meta is not None else None
+    return num_tokens, min(c for c in (num_tokens - 1, limit, bound) if c is not None)
+
+
+def _hit_length_problem(config: Config, hit: int, ceiling: tuple[int, int]) -> str | None:
+    num_tokens, most = ceiling
+    if not 0 <= hit <= most:
+        return f"hit {hit} outside 0..{most}"
     if hit % config.alignment_tokens:
         return f"hit {hit} is not a multiple of the alignment {config.alignment_tokens}"
     hashed = (num_tokens // config.resolved_hash_block_size) * config.resolved_hash_block_size
