@@ -14,8 +14,9 @@ from kvfuzz.core.extra_keys import prefix_identity
 from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
-# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring).
-_FIXED_KINDS = ("cross", "circular_buffer")
+# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring) or never
+# (encoder-only attention).
+_FIXED_KINDS = ("cross", "circular_buffer", "encoder_only")
 # Kinds whose tables release blocks no future token reads (nulls left in place).
 _WINDOW_KINDS = ("sliding_window", "chunked_local", "mamba", "rswa")
 
@@ -272,8 +273,10 @@ def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list
     kind = op["op"]
     if kind == "step":
         return None
-    if kind in ("free", "abort", "finish"):
+    if kind in ("free", "abort", "finish", "finish_load"):
         view = before.requests.get(op["request_id"])
+        if kind == "finish_load" and any(after.requests[op["request_id"]].tables):
+            return []  # the load landed: the request keeps its blocks
         return [list(reversed(t)) for t in view.tables if t] if view else []
     if kind == "release_copies":
         return [[b for pair in before.retained_copies for b in pair]]
@@ -421,6 +424,10 @@ def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext
         old, new = before.requests.get(rid), after.requests.get(rid)
         if old is None or new is None or new.status != "RUNNING":
             continue
+        if old.status != "RUNNING" and end - start == 1 and end == old.num_tokens and (
+            ctx.config.kv_connector
+        ):
+            continue  # a landed load covering the prompt recomputes its last token (§13.2)
         for g, group in enumerate(ctx.config.groups):
             t0, t1 = old.tables[g], new.tables[g]
             if group.kind == "cross" or not t0 or not t1:
@@ -439,9 +446,11 @@ def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext
 
 @transition(
     "I12",
-    "hit bounds: 0 <= hit <= num_tokens-1, aligned, within the hashed tokens (but chunked "
-    "local's null prefix), cdiv(hit, bs_g) blocks per group, no nulls in full-attention lists, "
-    "skipped(hit)//bs leading nulls in sliding-window lists",
+    "hit bounds: 0 <= hit <= the ceiling (num_tokens-1, lowered by the request's hit limit and "
+    "the lookup's bound; the get_num_cached_tokens probe's answer too, up to num_tokens-1), "
+    "aligned, within the hashed tokens "
+    "(but chunked local's null prefix), cdiv(hit, bs_g) blocks per group, no nulls in "
+    "full-attention lists, skipped(hit)//bs leading nulls in sliding-window lists",
     covers=("bugs #14", "bugs #15", "#46453"),
 )
 def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
@@ -450,19 +459,27 @@ def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | No
         for rid, _, hit in result["scheduled"]:
             view = before.requests.get(rid)
             if hit and view is not None:
-                problem = _hit_length_problem(config, hit, view.num_tokens)
+                problem = _hit_length_problem(config, hit, _ceiling(ctx, rid, view.num_tokens))
                 if problem:
                     return f"{rid}: {problem}"
         return None
-    if op["op"] != "get_computed_blocks" or not isinstance(result, dict) or "error" in result:
+    if op["op"] not in ("get_computed_blocks", "get_num_cached_tokens") or not isinstance(
+            result, dict) or "error" in result:
         return None
-    rid, hit = op["request_id"], result["num_computed_tokens"]
-    view = after.requests[rid]
-    problem = _hit_length_problem(config, hit, view.num_tokens) if hit else None
+    rid = op["request_id"]
+    probe = op["op"] == "get_num_cached_tokens"
+    hit = result["num_cached_tokens" if probe else "num_computed_tokens"]
+    num_tokens = after.requests[rid].num_tokens
+    # The probe's answer against the hit limit is P5's (it must equal the lookup's hit).
+    ceiling = ((num_tokens, num_tokens - 1) if probe
+               else _ceiling(ctx, rid, num_tokens, op.get("max_cache_hit_length")))
+    problem = _hit_length_problem(config, hit, ceiling) if hit else None
     if problem:
-        return f"{rid}: {problem}"
+        return f"{rid}: {problem}" + (" (get_num_cached_tokens)" if probe else "")
     if hit and ctx.requests[rid].skip_reading_prefix_cache:
         return f"{rid} skips reading the prefix cache but hit {hit} tokens"
+    if probe:
+        return None
     for g, (group, ids) in enumerate(zip(config.groups, result["block_ids"])):
         if group.kind == "circular_buffer":
             if ids:
@@ -501,9 +518,19 @@ def prefix_boundary(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str
     return None
 
 
-def _hit_length_problem(config: Config, hit: int, num_tokens: int) -> str | None:
-    if not 0 <= hit <= num_tokens - 1:
-        return f"hit {hit} outside 0..{num_tokens - 1}"
+def _ceiling(ctx: CheckContext, rid: str, num_tokens: int, bound: int | None = None
+             ) -> tuple[int, int]:
+    """(num_tokens, the longest hit allowed): num_tokens - 1, lowered by the request's hit
+    limit and the lookup's bound (docs/spec.md §6.3 step 2)."""
+    meta = ctx.requests.get(rid)
+    limit = meta.prefix_cache_hit_limit if meta is not None else None
+    return num_tokens, min(c for c in (num_tokens - 1, limit, bound) if c is not None)
+
+
+def _hit_length_problem(config: Config, hit: int, ceiling: tuple[int, int]) -> str | None:
+    num_tokens, most = ceiling
+    if not 0 <= hit <= most:
+        return f"hit {hit} outside 0..{most}"
     if hit % config.alignment_tokens:
         return f"hit {hit} is not a multiple of the alignment {config.alignment_tokens}"
     hashed = (num_tokens // config.resolved_hash_block_size) * config.resolved_hash_block_size
@@ -590,13 +617,14 @@ def cached_prefix_bookkeeping(s: Snapshot, ctx: CheckContext) -> str | None:
 @invariant(
     "I16",
     "cleanup: a request that is not running has no table, num_cached_block or partial-hit "
-    "record in any group",
+    "record in any group, unless KV loaded for it: a load in flight, or a landed one it waits "
+    "with",
     covers=("bugs #22",),
 )
 def cleanup(s: Snapshot, ctx: CheckContext) -> str | None:
     untracked = (None,) * len(ctx.config.groups)
     for rid, view in s.requests.items():
-        if view.status == "RUNNING":
+        if view.status == "RUNNING" or _holds_loaded_kv(s, ctx, rid, view):
             continue
         if not view.tables == view.num_cached_blocks == view.partial_hit == untracked:
             return f"{rid} is {view.status} but the manager still tracks it: {view.tables}"
@@ -605,15 +633,20 @@ def cleanup(s: Snapshot, ctx: CheckContext) -> str | None:
 
 @invariant(
     "I17",
-    "status vs holdings: waiting and preempted requests have no computed tokens; a running "
-    "request's tables cover its computed tokens in every non-cross group",
+    "status vs holdings: waiting and preempted requests have no computed tokens unless KV "
+    "loaded for them; a running or KV-loading request's tables cover its computed tokens in "
+    "every non-cross group",
     covers=("bugs #4", "bugs #20"),
 )
 def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
     for rid, view in s.requests.items():
-        if view.status in ("WAITING", "PREEMPTED") and view.num_computed_tokens:
+        if view.status in ("WAITING", "PREEMPTED") and view.num_computed_tokens and (
+            not any(view.tables)
+        ):
             return f"{rid} is {view.status} with {view.num_computed_tokens} computed tokens"
-        if view.status != "RUNNING":
+        if view.status not in ("RUNNING", "WAITING_FOR_REMOTE_KVS") and not (
+            _holds_loaded_kv(s, ctx, rid, view) and view.num_computed_tokens
+        ):
             continue
         for g, group in enumerate(ctx.config.groups):
             needed = cdiv(view.num_computed_tokens, group.block_size)
@@ -622,6 +655,36 @@ def status_vs_holdings(s: Snapshot, ctx: CheckContext) -> str | None:
                     f"{rid} computed {view.num_computed_tokens} tokens but holds "
                     f"{len(view.tables[g] or ())} group-{g} blocks (needs {needed})"
                 )
+    return None
+
+
+def _holds_loaded_kv(s: Snapshot, ctx: CheckContext, rid: str, view: Any) -> bool:
+    """KV connector holdings (docs/spec.md §13.2): a load in flight (the request waiting for
+    it or aborted meanwhile), or, on a connector config, a landed load the request waits with
+    (its computed tokens may be 0: a one-token prompt recomputes its token)."""
+    return rid in s.loads or (ctx.config.kv_connector
+                              and view.status in ("WAITING", "PREEMPTED"))
+
+
+@invariant(
+    "C1",
+    "KV loads: a request waiting for remote KV has a load in flight; a request with a load in "
+    "flight is waiting for it or finished; a finished request whose load ended holds no block",
+    covers=("spec §13.2", "bugs #22"),
+)
+def kv_loads(s: Snapshot, ctx: CheckContext) -> str | None:
+    for rid, view in s.requests.items():
+        loading = rid in s.loads
+        if view.status == "WAITING_FOR_REMOTE_KVS" and not loading:
+            return f"{rid} waits for remote KV but no load is in flight for it"
+        if loading and view.status not in ("WAITING_FOR_REMOTE_KVS",) and not (
+            view.status.startswith("FINISHED")
+        ):
+            return f"{rid} is {view.status} while its KV load is in flight"
+        if view.status.startswith("FINISHED") and not loading and any(
+            t for t in view.tables if t
+        ):
+            return f"{rid} is {view.status}, its load ended, yet it holds {view.tables}"
     return None
 
 
@@ -649,6 +712,22 @@ def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
                     f"{rid} group {g}: {len(table)} state blocks, needs {needed} "
                     f"({group.num_speculative_blocks} speculative)"
                 )
+    return None
+
+
+@invariant(
+    "EO1",
+    "encoder-only groups take no KV cache: no request's table in such a group holds a block",
+    covers=("spec §12.4",),
+)
+def encoder_only_holds_nothing(s: Snapshot, ctx: CheckContext) -> str | None:
+    groups = [g for g, group in enumerate(ctx.config.groups) if group.kind == "encoder_only"]
+    if not groups:
+        return None
+    for rid, view in s.requests.items():
+        for g in groups:
+            if view.tables[g]:
+                return f"{rid} group {g} is encoder-only but holds blocks {list(view.tables[g])}"
     return None
 
 

@@ -12,6 +12,7 @@ Run with the venv of ci/install-vllm.sh:  "$py" -m pytest -m vllm tests/vllm -q
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,40 @@ def test_scheduler_level_drives_vllm_through_the_kvcache_driver():
     assert any(out["preempted"] for out in outcomes)
     assert any(hit for out in outcomes for _, _, hit in out["scheduled"])
     assert any(out["finished"] for out in outcomes)
+
+
+@pytest.mark.parametrize("name, vllm_groups", [("bert", 0), ("colqwen3_5", 3)])
+def test_encoder_only_layers_form_no_vllm_group(name, vllm_groups):
+    """vLLM builds no group for encoder-only layers (docs/spec.md §12.4); its tables are spread
+    over the config's groups, the encoder-only one empty while the request runs."""
+    ex = Execution(BUILTIN[name][1], "scheduler", THREE_WAY)
+    vllm_side = ex.targets[1].side
+    assert len(vllm_side.manager.coordinator.single_type_managers) == vllm_groups
+    ex.apply(_add("r", list(range(12)), max_tokens=2))
+    ex.apply({"op": "step", "sample": 1})
+    tables = [t.snapshot.requests["r"].tables for t in ex.targets]
+    assert tables[0] == tables[1] and tables[0][0] == ()
+    assert len(tables[0]) == vllm_groups + 1
+
+
+@pytest.mark.parametrize("name, retention", [("gemma3_retention", 6),
+                                             ("gemma3_retention", -4), ("full", 8)])
+def test_vllm_refuses_retention_as_the_config_does(name, retention):
+    """vLLM's own coordinator refuses the retention intervals the config loader refuses, with
+    the same message (docs/spec.md §4.9.2)."""
+    from kvfuzz.core.errors import ConfigError
+    from kvfuzz.harness import vllm_target
+
+    good = BUILTIN[name][1]
+    with pytest.raises(ConfigError) as ours:
+        Config.from_dict({**good.to_dict(), "prefix_cache_retention_interval": retention})
+    unchecked = object.__new__(Config)  # past our validation, to reach vLLM's
+    for field in dataclasses.fields(Config):
+        object.__setattr__(unchecked, field.name, getattr(good, field.name))
+    object.__setattr__(unchecked, "prefix_cache_retention_interval", retention)
+    with pytest.raises(ValueError) as theirs:
+        vllm_target.build_vllm_manager(unchecked)
+    assert str(theirs.value) == str(ours.value)
 
 
 # ----- the state machines over every built-in config and level, three-way -----
@@ -214,6 +249,15 @@ MISUSE: dict[str, tuple[list[dict[str, Any]], str | None, Any, str]] = {
         _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1,
                "num_encoder_tokens": -1}],
         "DIFF-result", {"block_ids": [[1]]}, "002"),
+    "2 negative num_external_computed_tokens": (
+        _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1,
+               "num_external_computed_tokens": -3}],
+        "DIFF-result", {"block_ids": [[]]}, "015"),
+    "2 external tokens for a running request": (
+        _A + [{"op": "allocate_slots", "request_id": "a", "num_new_tokens": 4},
+              {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1,
+               "num_external_computed_tokens": 4}],
+        "DIFF-result", {"block_ids": [[2, 3]]}, "015"),
     "3 running request adopts a lookup": (
         _B_RUNNING_WITH_HIT + [{"op": "allocate_slots", "request_id": "b", "num_new_tokens": 1,
                                 "use_lookup": True}],
@@ -357,3 +401,25 @@ def test_frontend_block_hashes_are_the_ones_the_request_computes():
             r.append_output_token_ids([5] * 8)
         assert request.block_hashes == plain.block_hashes, n
         plain = side.make_request(normalize_op(_add("a", prompt), "api"), 0.0)
+
+
+# ----- the KV connector ops on a vLLM without them -----
+
+@pytest.mark.parametrize("op", [
+    {"op": "load_remote", "request_id": "a", "num_external_tokens": 4},
+    {"op": "finish_load", "request_id": "a"},
+], ids=lambda op: op["op"])
+def test_a_connector_op_on_a_vllm_without_it_exits_2_naming_op_and_target(
+        monkeypatch, tmp_path, capsys, op):
+    import dataclasses
+
+    import kvfuzz.harness.vllm_api as vllm_api
+
+    api = load_vllm()
+    monkeypatch.setattr(vllm_api, "_API", dataclasses.replace(
+        api, features=api.features - {"kv_connector"}))
+    path = tmp_path / "t.json"
+    Trace(BUILTIN["connector"][1], "scheduler", [_add("a", PROMPT10), op]).save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert f"the trace uses {op['op']}" in err and f"vLLM {api.version} lacks it" in err
