@@ -144,6 +144,10 @@ class SchedulerConfig:
         _positive_int("scheduler.vocab_size", self.vocab_size)
 
 
+# Kinds whose KV a connector may load (docs/spec.md §13.1).
+_CONNECTOR_KINDS = ("full", "mla", "sink_full", "sliding_window", "chunked_local")
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything a target needs to build its manager (and the driver) for a trace."""
@@ -168,6 +172,8 @@ class Config:
     prefix_cache_retention_interval: int | None = None
     """Sparse prefix-cache retention of sliding-window groups (docs/spec.md §4.9.2): None
     dense, 0 only replay boundaries, R a segment end every R tokens and replay boundaries."""
+    kv_connector: bool = False
+    """Generators load some requests' KV from a simulated connector (docs/spec.md §13)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -252,7 +258,7 @@ class Config:
                 raise ConfigError(f"groups[{i}] must be a group object, got {group!r}")
             group.validate(f"groups[{i}]")
         for flag in ("enable_caching", "use_eagle", "partial_hits", "extra_keys", "kv_events",
-                     "deferred_frees"):
+                     "deferred_frees", "kv_connector"):
             _bool(flag, getattr(self, flag))
         if self.hash_block_size is not None:
             _positive_int("hash_block_size", self.hash_block_size)
@@ -326,6 +332,14 @@ class Config:
                 "yet (docs/spec.md §11.5)"
             )
         self._validate_retention(kinds)
+        if self.kv_connector:
+            for i, g in enumerate(self.groups):
+                if g.kind not in _CONNECTOR_KINDS:
+                    raise ConfigError(
+                        f"kv_connector with groups[{i}] ({g.kind}): KV connector tokens are "
+                        f"modelled on {', '.join(_CONNECTOR_KINDS)} groups only "
+                        "(docs/spec.md §13.1)"
+                    )
         if self.use_eagle and "chunked_local" in kinds:
             raise ConfigError("use_eagle is not supported with a chunked_local group")
         if self.enable_caching and self.is_hybrid:

@@ -115,6 +115,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(12, (_full(),), name="events", max_model_len=64, kv_events=True),
         ),
         (
+            "KV connector: requests load remote KV (external tokens, uncached until the load "
+            "lands); full (bs 4) + sliding window (bs 4, window 8)",
+            Config(20, (_full(), _swa(4, 8)), name="connector", max_model_len=64,
+                   kv_connector=True),
+        ),
+        (
             "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",
             Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True),
         ),
@@ -170,6 +176,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    name="swa_mamba_align", max_model_len=64),
         ),
         (
+            "full (bs 8) + sliding window (bs 2, window 4) + Mamba align (bs 8), hash blocks of "
+            "2: sub-block hits stay on, and three spec groups make the fixed point run rounds",
+            Config(56, (_full(8), _swa(2, 4), GroupConfig("mamba", 8, mamba_cache_mode="align")),
+                   name="swa_mamba_align_fine", max_model_len=64),
+        ),
+        (
             "MLA (DeepSeek-V2/V3-shaped): latent attention, managed as full attention",
             Config(16, (GroupConfig("mla", 4),), name="mla", max_model_len=64),
         ),
@@ -223,6 +235,13 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "each prompt's replay boundary",
             Config(16, (_swa(4, 5),), name="swa_replay_only", max_model_len=64,
                    max_in_flight_tokens=16, prefix_cache_retention_interval=0),
+        ),
+        (
+            "Tier B: EAGLE on a hybrid model with sub-block hits, full attention (bs 16) + two "
+            "sliding windows (bs 4, windows 8 and 12): the fixed point's rounds with EAGLE drops, "
+            "EAGLE with partial tails, 16-token blocks at a 4-token alignment",
+            Config(40, (_full(16), _swa(4, 8), _swa(4, 12)), name="eagle_hybrid",
+                   max_model_len=64, use_eagle=True, partial_hits=True),
         ),
         (
             "priority scheduling, no chunked prefill",

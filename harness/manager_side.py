@@ -74,6 +74,8 @@ class ManagerSide:
             "take_events": self._take_events,
             "free_deferred": self._free_deferred,
             "release_deferred": self._release_deferred,
+            "load_remote": self._load_remote,
+            "finish_load": self._finish_load,
         }
         self._event_replay = EventReplay()
         self._op_events: list[KvEvent] = []
@@ -143,6 +145,8 @@ class ManagerSide:
         )
         if self._groups_missing:
             snapshot = self._spread_snapshot(snapshot)
+        if scheduler is not None and scheduler.loads:
+            snapshot = dataclasses.replace(snapshot, loads=scheduler.loads, _derived={})
         if not self.deferred_blocks:
             return snapshot
         deferred = tuple(tuple(b.block_id for b in run) for runs in self.deferred_blocks
@@ -260,6 +264,9 @@ class ManagerSide:
         """Whether this target implements an optional op or field (every one, by default)."""
         return True
 
+    def require(self, name: str) -> None:
+        """A usage error (exit 2) naming `name` and the target unless it `offers` it."""
+
     def lookup(self, request: Any, bound: int | None) -> Any:
         """The manager's get_computed_blocks (a target may pass the bound its own way)."""
         if bound is None:
@@ -309,12 +316,16 @@ class ManagerSide:
                     "or add_request ops between)"
                 )
             blocks, hit = live[request.request_id]
-        new_tokens = op["num_new_tokens"]
-        if request.num_computed_tokens + hit + new_tokens > request.num_tokens:
+        new_tokens, external = op["num_new_tokens"], op["num_external_computed_tokens"]
+        if request.num_computed_tokens + hit + max(external, 0) + new_tokens > request.num_tokens:
             raise InvalidTrace(
                 f"allocate_slots {request.request_id!r}: {request.num_computed_tokens} computed "
-                f"+ {hit} hit + {new_tokens} new tokens exceed its {request.num_tokens} tokens"
+                f"+ {hit} hit + {external} external + {new_tokens} new tokens exceed its "
+                f"{request.num_tokens} tokens"
             )
+        connector = ({"num_external_computed_tokens": external,
+                      "delay_cache_blocks": op["delay_cache_blocks"]}
+                     if external or op["delay_cache_blocks"] else {})
         ok, out = self._call(
             lambda: self.manager.allocate_slots(
                 request,
@@ -326,11 +337,12 @@ class ManagerSide:
                 full_sequence_must_fit=op["full_sequence_must_fit"],
                 reserved_blocks=op["reserved_blocks"],
                 has_scheduled_reqs=op["has_scheduled_reqs"],
+                **connector,
             )
         )
         if not ok or out is None:
             return out
-        start = request.num_computed_tokens + hit
+        start = request.num_computed_tokens + hit + external
         self._forward(request, start, start + new_tokens)
         request.num_computed_tokens = start + new_tokens
         request.status = self.request_status.RUNNING
@@ -406,17 +418,17 @@ class ManagerSide:
         if per_group is not None:
             ok, runs = self._call(lambda: per_group(request))
         else:
-            lengths = []
-            for manager in self.manager.coordinator.single_type_managers:
-                table = manager.req_to_blocks.get(request.request_id, [])
-                lengths.append(len(table) - next(
-                    (i for i, b in enumerate(table) if not b.is_null), len(table)))
+            tables = [list(manager.req_to_blocks.get(request.request_id, []))
+                      for manager in self.manager.coordinator.single_type_managers]
             ok, out = self._call(lambda: self.manager.pop_blocks_for_free(request))
             runs = out
             if ok:
+                # vLLM 0.33+ trims each table's leading nulls; 0.32 hands the whole tables.
+                whole = len(out) == sum(map(len, tables))
                 runs, start = [], 0
-                for n in lengths:
-                    runs.append(out[start:start + n])
+                for table in tables:
+                    n = len(table) if whole else len(_without_leading_nulls(table))
+                    runs.append(_without_leading_nulls(out[start:start + n]))
                     start += n
         if not ok:
             return runs
@@ -428,14 +440,17 @@ class ManagerSide:
 
     def _release_deferred(self, op: Op) -> Any:
         """Release every deferred batch, oldest first, as `free` would have: each group's run
-        tail first, group after group."""
+        tail first, group after group (`evict_first` passed on to `BlockPool.free_blocks`)."""
+        option = {"evict_first": True} if op["evict_first"] else {}
+        if option:
+            self.require("evict_first")
         batches, self.deferred_blocks = self.deferred_blocks, []
         release = getattr(self.manager, "free_deferred_blocks", None)
         for runs in batches:
             if release is not None:
-                ok, out = self._call(lambda: release(runs))
+                ok, out = self._call(lambda: release(runs, **option))
             else:
-                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1])
+                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1], **option)
                                               for r in runs])
             if not ok:
                 return out
@@ -471,6 +486,21 @@ class ManagerSide:
             "copies": [[int(s), int(d)] for s, d in out.copies],
         }
 
+    def _load_remote(self, op: Op) -> Any:
+        """The driver's connector offers the request's tokens (docs/spec.md §13.2)."""
+        request = self._known_request(op)
+        ok, out = self._call(
+            lambda: self.scheduler.start_load(request.request_id, op["num_external_tokens"]))
+        if not ok or out is None:
+            return out
+        return {"hit": out[0], "external": out[1]}
+
+    def _finish_load(self, op: Op) -> Any:
+        request = self._known_request(op)
+        ok, out = self._call(
+            lambda: self.scheduler.finish_load(request.request_id, op["num_loaded_tokens"]))
+        return out
+
     def _end_request(self, op: Op) -> Any:
         request = self._known_request(op)
         if self._is_finished(request):
@@ -482,3 +512,8 @@ class ManagerSide:
         )
         ok, out = self._call(lambda: self.scheduler.finish_request(request.request_id, status))
         return None if ok else out
+
+
+def _without_leading_nulls(blocks: list[Any]) -> list[Any]:
+    """The blocks from the first that is not the null block."""
+    return blocks[next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks)):]

@@ -208,8 +208,10 @@ class KVCacheCoordinator(ABC):
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_local_computed_tokens: int,
         num_external_computed_tokens: int = 0,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> None:
-        """Adopt the hits of a request's first allocation in every group.
+        """Adopt the hits of a request's first allocation in every group, then take the blocks
+        of its external (KV connector) tokens.
 
         All touches finish before anything is popped, so no group's allocation can evict
         another group's hit blocks (vLLM #33775). A tracked request never adopts.
@@ -224,6 +226,12 @@ class KVCacheCoordinator(ABC):
                 num_local_computed_tokens,
                 num_external_computed_tokens,
             )
+        if num_external_computed_tokens > 0:
+            for i, manager in enumerate(self.single_type_managers):
+                manager.allocate_external_computed_blocks(
+                    request_id, num_local_computed_tokens, num_external_computed_tokens,
+                    i not in skip_zeroing_group_ids,
+                )
 
     def allocate_new_blocks(
         self,
@@ -249,16 +257,10 @@ class KVCacheCoordinator(ABC):
                     request, self.get_num_cacheable_tokens(num_computed_tokens, group_id)
                 )
 
-    def free(self, request_id: str) -> bool:
-        """Free every group's table of the request; False if no group holds one (then nothing
-        changed).
-        """
-        tracked = False
+    def free(self, request_id: str) -> None:
+        """Free every group's table of the request (a group holding none is left alone)."""
         for manager in self.single_type_managers:
-            if request_id in manager.req_to_blocks:
-                manager.free(request_id)
-                tracked = True
-        return tracked
+            manager.free(request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """Every group's blocks, group after group; the caller frees each group tail first."""
@@ -332,8 +334,11 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     ) -> int:
         """As the base, but cross attention is sized by the encoder tokens alone."""
         num_blocks = 0
-        for i, manager in enumerate(self.single_type_managers):
-            if self._is_cross[i]:
+        # Arguments by position: a keyword argument costs a dict in `*args, **kwargs` managers.
+        for manager, is_cross, blocks in zip(
+            self.single_type_managers, self._is_cross, new_computed_blocks
+        ):
+            if is_cross:
                 num_blocks += manager.get_num_blocks_to_allocate(
                     request_id,
                     num_encoder_tokens,
@@ -341,18 +346,18 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
                     0,
                     0,
                     num_encoder_tokens,
-                    apply_admission_cap=apply_admission_cap,
+                    apply_admission_cap,
                 )
             else:
                 num_blocks += manager.get_num_blocks_to_allocate(
                     request_id,
                     num_tokens,
-                    new_computed_blocks[i],
+                    blocks,
                     total_computed_tokens,
                     num_local_computed_tokens,
                     num_tokens_main_model,
-                    apply_admission_cap=apply_admission_cap,
-                    prefill_end=prefill_end,
+                    apply_admission_cap,
+                    prefill_end,
                 )
         return num_blocks
 
@@ -374,6 +379,17 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> HitResult:
         return tuple([] for _ in self.single_type_managers), 0, 0
+
+    def free(self, request_id: str) -> None:
+        """As the base, in one release: without caching every released block goes to the
+        queue head, so the tables of the last group down to the first, each tail first, as
+        one run give the queue that freeing group after group gives.
+        """
+        blocks: list[KVCacheBlock] = []
+        for manager in reversed(self.single_type_managers):
+            blocks += manager.pop_blocks_for_free(request_id)[::-1]
+        if blocks:
+            self.block_pool.release(blocks)
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
@@ -457,12 +473,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         # Every computed token is cacheable, and caching is on.
         self.single_type_managers[0].cache_blocks(request, num_computed_tokens)
 
-    def free(self, request_id: str) -> bool:
-        manager = self.single_type_managers[0]
-        if request_id not in manager.req_to_blocks:
-            return False
-        manager.free(request_id)
-        return True
+    def free(self, request_id: str) -> None:
+        self.single_type_managers[0].free(request_id)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
