@@ -64,6 +64,8 @@ class Snapshot:
     new_block_ids: tuple[int, ...] = ()
     waiting: tuple[str, ...] = ()
     running: tuple[str, ...] = ()
+    loads: tuple[str, ...] = ()
+    """Scheduler level: requests whose KV connector load is in flight, sorted (spec §13.2)."""
     hash_collisions: tuple[str, ...] = ()
     _derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

@@ -60,6 +60,8 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
             "reserved_blocks": (_INT, 0),
             "has_scheduled_reqs": (_BOOL, True),
             "num_encoder_tokens": (_INT, 0),
+            "num_external_computed_tokens": (_INT, 0),
+            "delay_cache_blocks": (_BOOL, False),
         },
         "free": {"request_id": (_STR, None), "preempt": (_BOOL, False)},
         "append_tokens": {"request_id": (_STR, None), "tokens": (_INTS, None)},
@@ -72,19 +74,22 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "new_step_starts": {},
         "take_events": {},
         "free_deferred": {"request_id": (_STR, None)},
-        "release_deferred": {},
+        "release_deferred": {"evict_first": (_BOOL, False)},
     },
     "scheduler": {
         "add_request": _REQUEST_FIELDS,
         "step": {"sample": (_INT, 0)},
         "abort": {"request_id": (_STR, None)},
         "finish": {"request_id": (_STR, None)},
+        "load_remote": {"request_id": (_STR, None), "num_external_tokens": (_INT, None)},
+        "finish_load": {"request_id": (_STR, None), "num_loaded_tokens": (_OPT_INT, None)},
     },
 }
 
 
 # Fields whose schema default is None but which must be given.
-_MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids"}
+_MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids",
+              "num_external_tokens"}
 
 
 def _is_ints(value: Any) -> bool:

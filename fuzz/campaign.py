@@ -2,8 +2,8 @@
 
 The campaign is a stream of (level, config, seed) batches from `kvfuzz.fuzz.schedule.Schedule`,
 which shares the budget out so that every pair is reached first; after that, pairs whose
-behaviour coverage still grew in their latest batch weigh more (`weighting`), and so do the
-configs named by `--focus`. A backend runs each batch with a `BatchRunner` (in this process for
+behaviour coverage still grew in their latest batch weigh up to 20 % more (`weighting`), and
+the configs named by `--focus` three times as much. A backend runs each batch with a `BatchRunner` (in this process for
 `--workers 1`, in worker processes for `--workers K`, see `kvfuzz.fuzz.workers`); `Campaign`
 takes the results in batch order, so the same seed and options give the same examples and
 findings whatever the number of workers. An example is `kvfuzz.fuzz.generator.run_example` on
@@ -49,6 +49,13 @@ FOCUS_WEIGHT = 3
 """How much more a focused pair weighs than the others."""
 PROBE_S = 2.0
 """How often the driver pings a shared example database (`Campaign._probe_database`)."""
+GROWTH_GAIN = 0.2
+"""The most a pair whose coverage grows weighs more than one whose coverage stopped: a pair
+(and a bug only it shows) then gets at least 1/1.2 of its even share. Weights of 1 + the new
+features (up to 30 times the share) delayed the pairs that grew little: watermark-ignored took
+twice the ops over every config (docs/engines.md)."""
+GROWTH_FULL = 10
+"""New features in a batch that earn the whole gain (fewer: a proportional part)."""
 
 
 @dataclass
@@ -65,7 +72,8 @@ class CampaignOptions:
     levels: tuple[str, ...] = LEVELS
     steps: int = 40
     swarm: bool = True
-    """Swarm testing: each example leaves out a random subset of the optional rules and knobs."""
+    """Swarm testing: after a pair's first batch, each example may leave out a random subset
+    of the optional rules and knobs."""
     weighting: bool = True
     """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
     focus: tuple[str, ...] = ()
@@ -235,10 +243,10 @@ def check_focus(names: tuple[str, ...], configs: tuple[str, ...]) -> None:
 
 
 def pair_weight(options: CampaignOptions, pair: Pair, growth: int) -> float:
-    """A pair's weight in the schedule: 1 + the new behaviour features of its latest batch
-    (with weighting), times FOCUS_WEIGHT for a focused config."""
-    return ((1 + (growth if options.weighting else 0))
-            * (FOCUS_WEIGHT if pair[1] in options.focus else 1))
+    """A pair's weight in the schedule: 1, plus up to GROWTH_GAIN for the new behaviour
+    features of its latest batch (with weighting), times FOCUS_WEIGHT for a focused config."""
+    gain = GROWTH_GAIN * min(growth, GROWTH_FULL) / GROWTH_FULL if options.weighting else 0.0
+    return (1 + gain) * (FOCUS_WEIGHT if pair[1] in options.focus else 1)
 
 
 def failure_of(exc: Counterexample) -> Failure:
@@ -273,14 +281,15 @@ class BatchRunner:
         """Also called with each execution (a benchmark keeps their traces)."""
         self._executions: list[Execution] = []
 
-    def example(self, level: str, name: str, data: bytes) -> None:
-        """Run one example of pair (level, name) from its bytes (both engines call this)."""
+    def example(self, level: str, name: str, data: bytes, swarm: bool = True) -> None:
+        """Run one example of pair (level, name) from its bytes (both engines call this);
+        `swarm=False` keeps every feature even with swarm testing on."""
         stop_point()
         opts = self.options
         run_example(
             data, campaign_config(opts, name), level, steps=opts.steps, targets=(opts.target,),
             model=opts.model, checks=self.checks, allow_misuse=opts.target != "vllm",
-            swarm=opts.swarm, focus=self.focus_rules, on_execution=self._executed,
+            swarm=opts.swarm and swarm, focus=self.focus_rules, on_execution=self._executed,
             vary=name not in {c.name for c in opts.config_files},
         )
 
@@ -294,12 +303,13 @@ class BatchRunner:
         done, self._executions = self._executions, []
         return done
 
-    def database_key(self, level: str, name: str) -> bytes:
+    def database_key(self, level: str, name: str, swarm: bool) -> bytes:
         """What keys a pair's examples in the database: they replay only under the same target,
-        level, config, model, data checks, steps, swarm, focused ops and plugins."""
+        level, config, model, data checks, steps, swarm (as the batch runs it), focused ops and
+        plugins."""
         opts = self.options
-        key = repr((opts.target, level, name, opts.model, opts.data, opts.steps, opts.swarm,
-                    sorted(self.focus_rules), opts.plugins))
+        key = repr((opts.target, level, name, opts.model, opts.data, opts.steps,
+                    opts.swarm and swarm, sorted(self.focus_rules), opts.plugins))
         return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}".encode()
 
     @property
@@ -321,11 +331,11 @@ class BatchRunner:
         @given(st.binary(min_size=8, max_size=8))
         def run(example_seed: bytes) -> None:
             data = random.Random(example_seed).randbytes(size) if any(example_seed) else bytes(size)
-            self.example(batch.level, batch.config, data)
+            self.example(batch.level, batch.config, data, swarm=not batch.first)
 
         run._hypothesis_internal_use_seed = batch.seed  # type: ignore[attr-defined]
         run.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
-            self.database_key(batch.level, batch.config))
+            self.database_key(batch.level, batch.config, not batch.first))
         run()
 
     def __call__(self, batch: Batch) -> BatchResult:

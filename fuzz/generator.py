@@ -13,7 +13,8 @@ engines, which picks the rule and every decision from one byte string.
 
 Swarm testing (`Swarm`): an example may leave out some rules and knobs (drawn first, from the
 same bytes, so a replay of the example runs the same subset); the rules it keeps then get the
-whole example. A knob left out keeps its default value.
+whole example. A knob left out keeps its default value. The swarm's decisions are read whether
+swarm testing is on or not, so an example that keeps everything is the same in both.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from kvfuzz.fuzz.strategies import (
     prompt, tokens, vary_config,
 )
 from kvfuzz.harness.executor import Execution
-from kvfuzz.kvcache.scheduler import mamba_block_aligned_split
 
 Views = list[tuple[str, RequestView]]
 
@@ -45,6 +45,8 @@ class Swarm:
 
 
 ALL = Swarm()
+CONNECTOR_FEATURES = frozenset({"external", "load_remote", "finish_load", "short_load"})
+"""Rules and knobs of KV connector configs only (docs/spec.md §13)."""
 
 
 class Rules:
@@ -70,25 +72,33 @@ class Rules:
         self.count = 0
 
     @classmethod
-    def features(cls) -> tuple[str, ...]:
-        """What a swarm may leave out: the optional rules, then the knobs."""
-        return tuple(r for r in cls.RULES if r not in cls.CORE) + cls.KNOBS
+    def features(cls, config: Config | None = None) -> tuple[str, ...]:
+        """What a swarm may leave out: the optional rules, then the knobs (the connector's only
+        on a connector config, so that other configs draw exactly as before)."""
+        features = tuple(r for r in cls.RULES if r not in cls.CORE) + cls.KNOBS
+        if config is not None and config.kv_connector:
+            return features
+        return tuple(f for f in features if f not in CONNECTOR_FEATURES)
 
     @classmethod
-    def draw_swarm(cls, choices: Choices, keep: Iterable[str] = ()) -> Swarm:
-        """Half the examples keep every feature; the others leave each optional feature out
-        with a probability p drawn per example (as Hypothesis' own feature flags do), so some
-        keep almost every feature and others a few. Those in `keep` are always kept.
+    def draw_swarm(cls, choices: Choices, keep: Iterable[str] = (),
+                   config: Config | None = None) -> Swarm:
+        """Half the examples keep every feature; the others leave each optional rule out with
+        a probability p drawn per example, up to 1/2, and each knob with p/4 (as Hypothesis'
+        own feature flags do, milder). Those in `keep` are always kept.
 
-        Measured on the planted bugs (docs/engines.md): a swarm in every example found the
-        plants that need a rule to be rare sooner, and those that need several rules and knobs
-        at once (a reset while blocks are held, duplicate keys then an eviction) much later;
-        keeping every feature in half the examples keeps most of the gain and bounds the loss.
+        Measured on the planted bugs (docs/engines.md, per-example rates): leaving rules out
+        makes the others more frequent, which finds the plants that need a rule to be rare
+        (watermark-ignored) sooner; leaving a knob out gained nothing measurable, and leaving a
+        feature out costs every bug that needs it 1/(1 - P(left out)): these rates bound that
+        cost to about 10 % for a plant that needs one rule or a few knobs.
         """
-        p = max(0, choices.below(512) - 256)
+        p = max(0, choices.below(256) - 128)
         kept = set(keep)
+        knobs = set(cls.KNOBS)
         return Swarm(frozenset(
-            f for f in cls.features() if f not in kept and choices.below(256) < p
+            f for f in cls.features(config)
+            if f not in kept and choices.below(256) < (p // 4 if f in knobs else p)
         ))
 
     @property
@@ -161,7 +171,7 @@ class ApiRules(Rules):
     CORE = frozenset({"add_request", "admit", "compute"})
     KNOBS = ("skip_reading", "salt", "no_lookup", "adopt_only", "lookahead", "gate", "reserved",
              "idle", "preempt", "evict_blocks", "reset_prefix_cache", "take_copies",
-             "cache_blocks", "release_copies", "misuse", "hit_limit", "lookup_bound")
+             "cache_blocks", "release_copies", "misuse", "hit_limit", "lookup_bound", "external")
 
     @property
     def _align(self) -> bool:
@@ -204,10 +214,12 @@ class ApiRules(Rules):
                              max_cache_hit_length=bound)["num_computed_tokens"]
         remaining = view.num_tokens - hit
         least = 0 if hit and self.knob("adopt_only", lambda: flip(c), False) else 1
+        num_new_tokens = self._chunk(rid, view, hit, between(c, least, remaining))
         self.apply(
             op="allocate_slots",
             request_id=rid,
-            num_new_tokens=self._chunk(rid, view, hit, between(c, least, remaining)),
+            num_new_tokens=num_new_tokens,
+            **self._external(remaining - num_new_tokens),
             use_lookup=use_lookup,
             num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
             full_sequence_must_fit=self.knob("gate", lambda: flip(c), False),
@@ -215,6 +227,16 @@ class ApiRules(Rules):
             has_scheduled_reqs=not self.knob("idle", lambda: flip(c), False),
             num_encoder_tokens=self.execution.requests[rid].num_encoder_tokens,
         )
+
+    def _external(self, room: int) -> dict[str, Any]:
+        """On a connector config, some admissions take up to `room` external (KV connector)
+        tokens, their blocks cached now or left for a later cache_blocks."""
+        c = self.choices
+        if not self.config.kv_connector or not room or not self.knob("external", lambda: flip(c),
+                                                                      False):
+            return {}
+        return {"num_external_computed_tokens": between(c, 1, room),
+                "delay_cache_blocks": flip(c)}
 
     def probe_cached_tokens(self) -> None:
         """vLLM 0.34's probe: P5 relates its answer to the lookup it predicts."""
@@ -227,6 +249,10 @@ class ApiRules(Rules):
         that cut leaves nothing."""
         if not self._align or n == 0:
             return n
+        # Imported here: the atheris engine instruments kvcache, which must not be imported
+        # before it is (this module is loaded first).
+        from kvfuzz.kvcache.scheduler import mamba_block_aligned_split
+
         start = view.num_computed_tokens + hit
         sizes = (self.config.scheduler_block_size, self.config.resolved_hash_block_size,
                  self.config.partial_hash_hits, self.config.max_model_len)
@@ -312,7 +338,9 @@ class ApiRules(Rules):
         elif kind == "take_events":
             self.apply(op="take_events")
         elif kind == "release_deferred":
-            self.apply(op="release_deferred")
+            # vLLM 0.34's option: blocks another tier holds are the next evicted (F1).
+            first = self.execution.offers("evict_first") and flip(c)
+            self.apply(op="release_deferred", evict_first=first)
         elif kind == "new_step_starts":
             self.apply(op="new_step_starts")
         else:
@@ -328,11 +356,16 @@ class ApiRules(Rules):
             choices += ["zero_tokens"]
         if running:
             choices += ["negative_tokens"]
+        if waiting and self.config.kv_connector:
+            choices += ["negative_external"] * 2
         kind = pick(c, choices)
         if kind == "evict_out_of_range":
             self.apply(op="evict_blocks", block_ids=[self.config.num_blocks])
         elif kind == "zero_tokens":
             self.apply(op="allocate_slots", request_id=pick(c, waiting), num_new_tokens=0)
+        elif kind == "negative_external":
+            self.apply(op="allocate_slots", request_id=pick(c, waiting), num_new_tokens=1,
+                       num_external_computed_tokens=-between(c, 1, 8))
         else:
             self.apply(op="allocate_slots", request_id=pick(c, running), num_new_tokens=-1)
 
@@ -341,18 +374,41 @@ class SchedulerRules(Rules):
     """Requests arrive, finish and abort while the scheduler driver runs steps."""
 
     level = "scheduler"
-    RULES = ("add_request", "step", "step_again", "abort")
+    RULES = ("add_request", "step", "step_again", "abort", "load_remote", "finish_load")
     """Two step rules: steps dominate the runs."""
     CORE = frozenset({"add_request", "step", "step_again"})
-    KNOBS = ("salt", "priority", "max_tokens", "hit_limit")
+    KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load")
     max_requests = 10
 
     def feasible(self, rule: str) -> bool:
         if rule == "add_request":
             return self.can_add()
         if rule == "abort":
-            return bool(self.views("WAITING", "PREEMPTED", "RUNNING"))
+            return bool(self.views("WAITING", "PREEMPTED", "RUNNING", "WAITING_FOR_REMOTE_KVS"))
+        if rule == "load_remote":
+            return self.config.kv_connector and bool(self._loadable())
+        if rule == "finish_load":
+            return self.config.kv_connector and bool(self.execution.state.loads)
         return True
+
+    def _loadable(self) -> Views:
+        return [(rid, v) for rid, v in self.views("WAITING", "PREEMPTED")
+                if not v.num_computed_tokens and not any(v.tables)]
+
+    def load_remote(self) -> None:
+        """A connector offers some of a waiting request's tokens (docs/spec.md §13.2)."""
+        c = self.choices
+        rid, view = pick(c, self._loadable())
+        self.apply(op="load_remote", request_id=rid,
+                   num_external_tokens=between(c, 1, view.num_tokens))
+
+    def finish_load(self) -> None:
+        """A load ends: whole, short or failed (0 tokens), as the choice decides."""
+        c = self.choices
+        rid = pick(c, self.execution.state.loads)
+        loaded = self.knob("short_load", lambda: pick(c, (None, None, 0, between(c, 0, 8))),
+                           None)
+        self.apply(op="finish_load", request_id=rid, num_loaded_tokens=loaded)
 
     def add_request(self) -> None:
         c = self.choices
@@ -368,7 +424,7 @@ class SchedulerRules(Rules):
 
     def abort(self) -> None:
         c = self.choices
-        rid, _ = pick(c, self.views("WAITING", "PREEMPTED", "RUNNING"))
+        rid, _ = pick(c, self.views("WAITING", "PREEMPTED", "RUNNING", "WAITING_FOR_REMOTE_KVS"))
         self.apply(op=pick(c, ("abort", "finish")), request_id=rid)
 
 
@@ -389,6 +445,8 @@ FOCUS_OPS: dict[str, tuple[str, ...]] = {
     "step": ("step", "step_again"),
     "abort": ("abort",),
     "finish": ("abort",),
+    "load_remote": ("load_remote",),
+    "finish_load": ("finish_load",),
 }
 """`--focus` op names (the trace's, docs/traces.md) and the rules and knobs that make them."""
 
@@ -426,7 +484,11 @@ def run_example(
     rules_class = RULES_BY_LEVEL[level]
     try:
         config = vary_config(choices, base) if vary else base
-        chosen = rules_class.draw_swarm(choices, keep=focus) if swarm else ALL
+        # Drawn even without swarm testing, so that an example that keeps everything is the
+        # same example either way.
+        chosen = rules_class.draw_swarm(choices, keep=focus, config=config)
+        if not swarm:
+            chosen = ALL
         execution = Execution(config, level, targets, model=model, checks=checks)
     except Exhausted:
         return None

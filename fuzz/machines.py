@@ -131,6 +131,8 @@ class SchedulerMachine(_TraceMachine):
     step = _rule("step")
     step_again = _rule("step_again")
     abort = _rule("abort")
+    load_remote = _rule("load_remote")
+    finish_load = _rule("finish_load")
 
 
 def machine_for(

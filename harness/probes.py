@@ -2,7 +2,8 @@
 
 They wrap instance methods (so the same code probes kvcache and every vLLM release): layer 1's
 allocate_slots, layer 2's and every layer-3 manager's get_num_blocks_to_allocate, layer 3's
-add_local_computed_blocks and allocate_new_blocks, and layer 4's get_new_blocks. Both
+add_local_computed_blocks, allocate_external_computed_blocks and allocate_new_blocks, and
+layer 4's get_new_blocks. Both
 implementations pass `apply_admission_cap` by keyword, which is how the gate's call is told from
 the per-step one.
 """
@@ -49,8 +50,10 @@ class ManagerProbes:
         _wrap(self._pool, "get_new_blocks", self._around_get_new_blocks)
         for group_id, single in enumerate(managers):
             _wrap(single, "get_num_blocks_to_allocate", self._group_prediction(group_id))
-            for name in ("add_local_computed_blocks", "allocate_new_blocks"):
-                _wrap(single, name, self._group_taking(group_id))
+            for name in ("add_local_computed_blocks", "allocate_external_computed_blocks",
+                         "allocate_new_blocks"):
+                if hasattr(single, name):
+                    _wrap(single, name, self._group_taking(group_id))
 
     def take(self) -> Observations:
         """The observations since the last take."""

@@ -6,13 +6,15 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from kvfuzz.kvcache.kv_cache_coordinator import get_kv_cache_coordinator
 from kvfuzz.kvcache.kv_cache_interface import (
     CircularBufferSpec,
+    EncoderOnlyAttentionSpec,
     CrossAttentionSpec,
     KVCacheConfig,
+    MambaSpec,
 )
 from kvfuzz.kvcache.kv_events import EventfulBlockPool, KVCacheEvent
 from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
@@ -164,11 +166,15 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
-        # Groups whose tables do not follow the token count: encoder KV, a ring's one block.
+        # Groups whose tables do not follow the token count: encoder KV, a ring's one block,
+        # encoder-only attention's none.
         self._fixed_group_ids = frozenset(
             i
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
-            if isinstance(group.kv_cache_spec, CrossAttentionSpec | CircularBufferSpec)
+            if isinstance(
+                group.kv_cache_spec,
+                CrossAttentionSpec | CircularBufferSpec | EncoderOnlyAttentionSpec,
+            )
         )
 
     @property
@@ -218,12 +224,15 @@ class KVCacheManager:
         `num_tokens - 1` because one token must be computed to get logits; with block-aligned
         hits a fully cached prompt recomputes its whole last block.
         """
-        _request_id("get_computed_blocks", request)
+        try:  # inlined `_request_id` and `prefix_cache_lookup_enabled`: one call per admission
+            request.request_id
+        except AttributeError:
+            raise ValueError(f"get_computed_blocks(): {request!r} is not a Request") from None
         if max_cache_hit_length is not None and (
             type(max_cache_hit_length) is not int or max_cache_hit_length < 0
         ):
             raise ValueError(f"max_cache_hit_length must be >= 0, got {max_cache_hit_length!r}")
-        if not self.prefix_cache_lookup_enabled(request):
+        if not self.enable_caching or request.prefix_cache_hit_limit == 0:
             return self.empty_kv_cache_blocks, 0, 0
         max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, num_hit_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
@@ -231,6 +240,68 @@ class KVCacheManager:
         )
         shared_prefix_boundary = num_hit_tokens + num_uncached if num_uncached else 0
         return self.create_kv_cache_blocks(blocks), num_hit_tokens, shared_prefix_boundary
+
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]:
+        """The local lookup of a request scheduled with a KV connector: `get_computed_blocks`'
+        triple and whether a group's hit ran deeper than another's (never, without Mamba)."""
+        _request_id("get_computed_blocks_for_connector", request)
+        if any(isinstance(spec, MambaSpec) for spec in self._group_specs()):
+            raise ValueError(
+                f"get_computed_blocks_for_connector({request.request_id!r}): the per-group "
+                "lookup of Mamba hybrids is not in kvcache"
+            )
+        return *self.get_computed_blocks(request, max_cache_hit_length), False
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """Tokens the request's tables hold cached: over the prefix-cached groups, the least of
+        each table's deepest hashed block's token count (0 with no such group)."""
+        request_id = _request_id("estimate_cached_tokens", request)
+        tables = self.coordinator.get_blocks(request_id)
+        cached_tokens: int | None = None
+        for spec, blocks in zip(self._group_specs(), tables):
+            if not spec.prefix_cacheable or isinstance(spec, CrossAttentionSpec):
+                continue
+            group_cached_tokens = next(
+                (b.block_hash_num_tokens for b in reversed(blocks) if b.block_hash_num_tokens),
+                0,
+            )
+            if cached_tokens is None or group_cached_tokens < cached_tokens:
+                cached_tokens = group_cached_tokens
+        return cached_tokens or 0
+
+    def truncate_computed_blocks(
+        self, blocks: KVCacheBlocks, num_computed_tokens: int
+    ) -> KVCacheBlocks:
+        """A lookup result cut at a token count every group's block size divides: pure slicing
+        (no reference taken, `blocks` untouched). ValueError for an unaligned or too long cut."""
+        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
+            raise ValueError(
+                f"truncate_computed_blocks: num_computed_tokens={num_computed_tokens!r} is not "
+                "an int >= 0"
+            )
+        truncated: list[list[KVCacheBlock]] = []
+        for group_blocks, manager, spec in zip(
+            blocks.blocks, self.coordinator.single_type_managers, self._group_specs(),
+            strict=True,
+        ):
+            if not spec.prefix_cacheable:
+                truncated.append([])
+                continue
+            num_blocks, rest = divmod(num_computed_tokens, manager.block_size)
+            if isinstance(spec, MambaSpec):
+                num_blocks = min(num_blocks, len(group_blocks))
+            if rest or num_blocks > len(group_blocks):
+                raise ValueError(
+                    f"truncate_computed_blocks: {num_computed_tokens} tokens is not a cut of "
+                    f"{len(group_blocks)} blocks of {manager.block_size} tokens"
+                )
+            truncated.append(list(group_blocks[:num_blocks]))
+        return self.create_kv_cache_blocks(tuple(truncated))
+
+    def _group_specs(self) -> list[Any]:
+        return [group.kv_cache_spec for group in self.kv_cache_config.kv_cache_groups]
 
     def allocate_slots(
         self,
@@ -254,8 +325,9 @@ class KVCacheManager:
         Returns only the blocks newly taken (a CoW copy first), or None when they do not fit.
         A None from the full-sequence gate changes nothing; one from the capacity check leaves
         only the out-of-window frees of step 4. Misuse raises ValueError and changes nothing.
-        External (KV connector) tokens are Tier C and must be 0, so `skip_zeroing_group_ids`
-        (which spares their blocks from zeroing) has nothing to act on: only checked.
+        External (KV connector) tokens get blocks after the hits (docs/spec.md §13); with
+        `delay_cache_blocks` nothing is cached: the caller caches once the load lands.
+        `skip_zeroing_group_ids` names groups whose external blocks are not recorded for zeroing.
         """
         try:
             request_id = request.request_id
@@ -310,8 +382,9 @@ class KVCacheManager:
         # Conditional expressions instead of min/max below: this is the hottest call there is.
         max_model_len = self.max_model_len
         num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_prefix_tokens = num_local_computed_tokens + num_external_computed_tokens
         total_computed_tokens = (
-            num_local_computed_tokens if num_local_computed_tokens < max_model_len else max_model_len
+            num_prefix_tokens if num_prefix_tokens < max_model_len else max_model_len
         )
         watermark_blocks = self.watermark_blocks
         if watermark_blocks and not (
@@ -345,13 +418,13 @@ class KVCacheManager:
         # 4. Free out-of-window blocks first (fewer cached blocks get evicted), on the basis
         # of settled tokens only; runs even if the request then does not fit. Only window
         # kinds have any.
+        # Nothing is skipped before the first settled token (an admission, most often).
         if self.coordinator.recycles_blocks:
             num_settled_tokens = total_computed_tokens - request.num_in_flight_tokens
-            self.coordinator.remove_skipped_blocks(
-                request_id,
-                num_settled_tokens if num_settled_tokens > 0 else 0,
-                request.num_prompt_tokens,
-            )
+            if num_settled_tokens > 0:
+                self.coordinator.remove_skipped_blocks(
+                    request_id, num_settled_tokens, request.num_prompt_tokens
+                )
 
         # 5-6. Exact per-step prediction (unclamped computed count, unlike the gate) and
         # capacity check.
@@ -360,7 +433,7 @@ class KVCacheManager:
             num_tokens_need_slot,
             hit_blocks,
             num_encoder_tokens,
-            num_local_computed_tokens,
+            num_prefix_tokens,
             num_local_computed_tokens,
             num_tokens_main_model,
         )
@@ -370,9 +443,10 @@ class KVCacheManager:
 
         # 7. Adopt hits before popping, so the pops cannot evict them. A lookup result (even
         # an empty one) is told from "no lookup" by the identity of the shared empty lists.
-        if hit_blocks is not empty_blocks:
+        if hit_blocks is not empty_blocks or num_external_computed_tokens:
             self.coordinator.allocate_new_computed_blocks(
-                request_id, hit_blocks, num_local_computed_tokens
+                request_id, hit_blocks, num_local_computed_tokens, num_external_computed_tokens,
+                skip_zeroing_group_ids,
             )
 
         # 8. Allocate.
@@ -384,22 +458,34 @@ class KVCacheManager:
             return self.create_kv_cache_blocks(new_blocks)
 
         # 10. Cache the finalized tokens only: drafts and lookahead may be rejected.
-        num_tokens = request.num_tokens
-        self.coordinator.cache_blocks(
-            request, num_tokens_main_model if num_tokens_main_model < num_tokens else num_tokens
-        )
+        if self.enable_caching:
+            num_tokens = request.num_tokens
+            self.coordinator.cache_blocks(
+                request,
+                num_tokens_main_model if num_tokens_main_model < num_tokens else num_tokens,
+            )
         return self.create_kv_cache_blocks(new_blocks)
 
     def _check_counts(self, request_id: str, **counts: object) -> None:
-        """Each count an int >= 0 (bools are not counts); external tokens are Tier C."""
+        """Each count an int >= 0 (bools are not counts); external tokens only for a request
+        that holds nothing yet, on attention groups (docs/spec.md §13.1)."""
         for n in counts.values():
             if type(n) is not int or n < 0:  # type: ignore[operator]
                 _reject_counts(f"allocate_slots({request_id!r})", **counts)
-        if counts["num_external_computed_tokens"]:
+        external = counts["num_external_computed_tokens"]
+        if not external:
+            return
+        if self.coordinator.tracks(request_id):
             raise ValueError(
-                f"allocate_slots({request_id!r}): num_external_computed_tokens="
-                f"{counts['num_external_computed_tokens']}, but external (KV connector) tokens "
-                "are not supported"
+                f"allocate_slots({request_id!r}): num_external_computed_tokens={external} for "
+                "a request that already holds blocks"
+            )
+        kinds = [type(m).__name__ for m in self.coordinator.single_type_managers
+                 if not m.takes_external_tokens]
+        if kinds:
+            raise ValueError(
+                f"allocate_slots({request_id!r}): num_external_computed_tokens={external}, but "
+                f"{', '.join(kinds)} groups take no external (KV connector) tokens in kvcache"
             )
 
     def _check_group_ids(self, request_id: str, group_ids: object) -> None:
@@ -422,9 +508,15 @@ class KVCacheManager:
                 f"allocate_slots({request_id!r}): new_computed_blocks has "
                 f"{len(hits.blocks)} block lists for {self.num_kv_cache_groups} groups"
             )
+        block_pool = self.block_pool
+        own = block_pool.block_type
         for group in hits.blocks:
-            self.block_pool.check_own(f"allocate_slots({request_id!r}) new_computed_blocks",
-                                      self.block_pool._block_list("allocate_slots", group))
+            for block in block_pool._block_list("allocate_slots", group):
+                if type(block) is not own:  # `check_own`, its message built only on failure
+                    raise ValueError(
+                        f"allocate_slots({request_id!r}) new_computed_blocks: "
+                        f"{block_pool.describe_foreign(block)}"
+                    )
         if not any(hits.blocks):
             return
         if self.coordinator.tracks(request_id):
@@ -520,11 +612,13 @@ class KVCacheManager:
         return [manager.pop_blocks_for_free(request.request_id)
                 for manager in self.coordinator.single_type_managers]
 
-    def free_deferred_blocks(self, blocks_per_group: list[list[KVCacheBlock]]) -> None:
-        """Release popped blocks as `free` would have: group after group, each tail first."""
+    def free_deferred_blocks(self, blocks_per_group: list[list[KVCacheBlock]],
+                             evict_first: bool = False) -> None:
+        """Release popped blocks as `free` would have: group after group, each tail first
+        (`evict_first`: as `BlockPool.free_blocks` takes it, cached blocks to the head too)."""
         for blocks in blocks_per_group:
             if blocks:
-                self.block_pool.free_blocks(blocks[::-1])
+                self.block_pool.free_blocks(blocks[::-1], evict_first)
 
     def take_events(self) -> list[KVCacheEvent]:
         """The KV events queued since the last call; ValueError when events are off."""

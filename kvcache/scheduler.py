@@ -79,6 +79,10 @@ class Scheduler:
         self._running: list[Any] = []
         self._waiting: deque[Any] = deque()
         self._requests: dict[str, Any] = {}
+        self._loads: dict[str, int] = {}
+        """KV connector loads in flight: request id -> its local prefix hit (docs/spec.md §13.2)."""
+        self._landed: set[str] = set()
+        """Requests a load left holding blocks: never offered another load."""
 
     @property
     def running(self) -> tuple[Any, ...]:
@@ -87,6 +91,11 @@ class Scheduler:
     @property
     def waiting(self) -> tuple[Any, ...]:
         return tuple(self._waiting)
+
+    @property
+    def loads(self) -> tuple[str, ...]:
+        """Requests whose KV connector load is in flight (aborted ones too), sorted."""
+        return tuple(sorted(self._loads))
 
     def add_request(self, request: Any) -> None:
         if request.request_id in self._requests:
@@ -107,9 +116,93 @@ class Scheduler:
         if request.status == RequestStatus.RUNNING:
             self._running.remove(request)
             self.manager.free(request)
-        else:
+        elif request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+            # A waiting request holds blocks only when a KV load landed for it.
             self._waiting.remove(request)
+            self.manager.free(request)
+        # else: the load may still write its blocks; `finish_load` frees them.
         request.status = status
+
+    # ----- KV connector (docs/spec.md §13.2): the driver plays the connector -----
+
+    def start_load(self, request_id: str, num_external_tokens: int) -> tuple[int, int] | None:
+        """A connector offers `num_external_tokens` tokens of a waiting request that holds
+        nothing and never kept a landed load: after its local lookup, the request takes blocks
+        for the hit and at most its remaining tokens, uncached, and waits for remote KV.
+        (hit, external tokens), or None when nothing is loaded (not such a request, nothing
+        left to offer, or no room)."""
+        request = self._known(request_id, "start_load")
+        if type(num_external_tokens) is not int or num_external_tokens < 0:
+            raise ValueError(
+                f"start_load({request_id!r}): num_external_tokens={num_external_tokens!r} is "
+                "not an int >= 0"
+            )
+        if (request not in self._waiting or request.num_computed_tokens
+                or request_id in self._landed):
+            return None
+        manager = self.manager
+        hit_blocks, num_hit_tokens, _ = manager.get_computed_blocks(request)
+        external = min(num_external_tokens, request.num_tokens - num_hit_tokens)
+        if external <= 0:
+            return None
+        new_blocks = manager.allocate_slots(
+            request,
+            0,
+            num_hit_tokens,
+            hit_blocks,
+            num_external_computed_tokens=external,
+            delay_cache_blocks=True,
+            has_scheduled_reqs=bool(self._running),
+        )
+        if new_blocks is None:
+            return None
+        self._waiting.remove(request)
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        request.num_computed_tokens = num_hit_tokens + external
+        self._loads[request_id] = num_hit_tokens
+        return num_hit_tokens, external
+
+    def finish_load(self, request_id: str, num_loaded_tokens: int | None = None) -> int:
+        """The load of `request_id` ends with `num_loaded_tokens` of its external tokens
+        (None: all). An aborted request's blocks are freed; otherwise the valid prefix is
+        cached (nothing valid: the blocks are freed) and the request waits again, first in
+        line. Returns its computed tokens. ValueError when no load is in flight for it."""
+        if request_id not in self._loads:
+            raise ValueError(f"finish_load({request_id!r}): no KV load in flight for it")
+        if num_loaded_tokens is not None and (
+            type(num_loaded_tokens) is not int or num_loaded_tokens < 0
+        ):
+            raise ValueError(
+                f"finish_load({request_id!r}): num_loaded_tokens={num_loaded_tokens!r} is not "
+                "an int >= 0"
+            )
+        request = self._requests[request_id]
+        num_hit_tokens = self._loads.pop(request_id)
+        if RequestStatus.is_finished(request.status):
+            self.manager.free(request)
+            return 0
+        promised = request.num_computed_tokens - num_hit_tokens
+        if num_loaded_tokens is not None and num_loaded_tokens < promised:
+            request.num_computed_tokens = num_hit_tokens + num_loaded_tokens
+        if request.num_computed_tokens:
+            self.manager.cache_blocks(request, request.num_computed_tokens)
+            self._landed.add(request_id)
+        else:
+            self.manager.free(request)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens -= 1  # the last token is computed again, for logits
+        request.status = (
+            RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+        )
+        self._waiting.appendleft(request)
+        self._sort_waiting()
+        return request.num_computed_tokens
+
+    def _known(self, request_id: str, operation: str) -> Any:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise ValueError(f"{operation}: unknown request {request_id!r}")
+        return request
 
     def step(
         self,

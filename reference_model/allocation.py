@@ -54,6 +54,8 @@ def gate_block_count(
         if g.kind == "circular_buffer":  # one ring block, claimed once (§12.3)
             need += 0 if state.tables[g.gid].get(rid) else 1
             continue
+        if g.kind == "encoder_only":  # takes no KV cache (§12.4)
+            continue
         if defers_hit(state, g, group_hits):
             need += layout.num_blocks + 1
             continue
@@ -101,7 +103,8 @@ def align_block_count(
     return max(new, 0) + sum(1 for b in hits if b != NULL and state.ref_count(b) == 0)
 
 
-def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: int) -> list[int]:
+def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: int,
+               external: int = 0) -> list[int]:
     """Coordinator allocate_new_computed_blocks (docs/spec.md §5.2) = every group's
     add_local_computed_blocks (§4.4), all touches before any pop. Only untracked requests get
     here (API misuse 3 rejects hits for a tracked one). Returns per-group blocks taken from the
@@ -109,12 +112,12 @@ def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: i
     rid = req.request_id
     taken = [0] * len(layout.groups)
     for g in layout.groups:
-        if g.kind in ("cross", "circular_buffer"):
+        if g.kind in ("cross", "circular_buffer", "encoder_only"):
             assert not hits[g.gid], f"{g.kind} hits"
             continue
         assert not state.tables[g.gid].get(rid), "adopting into a non-empty table"
         before = len(state.free)
-        S = g.skipped(local) // g.bs
+        S = g.skipped(local + external) // g.bs
         remaining = hits[g.gid][S:]
         assert layout.caching or not remaining
         for b in remaining:
@@ -126,6 +129,25 @@ def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: i
             state.partial_hits[g.gid][rid] = (local // g.bs, remaining[-1])
             state.num_cached[g.gid][rid] = local // g.bs
         taken[g.gid] = before - len(state.free)
+    return taken
+
+
+def external_blocks(layout: Layout, state: State, req: Request, local: int, external: int
+                    ) -> list[int]:
+    """docs/spec.md §13.1: after every group adopted its hits, each group's table grows to
+    cover the prefix of local + external tokens, unless all the external tokens left the
+    window. Returns per-group blocks taken."""
+    taken = []
+    for g in layout.groups:
+        prefix = local + external
+        table = state.tables[g.gid][req.request_id]
+        inside = min(external, prefix - g.skipped(prefix))
+        blocks = state.get_new_blocks(max(0, cdiv(prefix, g.bs) - len(table))) if inside > 0 \
+            else []
+        table.extend(blocks)
+        if layout.zeroing:
+            state.new_block_ids[g.gid].extend(blocks)
+        taken.append(len(blocks))
     return taken
 
 
@@ -147,6 +169,10 @@ def allocate_new_blocks(
         T = num_encoder_tokens if g.kind == "cross" else slots + g.speculative
         result: list[int] = []
         table = state.tables[g.gid].setdefault(rid, [])
+        if g.kind == "encoder_only":  # an empty table, never a block (§12.4)
+            new.append(result)
+            taken.append(0)
+            continue
         if g.kind == "circular_buffer":
             if not table:
                 result = state.get_new_blocks(1)
@@ -324,6 +350,8 @@ def allocate_slots(
     full_sequence_must_fit: bool,
     reserved_blocks: int,
     has_scheduled_reqs: bool,
+    external: int = 0,
+    delay_cache: bool = False,
 ) -> tuple[State, Allocation]:
     """docs/spec.md §6.4 steps 1-11 (step 0's ValueError is checked by the caller). `hits` is None when
     no lookup is passed; a lookup whose lists are all empty is the shared empty instance, so
@@ -332,9 +360,9 @@ def allocate_slots(
     Returns the state to continue from (the adopted trial copy on success) and what happened.
     """
     lists = hits if hits is not None else [[] for _ in layout.groups]
-    adopt = any(lists)
+    adopt = any(lists) or external > 0
     local = req.num_computed_tokens + hit
-    total = min(local, layout.max_model_len)
+    total = min(local + external, layout.max_model_len)
     wm = layout.watermark_blocks if has_scheduled_reqs and req.status in WAITING_STATES else 0
     if full_sequence_must_fit:
         full = min(req.num_tokens, layout.max_model_len)
@@ -347,7 +375,11 @@ def allocate_slots(
 
     free_before = len(state.free)
     trial = state.trial_copy()
-    adopted = adopt_hits(layout, trial, req, lists, local) if adopt else [0] * len(layout.groups)
+    adopted = adopt_hits(layout, trial, req, lists, local, external) if adopt else (
+        [0] * len(layout.groups))
+    if external:
+        adopted = [a + b for a, b in zip(adopted, external_blocks(layout, trial, req, local,
+                                                                    external))]
     new_blocks, allocated = allocate_new_blocks(layout, trial, req, slots, main,
                                                 num_encoder_tokens)
     group_taken = tuple(a + b for a, b in zip(adopted, allocated))
@@ -364,7 +396,8 @@ def allocate_slots(
         return state, Allocation(
             "capacity", prediction=prediction, free_before=free_before, shortage=shortage
         )
-    cache_request(layout, trial, req, min(total + num_new_tokens, req.num_tokens))
+    if not delay_cache:
+        cache_request(layout, trial, req, min(total + num_new_tokens, req.num_tokens))
     return trial, Allocation(
         "blocks",
         new_blocks=new_blocks,

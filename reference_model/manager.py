@@ -39,6 +39,8 @@ class Manager:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        external: int = 0,
+        delay_cache: bool = False,
     ) -> Lists | None:
         """docs/spec.md §6.4 (arguments already checked): the new block ids per group, or None."""
         self.state, done = allocate_slots(
@@ -53,6 +55,8 @@ class Manager:
             full_sequence_must_fit,
             reserved_blocks,
             has_scheduled_reqs,
+            external,
+            delay_cache,
         )
         if done.shortage is not None:
             self.observations.pool_shortages.append(done.shortage)

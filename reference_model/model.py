@@ -40,7 +40,7 @@ API_OPS = (
     "free_deferred",
     "release_deferred",
 )
-SCHEDULER_OPS = ("add_request", "step", "abort", "finish")
+SCHEDULER_OPS = ("add_request", "step", "abort", "finish", "load_remote", "finish_load")
 
 
 class ReferenceModel:
@@ -126,6 +126,7 @@ class ReferenceModel:
             new_block_ids=tuple([b for g in state.new_block_ids for b in g]),
             waiting=tuple([r.request_id for r in self.driver.waiting]),
             running=tuple([r.request_id for r in self.driver.running]),
+            loads=tuple(sorted(self.driver.loads)),
         )
 
     # ----- validity helpers -----
@@ -209,17 +210,19 @@ class ReferenceModel:
             if req.request_id not in self.lookups:
                 raise InvalidTrace(f"request {req.request_id!r} has no live lookup")
             hits, hit = self.lookups[req.request_id]
-        n = op["num_new_tokens"]
-        if req.num_computed_tokens + hit + n > req.num_tokens:
+        n, ext = op["num_new_tokens"], op["num_external_computed_tokens"]
+        if req.num_computed_tokens + hit + max(ext, 0) + n > req.num_tokens:
             raise InvalidTrace(
-                f"num_computed_tokens {req.num_computed_tokens} + hit {hit} + num_new_tokens "
-                f"{n} > num_tokens {req.num_tokens}"
+                f"num_computed_tokens {req.num_computed_tokens} + hit {hit} + external "
+                f"{ext} + num_new_tokens {n} > num_tokens {req.num_tokens}"
             )
-        counts = ("num_new_tokens", "num_lookahead_tokens", "reserved_blocks", "num_encoder_tokens")
+        counts = ("num_new_tokens", "num_lookahead_tokens", "reserved_blocks", "num_encoder_tokens",
+                  "num_external_computed_tokens")
         if (
-            (n == 0 and hit == 0)
+            (n == 0 and hit == 0 and ext == 0)
             or any(op[f] < 0 for f in counts)
             or (hits is not None and any(hits) and self.manager.tracked(req.request_id))
+            or (ext > 0 and not self._takes_external(req))
         ):
             self.manager.record_error(req.request_id)
             return MISUSE
@@ -233,12 +236,21 @@ class ReferenceModel:
             op["full_sequence_must_fit"],
             op["reserved_blocks"],
             op["has_scheduled_reqs"],
+            ext,
+            op["delay_cache_blocks"],
         )
         if new is None:
             return None
-        req.num_computed_tokens += hit + n
+        req.num_computed_tokens += hit + ext + n
         req.status = "RUNNING"
         return {"block_ids": [list(lst) for lst in new]}
+
+    def _takes_external(self, req: Request) -> bool:
+        """docs/spec.md §13.1: external tokens only for a request holding nothing, on
+        attention groups."""
+        return not self.manager.tracked(req.request_id) and all(
+            g.kind in ("full", "sliding_window", "chunked_local") and g.variant != "rswa"
+            for g in self.layout.groups)
 
     def _op_free(self, op: Op) -> Any:
         req = self._live(op["request_id"])
@@ -278,7 +290,7 @@ class ReferenceModel:
             or any(
                 n > len(state.tables[g.gid][rid]) * g.bs
                 for g in self.layout.groups
-                if g.kind not in ("cross", "circular_buffer")
+                if g.kind not in ("cross", "circular_buffer", "encoder_only")
             )
         ):
             return MISUSE
@@ -306,13 +318,13 @@ class ReferenceModel:
 
     def _op_release_deferred(self, op: Op) -> None:
         """Each kept batch, oldest first, released as a free would: group after group, each
-        run tail first."""
+        run tail first; with evict_first its cached blocks join the head run too."""
         batches, self._deferred = self._deferred, []
         for runs in batches:
             for run in runs:
                 for b in run:
                     self.manager.state.deferred.remove(b)
-                self.manager.state.release(run[::-1])
+                self.manager.state.release(run[::-1], evict_first=op["evict_first"])
         return None
 
     def _op_take_events(self, op: Op) -> dict[str, list[str]]:
@@ -346,6 +358,18 @@ class ReferenceModel:
     def _op_abort(self, op: Op) -> None:
         self.driver.stop(self._added(op["request_id"]), "FINISHED_ABORTED")
         return None
+
+    def _op_load_remote(self, op: Op) -> Any:
+        if op["num_external_tokens"] < 0:
+            return MISUSE
+        return self.driver.load(self._added(op["request_id"]), op["num_external_tokens"])
+
+    def _op_finish_load(self, op: Op) -> Any:
+        req = self._added(op["request_id"])
+        loaded = op["num_loaded_tokens"]
+        if req.request_id not in self.driver.loads or (loaded is not None and loaded < 0):
+            return MISUSE
+        return self.driver.load_done(req, loaded)
 
     def _op_finish(self, op: Op) -> None:
         self.driver.stop(self._added(op["request_id"]), "FINISHED_STOPPED")

@@ -18,6 +18,10 @@ class Driver:
         self.max_model_len = manager.layout.max_model_len
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self.loads: dict[str, int] = {}
+        """KV loads in flight: request id -> its local hit (docs/spec.md §13.2)."""
+        self.landed: set[str] = set()
+        """Requests a load left holding blocks: offered no load again."""
         self.aligned = any(g.align for g in manager.layout.groups)
         """Mamba "align": prefill chunks end where a state can be cached (docs/spec.md §11.3)."""
 
@@ -54,12 +58,54 @@ class Driver:
         """abort / finish: leave the queue it is in (freeing a running request)."""
         if req.is_finished:
             return
-        if req in self.waiting:
+        if req.status == "WAITING_FOR_REMOTE_KVS":
+            pass  # its blocks wait for the load's end (load_done)
+        elif req in self.waiting:
             self.waiting.remove(req)
+            self.manager.free(req.request_id)  # holds blocks only if a load landed
         else:
             self.running.remove(req)
             self.manager.free(req.request_id)
         req.status = status
+
+    def load(self, req: Request, offered: int) -> dict[str, int] | None:
+        """docs/spec.md §13.2: a waiting request holding nothing takes blocks for its local hit
+        and min(offered, what is left) external tokens, caches nothing, waits for remote KV."""
+        if req not in self.waiting or req.num_computed_tokens or req.request_id in self.landed:
+            return None
+        hits, hit, _ = self.manager.get_computed_blocks(req)
+        external = min(offered, req.num_tokens - hit)
+        if external <= 0:
+            return None
+        if self.manager.allocate_slots(req, 0, hit, hits, has_scheduled_reqs=bool(self.running),
+                                       external=external, delay_cache=True) is None:
+            return None
+        self.waiting.remove(req)
+        req.status = "WAITING_FOR_REMOTE_KVS"
+        req.num_computed_tokens = hit + external
+        self.loads[req.request_id] = hit
+        return {"hit": hit, "external": external}
+
+    def load_done(self, req: Request, loaded: int | None) -> int:
+        """docs/spec.md §13.2: the load ends. Aborted meanwhile: free. Else keep the valid
+        prefix (hit + loaded tokens), cached, or free when there is none; wait again, first."""
+        hit = self.loads.pop(req.request_id)
+        if req.is_finished:
+            self.manager.free(req.request_id)
+            return 0
+        if loaded is not None:
+            req.num_computed_tokens = min(req.num_computed_tokens, hit + loaded)
+        if req.num_computed_tokens > 0:
+            self.manager.cache_blocks(req, req.num_computed_tokens)
+            self.landed.add(req.request_id)
+        else:
+            self.manager.free(req.request_id)
+        if req.num_computed_tokens == req.num_tokens:
+            req.num_computed_tokens -= 1
+        req.status = "PREEMPTED" if req.num_preemptions else "WAITING"
+        self.waiting.insert(0, req)
+        self._order_waiting()
+        return req.num_computed_tokens
 
     def _victim(self) -> Request:
         """FCFS: the last running request; priority: the first with the largest

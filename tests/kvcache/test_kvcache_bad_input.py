@@ -311,11 +311,21 @@ def test_hits_with_caching_disabled() -> None:
     )
 
 
-def test_external_tokens_are_rejected(world: World) -> None:
+def test_external_tokens_for_a_running_request_are_rejected(world: World) -> None:
     assert_rejected(
         world,
         lambda: world.manager.allocate_slots(world.running, 1, num_external_computed_tokens=5),
-        r"num_external_computed_tokens=5, but external \(KV connector\) tokens are not supported",
+        r"num_external_computed_tokens=5 for a request that already holds blocks",
+    )
+
+
+def test_negative_external_tokens_are_rejected(world: World) -> None:
+    """vLLM PR #52707: a negative count must not shrink the allocation (and free blocks)."""
+    x = world.new_request("X", world.shared_prompt)
+    assert_rejected(
+        world,
+        lambda: world.manager.allocate_slots(x, 4, num_external_computed_tokens=-3),
+        r"num_external_computed_tokens=-3",
     )
 
 

@@ -24,7 +24,8 @@ EXPECTED = {
     "touch-leaves-queued": {"P1", "P3"},
     "free-forgets-decrement": {"P2"},
     "free-forward-order": {"I7", "DIFF-state"},
-    "hit-reaches-num-tokens": {"I12", "DIFF-result"},
+    "hit-reaches-num-tokens": {"I12"},
+    "lookup-ignores-bound": {"I12"},
     "salt-ignored": {"H1"},
     "weak-hash": {"H1"},
     "uncached-to-tail": {"I7", "DIFF-state"},
@@ -43,17 +44,22 @@ EXPECTED = {
     "embeds-mask-dropped": {"H1"},
     "removed-while-held": {"EV2"},
     "deferred-free-whole-list": {"I7", "DIFF-state"},
+    "evict-first-ignored": {"I7", "F1", "DIFF-state"},
     "reset-not-announced": {"EV1"},
     "stored-parent-dropped": {"EV3"},
     "state-predictor-under-count": {"P1"},
-    "state-released-early": {"S1", "DIFF-result"},
+    "state-released-early": {"S1", "DIFF-result", "DIFF-state"},
     "state-allocation-asserts-growth": {"DIFF-result", "I10"},
     "state-hit-misplaced": {"I12", "P1", "S2", "DIFF-result", "DIFF-state"},
     "align-cow-forgets-pending-copy": {"P2", "DIFF-state"},
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1", "P4"},
+    "encoder-only-takes-blocks": {"EO1"},
+    "retention-ignored": {"RT1"},
     "boundary-before-hit": {"I20"},
     "boundary-one-short": {"DIFF-probe"},
+    "negative-external-accepted": {"P1", "DIFF-result", "DIFF-probe", "DIFF-state"},
+    "aborted-load-holds-blocks": {"C1", "I16", "DIFF-state"},
 }
 
 
@@ -93,7 +99,10 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("P3", "touch-leaves-queued", "api"), ("P4", "predictor-off-by-one", "scheduler"),
      ("I7", "free-forward-order", "api"), ("S1", "state-released-early", "api"),
      ("S2", "state-hit-misplaced", "api"), ("S2", "state-hit-misplaced", "scheduler"),
-     ("S3", "cow-unretained", "api")],
+     ("S3", "cow-unretained", "api"), ("F1", "evict-first-ignored", "api"),
+     ("C1", "aborted-load-holds-blocks", "scheduler"),
+     ("P1", "negative-external-accepted", "api"),
+     ("I12", "hit-reaches-num-tokens", "scheduler"), ("I12", "lookup-ignores-bound", "api")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""

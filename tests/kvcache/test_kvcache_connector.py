@@ -1,0 +1,129 @@
+"""KV connector support (docs/spec.md §13): external tokens in allocate_slots, the lookup and
+view helpers vLLM's connector scheduler calls, and the driver's simulated load life cycle."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvfuzz.kvcache import FullAttentionSpec, RequestStatus, SlidingWindowSpec
+from kvfuzz.kvcache.scheduler import Scheduler
+
+from kvcache_testkit import make_manager, make_request, table_ids
+
+BS = 4
+
+
+def _manager(num_blocks: int = 12, *specs):
+    specs = specs or (FullAttentionSpec(block_size=BS),)
+    return make_manager(num_blocks, *specs, max_model_len=64)
+
+
+def free(m) -> int:
+    return m.block_pool.get_num_free_blocks()
+
+
+def test_external_tokens_take_blocks_after_the_hit_and_delay_caches_nothing():
+    m = _manager()
+    a = make_request("A", list(range(13)), BS)
+    assert m.allocate_slots(a, 13) is not None
+    a.num_computed_tokens = 13
+    b = make_request("B", list(range(13)) + [50, 51, 52], BS)
+    hits, hit, _ = m.get_computed_blocks(b)
+    assert hit == 12
+    before = free(m)
+    new = m.allocate_slots(b, 0, hit, hits, num_external_computed_tokens=3,
+                           delay_cache_blocks=True)
+    # The 3 external tokens (12..14) take one block; none of it is returned as new or cached.
+    assert new is not None and new.get_block_ids() == ([],)
+    assert free(m) == before - 1
+    assert table_ids(m, "B")[0][:3] == table_ids(m, "A")[0][:3]
+    assert m.estimate_cached_tokens(b) == 12
+    m.cache_blocks(b, 15)
+    assert m.estimate_cached_tokens(b) == 12  # block 3 (tokens 12..15) is not full yet
+
+
+def test_sliding_window_leaves_external_blocks_outside_the_window_null():
+    m = _manager(20, FullAttentionSpec(block_size=BS), SlidingWindowSpec(block_size=BS,
+                                                                          sliding_window=4))
+    a = make_request("A", list(range(17)), BS)
+    assert m.allocate_slots(a, 1, num_external_computed_tokens=16) is not None
+    full, window = table_ids(m, "A")
+    assert len(full) == 5 and 0 not in full
+    assert window[:3] == [0, 0, 0] and 0 not in window[3:]
+
+
+@pytest.mark.parametrize("external", [-1, -5])
+def test_negative_external_tokens_raise_and_change_nothing(external):
+    m = _manager()
+    a = make_request("A", list(range(9)), BS)
+    with pytest.raises(ValueError, match=f"num_external_computed_tokens={external}"):
+        m.allocate_slots(a, 4, num_external_computed_tokens=external)
+    assert free(m) == 11 and not m.coordinator.tracks("A")
+
+
+def test_connector_lookup_and_truncation():
+    m = _manager()
+    a = make_request("A", list(range(13)), BS)
+    m.allocate_slots(a, 13)
+    b = make_request("B", list(range(13)), BS)
+    blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(b)
+    assert (hit, boundary, diverged) == (12, 0, False)
+    assert m.truncate_computed_blocks(blocks, 8).get_block_ids() == (blocks.get_block_ids()[0][:2],)
+    assert blocks.get_block_ids()[0] == table_ids(m, "A")[0][:3]  # untouched
+    with pytest.raises(ValueError, match="6 tokens is not a cut"):
+        m.truncate_computed_blocks(blocks, 6)
+    with pytest.raises(ValueError, match="16 tokens is not a cut"):
+        m.truncate_computed_blocks(blocks, 16)
+
+
+def _driver(num_blocks: int = 12):
+    m = _manager(num_blocks)
+    return m, Scheduler(m, max_model_len=64, token_budget=32, max_running=4)
+
+
+def test_a_whole_load_is_cached_and_the_request_recomputes_its_last_token():
+    m, s = _driver()
+    r = make_request("R", list(range(8)), BS)
+    s.add_request(r)
+    assert s.start_load("R", 100) == (0, 8)
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and s.loads == ("R",)
+    assert m.estimate_cached_tokens(r) == 0  # delayed: nothing cached while loading
+    assert s.finish_load("R") == 7
+    assert r.status == RequestStatus.WAITING and m.estimate_cached_tokens(r) == 8
+    out = s.step(lambda request: 1)
+    assert out.scheduled == [("R", 1, 0)]
+
+
+def test_a_short_load_keeps_its_valid_prefix_and_a_failed_one_frees():
+    m, s = _driver()
+    short, failed = make_request("S", list(range(12)), BS), make_request("F", [9] * 8, BS)
+    s.add_request(short)
+    s.add_request(failed)
+    s.start_load("S", 12)
+    s.start_load("F", 8)
+    assert s.finish_load("S", 5) == 5 and m.estimate_cached_tokens(short) == 4
+    assert s.finish_load("F", 0) == 0 and table_ids(m, "F") == [[]]
+
+
+def test_an_aborted_load_holds_its_blocks_until_the_load_ends():
+    m, s = _driver()
+    r = make_request("R", list(range(8)), BS)
+    s.add_request(r)
+    s.start_load("R", 8)
+    s.finish_request("R", RequestStatus.FINISHED_ABORTED)
+    assert free(m) == 9 and s.loads == ("R",)
+    s.finish_load("R")
+    assert free(m) == 11 and s.loads == ()
+
+
+def test_finish_load_without_a_load_raises_and_changes_nothing():
+    m, s = _driver()
+    r = make_request("R", list(range(8)), BS)
+    s.add_request(r)
+    with pytest.raises(ValueError, match=r"finish_load\('R'\): no KV load in flight"):
+        s.finish_load("R")
+    with pytest.raises(ValueError, match="num_external_tokens=-2"):
+        s.start_load("R", -2)
+    with pytest.raises(ValueError, match="unknown request 'X'"):
+        s.start_load("X", 2)
+    assert r.status == RequestStatus.WAITING and free(m) == 11
