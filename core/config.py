@@ -15,11 +15,11 @@ from kvfuzz.core.limits import MAX_GROUPS, MAX_NUM_BLOCKS, MAX_SIZE, shown
 
 GroupKind = Literal[
     "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
-    "circular_buffer",
+    "circular_buffer", "encoder_only",
 ]
 GROUP_KINDS: tuple[str, ...] = (
     "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
-    "circular_buffer",
+    "circular_buffer", "encoder_only",
 )
 # Kinds vLLM manages as full attention (specs that subclass FullAttentionSpec).
 FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
@@ -27,6 +27,14 @@ FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
 MAMBA_CACHE_MODES: tuple[str, ...] = ("none", "align")
 MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='align'"
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
+# vLLM 0.34.0's reasons (ModelConfig.is_prefix_caching_supported / is_chunked_prefill_supported)
+# for a model with encoder-only (bidirectional) attention (docs/spec.md §12.4).
+ENCODER_ONLY_CACHING_REASON = (
+    "Pooling models with bidirectional attn do not support prefix caching."
+)
+ENCODER_ONLY_CHUNKING_REASON = (
+    "Pooling models with bidirectional attn do not support chunked prefill."
+)
 
 
 def _int_in(where: str, value: Any, low: int, high: int = MAX_SIZE) -> None:
@@ -161,6 +169,9 @@ class Config:
     """Generators free some requests in two steps: pop their blocks, release them later."""
     kv_events: bool = False
     """The manager queues KV cache events; `take_events` ops read them (docs/spec.md §3.10)."""
+    prefix_cache_retention_interval: int | None = None
+    """Sparse prefix-cache retention of sliding-window groups (docs/spec.md §4.9.2): None
+    dense, 0 only replay boundaries, R a segment end every R tokens and replay boundaries."""
     kv_connector: bool = False
     """Generators load some requests' KV from a simulated connector (docs/spec.md §13)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -253,6 +264,9 @@ class Config:
             _positive_int("hash_block_size", self.hash_block_size)
         if self.max_in_flight_tokens is not None:
             _positive_int("max_in_flight_tokens", self.max_in_flight_tokens)
+        if self.prefix_cache_retention_interval is not None:
+            _int_in("prefix_cache_retention_interval", self.prefix_cache_retention_interval,
+                    -MAX_SIZE)
         if not isinstance(self.watermark, (int, float)) or isinstance(self.watermark, bool) or (
             not 0 <= self.watermark <= 1  # also rejects NaN
         ):
@@ -293,6 +307,13 @@ class Config:
         kinds = [g.kind for g in self.groups]
         if self.enable_caching and "cross" in kinds:
             raise ConfigError("a cross-attention group needs enable_caching false")
+        if "encoder_only" in kinds:
+            if self.enable_caching:
+                raise ConfigError(f"an encoder_only group needs enable_caching false: "
+                                  f"{ENCODER_ONLY_CACHING_REASON}")
+            if self.scheduler.chunked_prefill:
+                raise ConfigError(f"an encoder_only group needs scheduler.chunked_prefill "
+                                  f"false: {ENCODER_ONLY_CHUNKING_REASON}")
         if self.enable_caching and self.is_hybrid and all(k == "circular_buffer" for k in kinds):
             raise ConfigError(
                 "with enable_caching true a config with several groups needs one that is not a "
@@ -310,6 +331,7 @@ class Config:
                 "use_eagle with a mamba_cache_mode 'align' group is not implemented by kvfuzz "
                 "yet (docs/spec.md §11.5)"
             )
+        self._validate_retention(kinds)
         if self.kv_connector:
             for i, g in enumerate(self.groups):
                 if g.kind not in _CONNECTOR_KINDS:
@@ -337,6 +359,31 @@ class Config:
                         f"partial_hits: groups[{i}] ({g.kind}) block_size {g.block_size} "
                         f"must equal hash_block_size {hbs}"
                     )
+
+    def _validate_retention(self, kinds: list[str]) -> None:
+        """vLLM's rules for the retention interval, with its messages (docs/spec.md §4.9.2)."""
+        retention = self.prefix_cache_retention_interval
+        if retention is None:
+            return
+        if "sliding_window" not in kinds and "mamba" not in kinds:
+            if retention == 0:
+                return
+            raise ConfigError(
+                "prefix_cache_retention_interval is set but this model has no sliding-window "
+                "or Mamba KV cache group, so retention has no effect. Set it to 0 (it only "
+                "applies to sliding-window and Mamba attention)."
+            )
+        sbs = self.scheduler_block_size
+        if retention < 0 or retention % sbs:
+            raise ConfigError(
+                f"prefix_cache_retention_interval ({retention}) must be non-negative and a "
+                f"multiple of scheduler_block_size ({sbs})."
+            )
+        if self.enable_caching and any(g.mamba_cache_mode == "align" for g in self.groups):
+            raise ConfigError(
+                "prefix_cache_retention_interval with a mamba_cache_mode 'align' group is not "
+                "implemented by kvfuzz yet (docs/spec.md §11.5)"
+            )
 
     # ----- (de)serialisation -----
 

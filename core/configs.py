@@ -175,6 +175,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    name="swa_mamba_align", max_model_len=64),
         ),
         (
+            "full (bs 8) + sliding window (bs 2, window 4) + Mamba align (bs 8), hash blocks of "
+            "2: sub-block hits stay on, and three spec groups make the fixed point run rounds",
+            Config(56, (_full(8), _swa(2, 4), GroupConfig("mamba", 8, mamba_cache_mode="align")),
+                   name="swa_mamba_align_fine", max_model_len=64),
+        ),
+        (
             "MLA (DeepSeek-V2/V3-shaped): latent attention, managed as full attention",
             Config(16, (GroupConfig("mla", 4),), name="mla", max_model_len=64),
         ),
@@ -202,6 +208,39 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "tail: one ring block per request, out of every lookup",
             Config(24, (_full(4), GroupConfig("circular_buffer", 8)), name="full_ring",
                    max_model_len=64),
+        ),
+        (
+            "BERT-shaped encoder-only model (bge/e5 embeddings): bidirectional attention keeps "
+            "no KV cache; vLLM turns prefix caching and chunked prefill off for it",
+            Config(8, (GroupConfig("encoder_only", 16),), name="bert", max_model_len=64,
+                   enable_caching=False, scheduler=SchedulerConfig(chunked_prefill=False)),
+        ),
+        (
+            "ColQwen3.5-shaped retriever: 1 encoder-only attention : 3 Gated DeltaNet -> "
+            "encoder-only (bs 16) + 3 state groups; caching and chunked prefill off",
+            Config(24, (GroupConfig("encoder_only", 16),) + tuple(_mamba(64) for _ in range(3)),
+                   name="colqwen3_5", max_model_len=64, enable_caching=False,
+                   scheduler=SchedulerConfig(chunked_prefill=False)),
+        ),
+        (
+            "Gemma-3-shaped with prefix-cache retention: 5 local : 1 global -> full (bs 4) + "
+            "sliding window (bs 4, window 8); window blocks keep keys only at 16-token segment "
+            "ends and replay boundaries",
+            Config(24, (_full(4), _swa(4, 8)), name="gemma3_retention", max_model_len=64,
+                   prefix_cache_retention_interval=16),
+        ),
+        (
+            "sliding window (bs 4, window 5) alone, retention 0: its blocks keep keys only at "
+            "each prompt's replay boundary",
+            Config(16, (_swa(4, 5),), name="swa_replay_only", max_model_len=64,
+                   max_in_flight_tokens=16, prefix_cache_retention_interval=0),
+        ),
+        (
+            "Tier B: EAGLE on a hybrid model with sub-block hits, full attention (bs 16) + two "
+            "sliding windows (bs 4, windows 8 and 12): the fixed point's rounds with EAGLE drops, "
+            "EAGLE with partial tails, 16-token blocks at a 4-token alignment",
+            Config(40, (_full(16), _swa(4, 8), _swa(4, 12)), name="eagle_hybrid",
+                   max_model_len=64, use_eagle=True, partial_hits=True),
         ),
         (
             "priority scheduling, no chunked prefill",

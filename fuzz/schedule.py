@@ -59,6 +59,9 @@ class Batch:
     config: str
     seed: int
     examples: int
+    first: bool = False
+    """The pair's first batch: its examples keep every rule and knob (no swarm), so a bug that
+    plain examples find at once costs no more with swarm testing on."""
 
     @property
     def pair(self) -> Pair:
@@ -87,6 +90,9 @@ class BatchResult:
     seconds: float = 0.0
     failure: Failure | None = None
     interrupted: bool = False
+    database_lost: str | None = None
+    """Why the batch's process dropped the shared example database, if it did (the driver
+    warns once per campaign)."""
 
 
 def batch_seed(campaign_seed: int, index: int) -> int:
@@ -139,12 +145,14 @@ class Schedule:
             return None
         pair = min(candidates,
                    key=lambda p: (self.assigned[p] / self.weights[p], self.pairs.index(p)))
-        size = min(self._room(pair), BATCH_EXAMPLES if self.assigned[pair] else FIRST_BATCH)
+        first = not self.assigned[pair]
+        size = min(self._room(pair), FIRST_BATCH if first else BATCH_EXAMPLES)
         if seconds_left is not None and self.seconds_per_example:
             fits = int(seconds_left * parallel / self.seconds_per_example)
             size = max(1, min(size, fits))
         self.assigned[pair] += size
-        batch = Batch(self._index, pair[0], pair[1], batch_seed(self.seed, self._index), size)
+        batch = Batch(self._index, pair[0], pair[1], batch_seed(self.seed, self._index), size,
+                      first)
         self._index += 1
         return batch
 

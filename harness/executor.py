@@ -176,6 +176,7 @@ class Execution:
                 op["skip_reading_prefix_cache"],
                 op["num_encoder_tokens"],
                 Extras.of_op(op),
+                op.get("prefix_cache_hit_limit"),
             )
         ref_result = ref_obs = ref_snap = None
         try:

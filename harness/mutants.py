@@ -163,8 +163,29 @@ def _free_forward_order(side: KvcacheSide) -> None:
 @mutant("hit-reaches-num-tokens", "the prefix hit may cover the whole prompt (no token left to "
         "compute)", bug="docs/spec.md §10.15")
 def _hit_reaches_num_tokens(side: KvcacheSide) -> None:
+    # The ceiling lives in Request.get_max_cache_hit_length (num_tokens - 1, lowered by the hit
+    # limit and the bound): during a lookup, and the probe that predicts it, it starts from
+    # num_tokens instead.
+    def around(original, request, *bound):
+        def whole_prompt(bound=None):
+            caps = (request.num_tokens, request.prefix_cache_hit_limit, bound)
+            return min(c for c in caps if c is not None)
+
+        request.get_max_cache_hit_length = whole_prompt
+        try:
+            return original(request, *bound)
+        finally:
+            del request.get_max_cache_hit_length
+
+    _around(side.manager, "get_computed_blocks", around)
+    _around(side.manager, "get_num_cached_tokens", around)
+
+
+@mutant("lookup-ignores-bound", "get_computed_blocks ignores its max_cache_hit_length bound",
+        bug="docs/spec.md §6.3 step 2 / I12")
+def _lookup_ignores_bound(side: KvcacheSide) -> None:
     def around(original, request, max_cache_hit_length=None):
-        return original(request, request.num_tokens)
+        return original(request)
 
     _around(side.manager, "get_computed_blocks", around)
 
@@ -253,10 +274,18 @@ def _removed_while_held(side: KvcacheSide) -> None:
 def _deferred_free_whole_list(side: KvcacheSide) -> None:
     pool = side.manager.block_pool
 
-    def free_deferred_blocks(blocks_per_group):
-        pool.free_blocks([b for blocks in blocks_per_group for b in blocks][::-1])
+    def free_deferred_blocks(blocks_per_group, evict_first=False):
+        pool.free_blocks([b for blocks in blocks_per_group for b in blocks][::-1], evict_first)
 
     side.manager.free_deferred_blocks = free_deferred_blocks
+
+
+@mutant("evict-first-ignored", "free_blocks(evict_first=True) queues cached blocks at the tail, "
+        "as a plain free does, so blocks another tier holds outlive the ones it does not",
+        bug="vLLM 0.34 BlockPool.free_blocks(evict_first)", configs=("deferred",))
+def _evict_first_ignored(side: KvcacheSide) -> None:
+    _around(side.manager.block_pool, "free_blocks",
+            lambda original, blocks, evict_first=False: original(blocks))
 
 
 @mutant("reset-not-announced", "a successful prefix-cache reset emits no AllBlocksCleared",
@@ -653,6 +682,26 @@ def _ring_block_per_step(side: KvcacheSide) -> None:
                 return new_blocks
 
             single.allocate_new_blocks = grow
+
+
+@mutant("encoder-only-takes-blocks", "an encoder-only group predicts and allocates blocks as "
+        "full attention does, though its layers keep no KV", bug="docs/spec.md §12.4",
+        configs=("bert", "colqwen3_5"))
+def _encoder_only_takes_blocks(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "EncoderOnlyAttentionManager":
+            base = type(single).__mro__[1]  # SingleTypeKVCacheManager: tables follow tokens
+            single.get_num_blocks_to_allocate = base.get_num_blocks_to_allocate.__get__(single)
+            single.allocate_new_blocks = base.allocate_new_blocks.__get__(single)
+
+
+@mutant("retention-ignored", "sliding-window groups ignore the prefix-cache retention interval "
+        "and key every block a dense hit could end at", bug="docs/spec.md §4.9.2",
+        configs=("gemma3_retention", "swa_replay_only"))
+def _retention_ignored(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "SlidingWindowManager":
+            single.retention_interval = None
 
 
 @mutant("negative-external-accepted", "allocate_slots accepts a negative external-token count "

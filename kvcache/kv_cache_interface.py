@@ -157,6 +157,19 @@ class CrossAttentionSpec(AttentionSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EncoderOnlyAttentionSpec(AttentionSpec):
+    """Bidirectional attention over one request's tokens in a single forward: no KV is kept.
+
+    vLLM's layers return no spec for it, so they never form a group; kvcache keeps the group
+    and gives it a manager that holds nothing (docs/spec.md §12.4).
+    """
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, kw_only=True)
 class CircularBufferSpec(KVCacheSpec):
     """A per-request ring of `block_size` slots (e.g. a compressor's open group): one block for
     the request's whole life, never prefix-cached."""

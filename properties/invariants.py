@@ -14,8 +14,9 @@ from kvfuzz.core.extra_keys import prefix_identity
 from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
-# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring).
-_FIXED_KINDS = ("cross", "circular_buffer")
+# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring) or never
+# (encoder-only attention).
+_FIXED_KINDS = ("cross", "circular_buffer", "encoder_only")
 # Kinds whose tables release blocks no future token reads (nulls left in place).
 _WINDOW_KINDS = ("sliding_window", "chunked_local", "mamba", "rswa")
 
@@ -203,13 +204,15 @@ def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext
     "eviction order: blocks that stay free keep their order and blocks leave from the head (or "
     "as cached hits); released uncached blocks go to the head (later release first), released "
     "cached ones to the tail (earlier release first), each release in the caller's order (a "
-    "table tail first); so uncached free blocks precede cached ones, bar keys stripped in place",
+    "table tail first; with evict_first cached ones join the head run); so uncached free blocks "
+    "precede cached ones, bar keys stripped in place or freed evict_first",
     covers=("bugs #11", "bugs #12", "bugs #13"),
 )
 def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     q0, q1, kind = before.free_queue, after.free_queue, ctx.op["op"]
+    first = bool(ctx.op.get("evict_first"))
     calls = _releases(before, after, ctx)
-    head, tail = _queued(before, calls or [])
+    head, tail = _queued(before, calls or [], first)
     if q0 == q1 and not head and not tail:
         return None
     pos = {b: i for i, b in enumerate(q0)}
@@ -230,7 +233,7 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
 
     # The queue must read [released uncached | stayed free, in order | released cached].
     i, j = 0, len(q1)
-    while i < j and keys1[q1[i]] is None and moved(q1[i]):
+    while i < j and (first or keys1[q1[i]] is None) and moved(q1[i]):
         i += 1
     while j > i and keys1[q1[j - 1]] is not None and moved(q1[j - 1]):
         j -= 1
@@ -238,7 +241,7 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
     for b in q1[i:j]:
         at = pos.get(b)
         if at is None:
-            end = "head" if keys1[b] is None else "tail"
+            end = "head" if first or keys1[b] is None else "tail"
             return f"{kind} released block {b} into the free queue, not at its {end}: {list(q1)}"
         if at < last:
             return (f"after {kind} block {q0[last]} precedes block {b} in the free queue, unlike "
@@ -288,8 +291,10 @@ def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list
     return []
 
 
-def _queued(before: Snapshot, calls: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Where free_blocks puts what these calls release: the head run and the tail run."""
+def _queued(before: Snapshot, calls: list[list[int]],
+            evict_first: bool = False) -> tuple[list[int], list[int]]:
+    """Where free_blocks puts what these calls release: the head run and the tail run (empty
+    with `evict_first`, which puts cached blocks in the head run too)."""
     counts: dict[int, int] = {}
     head: list[int] = []
     tail: list[int] = []
@@ -299,9 +304,41 @@ def _queued(before: Snapshot, calls: list[list[int]]) -> tuple[list[int], list[i
             if b:
                 counts[b] = counts.get(b, before.ref_cnt[b]) - 1
                 if counts[b] == 0:
-                    (run if before.block_keys[b] is None else tail).append(b)
+                    to_head = evict_first or before.block_keys[b] is None
+                    (run if to_head else tail).append(b)
         head[:0] = run
     return head, tail
+
+
+@transition(
+    "F1",
+    "an evict_first free is a plain free but for where it queues: the same blocks freed (the "
+    "same free count), their keys kept (still hits until popped), and those that reached zero "
+    "are the next to evict, ahead of every block already free, which keeps its order",
+    covers=("spec §3.6",),
+)
+def evict_first_free(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    op = ctx.op
+    if op["op"] != "release_deferred" or not op.get("evict_first") or ctx.result is not None:
+        return None
+    calls = _releases(before, after, ctx) or []
+    head, _ = _queued(before, calls, evict_first=True)
+    plain = _queued(before, calls)
+    freed = len(plain[0]) + len(plain[1])
+    if after.num_free_blocks != before.num_free_blocks + freed:
+        return (f"release_deferred(evict_first) left {after.num_free_blocks} blocks free; the "
+                f"plain free frees {freed} more than the {before.num_free_blocks} before")
+    changed = [b for b in range(after.num_blocks)
+               if after.block_keys[b] != before.block_keys[b]]
+    if changed or after.cache != before.cache:
+        return (f"release_deferred(evict_first) changed the cache keys (of blocks {changed}); "
+                "it only moves where freed blocks queue")
+    expected = (*head, *before.free_queue)
+    if after.free_queue != expected:
+        return (f"release_deferred(evict_first) left the free queue {list(after.free_queue)}, "
+                f"expected {list(expected)}: the released {head} next to evict, then the "
+                "blocks already free in their order")
+    return None
 
 
 @transition(
@@ -409,9 +446,11 @@ def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext
 
 @transition(
     "I12",
-    "hit bounds: 0 <= hit <= num_tokens-1, aligned, within the hashed tokens (but chunked "
-    "local's null prefix), cdiv(hit, bs_g) blocks per group, no nulls in full-attention lists, "
-    "skipped(hit)//bs leading nulls in sliding-window lists",
+    "hit bounds: 0 <= hit <= the ceiling (num_tokens-1, lowered by the request's hit limit and "
+    "the lookup's bound; the get_num_cached_tokens probe's answer too, up to num_tokens-1), "
+    "aligned, within the hashed tokens "
+    "(but chunked local's null prefix), cdiv(hit, bs_g) blocks per group, no nulls in "
+    "full-attention lists, skipped(hit)//bs leading nulls in sliding-window lists",
     covers=("bugs #14", "bugs #15", "#46453"),
 )
 def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
@@ -420,19 +459,27 @@ def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | No
         for rid, _, hit in result["scheduled"]:
             view = before.requests.get(rid)
             if hit and view is not None:
-                problem = _hit_length_problem(config, hit, view.num_tokens)
+                problem = _hit_length_problem(config, hit, _ceiling(ctx, rid, view.num_tokens))
                 if problem:
                     return f"{rid}: {problem}"
         return None
-    if op["op"] != "get_computed_blocks" or not isinstance(result, dict) or "error" in result:
+    if op["op"] not in ("get_computed_blocks", "get_num_cached_tokens") or not isinstance(
+            result, dict) or "error" in result:
         return None
-    rid, hit = op["request_id"], result["num_computed_tokens"]
-    view = after.requests[rid]
-    problem = _hit_length_problem(config, hit, view.num_tokens) if hit else None
+    rid = op["request_id"]
+    probe = op["op"] == "get_num_cached_tokens"
+    hit = result["num_cached_tokens" if probe else "num_computed_tokens"]
+    num_tokens = after.requests[rid].num_tokens
+    # The probe's answer against the hit limit is P5's (it must equal the lookup's hit).
+    ceiling = ((num_tokens, num_tokens - 1) if probe
+               else _ceiling(ctx, rid, num_tokens, op.get("max_cache_hit_length")))
+    problem = _hit_length_problem(config, hit, ceiling) if hit else None
     if problem:
-        return f"{rid}: {problem}"
+        return f"{rid}: {problem}" + (" (get_num_cached_tokens)" if probe else "")
     if hit and ctx.requests[rid].skip_reading_prefix_cache:
         return f"{rid} skips reading the prefix cache but hit {hit} tokens"
+    if probe:
+        return None
     for g, (group, ids) in enumerate(zip(config.groups, result["block_ids"])):
         if group.kind == "circular_buffer":
             if ids:
@@ -471,9 +518,19 @@ def prefix_boundary(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str
     return None
 
 
-def _hit_length_problem(config: Config, hit: int, num_tokens: int) -> str | None:
-    if not 0 <= hit <= num_tokens - 1:
-        return f"hit {hit} outside 0..{num_tokens - 1}"
+def _ceiling(ctx: CheckContext, rid: str, num_tokens: int, bound: int | None = None
+             ) -> tuple[int, int]:
+    """(num_tokens, the longest hit allowed): num_tokens - 1, lowered by the request's hit
+    limit and the lookup's bound (docs/spec.md §6.3 step 2)."""
+    meta = ctx.requests.get(rid)
+    limit = meta.prefix_cache_hit_limit if meta is not None else None
+    return num_tokens, min(c for c in (num_tokens - 1, limit, bound) if c is not None)
+
+
+def _hit_length_problem(config: Config, hit: int, ceiling: tuple[int, int]) -> str | None:
+    num_tokens, most = ceiling
+    if not 0 <= hit <= most:
+        return f"hit {hit} outside 0..{most}"
     if hit % config.alignment_tokens:
         return f"hit {hit} is not a multiple of the alignment {config.alignment_tokens}"
     hashed = (num_tokens // config.resolved_hash_block_size) * config.resolved_hash_block_size
@@ -655,6 +712,22 @@ def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
                     f"{rid} group {g}: {len(table)} state blocks, needs {needed} "
                     f"({group.num_speculative_blocks} speculative)"
                 )
+    return None
+
+
+@invariant(
+    "EO1",
+    "encoder-only groups take no KV cache: no request's table in such a group holds a block",
+    covers=("spec §12.4",),
+)
+def encoder_only_holds_nothing(s: Snapshot, ctx: CheckContext) -> str | None:
+    groups = [g for g, group in enumerate(ctx.config.groups) if group.kind == "encoder_only"]
+    if not groups:
+        return None
+    for rid, view in s.requests.items():
+        for g in groups:
+            if view.tables[g]:
+                return f"{rid} group {g} is encoder-only but holds blocks {list(view.tables[g])}"
     return None
 
 

@@ -38,6 +38,8 @@ class RequestMeta:
     num_encoder_tokens: int
     extras: Extras | None = None
     """LoRA, multimodal inputs and prompt embeddings (docs/spec.md §2.3); None for none."""
+    prefix_cache_hit_limit: int | None = None
+    """The request's own ceiling on prefix hits (vLLM 0.34's prompt scoring); None: none."""
 
 
 @dataclass

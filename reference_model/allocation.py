@@ -54,6 +54,8 @@ def gate_block_count(
         if g.kind == "circular_buffer":  # one ring block, claimed once (§12.3)
             need += 0 if state.tables[g.gid].get(rid) else 1
             continue
+        if g.kind == "encoder_only":  # takes no KV cache (§12.4)
+            continue
         if defers_hit(state, g, group_hits):
             need += layout.num_blocks + 1
             continue
@@ -110,7 +112,7 @@ def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: i
     rid = req.request_id
     taken = [0] * len(layout.groups)
     for g in layout.groups:
-        if g.kind in ("cross", "circular_buffer"):
+        if g.kind in ("cross", "circular_buffer", "encoder_only"):
             assert not hits[g.gid], f"{g.kind} hits"
             continue
         assert not state.tables[g.gid].get(rid), "adopting into a non-empty table"
@@ -167,6 +169,10 @@ def allocate_new_blocks(
         T = num_encoder_tokens if g.kind == "cross" else slots + g.speculative
         result: list[int] = []
         table = state.tables[g.gid].setdefault(rid, [])
+        if g.kind == "encoder_only":  # an empty table, never a block (§12.4)
+            new.append(result)
+            taken.append(0)
+            continue
         if g.kind == "circular_buffer":
             if not table:
                 result = state.get_new_blocks(1)

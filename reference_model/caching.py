@@ -41,7 +41,7 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
     if c < full:
         for i in range(c, full):
             block = table[i]
-            if block == NULL or not sparse_mask_keeps(layout, g, i):
+            if block == NULL or not sparse_mask_keeps(layout, g, i, req):
                 continue
             cache_full_block(state, req, g, i, block)
         state.num_cached[g.gid][rid] = full
@@ -81,18 +81,38 @@ def _cache_state_tail(
     return req.key(g.gid, num_tokens)
 
 
-def sparse_mask_keeps(layout: Layout, g: Group, i: int) -> bool:
-    """The sliding-window caching mask (docs/spec.md §4.9.2 "Sparse caching mask"), by absolute block
-    index: with per = A / bs, only blocks that can end an aligned hit of `need` blocks get keys.
-    Dense (always True) for other kinds, when A is not a multiple of bs, or when need >= per."""
+def sparse_mask_keeps(layout: Layout, g: Group, i: int, req: Request) -> bool:
+    """The sliding-window caching mask (docs/spec.md §4.9.2), by absolute block index:
+    a block gets a key only if it is one of the `need` blocks that end at a kept boundary
+    (shifted one block right with EAGLE). Kept boundaries: every multiple of the segment (the
+    alignment A; the retention interval R when set; none when R is 0) and, under retention,
+    each replay boundary of the caching request rounded down to A. Dense (always True) for
+    other kinds, when A is not a multiple of bs, or when need covers a whole segment."""
     if g.kind != "sliding_window" or layout.alignment % g.bs != 0:
         return True
-    per = layout.alignment // g.bs
     need = cdiv(g.window - 1, g.bs) + (1 if g.use_eagle else 0)
-    if need >= per:
-        return True
     shift = 1 if g.use_eagle else 0
-    return i >= shift and (i - shift) % per >= per - need
+    segment = layout.alignment if layout.retention is None else layout.retention
+    if segment and need >= segment // g.bs:
+        return True
+    ends: list[int] = []  # kept boundaries, in blocks
+    if segment:
+        ends += range(segment // g.bs, i + need + 1, segment // g.bs)
+    if layout.retention is not None:
+        ends += [b // layout.alignment * layout.alignment // g.bs for b in replay_positions(
+            req.num_prompt_tokens, layout.sbs, layout.replay_eagle)]
+    return any(end + shift - need <= i < end + shift for end in ends)
+
+
+def replay_positions(num_prompt_tokens: int, sbs: int, eagle: bool) -> list[int]:
+    """Where a later request replaying this prompt can resume (§4.9.2): the resend's
+    `P − 1`; with EAGLE one scheduler block below the resend's and the extension's aligned
+    ends (never below 0)."""
+    if not eagle:
+        return [num_prompt_tokens - 1]
+    resend = (num_prompt_tokens - 1) // sbs * sbs
+    extension = num_prompt_tokens // sbs * sbs
+    return [max(resend - sbs, 0), max(extension - sbs, 0)]
 
 
 def cache_full_block(state: State, req: Request, g: Group, i: int, block: int) -> None:

@@ -100,6 +100,10 @@ class Layout:
     zeroing: bool = False
     """New attention blocks are recorded for the worker to zero: a mamba group shares the pool
     (its states are read before written, §11.2)."""
+    retention: int | None = None
+    """prefix_cache_retention_interval: which window blocks get keys (§4.9.2)."""
+    replay_eagle: bool = False
+    """Replay boundaries follow EAGLE's (use_eagle)."""
 
     @classmethod
     def from_config(cls, config: Config) -> Layout:
@@ -154,4 +158,6 @@ class Layout:
             watermark_blocks=int(config.watermark * config.num_blocks),
             scheduler=config.scheduler,
             zeroing=any(g.kind == "mamba" for g in groups),
+            retention=config.prefix_cache_retention_interval,
+            replay_eagle=config.use_eagle,
         )

@@ -290,7 +290,7 @@ class ReferenceModel:
             or any(
                 n > len(state.tables[g.gid][rid]) * g.bs
                 for g in self.layout.groups
-                if g.kind not in ("cross", "circular_buffer")
+                if g.kind not in ("cross", "circular_buffer", "encoder_only")
             )
         ):
             return MISUSE
@@ -318,13 +318,13 @@ class ReferenceModel:
 
     def _op_release_deferred(self, op: Op) -> None:
         """Each kept batch, oldest first, released as a free would: group after group, each
-        run tail first."""
+        run tail first; with evict_first its cached blocks join the head run too."""
         batches, self._deferred = self._deferred, []
         for runs in batches:
             for run in runs:
                 for b in run:
                     self.manager.state.deferred.remove(b)
-                self.manager.state.release(run[::-1])
+                self.manager.state.release(run[::-1], evict_first=op["evict_first"])
         return None
 
     def _op_take_events(self, op: Op) -> dict[str, list[str]]:

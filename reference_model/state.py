@@ -163,12 +163,13 @@ class State:
         if block != NULL and self.ref_count(block) == 0:
             self.free.remove(block)
 
-    def release(self, ordered: list[int]) -> None:
+    def release(self, ordered: list[int], evict_first: bool = False) -> None:
         """free_blocks (docs/spec.md §3.6) for blocks whose holder entries the caller already removed.
 
         Each occurrence is one decrement, in the given order; a block's count reaches 0 at its
         last occurrence iff nothing holds it any more. Blocks reaching 0 without a primary key
-        (or with caching off) go to the head as one run, in order; cached ones to the tail.
+        (or with caching off) go to the head as one run, in order; cached ones to the tail, or
+        with `evict_first` into the head run as well (keeping their keys).
         """
         uncached: list[int] = []
         cached: list[int] = []
@@ -178,7 +179,7 @@ class State:
             if self.ref_count(b) == 0:
                 if b in self.free:
                     raise AssertionError(f"block {b} released twice")
-                if self.caching and self.primary[b] is not None:
+                if self.caching and self.primary[b] is not None and not evict_first:
                     cached.append(b)
                 else:
                     uncached.append(b)

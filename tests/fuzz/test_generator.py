@@ -9,10 +9,10 @@ from collections import Counter
 from dataclasses import replace
 
 from kvfuzz.core.configs import builtin_config
-from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, Campaign, CampaignOptions, campaign_pairs,
-                                  pair_weight)
+from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, GROWTH_GAIN, Campaign, CampaignOptions,
+                                  campaign_pairs, pair_weight)
 from kvfuzz.fuzz.generator import ApiRules, SchedulerRules, Swarm, focus_features, run_example
-from kvfuzz.fuzz.strategies import BytesChoices
+from kvfuzz.fuzz.strategies import BytesChoices, vary_config
 from kvfuzz.harness.executor import Execution, run_trace
 
 
@@ -66,12 +66,31 @@ def test_a_swarm_leaves_out_its_rules_and_knobs():
 
 
 def test_swarms_vary_per_example_and_keep_the_core_and_focused_rules():
-    swarms = [ApiRules.draw_swarm(BytesChoices(_bytes(s, 64))) for s in range(200)]
-    sizes = {len(s.off) for s in swarms}
-    assert 0 in sizes and max(sizes) >= len(ApiRules.features()) - 3
+    swarms = [ApiRules.draw_swarm(BytesChoices(_bytes(s, 64))) for s in range(400)]
+    assert 0.4 < sum(not s.off for s in swarms) / len(swarms) < 0.7
+    assert set().union(*(s.off for s in swarms)) == set(ApiRules.features())
+    assert max(len(s.off) for s in swarms) >= 3
     assert not any(s.off & ApiRules.CORE for s in swarms)
+    # Knobs are left out at a quarter of the rules' rate.
+    rules = [r for r in ApiRules.features() if r not in ApiRules.KNOBS]
+    rule_off = sum(len(s.off & set(rules)) for s in swarms) / len(rules)
+    knob_off = sum(len(s.off & set(ApiRules.KNOBS)) for s in swarms) / len(ApiRules.KNOBS)
+    assert 2 < rule_off / knob_off < 8
     kept = [ApiRules.draw_swarm(BytesChoices(_bytes(s, 64)), keep={"free"}) for s in range(200)]
     assert not any("free" in s.off for s in kept)
+
+
+def test_an_example_whose_swarm_keeps_everything_is_the_same_without_swarm_testing():
+    same = 0
+    for seed in range(12):
+        data = _bytes(seed)
+        on, off = _example(data, swarm=True), _example(data, swarm=False)
+        choices = BytesChoices(data)
+        vary_config(choices, builtin_config("hybrid"))
+        if not ApiRules.draw_swarm(choices).off:
+            assert on.trace.ops == off.trace.ops
+            same += 1
+    assert same
 
 
 def test_focus_on_an_op_makes_more_of_it():
@@ -95,12 +114,24 @@ def test_every_pair_comes_first_then_growing_and_focused_pairs_get_more(tmp_path
     pairs = campaign_pairs(options)
     assert _picks(options, {}, len(pairs)) == pairs
     later = Counter(_picks(options, {pairs[2]: 30}, 400)[len(pairs):])
-    assert later[pairs[2]] > 396 * 0.7 and set(later) == set(pairs)
+    others = [later[p] for p in pairs if p != pairs[2]]
+    # The growing pair gets GROWTH_GAIN more; no pair falls below 1/(1 + GROWTH_GAIN) of its
+    # even share.
+    assert 1.1 < later[pairs[2]] / (sum(others) / len(others)) < 1.3
+    assert min(others) >= 396 / len(pairs) / (1 + GROWTH_GAIN)
+    assert pair_weight(options, pairs[0], 5) < pair_weight(options, pairs[0], 10) == 1.2
     focused = replace(options, focus=("watermark",), weighting=False)
     picks = Counter(p[1] for p in _picks(focused, {pairs[0]: 30}, 800)[len(pairs):])
     assert 0.6 * FOCUS_WEIGHT < picks["watermark"] / picks["full"] < 1.5 * FOCUS_WEIGHT
     plain = replace(options, weighting=False)
     assert _picks(plain, {pairs[0]: 30}, 12) == pairs * 3
+
+
+def test_only_a_pairs_first_batch_keeps_every_feature(tmp_path):
+    schedule = Campaign(CampaignOptions(seconds=60, configs=("full", "watermark"),
+                                        corpus=tmp_path)).schedule
+    batches = [schedule.next_batch() for _ in range(12)]
+    assert [b.first for b in batches] == [True] * 4 + [False] * 8
 
 
 def test_batches_create_no_classes(tmp_path):

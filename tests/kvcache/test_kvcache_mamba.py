@@ -44,6 +44,20 @@ def test_hybrid_attention_and_state_groups_share_the_pool():
     assert [len(t) for t in table_ids(manager, "r")] == [3, 2]
 
 
+def test_a_hybrid_free_queues_each_group_tail_first_and_later_groups_ahead():
+    """Caching off, every released block goes to the queue head, group after group, each
+    table tail first: the last group's blocks end up first (the no-cache coordinator releases
+    all tables in one run that must give this queue)."""
+    manager = make_manager(12, FullAttentionSpec(block_size=4), MambaSpec(block_size=8),
+                           enable_caching=False)
+    request = make_request("r", list(range(9)), 8)
+    assert manager.allocate_slots(request, 9) is not None
+    full, state = table_ids(manager, "r")
+    free_before = free_ids(manager.block_pool)
+    manager.free(request)
+    assert free_ids(manager.block_pool) == state[::-1] + full[::-1] + free_before
+
+
 def test_new_attention_blocks_are_recorded_for_zeroing_beside_a_state_group():
     """vLLM zeroes new attention blocks when state groups share the pool; state blocks are not
     listed."""

@@ -16,7 +16,7 @@ from kvfuzz.kvcache import FullAttentionSpec, MambaSpec
 from kvcache_testkit import free_ids, make_manager, make_request, table_ids
 
 ALIGN_CONFIGS = ["qwen3_5_align", "nemotron_h_align", "granite4", "mamba_align",
-                 "swa_mamba_align"]
+                 "swa_mamba_align", "swa_mamba_align_fine"]
 
 
 def _align(block_size: int, speculative: int = 0) -> MambaSpec:
@@ -148,3 +148,47 @@ def test_partial_hits_follow_vllms_rule():
     assert BUILTIN["qwen3_5_align"][1].partial_hash_hits
     assert not BUILTIN["swa_mamba_align"][1].partial_hash_hits
     assert not BUILTIN["mamba_align"][1].partial_hash_hits
+
+
+def test_a_moved_state_entry_emits_no_kv_event():
+    """vLLM's move_block_hashes keeps the entries live: no BlockRemoved, no BlockStored."""
+    manager = make_manager(40, FullAttentionSpec(block_size=8), _align(8), hash_block_size=2,
+                           enable_kv_cache_events=True)
+    a = make_request("a", list(range(11)), 2)
+    assert manager.allocate_slots(a, 10) is not None
+    a.num_computed_tokens = 10
+    assert manager.take_events()
+    manager.new_step_starts()
+    assert manager.allocate_slots(a, 1) is not None
+    assert manager.take_kv_cache_block_copies()[0]  # the move happened
+    assert manager.take_events() == []
+
+
+@pytest.mark.parametrize("level", ["api", "scheduler"])
+def test_campaigns_reach_every_align_path(tmp_path, monkeypatch, level):
+    """Generated traces on the align configs adopt state hits, copy them on write, move a
+    producer's entry, defer a same-step hit and (API level) move draft blocks."""
+    from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
+    from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
+
+    reached: set[str] = set()
+    for name in ("_apply_cow", "_move_cached_state", "_relocate_speculative_block",
+                 "get_num_blocks_to_allocate"):
+        original = getattr(MambaManager, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            value = _original(self, *args, **kwargs)
+            if _name != "get_num_blocks_to_allocate":
+                reached.add(_name)
+            elif value == self.block_pool.num_gpu_blocks + 1:
+                reached.add("deferred")
+            return value
+
+        monkeypatch.setattr(MambaManager, name, spy)
+    Campaign(CampaignOptions(target="kvcache", seconds=None, examples=300, seed=0,
+                             corpus=tmp_path, configs=("qwen3_5_align", "granite4"),
+                             levels=(level,))).run()
+    expected = {"_apply_cow", "_move_cached_state", "deferred"}
+    if level == "api":
+        expected.add("_relocate_speculative_block")
+    assert expected <= reached
