@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# Install a vLLM release's v1 KV cache manager into a venv outside the repository, CPU only, and
-# make that venv able to run kvfuzz and its tests against it (`--target vllm`, `pytest -m vllm`).
+# Install a vLLM release's v1 KV cache manager, or a development checkout of vLLM, into a venv
+# outside the repository, CPU only, and make that venv able to run kvfuzz and its tests against
+# it (`--target vllm`, `pytest -m vllm`).
 #
 #   bash ci/install-vllm.sh [VERSION]     VERSION: 0.32.0, 0.33.0 or 0.34.0 (default: 0.34.0)
+#   bash ci/install-vllm.sh PATH          PATH: a vLLM source checkout (a directory)
 #
-#   1. vLLM: torch 2.13.0 (CPU), vllm==VERSION --no-deps, then the pure-Python set in
-#      vllm-cpu-requirements.txt (the same for every supported release; about 70 s, 2.1 GB).
-#      Reused when it already imports that version.
+#   1. vLLM: torch 2.13.0 (CPU), then the pure-Python set in vllm-cpu-requirements.txt (the same
+#      for every supported release; about 70 s, 2.1 GB), and
+#      - VERSION: vllm==VERSION --no-deps; the venv is reused when it imports that version;
+#      - PATH: the newest release's dependencies, setuptools' build helpers at CI's versions,
+#        then the checkout editable, without dependencies or kernels:
+#        VLLM_TARGET_DEVICE=empty pip install --no-deps --no-build-isolation -e PATH
+#        (vLLM's setup.py builds no extension for the "empty" device). Reused when the venv
+#        imports vllm from PATH; an editable install follows the checkout's edits, so only a
+#        checkout that needs a new dependency needs a fresh venv.
 #   2. kvfuzz: this checkout with `pip install --no-deps -e`, plus pyproject.toml's
 #      [project] dependencies and its [test] extra, at CI's versions (ci/constraints.txt).
 #      Reused when an import probe finds this checkout and every requirement satisfied, so a
@@ -15,34 +23,58 @@
 # Prints the venv's python path on the last line; e.g.
 #   py=$(bash ci/install-vllm.sh 0.33.0 | tail -n 1) && "$py" -m pytest -m vllm tests/vllm -q
 #
-#   KVFUZZ_VLLM_VENV  where the venv lives (default: ~/.cache/kvfuzz/vllm-VERSION)
-# A development checkout of vLLM is installed by hand instead (docs/vllm.md, "A development
-# checkout"); kvfuzz probes what any install offers, not its version.
+#   KVFUZZ_VLLM_VENV  where the venv lives (default: ~/.cache/kvfuzz/vllm-VERSION, or
+#                     ~/.cache/kvfuzz/vllm-dev for a checkout)
+# kvfuzz probes what any install offers, not its version (docs/vllm.md).
 set -euo pipefail
 supported=(0.32.0 0.33.0 0.34.0)
 version=${1:-${supported[-1]}}
+checkout=
+if [ -d "$version" ]; then
+  checkout=$(cd "$version" && pwd -P)
+  version=${supported[-1]}
+  if [ ! -f "$checkout/setup.py" ] || [ ! -d "$checkout/vllm/v1/core" ]; then
+    echo "install-vllm.sh: '$1' is not a vLLM checkout (no setup.py and vllm/v1/core)" >&2
+    exit 2
+  fi
+fi
 case " ${supported[*]} " in
   *" $version "*) ;;
-  *) echo "install-vllm.sh: unsupported vLLM version '$version'; supported: ${supported[*]}" >&2
+  *) echo "install-vllm.sh: unsupported vLLM version '$version'; supported: ${supported[*]}," \
+          "or the path of a vLLM checkout" >&2
      exit 2 ;;
 esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-venv=${KVFUZZ_VLLM_VENV:-$HOME/.cache/kvfuzz/vllm-$version}
+venv=${KVFUZZ_VLLM_VENV:-$HOME/.cache/kvfuzz/vllm-${checkout:+dev}${checkout:-$version}}
 py="$venv/bin/python"
 pip=("$py" -m pip install -q --disable-pip-version-check)
-probe="import vllm, vllm.v1.core.kv_cache_manager, vllm.v1.request, vllm.v1.kv_cache_interface
-assert vllm.__version__ == '$version', vllm.__version__"
-if [ -x "$py" ] && "$py" -c "$probe" 2>/dev/null; then
-  echo "vLLM $version venv reused: $venv" >&2
+probe="import vllm, vllm.v1.core.kv_cache_manager, vllm.v1.request, vllm.v1.kv_cache_interface"
+if [ -n "$checkout" ]; then
+  what="vLLM checkout $checkout"
+  probe="$probe
+from pathlib import Path
+assert Path(vllm.__file__).resolve().is_relative_to('$checkout'), vllm.__file__"
 else
-  echo "installing vLLM $version (CPU, --no-deps) into $venv (about 70 s, 2.1 GB)" >&2
+  what="vLLM $version"
+  probe="$probe
+assert vllm.__version__ == '$version', vllm.__version__"
+fi
+if [ -x "$py" ] && (cd / && "$py" -c "$probe") 2>/dev/null; then
+  echo "$what venv reused: $venv" >&2
+else
+  echo "installing $what (CPU, --no-deps) into $venv (about 70 s, 2.1 GB)" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
   "${pip[@]}" torch==2.13.0 numpy
-  "${pip[@]}" --no-deps "vllm==$version"
   "${pip[@]}" --no-deps -r "$here/vllm-cpu-requirements.txt"
-  "$py" -c "$probe"
+  if [ -n "$checkout" ]; then
+    "${pip[@]}" -c "$here/constraints.txt" setuptools setuptools-scm setuptools-rust wheel
+    VLLM_TARGET_DEVICE=empty "${pip[@]}" --no-deps --no-build-isolation -e "$checkout"
+  else
+    "${pip[@]}" --no-deps "vllm==$version"
+  fi
+  (cd / && "$py" -c "$probe")
 fi
 
 # kvfuzz's requirements, read from pyproject.toml: [project] dependencies + the [test] extra.

@@ -15,18 +15,26 @@ from kvfuzz.core.limits import MAX_GROUPS, MAX_NUM_BLOCKS, MAX_SIZE, shown
 
 GroupKind = Literal[
     "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
-    "circular_buffer",
+    "circular_buffer", "encoder_only",
 ]
 GROUP_KINDS: tuple[str, ...] = (
     "full", "sliding_window", "chunked_local", "cross", "mamba", "mla", "sink_full", "rswa",
-    "circular_buffer",
+    "circular_buffer", "encoder_only",
 )
 # Kinds vLLM manages as full attention (specs that subclass FullAttentionSpec).
 FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
-# vLLM 0.34.0's MambaCacheMode; kvfuzz runs "none" (docs/spec.md §11).
+# vLLM 0.34.0's MambaCacheMode (docs/spec.md §11).
 MAMBA_CACHE_MODES: tuple[str, ...] = ("none", "align")
 MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='align'"
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
+# vLLM 0.34.0's reasons (ModelConfig.is_prefix_caching_supported / is_chunked_prefill_supported)
+# for a model with encoder-only (bidirectional) attention (docs/spec.md §12.4).
+ENCODER_ONLY_CACHING_REASON = (
+    "Pooling models with bidirectional attn do not support prefix caching."
+)
+ENCODER_ONLY_CHUNKING_REASON = (
+    "Pooling models with bidirectional attn do not support chunked prefill."
+)
 
 
 def _int_in(where: str, value: Any, low: int, high: int = MAX_SIZE) -> None:
@@ -93,11 +101,6 @@ class GroupConfig:
                     f"{where}.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
                     f"got {self.mamba_cache_mode!r}"
                 )
-            if self.mamba_cache_mode == "align":
-                raise ConfigError(
-                    f"{where}.mamba_cache_mode 'align' is not implemented by kvfuzz yet "
-                    "(docs/spec.md §11)"
-                )
             _non_negative_int(f"{where}.num_speculative_blocks", self.num_speculative_blocks)
         elif self.mamba_cache_mode != "none" or self.num_speculative_blocks:
             raise ConfigError(f"{where}: mamba settings on a {self.kind!r} group")
@@ -162,6 +165,9 @@ class Config:
     """Generators free some requests in two steps: pop their blocks, release them later."""
     kv_events: bool = False
     """The manager queues KV cache events; `take_events` ops read them (docs/spec.md §3.10)."""
+    prefix_cache_retention_interval: int | None = None
+    """Sparse prefix-cache retention of sliding-window groups (docs/spec.md §4.9.2): None
+    dense, 0 only replay boundaries, R a segment end every R tokens and replay boundaries."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -199,11 +205,29 @@ class Config:
         return self.scheduler_block_size
 
     @property
+    def partial_hash_hits(self) -> bool:
+        """Sub-block hits are on: forced by `partial_hits`, or as vLLM turns them on (caching,
+        several groups, a Mamba "align" group with block_size > hbs, and every other cacheable
+        group fine-grained (full attention kinds, mamba) or of block_size hbs; docs/spec.md
+        §5.5)."""
+        if self.partial_hits:
+            return True
+        if not (self.enable_caching and self.is_hybrid):
+            return False
+        hbs = self.resolved_hash_block_size
+        if not any(g.kind == "mamba" and g.mamba_cache_mode == "align" and g.block_size > hbs
+                   for g in self.groups):
+            return False
+        return all(g.kind in (*FULL_ATTENTION_KINDS, "mamba", "circular_buffer")
+                   or g.block_size == hbs for g in self.groups)
+
+    @property
     def alignment_tokens(self) -> int:
         """Hit alignment: bs_0 for one group, hbs with partial hits, else sbs."""
         if not self.is_hybrid:
             return self.groups[0].block_size
-        return self.resolved_hash_block_size if self.partial_hits else self.scheduler_block_size
+        return (self.resolved_hash_block_size if self.partial_hash_hits
+                else self.scheduler_block_size)
 
     @property
     def resolved_max_in_flight_tokens(self) -> int:
@@ -234,6 +258,9 @@ class Config:
             _positive_int("hash_block_size", self.hash_block_size)
         if self.max_in_flight_tokens is not None:
             _positive_int("max_in_flight_tokens", self.max_in_flight_tokens)
+        if self.prefix_cache_retention_interval is not None:
+            _int_in("prefix_cache_retention_interval", self.prefix_cache_retention_interval,
+                    -MAX_SIZE)
         if not isinstance(self.watermark, (int, float)) or isinstance(self.watermark, bool) or (
             not 0 <= self.watermark <= 1  # also rejects NaN
         ):
@@ -274,6 +301,13 @@ class Config:
         kinds = [g.kind for g in self.groups]
         if self.enable_caching and "cross" in kinds:
             raise ConfigError("a cross-attention group needs enable_caching false")
+        if "encoder_only" in kinds:
+            if self.enable_caching:
+                raise ConfigError(f"an encoder_only group needs enable_caching false: "
+                                  f"{ENCODER_ONLY_CACHING_REASON}")
+            if self.scheduler.chunked_prefill:
+                raise ConfigError(f"an encoder_only group needs scheduler.chunked_prefill "
+                                  f"false: {ENCODER_ONLY_CHUNKING_REASON}")
         if self.enable_caching and self.is_hybrid and all(k == "circular_buffer" for k in kinds):
             raise ConfigError(
                 "with enable_caching true a config with several groups needs one that is not a "
@@ -286,6 +320,12 @@ class Config:
                     f"groups[{i}] (mamba, mamba_cache_mode {g.mamba_cache_mode!r}) with "
                     f"enable_caching true: {MAMBA_PREFIX_CACHING_REASON}"
                 )
+        if self.use_eagle and any(g.mamba_cache_mode == "align" for g in self.groups):
+            raise ConfigError(
+                "use_eagle with a mamba_cache_mode 'align' group is not implemented by kvfuzz "
+                "yet (docs/spec.md §11.5)"
+            )
+        self._validate_retention(kinds)
         if self.use_eagle and "chunked_local" in kinds:
             raise ConfigError("use_eagle is not supported with a chunked_local group")
         if self.enable_caching and self.is_hybrid:
@@ -300,11 +340,36 @@ class Config:
                 raise ConfigError("partial_hits needs enable_caching and at least two groups")
             hbs = self.resolved_hash_block_size
             for i, g in enumerate(self.groups):
-                if g.kind not in ("full", "circular_buffer") and g.block_size != hbs:
+                if g.kind not in ("full", "mamba", "circular_buffer") and g.block_size != hbs:
                     raise ConfigError(
                         f"partial_hits: groups[{i}] ({g.kind}) block_size {g.block_size} "
                         f"must equal hash_block_size {hbs}"
                     )
+
+    def _validate_retention(self, kinds: list[str]) -> None:
+        """vLLM's rules for the retention interval, with its messages (docs/spec.md §4.9.2)."""
+        retention = self.prefix_cache_retention_interval
+        if retention is None:
+            return
+        if "sliding_window" not in kinds and "mamba" not in kinds:
+            if retention == 0:
+                return
+            raise ConfigError(
+                "prefix_cache_retention_interval is set but this model has no sliding-window "
+                "or Mamba KV cache group, so retention has no effect. Set it to 0 (it only "
+                "applies to sliding-window and Mamba attention)."
+            )
+        sbs = self.scheduler_block_size
+        if retention < 0 or retention % sbs:
+            raise ConfigError(
+                f"prefix_cache_retention_interval ({retention}) must be non-negative and a "
+                f"multiple of scheduler_block_size ({sbs})."
+            )
+        if self.enable_caching and any(g.mamba_cache_mode == "align" for g in self.groups):
+            raise ConfigError(
+                "prefix_cache_retention_interval with a mamba_cache_mode 'align' group is not "
+                "implemented by kvfuzz yet (docs/spec.md §11.5)"
+            )
 
     # ----- (de)serialisation -----
 

@@ -42,6 +42,22 @@ def _attention_mamba(
     return Config(num_blocks, groups, name=name, max_model_len=64, enable_caching=False)
 
 
+def _attention_mamba_align(
+    name: str, num_blocks: int, num_mamba_groups: int, bs: int, hbs: int, speculative: int = 0
+) -> Config:
+    """Full attention beside `num_mamba_groups` Mamba "align" groups, prefix caching on.
+
+    In align mode vLLM gives attention and state layers one block size (the attention block is
+    padded up to the state page), while prompts are hashed in smaller blocks: `bs / hbs` hash
+    blocks per state block, so sub-block hits (and their copy-on-write) are on.
+    """
+    groups = (GroupConfig("full", bs),) + tuple(
+        GroupConfig("mamba", bs, mamba_cache_mode="align", num_speculative_blocks=speculative)
+        for _ in range(num_mamba_groups)
+    )
+    return Config(num_blocks, groups, name=name, max_model_len=64, hash_block_size=hbs)
+
+
 BUILTIN: dict[str, tuple[str, Config]] = {
     c.name: (description, c)
     for description, c in [
@@ -125,6 +141,41 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             _attention_mamba("mamba_small_blocks", 20, 2, speculative=1, state_bs=4),
         ),
         (
+            "Qwen3.5-shaped, Mamba align mode: 1 gated attention : 3 Gated DeltaNet with MTP "
+            "-> full (bs 8) + 3 state groups (bs 8, 2 speculative blocks), hash blocks of 2",
+            _attention_mamba_align("qwen3_5_align", 60, 3, 8, 2, speculative=2),
+        ),
+        (
+            "Nemotron-H-shaped, Mamba align mode: 1 attention : 6 Mamba2 -> full (bs 8) + 6 "
+            "state groups (bs 8), hash blocks of 4",
+            _attention_mamba_align("nemotron_h_align", 64, 6, 8, 4),
+        ),
+        (
+            "Granite-4.0-H-shaped, Mamba align mode, state block 4 hash blocks of 2: 1 "
+            "attention : 9 Mamba2 -> full (bs 8) + 9 state groups (bs 8)",
+            _attention_mamba_align("granite4", 80, 9, 8, 2),
+        ),
+        (
+            "Mamba-only with prefix caching (Mamba-Codestral-like, align mode, bs 4): state "
+            "hits at block ends only",
+            Config(16, (GroupConfig("mamba", 4, mamba_cache_mode="align"),), name="mamba_align",
+                   max_model_len=64),
+        ),
+        (
+            "full (bs 4) + sliding window (bs 8, window 8) + Mamba align (bs 8, 1 speculative "
+            "block): the window's block is not the hash block, so vLLM turns sub-block hits "
+            "off and hits land on multiples of 8",
+            Config(48, (_full(4), _swa(8, 8), GroupConfig("mamba", 8, mamba_cache_mode="align",
+                                                          num_speculative_blocks=1)),
+                   name="swa_mamba_align", max_model_len=64),
+        ),
+        (
+            "full (bs 8) + sliding window (bs 2, window 4) + Mamba align (bs 8), hash blocks of "
+            "2: sub-block hits stay on, and three spec groups make the fixed point run rounds",
+            Config(56, (_full(8), _swa(2, 4), GroupConfig("mamba", 8, mamba_cache_mode="align")),
+                   name="swa_mamba_align_fine", max_model_len=64),
+        ),
+        (
             "MLA (DeepSeek-V2/V3-shaped): latent attention, managed as full attention",
             Config(16, (GroupConfig("mla", 4),), name="mla", max_model_len=64),
         ),
@@ -152,6 +203,32 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "tail: one ring block per request, out of every lookup",
             Config(24, (_full(4), GroupConfig("circular_buffer", 8)), name="full_ring",
                    max_model_len=64),
+        ),
+        (
+            "BERT-shaped encoder-only model (bge/e5 embeddings): bidirectional attention keeps "
+            "no KV cache; vLLM turns prefix caching and chunked prefill off for it",
+            Config(8, (GroupConfig("encoder_only", 16),), name="bert", max_model_len=64,
+                   enable_caching=False, scheduler=SchedulerConfig(chunked_prefill=False)),
+        ),
+        (
+            "ColQwen3.5-shaped retriever: 1 encoder-only attention : 3 Gated DeltaNet -> "
+            "encoder-only (bs 16) + 3 state groups; caching and chunked prefill off",
+            Config(24, (GroupConfig("encoder_only", 16),) + tuple(_mamba(64) for _ in range(3)),
+                   name="colqwen3_5", max_model_len=64, enable_caching=False,
+                   scheduler=SchedulerConfig(chunked_prefill=False)),
+        ),
+        (
+            "Gemma-3-shaped with prefix-cache retention: 5 local : 1 global -> full (bs 4) + "
+            "sliding window (bs 4, window 8); window blocks keep keys only at 16-token segment "
+            "ends and replay boundaries",
+            Config(24, (_full(4), _swa(4, 8)), name="gemma3_retention", max_model_len=64,
+                   prefix_cache_retention_interval=16),
+        ),
+        (
+            "sliding window (bs 4, window 5) alone, retention 0: its blocks keep keys only at "
+            "each prompt's replay boundary",
+            Config(16, (_swa(4, 5),), name="swa_replay_only", max_model_len=64,
+                   max_in_flight_tokens=16, prefix_cache_retention_interval=0),
         ),
         (
             "Tier B: EAGLE on a hybrid model with sub-block hits, full attention (bs 16) + two "

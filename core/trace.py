@@ -69,9 +69,10 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "take_new_block_ids": {},
         "take_kv_cache_block_copies": {},
         "release_copies": {},
+        "new_step_starts": {},
         "take_events": {},
         "free_deferred": {"request_id": (_STR, None)},
-        "release_deferred": {},
+        "release_deferred": {"evict_first": (_BOOL, False)},
     },
     "scheduler": {
         "add_request": _REQUEST_FIELDS,

@@ -53,8 +53,9 @@ from pathlib import Path
 from typing import Any
 
 import atheris
-from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, BatchRunner, CampaignOptions, Stats, account,
-                                  campaign_findings, campaign_pairs, failure_of)
+from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, STOP_REQUESTED, BatchRunner, CampaignOptions,
+                                  Stats, account, campaign_findings, campaign_pairs, failure_of,
+                                  stop_point)
 from kvfuzz.fuzz.findings import dedup_key
 from kvfuzz.fuzz.schedule import Batch, BatchResult, Failure
 from kvfuzz.fuzz.workers import die_with_parent
@@ -285,6 +286,7 @@ def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) 
     """Run `options.workers` libFuzzer workers; call on_progress with the running totals."""
     for name in options.configs:
         builtin_config(name)
+    STOP_REQUESTED.clear()
     inputs = options.corpus / INPUTS_DIR
     logs_dir = options.corpus / LOGS_DIR
     logs_dir.mkdir(parents=True, exist_ok=True)
@@ -315,6 +317,7 @@ def run_atheris(options: CampaignOptions, on_progress: Callable[[Stats], None]) 
                 on_progress(stats)
                 stopped = (_budget_spent(options, stats, start)
                            or (run_dir / FAULT_FILE).exists())
+                stop_point()
         except KeyboardInterrupt:
             stopped = interrupted = True
         if stopped:

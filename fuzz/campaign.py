@@ -35,7 +35,7 @@ from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
 from kvfuzz.fuzz.coverage import behaviour_features
-from kvfuzz.fuzz.database import open_database
+from kvfuzz.fuzz.database import open_database, quiet, warn
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
 from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
 from kvfuzz.fuzz.plugins import import_plugins
@@ -54,6 +54,8 @@ features (up to 30 times the share) delayed the pairs that grew little: watermar
 twice the ops over every config (docs/engines.md)."""
 GROWTH_FULL = 10
 """New features in a batch that earn the whole gain (fewer: a proportional part)."""
+PROBE_S = 2.0
+"""How often the driver pings a shared example database (`Campaign._probe_database`)."""
 
 
 @dataclass
@@ -186,18 +188,30 @@ class Stats:
 
 
 class Stop(Exception):
-    """Raised from a signal handler to end a campaign early, keeping its findings."""
+    """Ends a campaign early, keeping its findings (a batch came back interrupted)."""
 
 
 STOP_REQUESTED = threading.Event()
-"""Set by the signal handlers beside the exception they raise: should a library swallow that
-exception, the campaign still ends at its next batch."""
+"""Set by the signal handlers: the campaign stops at its next stop point (`stop_point`)."""
 
 
 def interrupt(signum: int, frame: Any) -> None:
-    """Signal handler of `kvfuzz run` (SIGINT, SIGTERM): end the campaign like Ctrl-C."""
+    """Signal handler of `kvfuzz run` (SIGINT, SIGTERM). The first signal only sets
+    STOP_REQUESTED: the driver's loop, a batch run in this process (before each example) and a
+    shrink (before each replay) then raise KeyboardInterrupt from kvfuzz's own code. A
+    KeyboardInterrupt raised by the handler itself could land anywhere: in a queue's read, a
+    `finally`, or a string `exec` (a dataclass being made), after which CPython ends a
+    `python -m kvfuzz` by SIGINT at exit although the campaign caught the interrupt and kept its
+    findings. A second signal, for a run that comes to no stop point, raises at once."""
+    if STOP_REQUESTED.is_set():
+        raise KeyboardInterrupt
     STOP_REQUESTED.set()
-    raise KeyboardInterrupt
+
+
+def stop_point() -> None:
+    """Raise KeyboardInterrupt if a stop was asked for (`interrupt`)."""
+    if STOP_REQUESTED.is_set():
+        raise KeyboardInterrupt
 
 
 def selected_checks(data: str | None) -> list[Any] | None:
@@ -253,11 +267,14 @@ class BatchRunner:
     """Runs batches of one campaign in one process (each backend's worker makes one): the
     checks, the example database and the focused rules are set up once."""
 
-    def __init__(self, options: CampaignOptions) -> None:
+    def __init__(self, options: CampaignOptions,
+                 warn: Callable[[str], None] = quiet) -> None:
+        """`warn` is told when a shared example database is lost: the driver's runner warns,
+        a worker's stays quiet and says so in each result (`BatchResult.database_lost`)."""
         self.options = options
         checks = selected_checks(options.data)
         self.checks = None if checks is None else tuple(checks)
-        self.database = open_database(options.database)
+        self.database = open_database(options.database, warn=warn)
         check_focus(options.focus, options.configs)
         self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
         self.on_execution: Callable[[Execution], None] | None = None
@@ -267,6 +284,7 @@ class BatchRunner:
     def example(self, level: str, name: str, data: bytes, swarm: bool = True) -> None:
         """Run one example of pair (level, name) from its bytes (both engines call this);
         `swarm=False` keeps every feature even with swarm testing on."""
+        stop_point()
         opts = self.options
         run_example(
             data, campaign_config(opts, name), level, steps=opts.steps, targets=(opts.target,),
@@ -331,7 +349,7 @@ class BatchRunner:
         except Counterexample as exc:
             result.failure = failure_of(exc)
             result.examples = batch.examples
-        except (KeyboardInterrupt, Stop):
+        except KeyboardInterrupt:
             result.interrupted = True
         except Exception:
             # An interrupt during Hypothesis's replay of a failure surfaces as its Flaky error.
@@ -341,6 +359,7 @@ class BatchRunner:
         account(result, self.take_executions())
         result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
         result.seconds = time.monotonic() - start
+        result.database_lost = getattr(self.database, "lost", None)
         return result
 
 
@@ -353,7 +372,8 @@ def campaign_findings(options: CampaignOptions) -> Findings:
     if options.plugins:
         meta["plugins"] = list(options.plugins)
     return Findings(options.corpus, meta, [meta["target"]], model=options.model,
-                    checks=selected_checks(options.data), shrink_seconds=options.shrink_seconds)
+                    checks=selected_checks(options.data), shrink_seconds=options.shrink_seconds,
+                    stop=STOP_REQUESTED.is_set)
 
 
 class Campaign:
@@ -371,10 +391,12 @@ class Campaign:
             self.stats.pair(*pair)
             self.schedule.weights[pair] = pair_weight(options, pair, 0)
         self.findings = campaign_findings(options)
-        self.runner = BatchRunner(options)
+        self.database_warned = False
+        self.runner = BatchRunner(options, warn=self._warn_database)
         self._waiting: dict[int, BatchResult] = {}
         self._next = 0
         self._start = 0.0
+        self._probed = 0.0
 
     def run(self, backend: Backend | None = None) -> Stats:
         """Run the campaign on `backend` (default: this process) until its budget is spent."""
@@ -395,11 +417,13 @@ class Campaign:
                     in_flight += 1
                 if not in_flight:
                     break
-                for result in backend.results(timeout=0.5):
-                    in_flight -= 1
-                    self._take(result)
+                results = backend.results(timeout=0.5)
+                in_flight -= len(results)
+                self._take(results)
+                self._probe_database(PROBE_S)
                 if self.stats.interrupted:
                     raise Stop()
+                stop_point()
         except (KeyboardInterrupt, Stop):
             self.stats.interrupted = True
             self.findings.shrink_seconds = 0.0  # save what is still coming, raw: stop soon
@@ -409,6 +433,7 @@ class Campaign:
             raise
         else:
             self._take_all(backend.close(cancel=False))
+        self._probe_database(0.0)
         self.stats.interrupted = self.stats.interrupted or STOP_REQUESTED.is_set()
         self.stats.elapsed = time.monotonic() - self._start
         return self.stats
@@ -427,9 +452,12 @@ class Campaign:
         left = self._seconds_left()
         return left is not None and left <= 0
 
-    def _take(self, result: BatchResult) -> None:
-        """Take results in batch order (a later batch waits for the earlier ones)."""
-        self._waiting[result.batch.index] = result
+    def _take(self, results: list[BatchResult]) -> None:
+        """Take results in batch order (a later batch waits for the earlier ones). All wait
+        first, so an interrupt while one is counted (its shrink) leaves the others to
+        `_take_all`."""
+        for result in results:
+            self._waiting[result.batch.index] = result
         while self._next in self._waiting:
             self._count(self._waiting.pop(self._next))
             self._next += 1
@@ -441,7 +469,24 @@ class Campaign:
         for index in sorted(self._waiting):
             self._count(self._waiting.pop(index))
 
+    def _warn_database(self, message: str) -> None:
+        """A lost shared database is said once per campaign, whichever process lost it."""
+        if not self.database_warned:
+            self.database_warned = True
+            warn(message)
+
+    def _probe_database(self, every: float) -> None:
+        """Ping the shared example database, at most once per `every` s: the driver's own
+        check, so a loss is said even when the workers that met it were stopped before
+        their results came back."""
+        probe = getattr(self.runner.database, "probe", None)
+        if probe is not None and time.monotonic() - self._probed >= every:
+            probe()
+            self._probed = time.monotonic()
+
     def _count(self, result: BatchResult) -> None:
+        if result.database_lost:
+            self._warn_database(result.database_lost)
         growth = len(result.features - self.stats.features)
         self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth))
         self.stats.add(result)

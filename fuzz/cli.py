@@ -419,7 +419,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if backend is not None:
         print(f"ray: {backend.describe()}")
     progress = _Progress(seconds)
-    # SIGINT and SIGTERM end a campaign: findings so far are kept and summarised.
+    # SIGINT and SIGTERM end a campaign: findings so far are kept and summarised. The handler
+    # stays until the report is written, so a signal arriving late stops nothing half-written.
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if args.engine == "atheris":
@@ -428,21 +429,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
             stats = run_atheris(options, progress.update)
         else:
             stats = run_campaign(options, progress.update, backend=backend)
+        progress.finish(stats)
+        _summary(stats, options)
+        if args.json:
+            report = {"versions": versions(), "target": target, "configs": list(configs),
+                      "configs_left_out": {name: reason for name, reason in skipped},
+                      "seed": args.seed,
+                      "engine": args.engine, "workers": args.workers, "model": options.model,
+                      "ray": None if args.ray is None else args.ray or "local",
+                      "data": args.data,
+                      **stats.summary()}
+            _write_json(args.json, report)
+            print(f"report written to {args.json}")
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    progress.finish(stats)
-    _summary(stats, options)
-    if args.json:
-        report = {"versions": versions(), "target": target, "configs": list(configs),
-                  "configs_left_out": {name: reason for name, reason in skipped},
-                  "seed": args.seed,
-                  "engine": args.engine, "workers": args.workers, "model": options.model,
-                  "ray": None if args.ray is None else args.ray or "local",
-                  "data": args.data,
-                  **stats.summary()}
-        _write_json(args.json, report)
-        print(f"report written to {args.json}")
     return EXIT_FOUND if stats.findings else EXIT_OK
 
 

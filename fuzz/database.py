@@ -11,7 +11,9 @@ One syntax for `kvfuzz run --database`, `pytest --kvfuzz-database` and `KVFUZZ_D
 Several specs are multiplexed (Hypothesis' MultiplexedDatabase): every example is read from
 all of them and written to every writable one. A shared part that fails mid-run (the Redis
 server went away) is dropped with one warning and the run goes on with the local parts, or
-with an in-memory database when there are none: nothing it was saving is lost.
+with an in-memory database when there are none: nothing it was saving is lost. `probe` pings
+the shared parts (a campaign driver's check, between batches and at the end, of a database its
+workers use: they stay quiet, so a campaign warns once, whatever the number of processes).
 """
 
 from __future__ import annotations
@@ -117,29 +119,35 @@ def check_reachable(specs: Sequence[str]) -> None:
             client.close()
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
+    """Print a kvfuzz warning to stderr."""
     print(f"kvfuzz: warning: {message}", file=sys.stderr, flush=True)
 
 
+def quiet(message: str) -> None:
+    """Say nothing (a campaign worker's database: the driver warns, see `probe`)."""
+
+
 def open_database(specs: Sequence[str],
-                  warn: Callable[[str], None] = _warn) -> ExampleDatabase | None:
+                  warn: Callable[[str], None] = warn) -> ExampleDatabase | None:
     """The database the specs name (None when there are none). It does not connect yet: a
     shared part that fails at any time is dropped then, calling `warn` once."""
     if not specs:
         return None
-    shared: list[tuple[Part, ExampleDatabase]] = []
+    shared: list[tuple[Part, ExampleDatabase, Any]] = []
     local: list[ExampleDatabase] = []
     for part in map(parse, specs):
         if part.shared:
             from hypothesis.extra.redis import RedisExampleDatabase
 
-            db: ExampleDatabase = RedisExampleDatabase(_redis_client(part))
+            client = _redis_client(part)
+            db: ExampleDatabase = RedisExampleDatabase(client)
         else:
             db = DirectoryBasedExampleDatabase(Path(part.location))
         if part.readonly:
             db = ReadOnlyDatabase(db)
         if part.shared:
-            shared.append((part, db))
+            shared.append((part, db, client))
         else:
             local.append(db)
     if not shared and len(local) == 1:
@@ -152,7 +160,8 @@ class SharedDatabase(ExampleDatabase):
     """Shared (Redis) parts multiplexed with local ones; the shared ones are dropped, with one
     warning, the first time one fails, and the local ones carry on."""
 
-    def __init__(self, shared: list[tuple[Part, ExampleDatabase]], local: list[ExampleDatabase],
+    def __init__(self, shared: list[tuple[Part, ExampleDatabase, Any]],
+                 local: list[ExampleDatabase],
                  local_specs: list[str], warn: Callable[[str], None]) -> None:
         super().__init__()
         self.shared = shared
@@ -163,7 +172,7 @@ class SharedDatabase(ExampleDatabase):
         """The warning given when the shared parts were dropped (None while they work)."""
 
     def __repr__(self) -> str:
-        parts = [p.shown for p, _ in self.shared] + self.local_specs
+        parts = [p.shown for p, _, _ in self.shared] + self.local_specs
         return f"SharedDatabase({', '.join(parts)})"
 
     def _drop_shared(self, part: Part, exc: BaseException) -> None:
@@ -177,10 +186,21 @@ class SharedDatabase(ExampleDatabase):
         self.shared = []
         self.warn(self.lost)
 
+    def probe(self) -> None:
+        """Ping every shared part's server; one that does not answer drops the shared parts
+        (with the warning, once), as a failed read or write would."""
+        for part, _, client in list(self.shared):
+            if not self.shared:
+                break
+            try:
+                client.ping()
+            except Exception as exc:  # redis.RedisError, OSError: the server is gone
+                self._drop_shared(part, exc)
+
     def _each(self, action: Callable[[ExampleDatabase], Any]) -> Iterable[Any]:
         """`action` on every part, shared ones first, yielding what each returns; a shared
         part's failure drops the shared parts and the local ones still run."""
-        for part, db in list(self.shared):
+        for part, db, _ in list(self.shared):
             if not self.shared:  # dropped by an earlier part's failure
                 break
             try:

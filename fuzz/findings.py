@@ -10,14 +10,16 @@ already there and adds nothing.
 
 A new failure is written raw to the corpus first (`meta.shrunk: false`), then shrunk and
 written under the shrunk trace's digest (the raw file removed). An interrupt during the shrink
-saves the smallest trace found so far (`meta.shrunk: "partial"`) and ends the campaign.
+saves the smallest trace found so far (`meta.shrunk: "partial"`) and ends the campaign: `stop`
+says when one was asked for, and the shrink then raises KeyboardInterrupt before its next replay
+(a failure offered after that is kept raw).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,8 @@ class Findings:
     """The findings of one campaign into `corpus` (see the module docstring)."""
 
     def __init__(self, corpus: Path, meta: dict[str, Any], targets: Sequence[Any], *,
-                 model: bool, checks: Any, shrink_seconds: float) -> None:
+                 model: bool, checks: Any, shrink_seconds: float,
+                 stop: Callable[[], bool] | None = None) -> None:
         self.corpus = corpus
         self.meta = meta
         """Recorded in every saved finding (target, seed, data, plugins)."""
@@ -63,6 +66,7 @@ class Findings:
         self.model = model
         self.checks = checks
         self.shrink_seconds = shrink_seconds
+        self.stop = stop
         self.records: dict[str, FindingRecord] = {}
         self.known = known_keys(corpus)
 
@@ -86,10 +90,12 @@ class Findings:
         record = FindingRecord(failure.check, failure.message, config, level, str(raw),
                                len(trace.ops), round(found_after, 3), 0.0, key, shrunk=False)
         self.records[key] = record
+        if self.stop is not None and self.stop():
+            return
         start = time.monotonic()
         shrinker = Shrinker(self.targets, model=self.model, checks=self.checks,
                             check=failure.check, signature=tuple(failure.signature),
-                            seconds=self.shrink_seconds)
+                            seconds=self.shrink_seconds, stop=self.stop)
         try:
             result = shrinker.shrink(trace)
             best, message, shrunk = result.trace, result.finding.message, True

@@ -166,6 +166,12 @@ class ApiRules(Rules):
              "idle", "preempt", "evict_blocks", "reset_prefix_cache", "take_copies",
              "cache_blocks", "release_copies", "misuse", "hit_limit", "lookup_bound")
 
+    @property
+    def _align(self) -> bool:
+        """The config caches Mamba states (align mode)."""
+        return self.config.enable_caching and any(
+            g.mamba_cache_mode == "align" for g in self.config.groups)
+
     def feasible(self, rule: str) -> bool:
         if rule == "add_request":
             return self.can_add()
@@ -204,7 +210,7 @@ class ApiRules(Rules):
         self.apply(
             op="allocate_slots",
             request_id=rid,
-            num_new_tokens=between(c, least, remaining),
+            num_new_tokens=self._chunk(rid, view, hit, between(c, least, remaining)),
             use_lookup=use_lookup,
             num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
             full_sequence_must_fit=self.knob("gate", lambda: flip(c), False),
@@ -217,6 +223,24 @@ class ApiRules(Rules):
         """vLLM 0.34's probe: P5 relates its answer to the lookup it predicts."""
         rid, _ = pick(self.choices, self.views("WAITING", "PREEMPTED"))
         self.apply(op="get_num_cached_tokens", request_id=rid)
+
+    def _chunk(self, rid: str, view: RequestView, hit: int, n: int) -> int:
+        """n, or on a Mamba "align" config the chunk the scheduler would cut from it (a state
+        is written only at a chunk's end, so its key must name that end); the whole rest when
+        that cut leaves nothing."""
+        if not self._align or n == 0:
+            return n
+        # Imported here: the atheris engine instruments kvcache, which must not be imported
+        # before it is (this module is loaded first).
+        from kvfuzz.kvcache.scheduler import mamba_block_aligned_split
+
+        start = view.num_computed_tokens + hit
+        sizes = (self.config.scheduler_block_size, self.config.resolved_hash_block_size,
+                 self.config.partial_hash_hits, self.config.max_model_len)
+        prompt = len(self.execution.requests[rid].prompt)
+        return (mamba_block_aligned_split(start, n, prompt, view.num_tokens, *sizes)
+                or mamba_block_aligned_split(start, view.num_tokens - start, prompt,
+                                             view.num_tokens, *sizes))
 
     def _running(self, computing: bool) -> Views:
         max_len = self.config.max_model_len
@@ -233,7 +257,8 @@ class ApiRules(Rules):
         self.apply(
             op="allocate_slots",
             request_id=rid,
-            num_new_tokens=between(c, 1, view.num_tokens - view.num_computed_tokens),
+            num_new_tokens=self._chunk(
+                rid, view, 0, between(c, 1, view.num_tokens - view.num_computed_tokens)),
             num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
         )
 
@@ -269,6 +294,8 @@ class ApiRules(Rules):
             kinds += ["take_events"] * 2
         if self.config.deferred_frees:
             kinds += ["release_deferred"] * 2
+        if self._align:
+            kinds += ["new_step_starts"] * 3  # a state hit waits for the step after its write
         kinds += [k for k in kinds if k in self.focus] * 2
         kind = pick(c, kinds)
         if kind == "evict_blocks":
@@ -283,13 +310,20 @@ class ApiRules(Rules):
         elif kind == "cache_blocks":
             rid, view = pick(c, self.views("RUNNING"))
             n = None if flip(c) else between(c, 0, view.num_computed_tokens)
+            if n is not None and self._align:
+                # A state key must name the state its block holds: only the computed count.
+                n = None
             self.apply(op="cache_blocks", request_id=rid, num_computed_tokens=n)
         elif kind == "release_copies":
             self.apply(op="release_copies")
         elif kind == "take_events":
             self.apply(op="take_events")
         elif kind == "release_deferred":
-            self.apply(op="release_deferred")
+            # vLLM 0.34's option: blocks another tier holds are the next evicted (F1).
+            first = self.execution.offers("evict_first") and flip(c)
+            self.apply(op="release_deferred", evict_first=first)
+        elif kind == "new_step_starts":
+            self.apply(op="new_step_starts")
         else:
             self._misuse()
 
@@ -360,6 +394,7 @@ FOCUS_OPS: dict[str, tuple[str, ...]] = {
     "take_kv_cache_block_copies": ("housekeeping", "take_copies"),
     "take_new_block_ids": ("housekeeping", "take_copies"),
     "release_copies": ("housekeeping", "release_copies"),
+    "new_step_starts": ("housekeeping",),
     "step": ("step", "step_again"),
     "abort": ("abort",),
     "finish": ("abort",),

@@ -90,6 +90,9 @@ class BatchResult:
     seconds: float = 0.0
     failure: Failure | None = None
     interrupted: bool = False
+    database_lost: str | None = None
+    """Why the batch's process dropped the shared example database, if it did (the driver
+    warns once per campaign)."""
 
 
 def batch_seed(campaign_seed: int, index: int) -> int:

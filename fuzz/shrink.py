@@ -44,6 +44,7 @@ class Shrinker:
         checks: Any = None,
         seconds: float = 60.0,
         on_progress: Callable[[Trace], None] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         self.targets = targets
         self.model = model
@@ -58,9 +59,14 @@ class Shrinker:
         self.last: RunResult | None = None
         """The latest replay (`fails`)."""
         self.on_progress = on_progress
+        self.stop = stop
+        """Asked before each replay: when it says so, the shrink raises KeyboardInterrupt
+        (`best` is the smallest failing trace found so far)."""
 
     def fails(self, trace: Trace) -> Finding | None:
         """The finding if `trace` still fails the way being shrunk for."""
+        if self.stop is not None and self.stop():
+            raise KeyboardInterrupt
         self.attempts += 1
         self.last = run_trace(trace, self.targets, model=self.model, checks=self.checks)
         found = self.last.finding

@@ -104,7 +104,11 @@ def vary_config(choices: Choices, base: Config) -> Config:
     groups = tuple(_vary_group(choices, g) for g in base.groups)
     blocks_per_request = max(-(-base.max_model_len // (2 * g.block_size)) for g in groups)
     num_blocks = between(choices, max(4, blocks_per_request // 2), base.num_blocks + 8)
-    return dataclasses.replace(base, num_blocks=num_blocks, groups=groups, scheduler=sched)
+    retention = base.prefix_cache_retention_interval
+    if retention is not None:  # 0 (replay boundaries only) or 1-4 scheduler blocks
+        retention = base.scheduler_block_size * choices.below(5)
+    return dataclasses.replace(base, num_blocks=num_blocks, groups=groups, scheduler=sched,
+                               prefix_cache_retention_interval=retention)
 
 
 def tokens(choices: Choices, length: int) -> list[int]:

@@ -3,7 +3,8 @@
 Each worker takes batches from a task queue, runs them with its
 `kvfuzz.fuzz.campaign.BatchRunner` and puts the `BatchResult`s on a result queue; the parent (the campaign driver) deduplicates,
 shrinks and saves the findings. A worker ignores SIGINT (Ctrl-C reaches the whole process
-group: the parent decides) and ends its batch early on SIGTERM, handing back what it ran. It
+group: the parent decides) and ends its batch early on SIGTERM, at its next example,
+handing back what it ran. It
 exits when its parent does, even by SIGKILL: Linux's PR_SET_DEATHSIG, and a watchdog thread
 that checks the parent's pid, for other systems and for a parent that died before the worker
 had set it.
@@ -59,16 +60,13 @@ def die_with_parent(parent: int, watchdog: bool = True) -> None:
 def _serve(options: Any, tasks: Any, results: Any, parent: int) -> None:
     """A worker's life: batches in, results out, until the None sentinel or SIGTERM."""
     die_with_parent(parent)
-    from kvfuzz.fuzz.campaign import STOP_REQUESTED, BatchRunner, Stop
+    from kvfuzz.fuzz.campaign import STOP_REQUESTED, BatchRunner
     from kvfuzz.fuzz.plugins import import_plugins
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def stop(signum: int, frame: Any) -> None:
-        STOP_REQUESTED.set()
-        raise Stop()
-
-    signal.signal(signal.SIGTERM, stop)
+    # SIGTERM asks the batch to stop at its next example (the runner's stop point); raising
+    # from the handler could land in a queue's read and cut a message in two.
+    signal.signal(signal.SIGTERM, lambda signum, frame: STOP_REQUESTED.set())
     try:
         import_plugins(options.plugins)
         runner = BatchRunner(options)
@@ -77,8 +75,6 @@ def _serve(options: Any, tasks: Any, results: Any, parent: int) -> None:
             if batch is None:
                 break
             results.put(runner(batch))
-    except Stop:
-        pass
     except Exception as exc:  # noqa: BLE001 - the parent exits 2 or 3 with it (fuzz/exits.py)
         results.put(ErrorReport.of(exc))
     finally:  # a SIGTERM now would interrupt the queues' flushing at exit

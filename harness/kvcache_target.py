@@ -15,6 +15,7 @@ def kvcache_spec(group: GroupConfig) -> Any:
         ChunkedLocalAttentionSpec,
         CircularBufferSpec,
         CrossAttentionSpec,
+        EncoderOnlyAttentionSpec,
         FullAttentionSpec,
         MambaSpec,
         MLAAttentionSpec,
@@ -49,6 +50,8 @@ def kvcache_spec(group: GroupConfig) -> Any:
             mamba_cache_mode=group.mamba_cache_mode,
             num_speculative_blocks=group.num_speculative_blocks,
         )
+    if group.kind == "encoder_only":
+        return EncoderOnlyAttentionSpec(block_size=group.block_size)
     return CrossAttentionSpec(block_size=group.block_size)
 
 
@@ -59,6 +62,7 @@ def build_kvcache_manager(config: Config) -> Any:
     kv_cache_config = KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         kv_cache_groups=[
             KVCacheGroupSpec([f"layer.{i}"], kvcache_spec(g), is_eagle_group=g.eagle)
             for i, g in enumerate(config.groups)

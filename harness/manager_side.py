@@ -9,8 +9,8 @@ snapshots — is shared here, so every target is driven identically.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace, KvfuzzError
@@ -23,6 +23,8 @@ from kvfuzz.core.sides import (
 )
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
+
+T = TypeVar("T")
 
 _KEEPS_LOOKUPS = frozenset({"get_computed_blocks", "add_request", "get_num_cached_tokens"})
 
@@ -37,6 +39,9 @@ class ManagerSide:
     def __init__(self, config: Config, level: str) -> None:
         self.config = config
         self.level = level
+        self.group_ids = self.manager_group_ids(config)
+        """The config group each of the manager's groups stands for, in order."""
+        self._groups_missing = len(self.group_ids) != len(config.groups)
         self.manager = self.build_manager(config)
         self.probes = ManagerProbes(self.manager, self.request_status)
         self.keys = KeyTranslator(config.resolved_hash_block_size)
@@ -62,6 +67,7 @@ class ManagerSide:
             "take_new_block_ids": self._take_new_block_ids,
             "take_kv_cache_block_copies": self._take_copies,
             "release_copies": self._release_copies,
+            "new_step_starts": self._new_step_starts,
             "step": self._step,
             "abort": self._end_request,
             "finish": self._end_request,
@@ -80,6 +86,21 @@ class ManagerSide:
     def make_request(self, op: Op, arrival_time: float) -> Any:
         raise NotImplementedError
 
+    def manager_group_ids(self, config: Config) -> tuple[int, ...]:
+        """The config groups the manager builds a group for: all of them, unless the target
+        leaves some out (vLLM: encoder-only layers, docs/spec.md §12.4)."""
+        return tuple(range(len(config.groups)))
+
+    def per_config_group(self, values: Sequence[T], empty: T) -> Sequence[T]:
+        """The manager's per-group `values` spread over the config's groups; a group the
+        manager has none for gets `empty` (it holds nothing, docs/spec.md §12.4)."""
+        if not self._groups_missing:
+            return values
+        spread = [empty] * len(self.config.groups)
+        for g, value in zip(self.group_ids, values):
+            spread[g] = value
+        return spread
+
     def build_scheduler(self, config: Config) -> Any:
         from kvfuzz.kvcache.scheduler import Scheduler
 
@@ -94,6 +115,7 @@ class ManagerSide:
             full_sequence_must_fit=s.full_sequence_must_fit,
             num_lookahead_tokens=s.num_lookahead_tokens,
             reserved_blocks=s.reserved_blocks,
+            mamba_block_aligned_split=any(g.mamba_cache_mode == "align" for g in config.groups),
         )
 
     # ----- Side -----
@@ -119,14 +141,38 @@ class ManagerSide:
             waiting=scheduler.waiting if scheduler else (),
             running=scheduler.running if scheduler else (),
         )
+        if self._groups_missing:
+            snapshot = self._spread_snapshot(snapshot)
         if not self.deferred_blocks:
             return snapshot
         deferred = tuple(tuple(b.block_id for b in run) for runs in self.deferred_blocks
                          for run in runs)
         return dataclasses.replace(snapshot, deferred_frees=deferred, _derived={})
 
+    def _spread_snapshot(self, snapshot: Snapshot) -> Snapshot:
+        """Every request view over the config's groups: a group the manager has none for reads
+        as an empty table while the request runs (what holding nothing there means), else as
+        untracked."""
+        views = {}
+        for rid, view in snapshot.requests.items():
+            running = view.status == "RUNNING"
+            views[rid] = dataclasses.replace(
+                view,
+                tables=tuple(self.per_config_group(view.tables, () if running else None)),
+                num_cached_blocks=tuple(self.per_config_group(view.num_cached_blocks, None)),
+                partial_hit=tuple(self.per_config_group(view.partial_hit, None)),
+            )
+        return dataclasses.replace(snapshot, requests=views, _derived={})
+
     def observations(self) -> Observations:
         obs = self.probes.take()
+        if self._groups_missing:
+            obs.allocations = [dataclasses.replace(
+                a,
+                group_predictions=a.group_predictions and tuple(
+                    self.per_config_group(a.group_predictions, 0)),
+                group_taken=a.group_taken and tuple(self.per_config_group(a.group_taken, 0)),
+            ) for a in obs.allocations]
         obs.kv_events, self._op_events = self._op_events, []
         return obs
 
@@ -214,6 +260,9 @@ class ManagerSide:
         """Whether this target implements an optional op or field (every one, by default)."""
         return True
 
+    def require(self, name: str) -> None:
+        """A usage error (exit 2) naming `name` and the target unless it `offers` it."""
+
     def lookup(self, request: Any, bound: int | None) -> Any:
         """The manager's get_computed_blocks (a target may pass the bound its own way)."""
         if bound is None:
@@ -248,7 +297,8 @@ class ManagerSide:
         blocks, hit, boundary = out
         self.lookups[request.request_id] = (blocks, hit)
         self.probes.observations.lookups.append((request.request_id, hit, boundary))
-        return {"block_ids": [list(g) for g in blocks.get_block_ids()], "num_computed_tokens": hit}
+        return {"block_ids": self.per_config_group([list(g) for g in blocks.get_block_ids()], []),
+                "num_computed_tokens": hit}
 
     def _allocate_slots(self, op: Op) -> Any:
         request = self._live_request(op)
@@ -287,10 +337,11 @@ class ManagerSide:
         self._forward(request, start, start + new_tokens)
         request.num_computed_tokens = start + new_tokens
         request.status = self.request_status.RUNNING
-        return {"block_ids": [list(g) for g in out.get_block_ids()]}
+        return {"block_ids": self.per_config_group([list(g) for g in out.get_block_ids()], [])}
 
     def _forward(self, request: Any, start: int, end: int) -> None:
-        tables = tuple(tuple(ids) for ids in self.manager.get_block_ids(request.request_id))
+        tables = tuple(self.per_config_group(
+            [tuple(ids) for ids in self.manager.get_block_ids(request.request_id)], ()))
         self.probes.observations.forward.append(
             ForwardPass(request.request_id, start, end, tables)
         )
@@ -358,17 +409,17 @@ class ManagerSide:
         if per_group is not None:
             ok, runs = self._call(lambda: per_group(request))
         else:
-            lengths = []
-            for manager in self.manager.coordinator.single_type_managers:
-                table = manager.req_to_blocks.get(request.request_id, [])
-                lengths.append(len(table) - next(
-                    (i for i, b in enumerate(table) if not b.is_null), len(table)))
+            tables = [list(manager.req_to_blocks.get(request.request_id, []))
+                      for manager in self.manager.coordinator.single_type_managers]
             ok, out = self._call(lambda: self.manager.pop_blocks_for_free(request))
             runs = out
             if ok:
+                # vLLM 0.33+ trims each table's leading nulls; 0.32 hands the whole tables.
+                whole = len(out) == sum(map(len, tables))
                 runs, start = [], 0
-                for n in lengths:
-                    runs.append(out[start:start + n])
+                for table in tables:
+                    n = len(table) if whole else len(_without_leading_nulls(table))
+                    runs.append(_without_leading_nulls(out[start:start + n]))
                     start += n
         if not ok:
             return runs
@@ -380,18 +431,25 @@ class ManagerSide:
 
     def _release_deferred(self, op: Op) -> Any:
         """Release every deferred batch, oldest first, as `free` would have: each group's run
-        tail first, group after group."""
+        tail first, group after group (`evict_first` passed on to `BlockPool.free_blocks`)."""
+        option = {"evict_first": True} if op["evict_first"] else {}
+        if option:
+            self.require("evict_first")
         batches, self.deferred_blocks = self.deferred_blocks, []
         release = getattr(self.manager, "free_deferred_blocks", None)
         for runs in batches:
             if release is not None:
-                ok, out = self._call(lambda: release(runs))
+                ok, out = self._call(lambda: release(runs, **option))
             else:
-                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1])
+                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1], **option)
                                               for r in runs])
             if not ok:
                 return out
         return None
+
+    def _new_step_starts(self, op: Op) -> Any:
+        ok, out = self._call(self.manager.new_step_starts)
+        return None if ok else out
 
     def _release_copies(self, op: Op) -> Any:
         blocks, self.retained_blocks, self.retained_pairs = self.retained_blocks, [], []
@@ -430,3 +488,8 @@ class ManagerSide:
         )
         ok, out = self._call(lambda: self.scheduler.finish_request(request.request_id, status))
         return None if ok else out
+
+
+def _without_leading_nulls(blocks: list[Any]) -> list[Any]:
+    """The blocks from the first that is not the null block."""
+    return blocks[next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks)):]

@@ -125,6 +125,11 @@ class MisuseDriver:
         request = rng.choice(requests)
         bad = rng.choice(_BAD_COUNTS)
         kind = rng.randrange(10)
+        if kind == 0 and rng.random() < 0.2:  # vLLM 0.34's option, given a non-bool
+            blocks = self._block_list(pool.null_block)
+            first = rng.choice((None, 1, "yes", 0.0))
+            return (f"free_blocks({blocks!r}, evict_first={first!r})",
+                    lambda: pool.free_blocks(blocks, evict_first=first))
         if kind == 0:
             blocks = self._block_list(self._bad_block())
             return f"free_blocks({blocks!r})", lambda: pool.free_blocks(blocks)

@@ -274,10 +274,18 @@ def _removed_while_held(side: KvcacheSide) -> None:
 def _deferred_free_whole_list(side: KvcacheSide) -> None:
     pool = side.manager.block_pool
 
-    def free_deferred_blocks(blocks_per_group):
-        pool.free_blocks([b for blocks in blocks_per_group for b in blocks][::-1])
+    def free_deferred_blocks(blocks_per_group, evict_first=False):
+        pool.free_blocks([b for blocks in blocks_per_group for b in blocks][::-1], evict_first)
 
     side.manager.free_deferred_blocks = free_deferred_blocks
+
+
+@mutant("evict-first-ignored", "free_blocks(evict_first=True) queues cached blocks at the tail, "
+        "as a plain free does, so blocks another tier holds outlive the ones it does not",
+        bug="vLLM 0.34 BlockPool.free_blocks(evict_first)", configs=("deferred",))
+def _evict_first_ignored(side: KvcacheSide) -> None:
+    _around(side.manager.block_pool, "free_blocks",
+            lambda original, blocks, evict_first=False: original(blocks))
 
 
 @mutant("reset-not-announced", "a successful prefix-cache reset emits no AllBlocksCleared",
@@ -606,6 +614,54 @@ def _state_released_early(side: KvcacheSide) -> None:
         )
 
 
+_ALIGN_CONFIGS = ("qwen3_5_align", "nemotron_h_align", "granite4")
+"""Mamba "align" configs with sub-block hits, so copy-on-write happens."""
+
+
+@mutant("state-allocation-asserts-growth", "a state group's allocation asserts that its table "
+        "only grows: a table over-allocated for draft (lookahead) tokens trips "
+        "`num_required_blocks < len(req_blocks)`", bug="docs/bugs.md #27",
+        configs=("mamba_small_blocks",))  # state blocks small enough for lookahead to cross
+def _state_allocation_asserts_growth(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        def around(original, request_id, num_tokens, num_tokens_main_model, m=single):
+            table = m.req_to_blocks.get(request_id, [])
+            required = (-(-num_tokens_main_model // m.block_size) + m.num_speculative_blocks
+                        if m.align else -(-(num_tokens + m._speculative_tokens) // m.block_size))
+            assert not required < len(table), "num_required_blocks < len(req_blocks)"
+            return original(request_id, num_tokens, num_tokens_main_model)
+
+        _around(single, "allocate_new_blocks", around)
+
+
+@mutant("state-hit-misplaced", "an align-mode state hit is padded with one null too few, so "
+        "the hit request resumes from the position before its state block",
+        bug="docs/bugs.md #28", configs=("mamba_align",) + _ALIGN_CONFIGS)
+def _state_hit_misplaced(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        def around(original, *args, **kwargs):
+            computed, hit_length = original(*args, **kwargs)
+            for blocks in computed:
+                if len(blocks) > 1:
+                    del blocks[0]
+            return computed, hit_length
+
+        _around(single, "find_longest_cache_hit", around)
+
+
+@mutant("align-cow-forgets-pending-copy", "an align-mode copy-on-write takes its references "
+        "but forgets to queue the copy: the private copy is never filled",
+        bug="docs/spec.md §11.3", configs=_ALIGN_CONFIGS)
+def _align_cow_forgets_pending_copy(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        def around(original, *args, m=single, **kwargs):
+            original(*args, **kwargs)
+            m._pending_cow_copies.pop()
+
+        _around(single, "_apply_cow", around)
+        _around(single, "_move_cached_state", around)
+
+
 @mutant("rswa-gap-kept", "an R-SWA group never releases the blocks between the prompt and the "
         "decode window", bug="docs/spec.md §12.2", configs=("rswa", "full_rswa"))
 def _rswa_gap_kept(side: KvcacheSide) -> None:
@@ -626,3 +682,23 @@ def _ring_block_per_step(side: KvcacheSide) -> None:
                 return new_blocks
 
             single.allocate_new_blocks = grow
+
+
+@mutant("encoder-only-takes-blocks", "an encoder-only group predicts and allocates blocks as "
+        "full attention does, though its layers keep no KV", bug="docs/spec.md §12.4",
+        configs=("bert", "colqwen3_5"))
+def _encoder_only_takes_blocks(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "EncoderOnlyAttentionManager":
+            base = type(single).__mro__[1]  # SingleTypeKVCacheManager: tables follow tokens
+            single.get_num_blocks_to_allocate = base.get_num_blocks_to_allocate.__get__(single)
+            single.allocate_new_blocks = base.allocate_new_blocks.__get__(single)
+
+
+@mutant("retention-ignored", "sliding-window groups ignore the prefix-cache retention interval "
+        "and key every block a dense hit could end at", bug="docs/spec.md §4.9.2",
+        configs=("gemma3_retention", "swa_replay_only"))
+def _retention_ignored(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "SlidingWindowManager":
+            single.retention_interval = None

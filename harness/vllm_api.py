@@ -93,6 +93,10 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "BlockPool.free_blocks(blocks, evict_first)",
         _takes("BlockPool", "free_blocks", "evict_first"),
     ),
+    "frontend_hashes": (
+        "Request(block_hashes=): prompt block hashes precomputed by the frontend",
+        _takes("Request", "__init__", "block_hashes"),
+    ),
     "null_ref_counted": (
         "free_blocks and touch move the null block's ref_cnt (fixed in 0.33)",
         lambda api: _frees_null_block(api["BlockPool"]),
@@ -104,6 +108,11 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
     "prompt_embeds_mask": (
         "Request(prompt_is_token_ids=): prompts mixing token ids and embeddings",
         _takes("Request", "__init__", "prompt_is_token_ids"),
+    ),
+    "state_tail_rekeyed": (
+        "a Mamba align group marks a state already keyed at the prompt's tail as cached again "
+        "(fixed in 0.33)",
+        lambda api: _rekeys_state_tail(),
     ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",
@@ -248,6 +257,17 @@ def _importable(module: str) -> bool:
     except Exception:  # noqa: BLE001 - absent or broken: the feature is not there
         return False
     return True
+
+
+def _rekeys_state_tail() -> bool:
+    """Whether MambaManager._cache_partial_tail_block lacks 0.33's "already keyed here" return
+    (read from its source; no source, or no such method: nothing to tolerate)."""
+    try:
+        manager = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+        source = inspect.getsource(manager.MambaManager._cache_partial_tail_block)
+    except Exception:  # noqa: BLE001 - an unreadable or different manager: not this release
+        return False
+    return "block_hash_num_tokens == num_tokens" not in source
 
 
 def _frees_null_block(block_pool: Any) -> bool:

@@ -74,6 +74,12 @@ def _spec(group: GroupConfig, v: VllmApi) -> Any:
     return iface.CrossAttentionSpec(**common)
 
 
+def vllm_group_ids(config: Config) -> tuple[int, ...]:
+    """The config groups vLLM builds a KV cache group for: not encoder-only ones, whose layers
+    return no spec (`Attention.get_kv_cache_spec`), so no manager is registered for them."""
+    return tuple(i for i, g in enumerate(config.groups) if g.kind != "encoder_only")
+
+
 @contextlib.contextmanager
 def _partial_hits_forced(v: VllmApi, on: bool) -> Iterator[None]:
     """vLLM enables fine-grained hits only beside Mamba "align" groups; force them on."""
@@ -96,9 +102,11 @@ def build_vllm_manager(config: Config) -> Any:
     kv_cache_config = iface.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         kv_cache_groups=[
-            iface.KVCacheGroupSpec([f"layer.{i}"], _spec(g, v), is_eagle_group=g.eagle)
-            for i, g in enumerate(config.groups)
+            iface.KVCacheGroupSpec([f"layer.{i}"], _spec(config.groups[i], v),
+                                   is_eagle_group=config.groups[i].eagle)
+            for i in vllm_group_ids(config)
         ],
     )
     with _partial_hits_forced(v, config.partial_hits):
@@ -140,7 +148,22 @@ def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snap
     """An empty window-group table of a request that is not running reads as no entry: vLLM's
     `remove_skipped_blocks` inserts it when a first allocate_slots is refused (docs/spec.md §10.1).
     """
-    windows = {g for g, group in enumerate(config.groups) if group.kind in _WINDOW_KINDS}
+    return _drop_empty_entries(
+        snapshot, {g for g, group in enumerate(config.groups) if group.kind in _WINDOW_KINDS}
+    )
+
+
+def _drop_empty_state_entries(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    """An empty Mamba "align" table of a request that is not running reads as no entry: vLLM's
+    align-mode predictor inserts it (docs/findings/013)."""
+    return _drop_empty_entries(
+        snapshot, {g for g, group in enumerate(config.groups)
+                   if group.kind == "mamba" and group.mamba_cache_mode == "align"}
+    )
+
+
+def _drop_empty_entries(snapshot: Snapshot, windows: set[int]) -> tuple[Snapshot, list[str]]:
+    """Empty tables of the given groups, for requests that are not running, read as None."""
     changed: dict[str, RequestView] = {}
     for rid, view in snapshot.requests.items():
         if view.status == "RUNNING" or not any(view.tables[g] == () for g in windows):
@@ -174,11 +197,20 @@ REMOVED_WHILE_HELD = "removed-while-held"
 """vLLM emits BlockRemoved for each evicted copy of a key, even while another block still
 holds it (docs/findings/011): `vllm` drops such removals when it reads the events."""
 
+STATE_TAIL_REKEYED = "state-tail-rekeyed"
+"""vLLM 0.32 marks a state already keyed at the prompt's tail as cached again, deferring hits on
+it (docs/findings/014): `vllm` gives its state managers 0.33's "already keyed" return."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
         "docs/findings/001-empty-window-entry.md",
         _drop_empty_window_entries,
+    ),
+    KnownDeviation(
+        "empty-state-entry",
+        "docs/findings/013-empty-state-entry.md",
+        _drop_empty_state_entries,
     ),
     KnownDeviation(
         "null-block-ref-count",
@@ -209,6 +241,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         releases="0.33–0.34",
         applies=lambda api: api.has("prompt_embeds_mask"),
     ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        STATE_TAIL_REKEYED,
+        "docs/findings/014-state-tail-rekeyed.md",
+        _no_snapshot_change,
+        releases="0.32",
+        applies=lambda api: api.has("state_tail_rekeyed"),
+    ),
     # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
     KnownDeviation(
         "bound-raises-ceiling",
@@ -226,6 +266,7 @@ OP_FEATURES = {
     "max_cache_hit_length": "lookup_bound",
     "prefix_cache_hit_limit": "request_hit_limit",
     "take_events": "kv_events",
+    "evict_first": "free_evict_first",
 }
 
 
@@ -247,22 +288,25 @@ class VllmSide(ManagerSide):
         self.tolerated: dict[str, set[str]] = {d.name: set() for d in self.deviations}
         super().__init__(config, level)
 
+    def manager_group_ids(self, config: Config) -> tuple[int, ...]:
+        return vllm_group_ids(config)
+
     def offers(self, name: str) -> bool:
         """Whether this vLLM has what an op or field of `OP_FEATURES` needs (generators ask)."""
         feature = OP_FEATURES.get(name)
         return feature is None or self.api.has(feature)
 
-    def _require(self, name: str) -> None:
+    def require(self, name: str) -> None:
         if not self.offers(name):
             what = FEATURES[OP_FEATURES[name]][0]
             raise VllmUnsupported(
-                f"the trace uses {name}, which needs {what}; vLLM {self.api.version} lacks it "
-                "(docs/vllm.md, per-release table)"
+                f"the trace uses {name}, which needs {what}; target {self.name} (vLLM "
+                f"{self.api.version}) lacks it (docs/vllm.md, per-release table)"
             )
 
     def lookup(self, request: Any, bound: int | None) -> Any:
         if bound is not None:
-            self._require("max_cache_hit_length")
+            self.require("max_cache_hit_length")
             ceiling = request.num_tokens - 1
             if "bound-raises-ceiling" in self.tolerated and bound > ceiling:
                 # vLLM 0.33 takes a bound above num_tokens - 1 as the ceiling itself; pass
@@ -272,7 +316,7 @@ class VllmSide(ManagerSide):
         return super().lookup(request, bound)
 
     def num_cached_tokens(self, request: Any) -> int:
-        self._require("get_num_cached_tokens")
+        self.require("get_num_cached_tokens")
         answer = super().num_cached_tokens(request)
         name = "probe-ignores-hit-limit"
         if name in self.tolerated and request.prefix_cache_hit_limit is not None:
@@ -294,7 +338,7 @@ class VllmSide(ManagerSide):
     def build_manager(self, config: Config) -> Any:
         v = self.api
         if config.kv_events:
-            self._require("take_events")
+            self.require("take_events")
             # Events then carry the block hashes themselves, which the harness reads as content.
             os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "0"
         self.request_status = v["RequestStatus"]
@@ -302,7 +346,31 @@ class VllmSide(ManagerSide):
         # vLLM keeps its none hash in a module global, read whenever a request hashes.
         utils.NONE_HASH = v["sha256"](config.none_hash_seed)
         self._hasher = utils.get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
-        return build_vllm_manager(config)
+        manager = build_vllm_manager(config)
+        if STATE_TAIL_REKEYED in self.tolerated:
+            for single in manager.coordinator.single_type_managers:
+                if getattr(single, "mamba_cache_mode", None) == "align":
+                    self._skip_rekeyed_state_tail(single)
+        return manager
+
+    def _skip_rekeyed_state_tail(self, single: Any) -> None:
+        """0.33's return in `_cache_partial_tail_block`: a state block already keyed at
+        `num_tokens` is not registered (nor marked cached this step) again."""
+        original = single._cache_partial_tail_block
+        tolerated = self.tolerated[STATE_TAIL_REKEYED]
+
+        def cache_partial_tail_block(request: Any, num_tokens: int, *args: Any,
+                                     **kwargs: Any) -> Any:
+            blocks = single.req_to_blocks.get(request.request_id, ())
+            index = -(-num_tokens // single.block_size) - 1
+            if (num_tokens > 0 and 0 <= index < len(blocks) and not blocks[index].is_null
+                    and blocks[index].block_hash_num_tokens == num_tokens
+                    and num_tokens % single.block_pool.hash_block_size == 0):
+                tolerated.add(request.request_id)
+                return None
+            return original(request, num_tokens, *args, **kwargs)
+
+        single._cache_partial_tail_block = cache_partial_tail_block
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
         v = self.api
@@ -325,7 +393,7 @@ class VllmSide(ManagerSide):
         request.num_encoder_tokens = op["num_encoder_tokens"]
         limit = op["prefix_cache_hit_limit"]
         if limit is not None:
-            self._require("prefix_cache_hit_limit")
+            self.require("prefix_cache_hit_limit")
             # What vLLM derives from prompt-scoring parameters, set directly (0 stays 0 when
             # the request skips cache reads).
             if request.prefix_cache_hit_limit != 0:

@@ -105,3 +105,17 @@ def sliding_window_hit_blocks(sliding_window: int, block_size: int, drop_eagle_b
     window; EAGLE needs one more, which it then drops.
     """
     return cdiv(sliding_window - 1, block_size) + (1 if drop_eagle_block else 0)
+
+
+def replay_boundaries(
+    num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool
+) -> tuple[int, ...]:
+    """Positions a later request replaying a prompt can resume at (§4.9.2): a resend stops at
+    `num_prompt_tokens − 1`; with EAGLE, one block below the resend's and the extension's
+    scheduler-block boundaries."""
+    if not use_eagle:
+        return (num_prompt_tokens - 1,)
+    block = scheduler_block_size
+    resend = (num_prompt_tokens - 1) // block * block
+    extension = num_prompt_tokens // block * block
+    return tuple(sorted({max(resend - block, 0), max(extension - block, 0)}))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import compress, islice
 from operator import length_hint
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
@@ -16,7 +16,6 @@ from kvfuzz.kvcache.kv_cache_utils import (
     check_positive_int,
     group_id_suffix,
     make_block_hash_with_group_id,
-    resolve_block_hashes,
 )
 
 if TYPE_CHECKING:
@@ -132,6 +131,9 @@ class BlockPool:
         self.cached_block_hashes_by_block: dict[int, set[BlockHashWithGroupId]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
+        # Scratch heads of `release`'s two runs (head of the queue, tail of the queue): never
+        # in the queue, and no link left on them between calls.
+        self._run_heads = (KVCacheBlock(block_id=-1), KVCacheBlock(block_id=-1))
 
     def get_cached_block(
         self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
@@ -146,6 +148,23 @@ class BlockPool:
                 return None
             cached_blocks.append(block)
         return cached_blocks
+
+    def get_rightmost_cached_block(
+        self, block_hashes: Sequence[BlockHash], indices: Iterable[int],
+        kv_cache_group_ids: Sequence[int],
+    ) -> tuple[int, list[KVCacheBlock]] | None:
+        """The first of `indices` whose hash `get_cached_block` hits, with its blocks; None if
+        none does. Pure read (a state group's right-to-left search)."""
+        get = self.cached_block_hash_to_block._cache.get
+        first = group_id_suffix(kv_cache_group_ids[0])
+        for index in indices:
+            block_hash = block_hashes[index]
+            if get(block_hash + first) is None:  # type: ignore[operator]
+                continue
+            cached = self.get_cached_block(block_hash, kv_cache_group_ids)
+            if cached is not None:
+                return index, cached
+        return None
 
     def get_cached_block_run(
         self, block_hashes: Sequence[BlockHash], kv_cache_group_ids: Sequence[int]
@@ -208,11 +227,17 @@ class BlockPool:
         """`cache_full_blocks` of a manager's own table (this pool's blocks, int counts)."""
         if num_cached_blocks >= num_full_blocks:
             return
-        block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
-        if not 0 <= num_cached_blocks < num_full_blocks <= min(len(blocks), len(block_hashes)):
+        # A block's key is the fine hash at its end: a strided slice of the request's hashes.
+        scale, rest = divmod(block_size, self.hash_block_size)
+        if rest:
+            raise ValueError(f"cache_full_blocks(): block_size {block_size} is not a multiple "
+                             f"of hash_block_size {self.hash_block_size}")
+        fine_hashes = request.block_hashes
+        num_hashes = len(fine_hashes) // scale
+        if not 0 <= num_cached_blocks < num_full_blocks <= min(len(blocks), num_hashes):
             raise ValueError(
                 f"cache_full_blocks({request.request_id!r}): blocks [{num_cached_blocks}, "
-                f"{num_full_blocks}) need {len(blocks)} blocks and {len(block_hashes)} hashes "
+                f"{num_full_blocks}) need {len(blocks)} blocks and {num_hashes} hashes "
                 f"of {block_size} tokens to cover them"
             )
         if block_mask is not None and len(block_mask) != num_full_blocks - num_cached_blocks:
@@ -220,16 +245,24 @@ class BlockPool:
                 f"cache_full_blocks({request.request_id!r}): block_mask has {len(block_mask)} "
                 f"entries for {num_full_blocks - num_cached_blocks} blocks"
             )
-        new_hashes = block_hashes[num_cached_blocks:num_full_blocks]
+        new_hashes = (fine_hashes[num_cached_blocks:num_full_blocks] if scale == 1 else
+                      fine_hashes[(num_cached_blocks + 1) * scale - 1:num_full_blocks * scale:scale])
         suffix = group_id_suffix(kv_cache_group_id)
         cache_map = self.cached_block_hash_to_block
         setdefault = cache_map._cache.setdefault
-        num_tokens = num_cached_blocks * block_size
-        for offset, block in enumerate(blocks[num_cached_blocks:num_full_blocks]):
-            num_tokens += block_size
-            if block.is_null or (block_mask is not None and not block_mask[offset]):
+        # (block, its hash, the tokens its key covers), masked blocks left out, all in C.
+        entries: Iterable[tuple[KVCacheBlock, BlockHash, int]] = zip(
+            blocks[num_cached_blocks:num_full_blocks],
+            new_hashes,
+            range((num_cached_blocks + 1) * block_size, num_full_blocks * block_size + 1,
+                  block_size),
+        )
+        if block_mask is not None:
+            entries = compress(entries, block_mask)
+        for block, block_hash, num_tokens in entries:
+            if block.is_null:
                 continue
-            key: BlockHashWithGroupId = new_hashes[offset] + suffix  # type: ignore[assignment]
+            key: BlockHashWithGroupId = block_hash + suffix  # type: ignore[assignment]
             if block._block_hash is None:  # the slot, as in free_blocks
                 # A block without a primary key has no extras either: nothing else to check,
                 # so the slots are set directly (what set_block_hash does after its check).
@@ -280,7 +313,7 @@ class BlockPool:
             self._remove_cached_block_hashes(block)
         elif (
             block.block_hash is not None
-            and not self._carries_key(block, key)
+            and not self.carries_key(block, key)
             and block.block_hash_num_tokens is not None
             and block.block_hash_num_tokens < num_tokens
         ):
@@ -288,7 +321,23 @@ class BlockPool:
         self._insert_block_hash(key, block, num_tokens)
         return key
 
-    def _carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        """Re-point every key of `src_block` (primary first) to `dst_block`, which has none:
+        its owner writes on in `src_block` while the cache keeps a private copy."""
+        assert dst_block.block_hash is None
+        assert dst_block.block_id not in self.cached_block_hashes_by_block
+        num_tokens = src_block.block_hash_num_tokens
+        primary = src_block.block_hash
+        if primary is None:
+            return
+        extras = sorted(self.cached_block_hashes_by_block.get(src_block.block_id, ()))
+        # The entries stay live, only their block changes: no KV event (the base removal).
+        BlockPool._remove_cached_block_hashes(self, src_block)
+        for key in (primary, *extras):
+            self._insert_block_hash(key, dst_block, num_tokens)  # type: ignore[arg-type]
+
+    def carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
+        """The block is reachable under `key`, as its primary key or another one."""
         return block.block_hash == key or self.cached_block_hash_to_block.contain(
             key, block.block_id
         )
@@ -296,7 +345,7 @@ class BlockPool:
     def _insert_block_hash(
         self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int
     ) -> None:
-        if self._carries_key(block, key):
+        if self.carries_key(block, key):
             return
         if block.block_hash is None:
             block.set_block_hash(key, num_tokens)
@@ -341,6 +390,7 @@ class BlockPool:
         extras_by_block = self.cached_block_hashes_by_block
         cache_map = self.cached_block_hash_to_block
         cache = cache_map._cache
+        pop = cache.pop
         for block in ret:
             # Only a block with a primary key has keys (extras come after the primary). The
             # common case, a primary key alone, is `_remove_cached_block_hashes` inlined, and
@@ -350,9 +400,9 @@ class BlockPool:
                 if extras_by_block and block.block_id in extras_by_block:
                     self._remove_cached_block_hashes(block)
                 else:
-                    if cache.get(key) is block:
-                        del cache[key]
-                    else:
+                    entry = pop(key, None)  # one lookup when the block is alone under its key
+                    if entry is not block and entry is not None:
+                        cache[key] = entry  # several blocks under the key: drop only this one
                         cache_map.pop(key, block.block_id)
                     block._block_hash = block._block_hash_num_tokens = None
                     block._hashed = False
@@ -416,72 +466,101 @@ class BlockPool:
             if type(block) is not own:
                 raise ValueError(f"{operation}: {self.describe_foreign(block)}")
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(
+        self, ordered_blocks: Iterable[KVCacheBlock], evict_first: bool = False
+    ) -> None:
         """Drop one reference per block; the first block is the first to evict.
 
         Blocks reaching zero without a key go to the queue head as one run (reused first, for
-        locality); cached ones go to the tail (evicted oldest release first). An entry that is
-        not a block of this pool, or a block that is not held, raises ValueError and changes
-        nothing.
+        locality); cached ones go to the tail (evicted oldest release first), or with
+        `evict_first` (their contents held by another tier) into the head run too, keeping
+        their keys until popped. An entry that is not a block of this pool, a block that is not
+        held, or an `evict_first` that is not a bool raises ValueError and changes nothing.
         """
+        if type(evict_first) is not bool:
+            raise ValueError(f"free_blocks(): evict_first={evict_first!r} is not a bool")
         blocks = self._block_list("free_blocks", ordered_blocks)
         self.check_own("free_blocks()", blocks)
-        self.release(blocks)
+        self.release(blocks, evict_first)
 
-    def release(self, blocks: list[KVCacheBlock]) -> None:
+    def release(self, blocks: list[KVCacheBlock], evict_first: bool = False) -> None:
         """`free_blocks` of blocks known to be this pool's (the managers' own tables).
 
         A block that is not held raises ValueError and changes nothing.
 
         One pass: each released block is threaded onto its run as it is met, and the two runs
         are spliced into the queue at the end. Held blocks are never linked, so a run's links
-        are all this call's.
+        are all this call's. Each run starts after a scratch head, so linking a block needs no
+        test for the run's first one.
         """
-        caching = self.enable_caching
-        first_head = first_tail = last_head = last_tail = None
+        first_head, last_head = self._run_heads
+        first_tail, last_tail = first_head, last_head
         # The tail run is the common one: its length is what the others leave.
         num_first = num_kept = 0
         remaining = iter(blocks)
-        for block in remaining:
-            ref_cnt = block.ref_cnt
-            if ref_cnt == 1:
-                block.ref_cnt = 0
-                # Without caching every released block counts as unhashed. `_hashed` leaves
-                # the key object, likely out of the CPU cache by now, untouched.
-                if not block._hashed or not caching:
-                    if first_tail is None:
-                        first_head = block
+        if self.enable_caching and not evict_first:
+            for block in remaining:
+                if block.ref_cnt == 1:  # the common case, tested without a local
+                    block.ref_cnt = 0
+                    # `_hashed` leaves the key object, likely out of the CPU cache by now,
+                    # untouched.
+                    if block._hashed:
+                        last_tail.next_free_block = block
+                        block.prev_free_block = last_tail
+                        last_tail = block
                     else:
                         first_tail.next_free_block = block
                         block.prev_free_block = first_tail
-                    first_tail = block
-                    num_first += 1
+                        first_tail = block
+                        num_first += 1
+                elif block.ref_cnt > 1:
+                    block.ref_cnt -= 1
+                    num_kept += 1
+                elif block.is_null:  # its count stays 0: never pooled
+                    num_kept += 1
                 else:
-                    if last_tail is None:
-                        last_head = block
-                    else:
-                        last_tail.next_free_block = block
-                        block.prev_free_block = last_tail
-                    last_tail = block
-            elif ref_cnt > 1:
-                block.ref_cnt = ref_cnt - 1
-                num_kept += 1
-            elif block.is_null:  # its count stays 0: never pooled
-                num_kept += 1
-            else:
-                # Undo the releases before this position: restore each count and unlink
-                # every block, since none was linked before this call.
-                for done in _before_current(blocks, remaining):
-                    if not done.is_null:
-                        done.ref_cnt += 1
-                        done.prev_free_block = done.next_free_block = None
-                raise ValueError(f"free_blocks(): block {block.block_id} is not held")
+                    self._undo_release(blocks, remaining, block)
+        else:
+            # Without caching, or evicting first, every released block joins the head run,
+            # counted last.
+            for block in remaining:
+                if block.ref_cnt == 1:
+                    block.ref_cnt = 0
+                    first_tail.next_free_block = block
+                    block.prev_free_block = first_tail
+                    first_tail = block
+                elif block.ref_cnt > 1:
+                    block.ref_cnt -= 1
+                    num_kept += 1
+                elif block.is_null:
+                    num_kept += 1
+                else:
+                    self._undo_release(blocks, remaining, block)
+            num_first = len(blocks) - num_kept
         queue = self.free_block_queue
-        if first_head is not None:
-            queue.prepend_chain(first_head, first_tail, num_first)  # type: ignore[arg-type]
-        if last_head is not None:
+        if first_tail is not first_head:
+            first = first_head.next_free_block
+            first_head.next_free_block = None
+            queue.prepend_chain(first, first_tail, num_first)  # type: ignore[arg-type]
+        if last_tail is not last_head:
+            first = last_head.next_free_block
+            last_head.next_free_block = None
             num_last = len(blocks) - num_first - num_kept
-            queue.append_chain(last_head, last_tail, num_last)  # type: ignore[arg-type]
+            queue.append_chain(first, last_tail, num_last)  # type: ignore[arg-type]
+
+    def _undo_release(
+        self, blocks: list[KVCacheBlock], remaining: Iterator[KVCacheBlock], block: KVCacheBlock
+    ) -> NoReturn:
+        """Raise for `block` (not held) after undoing the releases before it: restore each
+        count and unlink every block, since none was linked before this call.
+        """
+        for head in self._run_heads:
+            head.next_free_block = None
+        for done in _before_current(blocks, remaining):
+            if not done.is_null:
+                done.ref_cnt += 1
+                done.prev_free_block = done.next_free_block = None
+        raise ValueError(f"free_blocks(): block {block.block_id} is not held")
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Strip the cache keys of these blocks without moving or releasing them."""

@@ -10,10 +10,12 @@ from kvfuzz.kvcache.block_pool import BlockPool
 from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
     MambaSpec,
+    SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_utils import BlockHash, KVCacheBlock, cdiv, check_positive_int
 from kvfuzz.kvcache.single_type_kv_cache_manager import (
@@ -28,6 +30,39 @@ if TYPE_CHECKING:
 
 HitResult = tuple[tuple[list[KVCacheBlock], ...], int, int]
 """Per-group hit blocks, the hit length, and the uncached common prefix (Tier C, else 0)."""
+
+
+def validate_prefix_cache_retention_interval(
+    retention_interval: int | None,
+    scheduler_block_size: int,
+    kv_cache_config: KVCacheConfig,
+    enable_caching: bool,
+) -> None:
+    """vLLM's rules for the retention interval (docs/spec.md §4.9.2), with its messages; a
+    Mamba "align" group with caching on is refused as not implemented by kvfuzz."""
+    if retention_interval is None:
+        return
+    specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+    if not any(isinstance(spec, SlidingWindowSpec | MambaSpec) for spec in specs):
+        if retention_interval == 0:
+            return
+        raise ValueError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window or "
+            "Mamba KV cache group, so retention has no effect. Set it to 0 (it only applies to "
+            "sliding-window and Mamba attention)."
+        )
+    if retention_interval < 0 or retention_interval % scheduler_block_size != 0:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({retention_interval}) must be non-negative and "
+            f"a multiple of scheduler_block_size ({scheduler_block_size})."
+        )
+    if enable_caching and any(
+        isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" for spec in specs
+    ):
+        raise ValueError(
+            "prefix_cache_retention_interval with a Mamba 'align' group is not implemented by "
+            "kvfuzz yet"
+        )
 
 
 class KVCacheCoordinator(ABC):
@@ -62,11 +97,10 @@ class KVCacheCoordinator(ABC):
                     f"scheduler_block_size {scheduler_block_size} is not a multiple of "
                     f"group {i}'s block_size {block_size}"
                 )
-        if kv_cache_config.prefix_cache_retention_interval is not None:
-            raise ValueError(
-                "prefix_cache_retention_interval "
-                f"{kv_cache_config.prefix_cache_retention_interval!r} is not supported; use None"
-            )
+        validate_prefix_cache_retention_interval(
+            kv_cache_config.prefix_cache_retention_interval, scheduler_block_size,
+            kv_cache_config, enable_caching,
+        )
         if enable_caching:
             if not groups:
                 raise ValueError("a config with no KV cache groups needs enable_caching=False")
@@ -76,9 +110,19 @@ class KVCacheCoordinator(ABC):
                     raise ValueError(
                         f"group {i} is cross attention, which needs enable_caching=False"
                     )
+                if isinstance(spec, EncoderOnlyAttentionSpec):
+                    raise ValueError(
+                        f"group {i} is encoder-only attention, which needs enable_caching=False"
+                        " (Pooling models with bidirectional attn do not support prefix caching.)"
+                    )
                 if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
                     raise ValueError(
                         f"group {i} is chunked local attention, which does not support EAGLE"
+                    )
+                if use_eagle and isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
+                    raise ValueError(
+                        f"group {i} is a Mamba 'align' group: EAGLE with align mode is not "
+                        "implemented by kvcache (docs/spec.md §11.5)"
                     )
         self.enable_caching = enable_caching
         self.scheduler_block_size = scheduler_block_size
@@ -109,6 +153,10 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(groups)
         )
+        # Sparse retention (§4.9.2): only sliding-window masks read it.
+        for manager in self.single_type_managers:
+            manager.retention_interval = kv_cache_config.prefix_cache_retention_interval
+            manager.replay_use_eagle = bool(self.drop_eagle_group_ids)
         # Only these can have blocks fall out of the window: the rest never skip a token.
         self._recycling_managers = tuple(
             m for m in self.single_type_managers if m.recycles_blocks
@@ -201,16 +249,10 @@ class KVCacheCoordinator(ABC):
                     request, self.get_num_cacheable_tokens(num_computed_tokens, group_id)
                 )
 
-    def free(self, request_id: str) -> bool:
-        """Free every group's table of the request; False if no group holds one (then nothing
-        changed).
-        """
-        tracked = False
+    def free(self, request_id: str) -> None:
+        """Free every group's table of the request (a group holding none is left alone)."""
         for manager in self.single_type_managers:
-            if request_id in manager.req_to_blocks:
-                manager.free(request_id)
-                tracked = True
-        return tracked
+            manager.free(request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """Every group's blocks, group after group; the caller frees each group tail first."""
@@ -284,8 +326,11 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     ) -> int:
         """As the base, but cross attention is sized by the encoder tokens alone."""
         num_blocks = 0
-        for i, manager in enumerate(self.single_type_managers):
-            if self._is_cross[i]:
+        # Arguments by position: a keyword argument costs a dict in `*args, **kwargs` managers.
+        for manager, is_cross, blocks in zip(
+            self.single_type_managers, self._is_cross, new_computed_blocks
+        ):
+            if is_cross:
                 num_blocks += manager.get_num_blocks_to_allocate(
                     request_id,
                     num_encoder_tokens,
@@ -293,18 +338,18 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
                     0,
                     0,
                     num_encoder_tokens,
-                    apply_admission_cap=apply_admission_cap,
+                    apply_admission_cap,
                 )
             else:
                 num_blocks += manager.get_num_blocks_to_allocate(
                     request_id,
                     num_tokens,
-                    new_computed_blocks[i],
+                    blocks,
                     total_computed_tokens,
                     num_local_computed_tokens,
                     num_tokens_main_model,
-                    apply_admission_cap=apply_admission_cap,
-                    prefill_end=prefill_end,
+                    apply_admission_cap,
+                    prefill_end,
                 )
         return num_blocks
 
@@ -326,6 +371,17 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> HitResult:
         return tuple([] for _ in self.single_type_managers), 0, 0
+
+    def free(self, request_id: str) -> None:
+        """As the base, in one release: without caching every released block goes to the
+        queue head, so the tables of the last group down to the first, each tail first, as
+        one run give the queue that freeing group after group gives.
+        """
+        blocks: list[KVCacheBlock] = []
+        for manager in reversed(self.single_type_managers):
+            blocks += manager.pop_blocks_for_free(request_id)[::-1]
+        if blocks:
+            self.block_pool.release(blocks)
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
@@ -409,12 +465,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         # Every computed token is cacheable, and caching is on.
         self.single_type_managers[0].cache_blocks(request, num_computed_tokens)
 
-    def free(self, request_id: str) -> bool:
-        manager = self.single_type_managers[0]
-        if request_id not in manager.req_to_blocks:
-            return False
-        manager.free(request_id)
-        return True
+    def free(self, request_id: str) -> None:
+        self.single_type_managers[0].free(request_id)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
@@ -446,8 +498,9 @@ class SpecGroup(NamedTuple):
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     """Several groups: a hit must land on a length every group accepts.
 
-    `enable_partial_hash_hits` (Tier B) forces fine-grained, hash-block-aligned hits; vLLM only
-    turns them on for Mamba "align" groups, so the default False equals vLLM 0.33.0 here.
+    Fine-grained, hash-block-aligned hits are on when vLLM turns them on (a Mamba "align"
+    group with block_size > hash_block_size, `partial_hash_hits_enabled`);
+    `enable_partial_hash_hits` (Tier B) forces them on for other configs too.
     """
 
     def __init__(
@@ -473,6 +526,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             record_new_block_ids,
         )
         groups = kv_cache_config.kv_cache_groups
+        enable_partial_hash_hits = enable_partial_hash_hits or partial_hash_hits_enabled(
+            [group.kv_cache_spec for group in groups], hash_block_size
+        )
         alignment = hash_block_size if enable_partial_hash_hits else scheduler_block_size
         for i, group in enumerate(groups):
             spec = group.kv_cache_spec
@@ -695,6 +751,24 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         ):
             return self.hash_block_size
         return spec.block_size
+
+
+def partial_hash_hits_enabled(specs: Sequence[KVCacheSpec], hash_block_size: int) -> bool:
+    """vLLM's rule: a Mamba "align" group whose block is larger than a hash block, and every
+    other prefix-cacheable group either supports fine-grained lookups or has block_size equal
+    to hash_block_size."""
+    if not any(
+        isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"
+        and spec.block_size > hash_block_size
+        for spec in specs
+    ):
+        return False
+    return all(
+        not spec.prefix_cacheable
+        or get_manager_class(spec).supports_fine_grained_hash_lookup
+        or spec.block_size == hash_block_size
+        for spec in specs
+    )
 
 
 def get_kv_cache_coordinator(

@@ -157,6 +157,19 @@ class CrossAttentionSpec(AttentionSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EncoderOnlyAttentionSpec(AttentionSpec):
+    """Bidirectional attention over one request's tokens in a single forward: no KV is kept.
+
+    vLLM's layers return no spec for it, so they never form a group; kvcache keeps the group
+    and gives it a manager that holds nothing (docs/spec.md §12.4).
+    """
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, kw_only=True)
 class CircularBufferSpec(KVCacheSpec):
     """A per-request ring of `block_size` slots (e.g. a compressor's open group): one block for
     the request's whole life, never prefix-cached."""
@@ -175,7 +188,8 @@ class MambaSpec(KVCacheSpec):
     its last computed token, one block of `block_size` tokens' worth of positions.
 
     `num_speculative_blocks` more blocks hold the states of draft tokens (MTP/EAGLE).
-    kvcache implements `mamba_cache_mode` "none" (no prefix caching).
+    `mamba_cache_mode` "none" has no prefix caching; "align" caches states at block (and
+    prompt-tail hash) boundaries, without vLLM's prefill checkpoint blocks.
     """
 
     mamba_cache_mode: str = "none"
@@ -188,8 +202,6 @@ class MambaSpec(KVCacheSpec):
                 f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, "
                 f"got {self.mamba_cache_mode!r}"
             )
-        if self.mamba_cache_mode == "align":
-            raise ValueError("mamba_cache_mode 'align' is not implemented by kvcache")
         if not isinstance(self.num_speculative_blocks, int) or self.num_speculative_blocks < 0:
             raise ValueError(
                 f"num_speculative_blocks must be a non-negative int, "

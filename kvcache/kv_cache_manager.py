@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal, overload
 from kvfuzz.kvcache.kv_cache_coordinator import get_kv_cache_coordinator
 from kvfuzz.kvcache.kv_cache_interface import (
     CircularBufferSpec,
+    EncoderOnlyAttentionSpec,
     CrossAttentionSpec,
     KVCacheConfig,
 )
@@ -164,11 +165,15 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
-        # Groups whose tables do not follow the token count: encoder KV, a ring's one block.
+        # Groups whose tables do not follow the token count: encoder KV, a ring's one block,
+        # encoder-only attention's none.
         self._fixed_group_ids = frozenset(
             i
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
-            if isinstance(group.kv_cache_spec, CrossAttentionSpec | CircularBufferSpec)
+            if isinstance(
+                group.kv_cache_spec,
+                CrossAttentionSpec | CircularBufferSpec | EncoderOnlyAttentionSpec,
+            )
         )
 
     @property
@@ -218,12 +223,15 @@ class KVCacheManager:
         `num_tokens - 1` because one token must be computed to get logits; with block-aligned
         hits a fully cached prompt recomputes its whole last block.
         """
-        _request_id("get_computed_blocks", request)
+        try:  # inlined `_request_id` and `prefix_cache_lookup_enabled`: one call per admission
+            request.request_id
+        except AttributeError:
+            raise ValueError(f"get_computed_blocks(): {request!r} is not a Request") from None
         if max_cache_hit_length is not None and (
             type(max_cache_hit_length) is not int or max_cache_hit_length < 0
         ):
             raise ValueError(f"max_cache_hit_length must be >= 0, got {max_cache_hit_length!r}")
-        if not self.prefix_cache_lookup_enabled(request):
+        if not self.enable_caching or request.prefix_cache_hit_limit == 0:
             return self.empty_kv_cache_blocks, 0, 0
         max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, num_hit_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
@@ -345,13 +353,13 @@ class KVCacheManager:
         # 4. Free out-of-window blocks first (fewer cached blocks get evicted), on the basis
         # of settled tokens only; runs even if the request then does not fit. Only window
         # kinds have any.
+        # Nothing is skipped before the first settled token (an admission, most often).
         if self.coordinator.recycles_blocks:
             num_settled_tokens = total_computed_tokens - request.num_in_flight_tokens
-            self.coordinator.remove_skipped_blocks(
-                request_id,
-                num_settled_tokens if num_settled_tokens > 0 else 0,
-                request.num_prompt_tokens,
-            )
+            if num_settled_tokens > 0:
+                self.coordinator.remove_skipped_blocks(
+                    request_id, num_settled_tokens, request.num_prompt_tokens
+                )
 
         # 5-6. Exact per-step prediction (unclamped computed count, unlike the gate) and
         # capacity check.
@@ -384,10 +392,12 @@ class KVCacheManager:
             return self.create_kv_cache_blocks(new_blocks)
 
         # 10. Cache the finalized tokens only: drafts and lookahead may be rejected.
-        num_tokens = request.num_tokens
-        self.coordinator.cache_blocks(
-            request, num_tokens_main_model if num_tokens_main_model < num_tokens else num_tokens
-        )
+        if self.enable_caching:
+            num_tokens = request.num_tokens
+            self.coordinator.cache_blocks(
+                request,
+                num_tokens_main_model if num_tokens_main_model < num_tokens else num_tokens,
+            )
         return self.create_kv_cache_blocks(new_blocks)
 
     def _check_counts(self, request_id: str, **counts: object) -> None:
@@ -422,9 +432,15 @@ class KVCacheManager:
                 f"allocate_slots({request_id!r}): new_computed_blocks has "
                 f"{len(hits.blocks)} block lists for {self.num_kv_cache_groups} groups"
             )
+        block_pool = self.block_pool
+        own = block_pool.block_type
         for group in hits.blocks:
-            self.block_pool.check_own(f"allocate_slots({request_id!r}) new_computed_blocks",
-                                      self.block_pool._block_list("allocate_slots", group))
+            for block in block_pool._block_list("allocate_slots", group):
+                if type(block) is not own:  # `check_own`, its message built only on failure
+                    raise ValueError(
+                        f"allocate_slots({request_id!r}) new_computed_blocks: "
+                        f"{block_pool.describe_foreign(block)}"
+                    )
         if not any(hits.blocks):
             return
         if self.coordinator.tracks(request_id):
@@ -520,11 +536,13 @@ class KVCacheManager:
         return [manager.pop_blocks_for_free(request.request_id)
                 for manager in self.coordinator.single_type_managers]
 
-    def free_deferred_blocks(self, blocks_per_group: list[list[KVCacheBlock]]) -> None:
-        """Release popped blocks as `free` would have: group after group, each tail first."""
+    def free_deferred_blocks(self, blocks_per_group: list[list[KVCacheBlock]],
+                             evict_first: bool = False) -> None:
+        """Release popped blocks as `free` would have: group after group, each tail first
+        (`evict_first`: as `BlockPool.free_blocks` takes it, cached blocks to the head too)."""
         for blocks in blocks_per_group:
             if blocks:
-                self.block_pool.free_blocks(blocks[::-1])
+                self.block_pool.free_blocks(blocks[::-1], evict_first)
 
     def take_events(self) -> list[KVCacheEvent]:
         """The KV events queued since the last call; ValueError when events are off."""

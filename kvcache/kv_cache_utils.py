@@ -225,25 +225,21 @@ class FreeKVCacheBlockQueue:
     def prepend_chain(self, first: KVCacheBlock, last: KVCacheBlock, num_blocks: int) -> None:
         """Splice at the head a run of `num_blocks` blocks already linked first to last."""
         head = self.fake_free_list_head
-        self._splice(head, first, last, head.next_free_block, num_blocks)  # type: ignore[arg-type]
+        nxt = head.next_free_block
+        head.next_free_block = first
+        first.prev_free_block = head
+        last.next_free_block = nxt
+        nxt.prev_free_block = last  # type: ignore[union-attr]
+        self.num_free_blocks += num_blocks
 
     def append_chain(self, first: KVCacheBlock, last: KVCacheBlock, num_blocks: int) -> None:
         """Splice at the tail a run of `num_blocks` blocks already linked first to last."""
         tail = self.fake_free_list_tail
-        self._splice(tail.prev_free_block, first, last, tail, num_blocks)  # type: ignore[arg-type]
-
-    def _splice(
-        self,
-        prev: KVCacheBlock,
-        first: KVCacheBlock,
-        last: KVCacheBlock,
-        nxt: KVCacheBlock,
-        num_blocks: int,
-    ) -> None:
-        prev.next_free_block = first
+        prev = tail.prev_free_block
+        prev.next_free_block = first  # type: ignore[union-attr]
         first.prev_free_block = prev
-        last.next_free_block = nxt
-        nxt.prev_free_block = last
+        last.next_free_block = tail
+        tail.prev_free_block = last
         self.num_free_blocks += num_blocks
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:

@@ -128,7 +128,7 @@ class EventfulBlockPool(BlockPool):
         hbs = self.hash_block_size
         known = (
             not block.is_null and not replace_existing_hashes and 0 < num_tokens // hbs
-            <= len(request.block_hashes) and self._carries_key(
+            <= len(request.block_hashes) and self.carries_key(
                 block, request.block_hashes[num_tokens // hbs - 1]
                 + group_id_suffix(kv_cache_group_id))  # type: ignore[arg-type]
         )

@@ -120,6 +120,7 @@ class Request:
         mm_features: list[MultiModalFeature] | None = None,
         prompt_embeds: list[int] | None = None,
         prompt_is_token_ids: list[bool] | None = None,
+        block_hashes: list[BlockHash] | None = None,
     ) -> None:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
@@ -165,7 +166,10 @@ class Request:
         self._output_token_ids: list[int] = []
         self.all_token_ids = ConstantList(self._all_token_ids)
         self.output_token_ids = ConstantList(self._output_token_ids)
-        self.block_hashes: list[BlockHash] = []
+        if block_hashes is not None and type(block_hashes) is not list:
+            raise ValueError(f"block_hashes must be None or a list, got {block_hashes!r}")
+        # Prompt hashes a frontend computed with this hasher (vLLM 0.34): hashing goes on after.
+        self.block_hashes: list[BlockHash] = list(block_hashes or ())
         self._block_hasher = block_hasher
         self.update_block_hashes()
 
@@ -206,6 +210,12 @@ class Request:
         """
         if self._block_hasher is not None:
             self.block_hashes.extend(self._block_hasher(self))
+
+    def truncate_block_hashes(self, hash_block_size: int,
+                              num_hash_lookahead_tokens: int = 0) -> None:
+        """Drop the hashes of blocks no longer complete after tokens were taken off the end."""
+        num_valid = max(0, self.num_tokens - num_hash_lookahead_tokens) // hash_block_size
+        del self.block_hashes[num_valid:]
 
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)

@@ -48,6 +48,7 @@ class Scheduler:
         full_sequence_must_fit: bool = False,
         num_lookahead_tokens: int = 0,
         reserved_blocks: int = 0,
+        mamba_block_aligned_split: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -73,6 +74,8 @@ class Scheduler:
         self.full_sequence_must_fit = full_sequence_must_fit
         self.num_lookahead_tokens = num_lookahead_tokens
         self.reserved_blocks = reserved_blocks
+        # Mamba "align" groups: prefill chunks end where a state can be cached.
+        self.mamba_block_aligned_split = mamba_block_aligned_split
         self._running: list[Any] = []
         self._waiting: deque[Any] = deque()
         self._requests: dict[str, Any] = {}
@@ -132,6 +135,8 @@ class Scheduler:
                 budget,
                 self.max_model_len - request.num_computed_tokens - 1,
             )
+            if num_new_tokens > 0 and self.mamba_block_aligned_split:
+                num_new_tokens = self._mamba_aligned(request, num_new_tokens, 0)
             if num_new_tokens <= 0:
                 i += 1
                 continue
@@ -209,6 +214,10 @@ class Scheduler:
                 if not self.chunked_prefill:
                     break
                 num_new_tokens = budget
+            if self.mamba_block_aligned_split:
+                num_new_tokens = self._mamba_aligned(request, num_new_tokens, num_hit_tokens)
+                if num_new_tokens == 0:
+                    break
             new_blocks = manager.allocate_slots(
                 request,
                 num_new_tokens,
@@ -230,6 +239,20 @@ class Scheduler:
             scheduled.append((request, num_new_tokens, num_hit_tokens))
             budget -= num_new_tokens
 
+    def _mamba_aligned(self, request: Any, num_new_tokens: int, num_hit_tokens: int) -> int:
+        """`mamba_block_aligned_split` with this manager's block sizes and this budget."""
+        coordinator = self.manager.coordinator
+        return mamba_block_aligned_split(
+            request.num_computed_tokens + num_hit_tokens,
+            num_new_tokens,
+            request.num_prompt_tokens,
+            request.num_tokens,
+            coordinator.scheduler_block_size,
+            self.manager.block_pool.hash_block_size,
+            bool(getattr(coordinator, "enable_partial_hash_hits", False)),
+            self.token_budget,
+        )
+
     def _preempt(self, request: Any) -> None:
         """Free everything; the request re-prefills (after a fresh lookup) when readmitted."""
         self.manager.free(request)
@@ -244,3 +267,42 @@ class Scheduler:
         """Priority order, smallest (priority, arrival) first; stable, so FCFS among equals."""
         if self.policy == "priority":
             self._waiting = deque(sorted(self._waiting, key=_priority_key))
+
+
+def mamba_block_aligned_split(
+    start: int,
+    num_new_tokens: int,
+    num_prompt_tokens: int,
+    num_tokens: int,
+    block_size: int,
+    hash_block_size: int,
+    partial_hits: bool,
+    max_prefill_tokens: int,
+) -> int:
+    """vLLM's chunk clip for Mamba "align" (docs/spec.md §11.3), without prefill checkpoints
+    and shared-prefix junctions: a prefill chunk from `start` ends on a block boundary (a
+    state is written only at a chunk's end), stops at the next boundary when it starts inside
+    a block, never passes the last cacheable block end, and stops at the prompt's last hash
+    boundary under sub-block hits. The prefill's last chunk is exempt; decode is not clipped.
+    May return 0 (nothing fits this step)."""
+    prefill_end = max(num_prompt_tokens, num_tokens - 1)
+    if start >= prefill_end:
+        return num_new_tokens
+    end = start + num_new_tokens
+    last_cache_position = max((num_tokens - 1) // block_size * block_size, 0)
+    if end < prefill_end:
+        aligned_end = end // block_size * block_size
+        if aligned_end > start or block_size <= max_prefill_tokens:
+            end = aligned_end
+    next_block_boundary = (start // block_size + 1) * block_size
+    tail_boundary = (
+        max((num_prompt_tokens - 1) // hash_block_size * hash_block_size, 0)
+        if partial_hits else 0
+    )
+    stops = (
+        next_block_boundary if start % block_size else 0,
+        last_cache_position,
+        tail_boundary if last_cache_position < tail_boundary < num_prompt_tokens else 0,
+    )
+    end = min((s for s in stops if start < s < end), default=end)
+    return max(end - start, 0)

@@ -9,6 +9,7 @@ from kvfuzz.kvcache.block_math import (
     aligned_num_blocks,
     chunked_local_skipped_tokens,
     first_blocks_to_allocate,
+    replay_boundaries,
     is_partial_hit,
     required_blocks,
     running_blocks_to_allocate,
@@ -21,6 +22,7 @@ from kvfuzz.kvcache.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
@@ -32,6 +34,8 @@ from kvfuzz.kvcache.kv_cache_interface import (
 from kvfuzz.kvcache.kv_cache_utils import (
     BlockHashList,
     KVCacheBlock,
+    cdiv,
+    group_id_suffix,
     null_head_len,
     resolve_block_hashes,
 )
@@ -84,6 +88,10 @@ class SingleTypeKVCacheManager:
         self._null_block = block_pool.null_block
         # Set by the coordinator for groups that take the EAGLE last-block drop.
         self.use_eagle = False
+        # Set by the coordinator: sparse prefix-cache retention (§4.9.2) and whether replay
+        # boundaries follow EAGLE's (any group drops the last matched block).
+        self.retention_interval: int | None = None
+        self.replay_use_eagle = False
         # Tier B copy-on-write: request -> (table index, shared source block) ...
         self._partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
         # ... and (source, private copy) pairs waiting for the worker.
@@ -179,7 +187,7 @@ class SingleTypeKVCacheManager:
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
         if self._record_new_block_ids:
-            self.new_block_ids.extend(block.block_id for block in new_blocks)
+            self.new_block_ids.extend([block.block_id for block in new_blocks])
         return cow_blocks + new_blocks if cow_blocks else new_blocks
 
     def _apply_cow(
@@ -216,7 +224,7 @@ class SingleTypeKVCacheManager:
                 num_full_blocks,
                 self.block_size,
                 self.kv_cache_group_id,
-                self.reachable_block_mask(num_cached_blocks, num_full_blocks),
+                self.reachable_block_mask(num_cached_blocks, num_full_blocks, request),
             )
             self.num_cached_block[request_id] = num_full_blocks
         if self.caches_partial_tail_block:
@@ -225,8 +233,11 @@ class SingleTypeKVCacheManager:
     def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
         """Tier B: register the prompt's last hash boundary inside a block (full attention)."""
 
-    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Which of blocks [start, end) can ever serve a hit; None caches them all."""
+    def reachable_block_mask(
+        self, start_block: int, end_block: int, request: Request
+    ) -> list[bool] | None:
+        """Which of `request`'s blocks [start, end) can ever serve a hit; None caches them
+        all."""
         return None
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
@@ -236,9 +247,11 @@ class SingleTypeKVCacheManager:
         """
         req_blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
-        self._partial_hit_reqs.pop(request_id, None)
-        num_nulls = null_head_len(req_blocks, self._null_block)
-        return req_blocks[num_nulls:] if num_nulls else req_blocks
+        if self._partial_hit_reqs:  # almost always empty: skips the call
+            self._partial_hit_reqs.pop(request_id, None)
+        if req_blocks and req_blocks[0] is self._null_block:  # only windows null a head
+            return req_blocks[null_head_len(req_blocks, self._null_block):]
+        return req_blocks
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks tail first, so a chain is evicted from its end and the
@@ -346,14 +359,14 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             scale = block_size // alignment_tokens
             first = num_full * scale
             top = min(first + scale - 1, max_length // alignment_tokens, len(block_hashes))
-            for fine_idx in range(top - 1, first - 1, -1):
-                cached = block_pool.get_cached_block(block_hashes[fine_idx], kv_cache_group_ids)
-                if cached is None:
-                    continue
+            found = block_pool.get_rightmost_cached_block(
+                block_hashes, range(top - 1, first - 1, -1), kv_cache_group_ids
+            )
+            if found is not None:
+                fine_idx, cached = found
                 for blocks, block in zip(computed, cached):
                     blocks.append(block)
                 hit_length = (fine_idx + 1) * alignment_tokens
-                break
 
         hit_length, num_blocks = trim_hit(
             hit_length, block_size, alignment_tokens, drop_eagle_block
@@ -365,6 +378,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     def __init__(self, kv_cache_spec: KVCacheSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
         self.caches_partial_tail_block = self.block_size != self._hash_block_size
+        self._group_suffix = group_id_suffix(self.kv_cache_group_id)
 
     def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
         """Register the prompt's last hash boundary when it ends inside a block (Tier B).
@@ -381,8 +395,12 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         block_idx = boundary // self.block_size
         if block_idx >= len(blocks):
             return
+        block = blocks[block_idx]
+        key = request.block_hashes[boundary // hash_block_size - 1] + self._group_suffix
+        if block._block_hash == key or self.block_pool.carries_key(block, key):
+            return  # every step after the first: already registered
         self.block_pool.cache_partial_block(
-            request, blocks[block_idx], boundary, self.kv_cache_group_id, self.block_size
+            request, block, boundary, self.kv_cache_group_id, self.block_size
         )
 
 
@@ -451,6 +469,35 @@ class CircularBufferManager(FullAttentionManager):
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Scratch: never registered."""
+
+    @classmethod
+    def find_longest_cache_hit(  # type: ignore[override]
+        cls, block_hashes: BlockHashList, max_length: int, kv_cache_group_ids: Sequence[int],
+        *args: Any,
+    ) -> tuple[HitBlocks, int]:
+        return tuple([] for _ in kv_cache_group_ids), 0
+
+
+class EncoderOnlyAttentionManager(SingleTypeKVCacheManager):
+    """A group that takes no KV cache (docs/spec.md §12.4): a scheduled request gets an empty
+    table, no block is ever predicted, allocated, cached or hit."""
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, *args: Any, **kwargs: Any
+    ) -> int:
+        return 0
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        self.req_to_blocks.setdefault(request_id, [])
+        return []
+
+    def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
+        """Nothing to adopt: the group is never prefix-cached."""
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        raise ValueError("encoder-only attention keeps no KV; prefix caching must be off")
 
     @classmethod
     def find_longest_cache_hit(  # type: ignore[override]
@@ -551,25 +598,41 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         for blocks in computed:
             del blocks[num_blocks:]
 
-    def reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Cache only blocks that can end an aligned hit's window run (vLLM's hybrid default).
+    def reachable_block_mask(
+        self, start_block: int, end_block: int, request: Request
+    ) -> list[bool] | None:
+        """Cache only blocks that can end a kept boundary's window run (§4.9.2).
 
-        With `per` blocks per alignment unit, block i can be among the last `need` blocks
-        before an aligned boundary iff `(i - shift) % per >= per - need`; EAGLE's extra block
-        shifts the run right by one. Dense when every block qualifies or the alignment is not
-        a whole number of blocks.
+        With `per` blocks per segment (the hit alignment; the retention interval when one is
+        set; none when it is 0), block i is among the last `need` blocks before a segment end
+        iff `(i - shift) % per >= per - need`; EAGLE's extra block shifts the run right by one.
+        Under retention the `need` blocks before each replay boundary (aligned down) are kept
+        too. Dense when every block qualifies or the alignment is not a whole number of blocks.
         """
         alignment = self.cache_hit_alignment_tokens
         if alignment % self.block_size:
             return None
-        per = alignment // self.block_size
         need = sliding_window_hit_blocks(self.sliding_window, self.block_size, self.use_eagle)
-        if need >= per:
-            return None
         shift = 1 if self.use_eagle else 0
-        return [
-            i >= shift and (i - shift) % per >= per - need for i in range(start_block, end_block)
-        ]
+        retention = self.retention_interval
+        segment = alignment if retention is None else retention
+        mask = [False] * (end_block - start_block)
+        if segment:
+            per = segment // self.block_size
+            if need >= per:
+                return None
+            mask = [
+                i >= shift and (i - shift) % per >= per - need
+                for i in range(start_block, end_block)
+            ]
+        if retention is not None:
+            for boundary in replay_boundaries(
+                request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
+            ):
+                end = boundary // alignment * alignment // self.block_size + shift
+                for j in range(max(start_block, end - need), min(end_block, end)):
+                    mask[j - start_block] = True
+        return mask
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens before the window of the next token: with w = 4 and 7 computed, the next
@@ -652,19 +715,35 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
 
 
 class MambaManager(SingleTypeKVCacheManager):
-    """Recurrent state groups, `mamba_cache_mode` "none": the table grows like full attention
-    (plus `num_speculative_blocks` blocks for draft-token states) and every block before the
-    one holding the last computed token's state is released (docs/spec.md §11).
+    """Recurrent state groups (docs/spec.md §11).
+
+    Mode "none": the table grows like full attention (plus `num_speculative_blocks` blocks for
+    draft-token states) and every block before the one holding the last computed token's
+    state is released. Mode "align": only the state blocks a step reads or writes are real
+    (the rest are null), states are cached at block boundaries and at the prompt's last hash
+    boundary, and sub-block hits are copied on write (docs/spec.md §11.3).
     """
 
+    supports_fine_grained_hash_lookup: ClassVar[bool] = True
     recycles_blocks: ClassVar[bool] = True
 
     def __init__(self, kv_cache_spec: MambaSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
-        if self.enable_caching and kv_cache_spec.mamba_cache_mode != "align":
+        self.align = kv_cache_spec.mamba_cache_mode == "align"
+        if self.enable_caching and not self.align:
             raise ValueError("Mamba prefix caching requires mamba_cache_mode='align'")
+        self.num_speculative_blocks = kv_cache_spec.num_speculative_blocks
         # Extra slots for the states of speculative (draft) tokens.
         self._speculative_tokens = kv_cache_spec.num_speculative_blocks * self.block_size
+        # Keys registered in this scheduling step: a hit on one waits for the next step,
+        # since its state is written by this step's forward pass.
+        self.cached_blocks_this_step: set[bytes] = set()
+        # Align mode: index of the state block of the previous step, freed once passed ...
+        self.last_state_block_idx: dict[str, int] = {}
+        # ... how far `remove_skipped_blocks` has nulled the table ...
+        self._num_retired_blocks: dict[str, int] = {}
+        # ... and the requests past their first allocation.
+        self._allocated_block_reqs: set[str] = set()
 
     def get_num_blocks_to_allocate(
         self,
@@ -672,12 +751,23 @@ class MambaManager(SingleTypeKVCacheManager):
         num_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock],
         total_computed_tokens: int,
-        *args: Any,
-        **kwargs: Any,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
     ) -> int:
-        """The base formula with no hits (mode "none" never has any), inlined: blocks for
-        `num_tokens` + draft slots beyond both the table and the released head."""
-        assert not new_computed_blocks, "hits on a state group without prefix caching"
+        """Mode "none": the base formula with no hits, inlined: blocks for `num_tokens` +
+        draft slots beyond both the table and the released head. Mode "align": at most one
+        state block per step (plus a CoW copy, plus the draft blocks on the first step)."""
+        if new_computed_blocks and (
+            new_computed_blocks[-1].block_hash in self.cached_blocks_this_step
+        ):
+            # The hit state is written by this step's forward pass: never fits this step.
+            return self.block_pool.num_gpu_blocks + 1
+        if self.align:
+            return self._align_blocks_to_allocate(
+                request_id, num_tokens_main_model, new_computed_blocks, num_local_computed_tokens
+            )
         block_size = self.block_size
         num_required_blocks = -(-(num_tokens + self._speculative_tokens) // block_size)
         req_blocks = self.req_to_blocks.get(request_id)
@@ -688,36 +778,305 @@ class MambaManager(SingleTypeKVCacheManager):
                 num_req_blocks = num_skipped_blocks
         return num_required_blocks - num_req_blocks if num_required_blocks > num_req_blocks else 0
 
+    def _align_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+    ) -> int:
+        """vLLM's align-mode count, with the new blocks floored at 0: a table longer than
+        the step needs (vLLM: after rejected drafts) takes nothing, it gives nothing back."""
+        num_required_blocks = -(-num_tokens // self.block_size) + self.num_speculative_blocks
+        req_blocks = self.req_to_blocks.get(request_id)
+        if (not new_computed_blocks and request_id in self._allocated_block_reqs
+                and request_id not in self._partial_hit_reqs):
+            # A running request (most calls): at most one new state block.
+            return 1 if num_required_blocks > len(req_blocks) else 0  # type: ignore[arg-type]
+        num_new_blocks = num_required_blocks - len(new_computed_blocks) - (
+            len(req_blocks) if req_blocks is not None else 0
+        )
+        has_partial_hit = (
+            is_partial_hit(len(new_computed_blocks), num_local_computed_tokens, self.block_size)
+            or request_id in self._partial_hit_reqs
+        )
+        if has_partial_hit:
+            num_new_blocks = max(num_new_blocks, 0) + 1
+        if num_new_blocks > 0:
+            physical_block_cap = 1 + int(has_partial_hit)
+            if request_id not in self._allocated_block_reqs:
+                physical_block_cap += self.num_speculative_blocks
+            num_new_blocks = min(num_new_blocks, physical_block_cap)
+        num_evictable = sum(
+            1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null
+        )
+        return max(num_new_blocks, 0) + num_evictable
+
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
     ) -> list[KVCacheBlock]:
+        if self.align:
+            return self._allocate_align(request_id, num_tokens_main_model)
         num_tokens += self._speculative_tokens
         req_blocks = self.req_to_blocks.get(request_id)
         if req_blocks is not None and num_tokens <= len(req_blocks) * self.block_size:
             return []  # most decode steps: the table already covers the slots
         return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
 
-    def free(self, request_id: str) -> None:
-        """As the base (leading nulls dropped, tail first), without the partial-hit record
-        mode "none" never has."""
-        req_blocks = self.req_to_blocks.pop(request_id, None)
-        self.num_cached_block.pop(request_id, None)
-        if not req_blocks:
-            return
-        num_nulls = null_head_len(req_blocks, self._null_block)
-        self.block_pool.free_blocks(
-            req_blocks[:num_nulls - 1:-1] if num_nulls else req_blocks[::-1]
+    def _allocate_align(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """Align mode, for the main model's tokens (draft models have no state layers):
+        positions before the new state block become null, the previous state block is
+        remembered (freed once passed), exclusively owned draft blocks the step leaves behind
+        move to the end, and a partial hit gets its copy-on-write block first.
+
+        Returns the table's new entries (nulls and moved draft blocks included), as vLLM does.
+        """
+        num_spec = self.num_speculative_blocks
+        num_required_blocks = -(-num_tokens // self.block_size) + num_spec
+        partial_hit = self._partial_hit_reqs.get(request_id) if self._partial_hit_reqs else None
+        req_blocks = self.req_to_blocks.get(request_id)
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[request_id] = []
+        elif num_required_blocks <= len(req_blocks) and partial_hit is None:
+            self._allocated_block_reqs.add(request_id)  # most decode steps: nothing to do
+            return []
+        blocks_allocated = request_id in self._allocated_block_reqs
+        prev_block_len = len(req_blocks)
+        if num_required_blocks <= prev_block_len and partial_hit is None:
+            self._allocated_block_reqs.add(request_id)
+            return []
+        if blocks_allocated:
+            # The running state lives in the last (1 + num_spec) blocks.
+            self.last_state_block_idx[request_id] = prev_block_len - 1 - num_spec
+        elif prev_block_len > 0:
+            # A hit's last block holds the state it resumes from.
+            self.last_state_block_idx[request_id] = prev_block_len - 1
+        num_skipped_blocks = num_required_blocks - num_spec - 1
+        if prev_block_len < num_skipped_blocks:
+            req_blocks.extend([self._null_block] * (num_skipped_blocks - prev_block_len))
+        if blocks_allocated:
+            for block_idx in range(prev_block_len - num_spec, min(prev_block_len,
+                                                                  num_skipped_blocks)):
+                self._relocate_speculative_block(req_blocks, block_idx)
+        num_new_blocks = max(num_required_blocks - len(req_blocks), 0)
+        if partial_hit is not None:
+            num_new_blocks += 1
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        returned_blocks = req_blocks[prev_block_len:]
+        if partial_hit is not None:
+            block_idx, source_block = partial_hit
+            cow_block = new_blocks.pop(0)
+            if blocks_allocated:
+                self._move_cached_state(req_blocks, block_idx, source_block, cow_block)
+            else:
+                self._apply_cow(request_id, block_idx, source_block, cow_block)
+                returned_blocks.insert(0, cow_block)
+        req_blocks.extend(new_blocks)
+        self._allocated_block_reqs.add(request_id)
+        self._partial_hit_reqs.pop(request_id, None)
+        returned_blocks.extend(new_blocks)
+        return returned_blocks
+
+    def _move_cached_state(
+        self, req_blocks: list[KVCacheBlock], block_idx: int, source_block: KVCacheBlock,
+        cow_block: KVCacheBlock,
+    ) -> None:
+        """A running request keeps writing its state block, which is cached at a sub-block
+        boundary: the cache entry moves to the copy, which the pending copy fills before the
+        forward pass overwrites the source. The copy is held only by the pending pair."""
+        assert req_blocks[block_idx] is source_block
+        self.block_pool.move_block_hashes(source_block, cow_block)
+        self._pending_cow_copies.append((source_block, cow_block))
+        source_block.ref_cnt += 1
+        if cow_block.block_hash is not None:
+            self.cached_blocks_this_step.add(cow_block.block_hash)
+
+    def _relocate_speculative_block(self, req_blocks: list[KVCacheBlock], block_idx: int) -> None:
+        block = req_blocks[block_idx]
+        assert self.block_pool.is_block_writable(block), (
+            "Speculative Mamba blocks must be exclusively owned and unhashed before relocation"
         )
+        req_blocks.append(block)
+        req_blocks[block_idx] = self._null_block
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register full state blocks, then (align) the prompt's last hash boundary; every key
+        registered is remembered for this step."""
+        request_id = request.request_id
+        num_cached_before = self.num_cached_block.get(request_id, 0)
+        if (num_tokens // self.block_size <= num_cached_before
+                and (not self.align or num_tokens % self._hash_block_size)):
+            return  # most decode steps: no full block, no hash boundary
+        blocks = self.req_to_blocks[request_id]
+        num_full_blocks = min(num_tokens, len(request.block_hashes) * self._hash_block_size
+                              ) // self.block_size
+        if num_cached_before < num_full_blocks:
+            # Align-mode tables are mostly null, and nulls are never registered: start at the
+            # first real block.
+            first = num_cached_before
+            null_block = self._null_block
+            limit = min(num_full_blocks, len(blocks))  # beyond: register_full_blocks refuses
+            while first < limit and blocks[first] is null_block:
+                first += 1
+            if first < num_full_blocks:
+                self.block_pool.register_full_blocks(
+                    request, blocks, first, num_full_blocks, self.block_size,
+                    self.kv_cache_group_id,
+                )
+            self.num_cached_block[request_id] = num_full_blocks
+        num_cached_after = self.num_cached_block.get(request_id, 0)
+        if self.align:
+            partial_key = self._cache_state_tail_block(request, num_tokens)
+            if partial_key is not None:
+                self.cached_blocks_this_step.add(partial_key)
+        if num_cached_after > num_cached_before:
+            blocks = self.req_to_blocks[request_id]
+            for block in blocks[num_cached_before:num_cached_after]:
+                if not block.is_null and block.block_hash is not None:
+                    self.cached_blocks_this_step.add(block.block_hash)
+
+    def _cache_state_tail_block(self, request: Request, num_tokens: int) -> bytes | None:
+        """Register the state at the prompt's last hash boundary (`(P - 1) // hbs * hbs`),
+        when `num_tokens` is exactly there; inside a block, the request must copy it on its
+        next allocation before writing on (its own partial-hit record)."""
+        hash_block_size = self._hash_block_size
+        if num_tokens <= 0 or num_tokens % hash_block_size:
+            return None
+        if num_tokens != (request.num_prompt_tokens - 1) // hash_block_size * hash_block_size:
+            return None
+        blocks = self.req_to_blocks[request.request_id]
+        block_idx = cdiv(num_tokens, self.block_size) - 1
+        if block_idx >= len(blocks):
+            return None
+        source_block = blocks[block_idx]
+        if source_block.is_null or source_block.block_hash_num_tokens == num_tokens:
+            return None
+        key = self.block_pool.cache_partial_block(
+            request, source_block, num_tokens, self.kv_cache_group_id, self.block_size
+        )
+        if key is not None and num_tokens % self.block_size:
+            self._partial_hit_reqs[request.request_id] = (block_idx, source_block)
+            self.num_cached_block[request.request_id] = block_idx
+        return key
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """As the base; align-mode tables also have nulls between states, which stay."""
+        if self._partial_hit_reqs:  # mode "none" never has any: skips the call
+            self._partial_hit_reqs.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        req_blocks = self.req_to_blocks.pop(request_id, None)
+        if not req_blocks:
+            return []
+        if self.align:
+            self._allocated_block_reqs.discard(request_id)
+            self.last_state_block_idx.pop(request_id, None)
+            self._num_retired_blocks.pop(request_id, None)
+            num_nulls = next((i for i, block in enumerate(req_blocks) if not block.is_null),
+                             len(req_blocks))
+            return req_blocks[num_nulls:] if num_nulls else req_blocks
+        if req_blocks[0] is self._null_block:  # the released head, counted only when there
+            return req_blocks[null_head_len(req_blocks, self._null_block):]
+        return req_blocks
+
+    def free(self, request_id: str) -> None:
+        """As the base; in align mode tail first, skipping the nulls between states."""
+        if not self.align:
+            super().free(request_id)
+            return
+        self._partial_hit_reqs.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        self._allocated_block_reqs.discard(request_id)
+        self.last_state_block_idx.pop(request_id, None)
+        self._num_retired_blocks.pop(request_id, None)
+        req_blocks = self.req_to_blocks.pop(request_id, None)
+        if req_blocks:
+            null_block = self._null_block
+            self.block_pool.release([b for b in reversed(req_blocks) if b is not null_block])
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        if processed_computed_tokens > self.block_size:  # else the first block holds the state
-            super().remove_skipped_blocks(request_id, processed_computed_tokens)
+        if not self.align:
+            if processed_computed_tokens > self.block_size:  # else block 0 holds the state
+                super().remove_skipped_blocks(request_id, processed_computed_tokens)
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        block_size = self.block_size
+        last_block = (processed_computed_tokens - 1) // block_size
+        if last_block > len(blocks):
+            last_block = len(blocks)
+        first_block = self._num_retired_blocks.get(request_id, 0)
+        last_state_block_idx = self.last_state_block_idx.get(request_id)
+        if first_block >= last_block and (
+            last_state_block_idx is None
+            or last_state_block_idx >= -(-processed_computed_tokens // block_size) - 1
+        ):
+            return  # most decode steps: nothing passed
+        if processed_computed_tokens > 1 and first_block < last_block:
+            # Align-mode tables have null gaps between states: skip nulls, do not stop.
+            freed = []
+            for i in range(last_block - 1, first_block - 1, -1):
+                if not blocks[i].is_null:
+                    freed.append(blocks[i])
+                    blocks[i] = self._null_block
+            if freed:
+                self.block_pool.free_blocks(freed)
+            self._num_retired_blocks[request_id] = last_block
+        # The previous step's state block was the copy source of this step's: now passed.
+        if (
+            last_state_block_idx is not None
+            and last_state_block_idx < cdiv(processed_computed_tokens, self.block_size) - 1
+            and not blocks[last_state_block_idx].is_null
+        ):
+            self.block_pool.free_blocks([blocks[last_state_block_idx]])
+            blocks[last_state_block_idx] = self._null_block
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Only the state after the last computed token is read again."""
         return num_computed_tokens - 1
+
+    def new_step_starts(self) -> None:
+        self.cached_blocks_this_step.clear()
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+    ) -> tuple[HitBlocks, int]:
+        """The rightmost cached state at or below `max_length`: at a hash boundary under
+        fine-grained hits, else at a block end that is a multiple of the alignment. The hit
+        block comes after nulls for every earlier position."""
+        assert isinstance(kv_cache_spec, MambaSpec)
+        block_size = kv_cache_spec.block_size
+        hash_block_size = block_pool.hash_block_size
+        if alignment_tokens < block_size and block_size % alignment_tokens == 0:
+            # Every hash boundary, right to left: a hash block's index is its end's.
+            unit, hashes = hash_block_size, block_hashes
+            indices = range(min(max_length // hash_block_size, len(block_hashes)) - 1, -1, -1)
+        else:
+            unit = block_size
+            hashes = resolve_block_hashes(block_hashes, hash_block_size, block_size)
+            step = alignment_tokens // block_size if alignment_tokens % block_size == 0 else 0
+            top = max_length // block_size
+            indices = (range(top // step * step - 1, -1, -step) if step
+                       else (i for i in range(top - 1, -1, -1)
+                             if (i + 1) * block_size % alignment_tokens == 0))
+        found = block_pool.get_rightmost_cached_block(hashes, indices, kv_cache_group_ids)
+        if found is None:
+            return tuple([] for _ in kv_cache_group_ids), 0
+        index, cached = found
+        hit_length = (index + 1) * unit
+        num_nulls = (hit_length - 1) // block_size
+        null_block = block_pool.null_block
+        return tuple([null_block] * num_nulls + [block] for block in cached), hit_length
 
 
 _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
@@ -731,6 +1090,8 @@ _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     SinkFullAttentionSpec: FullAttentionManager,
     RSWASpec: RSWAManager,
     CircularBufferSpec: CircularBufferManager,
+    # vLLM registers none: its encoder-only layers form no group (docs/spec.md §12.4).
+    EncoderOnlyAttentionSpec: EncoderOnlyAttentionManager,
 }
 
 

@@ -157,7 +157,7 @@ class KVMirror:
         self.writers: list[torch.Tensor | None] = []
         """Per group and flat slot: request index * max_model_len + position, -1 if unwritten."""
         for group in config.groups:
-            if group.kind == "cross":
+            if group.kind in ("cross", "encoder_only"):  # no paged KV written or read here
                 self.caches.append(None)
                 self.writers.append(None)
                 continue

@@ -14,8 +14,9 @@ from kvfuzz.core.extra_keys import prefix_identity
 from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
-# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring).
-_FIXED_KINDS = ("cross", "circular_buffer")
+# Kinds whose tables do not grow with the tokens: allocated once (encoder, ring) or never
+# (encoder-only attention).
+_FIXED_KINDS = ("cross", "circular_buffer", "encoder_only")
 # Kinds whose tables release blocks no future token reads (nulls left in place).
 _WINDOW_KINDS = ("sliding_window", "chunked_local", "mamba", "rswa")
 
@@ -172,7 +173,8 @@ def no_hash_collision(s: Snapshot, ctx: CheckContext) -> str | None:
 @transition(
     "I6",
     "a block held throughout an op keeps its keys, unless the op is evict_blocks or "
-    "reset_prefix_cache (eviction happens only to free blocks)",
+    "reset_prefix_cache (eviction happens only to free blocks), or its keys moved to the "
+    "destination of a copy it is the new source of (a Mamba align state, spec §11.3)",
     covers=("I6",),
 )
 def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
@@ -181,13 +183,18 @@ def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext
     keys0, keys1 = before.block_keys, after.block_keys
     if keys0 == keys1 or None not in [keys1[b] for b in compress(range(len(keys1)), keys0)]:
         return None  # no block lost its key
+    copies = set(after.pending_copies) - set(before.pending_copies)
+    if ctx.op["op"] == "step" and isinstance(ctx.result, dict):  # taken within the step
+        copies |= {(src, dst) for src, dst in ctx.result.get("copies", ())}
+    moved = {src for src, dst in copies if keys1[dst] == keys0[src]}
     for rid, old in before.requests.items():
         new = after.requests.get(rid)
         if new is None:
             continue
         for t0, t1 in zip(old.tables, new.tables):
             for b0, b1 in zip(t0 or (), t1 or ()):
-                if b0 and b0 == b1 and before.block_keys[b0] and after.block_keys[b0] is None:
+                if (b0 and b0 == b1 and before.block_keys[b0] and after.block_keys[b0] is None
+                        and b0 not in moved):
                     return f"block {b0}, held by {rid} throughout, lost its key"
     return None
 
@@ -197,13 +204,15 @@ def eviction_only_when_free(before: Snapshot, after: Snapshot, ctx: CheckContext
     "eviction order: blocks that stay free keep their order and blocks leave from the head (or "
     "as cached hits); released uncached blocks go to the head (later release first), released "
     "cached ones to the tail (earlier release first), each release in the caller's order (a "
-    "table tail first); so uncached free blocks precede cached ones, bar keys stripped in place",
+    "table tail first; with evict_first cached ones join the head run); so uncached free blocks "
+    "precede cached ones, bar keys stripped in place or freed evict_first",
     covers=("bugs #11", "bugs #12", "bugs #13"),
 )
 def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     q0, q1, kind = before.free_queue, after.free_queue, ctx.op["op"]
+    first = bool(ctx.op.get("evict_first"))
     calls = _releases(before, after, ctx)
-    head, tail = _queued(before, calls or [])
+    head, tail = _queued(before, calls or [], first)
     if q0 == q1 and not head and not tail:
         return None
     pos = {b: i for i, b in enumerate(q0)}
@@ -224,7 +233,7 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
 
     # The queue must read [released uncached | stayed free, in order | released cached].
     i, j = 0, len(q1)
-    while i < j and keys1[q1[i]] is None and moved(q1[i]):
+    while i < j and (first or keys1[q1[i]] is None) and moved(q1[i]):
         i += 1
     while j > i and keys1[q1[j - 1]] is not None and moved(q1[j - 1]):
         j -= 1
@@ -232,7 +241,7 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
     for b in q1[i:j]:
         at = pos.get(b)
         if at is None:
-            end = "head" if keys1[b] is None else "tail"
+            end = "head" if first or keys1[b] is None else "tail"
             return f"{kind} released block {b} into the free queue, not at its {end}: {list(q1)}"
         if at < last:
             return (f"after {kind} block {q0[last]} precedes block {b} in the free queue, unlike "
@@ -280,8 +289,10 @@ def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list
     return []
 
 
-def _queued(before: Snapshot, calls: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Where free_blocks puts what these calls release: the head run and the tail run."""
+def _queued(before: Snapshot, calls: list[list[int]],
+            evict_first: bool = False) -> tuple[list[int], list[int]]:
+    """Where free_blocks puts what these calls release: the head run and the tail run (empty
+    with `evict_first`, which puts cached blocks in the head run too)."""
     counts: dict[int, int] = {}
     head: list[int] = []
     tail: list[int] = []
@@ -291,9 +302,41 @@ def _queued(before: Snapshot, calls: list[list[int]]) -> tuple[list[int], list[i
             if b:
                 counts[b] = counts.get(b, before.ref_cnt[b]) - 1
                 if counts[b] == 0:
-                    (run if before.block_keys[b] is None else tail).append(b)
+                    to_head = evict_first or before.block_keys[b] is None
+                    (run if to_head else tail).append(b)
         head[:0] = run
     return head, tail
+
+
+@transition(
+    "F1",
+    "an evict_first free is a plain free but for where it queues: the same blocks freed (the "
+    "same free count), their keys kept (still hits until popped), and those that reached zero "
+    "are the next to evict, ahead of every block already free, which keeps its order",
+    covers=("spec §3.6",),
+)
+def evict_first_free(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    op = ctx.op
+    if op["op"] != "release_deferred" or not op.get("evict_first") or ctx.result is not None:
+        return None
+    calls = _releases(before, after, ctx) or []
+    head, _ = _queued(before, calls, evict_first=True)
+    plain = _queued(before, calls)
+    freed = len(plain[0]) + len(plain[1])
+    if after.num_free_blocks != before.num_free_blocks + freed:
+        return (f"release_deferred(evict_first) left {after.num_free_blocks} blocks free; the "
+                f"plain free frees {freed} more than the {before.num_free_blocks} before")
+    changed = [b for b in range(after.num_blocks)
+               if after.block_keys[b] != before.block_keys[b]]
+    if changed or after.cache != before.cache:
+        return (f"release_deferred(evict_first) changed the cache keys (of blocks {changed}); "
+                "it only moves where freed blocks queue")
+    expected = (*head, *before.free_queue)
+    if after.free_queue != expected:
+        return (f"release_deferred(evict_first) left the free queue {list(after.free_queue)}, "
+                f"expected {list(expected)}: the released {head} next to evict, then the "
+                "blocks already free in their order")
+    return None
 
 
 @transition(
@@ -627,6 +670,22 @@ def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
                     f"{rid} group {g}: {len(table)} state blocks, needs {needed} "
                     f"({group.num_speculative_blocks} speculative)"
                 )
+    return None
+
+
+@invariant(
+    "EO1",
+    "encoder-only groups take no KV cache: no request's table in such a group holds a block",
+    covers=("spec §12.4",),
+)
+def encoder_only_holds_nothing(s: Snapshot, ctx: CheckContext) -> str | None:
+    groups = [g for g, group in enumerate(ctx.config.groups) if group.kind == "encoder_only"]
+    if not groups:
+        return None
+    for rid, view in s.requests.items():
+        for g in groups:
+            if view.tables[g]:
+                return f"{rid} group {g} is encoder-only but holds blocks {list(view.tables[g])}"
     return None
 
 

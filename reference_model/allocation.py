@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvfuzz.reference_model.caching import cache_request
-from kvfuzz.reference_model.layout import Layout, cdiv
+from kvfuzz.reference_model.layout import Group, Layout, cdiv
 from kvfuzz.reference_model.lookup import Lists
 from kvfuzz.reference_model.requests import WAITING_STATES, Request
 from kvfuzz.reference_model.state import NULL, State
@@ -54,6 +54,14 @@ def gate_block_count(
         if g.kind == "circular_buffer":  # one ring block, claimed once (§12.3)
             need += 0 if state.tables[g.gid].get(rid) else 1
             continue
+        if g.kind == "encoder_only":  # takes no KV cache (§12.4)
+            continue
+        if defers_hit(state, g, group_hits):
+            need += layout.num_blocks + 1
+            continue
+        if g.align:
+            need += align_block_count(state, g, rid, T, group_hits, local)
+            continue
         R = cdiv(T + g.speculative, g.bs)
         if g.cap is not None:
             R = min(R, g.cap)
@@ -72,6 +80,29 @@ def gate_block_count(
     return need
 
 
+def defers_hit(state: State, g: Group, hits: list[int]) -> bool:
+    """docs/spec.md §11.3: a state group's hit whose last block got its key in this step is
+    refused for this step (its state is written by this step's forward pass)."""
+    return g.kind == "mamba" and bool(hits) and hits[-1] != NULL and (
+        state.primary[hits[-1]] in state.cached_this_step[g.gid]
+    )
+
+
+def align_block_count(
+    state: State, g: Group, rid: str, T: int, hits: list[int], local: int
+) -> int:
+    """docs/spec.md §11.3's formula for a mamba "align" group (used by the full-sequence gate;
+    the per-step count is what the trial takes)."""
+    table = state.tables[g.gid].get(rid)
+    new = cdiv(T, g.bs) + g.spec_blocks - len(hits) - (len(table) if table else 0)
+    partial = bool(hits) and local % g.bs != 0 or rid in state.partial_hits[g.gid]
+    if partial:
+        new = max(new, 0) + 1
+    if new > 0:
+        new = min(new, 1 + partial + (0 if rid in state.allocated[g.gid] else g.spec_blocks))
+    return max(new, 0) + sum(1 for b in hits if b != NULL and state.ref_count(b) == 0)
+
+
 def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: int) -> list[int]:
     """Coordinator allocate_new_computed_blocks (docs/spec.md §5.2) = every group's
     add_local_computed_blocks (§4.4), all touches before any pop. Only untracked requests get
@@ -80,7 +111,7 @@ def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: i
     rid = req.request_id
     taken = [0] * len(layout.groups)
     for g in layout.groups:
-        if g.kind in ("cross", "circular_buffer"):
+        if g.kind in ("cross", "circular_buffer", "encoder_only"):
             assert not hits[g.gid], f"{g.kind} hits"
             continue
         assert not state.tables[g.gid].get(rid), "adopting into a non-empty table"
@@ -101,7 +132,7 @@ def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: i
 
 
 def allocate_new_blocks(
-    layout: Layout, state: State, req: Request, slots: int, num_encoder_tokens: int
+    layout: Layout, state: State, req: Request, slots: int, main: int, num_encoder_tokens: int
 ) -> tuple[Lists, list[int]]:
     """Coordinator allocate_new_blocks (docs/spec.md §5.2, §4.5): per group in order, the CoW block
     (if a partial hit is pending) then enough blocks to cover the slots. Returns the new ids
@@ -110,9 +141,18 @@ def allocate_new_blocks(
     new: Lists = []
     taken: list[int] = []
     for g in layout.groups:
+        if g.align:
+            result, k = allocate_align(state, g, rid, main)
+            new.append(result)
+            taken.append(k)
+            continue
         T = num_encoder_tokens if g.kind == "cross" else slots + g.speculative
         result: list[int] = []
         table = state.tables[g.gid].setdefault(rid, [])
+        if g.kind == "encoder_only":  # an empty table, never a block (§12.4)
+            new.append(result)
+            taken.append(0)
+            continue
         if g.kind == "circular_buffer":
             if not table:
                 result = state.get_new_blocks(1)
@@ -140,6 +180,54 @@ def allocate_new_blocks(
     return new, taken
 
 
+def allocate_align(state: State, g: Group, rid: str, main: int) -> tuple[list[int], int]:
+    """docs/spec.md §11.3, a mamba "align" group for `main` main-model tokens: the table's new
+    entries (nulls and moved draft blocks included) and the number of blocks taken."""
+    table = state.tables[g.gid].setdefault(rid, [])
+    s = g.spec_blocks
+    required = cdiv(main, g.bs) + s
+    partial = state.partial_hits[g.gid].get(rid)
+    allocated = rid in state.allocated[g.gid]
+    state.allocated[g.gid].add(rid)
+    prev = len(table)
+    if required <= prev and partial is None:
+        return [], 0
+    if allocated:
+        state.last_state[g.gid][rid] = prev - 1 - s
+    elif prev:
+        state.last_state[g.gid][rid] = prev - 1
+    state_index = required - s - 1
+    table.extend([NULL] * (state_index - prev))
+    if allocated:
+        for i in range(prev - s, min(prev, state_index)):
+            block = table[i]
+            assert state.ref_count(block) == 1 and state.primary[block] is None, (
+                f"draft block {block} is shared or cached"
+            )
+            table.append(block)
+            table[i] = NULL
+    k = max(required - len(table), 0) + (partial is not None)
+    blocks = state.get_new_blocks(k)
+    result = table[prev:]
+    if partial is not None:
+        index, src = state.partial_hits[g.gid].pop(rid)
+        cow = blocks.pop(0)
+        assert table[index] == src and src != NULL
+        state.pending_copies[g.gid].append((src, cow))
+        if allocated:
+            if cow >= state.num_blocks:  # a phantom: this trial is never adopted
+                return result, k
+            state.move_keys(src, cow)
+            if state.primary[cow] is not None:
+                state.cached_this_step[g.gid].add(state.primary[cow])
+        else:
+            table[index] = cow
+            result.insert(0, cow)
+    table.extend(blocks)
+    result.extend(blocks)
+    return result, k
+
+
 def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed: int) -> None:
     """docs/spec.md §4.7, every group: entries wholly before the window become null (walking back from
     the last skipped block, stopping at the first null) and are freed, highest index first.
@@ -148,6 +236,10 @@ def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed:
     for g in layout.groups:
         skipped = g.skipped(processed)
         table = state.tables[g.gid].get(rid)
+        if g.align:
+            if table:
+                release_passed_states(state, g, rid, table, processed)
+            continue
         if g.rswa and table is not None:
             release_rswa_gap(g.rswa, g.bs, state, table, req.num_prompt_tokens, processed)
         if skipped <= 0 or table is None:
@@ -159,6 +251,29 @@ def remove_skipped_blocks(layout: Layout, state: State, req: Request, processed:
             replaced.append(table[i])
             table[i] = NULL
         state.release(replaced)
+
+
+def release_passed_states(
+    state: State, g: Group, rid: str, table: list[int], processed: int
+) -> None:
+    """docs/spec.md §11.3: positions below `(n − 1) // bs` not yet retired become null (nulls
+    between states are skipped, not a stop), highest first; then the previous step's state
+    block once n has passed it."""
+    last = min((processed - 1) // g.bs, len(table))
+    first = state.retired[g.gid].get(rid, 0)
+    if processed > 1 and first < last:
+        released = []
+        for i in range(last - 1, first - 1, -1):
+            if table[i] != NULL:
+                released.append(table[i])
+                table[i] = NULL
+        state.release(released)
+        state.retired[g.gid][rid] = last
+    index = state.last_state[g.gid].get(rid)
+    if index is not None and index < cdiv(processed, g.bs) - 1 and table[index] != NULL:
+        block = table[index]
+        table[index] = NULL
+        state.release([block])
 
 
 def release_rswa_gap(
@@ -195,6 +310,9 @@ def _pop_table(state: State, gid: int, rid: str) -> list[int]:
     table = state.tables[gid].pop(rid, [])
     state.num_cached[gid].pop(rid, None)
     state.partial_hits[gid].pop(rid, None)
+    state.allocated[gid].discard(rid)
+    state.last_state[gid].pop(rid, None)
+    state.retired[gid].pop(rid, None)
     while table and table[0] == NULL:
         table.pop(0)
     return table
@@ -236,10 +354,15 @@ def allocate_slots(
     free_before = len(state.free)
     trial = state.trial_copy()
     adopted = adopt_hits(layout, trial, req, lists, local) if adopt else [0] * len(layout.groups)
-    new_blocks, allocated = allocate_new_blocks(layout, trial, req, slots, num_encoder_tokens)
+    new_blocks, allocated = allocate_new_blocks(layout, trial, req, slots, main,
+                                                num_encoder_tokens)
     group_taken = tuple(a + b for a, b in zip(adopted, allocated))
     prediction = trial.blocks_taken_since(free_before)
     assert prediction == sum(group_taken)
+    deferring = [g.gid for g in layout.groups if defers_hit(state, g, lists[g.gid])]
+    if deferring:  # each such group counts N + 1: never fits
+        prediction += sum(layout.num_blocks + 1 - group_taken[gid] for gid in deferring)
+        return state, Allocation("capacity", prediction=prediction, free_before=free_before)
     if prediction + wm > free_before - reserved_blocks:
         return state, Allocation("capacity", prediction=prediction, free_before=free_before)
     if trial.phantoms_used:

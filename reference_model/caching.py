@@ -4,6 +4,7 @@ cache_full_blocks / cache_partial_block (§3.3, §3.11). Keys are content (group
 
 from __future__ import annotations
 
+from kvfuzz.core.snapshot import CacheKey
 from kvfuzz.reference_model.layout import Group, Layout, cdiv
 from kvfuzz.reference_model.requests import Request
 from kvfuzz.reference_model.state import NULL, State
@@ -40,27 +41,78 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
     if c < full:
         for i in range(c, full):
             block = table[i]
-            if block == NULL or not sparse_mask_keeps(layout, g, i):
+            if block == NULL or not sparse_mask_keeps(layout, g, i, req):
                 continue
             cache_full_block(state, req, g, i, block)
         state.num_cached[g.gid][rid] = full
     # Step 5 runs even when no full block is new: the prompt tail may just have been reached.
     if g.kind == "full" and g.bs != layout.hbs:
         _cache_prompt_tail(layout, state, g, req, num_tokens, table)
+    if g.kind == "mamba":
+        if g.align:
+            key = _cache_state_tail(layout, state, g, req, num_tokens, table)
+            if key is not None:
+                state.cached_this_step[g.gid].add(key)
+        for block in table[c:full]:
+            key = state.primary[block]
+            if block != NULL and key is not None:
+                state.cached_this_step[g.gid].add(key)
 
 
-def sparse_mask_keeps(layout: Layout, g: Group, i: int) -> bool:
-    """The sliding-window caching mask (docs/spec.md §4.9.2 "Sparse caching mask"), by absolute block
-    index: with per = A / bs, only blocks that can end an aligned hit of `need` blocks get keys.
-    Dense (always True) for other kinds, when A is not a multiple of bs, or when need >= per."""
+def _cache_state_tail(
+    layout: Layout, state: State, g: Group, req: Request, num_tokens: int, table: list[int]
+) -> CacheKey | None:
+    """docs/spec.md §11.3: the state at the prompt's last hash boundary `(P − 1) // hbs · hbs`,
+    registered when num_tokens is exactly there; inside a block, the owner must copy it on its
+    next allocation (a partial-hit record on itself). Returns the key registered."""
+    hbs = layout.hbs
+    if num_tokens <= 0 or num_tokens % hbs or num_tokens != (req.num_prompt_tokens - 1) // hbs * hbs:
+        return None
+    index = cdiv(num_tokens, g.bs) - 1
+    if index >= len(table) or table[index] == NULL:
+        return None
+    block = table[index]
+    if state.primary_tokens[block] == num_tokens:
+        return None
+    cache_partial_block(state, req, block, num_tokens, g.gid)
+    if num_tokens % g.bs:
+        state.partial_hits[g.gid][req.request_id] = (index, block)
+        state.num_cached[g.gid][req.request_id] = index
+    return req.key(g.gid, num_tokens)
+
+
+def sparse_mask_keeps(layout: Layout, g: Group, i: int, req: Request) -> bool:
+    """The sliding-window caching mask (docs/spec.md §4.9.2), by absolute block index:
+    a block gets a key only if it is one of the `need` blocks that end at a kept boundary
+    (shifted one block right with EAGLE). Kept boundaries: every multiple of the segment (the
+    alignment A; the retention interval R when set; none when R is 0) and, under retention,
+    each replay boundary of the caching request rounded down to A. Dense (always True) for
+    other kinds, when A is not a multiple of bs, or when need covers a whole segment."""
     if g.kind != "sliding_window" or layout.alignment % g.bs != 0:
         return True
-    per = layout.alignment // g.bs
     need = cdiv(g.window - 1, g.bs) + (1 if g.use_eagle else 0)
-    if need >= per:
-        return True
     shift = 1 if g.use_eagle else 0
-    return i >= shift and (i - shift) % per >= per - need
+    segment = layout.alignment if layout.retention is None else layout.retention
+    if segment and need >= segment // g.bs:
+        return True
+    ends: list[int] = []  # kept boundaries, in blocks
+    if segment:
+        ends += range(segment // g.bs, i + need + 1, segment // g.bs)
+    if layout.retention is not None:
+        ends += [b // layout.alignment * layout.alignment // g.bs for b in replay_positions(
+            req.num_prompt_tokens, layout.sbs, layout.replay_eagle)]
+    return any(end + shift - need <= i < end + shift for end in ends)
+
+
+def replay_positions(num_prompt_tokens: int, sbs: int, eagle: bool) -> list[int]:
+    """Where a later request replaying this prompt can resume (§4.9.2): the resend's
+    `P − 1`; with EAGLE one scheduler block below the resend's and the extension's aligned
+    ends (never below 0)."""
+    if not eagle:
+        return [num_prompt_tokens - 1]
+    resend = (num_prompt_tokens - 1) // sbs * sbs
+    extension = num_prompt_tokens // sbs * sbs
+    return [max(resend - sbs, 0), max(extension - sbs, 0)]
 
 
 def cache_full_block(state: State, req: Request, g: Group, i: int, block: int) -> None:

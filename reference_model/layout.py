@@ -43,12 +43,19 @@ class Group:
     """Attention-sink tokens (sink_full groups only); the manager is full attention's."""
     rswa: int = 0
     """R-SWA decode window (rswa groups only, §12.2)."""
+    align: bool = False
+    """A mamba group in mamba_cache_mode "align" (§11.3)."""
 
     @property
-    def spec(self) -> tuple[str, int, int, int, int, str, int, int]:
+    def spec(self) -> tuple[str, int, int, int, int, str, int, int, int, bool]:
         """The KVCacheSpec fields; equal specs merge into one hybrid spec group (§5.5 step 4)."""
         return (self.kind, self.bs, self.window, self.extra, self.chunk, self.variant, self.sink,
-                self.rswa)
+                self.rswa, self.speculative, self.align)
+
+    @property
+    def spec_blocks(self) -> int:
+        """num_speculative_blocks (mamba groups)."""
+        return self.speculative // self.bs
 
     def skipped(self, n: int) -> int:
         """get_num_skipped_tokens (§4.2): leading tokens no future token attends to."""
@@ -93,6 +100,10 @@ class Layout:
     zeroing: bool = False
     """New attention blocks are recorded for the worker to zero: a mamba group shares the pool
     (its states are read before written, §11.2)."""
+    retention: int | None = None
+    """prefix_cache_retention_interval: which window blocks get keys (§4.9.2)."""
+    replay_eagle: bool = False
+    """Replay boundaries follow EAGLE's (use_eagle)."""
 
     @classmethod
     def from_config(cls, config: Config) -> Layout:
@@ -115,12 +126,13 @@ class Layout:
             kind, variant = ("full", g.kind) if g.kind in FULL_ATTENTION_KINDS else (g.kind, "")
             groups.append(
                 Group(gid, kind, g.block_size, window, extra, chunk, flagged[gid], drops, drops,
-                      cap, speculative, variant, g.sink_len or 0, g.rswa_window or 0)
+                      cap, speculative, variant, g.sink_len or 0, g.rswa_window or 0,
+                      g.kind == "mamba" and g.mamba_cache_mode == "align")
             )
         hybrid = config.enable_caching and len(groups) > 1
         spec_groups: list[SpecGroup] = []
         if hybrid:
-            members: dict[tuple[str, int, int, int, int, str, int, int], list[int]] = {}
+            members: dict[tuple[str, int, int, int, int, str, int, int, int, bool], list[int]] = {}
             for g in groups:
                 if g.kind != "circular_buffer":  # scratch: no part in lookups (§12.3)
                     members.setdefault(g.spec, []).append(g.gid)
@@ -142,8 +154,10 @@ class Layout:
             hbs=config.resolved_hash_block_size,
             sbs=config.scheduler_block_size,
             alignment=config.alignment_tokens,
-            partial_hits=config.partial_hits,
+            partial_hits=config.partial_hash_hits,
             watermark_blocks=int(config.watermark * config.num_blocks),
             scheduler=config.scheduler,
             zeroing=any(g.kind == "mamba" for g in groups),
+            retention=config.prefix_cache_retention_interval,
+            replay_eagle=config.use_eagle,
         )

@@ -134,13 +134,30 @@ def search_chunked(s: Search) -> tuple[Lists, int]:
     return lists, len(lists[0]) * bs
 
 
+def search_mamba(s: Search) -> tuple[Lists, int]:
+    """Recurrent state (docs/spec.md §11.3): the rightmost cached state at or below max_length,
+    at any hash boundary when the alignment is finer than bs, else at a block end that is a
+    multiple of the alignment; the hit block comes after nulls."""
+    bs = s.spec.bs
+    if s.alignment < bs and bs % s.alignment == 0:
+        ends = [(i + 1) * s.hbs for i in range(min(s.max_length, s.hashed) // s.hbs)]
+    else:
+        ends = [(i + 1) * bs for i in range(s.max_length // bs)
+                if (i + 1) * bs % s.alignment == 0]
+    for end in reversed(ends):
+        found = s.probe(end)
+        if found is not None:
+            return [[NULL] * ((end - 1) // bs) + [b] for b in found], end
+    return [[] for _ in s.gids], 0
+
+
 def search_nothing(s: Search) -> tuple[Lists, int]:
     """A circular buffer is never cached (docs/spec.md §12.3)."""
     return [[] for _ in s.gids], 0
 
 
 SEARCHES = {"full": search_full, "sliding_window": search_sliding, "chunked_local": search_chunked,
-            "circular_buffer": search_nothing}
+            "circular_buffer": search_nothing, "mamba": search_mamba}
 
 
 def find_longest_cache_hit(layout: Layout, state: State, req: Request,

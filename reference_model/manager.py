@@ -103,6 +103,10 @@ class Manager:
         self.state.retained.extend(copies)
         return copies
 
+    def new_step_starts(self) -> None:
+        """Forget the keys registered in the last step (docs/spec.md §11.3)."""
+        self.state.cached_this_step = [set() for _ in self.layout.groups]
+
     def release_copies(self) -> None:
         """free_blocks of every retained endpoint (src, dst per pair), in the order taken."""
         ordered = [b for pair in self.state.retained for b in pair]

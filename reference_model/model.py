@@ -35,6 +35,7 @@ API_OPS = (
     "take_new_block_ids",
     "take_kv_cache_block_copies",
     "release_copies",
+    "new_step_starts",
     "take_events",
     "free_deferred",
     "release_deferred",
@@ -277,7 +278,7 @@ class ReferenceModel:
             or any(
                 n > len(state.tables[g.gid][rid]) * g.bs
                 for g in self.layout.groups
-                if g.kind not in ("cross", "circular_buffer")
+                if g.kind not in ("cross", "circular_buffer", "encoder_only")
             )
         ):
             return MISUSE
@@ -305,13 +306,13 @@ class ReferenceModel:
 
     def _op_release_deferred(self, op: Op) -> None:
         """Each kept batch, oldest first, released as a free would: group after group, each
-        run tail first."""
+        run tail first; with evict_first its cached blocks join the head run too."""
         batches, self._deferred = self._deferred, []
         for runs in batches:
             for run in runs:
                 for b in run:
                     self.manager.state.deferred.remove(b)
-                self.manager.state.release(run[::-1])
+                self.manager.state.release(run[::-1], evict_first=op["evict_first"])
         return None
 
     def _op_take_events(self, op: Op) -> dict[str, list[str]]:
@@ -328,6 +329,10 @@ class ReferenceModel:
 
     def _op_take_kv_cache_block_copies(self, op: Op) -> list[list[int]]:
         return [[src, dst] for src, dst in self.manager.take_kv_cache_block_copies()]
+
+    def _op_new_step_starts(self, op: Op) -> None:
+        self.manager.new_step_starts()
+        return None
 
     def _op_release_copies(self, op: Op) -> None:
         self.manager.release_copies()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvfuzz.reference_model.layout import cdiv
 from kvfuzz.reference_model.manager import Manager
 from kvfuzz.reference_model.requests import Request
 
@@ -17,6 +18,28 @@ class Driver:
         self.max_model_len = manager.layout.max_model_len
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self.aligned = any(g.align for g in manager.layout.groups)
+        """Mamba "align": prefill chunks end where a state can be cached (docs/spec.md §11.3)."""
+
+    def state_aligned(self, r: Request, n: int, hit: int) -> int:
+        """docs/spec.md §11.3's chunk rule: the tokens of a chunk of at most n from
+        `r.num_computed_tokens + hit` that ends where a state may be written."""
+        layout = self.manager.layout
+        start, P, T, bs = r.num_computed_tokens + hit, r.num_prompt_tokens, r.num_tokens, layout.sbs
+        prefill_end = max(P, T - 1)
+        if start >= prefill_end:
+            return n
+        end = start + n
+        if end < prefill_end and (end // bs * bs > start or bs <= self.cfg.token_budget):
+            end = end // bs * bs
+        candidates = [(T - 1) // bs * bs]
+        if start % bs:
+            candidates.append(cdiv(start, bs) * bs)
+        tail = (P - 1) // layout.hbs * layout.hbs
+        if layout.partial_hits and candidates[0] < tail < P:
+            candidates.append(tail)
+        inside = [c for c in candidates if start < c < end]
+        return (min(inside) if inside else max(end, start)) - start
 
     def _order_waiting(self) -> None:
         """Priority keeps waiting sorted by (priority, arrival_time); FCFS keeps insertion order."""
@@ -59,6 +82,7 @@ class Driver:
 
     def step(self, sample: int) -> dict[str, Any]:
         mgr, cfg, M = self.manager, self.cfg, self.max_model_len
+        mgr.new_step_starts()
         la = cfg.num_lookahead_tokens
         budget = cfg.token_budget
         scheduled: list[tuple[Request, int, int]] = []
@@ -71,6 +95,8 @@ class Driver:
             n = min(
                 r.num_tokens - r.num_computed_tokens, budget, M - r.num_computed_tokens - 1
             )
+            if n > 0 and self.aligned:
+                n = self.state_aligned(r, n, 0)
             if n <= 0:
                 i += 1
                 continue
@@ -112,6 +138,10 @@ class Driver:
                     if not cfg.chunked_prefill:
                         break
                     n = budget
+                if self.aligned:
+                    n = self.state_aligned(r, n, hit)
+                    if n == 0:
+                        break
                 blocks = mgr.allocate_slots(
                     r,
                     n,

@@ -42,6 +42,14 @@ class State:
     """Per group: ids recorded for zeroing and not yet drained (only CoW ids: no zeroing)."""
     retained: list[tuple[int, int]]
     """CoW pairs taken by take_kv_cache_block_copies and not yet released."""
+    allocated: list[set[str]] = field(default_factory=list)
+    """Per group (mamba align): requests past their first allocation (docs/spec.md §11.3)."""
+    last_state: list[dict[str, int]] = field(default_factory=list)
+    """Per group (mamba align): request -> index of the previous step's state block."""
+    retired: list[dict[str, int]] = field(default_factory=list)
+    """Per group (mamba align): request -> positions below this were already nulled."""
+    cached_this_step: list[set[CacheKey]] = field(default_factory=list)
+    """Per group (mamba): keys registered since the last new_step_starts."""
     deferred: list[int] = field(default_factory=list)
     """Blocks popped by a deferred free and not yet released; each entry holds one reference."""
     phantoms_used: int = 0
@@ -66,6 +74,10 @@ class State:
             pending_copies=[[] for _ in range(num_groups)],
             new_block_ids=[[] for _ in range(num_groups)],
             retained=[],
+            allocated=[set() for _ in range(num_groups)],
+            last_state=[{} for _ in range(num_groups)],
+            retired=[{} for _ in range(num_groups)],
+            cached_this_step=[set() for _ in range(num_groups)],
         )
 
     def trial_copy(self) -> State:
@@ -85,6 +97,10 @@ class State:
             pending_copies=[list(g) for g in self.pending_copies],
             new_block_ids=[list(g) for g in self.new_block_ids],
             retained=list(self.retained),
+            allocated=[set(g) for g in self.allocated],
+            last_state=[dict(g) for g in self.last_state],
+            retired=[dict(g) for g in self.retired],
+            cached_this_step=[set(g) for g in self.cached_this_step],
             deferred=list(self.deferred),
         )
 
@@ -147,12 +163,13 @@ class State:
         if block != NULL and self.ref_count(block) == 0:
             self.free.remove(block)
 
-    def release(self, ordered: list[int]) -> None:
+    def release(self, ordered: list[int], evict_first: bool = False) -> None:
         """free_blocks (docs/spec.md §3.6) for blocks whose holder entries the caller already removed.
 
         Each occurrence is one decrement, in the given order; a block's count reaches 0 at its
         last occurrence iff nothing holds it any more. Blocks reaching 0 without a primary key
-        (or with caching off) go to the head as one run, in order; cached ones to the tail.
+        (or with caching off) go to the head as one run, in order; cached ones to the tail, or
+        with `evict_first` into the head run as well (keeping their keys).
         """
         uncached: list[int] = []
         cached: list[int] = []
@@ -162,7 +179,7 @@ class State:
             if self.ref_count(b) == 0:
                 if b in self.free:
                     raise AssertionError(f"block {b} released twice")
-                if self.caching and self.primary[b] is not None:
+                if self.caching and self.primary[b] is not None and not evict_first:
                     cached.append(b)
                 else:
                     uncached.append(b)
@@ -201,6 +218,19 @@ class State:
         else:
             self.extras.setdefault(block, set()).add(key)
         self.entries.append((key, block))
+
+    def move_keys(self, src: int, dst: int) -> None:
+        """move_block_hashes (docs/spec.md §11.3): every key of src now reaches dst instead
+        (dst has none); the primary stays the primary, with its token count."""
+        primary, tokens = self.primary[src], self.primary_tokens[src]
+        if primary is None:
+            return
+        extras = self.extras.get(src, set())
+        self.drop_keys(src)
+        assert tokens is not None
+        self.add_key(dst, primary, tokens)
+        for key in extras:
+            self.add_key(dst, key, tokens)
 
     def reset_cache(self) -> bool:
         """reset_prefix_cache (docs/spec.md §3.8): refuse unless only the null block is in use."""

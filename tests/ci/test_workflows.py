@@ -433,3 +433,37 @@ def test_install_vllm_refuses_an_unsupported_version():
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert "unsupported vLLM version '0.31.0'; supported: 0.32.0 0.33.0 0.34.0" in out.stderr
+
+
+def test_install_vllm_refuses_a_directory_that_is_not_a_vllm_checkout(tmp_path):
+    out = subprocess.run(["bash", str(REPO / "ci" / "install-vllm.sh"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert f"'{tmp_path}' is not a vLLM checkout" in out.stderr
+
+
+def test_the_dev_checkout_ci_steps_in_docs_install_the_checkout_and_run_what_the_cli_accepts(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/vllm.md's GitHub Actions job and Buildkite step for vLLM maintainers: each installs
+    the checkout with `ci/install-vllm.sh PATH`, then runs the conformance tests and a campaign
+    the CLI accepts."""
+    text = (REPO / "docs" / "vllm.md").read_text()
+    section = text[text.index("### A CI step for vLLM maintainers"):text.index("## Run")]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    job = yaml.safe_load(blocks[0])["kvfuzz"]
+    actions = next(s["run"] for s in job["steps"] if "run" in s)
+    buildkite = yaml.safe_load(blocks[1])["steps"][0]["command"].replace("$$", "$")
+    for script, checkout in ((actions, "vllm"), (buildkite, ".")):
+        commands = list(_commands(script))
+        installs = [c[1:] for c in commands if c[:1] == ["bash"]
+                    and c[1].endswith("ci/install-vllm.sh")]
+        assert installs == [[installs[0][0], checkout]], script
+        assert any(_after(c, "pytest") == ["-q", "-m", "vllm", "tests/vllm"] for c in commands)
+        runs = [c[1:] for c in commands if c[0].endswith("/kvfuzz")]
+        assert runs and runs[0][:3] == ["run", "--target", "vllm"], script
+        for argv in runs:
+            try:
+                _parser().parse_args(argv)
+            except SystemExit:
+                pytest.fail(f"rejected: kvfuzz {shlex.join(argv)}: {capsys.readouterr().err}")

@@ -97,23 +97,29 @@ def test_a_lost_redis_alone_goes_on_in_memory(redis_server):
     assert len(warnings) == 1 and "in-memory" in warnings[0]
 
 
-def test_redis_vanishing_mid_campaign_keeps_the_findings(tmp_path, redis_server):
+@pytest.mark.parametrize("backend", [(), ("--workers", "2"), ("--ray",)],
+                         ids=["one-process", "workers-2", "ray"])
+def test_redis_vanishing_mid_campaign_warns_once_and_keeps_the_findings(tmp_path, redis_server,
+                                                                        backend):
     """The server is killed once the campaign has saved its first failing example there: the
-    campaign warns once, goes on with the local database, and its finding is in the corpus."""
+    campaign warns once (not once per process: workers stay quiet, the driver pings the server
+    itself), goes on with the local database, and its finding is in the corpus."""
+    if "--ray" in backend:
+        pytest.importorskip("ray")
     local, corpus = tmp_path / "local", tmp_path / "c"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvfuzz", "run", *BUG, "--config", "full", "--level", "api",
-         "--seconds", "12", "--corpus", str(corpus), "--database", redis_server.url,
-         "--database", str(local)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         "--seconds", "15", "--corpus", str(corpus), "--database", redis_server.url,
+         "--database", str(local), *backend],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     client = redis_server.client()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while not client.keys("hypothesis-example:*"):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     redis_server.stop()
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out + err
     assert err.count("kvfuzz: warning: example database") == 1, err
     assert "going on with the local database" in err

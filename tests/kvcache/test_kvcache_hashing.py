@@ -132,3 +132,19 @@ def test_key_packing_is_vllms_format():
 def test_bad_hash_block_size_is_rejected():
     with pytest.raises(ValueError, match="0"):
         get_request_block_hasher(0)
+
+
+def test_frontend_hashes_are_continued_and_truncated_as_vllm_does():
+    """vLLM 0.34's Request(block_hashes=) and truncate_block_hashes, on kvcache's Request."""
+    hasher = get_request_block_hasher(4, "s")
+    plain = Request("a", list(range(14)), block_hasher=hasher)
+    for n in range(len(plain.block_hashes) + 1):
+        given = Request("b", list(range(14)), block_hasher=hasher,
+                        block_hashes=plain.block_hashes[:n])
+        assert given.block_hashes == plain.block_hashes
+    given.append_output_token_ids([1, 2])
+    assert len(given.block_hashes) == 4
+    given.truncate_block_hashes(4, num_hash_lookahead_tokens=5)
+    assert given.block_hashes == plain.block_hashes[:2]
+    with pytest.raises(ValueError, match="block_hashes must be None or a list"):
+        Request("c", [1], block_hashes="h")

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.config import Config, GroupConfig, SchedulerConfig
 from kvfuzz.harness.executor import Execution
 from kvfuzz.core.sides import (
-    AllocationProbe, CachedTokensProbe, KvEvent, Observations, take_events_result,
+    AllocationProbe, CachedTokensProbe, ForwardPass, KvEvent, Observations, take_events_result,
 )
 from kvfuzz.properties import REGISTRY, CheckContext
 
@@ -22,6 +22,12 @@ FULL = Config(12, (GroupConfig("full", 4),), max_model_len=64)
 WINDOW = Config(12, (GroupConfig("sliding_window", 4, sliding_window=4),), max_model_len=64)
 MAMBA = Config(12, (GroupConfig("full", 4), GroupConfig("mamba", 4, num_speculative_blocks=1)),
                max_model_len=64, enable_caching=False)
+ALIGN = Config(12, (GroupConfig("mamba", 4, mamba_cache_mode="align"),), max_model_len=64)
+ENCODER_ONLY = Config(12, (GroupConfig("mamba", 64), GroupConfig("encoder_only", 4)),
+                      max_model_len=64, enable_caching=False,
+                      scheduler=SchedulerConfig(chunked_prefill=False))
+RETAINED = Config(12, (GroupConfig("sliding_window", 4, sliding_window=5),), max_model_len=64,
+                  prefix_cache_retention_interval=0)
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
@@ -124,6 +130,11 @@ def _cases(execution, snaps):
         "I17": (s, _view(s, "r0", num_computed_tokens=40), _ctx(execution)),
         "I18": _window_left_live(),
         "S1": _state_block_dropped(),
+        "EO1": _encoder_only_block_held(),
+        "RT1": _window_key_off_boundary(),
+        "S2": _state_read_unwritten(),
+        "S3": (s, _with(s, pending_copies=((cached_free, held),)), _ctx(execution)),
+        "F1": _evict_first_queued_at_tail(),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
@@ -167,6 +178,70 @@ def _state_block_dropped():
     assert tables[1][1] != 0, tables
     state = (0, 0) + tables[1][2:]
     return s, _view(s, "m", tables=(tables[0], state)), _ctx(execution, config=MAMBA)
+
+
+def _encoder_only_block_held():
+    """An encoder-only group's table, empty in the real run, is given block 1."""
+    execution, snaps = _run(ENCODER_ONLY, [
+        {"op": "add_request", "request_id": "e", "prompt": PROMPT},
+        {"op": "allocate_slots", "request_id": "e", "num_new_tokens": 9},
+    ])
+    s = snaps[-1]
+    tables = s.requests["e"].tables
+    assert tables[1] == (), tables
+    return s, _view(s, "e", tables=(tables[0], (1,))), _ctx(execution, config=ENCODER_ONLY)
+
+
+def _window_key_off_boundary():
+    """Retention 0, window 5 (one block a hit), a 12-token prompt: only the block before its
+    replay boundary 8 (position 1) gets a key; position 0 is given one all the same."""
+    execution, snaps = _run(RETAINED, [
+        {"op": "add_request", "request_id": "w", "prompt": list(range(10)) + [0, 1]},
+        {"op": "allocate_slots", "request_id": "w", "num_new_tokens": 12},
+    ])
+    before, after = snaps[-2], snaps[-1]
+    table = after.requests["w"].tables[0]
+    keyed = [i for i, b in enumerate(table) if after.block_keys[b] is not None]
+    assert keyed == [1], keyed
+    block, key = table[0], (0, None, tuple(range(4)))
+    after = _with(after, block_keys=tuple(key if b == block else k
+                                          for b, k in enumerate(after.block_keys)))
+    op = {"op": "allocate_slots", "request_id": "w", "num_new_tokens": 12}
+    return before, after, _ctx(execution, op=op, config=RETAINED)
+
+
+def _state_read_unwritten():
+    """An align-mode request resumes at 8 from its hit block, whose state (in this fresh
+    history) nobody wrote."""
+    execution, snaps = _run(ALIGN, [
+        {"op": "add_request", "request_id": "a", "prompt": PROMPT},
+        {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 8},
+    ])
+    before, after = snaps[-2], snaps[-1]
+    table = after.requests["a"].tables[0]
+    forward = ForwardPass("a", 8, 9, (table,))
+    op = {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1}
+    return before, after, _ctx(execution, op=op, observations=Observations(forward=[forward]),
+                               config=ALIGN)
+
+
+def _evict_first_queued_at_tail():
+    """An evict_first release of r0's deferred blocks, yet its cached blocks went to the tail
+    (where a plain free puts them)."""
+    config = dataclasses.replace(FULL, deferred_frees=True)
+    execution, snaps = _run(config, [
+        {"op": "add_request", "request_id": "r0", "prompt": PROMPT},
+        {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 9},
+        {"op": "free_deferred", "request_id": "r0"},
+        {"op": "release_deferred", "evict_first": True},
+    ])
+    before, after = snaps[-2], snaps[-1]
+    cached = [b for b in after.free_queue if after.block_keys[b] is not None]
+    assert len(cached) == 2 and after.free_queue[:3] == (*reversed(before.deferred_frees[0]),)
+    plain = _with(after, free_queue=tuple(b for b in after.free_queue if b not in cached)
+                  + tuple(cached))
+    op = execution.trace.ops[-1]
+    return before, plain, _ctx(execution, op=op, config=config)
 
 
 def _window_left_live():

@@ -44,12 +44,18 @@ EXPECTED = {
     "embeds-mask-dropped": {"H1"},
     "removed-while-held": {"EV2"},
     "deferred-free-whole-list": {"I7", "DIFF-state"},
+    "evict-first-ignored": {"I7", "F1", "DIFF-state"},
     "reset-not-announced": {"EV1"},
     "stored-parent-dropped": {"EV3"},
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1", "DIFF-result", "DIFF-state"},
+    "state-allocation-asserts-growth": {"DIFF-result", "I10"},
+    "state-hit-misplaced": {"I12", "P1", "S2", "DIFF-result", "DIFF-state"},
+    "align-cow-forgets-pending-copy": {"P2", "DIFF-state"},
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1", "P4"},
+    "encoder-only-takes-blocks": {"EO1"},
+    "retention-ignored": {"RT1"},
     "boundary-before-hit": {"I20"},
     "boundary-one-short": {"DIFF-probe"},
 }
@@ -90,7 +96,9 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
     [("P1", "predictor-off-by-one", "api"), ("P2", "free-forgets-decrement", "api"),
      ("P3", "touch-leaves-queued", "api"), ("P4", "predictor-off-by-one", "scheduler"),
      ("I7", "free-forward-order", "api"), ("S1", "state-released-early", "api"),
-     ("I12", "hit-reaches-num-tokens", "scheduler"), ("I12", "lookup-ignores-bound", "api")],
+     ("I12", "hit-reaches-num-tokens", "scheduler"), ("I12", "lookup-ignores-bound", "api"),
+     ("S2", "state-hit-misplaced", "api"), ("S2", "state-hit-misplaced", "scheduler"),
+     ("S3", "cow-unretained", "api"), ("F1", "evict-first-ignored", "api")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""

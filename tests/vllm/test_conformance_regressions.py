@@ -40,3 +40,22 @@ def test_eagle_drop_inside_a_block_hits_a_block_keyed_past_the_hit(targets):
     assert ex.state.block_keys[1] == (0, None, (0,) * 8)
     ex.apply({"op": "allocate_slots", "request_id": "b", "num_new_tokens": 4, "use_lookup": True})
     assert ex.apply({"op": "take_kv_cache_block_copies"}) == [[1, 4]]
+
+
+@pytest.mark.parametrize("targets", TARGETS)
+def test_a_deferred_free_of_a_window_table_with_leading_nulls_keeps_every_block(targets):
+    """vLLM 0.32's pop_blocks_for_free hands each table whole, leading nulls included (0.33+
+    trims them); the harness used to cut the concatenated list by the trimmed lengths and lost
+    the window group's last block (P2: ref_cnt 1 but 0 holders)."""
+    config = Config(6, (GroupConfig("full", 8), GroupConfig("sliding_window", 4, sliding_window=4)),
+                    max_model_len=64, deferred_frees=True)
+    ex = Execution(config, "api", targets)
+    ex.apply({"op": "add_request", "request_id": "a", "prompt": [0] * 27})
+    ex.apply({"op": "allocate_slots", "request_id": "a", "num_new_tokens": 8})
+    ex.apply({"op": "allocate_slots", "request_id": "a", "num_new_tokens": 1})
+    table = ex.state.requests["a"].tables[1]
+    assert table[0] == 0 and table[-1] != 0, table
+    popped = ex.apply({"op": "free_deferred", "request_id": "a"})
+    assert popped[-1] == table[-1] and 0 not in popped
+    ex.apply({"op": "release_deferred"})
+    assert ex.state.num_free_blocks == 5

@@ -12,6 +12,7 @@ Run with the venv of ci/install-vllm.sh:  "$py" -m pytest -m vllm tests/vllm -q
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from kvfuzz.core.config import Config
 from kvfuzz.core.errors import HarnessFault
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.harness.executor import Execution, run_trace
-from kvfuzz.core.trace import Trace
+from kvfuzz.core.trace import Trace, normalize_op
 from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
 from kvfuzz.harness.vllm_target import (
@@ -66,6 +67,40 @@ def test_scheduler_level_drives_vllm_through_the_kvcache_driver():
     assert any(out["preempted"] for out in outcomes)
     assert any(hit for out in outcomes for _, _, hit in out["scheduled"])
     assert any(out["finished"] for out in outcomes)
+
+
+@pytest.mark.parametrize("name, vllm_groups", [("bert", 0), ("colqwen3_5", 3)])
+def test_encoder_only_layers_form_no_vllm_group(name, vllm_groups):
+    """vLLM builds no group for encoder-only layers (docs/spec.md §12.4); its tables are spread
+    over the config's groups, the encoder-only one empty while the request runs."""
+    ex = Execution(BUILTIN[name][1], "scheduler", THREE_WAY)
+    vllm_side = ex.targets[1].side
+    assert len(vllm_side.manager.coordinator.single_type_managers) == vllm_groups
+    ex.apply(_add("r", list(range(12)), max_tokens=2))
+    ex.apply({"op": "step", "sample": 1})
+    tables = [t.snapshot.requests["r"].tables for t in ex.targets]
+    assert tables[0] == tables[1] and tables[0][0] == ()
+    assert len(tables[0]) == vllm_groups + 1
+
+
+@pytest.mark.parametrize("name, retention", [("gemma3_retention", 6),
+                                             ("gemma3_retention", -4), ("full", 8)])
+def test_vllm_refuses_retention_as_the_config_does(name, retention):
+    """vLLM's own coordinator refuses the retention intervals the config loader refuses, with
+    the same message (docs/spec.md §4.9.2)."""
+    from kvfuzz.core.errors import ConfigError
+    from kvfuzz.harness import vllm_target
+
+    good = BUILTIN[name][1]
+    with pytest.raises(ConfigError) as ours:
+        Config.from_dict({**good.to_dict(), "prefix_cache_retention_interval": retention})
+    unchecked = object.__new__(Config)  # past our validation, to reach vLLM's
+    for field in dataclasses.fields(Config):
+        object.__setattr__(unchecked, field.name, getattr(good, field.name))
+    object.__setattr__(unchecked, "prefix_cache_retention_interval", retention)
+    with pytest.raises(ValueError) as theirs:
+        vllm_target.build_vllm_manager(unchecked)
+    assert str(theirs.value) == str(ours.value)
 
 
 # ----- the state machines over every built-in config and level, three-way -----
@@ -112,7 +147,7 @@ def _unsupported_features(trace: Trace) -> list[str]:
     """The optional ops and fields of `trace` that the installed vLLM lacks."""
     api = load_vllm()
     used = {op["op"] for op in trace.ops} | {k for op in trace.ops for k, v in op.items()
-                                              if v is not None}
+                                              if v not in (None, False)}
     return [name for name, feature in OP_FEATURES.items() if name in used and not api.has(feature)]
 
 
@@ -298,3 +333,62 @@ def test_cli_run_replay_and_shrink_with_vllm(tmp_path):
     assert kvfuzz(["shrink", str(finding), "--target", "vllm-strict", "--out", str(out),
                    "--seconds", "10"]) == 0
     assert run_trace(Trace.load(out), ["vllm-strict"]).finding.check == "I16"
+
+
+EVICT_FIRST = [
+    _add("a", list(range(1, 18))),
+    {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 17},
+    _add("b", [7] * 9),
+    {"op": "allocate_slots", "request_id": "b", "num_new_tokens": 9},
+    {"op": "free", "request_id": "b"},
+    {"op": "free_deferred", "request_id": "a"},
+    {"op": "release_deferred", "evict_first": True},
+    _add("c", list(range(1, 18))),
+    {"op": "get_computed_blocks", "request_id": "c"},
+    {"op": "allocate_slots", "request_id": "c", "num_new_tokens": 1, "use_lookup": True},
+    _add("d", [9] * 30),
+    {"op": "allocate_slots", "request_id": "d", "num_new_tokens": 30},
+]
+
+
+def test_evict_first_is_driven_where_vllm_has_it(tmp_path, capsys):
+    """vLLM 0.34's `free_blocks(evict_first=True)`, three-way (F1 and I7 on each side); on a
+    vLLM without it the trace is a usage error naming the argument and the target."""
+    trace = Trace(BUILTIN["deferred"][1], "api", [])
+    path = tmp_path / "evict-first.json"
+    execution = Execution(trace.config, "api", ["kvcache"])
+    for op in EVICT_FIRST:
+        execution.apply(op)
+    execution.trace.save(path)
+    if load_vllm().has("free_evict_first"):
+        assert run_trace(Trace.load(path), list(THREE_WAY)).passed
+        assert kvfuzz(["replay", str(path), "--target", "vllm-strict", "--quiet"]) == 0
+        return
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "evict_first" in err and "target vllm" in err, err
+
+
+def test_frontend_block_hashes_are_the_ones_the_request_computes():
+    """vLLM 0.34's `Request(block_hashes=)`: prompt hashes a frontend computed with the engine's
+    hasher are the list the request computes itself, and hashing continues after them; the
+    manager reads only `request.block_hashes`, so it cannot tell (docs/vllm.md, per release)."""
+    api = load_vllm()
+    if not api.has("frontend_hashes"):
+        pytest.skip(f"vLLM {api.version} has no Request(block_hashes=)")
+    side = VllmSide(BUILTIN["full"][1], "api")
+    prompt = list(range(1, 40))
+    plain = side.make_request(normalize_op(_add("a", prompt), "api"), 0.0)
+    assert len(plain.block_hashes) >= 3
+
+    def given(hashes: list[Any]) -> Any:
+        return api["Request"]("b", prompt, api["SamplingParams"](max_tokens=8), None,
+                              arrival_time=0.0, block_hasher=side._hasher, block_hashes=hashes)
+
+    for n in (0, 1, len(plain.block_hashes)):
+        request = given(list(plain.block_hashes[:n]))
+        assert request.block_hashes == plain.block_hashes, n
+        for r in (plain, request):
+            r.append_output_token_ids([5] * 8)
+        assert request.block_hashes == plain.block_hashes, n
+        plain = side.make_request(normalize_op(_add("a", prompt), "api"), 0.0)

@@ -1,0 +1,113 @@
+"""Checks of recurrent-state groups in Mamba "align" mode (docs/spec.md §11.3, §8 S2-S3).
+
+A state block holds one state: the one after the prefix whose last token was computed into it.
+S2 follows that with a ghost, per target (in `ctx.memory`), from what each op did:
+
+1. copies first (at the API level the pairs new in `pending_copies`, run right after the
+   allocate_slots that queued them; at the scheduler level a step's `copies`): the
+   destination now holds the source's state;
+2. every forward pass of the op reads the state it resumes from, at position
+   `(start − 1) // bs` of each align group's table, before any pass of the op writes (a step
+   is one batch: its state kernels read every initial state first);
+3. then each pass writes the state after `end` at position `(end − 1) // bs`.
+
+A read of a block that holds no state, or another prefix's, is a resumed request computing on
+the wrong state (vLLM #55600 read one out of bounds). The reference model reports no forward
+passes, so it is not followed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvfuzz.core.extra_keys import prefix_identity
+from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.properties.registry import CheckContext, invariant, transition
+
+_MEMORY_KEY = "S2"
+
+StateId = tuple[int, Any, tuple[int, ...]]
+"""(number of tokens, what besides the tokens the prefix stands for, the tokens)."""
+
+
+def _state_id(ctx: CheckContext, after: Snapshot, rid: str, num_tokens: int) -> StateId:
+    meta = ctx.requests[rid]
+    hbs = ctx.config.resolved_hash_block_size
+    tokens = after.requests[rid].tokens[:num_tokens]
+    return (num_tokens, prefix_identity(meta.cache_salt, meta.extras, num_tokens, hbs), tokens)
+
+
+def _copies(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[tuple[int, int]]:
+    if ctx.op["op"] == "step":
+        return [(src, dst) for src, dst in (ctx.result or {}).get("copies", ())]
+    new = set(after.pending_copies) - set(before.pending_copies)
+    return [pair for pair in after.pending_copies if pair in new]
+
+
+@transition(
+    "S2",
+    "state reads: a request resumes from a state block that holds the state after exactly "
+    "its computed prefix (align-mode hits included), spec §11.3",
+    covers=("bugs #28", "spec §11.3"),
+)
+def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
+                                  ctx: CheckContext) -> str | None:
+    groups = [(g, group.block_size) for g, group in enumerate(ctx.config.groups)
+              if group.mamba_cache_mode == "align"]
+    passes = ctx.observations.forward
+    if not groups or not (passes or after.pending_copies or ctx.op["op"] == "step"):
+        return None
+    ghost: dict[int, StateId] = ctx.memory.setdefault(_MEMORY_KEY, {})
+    for src, dst in _copies(before, after, ctx):
+        if src in ghost:
+            ghost[dst] = ghost[src]
+        else:
+            ghost.pop(dst, None)
+    problem = None
+    for p in passes:
+        if p.start == 0 or problem:
+            continue
+        expected = _state_id(ctx, after, p.request_id, p.start)
+        for g, bs in groups:
+            table = p.tables[g]
+            index = (p.start - 1) // bs
+            block = table[index] if index < len(table) else 0
+            if block == 0:
+                problem = (f"{p.request_id} group {g} resumes at {p.start} from position "
+                           f"{index}, which holds no block")
+            elif ghost.get(block) != expected:
+                problem = (f"{p.request_id} group {g} resumes at {p.start} from block {block}, "
+                           f"which holds {_describe(ghost.get(block), expected)}")
+            if problem:
+                break
+    for p in passes:
+        state = _state_id(ctx, after, p.request_id, p.end)
+        for g, bs in groups:
+            table = p.tables[g]
+            index = (p.end - 1) // bs
+            if index < len(table) and table[index] != 0:
+                ghost[table[index]] = state
+    return problem
+
+
+def _describe(held: StateId | None, expected: StateId) -> str:
+    if held is None:
+        return "no state"
+    same = held[1] == expected[1] and held[2] == expected[2][:held[0]]
+    return f"the state after {held[0]} tokens" + ("" if same else " of another prefix")
+
+
+@invariant(
+    "S3",
+    "copy sources alive: both ends of every copy not yet taken or released are held and out "
+    "of the free queue, so no allocation can hand them out before the copy runs, spec §11.3",
+    covers=("spec §4.5", "spec §11.3"),
+)
+def copy_ends_held(s: Snapshot, ctx: CheckContext) -> str | None:
+    for pairs, what in ((s.pending_copies, "pending"), (s.retained_copies, "retained")):
+        for src, dst in pairs:
+            for role, block in (("source", src), ("destination", dst)):
+                if s.ref_cnt[block] < 1 or block in s.linked:
+                    return (f"the {what} copy {src} -> {dst}: its {role} block {block} is "
+                            f"{'in the free queue' if block in s.linked else 'not held'}")
+    return None

@@ -1,0 +1,82 @@
+"""Prefix-cache retention intervals and replay boundaries (docs/spec.md §4.9.2): which
+sliding-window blocks get keys, and the settings vLLM refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.core.errors import ConfigError
+from kvfuzz.kvcache import FullAttentionSpec, KVCacheManager, SlidingWindowSpec
+from kvfuzz.kvcache.block_math import replay_boundaries
+from kvfuzz.kvcache.kv_cache_utils import resolve_kv_cache_block_sizes
+
+from kvcache_testkit import make_config, make_request
+
+
+def make_manager(num_blocks, *specs, prefix_cache_retention_interval):
+    config = dataclasses.replace(make_config(num_blocks, *specs),
+                                 prefix_cache_retention_interval=prefix_cache_retention_interval)
+    sbs, hbs = resolve_kv_cache_block_sizes(config, True, None)
+    return KVCacheManager(config, 1024, sbs, hbs)
+
+
+def _keyed_window_positions(retention, prompt_len=30):
+    manager = make_manager(40, FullAttentionSpec(block_size=4),
+                           SlidingWindowSpec(block_size=4, sliding_window=8),
+                           prefix_cache_retention_interval=retention)
+    request = make_request("r", list(range(prompt_len)), 4)
+    assert manager.allocate_slots(request, prompt_len) is not None
+    table = manager.coordinator.single_type_managers[1].req_to_blocks["r"]
+    return [i for i, b in enumerate(table) if b.block_hash is not None]
+
+
+@pytest.mark.parametrize("retention, keyed", [
+    (None, [0, 1, 2, 3, 4, 5, 6]),  # dense: a window needs 2 blocks, alignment 4 is 1 block
+    (0, [5, 6]),                    # only the replay boundary 29 -> 28
+    (16, [2, 3, 5, 6]),             # segment end 16, and the replay boundary
+    (8, [0, 1, 2, 3, 4, 5, 6]),     # a segment of 2 blocks is all a window needs: dense
+])
+def test_window_blocks_keyed_at_kept_boundaries(retention, keyed):
+    assert _keyed_window_positions(retention) == keyed
+
+
+def test_replay_boundaries_as_vllm_computes_them():
+    assert replay_boundaries(30, 8, use_eagle=False) == (29,)
+    assert replay_boundaries(32, 8, use_eagle=True) == (16, 24)
+    assert replay_boundaries(4, 8, use_eagle=True) == (0,)
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"num_blocks": 8, "groups": [{"kind": "full", "block_size": 4}],
+      "prefix_cache_retention_interval": 8},
+     "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV "
+     "cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window "
+     "and Mamba attention)."),
+    (BUILTIN["gemma3_retention"][1].to_dict() | {"prefix_cache_retention_interval": -4},
+     "prefix_cache_retention_interval (-4) must be non-negative and a multiple of "
+     "scheduler_block_size (4)."),
+    (BUILTIN["gemma3_retention"][1].to_dict() | {"prefix_cache_retention_interval": 6},
+     "prefix_cache_retention_interval (6) must be non-negative and a multiple of "
+     "scheduler_block_size (4)."),
+    (BUILTIN["granite4"][1].to_dict() | {"prefix_cache_retention_interval": 8},
+     "not implemented by kvfuzz yet"),
+], ids=["no-window", "negative", "not-a-multiple", "mamba-align"])
+def test_config_refuses_what_vllm_refuses(config, needle):
+    with pytest.raises(ConfigError) as err:
+        Config.from_dict(config)
+    assert needle in str(err.value)
+
+
+def test_full_attention_alone_takes_retention_0():
+    assert Config(8, (GroupConfig("full", 4),), prefix_cache_retention_interval=0)
+
+
+def test_kvcache_refuses_with_vllm_message():
+    with pytest.raises(ValueError, match=r"\(6\) must be non-negative and a multiple of "
+                                         r"scheduler_block_size \(4\)"):
+        make_manager(8, SlidingWindowSpec(block_size=4, sliding_window=8),
+                     prefix_cache_retention_interval=6)
