@@ -46,7 +46,9 @@ case " ${supported[*]} " in
 esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-venv=${KVFUZZ_VLLM_VENV:-$HOME/.cache/kvfuzz/vllm-${checkout:+dev}${checkout:-$version}}
+name=$version
+[ -z "$checkout" ] || name=dev
+venv=${KVFUZZ_VLLM_VENV:-$HOME/.cache/kvfuzz/vllm-$name}
 py="$venv/bin/python"
 pip=("$py" -m pip install -q --disable-pip-version-check)
 probe="import vllm, vllm.v1.core.kv_cache_manager, vllm.v1.request, vllm.v1.kv_cache_interface"

@@ -116,9 +116,8 @@ BUILTIN: dict[str, tuple[str, Config]] = {
         ),
         (
             "KV connector: requests load remote KV (external tokens, uncached until the load "
-            "lands); full (bs 4) + sliding window (bs 4, window 8)",
-            Config(20, (_full(), _swa(4, 8)), name="connector", max_model_len=64,
-                   kv_connector=True),
+            "lands, whole, short or failed); full attention (bs 4)",
+            Config(16, (_full(),), name="connector", max_model_len=64, kv_connector=True),
         ),
         (
             "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",

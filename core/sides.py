@@ -53,6 +53,9 @@ class ForwardPass:
     start: int
     end: int
     tables: tuple[tuple[int, ...], ...]
+    load: bool = False
+    """A KV connector load (docs/spec.md §13): positions whose block is a window null (left out
+    of the window on allocation) are not loaded."""
 
 
 class CachedTokensProbe(NamedTuple):

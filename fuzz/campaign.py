@@ -47,8 +47,6 @@ BYTES_PER_STEP = 24
 """Decisions a rule takes at most, about (an example ends early if its bytes run out)."""
 FOCUS_WEIGHT = 3
 """How much more a focused pair weighs than the others."""
-PROBE_S = 2.0
-"""How often the driver pings a shared example database (`Campaign._probe_database`)."""
 GROWTH_GAIN = 0.2
 """The most a pair whose coverage grows weighs more than one whose coverage stopped: a pair
 (and a bug only it shows) then gets at least 1/1.2 of its even share. Weights of 1 + the new
@@ -56,6 +54,8 @@ features (up to 30 times the share) delayed the pairs that grew little: watermar
 twice the ops over every config (docs/engines.md)."""
 GROWTH_FULL = 10
 """New features in a batch that earn the whole gain (fewer: a proportional part)."""
+PROBE_S = 2.0
+"""How often the driver pings a shared example database (`Campaign._probe_database`)."""
 
 
 @dataclass

@@ -53,6 +53,8 @@ class ManagerSide:
         self.retained_blocks: list[Any] = []
         self.deferred_blocks: list[list[Any]] = []
         """Batches popped by free_deferred and not yet released."""
+        self._loading: dict[str, tuple[int, int]] = {}
+        """KV loads in flight: request id -> (hit, external tokens)."""
         self.scheduler = self.build_scheduler(config) if level == "scheduler" else None
         self._handlers: dict[str, Callable[[Op], Any]] = {
             "add_request": self._add_request,
@@ -342,17 +344,20 @@ class ManagerSide:
         )
         if not ok or out is None:
             return out
-        start = request.num_computed_tokens + hit + external
+        start = request.num_computed_tokens + hit
+        if external:  # the connector's KV of the external tokens (data checks: a write)
+            self._forward(request, start, start + external, load=True)
+        start += external
         self._forward(request, start, start + new_tokens)
         request.num_computed_tokens = start + new_tokens
         request.status = self.request_status.RUNNING
         return {"block_ids": self.per_config_group([list(g) for g in out.get_block_ids()], [])}
 
-    def _forward(self, request: Any, start: int, end: int) -> None:
+    def _forward(self, request: Any, start: int, end: int, load: bool = False) -> None:
         tables = tuple(self.per_config_group(
             [tuple(ids) for ids in self.manager.get_block_ids(request.request_id)], ()))
         self.probes.observations.forward.append(
-            ForwardPass(request.request_id, start, end, tables)
+            ForwardPass(request.request_id, start, end, tables, load)
         )
 
     def _free(self, op: Op) -> Any:
@@ -493,12 +498,19 @@ class ManagerSide:
             lambda: self.scheduler.start_load(request.request_id, op["num_external_tokens"]))
         if not ok or out is None:
             return out
+        self._loading[request.request_id] = out
         return {"hit": out[0], "external": out[1]}
 
     def _finish_load(self, op: Op) -> Any:
+        """The load ends; the KV it landed counts as written (for the data checks)."""
         request = self._known_request(op)
-        ok, out = self._call(
-            lambda: self.scheduler.finish_load(request.request_id, op["num_loaded_tokens"]))
+        loaded = op["num_loaded_tokens"]
+        ok, out = self._call(lambda: self.scheduler.finish_load(request.request_id, loaded))
+        if ok:
+            hit, external = self._loading.pop(request.request_id)
+            if not self._is_finished(request):
+                end = hit + (external if loaded is None else min(loaded, external))
+                self._forward(request, hit, end, load=True)
         return out
 
     def _end_request(self, op: Op) -> Any:

@@ -141,12 +141,12 @@ def _probe_ignores_hit_limit(side: KvcacheSide) -> None:
 @mutant("free-forgets-decrement",
         "release (free_blocks) forgets the decrement of the last block it is given", bug="docs/bugs.md #1, #22")
 def _free_forgets_decrement(side: KvcacheSide) -> None:
-    def around(original, ordered_blocks):
+    def around(original, ordered_blocks, evict_first=False):
         blocks = list(ordered_blocks)
         real = [b for b in blocks if not b.is_null]
         if len(real) > 1:
             real[-1].ref_cnt += 1
-        original(blocks)
+        original(blocks, evict_first)
 
     _around(_pool(side), "release", around)
 

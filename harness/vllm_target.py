@@ -334,15 +334,15 @@ class VllmSide(ManagerSide):
 
     def _allocate_slots(self, op: Op) -> Any:
         if op["num_external_computed_tokens"] or op["delay_cache_blocks"]:
-            self._require("num_external_computed_tokens")
+            self.require("num_external_computed_tokens")
         return super()._allocate_slots(op)
 
     def _load_remote(self, op: Op) -> Any:
-        self._require("load_remote")
+        self.require("load_remote")
         return super()._load_remote(op)
 
     def _finish_load(self, op: Op) -> Any:
-        self._require("finish_load")
+        self.require("finish_load")
         return super()._finish_load(op)
 
     def snapshot(self) -> Snapshot:

@@ -257,10 +257,10 @@ class SingleTypeKVCacheManager:
         """Tier B: register the prompt's last hash boundary inside a block (full attention)."""
 
     def reachable_block_mask(
-        self, start_block: int, end_block: int, request: Request
+        self, start_block: int, end_block: int, request: Request | None = None
     ) -> list[bool] | None:
-        """Which of `request`'s blocks [start, end) can ever serve a hit; None caches them
-        all."""
+        """Which of `request`'s blocks [start, end) can ever serve a hit (the request is needed
+        under a retention interval); None caches them all."""
         return None
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
@@ -624,7 +624,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             del blocks[num_blocks:]
 
     def reachable_block_mask(
-        self, start_block: int, end_block: int, request: Request
+        self, start_block: int, end_block: int, request: Request | None = None
     ) -> list[bool] | None:
         """Cache only blocks that can end a kept boundary's window run (§4.9.2).
 
@@ -651,6 +651,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                 for i in range(start_block, end_block)
             ]
         if retention is not None:
+            assert request is not None, "a retention interval needs the caching request"
             for boundary in replay_boundaries(
                 request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
             ):

@@ -209,14 +209,21 @@ class KVMirror:
             if cache is None:
                 continue
             table = fp.tables[g] or ()
-            problem = _table_problem(fp.request_id, "writes", g, table, fp.start, fp.end,
+            start = fp.start
+            if fp.load:  # a load skips the window's leading nulls
+                while start < fp.end and start // cache.block_size < len(table) and (
+                        table[start // cache.block_size] == 0):
+                    start = (start // cache.block_size + 1) * cache.block_size
+                if start >= fp.end:
+                    continue
+            problem = _table_problem(fp.request_id, "writes", g, table, start, fp.end,
                                      cache.block_size)
             if problem:
                 return problem
             key, value, _ = expected[g]
-            slots = cache.write(table, fp.start, key[fp.start:fp.end], value[fp.start:fp.end])
+            slots = cache.write(table, start, key[start:fp.end], value[start:fp.end])
             self.writers[g].view(-1)[slots] = torch.arange(
-                base + fp.start, base + fp.end, device=slots.device
+                base + start, base + fp.end, device=slots.device
             )
         return None
 

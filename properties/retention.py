@@ -53,8 +53,8 @@ def window_keys_at_kept_boundaries(before: Snapshot, after: Snapshot,
         if len(key[2]) % group.block_size:
             continue  # a partial (Tier B) key: not the full-block mask's
         index = len(key[2]) // group.block_size - 1
-        # Whoever cached it holds its tokens (it may have finished in this very op); judged
-        # by the most lenient of them.
+        # Any request holding its tokens may have cached it (the one that did may have
+        # finished in this very op, or shared it by a hit since): the most lenient judges.
         prompts = {len(ctx.requests[rid].prompt) for rid, view in after.requests.items()
                    if view.tokens[:len(key[2])] == key[2]}
         if prompts and not any(_kept(config, group, index, p) for p in prompts):

@@ -14,6 +14,7 @@ import pytest
 
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.trace import Trace
+from kvfuzz.fuzz.campaign import STOP_REQUESTED, interrupt, stop_point
 from kvfuzz.fuzz.cli import main
 from kvfuzz.fuzz.schedule import FIRST_BATCH, Schedule
 from kvfuzz.fuzz.shrink import shrink_trace
@@ -271,9 +272,23 @@ def _ctrl_c_once_found(tmp_path: Path, wait: float, *args: str) -> None:
     out, _ = proc.communicate(timeout=60)
     report = json.loads((tmp_path / "r.json").read_text())
     assert proc.returncode == 1 and report["interrupted"], out
-    assert [f["file"] for f in report["findings"]] == [str(f) for f in _files(corpus)]
+    assert sorted(f["file"] for f in report["findings"]) == [str(f) for f in _files(corpus)]
     assert "Traceback" not in out
     assert _gone(kids)
+
+
+def test_a_first_signal_asks_for_a_stop_and_a_second_interrupts_at_once():
+    STOP_REQUESTED.clear()
+    stop_point()  # nothing asked: goes on
+    try:
+        interrupt(signal.SIGINT, None)  # does not raise where the signal landed
+        assert STOP_REQUESTED.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            stop_point()
+        with pytest.raises(KeyboardInterrupt):
+            interrupt(signal.SIGINT, None)
+    finally:
+        STOP_REQUESTED.clear()
 
 
 EXEC_SLOW_BUG = '''

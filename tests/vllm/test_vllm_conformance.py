@@ -422,4 +422,5 @@ def test_a_connector_op_on_a_vllm_without_it_exits_2_naming_op_and_target(
     Trace(BUILTIN["connector"][1], "scheduler", [_add("a", PROMPT10), op]).save(path)
     assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
     err = capsys.readouterr().err
-    assert f"the trace uses {op['op']}" in err and f"vLLM {api.version} lacks it" in err
+    assert f"the trace uses {op['op']}" in err
+    assert f"target vllm (vLLM {api.version}) lacks it" in err
