@@ -10,7 +10,7 @@ import pytest
 
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.harness.executor import Execution
-from kvfuzz.harness.vllm_target import vllm_available
+from kvfuzz.harness.vllm_target import STATE_TAIL_REKEYED, vllm_available
 
 TARGETS = [
     pytest.param(("kvcache",), id="kvcache"),
@@ -59,3 +59,33 @@ def test_a_deferred_free_of_a_window_table_with_leading_nulls_keeps_every_block(
     assert popped[-1] == table[-1] and 0 not in popped
     ex.apply({"op": "release_deferred"})
     assert ex.state.num_free_blocks == 5
+
+
+@pytest.mark.parametrize("targets", TARGETS)
+def test_a_state_rehit_after_preemption_stays_hittable_beside_a_window_group(targets):
+    """Finding 014 in a hybrid, as the conformance machine met it on vLLM 0.32: preempted r0
+    hits its own state at 8 and computes to 12, so 0.32's cache_blocks keys that state again
+    and marks it cached this step; r1's hit on it then makes the state group predict
+    num_gpu_blocks + 1 = 10, and the coordinator 1 + 1 + 10 = 12 blocks where the model
+    predicts 4 (DIFF-probe; both refuse, the pool being full). Target vllm tolerates it as
+    state-tail-rekeyed; this trace must keep exercising that tolerance there."""
+    config = Config(9, (GroupConfig("full", 4), GroupConfig("sliding_window", 8, sliding_window=4),
+                        GroupConfig("mamba", 8, mamba_cache_mode="align", num_speculative_blocks=1)),
+                    max_model_len=64)
+    ex = Execution(config, "api", targets)
+    prompt = [0] * 12
+    lookup = {"op": "get_computed_blocks", "request_id": "r0"}
+    ex.apply({"op": "add_request", "request_id": "r0", "prompt": prompt})
+    ex.apply(lookup)
+    ex.apply({"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 8, "use_lookup": True})
+    ex.apply({"op": "new_step_starts"})
+    ex.apply({"op": "free", "request_id": "r0", "preempt": True})
+    assert ex.apply(lookup)["num_computed_tokens"] == 8
+    ex.apply({"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 4, "use_lookup": True})
+    ex.apply({"op": "add_request", "request_id": "r1", "prompt": prompt})
+    assert ex.apply({"op": "get_computed_blocks", "request_id": "r1"})["num_computed_tokens"] == 8
+    assert ex.apply({"op": "allocate_slots", "request_id": "r1", "num_new_tokens": 4,
+                     "use_lookup": True}) is None
+    tolerated = ex.targets[-1].side.tolerated if "vllm" in targets else {}
+    if STATE_TAIL_REKEYED in tolerated:  # a vLLM with the 0.32 re-keying
+        assert tolerated[STATE_TAIL_REKEYED] == {"r0"}
