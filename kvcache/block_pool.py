@@ -382,16 +382,32 @@ class BlockPool:
             raise ValueError(
                 f"Cannot get {num_blocks} free blocks from the pool ({num_free_blocks} free)"
             )
-        ret = self.free_block_queue.popleft_n(num_blocks)
+        if not num_blocks:
+            return []
+        # `popleft_n` inlined: one walk unlinks, evicts and takes the reference.
+        queue = self.free_block_queue
+        head = queue.fake_free_list_head
+        block = head.next_free_block
+        ret = []
         if not self.enable_caching:
-            for block in ret:
+            for _ in range(num_blocks):
+                ret.append(block)
+                nxt = block.next_free_block
+                block.prev_free_block = block.next_free_block = None
                 block.ref_cnt = 1
+                block = nxt
+            head.next_free_block = block
+            block.prev_free_block = head
+            queue.num_free_blocks -= num_blocks
             return ret
         extras_by_block = self.cached_block_hashes_by_block
         cache_map = self.cached_block_hash_to_block
         cache = cache_map._cache
         pop = cache.pop
-        for block in ret:
+        for _ in range(num_blocks):
+            ret.append(block)
+            nxt = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
             # Only a block with a primary key has keys (extras come after the primary). The
             # common case, a primary key alone, is `_remove_cached_block_hashes` inlined, and
             # the block alone under its key is `BlockHashToBlockMap.pop` inlined.
@@ -407,6 +423,10 @@ class BlockPool:
                     block._block_hash = block._block_hash_num_tokens = None
                     block._hashed = False
             block.ref_cnt = 1
+            block = nxt
+        head.next_free_block = block
+        block.prev_free_block = head
+        queue.num_free_blocks -= num_blocks
         return ret
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
