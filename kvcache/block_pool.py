@@ -432,18 +432,22 @@ class BlockPool:
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on each (prefix-hit) block, rescuing free ones from the queue.
 
-        A bad entry (not a block of this pool) raises ValueError and changes nothing: the
-        references taken before it are dropped again, and the queue is only touched once every
-        block passed.
+        A bad entry (not a block of this pool) raises ValueError and changes nothing: every
+        entry is checked before the first reference is taken.
         """
         blocks = self._block_list("touch", blocks)
-        own = self.block_type
+        self.check_own("touch()", blocks)
+        self.touch_own(blocks)
+
+    def touch_own(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """`touch` of blocks known to be this pool's (hits `allocate_slots` checked).
+
+        A free block missing from the queue raises RuntimeError after dropping the references
+        taken before it; the queue is only touched once every block passed.
+        """
         rescued: list[KVCacheBlock] = []
         remaining = iter(blocks)
         for block in remaining:
-            if type(block) is not own:
-                self._untouch(_before_current(blocks, remaining))
-                raise ValueError(f"touch(): {self.describe_foreign(block)}")
             ref_cnt = block.ref_cnt
             if ref_cnt == 0:
                 if block.is_null:  # only a count of 0 can be the null block's
