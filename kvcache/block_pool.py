@@ -561,16 +561,27 @@ class BlockPool:
                 else:
                     self._undo_release(blocks, remaining, block)
             num_first = len(blocks) - num_kept
+        # The queue's `prepend_chain` and `append_chain`, inlined, with one count update.
         queue = self.free_block_queue
         if first_tail is not first_head:
             first = first_head.next_free_block
             first_head.next_free_block = None
-            queue.prepend_chain(first, first_tail, num_first)  # type: ignore[arg-type]
+            head = queue.fake_free_list_head
+            nxt = head.next_free_block
+            head.next_free_block = first
+            first.prev_free_block = head  # type: ignore[union-attr]
+            first_tail.next_free_block = nxt
+            nxt.prev_free_block = first_tail  # type: ignore[union-attr]
         if last_tail is not last_head:
             first = last_head.next_free_block
             last_head.next_free_block = None
-            num_last = len(blocks) - num_first - num_kept
-            queue.append_chain(first, last_tail, num_last)  # type: ignore[arg-type]
+            tail = queue.fake_free_list_tail
+            prev = tail.prev_free_block
+            prev.next_free_block = first  # type: ignore[union-attr]
+            first.prev_free_block = prev  # type: ignore[union-attr]
+            last_tail.next_free_block = tail
+            tail.prev_free_block = last_tail
+        queue.num_free_blocks += len(blocks) - num_kept
 
     def _undo_release(
         self, blocks: list[KVCacheBlock], remaining: Iterator[KVCacheBlock], block: KVCacheBlock
