@@ -105,7 +105,7 @@ def _touch_leaves_queued(side: KvcacheSide) -> None:
             if b.ref_cnt == 0 and not b.is_null:
                 b.ref_cnt = 1
 
-    _around(_pool(side), "touch", around)
+    _around(_pool(side), "touch_own", around)
 
 
 @mutant("touch-unvalidated", "touch takes each reference before looking at the next entry, "

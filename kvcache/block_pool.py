@@ -382,16 +382,32 @@ class BlockPool:
             raise ValueError(
                 f"Cannot get {num_blocks} free blocks from the pool ({num_free_blocks} free)"
             )
-        ret = self.free_block_queue.popleft_n(num_blocks)
+        if not num_blocks:
+            return []
+        # `popleft_n` inlined: one walk unlinks, evicts and takes the reference.
+        queue = self.free_block_queue
+        head = queue.fake_free_list_head
+        block = head.next_free_block
+        ret = []
         if not self.enable_caching:
-            for block in ret:
+            for _ in range(num_blocks):
+                ret.append(block)
+                nxt = block.next_free_block
+                block.prev_free_block = block.next_free_block = None
                 block.ref_cnt = 1
+                block = nxt
+            head.next_free_block = block
+            block.prev_free_block = head
+            queue.num_free_blocks -= num_blocks
             return ret
         extras_by_block = self.cached_block_hashes_by_block
         cache_map = self.cached_block_hash_to_block
         cache = cache_map._cache
         pop = cache.pop
-        for block in ret:
+        for _ in range(num_blocks):
+            ret.append(block)
+            nxt = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
             # Only a block with a primary key has keys (extras come after the primary). The
             # common case, a primary key alone, is `_remove_cached_block_hashes` inlined, and
             # the block alone under its key is `BlockHashToBlockMap.pop` inlined.
@@ -407,23 +423,31 @@ class BlockPool:
                     block._block_hash = block._block_hash_num_tokens = None
                     block._hashed = False
             block.ref_cnt = 1
+            block = nxt
+        head.next_free_block = block
+        block.prev_free_block = head
+        queue.num_free_blocks -= num_blocks
         return ret
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on each (prefix-hit) block, rescuing free ones from the queue.
 
-        A bad entry (not a block of this pool) raises ValueError and changes nothing: the
-        references taken before it are dropped again, and the queue is only touched once every
-        block passed.
+        A bad entry (not a block of this pool) raises ValueError and changes nothing: every
+        entry is checked before the first reference is taken.
         """
         blocks = self._block_list("touch", blocks)
-        own = self.block_type
+        self.check_own("touch()", blocks)
+        self.touch_own(blocks)
+
+    def touch_own(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """`touch` of blocks known to be this pool's (hits `allocate_slots` checked).
+
+        A free block missing from the queue raises RuntimeError after dropping the references
+        taken before it; the queue is only touched once every block passed.
+        """
         rescued: list[KVCacheBlock] = []
         remaining = iter(blocks)
         for block in remaining:
-            if type(block) is not own:
-                self._untouch(_before_current(blocks, remaining))
-                raise ValueError(f"touch(): {self.describe_foreign(block)}")
             ref_cnt = block.ref_cnt
             if ref_cnt == 0:
                 if block.is_null:  # only a count of 0 can be the null block's
@@ -537,16 +561,27 @@ class BlockPool:
                 else:
                     self._undo_release(blocks, remaining, block)
             num_first = len(blocks) - num_kept
+        # The queue's `prepend_chain` and `append_chain`, inlined, with one count update.
         queue = self.free_block_queue
         if first_tail is not first_head:
             first = first_head.next_free_block
             first_head.next_free_block = None
-            queue.prepend_chain(first, first_tail, num_first)  # type: ignore[arg-type]
+            head = queue.fake_free_list_head
+            nxt = head.next_free_block
+            head.next_free_block = first
+            first.prev_free_block = head  # type: ignore[union-attr]
+            first_tail.next_free_block = nxt
+            nxt.prev_free_block = first_tail  # type: ignore[union-attr]
         if last_tail is not last_head:
             first = last_head.next_free_block
             last_head.next_free_block = None
-            num_last = len(blocks) - num_first - num_kept
-            queue.append_chain(first, last_tail, num_last)  # type: ignore[arg-type]
+            tail = queue.fake_free_list_tail
+            prev = tail.prev_free_block
+            prev.next_free_block = first  # type: ignore[union-attr]
+            first.prev_free_block = prev  # type: ignore[union-attr]
+            last_tail.next_free_block = tail
+            tail.prev_free_block = last_tail
+        queue.num_free_blocks += len(blocks) - num_kept
 
     def _undo_release(
         self, blocks: list[KVCacheBlock], remaining: Iterator[KVCacheBlock], block: KVCacheBlock

@@ -476,6 +476,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     def free(self, request_id: str) -> None:
         self.single_type_managers[0].free(request_id)
 
+    def tracks(self, request_id: str) -> bool:
+        return request_id in self.single_type_managers[0].req_to_blocks
+
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> HitResult:

@@ -166,6 +166,11 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
+        # The kinds that refuse external (KV connector) tokens, named in the refusal.
+        self._no_external_kinds = [
+            type(m).__name__ for m in self.coordinator.single_type_managers
+            if not m.takes_external_tokens
+        ]
         # Groups whose tables do not follow the token count: encoder KV, a ring's one block,
         # encoder-only attention's none.
         self._fixed_group_ids = frozenset(
@@ -350,9 +355,15 @@ class KVCacheManager:
             and type(num_new_computed_tokens) is int
             and num_new_computed_tokens >= 0
             and num_lookahead_tokens is _ZERO
-            and num_external_computed_tokens is _ZERO
             and num_encoder_tokens is _ZERO
             and reserved_blocks is _ZERO
+            and (
+                num_external_computed_tokens is _ZERO
+                # A KV connector's load: a positive int, checked for its request at once.
+                or type(num_external_computed_tokens) is int
+                and num_external_computed_tokens > 0
+                and self._check_external(request_id, num_external_computed_tokens)
+            )
         ):
             self._check_counts(
                 request_id,
@@ -473,20 +484,24 @@ class KVCacheManager:
             if type(n) is not int or n < 0:  # type: ignore[operator]
                 _reject_counts(f"allocate_slots({request_id!r})", **counts)
         external = counts["num_external_computed_tokens"]
-        if not external:
-            return
+        if external:
+            self._check_external(request_id, external)  # type: ignore[arg-type]
+
+    def _check_external(self, request_id: str, external: int) -> bool:
+        """External tokens (an int > 0) only for a request that holds nothing yet, on
+        attention groups. True, so that it can close the fast check's condition."""
         if self.coordinator.tracks(request_id):
             raise ValueError(
                 f"allocate_slots({request_id!r}): num_external_computed_tokens={external} for "
                 "a request that already holds blocks"
             )
-        kinds = [type(m).__name__ for m in self.coordinator.single_type_managers
-                 if not m.takes_external_tokens]
-        if kinds:
+        if self._no_external_kinds:
             raise ValueError(
                 f"allocate_slots({request_id!r}): num_external_computed_tokens={external}, but "
-                f"{', '.join(kinds)} groups take no external (KV connector) tokens in kvcache"
+                f"{', '.join(self._no_external_kinds)} groups take no external (KV connector) "
+                "tokens in kvcache"
             )
+        return True
 
     def _check_group_ids(self, request_id: str, group_ids: object) -> None:
         """Each entry must be the index of a group."""

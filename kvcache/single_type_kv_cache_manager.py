@@ -155,7 +155,7 @@ class SingleTypeKVCacheManager:
         if num_skipped_blocks > 0:
             new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
         if self.enable_caching:
-            self.block_pool.touch(new_computed_blocks)
+            self.block_pool.touch_own(new_computed_blocks)  # allocate_slots checked them
         else:
             assert not new_computed_blocks, "hits without prefix caching"
         req_blocks = [self._null_block] * num_skipped_blocks
