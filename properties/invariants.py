@@ -268,10 +268,11 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
 
 def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list[int]] | None:
     """The op's free_blocks calls, each with its blocks in the caller's order (docs/spec.md §3.6,
-    §4.7); None for a scheduler step, whose releases the snapshots do not show."""
+    §4.7); None for a scheduler step or step completion, whose releases the snapshots do not
+    show."""
     op = ctx.op
     kind = op["op"]
-    if kind == "step":
+    if kind in ("step", "complete_step"):
         return None
     if kind in ("free", "abort", "finish", "finish_load"):
         view = before.requests.get(op["request_id"])
