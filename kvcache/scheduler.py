@@ -18,6 +18,8 @@ from typing import Any, Literal
 from kvfuzz.kvcache.request import RequestStatus
 
 Policy = Literal["fcfs", "priority"]
+InFlightStep = tuple[int, tuple[int, ...], tuple[tuple[str, int], ...]]
+"""A step in flight: its number, the block ids it reads, (request id, tokens) it scheduled."""
 
 
 @dataclass
@@ -93,8 +95,8 @@ class Scheduler:
         """The last of them completed (vLLM's `processed_step_seq`)."""
         self._last_read: dict[str, int] = {}
         """Request id -> the last step that scheduled it (read its blocks)."""
-        self._in_flight: deque[tuple[int, tuple[int, ...]]] = deque()
-        """Steps launched and not completed: (step, the block ids it reads), oldest first."""
+        self._in_flight: deque[InFlightStep] = deque()
+        """Steps launched and not completed, oldest first."""
         self._deferred: deque[tuple[int, list[list[Any]]]] = deque()
         """Frees waiting for a step: (the step they wait for, the blocks, one run per group)."""
 
@@ -112,8 +114,9 @@ class Scheduler:
         return tuple(sorted(self._loads))
 
     @property
-    def in_flight(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        """Steps launched and not completed, oldest first: (step, the block ids it reads)."""
+    def in_flight(self) -> tuple[InFlightStep, ...]:
+        """Steps launched and not completed, oldest first: (step, the block ids it reads,
+        (request id, tokens) it scheduled)."""
         return tuple(self._in_flight)
 
     @property
@@ -245,7 +248,9 @@ class Scheduler:
         when no step is in flight."""
         if not self._in_flight:
             raise ValueError("complete_step(): no step is in flight")
-        self._completed = self._in_flight.popleft()[0]
+        self._completed, _, scheduled = self._in_flight.popleft()
+        for request_id, num_tokens in scheduled:
+            self._requests[request_id].num_in_flight_tokens -= num_tokens
         released: list[int] = []
         while self._deferred and self._deferred[0][0] <= self._completed:
             runs = self._deferred.popleft()[1]
@@ -264,11 +269,24 @@ class Scheduler:
         if not in_flight:
             self._completed = self._launched
             return False
-        reads = sorted({b.block_id for request, _, _ in scheduled
-                        for blocks in self.manager.get_blocks(request.request_id).blocks
-                        for b in blocks if not b.is_null})
-        self._in_flight.append((self._launched, tuple(reads)))
+        reads = sorted({b for request, _, _ in scheduled for b in self._reads(request)})
+        self._in_flight.append((self._launched, tuple(reads),
+                                tuple((request.request_id, n) for request, n, _ in scheduled)))
+        # The manager frees out-of-window blocks only below the settled tokens.
+        for request, n, _ in scheduled:
+            request.num_in_flight_tokens += n
         return True
+
+    def _reads(self, request: Any) -> set[int]:
+        """The block ids a step starting at the request's computed tokens reads: each group's
+        table from the first block a token from there attends to."""
+        start = request.num_computed_tokens
+        reads: set[int] = set()
+        for single, blocks in zip(self.manager.coordinator.single_type_managers,
+                                  self.manager.get_blocks(request.request_id).blocks):
+            skip = single.get_num_skipped_tokens(start) // single.block_size
+            reads.update(b.block_id for b in blocks[skip:] if not b.is_null)
+        return reads
 
     def _known(self, request_id: str, operation: str) -> Any:
         request = self._requests.get(request_id)

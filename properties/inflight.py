@@ -20,9 +20,9 @@ from kvfuzz.properties.registry import CheckContext, invariant, transition
     covers=("spec §7.3",),
 )
 def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
-    keys_before = {step: reads for step, reads in before.in_flight}
+    keys_before = {step for step, _, _ in before.in_flight}
     free = after.free_set()
-    for step, reads in after.in_flight:
+    for step, reads, _ in after.in_flight:
         for b in reads:
             if after.ref_cnt[b] <= 0 or b in free:
                 return (f"block {b}, read by step {step} still in flight, was released (ref_cnt "

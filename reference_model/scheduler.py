@@ -28,8 +28,11 @@ class Driver:
         """The last of them completed."""
         self.last_read: dict[str, int] = {}
         """Request id -> the last step that scheduled it."""
-        self.in_flight: list[tuple[int, tuple[int, ...]]] = []
-        """docs/spec.md §7.3: steps launched, not completed: (step, block ids it reads)."""
+        self.in_flight: list[tuple[int, tuple[int, ...], tuple[tuple[str, int], ...]]] = []
+        """docs/spec.md §7.3: steps launched, not completed: (step, block ids it reads,
+        (request id, tokens) it scheduled)."""
+        self.in_flight_tokens: list[list[tuple[Request, int]]] = []
+        """Per step in flight: the tokens it scheduled, per request."""
         self.deferred: list[tuple[int, list[list[int]]]] = []
         """Frees waiting for a step: (that step, one run per group, each freed tail first)."""
         self.aligned = any(g.align for g in manager.layout.groups)
@@ -84,6 +87,8 @@ class Driver:
         """The oldest step in flight completes; each free waiting for it or before is
         released, oldest first, group after group, each run tail first."""
         self.completed = self.in_flight.pop(0)[0]
+        for r, n in self.in_flight_tokens.pop(0):
+            r.num_in_flight_tokens -= n
         released: list[int] = []
         while self.deferred and self.deferred[0][0] <= self.completed:
             for run in self.deferred.pop(0)[1]:
@@ -261,10 +266,16 @@ class Driver:
             if not in_flight:
                 self.completed = self.launched
         if in_flight and scheduled:
-            tables = mgr.state.tables
-            reads = {b for r, _, _ in scheduled for t in tables for b in t.get(r.request_id, ())}
+            # Each group's table from the first block a token of the step attends to.
+            reads = {b for r, _, _ in scheduled for g in mgr.layout.groups
+                     for b in mgr.state.tables[g.gid].get(r.request_id, [])[
+                         g.skipped(r.num_computed_tokens) // g.bs:]}
             reads.discard(0)
-            self.in_flight.append((self.launched, tuple(sorted(reads))))
+            self.in_flight.append((self.launched, tuple(sorted(reads)),
+                                   tuple((r.request_id, n) for r, n, _ in scheduled)))
+            self.in_flight_tokens.append([(r, n) for r, n, _ in scheduled])
+            for r, n, _ in scheduled:
+                r.num_in_flight_tokens += n
             ends = [b for pair in mgr.state.retained for b in pair]
             mgr.state.retained = []
             if ends:
