@@ -48,7 +48,7 @@ ALL = Swarm()
 CONNECTOR_FEATURES = frozenset({"external", "load_remote", "finish_load", "short_load"})
 """Rules and knobs of KV connector configs only (docs/spec.md §13)."""
 IN_FLIGHT_FEATURES = frozenset({"step_in_flight", "complete_step"})
-"""Rules of configs with deferred frees only: steps left in flight (docs/spec.md §7.3)."""
+"""Rules of configs with deferred frees only: steps left in flight (docs/spec.md §7.1)."""
 MAX_STEPS_IN_FLIGHT = 2
 """As vLLM's async scheduling keeps at most two batches in flight."""
 
@@ -434,7 +434,7 @@ class SchedulerRules(Rules):
     step_again = step
 
     def step_in_flight(self) -> None:
-        """A step launched and left in flight until a `complete_step` (docs/spec.md §7.3)."""
+        """A step launched and left in flight until a `complete_step` (docs/spec.md §7.1)."""
         self.apply(op="step", sample=self.choices.below(TOKEN_VOCAB), in_flight=True)
 
     def complete_step(self) -> None:

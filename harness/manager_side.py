@@ -477,7 +477,7 @@ class ManagerSide:
         }
 
     def _complete_step(self, op: Op) -> Any:
-        """The oldest step in flight completes (docs/spec.md §7.3): the released block ids."""
+        """The oldest step in flight completes (docs/spec.md §7.1): the released block ids."""
         self.require("complete_step")
         return self._call(self.scheduler.complete_step)[1]
 

@@ -293,7 +293,7 @@ def _on_scheduler(side: KvcacheSide, patch: Callable[[Any], None]) -> None:
 
 
 @mutant("inflight-freed-at-once", "the driver frees a finished or preempted request's blocks at "
-        "once although a step still in flight reads them", bug="docs/spec.md §7.3",
+        "once although a step still in flight reads them", bug="docs/spec.md §7.1",
         configs=("deferred",))
 def _inflight_freed_at_once(side: KvcacheSide) -> None:
     def patch(scheduler: Any) -> None:
@@ -304,7 +304,7 @@ def _inflight_freed_at_once(side: KvcacheSide) -> None:
 
 @mutant("inflight-fence-one-late", "a deferred free waits for the step after the newest one "
         "launched, so its blocks outlive every step in flight (a leak once they drain)",
-        bug="docs/spec.md §7.3", configs=("deferred",))
+        bug="docs/spec.md §7.1", configs=("deferred",))
 def _inflight_fence_one_late(side: KvcacheSide) -> None:
     def patch(scheduler: Any) -> None:
         def late(original, request):

@@ -3,7 +3,7 @@
 It uses only the manager's public API, `manager.block_pool.free_blocks` and vLLM's request
 attribute names, so the same driver runs vLLM 0.33.0's KVCacheManager with vLLM requests.
 
-Steps may stay in flight (vLLM's async scheduling, docs/spec.md §7.3): a request freed while a
+Steps may stay in flight (vLLM's async scheduling, docs/spec.md §7.1): a request freed while a
 step that read its blocks is in flight has them popped (`pop_blocks_for_free`) and released
 only once the newest step launched by then completes.
 """
@@ -226,7 +226,7 @@ class Scheduler:
         self._sort_waiting()
         return request.num_computed_tokens
 
-    # ----- steps in flight (docs/spec.md §7.3) -----
+    # ----- steps in flight (docs/spec.md §7.1) -----
 
     def _free(self, request: Any) -> None:
         """Free the request's blocks, or, while a step that read them is in flight, pop them

@@ -1,4 +1,4 @@
-"""Steps in flight (docs/spec.md §7.3, §8 IF1-IF2): a block a launched step still reads stays
+"""Steps in flight (docs/spec.md §7.1, checks IF1-IF2): a block a launched step still reads stays
 its readers' until the step completes, and what waited for the steps is released once they
 have all completed.
 
@@ -17,7 +17,7 @@ from kvfuzz.properties.registry import CheckContext, invariant, transition
     "in-flight reads: every block a step still in flight reads stays held (never back in the "
     "free queue, so never handed to another request) and keeps the cache key it had, until "
     "the step completes",
-    covers=("spec §7.3",),
+    covers=("spec §7.1",),
 )
 def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     keys_before = {step for step, _, _ in before.in_flight}
@@ -39,7 +39,7 @@ def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -
     "IF2",
     "in-flight drain: once no step is in flight, no free waits any more (every deferred "
     "block was released: none leaks)",
-    covers=("spec §7.3",),
+    covers=("spec §7.1",),
 )
 def in_flight_drained(s: Snapshot, ctx: CheckContext) -> str | None:
     if ctx.level != "scheduler" or s.in_flight or not s.deferred_frees:

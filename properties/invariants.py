@@ -759,7 +759,7 @@ def window_nulls(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | 
 
 
 def _in_flight_tokens(before: Snapshot, ctx: CheckContext, rid: str) -> int:
-    """Tokens of rid still in flight when a step op allocates (docs/spec.md §7.3): none for a
+    """Tokens of rid still in flight when a step op allocates (docs/spec.md §7.1): none for a
     step that first completes every step in flight."""
     if ctx.op["op"] != "step" or not ctx.op.get("in_flight"):
         return 0

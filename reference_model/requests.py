@@ -38,7 +38,7 @@ class Request:
     status: str = "WAITING"
     num_preemptions: int = 0
     num_in_flight_tokens: int = 0
-    """Tokens scheduled by steps still in flight (docs/spec.md §7.3)."""
+    """Tokens scheduled by steps still in flight (docs/spec.md §7.1)."""
 
     @property
     def num_tokens(self) -> int:

@@ -29,7 +29,7 @@ class Driver:
         self.last_read: dict[str, int] = {}
         """Request id -> the last step that scheduled it."""
         self.in_flight: list[tuple[int, tuple[int, ...], tuple[tuple[str, int], ...]]] = []
-        """docs/spec.md §7.3: steps launched, not completed: (step, block ids it reads,
+        """docs/spec.md §7.1: steps launched, not completed: (step, block ids it reads,
         (request id, tokens) it scheduled)."""
         self.in_flight_tokens: list[list[tuple[Request, int]]] = []
         """Per step in flight: the tokens it scheduled, per request."""
@@ -68,7 +68,7 @@ class Driver:
         self._order_waiting()
 
     def free(self, req: Request) -> None:
-        """docs/spec.md §7.3: free now, unless a step that read the request's blocks is still
+        """docs/spec.md §7.1: free now, unless a step that read the request's blocks is still
         in flight: then pop them, held, until the newest step launched so far completes."""
         if self.last_read.get(req.request_id, 0) <= self.completed:
             self.manager.free(req.request_id)
@@ -171,7 +171,7 @@ class Driver:
         self._order_waiting()
 
     def step(self, sample: int, in_flight: bool = False) -> dict[str, Any]:
-        """One step; `in_flight`: it stays in flight until `complete` (docs/spec.md §7.3),
+        """One step; `in_flight`: it stays in flight until `complete` (docs/spec.md §7.1),
         else every step still in flight completes first."""
         while not in_flight and self.in_flight:
             self.complete()

@@ -1,4 +1,4 @@
-"""Steps in flight (docs/spec.md §7.3): kvcache and the model agree, each plant is caught by its
+"""Steps in flight (docs/spec.md §7.1): kvcache and the model agree, each plant is caught by its
 check with the model off too, and a completion with nothing in flight is an invalid trace."""
 
 import pytest

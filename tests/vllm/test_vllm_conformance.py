@@ -426,7 +426,7 @@ def test_a_connector_op_on_a_vllm_without_it_exits_2_naming_op_and_target(
     assert f"target vllm (vLLM {api.version}) lacks it" in err
 
 
-# ----- steps in flight (docs/spec.md §7.3) -----
+# ----- steps in flight (docs/spec.md §7.1) -----
 
 IN_FLIGHT = [
     _add("a", list(range(1, 18)), max_tokens=2), _add("b", list(range(1, 10)), max_tokens=1),
