@@ -127,6 +127,13 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    kv_connector=True),
         ),
         (
+            "KV connector on a Mistral-7B-v0.1-shaped model: every layer a sliding window "
+            "(bs 4, window 8; Mistral's 4096), one group, so a short load keeps the blocks "
+            "before the first it did not fill when their window was loaded",
+            Config(16, (_swa(4, 8),), name="mistral_connector", max_model_len=64,
+                   max_in_flight_tokens=16, kv_connector=True),
+        ),
+        (
             "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",
             Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True),
         ),
