@@ -63,6 +63,7 @@ EXPECTED = {
     "inflight-freed-at-once": {"IF1", "DIFF-state"},
     "inflight-fence-one-late": {"IF2", "DIFF-state"},
     "inflight-drain-whole-list": {"DIFF-state"},
+    "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
 }
 
 
