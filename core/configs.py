@@ -243,13 +243,6 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_model_len=64, use_eagle=True, partial_hits=True),
         ),
         (
-            "EAGLE on full attention (bs 4) + three sliding windows (bs 4, windows 4, 5 and 8): "
-            "windows of one, one and two blocks, so a round's window search that shortens the "
-            "candidate voids the EAGLE drops verified before it, and the next window drops again",
-            Config(32, (_full(4), _swa(4, 4), _swa(4, 5), _swa(4, 8)), name="eagle_windows",
-                   max_model_len=48, use_eagle=True),
-        ),
-        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),
