@@ -738,11 +738,14 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             block_hashes, max_cache_hit_length, full.group_ids, block_pool, full.spec, False,
             alignment_tokens,
         )
+        if not full_hit_length:
+            # A miss (half the lookups): no kind hits within 0 tokens, so no second search.
+            return tuple([[] for _ in self.single_type_managers]), 0, 0
         other_blocks, hit_length = other.manager_cls.find_longest_cache_hit(
             block_hashes, full_hit_length, other.group_ids, block_pool, other.spec, False,
             alignment_tokens,
         )
-        num_full_blocks = cdiv(hit_length, full.spec.block_size)
+        num_full_blocks = -(-hit_length // full.spec.block_size)  # cdiv, inlined
         hit_blocks_by_group: list[list[KVCacheBlock]] = [
             [] for _ in self.single_type_managers
         ]
