@@ -576,6 +576,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self._two_searches = self._is_simple_hybrid and not any(
             spec_group.use_eagle for spec_group in self.attention_groups
         )
+        # Whether the two searches' lists, full attention's then the other's, are already in
+        # group order (every group prefix-cacheable, full attention's groups first).
+        self._two_searches_in_order = self._two_searches and (
+            [*self.attention_groups[0].group_ids, *self.attention_groups[1].group_ids]
+            == list(range(len(groups)))
+        )
 
     def _split_spec_groups(self) -> list[SpecGroup]:
         """Merge groups with equal spec, class and pool; full attention first, because its
@@ -746,11 +752,14 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             alignment_tokens,
         )
         num_full_blocks = -(-hit_length // full.spec.block_size)  # cdiv, inlined
+        for blocks in full_blocks:
+            del blocks[num_full_blocks:]
+        if self._two_searches_in_order:
+            return (*full_blocks, *other_blocks), hit_length, full_hit_length - hit_length
         hit_blocks_by_group: list[list[KVCacheBlock]] = [
             [] for _ in self.single_type_managers
         ]
         for group_id, blocks in zip(full.group_ids, full_blocks):
-            del blocks[num_full_blocks:]
             hit_blocks_by_group[group_id] = blocks
         for group_id, blocks in zip(other.group_ids, other_blocks):
             hit_blocks_by_group[group_id] = blocks
