@@ -793,6 +793,13 @@ class MambaManager(SingleTypeKVCacheManager):
             # The hit state is written by this step's forward pass: never fits this step.
             return self.block_pool.num_gpu_blocks + 1
         if self.align:
+            if (not new_computed_blocks and request_id in self._allocated_block_reqs
+                    and request_id not in self._partial_hit_reqs):
+                # A running request (most calls): at most one new state block.
+                num_required_blocks = (-(-num_tokens_main_model // self.block_size)
+                                       + self.num_speculative_blocks)
+                req_blocks = self.req_to_blocks.get(request_id)
+                return 1 if num_required_blocks > len(req_blocks) else 0  # type: ignore[arg-type]
             return self._align_blocks_to_allocate(
                 request_id, num_tokens_main_model, new_computed_blocks, num_local_computed_tokens
             )
@@ -813,14 +820,10 @@ class MambaManager(SingleTypeKVCacheManager):
         new_computed_blocks: Sequence[KVCacheBlock],
         num_local_computed_tokens: int,
     ) -> int:
-        """vLLM's align-mode count, with the new blocks floored at 0: a table longer than
-        the step needs (vLLM: after rejected drafts) takes nothing, it gives nothing back."""
+        """vLLM's align-mode count for a request adopting hits, new or with a partial hit to
+        copy (the caller answers a running one), with the new blocks floored at 0."""
         num_required_blocks = -(-num_tokens // self.block_size) + self.num_speculative_blocks
         req_blocks = self.req_to_blocks.get(request_id)
-        if (not new_computed_blocks and request_id in self._allocated_block_reqs
-                and request_id not in self._partial_hit_reqs):
-            # A running request (most calls): at most one new state block.
-            return 1 if num_required_blocks > len(req_blocks) else 0  # type: ignore[arg-type]
         num_new_blocks = num_required_blocks - len(new_computed_blocks) - (
             len(req_blocks) if req_blocks is not None else 0
         )
@@ -835,32 +838,32 @@ class MambaManager(SingleTypeKVCacheManager):
             if request_id not in self._allocated_block_reqs:
                 physical_block_cap += self.num_speculative_blocks
             num_new_blocks = min(num_new_blocks, physical_block_cap)
+        null_block = self._null_block
         num_evictable = sum(
-            1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null
+            1 for block in new_computed_blocks if block is not null_block and block.ref_cnt == 0
         )
         return max(num_new_blocks, 0) + num_evictable
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
     ) -> list[KVCacheBlock]:
-        if self.align:
-            return self._allocate_align(request_id, num_tokens_main_model)
-        num_tokens += self._speculative_tokens
-        req_blocks = self.req_to_blocks.get(request_id)
-        if req_blocks is not None and num_tokens <= len(req_blocks) * self.block_size:
-            return []  # most decode steps: the table already covers the slots
-        return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+        """Mode "none": grow the table to `num_tokens` + draft slots. Mode "align", for the
+        main model's tokens (draft models have no state layers): positions before the new
+        state block become null, the previous state block is remembered (freed once passed),
+        exclusively owned draft blocks the step leaves behind move to the end, and a partial
+        hit gets its copy-on-write block first.
 
-    def _allocate_align(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        """Align mode, for the main model's tokens (draft models have no state layers):
-        positions before the new state block become null, the previous state block is
-        remembered (freed once passed), exclusively owned draft blocks the step leaves behind
-        move to the end, and a partial hit gets its copy-on-write block first.
-
-        Returns the table's new entries (nulls and moved draft blocks included), as vLLM does.
+        Align mode returns the table's new entries (nulls and moved draft blocks included), as
+        vLLM does.
         """
+        if not self.align:
+            num_tokens += self._speculative_tokens
+            req_blocks = self.req_to_blocks.get(request_id)
+            if req_blocks is not None and num_tokens <= len(req_blocks) * self.block_size:
+                return []  # most decode steps: the table already covers the slots
+            return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
         num_spec = self.num_speculative_blocks
-        num_required_blocks = -(-num_tokens // self.block_size) + num_spec
+        num_required_blocks = -(-num_tokens_main_model // self.block_size) + num_spec
         partial_hit = self._partial_hit_reqs.get(request_id) if self._partial_hit_reqs else None
         req_blocks = self.req_to_blocks.get(request_id)
         if req_blocks is None:
