@@ -130,7 +130,9 @@ class SingleTypeKVCacheManager:
         return first_blocks_to_allocate(
             num_required_blocks,
             num_req_blocks,
-            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size,
+            # Only recycling kinds skip tokens: the others spare the call.
+            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+            if self.recycles_blocks else 0,
             # Evictable: in the free queue (which never holds the null block).
             [block.ref_cnt == 0 and block.prev_free_block is not None
              for block in new_computed_blocks],
@@ -151,6 +153,7 @@ class SingleTypeKVCacheManager:
         num_skipped_blocks = (
             self.get_num_skipped_tokens(num_local_computed_tokens + num_external_computed_tokens)
             // self.block_size
+            if self.recycles_blocks else 0
         )
         if num_skipped_blocks > 0:
             new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
