@@ -264,6 +264,7 @@ def run_once(impls: list[Implementation], workload: Workload,
             max_running=workload.max_running,
             mamba_block_aligned_split=any(
                 g.mamba_cache_mode == "align" for g in workload.config.groups),
+            use_eagle=workload.config.use_eagle,
         )
         sides.append((run, scheduler, impl.request_factory(workload.config,
                                                            workload.decode_steps)))

@@ -326,11 +326,6 @@ class Config:
                     f"groups[{i}] (mamba, mamba_cache_mode {g.mamba_cache_mode!r}) with "
                     f"enable_caching true: {MAMBA_PREFIX_CACHING_REASON}"
                 )
-        if self.use_eagle and any(g.mamba_cache_mode == "align" for g in self.groups):
-            raise ConfigError(
-                "use_eagle with a mamba_cache_mode 'align' group is not implemented by kvfuzz "
-                "yet (docs/spec.md §11.5)"
-            )
         self._validate_retention(kinds)
         if self.kv_connector:
             for i, g in enumerate(self.groups):

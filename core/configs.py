@@ -43,7 +43,8 @@ def _attention_mamba(
 
 
 def _attention_mamba_align(
-    name: str, num_blocks: int, num_mamba_groups: int, bs: int, hbs: int, speculative: int = 0
+    name: str, num_blocks: int, num_mamba_groups: int, bs: int, hbs: int, speculative: int = 0,
+    use_eagle: bool = False,
 ) -> Config:
     """Full attention beside `num_mamba_groups` Mamba "align" groups, prefix caching on.
 
@@ -55,7 +56,8 @@ def _attention_mamba_align(
         GroupConfig("mamba", bs, mamba_cache_mode="align", num_speculative_blocks=speculative)
         for _ in range(num_mamba_groups)
     )
-    return Config(num_blocks, groups, name=name, max_model_len=64, hash_block_size=hbs)
+    return Config(num_blocks, groups, name=name, max_model_len=64, hash_block_size=hbs,
+                  use_eagle=use_eagle)
 
 
 BUILTIN: dict[str, tuple[str, Config]] = {
@@ -163,6 +165,14 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "Qwen3.5-shaped, Mamba align mode: 1 gated attention : 3 Gated DeltaNet with MTP "
             "-> full (bs 8) + 3 state groups (bs 8, 2 speculative blocks), hash blocks of 2",
             _attention_mamba_align("qwen3_5_align", 60, 3, 8, 2, speculative=2),
+        ),
+        (
+            "Qwen3-Next-shaped with its MTP drafter (EAGLE-style, use_eagle), Mamba align mode: "
+            "1 gated attention : 3 Gated DeltaNet -> full (bs 8) + 3 state groups (bs 8, 1 "
+            "speculative block), hash blocks of 2; state checkpoints follow EAGLE's replay "
+            "boundary",
+            _attention_mamba_align("qwen3_next_eagle", 60, 3, 8, 2, speculative=1,
+                                   use_eagle=True),
         ),
         (
             "Nemotron-H-shaped, Mamba align mode: 1 attention : 6 Mamba2 -> full (bs 8) + 6 "

@@ -120,6 +120,7 @@ class ManagerSide:
             num_lookahead_tokens=s.num_lookahead_tokens,
             reserved_blocks=s.reserved_blocks,
             mamba_block_aligned_split=any(g.mamba_cache_mode == "align" for g in config.groups),
+            use_eagle=config.use_eagle,
         )
 
     # ----- Side -----

@@ -107,6 +107,19 @@ def sliding_window_hit_blocks(sliding_window: int, block_size: int, drop_eagle_b
     return cdiv(sliding_window - 1, block_size) + (1 if drop_eagle_block else 0)
 
 
+def get_mamba_prefill_checkpoint_position(
+    num_tokens: int, hash_block_size: int, drop_eagle_block: bool,
+    num_hash_lookahead_tokens: int = 0,
+) -> int:
+    """The last position below `num_tokens` whose Mamba state can be cached (§11.3): one token
+    (or the hash lookahead) is left to recompute the logits; EAGLE's drop already leaves the
+    last hash block to recompute, so with it the aligned count steps down one hash block."""
+    if drop_eagle_block:
+        return max(num_tokens // hash_block_size * hash_block_size - hash_block_size, 0)
+    limit = num_tokens - max(1, num_hash_lookahead_tokens)
+    return max(limit // hash_block_size * hash_block_size, 0)
+
+
 def replay_boundaries(
     num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool
 ) -> tuple[int, ...]:

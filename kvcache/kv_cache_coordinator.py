@@ -119,11 +119,6 @@ class KVCacheCoordinator(ABC):
                     raise ValueError(
                         f"group {i} is chunked local attention, which does not support EAGLE"
                     )
-                if use_eagle and isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align":
-                    raise ValueError(
-                        f"group {i} is a Mamba 'align' group: EAGLE with align mode is not "
-                        "implemented by kvcache (docs/spec.md §11.5)"
-                    )
         self.enable_caching = enable_caching
         self.scheduler_block_size = scheduler_block_size
         self.hash_block_size = hash_block_size
@@ -153,8 +148,11 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(groups)
         )
-        # Sparse retention (§4.9.2): only sliding-window masks read it.
+        # Sparse retention (§4.9.2): only sliding-window masks read it. With EAGLE, Mamba
+        # checkpoints follow the attention replay boundary (§11.3).
         for manager in self.single_type_managers:
+            if use_eagle and isinstance(manager.kv_cache_spec, MambaSpec):
+                manager.drop_eagle_checkpoint_block = True
             manager.retention_interval = kv_cache_config.prefix_cache_retention_interval
             manager.replay_use_eagle = bool(self.drop_eagle_group_ids)
         # Only these can have blocks fall out of the window: the rest never skip a token.
@@ -766,7 +764,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         return tuple(hit_blocks_by_group), hit_length, full_hit_length - hit_length
 
     def _eagle_margin(self, spec: KVCacheSpec, manager_cls: type[SingleTypeKVCacheManager]) -> int:
-        """One hash unit for fine-grained lookups under partial hits, else one block."""
+        """One hash unit for fine-grained lookups under partial hits, else one block; none for
+        Mamba, whose search never drops (draft models have no state layers)."""
+        if isinstance(spec, MambaSpec):
+            return 0
         if (
             self.enable_partial_hash_hits
             and manager_cls.supports_fine_grained_hash_lookup

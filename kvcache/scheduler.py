@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kvfuzz.kvcache.block_math import get_mamba_prefill_checkpoint_position
 from kvfuzz.kvcache.request import RequestStatus
 
 Policy = Literal["fcfs", "priority"]
@@ -55,6 +56,7 @@ class Scheduler:
         num_lookahead_tokens: int = 0,
         reserved_blocks: int = 0,
         mamba_block_aligned_split: bool = False,
+        use_eagle: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -82,6 +84,8 @@ class Scheduler:
         self.reserved_blocks = reserved_blocks
         # Mamba "align" groups: prefill chunks end where a state can be cached.
         self.mamba_block_aligned_split = mamba_block_aligned_split
+        # ... which with EAGLE move to its replay boundary.
+        self.use_eagle = use_eagle
         self._running: list[Any] = []
         self._waiting: deque[Any] = deque()
         self._requests: dict[str, Any] = {}
@@ -464,6 +468,7 @@ class Scheduler:
             self.manager.block_pool.hash_block_size,
             bool(getattr(coordinator, "enable_partial_hash_hits", False)),
             self.token_budget,
+            self.use_eagle,
         )
 
     def _preempt(self, request: Any) -> None:
@@ -491,25 +496,28 @@ def mamba_block_aligned_split(
     hash_block_size: int,
     partial_hits: bool,
     max_prefill_tokens: int,
+    drop_eagle_block: bool = False,
 ) -> int:
     """vLLM's chunk clip for Mamba "align" (docs/spec.md §11.3), without prefill checkpoints
     and shared-prefix junctions: a prefill chunk from `start` ends on a block boundary (a
     state is written only at a chunk's end), stops at the next boundary when it starts inside
     a block, never passes the last cacheable block end, and stops at the prompt's last hash
-    boundary under sub-block hits. The prefill's last chunk is exempt; decode is not clipped.
-    May return 0 (nothing fits this step)."""
+    boundary under sub-block hits. With EAGLE both boundaries step down as the checkpoint does
+    (`get_mamba_prefill_checkpoint_position`). The prefill's last chunk is exempt; decode is
+    not clipped. May return 0 (nothing fits this step)."""
     prefill_end = max(num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
         return num_new_tokens
     end = start + num_new_tokens
-    last_cache_position = max((num_tokens - 1) // block_size * block_size, 0)
+    last_cache_position = get_mamba_prefill_checkpoint_position(
+        num_tokens, block_size, drop_eagle_block)
     if end < prefill_end:
         aligned_end = end // block_size * block_size
         if aligned_end > start or block_size <= max_prefill_tokens:
             end = aligned_end
     next_block_boundary = (start // block_size + 1) * block_size
     tail_boundary = (
-        max((num_prompt_tokens - 1) // hash_block_size * hash_block_size, 0)
+        get_mamba_prefill_checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle_block)
         if partial_hits else 0
     )
     stops = (

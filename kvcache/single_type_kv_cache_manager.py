@@ -9,6 +9,7 @@ from kvfuzz.kvcache.block_math import (
     aligned_num_blocks,
     chunked_local_skipped_tokens,
     first_blocks_to_allocate,
+    get_mamba_prefill_checkpoint_position,
     replay_boundaries,
     is_partial_hit,
     required_blocks,
@@ -775,6 +776,9 @@ class MambaManager(SingleTypeKVCacheManager):
         self._num_retired_blocks: dict[str, int] = {}
         # ... and the requests past their first allocation.
         self._allocated_block_reqs: set[str] = set()
+        # EAGLE: the prompt's state checkpoint moves to EAGLE's replay boundary (the
+        # coordinator sets it, docs/spec.md §11.3).
+        self.drop_eagle_checkpoint_block = False
 
     def get_num_blocks_to_allocate(
         self,
@@ -970,13 +974,15 @@ class MambaManager(SingleTypeKVCacheManager):
                     self.cached_blocks_this_step.add(block.block_hash)
 
     def _cache_state_tail_block(self, request: Request, num_tokens: int) -> bytes | None:
-        """Register the state at the prompt's last hash boundary (`(P - 1) // hbs * hbs`),
-        when `num_tokens` is exactly there; inside a block, the request must copy it on its
+        """Register the state at the prompt's checkpoint (`(P - 1) // hbs * hbs`; with EAGLE
+        `P // hbs * hbs - hbs`), when `num_tokens` is exactly there; inside a block, the request must copy it on its
         next allocation before writing on (its own partial-hit record)."""
         hash_block_size = self._hash_block_size
         if num_tokens <= 0 or num_tokens % hash_block_size:
             return None
-        if num_tokens != (request.num_prompt_tokens - 1) // hash_block_size * hash_block_size:
+        if num_tokens != get_mamba_prefill_checkpoint_position(
+            request.num_prompt_tokens, hash_block_size, self.drop_eagle_checkpoint_block
+        ):
             return None
         blocks = self.req_to_blocks[request.request_id]
         block_idx = -(-num_tokens // self.block_size) - 1  # cdiv, inlined

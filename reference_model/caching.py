@@ -62,11 +62,13 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
 def _cache_state_tail(
     layout: Layout, state: State, g: Group, req: Request, num_tokens: int, table: list[int]
 ) -> CacheKey | None:
-    """docs/spec.md §11.3: the state at the prompt's last hash boundary `(P − 1) // hbs · hbs`,
-    registered when num_tokens is exactly there; inside a block, the owner must copy it on its
-    next allocation (a partial-hit record on itself). Returns the key registered."""
+    """docs/spec.md §11.3: the state at the prompt's checkpoint, its last hash boundary
+    `(P − 1) // hbs · hbs` (with EAGLE one hash block below `P // hbs · hbs`), registered when
+    num_tokens is exactly there; inside a block, the owner must copy it on its next allocation
+    (a partial-hit record on itself). Returns the key registered."""
     hbs = layout.hbs
-    if num_tokens <= 0 or num_tokens % hbs or num_tokens != (req.num_prompt_tokens - 1) // hbs * hbs:
+    if num_tokens <= 0 or num_tokens % hbs or num_tokens != state_checkpoint(
+            req.num_prompt_tokens, hbs, layout.replay_eagle):
         return None
     index = cdiv(num_tokens, g.bs) - 1
     if index >= len(table) or table[index] == NULL:
@@ -124,6 +126,14 @@ def cache_full_block(state: State, req: Request, g: Group, i: int, block: int) -
         assert held is not None and held < num_tokens, f"block {block} re-hashed"
         state.drop_keys(block)
     state.add_key(block, req.key(g.gid, num_tokens), num_tokens)
+
+
+def state_checkpoint(num_tokens: int, unit: int, eagle: bool) -> int:
+    """docs/spec.md §11.3: the last multiple of `unit` whose state a prefill of `num_tokens`
+    caches: below `num_tokens − 1`, or with EAGLE one unit below `num_tokens`."""
+    if eagle:
+        return max(num_tokens // unit - 1, 0) * unit
+    return max((num_tokens - 1) // unit, 0) * unit
 
 
 def _cache_prompt_tail(

@@ -196,7 +196,8 @@ def _hybrid_fixed_point(
             max_len = cur
             if drop:
                 fine = sg.spec.kind == "full" and layout.partial_hits
-                margin = layout.hbs if fine else sg.spec.bs
+                # A Mamba search never drops (§11.3): no margin.
+                margin = 0 if sg.spec.kind == "mamba" else layout.hbs if fine else sg.spec.bs
                 max_len = min(cur + margin, hashed)
             s = Search(state, req, hashed, layout.hbs, sg.gids, sg.spec, max_len, drop,
                        layout.alignment)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvfuzz.reference_model.caching import state_checkpoint
 from kvfuzz.reference_model.layout import cdiv
 from kvfuzz.reference_model.manager import Manager
 from kvfuzz.reference_model.requests import Request
@@ -50,10 +51,10 @@ class Driver:
         end = start + n
         if end < prefill_end and (end // bs * bs > start or bs <= self.cfg.token_budget):
             end = end // bs * bs
-        candidates = [(T - 1) // bs * bs]
+        candidates = [state_checkpoint(T, bs, layout.replay_eagle)]
         if start % bs:
             candidates.append(cdiv(start, bs) * bs)
-        tail = (P - 1) // layout.hbs * layout.hbs
+        tail = state_checkpoint(P, layout.hbs, layout.replay_eagle)
         if layout.partial_hits and candidates[0] < tail < P:
             candidates.append(tail)
         inside = [c for c in candidates if start < c < end]

@@ -12,11 +12,12 @@ from kvfuzz.core.errors import ConfigError
 from kvfuzz.core.trace import Trace
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.kvcache import FullAttentionSpec, MambaSpec
+from kvfuzz.kvcache.block_math import get_mamba_prefill_checkpoint_position
 
 from kvcache_testkit import free_ids, make_manager, make_request, table_ids
 
-ALIGN_CONFIGS = ["qwen3_5_align", "nemotron_h_align", "granite4", "mamba_align",
-                 "swa_mamba_align", "swa_mamba_align_fine"]
+ALIGN_CONFIGS = ["qwen3_5_align", "qwen3_next_eagle", "nemotron_h_align", "granite4",
+                 "mamba_align", "swa_mamba_align", "swa_mamba_align_fine"]
 
 
 def _align(block_size: int, speculative: int = 0) -> MambaSpec:
@@ -124,8 +125,6 @@ def test_align_configs_run_clean_on_kvcache_and_the_model(name):
 @pytest.mark.parametrize(
     "kwargs, needle",
     [
-        (dict(groups=(GroupConfig("full", 4), GroupConfig("mamba", 4, mamba_cache_mode="align")),
-              use_eagle=True), "use_eagle with a mamba_cache_mode 'align' group"),
         (dict(groups=(GroupConfig("full", 4), GroupConfig("mamba", 6, mamba_cache_mode="align")),
               hash_block_size=4),
          "not a multiple of hash_block_size"),
@@ -137,9 +136,28 @@ def test_config_refuses_align_mixes(kwargs, needle):
     assert needle in str(err.value)
 
 
-def test_kvcache_refuses_eagle_with_align():
-    with pytest.raises(ValueError, match="EAGLE with align mode"):
-        make_manager(8, FullAttentionSpec(block_size=4), _align(4), use_eagle=True)
+@pytest.mark.parametrize("num_tokens, eagle, expected", [
+    (11, False, 10), (12, False, 10), (11, True, 8), (12, True, 10), (3, True, 0), (1, False, 0),
+])
+def test_checkpoint_position_steps_down_a_hash_block_with_eagle(num_tokens, eagle, expected):
+    """vLLM's rule: below `num_tokens - 1`, or with EAGLE one hash block below the aligned
+    count (EAGLE recomputes that block anyway)."""
+    assert get_mamba_prefill_checkpoint_position(num_tokens, 2, eagle) == expected
+
+
+@pytest.mark.parametrize("use_eagle, cached_at", [(False, 12), (True, 10)])
+def test_with_eagle_the_prompt_state_is_cached_at_eagles_replay_boundary(use_eagle, cached_at):
+    """Full attention and a state group of bs 8, hash blocks of 2, a 13-token prompt: the
+    prompt's state checkpoint is 12, or with EAGLE 10, where a prefill chunk is cut and the
+    state gets its key (inside block 1: a partial-hit record on the producer)."""
+    manager = make_manager(40, FullAttentionSpec(block_size=8), _align(8), hash_block_size=2,
+                           use_eagle=use_eagle)
+    state = manager.coordinator.single_type_managers[1]
+    assert state.drop_eagle_checkpoint_block is use_eagle
+    a = make_request("a", list(range(13)), 2)
+    assert manager.allocate_slots(a, cached_at) is not None
+    assert {r: i for r, (i, _) in state._partial_hit_reqs.items()} == {"a": 1}
+    assert state.req_to_blocks["a"][1].block_hash_num_tokens == cached_at
 
 
 def test_partial_hits_follow_vllms_rule():
