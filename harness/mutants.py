@@ -713,6 +713,14 @@ def _align_cow_forgets_pending_copy(side: KvcacheSide) -> None:
         _around(single, "_move_cached_state", around)
 
 
+@mutant("eagle-checkpoint-ignored", "with EAGLE, Mamba align groups still cache the prompt's "
+        "state at `(P - 1) // hbs * hbs` rather than one hash block below `P // hbs * hbs`, "
+        "EAGLE's replay boundary", bug="docs/spec.md §11.3", configs=("qwen3_next_eagle",))
+def _eagle_checkpoint_ignored(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        single.drop_eagle_checkpoint_block = False
+
+
 @mutant("rswa-gap-kept", "an R-SWA group never releases the blocks between the prompt and the "
         "decode window", bug="docs/spec.md §12.2", configs=("rswa", "full_rswa"))
 def _rswa_gap_kept(side: KvcacheSide) -> None:

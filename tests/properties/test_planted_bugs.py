@@ -52,6 +52,7 @@ EXPECTED = {
     "state-allocation-asserts-growth": {"DIFF-result", "I10"},
     "state-hit-misplaced": {"I12", "P1", "S2", "DIFF-result", "DIFF-state"},
     "align-cow-forgets-pending-copy": {"P2", "DIFF-state"},
+    "eagle-checkpoint-ignored": {"DIFF-state"},
     "rswa-gap-kept": {"DIFF-state"},
     "ring-block-per-step": {"P1", "P4"},
     "encoder-only-takes-blocks": {"EO1"},
