@@ -13,6 +13,7 @@ from kvfuzz.core.trace import Trace
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.kvcache import FullAttentionSpec, MambaSpec
 from kvfuzz.kvcache.block_math import get_mamba_prefill_checkpoint_position
+from kvfuzz.kvcache.scheduler import mamba_block_aligned_split
 
 from kvcache_testkit import free_ids, make_manager, make_request, table_ids
 
@@ -143,6 +144,14 @@ def test_checkpoint_position_steps_down_a_hash_block_with_eagle(num_tokens, eagl
     """vLLM's rule: below `num_tokens - 1`, or with EAGLE one hash block below the aligned
     count (EAGLE recomputes that block anyway)."""
     assert get_mamba_prefill_checkpoint_position(num_tokens, 2, eagle) == expected
+
+
+@pytest.mark.parametrize("use_eagle, first_chunk", [(False, 8), (True, 10)])
+def test_with_eagle_the_prefill_chunk_stops_at_the_eagle_checkpoint(use_eagle, first_chunk):
+    """bs 8, hash blocks of 2, a 13-token prompt in one budget: without EAGLE the chunk stops
+    at the last cacheable block end, 8; with EAGLE that end is 0 and it stops at the prompt's
+    checkpoint, 10."""
+    assert mamba_block_aligned_split(0, 13, 13, 13, 8, 2, True, 64, use_eagle) == first_chunk
 
 
 @pytest.mark.parametrize("use_eagle, cached_at", [(False, 12), (True, 10)])
