@@ -145,7 +145,8 @@ class SchedulerConfig:
 
 
 # Kinds whose KV a connector may load (docs/spec.md §13.1).
-_CONNECTOR_KINDS = ("full", "mla", "sink_full", "sliding_window", "chunked_local")
+_CONNECTOR_KINDS = ("full", "mla", "sink_full", "sliding_window", "chunked_local", "rswa",
+                    "mamba", "cross", "circular_buffer")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ Pools are small on purpose, so that shortage, eviction and preemption happen all
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvfuzz.core.config import Config, GroupConfig, SchedulerConfig
 from kvfuzz.core.errors import KvfuzzError
 
@@ -154,6 +156,19 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "Nemotron-H-shaped, Mamba align mode: 1 attention : 6 Mamba2 -> full (bs 8) + 6 "
             "state groups (bs 8), hash blocks of 4",
             _attention_mamba_align("nemotron_h_align", 64, 6, 8, 4),
+        ),
+        (
+            "Nemotron-H-shaped with a KV connector (NIXL-style disaggregated prefill), Mamba "
+            "align mode: full (bs 8) + 6 state groups (bs 8), hash blocks of 4; loads pass "
+            "state hits and report diverging per-group hits",
+            replace(_attention_mamba_align("nemotron_h_connector", 64, 6, 8, 4),
+                    kv_connector=True),
+        ),
+        (
+            "Qwen3.5-shaped with a KV connector, prefix caching off: full (bs 4) + 3 state "
+            "groups with 2 speculative blocks each; every admission may load remote KV",
+            replace(_attention_mamba("qwen3_5_connector", 40, 3, speculative=2),
+                    kv_connector=True),
         ),
         (
             "Granite-4.0-H-shaped, Mamba align mode, state block 4 hash blocks of 2: 1 "

@@ -725,6 +725,32 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             longest_hit_length - hit_length,
         )
 
+    @property
+    def full_attention_group_id(self) -> int | None:
+        """The first full-attention group (sorted first), the reference of per-group lookups;
+        None without full attention."""
+        first = self.attention_groups[0]
+        return first.group_ids[0] if first.is_full else None
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """Every spec group searched on its own up to `max_cache_hit_length`, no fixed point:
+        the blocks and the hit length per group (0 and no blocks for groups that are never
+        looked up). EAGLE drops do not arise: kvcache refuses EAGLE with a state group that
+        caches, the only configs that take this lookup."""
+        hit_blocks: list[list[KVCacheBlock]] = [[] for _ in self.single_type_managers]
+        hit_lengths = [0] * len(self.single_type_managers)
+        for spec, group_ids, manager_cls, _, _ in self.attention_groups:
+            blocks, hit_length = manager_cls.find_longest_cache_hit(
+                block_hashes, max_cache_hit_length, group_ids, self.block_pool, spec, False,
+                self._cache_hit_alignment_tokens,
+            )
+            for group_id, group_blocks in zip(group_ids, blocks):
+                hit_blocks[group_id] = group_blocks
+                hit_lengths[group_id] = hit_length
+        return tuple(hit_blocks), tuple(hit_lengths)
+
     def _find_in_two_searches(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> HitResult:

@@ -54,7 +54,6 @@ class SingleTypeKVCacheManager:
     caches_partial_tail_block = False
     # Whether `get_num_skipped_tokens` can be positive: only then can blocks leave the window.
     recycles_blocks: ClassVar[bool] = False
-    takes_external_tokens: ClassVar[bool] = True
     """Whether kvcache gives this kind blocks for KV connector tokens (docs/spec.md §13.1)."""
 
     def __init__(
@@ -430,7 +429,6 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 class RSWAManager(FullAttentionManager):
     """Full attention whose decode keeps only the last `rswa_window` tokens: the blocks wholly
     between the prompt's last block and the window are released (docs/spec.md §12.2)."""
-    takes_external_tokens: ClassVar[bool] = False
 
     recycles_blocks: ClassVar[bool] = True
 
@@ -468,7 +466,6 @@ class RSWAManager(FullAttentionManager):
 class CircularBufferManager(FullAttentionManager):
     """One ring block per request, claimed at its first allocation and kept until it is freed;
     no hits, no caching, no zeroing (docs/spec.md §12.3)."""
-    takes_external_tokens: ClassVar[bool] = False
 
     def __init__(self, kv_cache_spec: CircularBufferSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
@@ -491,6 +488,11 @@ class CircularBufferManager(FullAttentionManager):
 
     def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
         """Nothing to adopt: the ring is claimed by the allocation."""
+
+    def allocate_external_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any
+                                          ) -> None:
+        """External tokens claim the ring, whatever their count (it is never zeroed)."""
+        self.allocate_new_blocks(request_id, 0, 0)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Scratch: never registered."""
@@ -520,6 +522,10 @@ class EncoderOnlyAttentionManager(SingleTypeKVCacheManager):
 
     def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
         """Nothing to adopt: the group is never prefix-cached."""
+
+    def allocate_external_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any
+                                          ) -> None:
+        """Nothing to load: the group keeps no KV."""
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         raise ValueError("encoder-only attention keeps no KV; prefix caching must be off")
@@ -713,7 +719,6 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
     """Encoder KV: sized once by the encoder token count, never shared, never cached."""
-    takes_external_tokens: ClassVar[bool] = False
 
     def add_local_computed_blocks(
         self,
@@ -723,6 +728,10 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         num_external_computed_tokens: int = 0,
     ) -> None:
         assert not new_computed_blocks, "cross attention has no prefix hits"
+
+    def allocate_external_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any
+                                          ) -> None:
+        """Encoder KV is never loaded: external tokens take no block here."""
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         raise ValueError("cross-attention blocks are never cached; prefix caching must be off")
@@ -750,7 +759,6 @@ class MambaManager(SingleTypeKVCacheManager):
     (the rest are null), states are cached at block boundaries and at the prompt's last hash
     boundary, and sub-block hits are copied on write (docs/spec.md §11.3).
     """
-    takes_external_tokens: ClassVar[bool] = False
 
     supports_fine_grained_hash_lookup: ClassVar[bool] = True
     recycles_blocks: ClassVar[bool] = True
@@ -794,7 +802,8 @@ class MambaManager(SingleTypeKVCacheManager):
             return self.block_pool.num_gpu_blocks + 1
         if self.align:
             return self._align_blocks_to_allocate(
-                request_id, num_tokens_main_model, new_computed_blocks, num_local_computed_tokens
+                request_id, num_tokens_main_model, new_computed_blocks, num_local_computed_tokens,
+                total_computed_tokens,
             )
         block_size = self.block_size
         num_required_blocks = -(-(num_tokens + self._speculative_tokens) // block_size)
@@ -812,11 +821,18 @@ class MambaManager(SingleTypeKVCacheManager):
         num_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock],
         num_local_computed_tokens: int,
+        total_computed_tokens: int,
     ) -> int:
         """vLLM's align-mode count, with the new blocks floored at 0: a table longer than
-        the step needs (vLLM: after rejected drafts) takes nothing, it gives nothing back."""
+        the step needs (vLLM: after rejected drafts) takes nothing, it gives nothing back.
+        External tokens on a first allocation are counted exactly (below)."""
         num_required_blocks = -(-num_tokens // self.block_size) + self.num_speculative_blocks
         req_blocks = self.req_to_blocks.get(request_id)
+        if req_blocks is None and total_computed_tokens > num_local_computed_tokens:
+            return self._align_external_blocks_to_allocate(
+                num_required_blocks, new_computed_blocks, num_local_computed_tokens,
+                total_computed_tokens,
+            )
         if (not new_computed_blocks and request_id in self._allocated_block_reqs
                 and request_id not in self._partial_hit_reqs):
             # A running request (most calls): at most one new state block.
@@ -839,6 +855,31 @@ class MambaManager(SingleTypeKVCacheManager):
             1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null
         )
         return max(num_new_blocks, 0) + num_evictable
+
+    def _align_external_blocks_to_allocate(
+        self, num_required_blocks: int, new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int, total_computed_tokens: int,
+    ) -> int:
+        """A first allocation with external tokens, block for block as it happens: the hits
+        the prefix passes become nulls, the external tokens take the block of the prefix's
+        state, then the step takes its own state block (and a partial hit's copy). vLLM caps
+        this at one state block and under-counts by one when the step's tokens leave the
+        external state's block (docs/findings/016-external-state-block-uncounted.md)."""
+        block_size = self.block_size
+        num_skipped_blocks = (total_computed_tokens - 1) // block_size
+        kept = new_computed_blocks[num_skipped_blocks:]
+        table_len = max(num_skipped_blocks, len(new_computed_blocks))
+        num_prefix_blocks = -(-total_computed_tokens // block_size)
+        num_external_blocks = max(0, num_prefix_blocks - table_len)
+        table_len = max(table_len, num_prefix_blocks)
+        has_partial_hit = is_partial_hit(len(kept), num_local_computed_tokens, block_size)
+        num_new_blocks = 0
+        if num_required_blocks > table_len or has_partial_hit:
+            num_state_index = num_required_blocks - self.num_speculative_blocks - 1
+            num_new_blocks = max(num_required_blocks - max(table_len, num_state_index), 0) + int(
+                has_partial_hit)
+        num_evictable = sum(1 for block in kept if block.ref_cnt == 0 and not block.is_null)
+        return num_external_blocks + num_new_blocks + num_evictable
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int

@@ -60,7 +60,7 @@ def gate_block_count(
             need += layout.num_blocks + 1
             continue
         if g.align:
-            need += align_block_count(state, g, rid, T, group_hits, local)
+            need += align_block_count(state, g, rid, T, group_hits, local, total)
             continue
         R = cdiv(T + g.speculative, g.bs)
         if g.cap is not None:
@@ -89,10 +89,11 @@ def defers_hit(state: State, g: Group, hits: list[int]) -> bool:
 
 
 def align_block_count(
-    state: State, g: Group, rid: str, T: int, hits: list[int], local: int
+    state: State, g: Group, rid: str, T: int, hits: list[int], local: int, total: int
 ) -> int:
     """docs/spec.md §11.3's formula for a mamba "align" group (used by the full-sequence gate;
-    the per-step count is what the trial takes)."""
+    the per-step count is what the trial takes). Free hits count only from the state block
+    of the prefix `total` on: external tokens may pass the hit's state (§13.1)."""
     table = state.tables[g.gid].get(rid)
     new = cdiv(T, g.bs) + g.spec_blocks - len(hits) - (len(table) if table else 0)
     partial = bool(hits) and local % g.bs != 0 or rid in state.partial_hits[g.gid]
@@ -100,7 +101,8 @@ def align_block_count(
         new = max(new, 0) + 1
     if new > 0:
         new = min(new, 1 + partial + (0 if rid in state.allocated[g.gid] else g.spec_blocks))
-    return max(new, 0) + sum(1 for b in hits if b != NULL and state.ref_count(b) == 0)
+    return max(new, 0) + sum(1 for b in hits[g.skipped(total) // g.bs:]
+                             if b != NULL and state.ref_count(b) == 0)
 
 
 def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: int,
@@ -139,13 +141,21 @@ def external_blocks(layout: Layout, state: State, req: Request, local: int, exte
     window. Returns per-group blocks taken."""
     taken = []
     for g in layout.groups:
+        if g.kind in ("cross", "encoder_only"):  # no KV to load (§13.1)
+            taken.append(0)
+            continue
+        table = state.tables[g.gid].setdefault(req.request_id, [])
+        if g.kind == "circular_buffer":  # the load claims the ring (§12.3)
+            blocks = [] if table else state.get_new_blocks(1)
+            table.extend(blocks)
+            taken.append(len(blocks))
+            continue
         prefix = local + external
-        table = state.tables[g.gid][req.request_id]
         inside = min(external, prefix - g.skipped(prefix))
         blocks = state.get_new_blocks(max(0, cdiv(prefix, g.bs) - len(table))) if inside > 0 \
             else []
         table.extend(blocks)
-        if layout.zeroing:
+        if layout.zeroing and g.kind != "mamba":  # state blocks are never zeroed
             state.new_block_ids[g.gid].extend(blocks)
         taken.append(len(blocks))
     return taken

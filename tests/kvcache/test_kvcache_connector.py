@@ -6,6 +6,12 @@ from __future__ import annotations
 import pytest
 
 from kvfuzz.kvcache import FullAttentionSpec, RequestStatus, SlidingWindowSpec
+from kvfuzz.kvcache.kv_cache_interface import (
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    MambaSpec,
+    RSWASpec,
+)
 from kvfuzz.kvcache.scheduler import Scheduler
 
 from kvcache_testkit import make_manager, make_request, table_ids
@@ -50,6 +56,67 @@ def test_sliding_window_leaves_external_blocks_outside_the_window_null():
     full, window = table_ids(m, "A")
     assert len(full) == 5 and 0 not in full
     assert window[:3] == [0, 0, 0] and 0 not in window[3:]
+
+
+def _predicted_and_taken(m, request, *args, **kwargs) -> tuple[int, int]:
+    """allocate_slots' layer-1 prediction and the blocks it took."""
+    predicted = m.coordinator.get_num_blocks_to_allocate(
+        request.request_id, args[0] + args[1] + kwargs.get("num_external_computed_tokens", 0),
+        args[2].blocks, 0, args[1] + kwargs.get("num_external_computed_tokens", 0), args[1],
+        args[0] + args[1] + kwargs.get("num_external_computed_tokens", 0),
+    )
+    before = free(m)
+    assert m.allocate_slots(request, *args, **kwargs) is not None
+    return predicted, before - free(m)
+
+
+def test_mamba_align_external_tokens_pass_the_hit_state_and_take_one_state_block():
+    m = _manager(20, FullAttentionSpec(block_size=BS),
+                 MambaSpec(block_size=BS, mamba_cache_mode="align"))
+    a = make_request("A", list(range(9)), BS)
+    assert m.allocate_slots(a, 8) is not None  # the state at 8 is cached
+    m.free(a)  # its blocks, and the cached state at 8, are free eviction candidates
+    m.new_step_starts()
+    b = make_request("B", list(range(9)) + list(range(50, 57)), BS)
+    hits, hit, _ = m.get_computed_blocks(b)
+    assert hit == 8 and hits.get_block_ids()[1][0] == 0  # [null, state at 8]
+    state_at_8 = hits.blocks[1][1]
+    predicted, taken = _predicted_and_taken(m, b, 0, hit, hits, num_external_computed_tokens=4,
+                                            delay_cache_blocks=True)
+    # full: 2 hits touched + 1 external block; mamba: nulls up to the external state block.
+    assert predicted == taken == 4
+    full, mamba = table_ids(m, "B")
+    assert mamba[:2] == [0, 0] and 0 not in mamba[2:] and len(mamba) == 3
+    assert state_at_8.ref_cnt == 0  # passed by the external tokens: not adopted
+
+
+def test_mamba_none_external_tokens_keep_only_the_last_state():
+    m = make_manager(20, MambaSpec(block_size=BS), max_model_len=64, enable_caching=False)
+    a = make_request("A", list(range(13)), BS)
+    assert m.allocate_slots(a, 1, num_external_computed_tokens=12) is not None
+    assert table_ids(m, "A")[0][:2] == [0, 0] and 0 not in table_ids(m, "A")[0][2:]
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (CircularBufferSpec(block_size=BS), 1),  # the load claims the ring, and only once
+    (CrossAttentionSpec(block_size=BS), 0),  # encoder KV is never loaded
+])
+def test_external_tokens_on_scratch_groups(spec, expected):
+    m = make_manager(20, FullAttentionSpec(block_size=BS), spec, max_model_len=64,
+                     enable_caching=not isinstance(spec, CrossAttentionSpec))
+    a = make_request("A", list(range(9)), BS)
+    assert m.allocate_slots(a, 0, num_external_computed_tokens=8,
+                            delay_cache_blocks=True) is not None
+    assert len(table_ids(m, "A")[0]) == 2 and len(m.coordinator.get_blocks("A")[1]) == expected
+    assert m.allocate_slots(a, 1) is not None
+    assert len(m.coordinator.get_blocks("A")[1]) == expected
+
+
+def test_rswa_takes_external_tokens_as_full_attention():
+    m = _manager(20, RSWASpec(block_size=BS, rswa_window=4))
+    a = make_request("A", list(range(13)), BS)
+    assert m.allocate_slots(a, 1, num_external_computed_tokens=12) is not None
+    assert len(table_ids(m, "A")[0]) == 4 and 0 not in table_ids(m, "A")[0]
 
 
 @pytest.mark.parametrize("external", [-1, -5])
