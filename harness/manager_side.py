@@ -120,6 +120,7 @@ class ManagerSide:
             num_lookahead_tokens=s.num_lookahead_tokens,
             reserved_blocks=s.reserved_blocks,
             mamba_block_aligned_split=any(g.mamba_cache_mode == "align" for g in config.groups),
+            state_groups=any(g.kind == "mamba" for g in config.groups),
         )
 
     # ----- Side -----
@@ -498,8 +499,8 @@ class ManagerSide:
             lambda: self.scheduler.start_load(request.request_id, op["num_external_tokens"]))
         if not ok or out is None:
             return out
-        self._loading[request.request_id] = out
-        return {"hit": out[0], "external": out[1]}
+        self._loading[request.request_id] = out[:2]
+        return {"hit": out[0], "external": out[1], "diverged": out[2]}
 
     def _finish_load(self, op: Op) -> Any:
         """The load ends; the KV it landed counts as written (for the data checks)."""

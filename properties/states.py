@@ -96,7 +96,7 @@ def _write_states(ctx: CheckContext, after: Snapshot, passes: list[Any],
         for g, bs in groups:
             table = p.tables[g]
             index = (p.end - 1) // bs
-            if index < len(table) and table[index] != 0:
+            if 0 <= index < len(table) and table[index] != 0:
                 ghost[table[index]] = state
 
 

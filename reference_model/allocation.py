@@ -92,17 +92,36 @@ def align_block_count(
     state: State, g: Group, rid: str, T: int, hits: list[int], local: int, total: int
 ) -> int:
     """docs/spec.md §11.3's formula for a mamba "align" group (used by the full-sequence gate;
-    the per-step count is what the trial takes). Free hits count only from the state block
-    of the prefix `total` on: external tokens may pass the hit's state (§13.1)."""
+    the per-step count is what the trial takes)."""
     table = state.tables[g.gid].get(rid)
+    if table is None and total > local:
+        return external_align_block_count(state, g, T, hits, local, total)
     new = cdiv(T, g.bs) + g.spec_blocks - len(hits) - (len(table) if table else 0)
     partial = bool(hits) and local % g.bs != 0 or rid in state.partial_hits[g.gid]
     if partial:
         new = max(new, 0) + 1
     if new > 0:
         new = min(new, 1 + partial + (0 if rid in state.allocated[g.gid] else g.spec_blocks))
-    return max(new, 0) + sum(1 for b in hits[g.skipped(total) // g.bs:]
-                             if b != NULL and state.ref_count(b) == 0)
+    return max(new, 0) + sum(1 for b in hits if b != NULL and state.ref_count(b) == 0)
+
+
+def external_align_block_count(
+    state: State, g: Group, T: int, hits: list[int], local: int, total: int
+) -> int:
+    """A first allocation with external tokens (docs/spec.md §13.1) on a mamba "align" group,
+    step by step: the hits the prefix passes turn null, the prefix's state takes its block,
+    then the step's own state block (and a partial hit's copy) after nulls."""
+    passed = (total - 1) // g.bs
+    kept = hits[passed:]
+    length = max(passed, len(hits))
+    external = max(0, cdiv(total, g.bs) - length)
+    length = max(length, cdiv(total, g.bs))
+    required = cdiv(T, g.bs) + g.spec_blocks
+    partial = bool(kept) and local % g.bs != 0
+    new = 0
+    if required > length or partial:
+        new = max(required - max(length, required - g.spec_blocks - 1), 0) + partial
+    return external + new + sum(1 for b in kept if b != NULL and state.ref_count(b) == 0)
 
 
 def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: int,

@@ -24,6 +24,8 @@ class Driver:
         """Requests a load left holding blocks: offered no load again."""
         self.aligned = any(g.align for g in manager.layout.groups)
         """Mamba "align": prefill chunks end where a state can be cached (docs/spec.md §11.3)."""
+        self.states = any(g.kind == "mamba" for g in manager.layout.groups)
+        """State groups: loads leave the last token and fail whole when short (§13.2)."""
 
     def state_aligned(self, r: Request, n: int, hit: int) -> int:
         """docs/spec.md §11.3's chunk rule: the tokens of a chunk of at most n from
@@ -69,12 +71,13 @@ class Driver:
         req.status = status
 
     def load(self, req: Request, offered: int) -> dict[str, int] | None:
-        """docs/spec.md §13.2: a waiting request holding nothing takes blocks for its local hit
-        and min(offered, what is left) external tokens, caches nothing, waits for remote KV."""
+        """docs/spec.md §13.2: a waiting request holding nothing takes blocks for its connector
+        lookup's hit and min(offered, what is left, but the last token with state groups)
+        external tokens, caches nothing, waits for remote KV."""
         if req not in self.waiting or req.num_computed_tokens or req.request_id in self.landed:
             return None
-        hits, hit, _ = self.manager.get_computed_blocks(req)
-        external = min(offered, req.num_tokens - hit)
+        hits, hit, _, diverged = self.manager.get_computed_blocks_for_connector(req)
+        external = min(offered, req.num_tokens - (1 if self.states else 0) - hit)
         if external <= 0:
             return None
         if self.manager.allocate_slots(req, 0, hit, hits, has_scheduled_reqs=bool(self.running),
@@ -84,17 +87,18 @@ class Driver:
         req.status = "WAITING_FOR_REMOTE_KVS"
         req.num_computed_tokens = hit + external
         self.loads[req.request_id] = hit
-        return {"hit": hit, "external": external}
+        return {"hit": hit, "external": external, "diverged": diverged}
 
     def load_done(self, req: Request, loaded: int | None) -> int:
         """docs/spec.md §13.2: the load ends. Aborted meanwhile: free. Else keep the valid
-        prefix (hit + loaded tokens), cached, or free when there is none; wait again, first."""
+        prefix (hit + loaded tokens; none when short with state groups), cached, or free when
+        there is none; wait again, first."""
         hit = self.loads.pop(req.request_id)
         if req.is_finished:
             self.manager.free(req.request_id)
             return 0
-        if loaded is not None:
-            req.num_computed_tokens = min(req.num_computed_tokens, hit + loaded)
+        if loaded is not None and hit + loaded < req.num_computed_tokens:
+            req.num_computed_tokens = 0 if self.states else hit + loaded
         if req.num_computed_tokens > 0:
             self.manager.cache_blocks(req, req.num_computed_tokens)
             self.landed.add(req.request_id)

@@ -152,7 +152,7 @@ def test_a_whole_load_is_cached_and_the_request_recomputes_its_last_token():
     m, s = _driver()
     r = make_request("R", list(range(8)), BS)
     s.add_request(r)
-    assert s.start_load("R", 100) == (0, 8)
+    assert s.start_load("R", 100) == (0, 8, False)
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and s.loads == ("R",)
     assert m.estimate_cached_tokens(r) == 0  # delayed: nothing cached while loading
     assert s.finish_load("R") == 7
@@ -194,3 +194,59 @@ def test_finish_load_without_a_load_raises_and_changes_nothing():
     with pytest.raises(ValueError, match="unknown request 'X'"):
         s.start_load("X", 2)
     assert r.status == RequestStatus.WAITING and free(m) == 11
+
+
+def _hybrid_after_two_chunks():
+    """Full attention + Mamba align (bs 8): A computed 16 tokens in two chunks, so both groups
+    cached the prefixes of 8 and 16 tokens."""
+    m = make_manager(20, FullAttentionSpec(block_size=8),
+                     MambaSpec(block_size=8, mamba_cache_mode="align"), max_model_len=64)
+    a = make_request("A", list(range(17)), 8)
+    for _ in range(2):
+        assert m.allocate_slots(a, 8) is not None
+        a.num_computed_tokens += 8
+        m.new_step_starts()
+    return m, table_ids(m, "A")
+
+
+def test_connector_lookup_reports_a_state_hit_shorter_than_full_attention():
+    m, (full, mamba) = _hybrid_after_two_chunks()
+    m.evict_blocks([mamba[1]])  # the state at 16 is gone, full attention's block 1 is not
+    b = make_request("B", list(range(17)), 8)
+    blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(b)
+    assert (hit, boundary, diverged) == (16, 0, True)
+    assert blocks.get_block_ids()[0] == full[:2] and len(blocks.blocks[1]) == 1
+    assert m.get_computed_blocks(b)[1] == 8  # the boundary every group agrees on
+    # The load brings the state at 16: the shorter state hit is passed, not adopted.
+    before = free(m)
+    assert m.allocate_slots(b, 0, hit, blocks, num_external_computed_tokens=1,
+                            delay_cache_blocks=True) is not None
+    # one block per group for token 16: the state group passes its hit at 8 (nulls)
+    assert before - free(m) == 2 and table_ids(m, "B")[1][:2] == [0, 0]
+
+
+def test_connector_lookup_falls_back_when_full_attention_is_the_shorter_hit():
+    m, (full, mamba) = _hybrid_after_two_chunks()
+    m.evict_blocks([full[1]])
+    b = make_request("B", list(range(17)), 8)
+    blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(b)
+    assert (hit, diverged) == (8, False)
+    assert (blocks.get_block_ids(), hit, boundary) == (
+        m.get_computed_blocks(b)[0].get_block_ids(), *m.get_computed_blocks(b)[1:])
+
+
+def test_with_state_groups_a_load_leaves_the_last_token_and_a_short_one_fails_whole():
+    m = make_manager(30, FullAttentionSpec(block_size=8),
+                     MambaSpec(block_size=8, mamba_cache_mode="align"), max_model_len=64)
+    s = Scheduler(m, max_model_len=64, token_budget=32, max_running=4, state_groups=True)
+    s.add_request(make_request("W", list(range(17)), 8))
+    s.add_request(make_request("S", list(range(8)) + [99] * 9, 8))
+    assert s.start_load("W", 100) == (0, 16, False)  # NIXL's backoff: token 16 is computed
+    assert s.finish_load("W") == 16 and m.coordinator.tracks("W")
+    s.finish_request("W", RequestStatus.FINISHED_ABORTED)
+    free_before = free(m)
+    # Full attention hits 8 tokens, the state group nothing (W cached only the state at 16):
+    # the connector lookup keeps the deeper hit and says so; the load brings the state.
+    assert s.start_load("S", 100) == (8, 8, True)
+    assert s.finish_load("S", 3) == 0 and not m.coordinator.tracks("S")  # short: all lost
+    assert free(m) == free_before
