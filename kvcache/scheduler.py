@@ -151,11 +151,18 @@ class Scheduler:
         hit_blocks, num_hit_tokens, _, diverged = manager.get_computed_blocks_for_connector(
             request
         )
+        # The connector counts from the last block boundary of the hit: a longer load
+        # supersedes a sub-block tail (no copy-on-write races it), a shorter one loads nothing.
+        partial_tail = num_hit_tokens % manager.coordinator.scheduler_block_size
         external = min(
-            num_external_tokens, request.num_tokens - self.state_groups - num_hit_tokens
+            num_external_tokens,
+            request.num_tokens - self.state_groups - (num_hit_tokens - partial_tail),
         )
-        if external <= 0:
+        if external <= partial_tail:
             return None
+        if partial_tail:
+            num_hit_tokens -= partial_tail
+            hit_blocks = manager.truncate_computed_blocks(hit_blocks, num_hit_tokens)
         new_blocks = manager.allocate_slots(
             request,
             0,

@@ -77,9 +77,14 @@ class Driver:
         if req not in self.waiting or req.num_computed_tokens or req.request_id in self.landed:
             return None
         hits, hit, _, diverged = self.manager.get_computed_blocks_for_connector(req)
-        external = min(offered, req.num_tokens - (1 if self.states else 0) - hit)
-        if external <= 0:
+        layout = self.manager.layout
+        tail = hit % layout.sbs  # counted from the hit's last block boundary
+        external = min(offered, req.num_tokens - (1 if self.states else 0) - (hit - tail))
+        if external <= tail:
             return None
+        if tail:  # the load covers the sub-block tail: the hits stop at the boundary
+            hit -= tail
+            hits = [lst[:hit // g.bs] for g, lst in zip(layout.groups, hits)]
         if self.manager.allocate_slots(req, 0, hit, hits, has_scheduled_reqs=bool(self.running),
                                        external=external, delay_cache=True) is None:
             return None
