@@ -18,6 +18,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.trace import Op
+from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.harness.manager_side import ManagerSide
 from kvfuzz.harness.vllm_api import (
     FEATURES,
@@ -202,6 +203,11 @@ STATE_TAIL_REKEYED = "state-tail-rekeyed"
 """vLLM 0.32 marks a state already keyed at the prompt's tail as cached again, deferring hits on
 it (docs/findings/014): `vllm` gives its state managers 0.33's "already keyed" return."""
 
+EXTERNAL_STATE_UNCOUNTED = "external-state-block-uncounted"
+"""vLLM's align-mode predictor caps a first allocation at one state block even when external
+tokens take a block of their own, and counts hit states the external tokens pass
+(docs/findings/016): `vllm` gives its align managers the exact count of such allocations."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
@@ -249,6 +255,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         _no_snapshot_change,
         releases="0.32",
         applies=lambda api: api.has("state_tail_rekeyed"),
+    ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        EXTERNAL_STATE_UNCOUNTED,
+        "docs/findings/016-external-state-block-uncounted.md",
+        _no_snapshot_change,
+        releases="0.33–0.34",
+        applies=lambda api: api.has("kv_connector"),
     ),
     # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
     KnownDeviation(
@@ -364,11 +378,43 @@ class VllmSide(ManagerSide):
         utils.NONE_HASH = v["sha256"](config.none_hash_seed)
         self._hasher = utils.get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
         manager = build_vllm_manager(config)
-        if STATE_TAIL_REKEYED in self.tolerated:
-            for single in manager.coordinator.single_type_managers:
-                if getattr(single, "mamba_cache_mode", None) == "align":
-                    self._skip_rekeyed_state_tail(single)
+        for single in manager.coordinator.single_type_managers:
+            if getattr(single, "mamba_cache_mode", None) != "align":
+                continue
+            if STATE_TAIL_REKEYED in self.tolerated:
+                self._skip_rekeyed_state_tail(single)
+            if EXTERNAL_STATE_UNCOUNTED in self.tolerated:
+                self._count_external_state_blocks(single)
         return manager
+
+    def _count_external_state_blocks(self, single: Any) -> None:
+        """A first allocation with external tokens is predicted as it happens (kvcache's
+        count: the passed hits, the external state block, then the step's own)."""
+        original = single.get_num_blocks_to_allocate
+        tolerated = self.tolerated[EXTERNAL_STATE_UNCOUNTED]
+
+        def get_num_blocks_to_allocate(request_id: str, num_tokens: int,
+                                       new_computed_blocks: Any, total_computed_tokens: int,
+                                       num_local_computed_tokens: int,
+                                       num_tokens_main_model: int, *args: Any,
+                                       **kwargs: Any) -> int:
+            theirs = original(request_id, num_tokens, new_computed_blocks,
+                              total_computed_tokens, num_local_computed_tokens,
+                              num_tokens_main_model, *args, **kwargs)
+            if (request_id in single.req_to_blocks and single.req_to_blocks[request_id]) or (
+                    total_computed_tokens <= num_local_computed_tokens) or theirs > (
+                    single.block_pool.num_gpu_blocks):
+                return theirs
+            required = -(-num_tokens_main_model // single.block_size) + (
+                single.num_speculative_blocks)
+            ours = MambaManager._align_external_blocks_to_allocate(
+                single, required, new_computed_blocks, num_local_computed_tokens,
+                total_computed_tokens)
+            if ours != theirs:
+                tolerated.add(request_id)
+            return ours
+
+        single.get_num_blocks_to_allocate = get_num_blocks_to_allocate
 
     def _skip_rekeyed_state_tail(self, single: Any) -> None:
         """0.33's return in `_cache_partial_tail_block`: a state block already keyed at
