@@ -149,9 +149,11 @@ _WINDOW_KINDS = ("sliding_window", "chunked_local")
 def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
     """An empty window-group table of a request that is not running reads as no entry: vLLM's
     `remove_skipped_blocks` inserts it when a first allocate_slots is refused (docs/spec.md §10.1).
+    State groups skip too: external tokens reach them on a first allocation.
     """
     return _drop_empty_entries(
-        snapshot, {g for g, group in enumerate(config.groups) if group.kind in _WINDOW_KINDS}
+        snapshot, {g for g, group in enumerate(config.groups)
+                   if group.kind in _WINDOW_KINDS or group.kind == "mamba"}
     )
 
 
