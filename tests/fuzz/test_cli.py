@@ -177,7 +177,9 @@ def test_listing_commands(capsys):
     assert main(["invariants"]) == 0
     assert "P1" in capsys.readouterr().out
     assert main(["configs"]) == 0
-    assert "hybrid" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "hybrid" in out
+    assert "nemotron_h_connector" in out and "qwen3_5_connector" in out
 
 
 def _forget_my_checks() -> None:
