@@ -724,6 +724,25 @@ def _negative_external_accepted(side: KvcacheSide) -> None:
     _around(manager, "allocate_slots", around)
 
 
+@mutant("external-state-block-uncounted", "a state group's predictor caps a first allocation "
+        "with external tokens at one state block, as vLLM's align mode does: the external "
+        "state's block and the step's own count as one", bug="docs/bugs.md #21",
+        configs=("nemotron_h_connector",))
+def _external_state_block_uncounted(side: KvcacheSide) -> None:
+    def around(original, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+               num_local_computed_tokens, num_tokens_main_model, *args, **kwargs):
+        value = original(request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                         num_local_computed_tokens, num_tokens_main_model, *args, **kwargs)
+        external = (request_id not in single.req_to_blocks
+                    and total_computed_tokens > num_local_computed_tokens)
+        crosses = -(-num_tokens_main_model // single.block_size) > (
+            -(-total_computed_tokens // single.block_size))
+        return value - 1 if external and crosses and value > 0 else value
+
+    for single in _state_managers(side):
+        _around(single, "get_num_blocks_to_allocate", around)
+
+
 @mutant("aborted-load-holds-blocks", "a request aborted while waiting for remote KV is never "
         "freed when its load ends: it holds its blocks forever", bug="docs/bugs.md #22",
         configs=("connector",))

@@ -60,6 +60,7 @@ EXPECTED = {
     "boundary-one-short": {"DIFF-probe"},
     "negative-external-accepted": {"P1", "DIFF-result", "DIFF-probe", "DIFF-state"},
     "aborted-load-holds-blocks": {"C1", "I16", "DIFF-state"},
+    "external-state-block-uncounted": {"P1", "P4", "DIFF-probe", "DIFF-result"},
 }
 
 
@@ -102,6 +103,7 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("S3", "cow-unretained", "api"), ("F1", "evict-first-ignored", "api"),
      ("C1", "aborted-load-holds-blocks", "scheduler"),
      ("P1", "negative-external-accepted", "api"),
+     ("P1", "external-state-block-uncounted", "api"),
      ("I12", "hit-reaches-num-tokens", "scheduler"), ("I12", "lookup-ignores-bound", "api"),
      ("RT1", "retention-ignored", "api"), ("EO1", "encoder-only-takes-blocks", "api")],
 )
