@@ -208,7 +208,7 @@ it (docs/findings/014): `vllm` gives its state managers 0.33's "already keyed" r
 EXTERNAL_STATE_UNCOUNTED = "external-state-block-uncounted"
 """vLLM's align-mode predictor caps a first allocation at one state block even when external
 tokens take a block of their own, and counts hit states the external tokens pass
-(docs/findings/016): `vllm` gives its align managers the exact count of such allocations."""
+(docs/findings/017): `vllm` gives its align managers the exact count of such allocations."""
 
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
@@ -261,7 +261,7 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
     KnownDeviation(
         EXTERNAL_STATE_UNCOUNTED,
-        "docs/findings/016-external-state-block-uncounted.md",
+        "docs/findings/017-external-state-block-uncounted.md",
         _no_snapshot_change,
         releases="0.33–0.34",
         applies=lambda api: api.has("kv_connector"),
@@ -287,6 +287,8 @@ OP_FEATURES = {
     "num_external_computed_tokens": "kv_connector",
     "load_remote": "kv_connector",
     "finish_load": "kv_connector",
+    "in_flight": "deferred_free",
+    "complete_step": "deferred_free",
 }
 
 

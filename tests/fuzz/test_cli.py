@@ -177,9 +177,10 @@ def test_listing_commands(capsys):
     assert main(["invariants"]) == 0
     assert "P1" in capsys.readouterr().out
     assert main(["configs"]) == 0
-    out = capsys.readouterr().out
-    assert "hybrid" in out
-    assert "nemotron_h_connector" in out and "qwen3_5_connector" in out
+    listing = capsys.readouterr().out
+    assert "hybrid" in listing
+    assert "gpt_oss_connector" in listing and "mistral_connector" in listing
+    assert "nemotron_h_connector" in listing and "qwen3_5_connector" in listing
 
 
 def _forget_my_checks() -> None:
