@@ -185,7 +185,7 @@ def test_a_short_load_with_several_groups_fails_the_whole_request():
     s.step(lambda request: 1)
     r = make_request("R", list(range(20)), BS)
     s.add_request(r)
-    assert s.start_load("R", 20) == (8, 12)
+    assert s.start_load("R", 20) == (8, 12, False)
     before = free(m)
     # vLLM takes no block-level failure with several groups: the request starts again from 0.
     assert s.finish_load("R", 11) == 0 and table_ids(m, "R") == [[], []]
