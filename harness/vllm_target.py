@@ -149,11 +149,13 @@ _WINDOW_KINDS = ("sliding_window", "chunked_local")
 def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
     """An empty window-group table of a request that is not running reads as no entry: vLLM's
     `remove_skipped_blocks` inserts it when a first allocate_slots is refused (docs/spec.md §10.1).
-    State groups skip too: external tokens reach them on a first allocation.
+    Mode "none" state groups skip too: external tokens reach them on a first allocation (an
+    "align" group's entry is 013's).
     """
     return _drop_empty_entries(
         snapshot, {g for g, group in enumerate(config.groups)
-                   if group.kind in _WINDOW_KINDS or group.kind == "mamba"}
+                   if group.kind in _WINDOW_KINDS
+                   or group.kind == "mamba" and group.mamba_cache_mode != "align"}
     )
 
 
