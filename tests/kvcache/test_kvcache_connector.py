@@ -287,3 +287,4 @@ def test_with_state_groups_a_load_leaves_the_last_token_and_a_short_one_fails_wh
     assert s.start_load("S", 100) == (8, 8, True)
     assert s.finish_load("S", 3) == 0 and not m.coordinator.tracks("S")  # short: all lost
     assert free(m) == free_before
+
