@@ -107,7 +107,12 @@ def test_vllm_refuses_retention_as_the_config_does(name, retention):
 
 def _cannot_build(name: str) -> str | None:
     """Why the installed vLLM cannot build built-in config `name` (docs/findings/012), if so."""
-    return get_target("vllm").cannot_build(BUILTIN[name][1]) if vllm_available() else None
+    if not vllm_available():
+        return None
+    try:
+        return get_target("vllm").cannot_build(BUILTIN[name][1])
+    except VllmUnsupported as exc:  # an option this vLLM lacks: a usage error, skipped here
+        return str(exc)
 
 
 for _name in BUILTIN:
@@ -423,4 +428,25 @@ def test_a_connector_op_on_a_vllm_without_it_exits_2_naming_op_and_target(
     assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
     err = capsys.readouterr().err
     assert f"the trace uses {op['op']}" in err
+    assert f"target vllm (vLLM {api.version}) lacks it" in err
+
+
+# ----- retention of Mamba "align" state checkpoints on a vLLM without it -----
+
+@pytest.mark.parametrize("feature, option", [
+    ("state_retention", "prefix_cache_retention_interval with a Mamba 'align' group"),
+    ("retention", "prefix_cache_retention_interval"),
+])
+def test_state_retention_on_a_vllm_without_it_exits_2_naming_option_and_target(
+        monkeypatch, tmp_path, capsys, feature, option):
+    import kvfuzz.harness.vllm_api as vllm_api
+
+    api = load_vllm()
+    monkeypatch.setattr(vllm_api, "_API", dataclasses.replace(
+        api, features=api.features - {feature}))
+    path = tmp_path / "t.json"
+    Trace(BUILTIN["qwen3_5_retention"][1], "api", [_add("a", PROMPT10)]).save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert f"the config sets {option}," in err
     assert f"target vllm (vLLM {api.version}) lacks it" in err
