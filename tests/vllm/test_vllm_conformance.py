@@ -83,8 +83,8 @@ def test_encoder_only_layers_form_no_vllm_group(name, vllm_groups):
     assert len(tables[0]) == vllm_groups + 1
 
 
-@pytest.mark.parametrize("name, retention", [("gemma3_retention", 6),
-                                             ("gemma3_retention", -4), ("full", 8)])
+@pytest.mark.parametrize("name, retention", [("gemma3_retention", 6), ("gemma3_retention", -4),
+                                             ("full", 8), ("qwen3_5_retention", 12)])
 def test_vllm_refuses_retention_as_the_config_does(name, retention):
     """vLLM's own coordinator refuses the retention intervals the config loader refuses, with
     the same message (docs/spec.md §4.9.2)."""
