@@ -122,6 +122,20 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(16, (_full(),), name="connector", max_model_len=64, kv_connector=True),
         ),
         (
+            "KV connector on a gpt-oss-shaped hybrid: full attention (bs 4) + sliding window "
+            "(bs 4, window 8; gpt-oss alternates full and 128-token window layers); a short or "
+            "failed load fails the whole request, as vLLM requires with several groups",
+            Config(24, (_full(4), _swa(4, 8)), name="gpt_oss_connector", max_model_len=64,
+                   kv_connector=True),
+        ),
+        (
+            "KV connector on a Mistral-7B-v0.1-shaped model: every layer a sliding window "
+            "(bs 4, window 8; Mistral's 4096), one group, so a short load keeps the blocks "
+            "before the first it did not fill when their window was loaded",
+            Config(16, (_swa(4, 8),), name="mistral_connector", max_model_len=64,
+                   max_in_flight_tokens=16, kv_connector=True),
+        ),
+        (
             "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",
             Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True),
         ),

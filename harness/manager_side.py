@@ -502,15 +502,17 @@ class ManagerSide:
         return {"hit": out[0], "external": out[1]}
 
     def _finish_load(self, op: Op) -> Any:
-        """The load ends; the KV it landed counts as written (for the data checks)."""
+        """The load ends; the KV of the prefix it leaves valid counts as written (for the data
+        checks): all of it when whole, else up to the computed tokens kept (docs/spec.md §13.2)."""
         request = self._known_request(op)
         loaded = op["num_loaded_tokens"]
         ok, out = self._call(lambda: self.scheduler.finish_load(request.request_id, loaded))
         if ok:
             hit, external = self._loading.pop(request.request_id)
             if not self._is_finished(request):
-                end = hit + (external if loaded is None else min(loaded, external))
-                self._forward(request, hit, end, load=True)
+                end = hit + external if loaded is None or loaded >= external else out
+                if end > hit:
+                    self._forward(request, hit, end, load=True)
         return out
 
     def _end_request(self, op: Op) -> Any:

@@ -744,3 +744,26 @@ def _aborted_load_holds_blocks(side: KvcacheSide) -> None:
             original(request)
 
     _around(side.manager, "free", around)
+
+
+@mutant("load-rollback-into-window", "a short KV load on a lone sliding-window group keeps the "
+        "blocks before the first it did not fill even when the window of that point lies in "
+        "nulls the load never wrote (vLLM's scheduler does this)",
+        bug="docs/findings/016-short-load-window-unloaded.md", configs=("mistral_connector",),
+        needs_data=True)
+def _load_rollback_into_window(side: KvcacheSide) -> None:
+    build = side.build_scheduler
+
+    def build_scheduler(config: Config) -> Any:
+        scheduler = build(config)
+
+        def valid_prefix(request_id: str, num_loaded_tokens: int) -> int:
+            single = scheduler.manager.coordinator.single_type_managers[0]
+            table = single.req_to_blocks[request_id]
+            nulls = next((i for i, b in enumerate(table) if not b.is_null), len(table))
+            return max(num_loaded_tokens // single.block_size, nulls) * single.block_size
+
+        scheduler._valid_prefix = valid_prefix
+        return scheduler
+
+    side.build_scheduler = build_scheduler

@@ -183,7 +183,8 @@ class Scheduler:
             return 0
         promised = request.num_computed_tokens - num_hit_tokens
         if num_loaded_tokens is not None and num_loaded_tokens < promised:
-            request.num_computed_tokens = num_hit_tokens + num_loaded_tokens
+            request.num_computed_tokens = self._valid_prefix(
+                request_id, num_hit_tokens + num_loaded_tokens)
         if request.num_computed_tokens:
             self.manager.cache_blocks(request, request.num_computed_tokens)
             self._landed.add(request_id)
@@ -197,6 +198,22 @@ class Scheduler:
         self._waiting.appendleft(request)
         self._sort_waiting()
         return request.num_computed_tokens
+
+    def _valid_prefix(self, request_id: str, num_loaded_tokens: int) -> int:
+        """The computed tokens a short or failed load leaves (docs/spec.md §13.2): with several
+        groups the load failed as a whole (0); with one, the start of the first block it did
+        not fill (window nulls were never loaded, never wanted), or 0 when the window of that
+        point would read a null block."""
+        singles = self.manager.coordinator.single_type_managers
+        if len(singles) > 1:
+            return 0
+        single = singles[0]
+        table = single.req_to_blocks[request_id]
+        nulls = next((i for i, block in enumerate(table) if not block.is_null), len(table))
+        valid = max(num_loaded_tokens // single.block_size, nulls) * single.block_size
+        if valid and single.get_num_skipped_tokens(valid) < nulls * single.block_size:
+            return 0
+        return valid
 
     def _known(self, request_id: str, operation: str) -> Any:
         request = self._requests.get(request_id)

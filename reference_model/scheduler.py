@@ -7,6 +7,7 @@ from typing import Any
 from kvfuzz.reference_model.layout import cdiv
 from kvfuzz.reference_model.manager import Manager
 from kvfuzz.reference_model.requests import Request
+from kvfuzz.reference_model.state import NULL
 
 
 class Driver:
@@ -93,8 +94,8 @@ class Driver:
         if req.is_finished:
             self.manager.free(req.request_id)
             return 0
-        if loaded is not None:
-            req.num_computed_tokens = min(req.num_computed_tokens, hit + loaded)
+        if loaded is not None and hit + loaded < req.num_computed_tokens:
+            req.num_computed_tokens = self._valid_prefix(req.request_id, hit + loaded)
         if req.num_computed_tokens > 0:
             self.manager.cache_blocks(req, req.num_computed_tokens)
             self.landed.add(req.request_id)
@@ -106,6 +107,18 @@ class Driver:
         self.waiting.insert(0, req)
         self._order_waiting()
         return req.num_computed_tokens
+
+    def _valid_prefix(self, rid: str, loaded: int) -> int:
+        """docs/spec.md §13.2: what a short load leaves. Several groups: nothing. One group: the
+        first block holding an unloaded position that is not a window null, unless the window
+        of that point reaches a null (then nothing)."""
+        groups = self.manager.layout.groups
+        if len(groups) > 1:
+            return 0
+        group, table = groups[0], self.manager.state.tables[0][rid]
+        nulls = next((i for i, b in enumerate(table) if b != NULL), len(table))
+        valid = max(loaded // group.bs, nulls) * group.bs
+        return 0 if valid and group.skipped(valid) < nulls * group.bs else valid
 
     def _victim(self) -> Request:
         """FCFS: the last running request; priority: the first with the largest

@@ -6,6 +6,7 @@ Each trace is minimal for its plant and passes every check on kvcache (tests ass
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvfuzz.core.trace import Trace
@@ -16,6 +17,7 @@ TINY = dict(FULL, num_blocks=4)
 PARTIAL = {"name": "partial_hits", "num_blocks": 24, "max_model_len": 64, "partial_hits": True,
            "groups": [{"kind": "full", "block_size": 8},
                       {"kind": "sliding_window", "block_size": 4, "sliding_window": 4}]}
+FINDINGS = Path(__file__).resolve().parents[2] / "docs" / "findings"
 
 A8 = [1, 1, 1, 1, 2, 2, 2, 2]
 """Two blocks of bs 4 that later requests hit."""
@@ -132,6 +134,12 @@ PLANTS = [
         add("r0", A8, cache_salt="a"), STEP, add("r1", A8 + [0], cache_salt="b"), STEP,
     ]), "r1 (salt 'b') reads group 0 position 0 through block 1, which holds what r0 (salt 'a')",
         "H1", "H1"),
+    # A short load on a lone window group (docs/findings/016): 12 loaded into a null block
+    # (0..3) and blocks 1, 2; only 4 landed. Keeping 4 tokens, as vLLM's scheduler does,
+    # computes 4.. over a window that reads block 0's positions, which nobody wrote.
+    Plant("load-rollback-into-window", "scheduler",
+          Trace.load(FINDINGS / "plant-016-short-load-window.json"),
+          "r reads position 0 of group 0 through the null block", None, "DIFF-result"),
 ]
 
 # docs/spec.md §10.7: under the priority policy B is scheduled (its allocate_slots hashes block 1,

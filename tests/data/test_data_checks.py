@@ -23,6 +23,7 @@ from kvfuzz.fuzz.machines import machine_for
 #   cache-ahead-of-schedule   both       - (I11 once r0 writes)  DIFF-state
 #   no-eviction-on-pop        both       -                       DIFF-state
 #   salt-ignored              both       H1                      H1
+#   load-rollback-into-window scheduler  -                       DIFF-result
 #
 # The structural invariants alone miss every plant but hit-swaps-block at the API level and
 # salt-ignored; cow-redirect-late (the worker writes through a stale table) is missed even with

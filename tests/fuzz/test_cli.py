@@ -177,7 +177,9 @@ def test_listing_commands(capsys):
     assert main(["invariants"]) == 0
     assert "P1" in capsys.readouterr().out
     assert main(["configs"]) == 0
-    assert "hybrid" in capsys.readouterr().out
+    listing = capsys.readouterr().out
+    assert "hybrid" in listing
+    assert "gpt_oss_connector" in listing and "mistral_connector" in listing
 
 
 def _forget_my_checks() -> None:

@@ -146,3 +146,20 @@ def test_batches_create_no_classes(tmp_path):
     before = classes()
     Campaign(CampaignOptions(examples=300, **options)).run()
     assert classes() == before
+
+
+def test_sliding_window_connector_configs_draw_whole_short_and_failed_loads():
+    """docs/spec.md §13.2 on the window configs: every kind of load end, and each example
+    passes three-way on kvcache and the model."""
+    for name in ("gpt_oss_connector", "mistral_connector"):
+        ends: Counter = Counter()
+        for seed in range(12):
+            example = _example(_bytes(seed, 4096), "scheduler", name)
+            if example is None:
+                continue
+            assert run_trace(example.trace, ["kvcache"]).passed
+            for op in example.trace.ops:
+                if op["op"] == "finish_load":
+                    loaded = op["num_loaded_tokens"]
+                    ends["whole" if loaded is None else "failed" if loaded == 0 else "short"] += 1
+        assert set(ends) == {"whole", "short", "failed"}, (name, ends)

@@ -94,15 +94,52 @@ def test_a_whole_load_is_cached_and_the_request_recomputes_its_last_token():
     assert out.scheduled == [("R", 1, 0)]
 
 
-def test_a_short_load_keeps_its_valid_prefix_and_a_failed_one_frees():
+def test_a_short_load_keeps_the_blocks_before_its_first_unfilled_one_and_a_failed_one_frees():
     m, s = _driver()
     short, failed = make_request("S", list(range(12)), BS), make_request("F", [9] * 8, BS)
     s.add_request(short)
     s.add_request(failed)
     s.start_load("S", 12)
     s.start_load("F", 8)
-    assert s.finish_load("S", 5) == 5 and m.estimate_cached_tokens(short) == 4
+    # 5 tokens landed: block 1 (tokens 4..7) is not filled, so the request keeps 4.
+    assert s.finish_load("S", 5) == 4 and m.estimate_cached_tokens(short) == 4
+    assert len(table_ids(m, "S")[0]) == 3  # its blocks stay; 4.. are computed again in them
     assert s.finish_load("F", 0) == 0 and table_ids(m, "F") == [[]]
+
+
+def test_a_short_load_with_several_groups_fails_the_whole_request():
+    m = _manager(24, FullAttentionSpec(block_size=BS), SlidingWindowSpec(block_size=BS,
+                                                                          sliding_window=4))
+    s = Scheduler(m, max_model_len=64, token_budget=32, max_running=4)
+    a = make_request("A", list(range(9)), BS)
+    s.add_request(a)
+    s.start_load("A", 8)
+    assert s.finish_load("A") == 8  # whole: 0..7 cached, 8 is computed
+    s.step(lambda request: 1)
+    r = make_request("R", list(range(20)), BS)
+    s.add_request(r)
+    assert s.start_load("R", 20) == (8, 12)
+    before = free(m)
+    # vLLM takes no block-level failure with several groups: the request starts again from 0.
+    assert s.finish_load("R", 11) == 0 and table_ids(m, "R") == [[], []]
+    assert free(m) > before and r.status == RequestStatus.WAITING
+
+
+def test_a_short_load_on_one_window_group_keeps_only_a_prefix_whose_window_was_loaded():
+    m = _manager(24, SlidingWindowSpec(block_size=BS, sliding_window=4))
+    s = Scheduler(m, max_model_len=64, token_budget=32, max_running=4)
+    for rid, tokens in (("A", 20), ("B", 20), ("C", 22)):
+        s.add_request(make_request(rid, [ord(rid)] * tokens, BS))
+        s.start_load(rid, tokens)
+    assert table_ids(m, "A")[0][:4] == [0, 0, 0, 0]  # 16 + window 4: blocks 0..3 are nulls
+    # 17 tokens landed: the first unfilled block is 4 (16..19), its window (13..15) is a null.
+    assert s.finish_load("A", 17) == 0 and table_ids(m, "A") == [[]]
+    # 3 landed: every real block is unfilled; starting at the first (16) reads nulls too.
+    assert s.finish_load("B", 3) == 0
+    # 22 loaded into nulls 0..3 and blocks 4, 5; 21 landed: block 5 is unfilled, and the
+    # window of 20 (17..19) is in block 4.
+    assert table_ids(m, "C")[0][:5].count(0) == 4
+    assert s.finish_load("C", 21) == 20 and m.estimate_cached_tokens(s.waiting[0]) == 20
 
 
 def test_an_aborted_load_holds_its_blocks_until_the_load_ends():

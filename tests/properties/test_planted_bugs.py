@@ -61,6 +61,7 @@ EXPECTED = {
     "boundary-one-short": {"DIFF-probe"},
     "negative-external-accepted": {"P1", "DIFF-result", "DIFF-probe", "DIFF-state"},
     "aborted-load-holds-blocks": {"C1", "I16", "DIFF-state"},
+    "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
 }
 
 
