@@ -89,6 +89,11 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "Request.prefix_cache_hit_limit / get_max_cache_hit_length(bound)",
         lambda api: callable(getattr(api.objects["Request"], "get_max_cache_hit_length", None)),
     ),
+    "deferred_free": (
+        "KVCacheManager.pop_blocks_for_free(request), to free blocks after a step in flight",
+        lambda api: callable(getattr(api.objects["KVCacheManager"], "pop_blocks_for_free",
+                                     None)),
+    ),
     "free_evict_first": (
         "BlockPool.free_blocks(blocks, evict_first)",
         _takes("BlockPool", "free_blocks", "evict_first"),

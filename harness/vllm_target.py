@@ -273,6 +273,8 @@ OP_FEATURES = {
     "num_external_computed_tokens": "kv_connector",
     "load_remote": "kv_connector",
     "finish_load": "kv_connector",
+    "in_flight": "deferred_free",
+    "complete_step": "deferred_free",
 }
 
 

@@ -567,6 +567,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self._two_searches = self._is_simple_hybrid and not any(
             spec_group.use_eagle for spec_group in self.attention_groups
         )
+        # Whether the two searches' lists, full attention's then the other's, are already in
+        # group order (every group prefix-cacheable, full attention's groups first).
+        self._two_searches_in_order = self._two_searches and (
+            [*self.attention_groups[0].group_ids, *self.attention_groups[1].group_ids]
+            == list(range(len(groups)))
+        )
 
     def _split_spec_groups(self) -> list[SpecGroup]:
         """Merge groups with equal spec, class and pool; full attention first, because its
@@ -729,16 +735,22 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             block_hashes, max_cache_hit_length, full.group_ids, block_pool, full.spec, False,
             alignment_tokens,
         )
+        if not full_hit_length:
+            # A miss (half the lookups): no kind hits within 0 tokens, so no second search.
+            return tuple([[] for _ in self.single_type_managers]), 0, 0
         other_blocks, hit_length = other.manager_cls.find_longest_cache_hit(
             block_hashes, full_hit_length, other.group_ids, block_pool, other.spec, False,
             alignment_tokens,
         )
-        num_full_blocks = cdiv(hit_length, full.spec.block_size)
+        num_full_blocks = -(-hit_length // full.spec.block_size)  # cdiv, inlined
+        for blocks in full_blocks:
+            del blocks[num_full_blocks:]
+        if self._two_searches_in_order:
+            return (*full_blocks, *other_blocks), hit_length, full_hit_length - hit_length
         hit_blocks_by_group: list[list[KVCacheBlock]] = [
             [] for _ in self.single_type_managers
         ]
         for group_id, blocks in zip(full.group_ids, full_blocks):
-            del blocks[num_full_blocks:]
             hit_blocks_by_group[group_id] = blocks
         for group_id, blocks in zip(other.group_ids, other_blocks):
             hit_blocks_by_group[group_id] = blocks

@@ -137,6 +137,12 @@ def _cases(execution, snaps):
         "S2": _state_read_unwritten(),
         "S3": (s, _with(s, pending_copies=((cached_free, held),)), _ctx(execution)),
         "F1": _evict_first_queued_at_tail(),
+        # A step in flight reads a block that is back in the free queue.
+        "IF1": (_with(s, in_flight=((1, (uncached_free,), (("r0", 1),)),)),
+                _with(s, in_flight=((1, (uncached_free,), (("r0", 1),)),)), _ctx(execution)),
+        # No step in flight, yet a deferred free still holds a block.
+        "IF2": (s, _with(s, deferred_frees=((held,),)),
+                dataclasses.replace(_ctx(execution), level="scheduler")),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),

@@ -431,6 +431,41 @@ def test_a_connector_op_on_a_vllm_without_it_exits_2_naming_op_and_target(
     assert f"target vllm (vLLM {api.version}) lacks it" in err
 
 
+# ----- steps in flight (docs/spec.md §7.1) -----
+
+IN_FLIGHT = [
+    _add("a", list(range(1, 18)), max_tokens=2), _add("b", list(range(1, 10)), max_tokens=1),
+    {"op": "step", "in_flight": True}, {"op": "abort", "request_id": "a"},
+    {"op": "step", "in_flight": True}, {"op": "complete_step"}, {"op": "step"},
+]
+
+
+def test_steps_in_flight_three_way():
+    """vLLM's pop_blocks_for_free and free_blocks, driven by the kvcache driver, agree with
+    kvcache and the model while frees wait for steps in flight."""
+    ex = Execution(BUILTIN["deferred"][1], "scheduler", THREE_WAY)
+    for op in IN_FLIGHT[:4]:
+        ex.apply(op)
+    assert ex.state.in_flight and ex.state.deferred_frees
+    for op in IN_FLIGHT[4:]:
+        ex.apply(op)
+    assert not ex.state.in_flight and not ex.state.deferred_frees
+
+
+def test_steps_in_flight_on_a_vllm_without_deferred_frees_exit_2(monkeypatch, tmp_path, capsys):
+    import kvfuzz.harness.vllm_api as vllm_api
+
+    api = load_vllm()
+    monkeypatch.setattr(vllm_api, "_API", dataclasses.replace(
+        api, features=api.features - {"deferred_free"}))
+    path = tmp_path / "t.json"
+    Trace(BUILTIN["deferred"][1], "scheduler", [_add("a", PROMPT10),
+                                                {"op": "step", "in_flight": True}]).save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "the trace uses in_flight" in err and "target vllm" in err
+
+
 # ----- retention of Mamba "align" state checkpoints on a vLLM without it -----
 
 @pytest.mark.parametrize("feature, option", [
