@@ -482,6 +482,10 @@ class CircularBufferManager(FullAttentionManager):
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
     ) -> list[KVCacheBlock]:
+        return self._claim_ring_block(request_id)
+
+    def _claim_ring_block(self, request_id: str) -> list[KVCacheBlock]:
+        """The request's one ring block, taken if it has none yet."""
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
         if req_blocks:
             return []
@@ -495,7 +499,7 @@ class CircularBufferManager(FullAttentionManager):
     def allocate_external_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any
                                           ) -> None:
         """External tokens claim the ring, whatever their count (it is never zeroed)."""
-        self.allocate_new_blocks(request_id, 0, 0)
+        self._claim_ring_block(request_id)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Scratch: never registered."""
