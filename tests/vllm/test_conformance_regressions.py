@@ -107,3 +107,18 @@ def test_connector_lookup_flags_a_state_hit_shorter_than_full_attention(targets)
     ex.apply({"op": "add_request", "request_id": "s", "prompt": list(range(8)) + [99] * 9})
     loaded = ex.apply({"op": "load_remote", "request_id": "s", "num_external_tokens": 100})
     assert loaded == {"hit": 8, "external": 8, "diverged": True}
+
+
+@pytest.mark.parametrize("targets", TARGETS)
+def test_external_tokens_on_ring_and_rswa_groups_are_predicted_per_group(targets):
+    """docs/spec.md §13.1: a first allocation of only external tokens claims the ring once
+    (P1 checks each group's prediction against what it took: kvcache's ring once counted it
+    twice), and R-SWA takes its blocks as full attention."""
+    config = Config(24, (GroupConfig("full", 4), GroupConfig("circular_buffer", 8),
+                         GroupConfig("rswa", 2, rswa_window=2)),
+                    max_model_len=64, kv_connector=True)
+    ex = Execution(config, "api", targets)
+    ex.apply({"op": "add_request", "request_id": "r", "prompt": [2, 2, 1, 1, 3, 2, 0]})
+    ex.apply({"op": "allocate_slots", "request_id": "r", "num_new_tokens": 0,
+              "num_external_computed_tokens": 7})
+    assert [len(t) for t in ex.state.requests["r"].tables] == [2, 1, 4]
