@@ -990,8 +990,8 @@ class MambaManager(SingleTypeKVCacheManager):
             self.num_cached_block[request.request_id] = block_idx
         return key
 
-    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
-        """As the base; align-mode tables also have nulls between states, which stay."""
+    def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
+        """Drop every per-request entry; the request's table as it was (None without one)."""
         if self._partial_hit_reqs:  # mode "none" never has any: skips the call
             self._partial_hit_reqs.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
@@ -999,7 +999,11 @@ class MambaManager(SingleTypeKVCacheManager):
             self._allocated_block_reqs.discard(request_id)
             self.last_state_block_idx.pop(request_id, None)
             self._num_retired_blocks.pop(request_id, None)
-        req_blocks = self.req_to_blocks.pop(request_id, None)
+        return self.req_to_blocks.pop(request_id, None)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """As the base; align-mode tables also have nulls between states, which stay."""
+        req_blocks = self._forget(request_id)
         if not req_blocks:
             return []
         null_block = self._null_block
@@ -1012,14 +1016,15 @@ class MambaManager(SingleTypeKVCacheManager):
         return req_blocks
 
     def free(self, request_id: str) -> None:
-        """As the base; in align mode tail first, skipping the nulls between states."""
+        """As the base; in align mode tail first, skipping the nulls between states (one
+        pass over the table, not `pop_blocks_for_free`'s scan of the leading nulls)."""
         if not self.align:
             super().free(request_id)
             return
-        blocks = self.pop_blocks_for_free(request_id)
-        if blocks:
+        req_blocks = self._forget(request_id)
+        if req_blocks:
             null_block = self._null_block
-            self.block_pool.release([b for b in reversed(blocks) if b is not null_block])
+            self.block_pool.release([b for b in reversed(req_blocks) if b is not null_block])
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
