@@ -66,6 +66,10 @@ class Snapshot:
     running: tuple[str, ...] = ()
     loads: tuple[str, ...] = ()
     """Scheduler level: requests whose KV connector load is in flight, sorted (spec §13.2)."""
+    in_flight: tuple[tuple[int, tuple[int, ...], tuple[tuple[str, int], ...]], ...] = ()
+    """Scheduler level: steps launched and not yet completed, oldest first, each as (step
+    number, the non-null block ids its scheduled requests' tables held at launch, sorted,
+    (request id, tokens scheduled) in scheduling order)."""
     hash_collisions: tuple[str, ...] = ()
     _derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

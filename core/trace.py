@@ -78,7 +78,8 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
     },
     "scheduler": {
         "add_request": _REQUEST_FIELDS,
-        "step": {"sample": (_INT, 0)},
+        "step": {"sample": (_INT, 0), "in_flight": (_BOOL, False)},
+        "complete_step": {},
         "abort": {"request_id": (_STR, None)},
         "finish": {"request_id": (_STR, None)},
         "load_remote": {"request_id": (_STR, None), "num_external_tokens": (_INT, None)},

@@ -47,6 +47,10 @@ class Swarm:
 ALL = Swarm()
 CONNECTOR_FEATURES = frozenset({"external", "load_remote", "finish_load", "short_load"})
 """Rules and knobs of KV connector configs only (docs/spec.md §13)."""
+IN_FLIGHT_FEATURES = frozenset({"step_in_flight", "complete_step"})
+"""Rules of configs with deferred frees only: steps left in flight (docs/spec.md §7.1)."""
+MAX_STEPS_IN_FLIGHT = 2
+"""As vLLM's async scheduling keeps at most two batches in flight."""
 
 
 class Rules:
@@ -76,9 +80,10 @@ class Rules:
         """What a swarm may leave out: the optional rules, then the knobs (the connector's only
         on a connector config, so that other configs draw exactly as before)."""
         features = tuple(r for r in cls.RULES if r not in cls.CORE) + cls.KNOBS
-        if config is not None and config.kv_connector:
-            return features
-        return tuple(f for f in features if f not in CONNECTOR_FEATURES)
+        off = (frozenset() if config is not None and config.kv_connector else CONNECTOR_FEATURES)
+        if config is None or not config.deferred_frees:
+            off |= IN_FLIGHT_FEATURES
+        return tuple(f for f in features if f not in off)
 
     @classmethod
     def draw_swarm(cls, choices: Choices, keep: Iterable[str] = (),
@@ -374,7 +379,8 @@ class SchedulerRules(Rules):
     """Requests arrive, finish and abort while the scheduler driver runs steps."""
 
     level = "scheduler"
-    RULES = ("add_request", "step", "step_again", "abort", "load_remote", "finish_load")
+    RULES = ("add_request", "step", "step_again", "abort", "load_remote", "finish_load",
+             "step_in_flight", "complete_step")
     """Two step rules: steps dominate the runs."""
     CORE = frozenset({"add_request", "step", "step_again"})
     KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load")
@@ -389,6 +395,11 @@ class SchedulerRules(Rules):
             return self.config.kv_connector and bool(self._loadable())
         if rule == "finish_load":
             return self.config.kv_connector and bool(self.execution.state.loads)
+        if rule == "step_in_flight":
+            return (self.config.deferred_frees and self.execution.offers("in_flight")
+                    and len(self.execution.state.in_flight) < MAX_STEPS_IN_FLIGHT)
+        if rule == "complete_step":
+            return bool(self.execution.state.in_flight)
         return True
 
     def _loadable(self) -> Views:
@@ -422,6 +433,13 @@ class SchedulerRules(Rules):
 
     step_again = step
 
+    def step_in_flight(self) -> None:
+        """A step launched and left in flight until a `complete_step` (docs/spec.md §7.1)."""
+        self.apply(op="step", sample=self.choices.below(TOKEN_VOCAB), in_flight=True)
+
+    def complete_step(self) -> None:
+        self.apply(op="complete_step")
+
     def abort(self) -> None:
         c = self.choices
         rid, _ = pick(c, self.views("WAITING", "PREEMPTED", "RUNNING", "WAITING_FOR_REMOTE_KVS"))
@@ -442,7 +460,8 @@ FOCUS_OPS: dict[str, tuple[str, ...]] = {
     "take_new_block_ids": ("housekeeping", "take_copies"),
     "release_copies": ("housekeeping", "release_copies"),
     "new_step_starts": ("housekeeping",),
-    "step": ("step", "step_again"),
+    "step": ("step", "step_again", "step_in_flight"),
+    "complete_step": ("complete_step",),
     "abort": ("abort",),
     "finish": ("abort",),
     "load_remote": ("load_remote",),

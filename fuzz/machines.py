@@ -133,6 +133,8 @@ class SchedulerMachine(_TraceMachine):
     abort = _rule("abort")
     load_remote = _rule("load_remote")
     finish_load = _rule("finish_load")
+    step_in_flight = _rule("step_in_flight")
+    complete_step = _rule("complete_step")
 
 
 def machine_for(

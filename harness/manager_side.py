@@ -23,6 +23,7 @@ from kvfuzz.core.sides import (
 )
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
+from kvfuzz.kvcache.scheduler import Scheduler, pop_blocks_per_group, release_blocks_per_group
 
 T = TypeVar("T")
 
@@ -78,6 +79,7 @@ class ManagerSide:
             "release_deferred": self._release_deferred,
             "load_remote": self._load_remote,
             "finish_load": self._finish_load,
+            "complete_step": self._complete_step,
         }
         self._event_replay = EventReplay()
         self._op_events: list[KvEvent] = []
@@ -106,8 +108,6 @@ class ManagerSide:
         return spread
 
     def build_scheduler(self, config: Config) -> Any:
-        from kvfuzz.kvcache.scheduler import Scheduler
-
         s = config.scheduler
         return Scheduler(
             self.manager,
@@ -147,8 +147,11 @@ class ManagerSide:
         )
         if self._groups_missing:
             snapshot = self._spread_snapshot(snapshot)
-        if scheduler is not None and scheduler.loads:
-            snapshot = dataclasses.replace(snapshot, loads=scheduler.loads, _derived={})
+        if scheduler is not None and (scheduler.loads or scheduler.in_flight
+                                      or scheduler.deferred_frees):
+            snapshot = dataclasses.replace(
+                snapshot, loads=scheduler.loads, in_flight=scheduler.in_flight,
+                deferred_frees=scheduler.deferred_frees, _derived={})
         if not self.deferred_blocks:
             return snapshot
         deferred = tuple(tuple(b.block_id for b in run) for runs in self.deferred_blocks
@@ -419,25 +422,9 @@ class ManagerSide:
         run per group (kvcache pops them so; for another manager the runs are cut from the
         concatenated list by the group tables read just before)."""
         request = self._live_request(op)
-        per_group = getattr(self.manager, "pop_blocks_for_free_per_group", None)
-        if per_group is not None:
-            ok, runs = self._call(lambda: per_group(request))
-        else:
-            tables = [list(manager.req_to_blocks.get(request.request_id, []))
-                      for manager in self.manager.coordinator.single_type_managers]
-            ok, out = self._call(lambda: self.manager.pop_blocks_for_free(request))
-            runs = out
-            if ok:
-                # vLLM 0.33+ trims each table's leading nulls; 0.32 hands the whole tables.
-                whole = len(out) == sum(map(len, tables))
-                runs, start = [], 0
-                for table in tables:
-                    n = len(table) if whole else len(_without_leading_nulls(table))
-                    runs.append(_without_leading_nulls(out[start:start + n]))
-                    start += n
+        ok, runs = self._call(lambda: pop_blocks_per_group(self.manager, request))
         if not ok:
             return runs
-        runs = [run for run in runs if run]
         if runs:
             self.deferred_blocks.append(runs)
         request.status = self.request_status.FINISHED_STOPPED
@@ -450,13 +437,8 @@ class ManagerSide:
         if option:
             self.require("evict_first")
         batches, self.deferred_blocks = self.deferred_blocks, []
-        release = getattr(self.manager, "free_deferred_blocks", None)
         for runs in batches:
-            if release is not None:
-                ok, out = self._call(lambda: release(runs, **option))
-            else:
-                ok, out = self._call(lambda: [self.manager.block_pool.free_blocks(r[::-1], **option)
-                                              for r in runs])
+            ok, out = self._call(lambda: release_blocks_per_group(self.manager, runs, **option))
             if not ok:
                 return out
         return None
@@ -477,9 +459,12 @@ class ManagerSide:
                 start = request.num_computed_tokens
                 self._forward(request, start, start + n)
 
+        if op["in_flight"]:
+            self.require("in_flight")
         ok, out = self._call(
             lambda: self.scheduler.step(
-                lambda request: (sample + request.num_tokens) % vocab, run_model
+                lambda request: (sample + request.num_tokens) % vocab, run_model,
+                in_flight=op["in_flight"],
             )
         )
         if not ok:
@@ -490,6 +475,11 @@ class ManagerSide:
             "finished": list(out.finished),
             "copies": [[int(s), int(d)] for s, d in out.copies],
         }
+
+    def _complete_step(self, op: Op) -> Any:
+        """The oldest step in flight completes (docs/spec.md §7.1): the released block ids."""
+        self.require("complete_step")
+        return self._call(self.scheduler.complete_step)[1]
 
     def _load_remote(self, op: Op) -> Any:
         """The driver's connector offers the request's tokens (docs/spec.md §13.2)."""
@@ -527,7 +517,3 @@ class ManagerSide:
         ok, out = self._call(lambda: self.scheduler.finish_request(request.request_id, status))
         return None if ok else out
 
-
-def _without_leading_nulls(blocks: list[Any]) -> list[Any]:
-    """The blocks from the first that is not the null block."""
-    return blocks[next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks)):]

@@ -280,6 +280,57 @@ def _deferred_free_whole_list(side: KvcacheSide) -> None:
     side.manager.free_deferred_blocks = free_deferred_blocks
 
 
+def _on_scheduler(side: KvcacheSide, patch: Callable[[Any], None]) -> None:
+    """Patch the scheduler driver the side builds next (scheduler level only)."""
+    build = side.build_scheduler
+
+    def built(config: Config) -> Any:
+        scheduler = build(config)
+        patch(scheduler)
+        return scheduler
+
+    side.build_scheduler = built  # type: ignore[method-assign]
+
+
+@mutant("inflight-freed-at-once", "the driver frees a finished or preempted request's blocks at "
+        "once although a step still in flight reads them", bug="docs/spec.md §7.1",
+        configs=("deferred",))
+def _inflight_freed_at_once(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        scheduler._free = scheduler.manager.free
+
+    _on_scheduler(side, patch)
+
+
+@mutant("inflight-fence-one-late", "a deferred free waits for the step after the newest one "
+        "launched, so its blocks outlive every step in flight (a leak once they drain)",
+        bug="docs/spec.md §7.1", configs=("deferred",))
+def _inflight_fence_one_late(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        def late(original, request):
+            scheduler._launched += 1
+            try:
+                original(request)
+            finally:
+                scheduler._launched -= 1
+
+        _around(scheduler, "_free", late)
+
+    _on_scheduler(side, patch)
+
+
+@mutant("inflight-drain-whole-list", "the driver releases a deferred free by reversing the "
+        "concatenated blocks of every group once (vLLM 0.34's Scheduler._drain_deferred_frees), "
+        "not each group tail first", bug="docs/bugs.md #11", configs=("deferred",))
+def _inflight_drain_whole_list(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        pool = scheduler.manager.block_pool
+        scheduler._release = lambda runs: pool.free_blocks(
+            [b for run in runs for b in run][::-1])
+
+    _on_scheduler(side, patch)
+
+
 @mutant("evict-first-ignored", "free_blocks(evict_first=True) queues cached blocks at the tail, "
         "as a plain free does, so blocks another tier holds outlive the ones it does not",
         bug="vLLM 0.34 BlockPool.free_blocks(evict_first)", configs=("deferred",))
@@ -701,6 +752,15 @@ def _encoder_only_takes_blocks(side: KvcacheSide) -> None:
 def _retention_ignored(side: KvcacheSide) -> None:
     for single in _singles(side):
         if type(single).__name__ == "SlidingWindowManager":
+            single.retention_interval = None
+
+
+@mutant("state-retention-ignored", "Mamba 'align' groups ignore the prefix-cache retention "
+        "interval and key the state at every block end a chunk reaches",
+        bug="docs/spec.md §11.3", configs=("qwen3_5_retention",))
+def _state_retention_ignored(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "MambaManager":
             single.retention_interval = None
 
 

@@ -89,6 +89,11 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "Request.prefix_cache_hit_limit / get_max_cache_hit_length(bound)",
         lambda api: callable(getattr(api.objects["Request"], "get_max_cache_hit_length", None)),
     ),
+    "deferred_free": (
+        "KVCacheManager.pop_blocks_for_free(request), to free blocks after a step in flight",
+        lambda api: callable(getattr(api.objects["KVCacheManager"], "pop_blocks_for_free",
+                                     None)),
+    ),
     "free_evict_first": (
         "BlockPool.free_blocks(blocks, evict_first)",
         _takes("BlockPool", "free_blocks", "evict_first"),
@@ -119,6 +124,16 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "loads",
         lambda api: {"num_external_computed_tokens", "delay_cache_blocks"}
         <= set(_parameters(api["KVCacheManager"].allocate_slots)),
+    ),
+    "retention": (
+        "KVCacheConfig(prefix_cache_retention_interval=): sparse prefix-cache retention",
+        lambda api: "prefix_cache_retention_interval" in _parameters(
+            api["interface"].KVCacheConfig),
+    ),
+    "state_retention": (
+        "MambaManager.reachable_block_mask: state checkpoints thinned by the retention "
+        "interval",
+        lambda api: _masks_state_checkpoints(),
     ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",
@@ -274,6 +289,16 @@ def _rekeys_state_tail() -> bool:
     except Exception:  # noqa: BLE001 - an unreadable or different manager: not this release
         return False
     return "block_hash_num_tokens == num_tokens" not in source
+
+
+def _masks_state_checkpoints() -> bool:
+    """Whether vLLM's MambaManager defines its own caching mask (retention of state
+    checkpoints) rather than inheriting the dense one."""
+    try:
+        manager = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+    except Exception:  # noqa: BLE001 - no such module: no such feature
+        return False
+    return "reachable_block_mask" in vars(getattr(manager, "MambaManager", object))
 
 
 def _frees_null_block(block_pool: Any) -> bool:

@@ -36,10 +36,8 @@ def validate_prefix_cache_retention_interval(
     retention_interval: int | None,
     scheduler_block_size: int,
     kv_cache_config: KVCacheConfig,
-    enable_caching: bool,
 ) -> None:
-    """vLLM's rules for the retention interval (docs/spec.md §4.9.2), with its messages; a
-    Mamba "align" group with caching on is refused as not implemented by kvfuzz."""
+    """vLLM's rules for the retention interval (docs/spec.md §4.9.2), with its messages."""
     if retention_interval is None:
         return
     specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
@@ -55,13 +53,6 @@ def validate_prefix_cache_retention_interval(
         raise ValueError(
             f"prefix_cache_retention_interval ({retention_interval}) must be non-negative and "
             f"a multiple of scheduler_block_size ({scheduler_block_size})."
-        )
-    if enable_caching and any(
-        isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" for spec in specs
-    ):
-        raise ValueError(
-            "prefix_cache_retention_interval with a Mamba 'align' group is not implemented by "
-            "kvfuzz yet"
         )
 
 
@@ -99,7 +90,7 @@ class KVCacheCoordinator(ABC):
                 )
         validate_prefix_cache_retention_interval(
             kv_cache_config.prefix_cache_retention_interval, scheduler_block_size,
-            kv_cache_config, enable_caching,
+            kv_cache_config,
         )
         if enable_caching:
             if not groups:
@@ -153,7 +144,7 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(groups)
         )
-        # Sparse retention (§4.9.2): only sliding-window masks read it.
+        # Sparse retention: read by sliding-window (§4.9.2) and Mamba 'align' (§11.3) masks.
         for manager in self.single_type_managers:
             manager.retention_interval = kv_cache_config.prefix_cache_retention_interval
             manager.replay_use_eagle = bool(self.drop_eagle_group_ids)

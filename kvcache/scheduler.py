@@ -2,6 +2,10 @@
 
 It uses only the manager's public API, `manager.block_pool.free_blocks` and vLLM's request
 attribute names, so the same driver runs vLLM 0.33.0's KVCacheManager with vLLM requests.
+
+Steps may stay in flight (vLLM's async scheduling, docs/spec.md §7.1): a request freed while a
+step that read its blocks is in flight has them popped (`pop_blocks_for_free`) and released
+only once the newest step launched by then completes.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from typing import Any, Literal
 from kvfuzz.kvcache.request import RequestStatus
 
 Policy = Literal["fcfs", "priority"]
+InFlightStep = tuple[int, tuple[int, ...], tuple[tuple[str, int], ...]]
+"""A step in flight: its number, the block ids it reads, (request id, tokens) it scheduled."""
 
 
 @dataclass
@@ -83,6 +89,16 @@ class Scheduler:
         """KV connector loads in flight: request id -> its local prefix hit (docs/spec.md §13.2)."""
         self._landed: set[str] = set()
         """Requests a load left holding blocks: never offered another load."""
+        self._launched = 0
+        """Steps launched that scheduled tokens (vLLM's `sched_step_seq`)."""
+        self._completed = 0
+        """The last of them completed (vLLM's `processed_step_seq`)."""
+        self._last_read: dict[str, int] = {}
+        """Request id -> the last step that scheduled it (read its blocks)."""
+        self._in_flight: deque[InFlightStep] = deque()
+        """Steps launched and not completed, oldest first."""
+        self._deferred: deque[tuple[int, list[list[Any]]]] = deque()
+        """Frees waiting for a step: (the step they wait for, the blocks, one run per group)."""
 
     @property
     def running(self) -> tuple[Any, ...]:
@@ -96,6 +112,18 @@ class Scheduler:
     def loads(self) -> tuple[str, ...]:
         """Requests whose KV connector load is in flight (aborted ones too), sorted."""
         return tuple(sorted(self._loads))
+
+    @property
+    def in_flight(self) -> tuple[InFlightStep, ...]:
+        """Steps launched and not completed, oldest first: (step, the block ids it reads,
+        (request id, tokens) it scheduled)."""
+        return tuple(self._in_flight)
+
+    @property
+    def deferred_frees(self) -> tuple[tuple[int, ...], ...]:
+        """The block ids of the frees waiting for a step: one run per (free, group), in
+        release order (each run is released tail first)."""
+        return tuple(tuple(b.block_id for b in run) for _, runs in self._deferred for run in runs)
 
     def add_request(self, request: Any) -> None:
         if request.request_id in self._requests:
@@ -115,11 +143,11 @@ class Scheduler:
             return
         if request.status == RequestStatus.RUNNING:
             self._running.remove(request)
-            self.manager.free(request)
+            self._free(request)
         elif request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
             # A waiting request holds blocks only when a KV load landed for it.
             self._waiting.remove(request)
-            self.manager.free(request)
+            self._free(request)
         # else: the load may still write its blocks; `finish_load` frees them.
         request.status = status
 
@@ -179,7 +207,7 @@ class Scheduler:
         request = self._requests[request_id]
         num_hit_tokens = self._loads.pop(request_id)
         if RequestStatus.is_finished(request.status):
-            self.manager.free(request)
+            self._free(request)
             return 0
         promised = request.num_computed_tokens - num_hit_tokens
         if num_loaded_tokens is not None and num_loaded_tokens < promised:
@@ -189,7 +217,7 @@ class Scheduler:
             self.manager.cache_blocks(request, request.num_computed_tokens)
             self._landed.add(request_id)
         else:
-            self.manager.free(request)
+            self._free(request)
         if request.num_computed_tokens == request.num_tokens:
             request.num_computed_tokens -= 1  # the last token is computed again, for logits
         request.status = (
@@ -198,6 +226,68 @@ class Scheduler:
         self._waiting.appendleft(request)
         self._sort_waiting()
         return request.num_computed_tokens
+
+    # ----- steps in flight (docs/spec.md §7.1) -----
+
+    def _free(self, request: Any) -> None:
+        """Free the request's blocks, or, while a step that read them is in flight, pop them
+        and keep them held until the newest step launched so far completes."""
+        if self._last_read.get(request.request_id, 0) <= self._completed:
+            self.manager.free(request)
+            return
+        runs = pop_blocks_per_group(self.manager, request)
+        if runs:
+            self._deferred.append((self._launched, runs))
+
+    def _release(self, runs: list[list[Any]]) -> None:
+        """Release a deferred free as `free` would have (`release_blocks_per_group`)."""
+        release_blocks_per_group(self.manager, runs)
+
+    def complete_step(self) -> list[int]:
+        """The oldest step in flight completes: every free waiting for it (or an earlier step)
+        is released, oldest first. Returns the released block ids in that order. ValueError
+        when no step is in flight."""
+        if not self._in_flight:
+            raise ValueError("complete_step(): no step is in flight")
+        self._completed, _, scheduled = self._in_flight.popleft()
+        for request_id, num_tokens in scheduled:
+            self._requests[request_id].num_in_flight_tokens -= num_tokens
+        released: list[int] = []
+        while self._deferred and self._deferred[0][0] <= self._completed:
+            runs = self._deferred.popleft()[1]
+            self._release(runs)
+            released += [b.block_id for run in runs for b in run]
+        return released
+
+    def _launch(self, scheduled: list[tuple[Any, int, int]], in_flight: bool) -> bool:
+        """Number the step (if it scheduled anything) and record what it reads; True when it
+        stays in flight."""
+        if not scheduled:
+            return False
+        self._launched += 1
+        for request, _, _ in scheduled:
+            self._last_read[request.request_id] = self._launched
+        if not in_flight:
+            self._completed = self._launched
+            return False
+        reads = sorted({b for request, _, _ in scheduled for b in self._reads(request)})
+        self._in_flight.append((self._launched, tuple(reads),
+                                tuple((request.request_id, n) for request, n, _ in scheduled)))
+        # The manager frees out-of-window blocks only below the settled tokens.
+        for request, n, _ in scheduled:
+            request.num_in_flight_tokens += n
+        return True
+
+    def _reads(self, request: Any) -> set[int]:
+        """The block ids a step starting at the request's computed tokens reads: each group's
+        table from the first block a token from there attends to."""
+        start = request.num_computed_tokens
+        reads: set[int] = set()
+        for single, blocks in zip(self.manager.coordinator.single_type_managers,
+                                  self.manager.get_blocks(request.request_id).blocks):
+            skip = single.get_num_skipped_tokens(start) // single.block_size
+            reads.update(b.block_id for b in blocks[skip:] if not b.is_null)
+        return reads
 
     def _valid_prefix(self, request_id: str, num_loaded_tokens: int) -> int:
         """The computed tokens a short or failed load leaves (docs/spec.md §13.2): with several
@@ -225,12 +315,21 @@ class Scheduler:
         self,
         sample_token: Callable[[Any], int],
         run_model: Callable[[list[tuple[Any, int, int]], list[tuple[int, int]]], None] | None = None,
+        *,
+        in_flight: bool = False,
     ) -> StepOutput:
         """Schedule running requests (preempting on shortage), then admit waiting ones, then
         play the model: `run_model(scheduled, copies)` (if given) sees the step's requests and
         pending copies after the copies are taken and before any request advances; requests
         whose tokens are then all computed get `sample_token(request)`.
+
+        `in_flight`: the step's bookkeeping is done at once, but it stays in flight (reading
+        its requests' blocks, running its copies) until `complete_step`. A step that does not
+        stay in flight first completes every step still in flight (steps complete in order).
         """
+        if not in_flight:
+            while self._in_flight:
+                self.complete_step()
         manager = self.manager
         manager.new_step_starts()
         budget = self.token_budget
@@ -294,7 +393,11 @@ class Scheduler:
         out.copies = [(copy[0], copy[1]) for copy in copies]
         if run_model is not None:
             run_model(scheduled, out.copies)
-        manager.block_pool.free_blocks(retained)
+        if self._launch(scheduled, in_flight) and retained:
+            # The copies run with the step: their endpoints wait for it, released in order.
+            self._deferred.append((self._launched, [list(retained)[::-1]]))
+        else:
+            manager.block_pool.free_blocks(retained)
 
         for request, num_new_tokens, num_cached_tokens in scheduled:
             out.scheduled.append((request.request_id, num_new_tokens, num_cached_tokens))
@@ -307,7 +410,7 @@ class Scheduler:
                 ):
                     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                     self._running.remove(request)
-                    manager.free(request)
+                    self._free(request)
                     out.finished.append(request.request_id)
         return out
 
@@ -365,7 +468,7 @@ class Scheduler:
 
     def _preempt(self, request: Any) -> None:
         """Free everything; the request re-prefills (after a fresh lookup) when readmitted."""
-        self.manager.free(request)
+        self._free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []
@@ -416,3 +519,38 @@ def mamba_block_aligned_split(
     )
     end = min((s for s in stops if start < s < end), default=end)
     return max(end - start, 0)
+
+
+def pop_blocks_per_group(manager: Any, request: Any) -> list[list[Any]]:
+    """`pop_blocks_for_free`, cut into one run per group (leading nulls trimmed, empty runs
+    left out). A manager without kvcache's `pop_blocks_for_free_per_group` has its
+    concatenated list cut by the group tables read just before (vLLM 0.33+ trims each table's
+    leading nulls; 0.32 hands the whole tables)."""
+    per_group = getattr(manager, "pop_blocks_for_free_per_group", None)
+    if per_group is not None:
+        return [run for run in per_group(request) if run]
+    tables = [list(blocks) for blocks in manager.get_blocks(request.request_id).blocks]
+    popped = manager.pop_blocks_for_free(request)
+    whole = len(popped) == sum(map(len, tables))
+    runs, start = [], 0
+    for table in tables:
+        n = len(table) if whole else len(_without_leading_nulls(table))
+        runs.append(_without_leading_nulls(popped[start:start + n]))
+        start += n
+    return [run for run in runs if run]
+
+
+def release_blocks_per_group(manager: Any, runs: list[list[Any]], **option: bool) -> None:
+    """Release popped runs as `free` would have: group after group, each tail first (kvcache:
+    `free_deferred_blocks`); `option` (`evict_first`) goes on to `BlockPool.free_blocks`."""
+    release = getattr(manager, "free_deferred_blocks", None)
+    if release is not None:
+        release(runs, **option)
+        return
+    for run in runs:
+        manager.block_pool.free_blocks(run[::-1], **option)
+
+
+def _without_leading_nulls(blocks: list[Any]) -> list[Any]:
+    """The blocks from the first that is not the null block."""
+    return blocks[next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks)):]

@@ -130,7 +130,9 @@ class SingleTypeKVCacheManager:
         return first_blocks_to_allocate(
             num_required_blocks,
             num_req_blocks,
-            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size,
+            # Only recycling kinds skip tokens: the others spare the call.
+            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+            if self.recycles_blocks else 0,
             # Evictable: in the free queue (which never holds the null block).
             [block.ref_cnt == 0 and block.prev_free_block is not None
              for block in new_computed_blocks],
@@ -151,6 +153,7 @@ class SingleTypeKVCacheManager:
         num_skipped_blocks = (
             self.get_num_skipped_tokens(num_local_computed_tokens + num_external_computed_tokens)
             // self.block_size
+            if self.recycles_blocks else 0
         )
         if num_skipped_blocks > 0:
             new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
@@ -951,6 +954,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.block_pool.register_full_blocks(
                     request, blocks, first, num_full_blocks, self.block_size,
                     self.kv_cache_group_id,
+                    self.reachable_block_mask(first, num_full_blocks, request),
                 )
             self.num_cached_block[request_id] = num_full_blocks
             num_cached_after = num_full_blocks
@@ -965,6 +969,35 @@ class MambaManager(SingleTypeKVCacheManager):
             for block in self.req_to_blocks[request_id][num_cached_before:num_cached_after]:
                 if block is not null_block and block.block_hash is not None:
                     self.cached_blocks_this_step.add(block.block_hash)
+
+    def reachable_block_mask(
+        self, start_block: int, end_block: int, request: Request | None = None
+    ) -> list[bool] | None:
+        """Sparse state checkpoints under a retention interval R (docs/spec.md §11.3): a hit
+        reads only the one state block ending at its boundary, so block i is kept when it ends
+        a segment (`(i + 1) % (R // bs) == 0`; every block when a segment is at most one
+        block; none when R is 0) or ends at a replay boundary of the caching request, rounded
+        down to the hit alignment and then to a block end. Dense (None) without R."""
+        retention = self.retention_interval
+        if retention is None:
+            return None
+        assert request is not None, "a retention interval needs the caching request"
+        mask = [False] * (end_block - start_block)
+        if retention:
+            per_segment = retention // self.block_size
+            if per_segment <= 1:
+                return None
+            for i in range(-(-(start_block + 1) // per_segment) * per_segment - 1, end_block,
+                           per_segment):
+                mask[i - start_block] = True
+        alignment = self.cache_hit_alignment_tokens
+        for boundary in replay_boundaries(
+            request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
+        ):
+            block_idx = boundary // alignment * alignment // self.block_size - 1
+            if start_block <= block_idx < end_block:
+                mask[block_idx - start_block] = True
+        return mask
 
     def _cache_state_tail_block(self, request: Request, num_tokens: int) -> bytes | None:
         """Register the state at the prompt's last hash boundary (`(P - 1) // hbs * hbs`),

@@ -268,10 +268,11 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
 
 def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list[int]] | None:
     """The op's free_blocks calls, each with its blocks in the caller's order (docs/spec.md §3.6,
-    §4.7); None for a scheduler step, whose releases the snapshots do not show."""
+    §4.7); None for a scheduler step or step completion, whose releases the snapshots do not
+    show."""
     op = ctx.op
     kind = op["op"]
-    if kind == "step":
+    if kind in ("step", "complete_step"):
         return None
     if kind in ("free", "abort", "finish", "finish_load"):
         view = before.requests.get(op["request_id"])
@@ -742,7 +743,7 @@ def window_nulls(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | 
         view = after.requests.get(rid)
         if view is None or view.status != "RUNNING":
             continue
-        settled = min(start, ctx.config.max_model_len)
+        settled = min(start - _in_flight_tokens(before, ctx, rid), ctx.config.max_model_len)
         for g, group in enumerate(ctx.config.groups):
             if group.kind not in _WINDOW_KINDS or not view.tables[g]:
                 continue
@@ -755,6 +756,14 @@ def window_nulls(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | 
                     f"although {skipped_tokens(group, settled)} tokens are out of the window"
                 )
     return None
+
+
+def _in_flight_tokens(before: Snapshot, ctx: CheckContext, rid: str) -> int:
+    """Tokens of rid still in flight when a step op allocates (docs/spec.md §7.1): none for a
+    step that first completes every step in flight."""
+    if ctx.op["op"] != "step" or not ctx.op.get("in_flight"):
+        return 0
+    return sum(n for _, _, scheduled in before.in_flight for r, n in scheduled if r == rid)
 
 
 @transition(

@@ -371,7 +371,8 @@ def allocate_slots(
             return state, Allocation("gate")
     main = total + num_new_tokens
     slots = min(main + num_lookahead_tokens, layout.max_model_len)
-    remove_skipped_blocks(layout, state, req, total)
+    # Only settled tokens: a step in flight still reads the window before its tokens.
+    remove_skipped_blocks(layout, state, req, max(0, total - req.num_in_flight_tokens))
 
     free_before = len(state.free)
     trial = state.trial_copy()

@@ -40,7 +40,8 @@ API_OPS = (
     "free_deferred",
     "release_deferred",
 )
-SCHEDULER_OPS = ("add_request", "step", "abort", "finish", "load_remote", "finish_load")
+SCHEDULER_OPS = ("add_request", "step", "complete_step", "abort", "finish", "load_remote",
+                 "finish_load")
 
 
 class ReferenceModel:
@@ -122,11 +123,13 @@ class ReferenceModel:
             requests=views,
             pending_copies=tuple([pair for g in state.pending_copies for pair in g]),
             retained_copies=tuple(state.retained),
-            deferred_frees=tuple(tuple(run) for runs in self._deferred for run in runs),
+            deferred_frees=tuple(tuple(run) for batches in (self._deferred, [
+                runs for _, runs in self.driver.deferred]) for runs in batches for run in runs),
             new_block_ids=tuple([b for g in state.new_block_ids for b in g]),
             waiting=tuple([r.request_id for r in self.driver.waiting]),
             running=tuple([r.request_id for r in self.driver.running]),
             loads=tuple(sorted(self.driver.loads)),
+            in_flight=tuple(self.driver.in_flight),
         )
 
     # ----- validity helpers -----
@@ -353,7 +356,12 @@ class ReferenceModel:
     # ----- scheduler level -----
 
     def _op_step(self, op: Op) -> dict[str, Any]:
-        return self.driver.step(op["sample"])
+        return self.driver.step(op["sample"], op["in_flight"])
+
+    def _op_complete_step(self, op: Op) -> list[int]:
+        if not self.driver.in_flight:
+            raise InvalidTrace("complete_step: no step is in flight")
+        return self.driver.complete()
 
     def _op_abort(self, op: Op) -> None:
         self.driver.stop(self._added(op["request_id"]), "FINISHED_ABORTED")

@@ -37,6 +37,8 @@ class Request:
     num_computed_tokens: int = 0
     status: str = "WAITING"
     num_preemptions: int = 0
+    num_in_flight_tokens: int = 0
+    """Tokens scheduled by steps still in flight (docs/spec.md §7.1)."""
 
     @property
     def num_tokens(self) -> int:

@@ -23,6 +23,19 @@ class Driver:
         """KV loads in flight: request id -> its local hit (docs/spec.md §13.2)."""
         self.landed: set[str] = set()
         """Requests a load left holding blocks: offered no load again."""
+        self.launched = 0
+        """Steps launched that scheduled tokens."""
+        self.completed = 0
+        """The last of them completed."""
+        self.last_read: dict[str, int] = {}
+        """Request id -> the last step that scheduled it."""
+        self.in_flight: list[tuple[int, tuple[int, ...], tuple[tuple[str, int], ...]]] = []
+        """docs/spec.md §7.1: steps launched, not completed: (step, block ids it reads,
+        (request id, tokens) it scheduled)."""
+        self.in_flight_tokens: list[list[tuple[Request, int]]] = []
+        """Per step in flight: the tokens it scheduled, per request."""
+        self.deferred: list[tuple[int, list[list[int]]]] = []
+        """Frees waiting for a step: (that step, one run per group, each freed tail first)."""
         self.aligned = any(g.align for g in manager.layout.groups)
         """Mamba "align": prefill chunks end where a state can be cached (docs/spec.md §11.3)."""
 
@@ -55,6 +68,37 @@ class Driver:
         self.waiting.append(req)
         self._order_waiting()
 
+    def free(self, req: Request) -> None:
+        """docs/spec.md §7.1: free now, unless a step that read the request's blocks is still
+        in flight: then pop them, held, until the newest step launched so far completes."""
+        if self.last_read.get(req.request_id, 0) <= self.completed:
+            self.manager.free(req.request_id)
+            return
+        runs = [run for run in self.manager.pop_blocks_for_free(req.request_id) if run]
+        if runs:
+            self.hold(runs)
+
+    def hold(self, runs: list[list[int]]) -> None:
+        """Keep these runs held until the newest step launched so far completes."""
+        self.deferred.append((self.launched, runs))
+        for run in runs:
+            self.manager.state.deferred.extend(run)
+
+    def complete(self) -> list[int]:
+        """The oldest step in flight completes; each free waiting for it or before is
+        released, oldest first, group after group, each run tail first."""
+        self.completed = self.in_flight.pop(0)[0]
+        for r, n in self.in_flight_tokens.pop(0):
+            r.num_in_flight_tokens -= n
+        released: list[int] = []
+        while self.deferred and self.deferred[0][0] <= self.completed:
+            for run in self.deferred.pop(0)[1]:
+                for b in run:
+                    self.manager.state.deferred.remove(b)
+                self.manager.state.release(run[::-1])
+                released += run
+        return released
+
     def stop(self, req: Request, status: str) -> None:
         """abort / finish: leave the queue it is in (freeing a running request)."""
         if req.is_finished:
@@ -63,10 +107,10 @@ class Driver:
             pass  # its blocks wait for the load's end (load_done)
         elif req in self.waiting:
             self.waiting.remove(req)
-            self.manager.free(req.request_id)  # holds blocks only if a load landed
+            self.free(req)  # holds blocks only if a load landed
         else:
             self.running.remove(req)
-            self.manager.free(req.request_id)
+            self.free(req)
         req.status = status
 
     def load(self, req: Request, offered: int) -> dict[str, int] | None:
@@ -92,7 +136,7 @@ class Driver:
         prefix (hit + loaded tokens), cached, or free when there is none; wait again, first."""
         hit = self.loads.pop(req.request_id)
         if req.is_finished:
-            self.manager.free(req.request_id)
+            self.free(req)
             return 0
         if loaded is not None and hit + loaded < req.num_computed_tokens:
             req.num_computed_tokens = self._valid_prefix(req.request_id, hit + loaded)
@@ -100,7 +144,7 @@ class Driver:
             self.manager.cache_blocks(req, req.num_computed_tokens)
             self.landed.add(req.request_id)
         else:
-            self.manager.free(req.request_id)
+            self.free(req)
         if req.num_computed_tokens == req.num_tokens:
             req.num_computed_tokens -= 1
         req.status = "PREEMPTED" if req.num_preemptions else "WAITING"
@@ -132,14 +176,18 @@ class Driver:
         return victim
 
     def _preempt(self, victim: Request) -> None:
-        self.manager.free(victim.request_id)
+        self.free(victim)
         victim.status = "PREEMPTED"
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         self.waiting.insert(0, victim)
         self._order_waiting()
 
-    def step(self, sample: int) -> dict[str, Any]:
+    def step(self, sample: int, in_flight: bool = False) -> dict[str, Any]:
+        """One step; `in_flight`: it stays in flight until `complete` (docs/spec.md §7.1),
+        else every step still in flight completes first."""
+        while not in_flight and self.in_flight:
+            self.complete()
         mgr, cfg, M = self.manager, self.cfg, self.max_model_len
         mgr.new_step_starts()
         la = cfg.num_lookahead_tokens
@@ -224,7 +272,29 @@ class Driver:
         # 4. Step end.
         copies = mgr.take_kv_cache_block_copies()
         mgr.take_new_block_ids()
-        mgr.release_copies()
+        if scheduled:
+            self.launched += 1
+            for r, _, _ in scheduled:
+                self.last_read[r.request_id] = self.launched
+            if not in_flight:
+                self.completed = self.launched
+        if in_flight and scheduled:
+            # Each group's table from the first block a token of the step attends to.
+            reads = {b for r, _, _ in scheduled for g in mgr.layout.groups
+                     for b in mgr.state.tables[g.gid].get(r.request_id, [])[
+                         g.skipped(r.num_computed_tokens) // g.bs:]}
+            reads.discard(0)
+            self.in_flight.append((self.launched, tuple(sorted(reads)),
+                                   tuple((r.request_id, n) for r, n, _ in scheduled)))
+            self.in_flight_tokens.append([(r, n) for r, n, _ in scheduled])
+            for r, n, _ in scheduled:
+                r.num_in_flight_tokens += n
+            ends = [b for pair in mgr.state.retained for b in pair]
+            mgr.state.retained = []
+            if ends:
+                self.hold([ends[::-1]])
+        else:
+            mgr.release_copies()
         finished: list[str] = []
         for r, n, _ in scheduled:
             r.num_computed_tokens += n
@@ -233,7 +303,7 @@ class Driver:
             if r.num_output_tokens >= r.max_tokens or r.num_tokens >= M:
                 r.status = "FINISHED_LENGTH_CAPPED"
                 self.running.remove(r)
-                mgr.free(r.request_id)
+                self.free(r)
                 finished.append(r.request_id)
         return {
             "scheduled": [[r.request_id, n, hit] for r, n, hit in scheduled],

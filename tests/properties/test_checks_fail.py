@@ -137,6 +137,12 @@ def _cases(execution, snaps):
         "S2": _state_read_unwritten(),
         "S3": (s, _with(s, pending_copies=((cached_free, held),)), _ctx(execution)),
         "F1": _evict_first_queued_at_tail(),
+        # A step in flight reads a block that is back in the free queue.
+        "IF1": (_with(s, in_flight=((1, (uncached_free,), (("r0", 1),)),)),
+                _with(s, in_flight=((1, (uncached_free,), (("r0", 1),)),)), _ctx(execution)),
+        # No step in flight, yet a deferred free still holds a block.
+        "IF2": (s, _with(s, deferred_frees=((held,),)),
+                dataclasses.replace(_ctx(execution), level="scheduler")),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
@@ -210,6 +216,28 @@ def _window_key_off_boundary():
                                           for b, k in enumerate(after.block_keys)))
     op = {"op": "allocate_slots", "request_id": "w", "num_new_tokens": 12}
     return before, after, _ctx(execution, op=op, config=RETAINED)
+
+
+STATE_RETAINED = Config(16, (GroupConfig("mamba", 4, mamba_cache_mode="align"),),
+                        max_model_len=64, prefix_cache_retention_interval=0)
+
+
+def test_rt1_wants_a_state_key_at_a_kept_checkpoint():
+    """Retention 0, one Mamba "align" group (bs 4), a 10-token prompt prefilled 4 tokens at a
+    time: the state at 4 gets no key (the replay boundary 9 keeps the one at 8); given one all
+    the same, RT1 flags it (docs/spec.md §11.3)."""
+    ops = [{"op": "add_request", "request_id": "m", "prompt": list(range(10))},
+           {"op": "allocate_slots", "request_id": "m", "num_new_tokens": 4}]
+    execution, snaps = _run(STATE_RETAINED, ops)
+    before, after = snaps[-2], snaps[-1]
+    block = after.requests["m"].tables[0][0]
+    assert after.block_keys[block] is None
+    ctx = _ctx(execution, op=ops[-1], config=STATE_RETAINED)
+    check = REGISTRY.get("RT1")
+    assert check.fn(before, after, ctx) is None
+    planted = _with(after, block_keys=tuple((0, None, tuple(range(4))) if b == block else k
+                                            for b, k in enumerate(after.block_keys)))
+    assert "got a key for 4 tokens" in check.fn(before, planted, ctx)
 
 
 def _state_read_unwritten():

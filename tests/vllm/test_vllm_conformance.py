@@ -83,8 +83,8 @@ def test_encoder_only_layers_form_no_vllm_group(name, vllm_groups):
     assert len(tables[0]) == vllm_groups + 1
 
 
-@pytest.mark.parametrize("name, retention", [("gemma3_retention", 6),
-                                             ("gemma3_retention", -4), ("full", 8)])
+@pytest.mark.parametrize("name, retention", [("gemma3_retention", 6), ("gemma3_retention", -4),
+                                             ("full", 8), ("qwen3_5_retention", 12)])
 def test_vllm_refuses_retention_as_the_config_does(name, retention):
     """vLLM's own coordinator refuses the retention intervals the config loader refuses, with
     the same message (docs/spec.md §4.9.2)."""
@@ -107,7 +107,12 @@ def test_vllm_refuses_retention_as_the_config_does(name, retention):
 
 def _cannot_build(name: str) -> str | None:
     """Why the installed vLLM cannot build built-in config `name` (docs/findings/012), if so."""
-    return get_target("vllm").cannot_build(BUILTIN[name][1]) if vllm_available() else None
+    if not vllm_available():
+        return None
+    try:
+        return get_target("vllm").cannot_build(BUILTIN[name][1])
+    except VllmUnsupported as exc:  # an option this vLLM lacks: a usage error, skipped here
+        return str(exc)
 
 
 for _name in BUILTIN:
@@ -423,4 +428,60 @@ def test_a_connector_op_on_a_vllm_without_it_exits_2_naming_op_and_target(
     assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
     err = capsys.readouterr().err
     assert f"the trace uses {op['op']}" in err
+    assert f"target vllm (vLLM {api.version}) lacks it" in err
+
+
+# ----- steps in flight (docs/spec.md §7.1) -----
+
+IN_FLIGHT = [
+    _add("a", list(range(1, 18)), max_tokens=2), _add("b", list(range(1, 10)), max_tokens=1),
+    {"op": "step", "in_flight": True}, {"op": "abort", "request_id": "a"},
+    {"op": "step", "in_flight": True}, {"op": "complete_step"}, {"op": "step"},
+]
+
+
+def test_steps_in_flight_three_way():
+    """vLLM's pop_blocks_for_free and free_blocks, driven by the kvcache driver, agree with
+    kvcache and the model while frees wait for steps in flight."""
+    ex = Execution(BUILTIN["deferred"][1], "scheduler", THREE_WAY)
+    for op in IN_FLIGHT[:4]:
+        ex.apply(op)
+    assert ex.state.in_flight and ex.state.deferred_frees
+    for op in IN_FLIGHT[4:]:
+        ex.apply(op)
+    assert not ex.state.in_flight and not ex.state.deferred_frees
+
+
+def test_steps_in_flight_on_a_vllm_without_deferred_frees_exit_2(monkeypatch, tmp_path, capsys):
+    import kvfuzz.harness.vllm_api as vllm_api
+
+    api = load_vllm()
+    monkeypatch.setattr(vllm_api, "_API", dataclasses.replace(
+        api, features=api.features - {"deferred_free"}))
+    path = tmp_path / "t.json"
+    Trace(BUILTIN["deferred"][1], "scheduler", [_add("a", PROMPT10),
+                                                {"op": "step", "in_flight": True}]).save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "the trace uses in_flight" in err and "target vllm" in err
+
+
+# ----- retention of Mamba "align" state checkpoints on a vLLM without it -----
+
+@pytest.mark.parametrize("feature, option", [
+    ("state_retention", "prefix_cache_retention_interval with a Mamba 'align' group"),
+    ("retention", "prefix_cache_retention_interval"),
+])
+def test_state_retention_on_a_vllm_without_it_exits_2_naming_option_and_target(
+        monkeypatch, tmp_path, capsys, feature, option):
+    import kvfuzz.harness.vllm_api as vllm_api
+
+    api = load_vllm()
+    monkeypatch.setattr(vllm_api, "_API", dataclasses.replace(
+        api, features=api.features - {feature}))
+    path = tmp_path / "t.json"
+    Trace(BUILTIN["qwen3_5_retention"][1], "api", [_add("a", PROMPT10)]).save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert f"the config sets {option}," in err
     assert f"target vllm (vLLM {api.version}) lacks it" in err

@@ -1,0 +1,48 @@
+"""Steps in flight (docs/spec.md §7.1, checks IF1-IF2): a block a launched step still reads stays
+its readers' until the step completes, and what waited for the steps is released once they
+have all completed.
+
+Judged from the snapshots alone: `in_flight` lists each step still in flight with the blocks
+its requests held at launch; `deferred_frees` the blocks popped for frees not yet released.
+"""
+
+from __future__ import annotations
+
+from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.properties.registry import CheckContext, invariant, transition
+
+
+@transition(
+    "IF1",
+    "in-flight reads: every block a step still in flight reads stays held (never back in the "
+    "free queue, so never handed to another request) and keeps the cache key it had, until "
+    "the step completes",
+    covers=("spec §7.1",),
+)
+def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
+    keys_before = {step for step, _, _ in before.in_flight}
+    free = after.free_set()
+    for step, reads, _ in after.in_flight:
+        for b in reads:
+            if after.ref_cnt[b] <= 0 or b in free:
+                return (f"block {b}, read by step {step} still in flight, was released (ref_cnt "
+                        f"{after.ref_cnt[b]}{', in the free queue' if b in free else ''}) "
+                        f"after {ctx.op['op']}")
+            if step in keys_before and before.block_keys[b] is not None \
+                    and after.block_keys[b] != before.block_keys[b]:
+                return (f"block {b}, read by step {step} still in flight, was re-keyed by "
+                        f"{ctx.op['op']}")
+    return None
+
+
+@invariant(
+    "IF2",
+    "in-flight drain: once no step is in flight, no free waits any more (every deferred "
+    "block was released: none leaks)",
+    covers=("spec §7.1",),
+)
+def in_flight_drained(s: Snapshot, ctx: CheckContext) -> str | None:
+    if ctx.level != "scheduler" or s.in_flight or not s.deferred_frees:
+        return None
+    held = sorted({b for run in s.deferred_frees for b in run})
+    return f"no step is in flight, yet blocks {held} still wait for a deferred free"
