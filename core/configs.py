@@ -43,7 +43,8 @@ def _attention_mamba(
 
 
 def _attention_mamba_align(
-    name: str, num_blocks: int, num_mamba_groups: int, bs: int, hbs: int, speculative: int = 0
+    name: str, num_blocks: int, num_mamba_groups: int, bs: int, hbs: int, speculative: int = 0,
+    retention: int | None = None,
 ) -> Config:
     """Full attention beside `num_mamba_groups` Mamba "align" groups, prefix caching on.
 
@@ -55,7 +56,8 @@ def _attention_mamba_align(
         GroupConfig("mamba", bs, mamba_cache_mode="align", num_speculative_blocks=speculative)
         for _ in range(num_mamba_groups)
     )
-    return Config(num_blocks, groups, name=name, max_model_len=64, hash_block_size=hbs)
+    return Config(num_blocks, groups, name=name, max_model_len=64, hash_block_size=hbs,
+                  prefix_cache_retention_interval=retention)
 
 
 BUILTIN: dict[str, tuple[str, Config]] = {
@@ -248,6 +250,14 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "each prompt's replay boundary",
             Config(16, (_swa(4, 5),), name="swa_replay_only", max_model_len=64,
                    max_in_flight_tokens=16, prefix_cache_retention_interval=0),
+        ),
+        (
+            "Qwen3.5-shaped, Mamba align mode with prefix-cache retention 16: 1 gated "
+            "attention : 3 Gated DeltaNet with MTP -> full (bs 8) + 3 state groups (bs 8, 2 "
+            "speculative blocks), hash blocks of 2; a state block keeps its key only at a "
+            "16-token segment end or the prompt's replay boundary",
+            _attention_mamba_align("qwen3_5_retention", 60, 3, 8, 2, speculative=2,
+                                   retention=16),
         ),
         (
             "Tier B: EAGLE on a hybrid model with sub-block hits, full attention (bs 16) + two "

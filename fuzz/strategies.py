@@ -93,6 +93,20 @@ def _vary_group(choices: Choices, group: GroupConfig) -> GroupConfig:
     return group
 
 
+SPECULATIVE_BLOCKS = (1, 2, 3)
+"""State blocks for draft tokens a config with speculative decoding is run with: vLLM sets
+every Mamba group's `num_speculative_blocks` to the one `num_speculative_tokens`."""
+
+
+def _vary_speculative_blocks(
+    choices: Choices, groups: tuple[GroupConfig, ...]
+) -> tuple[GroupConfig, ...]:
+    """One draft-token count for every state group of a config that decodes speculatively."""
+    num = pick(choices, SPECULATIVE_BLOCKS)
+    return tuple(dataclasses.replace(g, num_speculative_blocks=num) if g.kind == "mamba" else g
+                 for g in groups)
+
+
 def vary_config(choices: Choices, base: Config) -> Config:
     """`base` with its pool, window and driver knobs varied."""
     sched = dataclasses.replace(
@@ -102,6 +116,8 @@ def vary_config(choices: Choices, base: Config) -> Config:
         chunked_prefill=base.scheduler.chunked_prefill and flip(choices),
     )
     groups = tuple(_vary_group(choices, g) for g in base.groups)
+    if any(g.num_speculative_blocks for g in groups):
+        groups = _vary_speculative_blocks(choices, groups)
     blocks_per_request = max(-(-base.max_model_len // (2 * g.block_size)) for g in groups)
     num_blocks = between(choices, max(4, blocks_per_request // 2), base.num_blocks + 8)
     retention = base.prefix_cache_retention_interval

@@ -755,6 +755,15 @@ def _retention_ignored(side: KvcacheSide) -> None:
             single.retention_interval = None
 
 
+@mutant("state-retention-ignored", "Mamba 'align' groups ignore the prefix-cache retention "
+        "interval and key the state at every block end a chunk reaches",
+        bug="docs/spec.md §11.3", configs=("qwen3_5_retention",))
+def _state_retention_ignored(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "MambaManager":
+            single.retention_interval = None
+
+
 @mutant("negative-external-accepted", "allocate_slots accepts a negative external-token count "
         "and takes a negative number of blocks for it: the free count grows by them",
         bug="docs/bugs.md #5", configs=("connector",))

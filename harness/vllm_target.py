@@ -100,10 +100,12 @@ def build_vllm_manager(config: Config) -> Any:
     """The installed vLLM's KVCacheManager for a harness config."""
     v = load_vllm()
     iface = v["interface"]
+    retention = ({"prefix_cache_retention_interval": config.prefix_cache_retention_interval}
+                 if v.has("retention") else {})
     kv_cache_config = iface.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
-        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        **retention,
         kv_cache_groups=[
             iface.KVCacheGroupSpec([f"layer.{i}"], _spec(config.groups[i], v),
                                    is_eagle_group=config.groups[i].eagle)
@@ -354,8 +356,22 @@ class VllmSide(ManagerSide):
             self.tolerated[deviation.name].update(rids)
         return snapshot
 
+    def _require_option(self, option: str, feature: str) -> None:
+        """Exit 2 (VllmUnsupported) naming a config option this vLLM cannot run."""
+        if not self.api.has(feature):
+            raise VllmUnsupported(
+                f"the config sets {option}, which needs {FEATURES[feature][0]}; target "
+                f"{self.name} (vLLM {self.api.version}) lacks it (docs/vllm.md)"
+            )
+
     def build_manager(self, config: Config) -> Any:
         v = self.api
+        if config.prefix_cache_retention_interval is not None:
+            self._require_option("prefix_cache_retention_interval", "retention")
+            if config.enable_caching and any(g.mamba_cache_mode == "align"
+                                             for g in config.groups):
+                self._require_option("prefix_cache_retention_interval with a Mamba 'align' "
+                                     "group", "state_retention")
         if config.kv_events:
             self.require("take_events")
             # Events then carry the block hashes themselves, which the harness reads as content.

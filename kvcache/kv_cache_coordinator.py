@@ -36,10 +36,8 @@ def validate_prefix_cache_retention_interval(
     retention_interval: int | None,
     scheduler_block_size: int,
     kv_cache_config: KVCacheConfig,
-    enable_caching: bool,
 ) -> None:
-    """vLLM's rules for the retention interval (docs/spec.md §4.9.2), with its messages; a
-    Mamba "align" group with caching on is refused as not implemented by kvfuzz."""
+    """vLLM's rules for the retention interval (docs/spec.md §4.9.2), with its messages."""
     if retention_interval is None:
         return
     specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
@@ -55,13 +53,6 @@ def validate_prefix_cache_retention_interval(
         raise ValueError(
             f"prefix_cache_retention_interval ({retention_interval}) must be non-negative and "
             f"a multiple of scheduler_block_size ({scheduler_block_size})."
-        )
-    if enable_caching and any(
-        isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" for spec in specs
-    ):
-        raise ValueError(
-            "prefix_cache_retention_interval with a Mamba 'align' group is not implemented by "
-            "kvfuzz yet"
         )
 
 
@@ -99,7 +90,7 @@ class KVCacheCoordinator(ABC):
                 )
         validate_prefix_cache_retention_interval(
             kv_cache_config.prefix_cache_retention_interval, scheduler_block_size,
-            kv_cache_config, enable_caching,
+            kv_cache_config,
         )
         if enable_caching:
             if not groups:
@@ -153,7 +144,7 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(groups)
         )
-        # Sparse retention (§4.9.2): only sliding-window masks read it.
+        # Sparse retention: read by sliding-window (§4.9.2) and Mamba 'align' (§11.3) masks.
         for manager in self.single_type_managers:
             manager.retention_interval = kv_cache_config.prefix_cache_retention_interval
             manager.replay_use_eagle = bool(self.drop_eagle_group_ids)
@@ -576,6 +567,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self._two_searches = self._is_simple_hybrid and not any(
             spec_group.use_eagle for spec_group in self.attention_groups
         )
+        # Whether the two searches' lists, full attention's then the other's, are already in
+        # group order (every group prefix-cacheable, full attention's groups first).
+        self._two_searches_in_order = self._two_searches and (
+            [*self.attention_groups[0].group_ids, *self.attention_groups[1].group_ids]
+            == list(range(len(groups)))
+        )
 
     def _split_spec_groups(self) -> list[SpecGroup]:
         """Merge groups with equal spec, class and pool; full attention first, because its
@@ -738,16 +735,22 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             block_hashes, max_cache_hit_length, full.group_ids, block_pool, full.spec, False,
             alignment_tokens,
         )
+        if not full_hit_length:
+            # A miss (half the lookups): no kind hits within 0 tokens, so no second search.
+            return tuple([[] for _ in self.single_type_managers]), 0, 0
         other_blocks, hit_length = other.manager_cls.find_longest_cache_hit(
             block_hashes, full_hit_length, other.group_ids, block_pool, other.spec, False,
             alignment_tokens,
         )
-        num_full_blocks = cdiv(hit_length, full.spec.block_size)
+        num_full_blocks = -(-hit_length // full.spec.block_size)  # cdiv, inlined
+        for blocks in full_blocks:
+            del blocks[num_full_blocks:]
+        if self._two_searches_in_order:
+            return (*full_blocks, *other_blocks), hit_length, full_hit_length - hit_length
         hit_blocks_by_group: list[list[KVCacheBlock]] = [
             [] for _ in self.single_type_managers
         ]
         for group_id, blocks in zip(full.group_ids, full_blocks):
-            del blocks[num_full_blocks:]
             hit_blocks_by_group[group_id] = blocks
         for group_id, blocks in zip(other.group_ids, other_blocks):
             hit_blocks_by_group[group_id] = blocks

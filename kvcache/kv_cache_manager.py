@@ -387,7 +387,7 @@ class KVCacheManager:
                     f"{new_computed_blocks!r} is not a KVCacheBlocks"
                 )
             if hit_blocks is not empty_blocks:
-                self._check_hits(request_id, new_computed_blocks)
+                self._check_hits(request_id, new_computed_blocks, hit_blocks)
 
         # 1. Inputs.
         # Conditional expressions instead of min/max below: this is the hottest call there is.
@@ -448,7 +448,8 @@ class KVCacheManager:
             num_local_computed_tokens,
             num_tokens_main_model,
         )
-        available_blocks = self.block_pool.get_num_free_blocks() - reserved_blocks
+        # `get_num_free_blocks` inlined.
+        available_blocks = self.block_pool.free_block_queue.num_free_blocks - reserved_blocks
         if num_blocks + watermark_blocks > available_blocks:
             return None
 
@@ -516,23 +517,34 @@ class KVCacheManager:
                 f"{bad!r}, not a group of the {self.num_kv_cache_groups} groups"
             )
 
-    def _check_hits(self, request_id: str, hits: KVCacheBlocks) -> None:
-        """Hits to adopt come from a lookup: one list per group, for a first allocation."""
-        if len(hits.blocks) != self.num_kv_cache_groups:
+    def _check_hits(
+        self, request_id: str, hits: KVCacheBlocks, hit_blocks: tuple[object, ...]
+    ) -> None:
+        """Hits to adopt come from a lookup: one list per group, for a first allocation.
+
+        One pass over the groups: each block's type (messages built only on failure), and
+        whether any group has a hit (the cheap checks below run only then).
+        """
+        if len(hit_blocks) != self.num_kv_cache_groups:
             raise ValueError(
                 f"allocate_slots({request_id!r}): new_computed_blocks has "
-                f"{len(hits.blocks)} block lists for {self.num_kv_cache_groups} groups"
+                f"{len(hit_blocks)} block lists for {self.num_kv_cache_groups} groups"
             )
         block_pool = self.block_pool
         own = block_pool.block_type
-        for group in hits.blocks:
-            for block in block_pool._block_list("allocate_slots", group):
-                if type(block) is not own:  # `check_own`, its message built only on failure
-                    raise ValueError(
-                        f"allocate_slots({request_id!r}) new_computed_blocks: "
-                        f"{block_pool.describe_foreign(block)}"
-                    )
-        if not any(hits.blocks):
+        adopting = False
+        for group in hit_blocks:
+            if type(group) is not list:  # a list, the lookup's own, is read as it is
+                group = block_pool._block_list("allocate_slots", group)
+            if group:
+                adopting = True
+                for block in group:
+                    if type(block) is not own:  # `check_own`, its message built only on failure
+                        raise ValueError(
+                            f"allocate_slots({request_id!r}) new_computed_blocks: "
+                            f"{block_pool.describe_foreign(block)}"
+                        )
+        if not adopting:
             return
         if self.coordinator.tracks(request_id):
             raise ValueError(

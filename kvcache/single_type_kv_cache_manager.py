@@ -130,7 +130,9 @@ class SingleTypeKVCacheManager:
         return first_blocks_to_allocate(
             num_required_blocks,
             num_req_blocks,
-            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size,
+            # Only recycling kinds skip tokens: the others spare the call.
+            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+            if self.recycles_blocks else 0,
             # Evictable: in the free queue (which never holds the null block).
             [block.ref_cnt == 0 and block.prev_free_block is not None
              for block in new_computed_blocks],
@@ -151,6 +153,7 @@ class SingleTypeKVCacheManager:
         num_skipped_blocks = (
             self.get_num_skipped_tokens(num_local_computed_tokens + num_external_computed_tokens)
             // self.block_size
+            if self.recycles_blocks else 0
         )
         if num_skipped_blocks > 0:
             new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
@@ -793,6 +796,13 @@ class MambaManager(SingleTypeKVCacheManager):
             # The hit state is written by this step's forward pass: never fits this step.
             return self.block_pool.num_gpu_blocks + 1
         if self.align:
+            if (not new_computed_blocks and request_id in self._allocated_block_reqs
+                    and request_id not in self._partial_hit_reqs):
+                # A running request (most calls): at most one new state block.
+                num_required_blocks = (-(-num_tokens_main_model // self.block_size)
+                                       + self.num_speculative_blocks)
+                req_blocks = self.req_to_blocks.get(request_id)
+                return 1 if num_required_blocks > len(req_blocks) else 0  # type: ignore[arg-type]
             return self._align_blocks_to_allocate(
                 request_id, num_tokens_main_model, new_computed_blocks, num_local_computed_tokens
             )
@@ -813,14 +823,10 @@ class MambaManager(SingleTypeKVCacheManager):
         new_computed_blocks: Sequence[KVCacheBlock],
         num_local_computed_tokens: int,
     ) -> int:
-        """vLLM's align-mode count, with the new blocks floored at 0: a table longer than
-        the step needs (vLLM: after rejected drafts) takes nothing, it gives nothing back."""
+        """vLLM's align-mode count for a request adopting hits, new or with a partial hit to
+        copy (the caller answers a running one), with the new blocks floored at 0."""
         num_required_blocks = -(-num_tokens // self.block_size) + self.num_speculative_blocks
         req_blocks = self.req_to_blocks.get(request_id)
-        if (not new_computed_blocks and request_id in self._allocated_block_reqs
-                and request_id not in self._partial_hit_reqs):
-            # A running request (most calls): at most one new state block.
-            return 1 if num_required_blocks > len(req_blocks) else 0  # type: ignore[arg-type]
         num_new_blocks = num_required_blocks - len(new_computed_blocks) - (
             len(req_blocks) if req_blocks is not None else 0
         )
@@ -835,44 +841,41 @@ class MambaManager(SingleTypeKVCacheManager):
             if request_id not in self._allocated_block_reqs:
                 physical_block_cap += self.num_speculative_blocks
             num_new_blocks = min(num_new_blocks, physical_block_cap)
+        null_block = self._null_block
         num_evictable = sum(
-            1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null
+            1 for block in new_computed_blocks if block is not null_block and block.ref_cnt == 0
         )
         return max(num_new_blocks, 0) + num_evictable
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
     ) -> list[KVCacheBlock]:
-        if self.align:
-            return self._allocate_align(request_id, num_tokens_main_model)
-        num_tokens += self._speculative_tokens
-        req_blocks = self.req_to_blocks.get(request_id)
-        if req_blocks is not None and num_tokens <= len(req_blocks) * self.block_size:
-            return []  # most decode steps: the table already covers the slots
-        return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+        """Mode "none": grow the table to `num_tokens` + draft slots. Mode "align", for the
+        main model's tokens (draft models have no state layers): positions before the new
+        state block become null, the previous state block is remembered (freed once passed),
+        exclusively owned draft blocks the step leaves behind move to the end, and a partial
+        hit gets its copy-on-write block first.
 
-    def _allocate_align(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        """Align mode, for the main model's tokens (draft models have no state layers):
-        positions before the new state block become null, the previous state block is
-        remembered (freed once passed), exclusively owned draft blocks the step leaves behind
-        move to the end, and a partial hit gets its copy-on-write block first.
-
-        Returns the table's new entries (nulls and moved draft blocks included), as vLLM does.
+        Align mode returns the table's new entries (nulls and moved draft blocks included), as
+        vLLM does.
         """
+        if not self.align:
+            num_tokens += self._speculative_tokens
+            req_blocks = self.req_to_blocks.get(request_id)
+            if req_blocks is not None and num_tokens <= len(req_blocks) * self.block_size:
+                return []  # most decode steps: the table already covers the slots
+            return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
         num_spec = self.num_speculative_blocks
-        num_required_blocks = -(-num_tokens // self.block_size) + num_spec
+        num_required_blocks = -(-num_tokens_main_model // self.block_size) + num_spec
         partial_hit = self._partial_hit_reqs.get(request_id) if self._partial_hit_reqs else None
         req_blocks = self.req_to_blocks.get(request_id)
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request_id] = []
-        elif num_required_blocks <= len(req_blocks) and partial_hit is None:
+        prev_block_len = len(req_blocks)
+        if num_required_blocks <= prev_block_len and partial_hit is None:
             self._allocated_block_reqs.add(request_id)  # most decode steps: nothing to do
             return []
         blocks_allocated = request_id in self._allocated_block_reqs
-        prev_block_len = len(req_blocks)
-        if num_required_blocks <= prev_block_len and partial_hit is None:
-            self._allocated_block_reqs.add(request_id)
-            return []
         if blocks_allocated:
             # The running state lives in the last (1 + num_spec) blocks.
             self.last_state_block_idx[request_id] = prev_block_len - 1 - num_spec
@@ -901,7 +904,8 @@ class MambaManager(SingleTypeKVCacheManager):
                 returned_blocks.insert(0, cow_block)
         req_blocks.extend(new_blocks)
         self._allocated_block_reqs.add(request_id)
-        self._partial_hit_reqs.pop(request_id, None)
+        if partial_hit is not None:
+            del self._partial_hit_reqs[request_id]
         returned_blocks.extend(new_blocks)
         return returned_blocks
 
@@ -950,18 +954,50 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.block_pool.register_full_blocks(
                     request, blocks, first, num_full_blocks, self.block_size,
                     self.kv_cache_group_id,
+                    self.reachable_block_mask(first, num_full_blocks, request),
                 )
             self.num_cached_block[request_id] = num_full_blocks
-        num_cached_after = self.num_cached_block.get(request_id, 0)
-        if self.align:
+            num_cached_after = num_full_blocks
+        else:
+            num_cached_after = num_cached_before
+        if self.align and not num_tokens % self._hash_block_size:  # else: no tail to cache
             partial_key = self._cache_state_tail_block(request, num_tokens)
             if partial_key is not None:
                 self.cached_blocks_this_step.add(partial_key)
         if num_cached_after > num_cached_before:
-            blocks = self.req_to_blocks[request_id]
-            for block in blocks[num_cached_before:num_cached_after]:
-                if not block.is_null and block.block_hash is not None:
+            null_block = self._null_block
+            for block in self.req_to_blocks[request_id][num_cached_before:num_cached_after]:
+                if block is not null_block and block.block_hash is not None:
                     self.cached_blocks_this_step.add(block.block_hash)
+
+    def reachable_block_mask(
+        self, start_block: int, end_block: int, request: Request | None = None
+    ) -> list[bool] | None:
+        """Sparse state checkpoints under a retention interval R (docs/spec.md §11.3): a hit
+        reads only the one state block ending at its boundary, so block i is kept when it ends
+        a segment (`(i + 1) % (R // bs) == 0`; every block when a segment is at most one
+        block; none when R is 0) or ends at a replay boundary of the caching request, rounded
+        down to the hit alignment and then to a block end. Dense (None) without R."""
+        retention = self.retention_interval
+        if retention is None:
+            return None
+        assert request is not None, "a retention interval needs the caching request"
+        mask = [False] * (end_block - start_block)
+        if retention:
+            per_segment = retention // self.block_size
+            if per_segment <= 1:
+                return None
+            for i in range(-(-(start_block + 1) // per_segment) * per_segment - 1, end_block,
+                           per_segment):
+                mask[i - start_block] = True
+        alignment = self.cache_hit_alignment_tokens
+        for boundary in replay_boundaries(
+            request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
+        ):
+            block_idx = boundary // alignment * alignment // self.block_size - 1
+            if start_block <= block_idx < end_block:
+                mask[block_idx - start_block] = True
+        return mask
 
     def _cache_state_tail_block(self, request: Request, num_tokens: int) -> bytes | None:
         """Register the state at the prompt's last hash boundary (`(P - 1) // hbs * hbs`),
@@ -973,11 +1009,11 @@ class MambaManager(SingleTypeKVCacheManager):
         if num_tokens != (request.num_prompt_tokens - 1) // hash_block_size * hash_block_size:
             return None
         blocks = self.req_to_blocks[request.request_id]
-        block_idx = cdiv(num_tokens, self.block_size) - 1
+        block_idx = -(-num_tokens // self.block_size) - 1  # cdiv, inlined
         if block_idx >= len(blocks):
             return None
         source_block = blocks[block_idx]
-        if source_block.is_null or source_block.block_hash_num_tokens == num_tokens:
+        if source_block is self._null_block or source_block.block_hash_num_tokens == num_tokens:
             return None
         key = self.block_pool.cache_partial_block(
             request, source_block, num_tokens, self.kv_cache_group_id, self.block_size
@@ -987,23 +1023,29 @@ class MambaManager(SingleTypeKVCacheManager):
             self.num_cached_block[request.request_id] = block_idx
         return key
 
-    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
-        """As the base; align-mode tables also have nulls between states, which stay."""
+    def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
+        """Drop every per-request entry; the request's table as it was (None without one)."""
         if self._partial_hit_reqs:  # mode "none" never has any: skips the call
             self._partial_hit_reqs.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
-        req_blocks = self.req_to_blocks.pop(request_id, None)
-        if not req_blocks:
-            return []
         if self.align:
             self._allocated_block_reqs.discard(request_id)
             self.last_state_block_idx.pop(request_id, None)
             self._num_retired_blocks.pop(request_id, None)
-            num_nulls = next((i for i, block in enumerate(req_blocks) if not block.is_null),
+        return self.req_to_blocks.pop(request_id, None)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """As the base; align-mode tables also have nulls between states, which stay."""
+        req_blocks = self._forget(request_id)
+        if not req_blocks:
+            return []
+        null_block = self._null_block
+        if self.align:
+            num_nulls = next((i for i, block in enumerate(req_blocks) if block is not null_block),
                              len(req_blocks))
             return req_blocks[num_nulls:] if num_nulls else req_blocks
-        if req_blocks[0] is self._null_block:  # the released head, counted only when there
-            return req_blocks[null_head_len(req_blocks, self._null_block):]
+        if req_blocks[0] is null_block:  # the released head, counted only when there
+            return req_blocks[null_head_len(req_blocks, null_block):]
         return req_blocks
 
     def free(self, request_id: str) -> None:
@@ -1011,12 +1053,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if not self.align:
             super().free(request_id)
             return
-        self._partial_hit_reqs.pop(request_id, None)
-        self.num_cached_block.pop(request_id, None)
-        self._allocated_block_reqs.discard(request_id)
-        self.last_state_block_idx.pop(request_id, None)
-        self._num_retired_blocks.pop(request_id, None)
-        req_blocks = self.req_to_blocks.pop(request_id, None)
+        req_blocks = self._forget(request_id)
         if req_blocks:
             null_block = self._null_block
             self.block_pool.release([b for b in reversed(req_blocks) if b is not null_block])
@@ -1042,24 +1079,26 @@ class MambaManager(SingleTypeKVCacheManager):
             or last_state_block_idx >= -(-processed_computed_tokens // block_size) - 1
         ):
             return  # most decode steps: nothing passed
+        null_block = self._null_block
         if processed_computed_tokens > 1 and first_block < last_block:
             # Align-mode tables have null gaps between states: skip nulls, do not stop.
             freed = []
             for i in range(last_block - 1, first_block - 1, -1):
-                if not blocks[i].is_null:
-                    freed.append(blocks[i])
-                    blocks[i] = self._null_block
+                block = blocks[i]
+                if block is not null_block:
+                    freed.append(block)
+                    blocks[i] = null_block
             if freed:
                 self.block_pool.free_blocks(freed)
             self._num_retired_blocks[request_id] = last_block
         # The previous step's state block was the copy source of this step's: now passed.
         if (
             last_state_block_idx is not None
-            and last_state_block_idx < cdiv(processed_computed_tokens, self.block_size) - 1
-            and not blocks[last_state_block_idx].is_null
+            and last_state_block_idx < -(-processed_computed_tokens // block_size) - 1
+            and blocks[last_state_block_idx] is not null_block
         ):
             self.block_pool.free_blocks([blocks[last_state_block_idx]])
-            blocks[last_state_block_idx] = self._null_block
+            blocks[last_state_block_idx] = null_block
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Only the state after the last computed token is read again."""
@@ -1087,8 +1126,13 @@ class MambaManager(SingleTypeKVCacheManager):
         hash_block_size = block_pool.hash_block_size
         if alignment_tokens < block_size and block_size % alignment_tokens == 0:
             # Every hash boundary, right to left: a hash block's index is its end's.
+            top = max_length // hash_block_size
+            if top > len(block_hashes):
+                top = len(block_hashes)
+            if top <= 0:
+                return tuple([[] for _ in kv_cache_group_ids]), 0
             unit, hashes = hash_block_size, block_hashes
-            indices = range(min(max_length // hash_block_size, len(block_hashes)) - 1, -1, -1)
+            indices = range(top - 1, -1, -1)
         else:
             unit = block_size
             hashes = resolve_block_hashes(block_hashes, hash_block_size, block_size)
@@ -1099,12 +1143,11 @@ class MambaManager(SingleTypeKVCacheManager):
                              if (i + 1) * block_size % alignment_tokens == 0))
         found = block_pool.get_rightmost_cached_block(hashes, indices, kv_cache_group_ids)
         if found is None:
-            return tuple([] for _ in kv_cache_group_ids), 0
+            return tuple([[] for _ in kv_cache_group_ids]), 0
         index, cached = found
         hit_length = (index + 1) * unit
-        num_nulls = (hit_length - 1) // block_size
-        null_block = block_pool.null_block
-        return tuple([null_block] * num_nulls + [block] for block in cached), hit_length
+        nulls = [block_pool.null_block] * ((hit_length - 1) // block_size)
+        return tuple([nulls + [block] for block in cached]), hit_length
 
 
 _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {

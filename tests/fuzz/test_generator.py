@@ -12,7 +12,7 @@ from kvfuzz.core.configs import builtin_config
 from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, GROWTH_GAIN, Campaign, CampaignOptions,
                                   campaign_pairs, pair_weight)
 from kvfuzz.fuzz.generator import ApiRules, SchedulerRules, Swarm, focus_features, run_example
-from kvfuzz.fuzz.strategies import BytesChoices, vary_config
+from kvfuzz.fuzz.strategies import SPECULATIVE_BLOCKS, BytesChoices, vary_config
 from kvfuzz.harness.executor import Execution, run_trace
 
 
@@ -78,6 +78,29 @@ def test_swarms_vary_per_example_and_keep_the_core_and_focused_rules():
     assert 2 < rule_off / knob_off < 8
     kept = [ApiRules.draw_swarm(BytesChoices(_bytes(s, 64)), keep={"free"}) for s in range(200)]
     assert not any("free" in s.off for s in kept)
+
+
+def test_speculative_blocks_vary_alike_in_every_state_group_and_only_where_set():
+    seen = set()
+    for seed in range(40):
+        groups = vary_config(BytesChoices(_bytes(seed, 64)), builtin_config("qwen3_5")).groups
+        counts = {g.num_speculative_blocks for g in groups if g.kind == "mamba"}
+        assert len(counts) == 1 and not any(g.num_speculative_blocks for g in groups
+                                            if g.kind != "mamba")
+        seen |= counts
+    assert seen == set(SPECULATIVE_BLOCKS)
+    for seed in range(10):
+        groups = vary_config(BytesChoices(_bytes(seed, 64)), builtin_config("jamba")).groups
+        assert not any(g.num_speculative_blocks for g in groups)
+
+
+def test_a_varied_speculative_count_replays_on_kvcache_and_the_model():
+    counts = set()
+    for seed in range(6):
+        ex = _example(_bytes(seed), "scheduler", "qwen3_5_align")
+        counts |= {g.num_speculative_blocks for g in ex.trace.config.groups if g.kind == "mamba"}
+        assert run_trace(ex.trace, ["kvcache"]).passed
+    assert len(counts) > 1
 
 
 def test_an_example_whose_swarm_keeps_everything_is_the_same_without_swarm_testing():

@@ -16,7 +16,7 @@ from kvfuzz.kvcache import FullAttentionSpec, MambaSpec
 from kvcache_testkit import free_ids, make_manager, make_request, table_ids
 
 ALIGN_CONFIGS = ["qwen3_5_align", "nemotron_h_align", "granite4", "mamba_align",
-                 "swa_mamba_align", "swa_mamba_align_fine"]
+                 "swa_mamba_align", "swa_mamba_align_fine", "qwen3_5_retention"]
 
 
 def _align(block_size: int, speculative: int = 0) -> MambaSpec:

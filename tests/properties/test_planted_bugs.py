@@ -56,6 +56,7 @@ EXPECTED = {
     "ring-block-per-step": {"P1", "P4"},
     "encoder-only-takes-blocks": {"EO1"},
     "retention-ignored": {"RT1", "DIFF-state"},
+    "state-retention-ignored": {"RT1", "DIFF-state"},
     "boundary-before-hit": {"I20"},
     "boundary-one-short": {"DIFF-probe"},
     "negative-external-accepted": {"P1", "DIFF-result", "DIFF-probe", "DIFF-state"},
@@ -107,7 +108,8 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("C1", "aborted-load-holds-blocks", "scheduler"),
      ("P1", "negative-external-accepted", "api"),
      ("I12", "hit-reaches-num-tokens", "scheduler"), ("I12", "lookup-ignores-bound", "api"),
-     ("RT1", "retention-ignored", "api"), ("EO1", "encoder-only-takes-blocks", "api"),
+     ("RT1", "retention-ignored", "api"), ("RT1", "state-retention-ignored", "api"),
+     ("RT1", "state-retention-ignored", "scheduler"), ("EO1", "encoder-only-takes-blocks", "api"),
      ("IF1", "inflight-freed-at-once", "scheduler"),
      ("IF2", "inflight-fence-one-late", "scheduler")],
 )

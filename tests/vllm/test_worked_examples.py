@@ -134,6 +134,27 @@ def test_e6_hybrid_fixed_point(sides):
     assert [len(ids) for ids in hit["block_ids"]] == [2, 4]
 
 
+def test_eagle_drop_verified_at_a_longer_candidate_holds_at_a_shorter_one(sides):
+    """The hybrid fixed point's EAGLE bookkeeping (docs/mutation.md, the survivors at
+    `new_hit_length < curr_hit_length`): only a search that shortens the candidate voids the
+    drops verified before it. Windows of one, one and two blocks; the second window loses
+    block 1, the third block 2. Round 1 drops everywhere and the third window cuts the
+    candidate to 4; in round 2 the first window's search keeps 4, so the second window's drop,
+    verified at 12, still stands and the hit is 4 (clearing it would re-drop and miss block 1)."""
+    groups = (_full(4), _swa(4, 4), _swa(4, 5), _swa(4, 8))
+    ex = Execution(Config(32, groups, max_model_len=48, use_eagle=True), "api", sides)
+    prompt = list(range(1, 17))
+    ex.apply(_add("a", prompt))
+    _admit(ex, "a")
+    holes = [_table(ex, "a", 2)[1], _table(ex, "a", 3)[2]]
+    ex.apply({"op": "free", "request_id": "a"})
+    ex.apply({"op": "evict_blocks", "block_ids": holes})
+    ex.apply(_add("q", prompt))
+    hit = _lookup(ex, "q")
+    assert hit["num_computed_tokens"] == 4
+    assert [len(ids) for ids in hit["block_ids"]] == [1, 1, 1, 1]
+
+
 def test_e7_e8_salt_isolation_and_reset_refusal(sides):
     ex = Execution(Config(16, (_full(4),)), "api", sides)
     ex.apply(_add("a", PROMPT10, cache_salt="a"))
