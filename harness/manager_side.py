@@ -23,7 +23,6 @@ from kvfuzz.core.sides import (
 )
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
-from kvfuzz.kvcache.scheduler import Scheduler, pop_blocks_per_group, release_blocks_per_group
 
 T = TypeVar("T")
 
@@ -108,6 +107,8 @@ class ManagerSide:
         return spread
 
     def build_scheduler(self, config: Config) -> Any:
+        from kvfuzz.kvcache.scheduler import Scheduler  # kvcache loads late (atheris instruments it)
+
         s = config.scheduler
         return Scheduler(
             self.manager,
@@ -422,6 +423,8 @@ class ManagerSide:
         """The scheduler's deferred free: forget the request now, keep its blocks held, one
         run per group (kvcache pops them so; for another manager the runs are cut from the
         concatenated list by the group tables read just before)."""
+        from kvfuzz.kvcache.scheduler import pop_blocks_per_group
+
         request = self._live_request(op)
         ok, runs = self._call(lambda: pop_blocks_per_group(self.manager, request))
         if not ok:
@@ -437,6 +440,8 @@ class ManagerSide:
         option = {"evict_first": True} if op["evict_first"] else {}
         if option:
             self.require("evict_first")
+        from kvfuzz.kvcache.scheduler import release_blocks_per_group
+
         batches, self.deferred_blocks = self.deferred_blocks, []
         for runs in batches:
             ok, out = self._call(lambda: release_blocks_per_group(self.manager, runs, **option))

@@ -1094,7 +1094,8 @@ class MambaManager(SingleTypeKVCacheManager):
         return req_blocks
 
     def free(self, request_id: str) -> None:
-        """As the base; in align mode tail first, skipping the nulls between states."""
+        """As the base; in align mode tail first, skipping the nulls between states (one
+        pass over the table, not `pop_blocks_for_free`'s scan of the leading nulls)."""
         if not self.align:
             super().free(request_id)
             return
