@@ -145,7 +145,8 @@ class SchedulerConfig:
 
 
 # Kinds whose KV a connector may load (docs/spec.md §13.1).
-_CONNECTOR_KINDS = ("full", "mla", "sink_full", "sliding_window", "chunked_local")
+_CONNECTOR_KINDS = ("full", "mla", "sink_full", "sliding_window", "chunked_local", "rswa",
+                    "mamba", "cross", "circular_buffer")
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,9 @@ class Config:
     kv_events: bool = False
     """The manager queues KV cache events; `take_events` ops read them (docs/spec.md §3.10)."""
     prefix_cache_retention_interval: int | None = None
-    """Sparse prefix-cache retention of sliding-window groups (docs/spec.md §4.9.2): None
-    dense, 0 only replay boundaries, R a segment end every R tokens and replay boundaries."""
+    """Sparse prefix-cache retention of sliding-window and Mamba "align" groups (docs/spec.md
+    §4.9.2, §11.3): None dense, 0 only replay boundaries, R a segment end every R tokens and
+    replay boundaries."""
     kv_connector: bool = False
     """Generators load some requests' KV from a simulated connector (docs/spec.md §13)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -373,11 +375,6 @@ class Config:
             raise ConfigError(
                 f"prefix_cache_retention_interval ({retention}) must be non-negative and a "
                 f"multiple of scheduler_block_size ({sbs})."
-            )
-        if self.enable_caching and any(g.mamba_cache_mode == "align" for g in self.groups):
-            raise ConfigError(
-                "prefix_cache_retention_interval with a mamba_cache_mode 'align' group is not "
-                "implemented by kvfuzz yet (docs/spec.md §11.5)"
             )
 
     # ----- (de)serialisation -----

@@ -5,6 +5,8 @@ Pools are small on purpose, so that shortage, eviction and preemption happen all
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvfuzz.core.config import Config, GroupConfig, SchedulerConfig
 from kvfuzz.core.errors import KvfuzzError
 
@@ -44,7 +46,7 @@ def _attention_mamba(
 
 def _attention_mamba_align(
     name: str, num_blocks: int, num_mamba_groups: int, bs: int, hbs: int, speculative: int = 0,
-    use_eagle: bool = False,
+    use_eagle: bool = False, retention: int | None = None,
 ) -> Config:
     """Full attention beside `num_mamba_groups` Mamba "align" groups, prefix caching on.
 
@@ -57,7 +59,7 @@ def _attention_mamba_align(
         for _ in range(num_mamba_groups)
     )
     return Config(num_blocks, groups, name=name, max_model_len=64, hash_block_size=hbs,
-                  use_eagle=use_eagle)
+                  use_eagle=use_eagle, prefix_cache_retention_interval=retention)
 
 
 BUILTIN: dict[str, tuple[str, Config]] = {
@@ -180,6 +182,19 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             _attention_mamba_align("nemotron_h_align", 64, 6, 8, 4),
         ),
         (
+            "Nemotron-H-shaped with a KV connector (NIXL-style disaggregated prefill), Mamba "
+            "align mode: full (bs 8) + 6 state groups (bs 8), hash blocks of 4; loads pass "
+            "state hits and report diverging per-group hits",
+            replace(_attention_mamba_align("nemotron_h_connector", 64, 6, 8, 4),
+                    kv_connector=True),
+        ),
+        (
+            "Qwen3.5-shaped with a KV connector, prefix caching off: full (bs 4) + 3 state "
+            "groups with 2 speculative blocks each; every admission may load remote KV",
+            replace(_attention_mamba("qwen3_5_connector", 40, 3, speculative=2),
+                    kv_connector=True),
+        ),
+        (
             "Granite-4.0-H-shaped, Mamba align mode, state block 4 hash blocks of 2: 1 "
             "attention : 9 Mamba2 -> full (bs 8) + 9 state groups (bs 8)",
             _attention_mamba_align("granite4", 80, 9, 8, 2),
@@ -258,6 +273,14 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "each prompt's replay boundary",
             Config(16, (_swa(4, 5),), name="swa_replay_only", max_model_len=64,
                    max_in_flight_tokens=16, prefix_cache_retention_interval=0),
+        ),
+        (
+            "Qwen3.5-shaped, Mamba align mode with prefix-cache retention 16: 1 gated "
+            "attention : 3 Gated DeltaNet with MTP -> full (bs 8) + 3 state groups (bs 8, 2 "
+            "speculative blocks), hash blocks of 2; a state block keeps its key only at a "
+            "16-token segment end or the prompt's replay boundary",
+            _attention_mamba_align("qwen3_5_retention", 60, 3, 8, 2, speculative=2,
+                                   retention=16),
         ),
         (
             "Tier B: EAGLE on a hybrid model with sub-block hits, full attention (bs 16) + two "

@@ -219,12 +219,17 @@ class ApiRules(Rules):
                              max_cache_hit_length=bound)["num_computed_tokens"]
         remaining = view.num_tokens - hit
         least = 0 if hit and self.knob("adopt_only", lambda: flip(c), False) else 1
-        num_new_tokens = self._chunk(rid, view, hit, between(c, least, remaining))
+        # External tokens first: on a Mamba "align" config the chunk starts after them.
+        external = self._external(remaining - least)
+        computed = hit + external.get("num_external_computed_tokens", 0)
+        num_new_tokens = self._chunk(
+            rid, view, computed, between(c, least, view.num_tokens - computed)
+        )
         self.apply(
             op="allocate_slots",
             request_id=rid,
             num_new_tokens=num_new_tokens,
-            **self._external(remaining - num_new_tokens),
+            **external,
             use_lookup=use_lookup,
             num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
             full_sequence_must_fit=self.knob("gate", lambda: flip(c), False),

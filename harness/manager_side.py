@@ -23,7 +23,6 @@ from kvfuzz.core.sides import (
 )
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
-from kvfuzz.kvcache.scheduler import Scheduler, pop_blocks_per_group, release_blocks_per_group
 
 T = TypeVar("T")
 
@@ -108,6 +107,8 @@ class ManagerSide:
         return spread
 
     def build_scheduler(self, config: Config) -> Any:
+        from kvfuzz.kvcache.scheduler import Scheduler  # kvcache loads late (atheris instruments it)
+
         s = config.scheduler
         return Scheduler(
             self.manager,
@@ -121,6 +122,7 @@ class ManagerSide:
             reserved_blocks=s.reserved_blocks,
             mamba_block_aligned_split=any(g.mamba_cache_mode == "align" for g in config.groups),
             use_eagle=config.use_eagle,
+            state_groups=any(g.kind == "mamba" for g in config.groups),
         )
 
     # ----- Side -----
@@ -422,6 +424,8 @@ class ManagerSide:
         """The scheduler's deferred free: forget the request now, keep its blocks held, one
         run per group (kvcache pops them so; for another manager the runs are cut from the
         concatenated list by the group tables read just before)."""
+        from kvfuzz.kvcache.scheduler import pop_blocks_per_group
+
         request = self._live_request(op)
         ok, runs = self._call(lambda: pop_blocks_per_group(self.manager, request))
         if not ok:
@@ -437,6 +441,8 @@ class ManagerSide:
         option = {"evict_first": True} if op["evict_first"] else {}
         if option:
             self.require("evict_first")
+        from kvfuzz.kvcache.scheduler import release_blocks_per_group
+
         batches, self.deferred_blocks = self.deferred_blocks, []
         for runs in batches:
             ok, out = self._call(lambda: release_blocks_per_group(self.manager, runs, **option))
@@ -489,8 +495,8 @@ class ManagerSide:
             lambda: self.scheduler.start_load(request.request_id, op["num_external_tokens"]))
         if not ok or out is None:
             return out
-        self._loading[request.request_id] = out
-        return {"hit": out[0], "external": out[1]}
+        self._loading[request.request_id] = out[:2]
+        return {"hit": out[0], "external": out[1], "diverged": out[2]}
 
     def _finish_load(self, op: Op) -> Any:
         """The load ends; the KV of the prefix it leaves valid counts as written (for the data

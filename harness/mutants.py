@@ -763,6 +763,15 @@ def _retention_ignored(side: KvcacheSide) -> None:
             single.retention_interval = None
 
 
+@mutant("state-retention-ignored", "Mamba 'align' groups ignore the prefix-cache retention "
+        "interval and key the state at every block end a chunk reaches",
+        bug="docs/spec.md §11.3", configs=("qwen3_5_retention",))
+def _state_retention_ignored(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if type(single).__name__ == "MambaManager":
+            single.retention_interval = None
+
+
 @mutant("negative-external-accepted", "allocate_slots accepts a negative external-token count "
         "and takes a negative number of blocks for it: the free count grows by them",
         bug="docs/bugs.md #5", configs=("connector",))
@@ -781,6 +790,25 @@ def _negative_external_accepted(side: KvcacheSide) -> None:
         return result
 
     _around(manager, "allocate_slots", around)
+
+
+@mutant("external-state-block-uncounted", "a state group's predictor caps a first allocation "
+        "with external tokens at one state block, as vLLM's align mode does: the external "
+        "state's block and the step's own count as one", bug="docs/bugs.md #21",
+        configs=("nemotron_h_connector",))
+def _external_state_block_uncounted(side: KvcacheSide) -> None:
+    def around(original, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+               num_local_computed_tokens, num_tokens_main_model, *args, **kwargs):
+        value = original(request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                         num_local_computed_tokens, num_tokens_main_model, *args, **kwargs)
+        external = (request_id not in single.req_to_blocks
+                    and total_computed_tokens > num_local_computed_tokens)
+        crosses = -(-num_tokens_main_model // single.block_size) > (
+            -(-total_computed_tokens // single.block_size))
+        return value - 1 if external and crosses and value > 0 else value
+
+    for single in _state_managers(side):
+        _around(single, "get_num_blocks_to_allocate", around)
 
 
 @mutant("aborted-load-holds-blocks", "a request aborted while waiting for remote KV is never "

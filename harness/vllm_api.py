@@ -125,6 +125,16 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         lambda api: {"num_external_computed_tokens", "delay_cache_blocks"}
         <= set(_parameters(api["KVCacheManager"].allocate_slots)),
     ),
+    "retention": (
+        "KVCacheConfig(prefix_cache_retention_interval=): sparse prefix-cache retention",
+        lambda api: "prefix_cache_retention_interval" in _parameters(
+            api["interface"].KVCacheConfig),
+    ),
+    "state_retention": (
+        "MambaManager.reachable_block_mask: state checkpoints thinned by the retention "
+        "interval",
+        lambda api: _masks_state_checkpoints(),
+    ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",
         lambda api: _importable("vllm.v1.token_buffer"),
@@ -279,6 +289,16 @@ def _rekeys_state_tail() -> bool:
     except Exception:  # noqa: BLE001 - an unreadable or different manager: not this release
         return False
     return "block_hash_num_tokens == num_tokens" not in source
+
+
+def _masks_state_checkpoints() -> bool:
+    """Whether vLLM's MambaManager defines its own caching mask (retention of state
+    checkpoints) rather than inheriting the dense one."""
+    try:
+        manager = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+    except Exception:  # noqa: BLE001 - no such module: no such feature
+        return False
+    return "reachable_block_mask" in vars(getattr(manager, "MambaManager", object))
 
 
 def _frees_null_block(block_pool: Any) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.trace import Op
+from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.harness.manager_side import ManagerSide
 from kvfuzz.harness.vllm_api import (
     FEATURES,
@@ -100,10 +101,12 @@ def build_vllm_manager(config: Config) -> Any:
     """The installed vLLM's KVCacheManager for a harness config."""
     v = load_vllm()
     iface = v["interface"]
+    retention = ({"prefix_cache_retention_interval": config.prefix_cache_retention_interval}
+                 if v.has("retention") else {})
     kv_cache_config = iface.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
-        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        **retention,
         kv_cache_groups=[
             iface.KVCacheGroupSpec([f"layer.{i}"], _spec(config.groups[i], v),
                                    is_eagle_group=config.groups[i].eagle)
@@ -148,9 +151,13 @@ _WINDOW_KINDS = ("sliding_window", "chunked_local")
 def _drop_empty_window_entries(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
     """An empty window-group table of a request that is not running reads as no entry: vLLM's
     `remove_skipped_blocks` inserts it when a first allocate_slots is refused (docs/spec.md §10.1).
+    Mode "none" state groups skip too: external tokens reach them on a first allocation (an
+    "align" group's entry is 013's).
     """
     return _drop_empty_entries(
-        snapshot, {g for g, group in enumerate(config.groups) if group.kind in _WINDOW_KINDS}
+        snapshot, {g for g, group in enumerate(config.groups)
+                   if group.kind in _WINDOW_KINDS
+                   or group.kind == "mamba" and group.mamba_cache_mode != "align"}
     )
 
 
@@ -202,6 +209,11 @@ STATE_TAIL_REKEYED = "state-tail-rekeyed"
 """vLLM 0.32 marks a state already keyed at the prompt's tail as cached again, deferring hits on
 it (docs/findings/014): `vllm` gives its state managers 0.33's "already keyed" return."""
 
+EXTERNAL_STATE_UNCOUNTED = "external-state-block-uncounted"
+"""vLLM's align-mode predictor caps a first allocation at one state block even when external
+tokens take a block of their own, and counts hit states the external tokens pass
+(docs/findings/017): `vllm` gives its align managers the exact count of such allocations."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
@@ -249,6 +261,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         _no_snapshot_change,
         releases="0.32",
         applies=lambda api: api.has("state_tail_rekeyed"),
+    ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        EXTERNAL_STATE_UNCOUNTED,
+        "docs/findings/017-external-state-block-uncounted.md",
+        _no_snapshot_change,
+        releases="0.33–0.34",
+        applies=lambda api: api.has("kv_connector"),
     ),
     # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
     KnownDeviation(
@@ -354,8 +374,22 @@ class VllmSide(ManagerSide):
             self.tolerated[deviation.name].update(rids)
         return snapshot
 
+    def _require_option(self, option: str, feature: str) -> None:
+        """Exit 2 (VllmUnsupported) naming a config option this vLLM cannot run."""
+        if not self.api.has(feature):
+            raise VllmUnsupported(
+                f"the config sets {option}, which needs {FEATURES[feature][0]}; target "
+                f"{self.name} (vLLM {self.api.version}) lacks it (docs/vllm.md)"
+            )
+
     def build_manager(self, config: Config) -> Any:
         v = self.api
+        if config.prefix_cache_retention_interval is not None:
+            self._require_option("prefix_cache_retention_interval", "retention")
+            if config.enable_caching and any(g.mamba_cache_mode == "align"
+                                             for g in config.groups):
+                self._require_option("prefix_cache_retention_interval with a Mamba 'align' "
+                                     "group", "state_retention")
         if config.kv_events:
             self.require("take_events")
             # Events then carry the block hashes themselves, which the harness reads as content.
@@ -366,11 +400,43 @@ class VllmSide(ManagerSide):
         utils.NONE_HASH = v["sha256"](config.none_hash_seed)
         self._hasher = utils.get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
         manager = build_vllm_manager(config)
-        if STATE_TAIL_REKEYED in self.tolerated:
-            for single in manager.coordinator.single_type_managers:
-                if getattr(single, "mamba_cache_mode", None) == "align":
-                    self._skip_rekeyed_state_tail(single)
+        for single in manager.coordinator.single_type_managers:
+            if getattr(single, "mamba_cache_mode", None) != "align":
+                continue
+            if STATE_TAIL_REKEYED in self.tolerated:
+                self._skip_rekeyed_state_tail(single)
+            if EXTERNAL_STATE_UNCOUNTED in self.tolerated:
+                self._count_external_state_blocks(single)
         return manager
+
+    def _count_external_state_blocks(self, single: Any) -> None:
+        """A first allocation with external tokens is predicted as it happens (kvcache's
+        count: the passed hits, the external state block, then the step's own)."""
+        original = single.get_num_blocks_to_allocate
+        tolerated = self.tolerated[EXTERNAL_STATE_UNCOUNTED]
+
+        def get_num_blocks_to_allocate(request_id: str, num_tokens: int,
+                                       new_computed_blocks: Any, total_computed_tokens: int,
+                                       num_local_computed_tokens: int,
+                                       num_tokens_main_model: int, *args: Any,
+                                       **kwargs: Any) -> int:
+            theirs = original(request_id, num_tokens, new_computed_blocks,
+                              total_computed_tokens, num_local_computed_tokens,
+                              num_tokens_main_model, *args, **kwargs)
+            if (request_id in single.req_to_blocks and single.req_to_blocks[request_id]) or (
+                    total_computed_tokens <= num_local_computed_tokens) or theirs > (
+                    single.block_pool.num_gpu_blocks):
+                return theirs
+            required = -(-num_tokens_main_model // single.block_size) + (
+                single.num_speculative_blocks)
+            ours = MambaManager._align_external_blocks_to_allocate(
+                single, required, new_computed_blocks, num_local_computed_tokens,
+                total_computed_tokens)
+            if ours != theirs:
+                tolerated.add(request_id)
+            return ours
+
+        single.get_num_blocks_to_allocate = get_num_blocks_to_allocate
 
     def _skip_rekeyed_state_tail(self, single: Any) -> None:
         """0.33's return in `_cache_partial_tail_block`: a state block already keyed at

@@ -36,10 +36,8 @@ def validate_prefix_cache_retention_interval(
     retention_interval: int | None,
     scheduler_block_size: int,
     kv_cache_config: KVCacheConfig,
-    enable_caching: bool,
 ) -> None:
-    """vLLM's rules for the retention interval (docs/spec.md §4.9.2), with its messages; a
-    Mamba "align" group with caching on is refused as not implemented by kvfuzz."""
+    """vLLM's rules for the retention interval (docs/spec.md §4.9.2), with its messages."""
     if retention_interval is None:
         return
     specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
@@ -55,13 +53,6 @@ def validate_prefix_cache_retention_interval(
         raise ValueError(
             f"prefix_cache_retention_interval ({retention_interval}) must be non-negative and "
             f"a multiple of scheduler_block_size ({scheduler_block_size})."
-        )
-    if enable_caching and any(
-        isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" for spec in specs
-    ):
-        raise ValueError(
-            "prefix_cache_retention_interval with a Mamba 'align' group is not implemented by "
-            "kvfuzz yet"
         )
 
 
@@ -99,7 +90,7 @@ class KVCacheCoordinator(ABC):
                 )
         validate_prefix_cache_retention_interval(
             kv_cache_config.prefix_cache_retention_interval, scheduler_block_size,
-            kv_cache_config, enable_caching,
+            kv_cache_config,
         )
         if enable_caching:
             if not groups:
@@ -148,8 +139,8 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(groups)
         )
-        # Sparse retention (§4.9.2): only sliding-window masks read it. With EAGLE, Mamba
-        # checkpoints follow the attention replay boundary (§11.3).
+        # Sparse retention: read by sliding-window (§4.9.2) and Mamba 'align' (§11.3) masks.
+        # With EAGLE, Mamba checkpoints follow the attention replay boundary (§11.3).
         for manager in self.single_type_managers:
             if use_eagle and isinstance(manager.kv_cache_spec, MambaSpec):
                 manager.drop_eagle_checkpoint_block = True
@@ -728,6 +719,32 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             hit_length,
             longest_hit_length - hit_length,
         )
+
+    @property
+    def full_attention_group_id(self) -> int | None:
+        """The first full-attention group (sorted first), the reference of per-group lookups;
+        None without full attention."""
+        first = self.attention_groups[0]
+        return first.group_ids[0] if first.is_full else None
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """Every spec group searched on its own up to `max_cache_hit_length`, no fixed point:
+        the blocks and the hit length per group (0 and no blocks for groups that are never
+        looked up). EAGLE drops do not arise: kvcache refuses EAGLE with a state group that
+        caches, the only configs that take this lookup."""
+        hit_blocks: list[list[KVCacheBlock]] = [[] for _ in self.single_type_managers]
+        hit_lengths = [0] * len(self.single_type_managers)
+        for spec, group_ids, manager_cls, _, _ in self.attention_groups:
+            blocks, hit_length = manager_cls.find_longest_cache_hit(
+                block_hashes, max_cache_hit_length, group_ids, self.block_pool, spec, False,
+                self._cache_hit_alignment_tokens,
+            )
+            for group_id, group_blocks in zip(group_ids, blocks):
+                hit_blocks[group_id] = group_blocks
+                hit_lengths[group_id] = hit_length
+        return tuple(hit_blocks), tuple(hit_lengths)
 
     def _find_in_two_searches(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int

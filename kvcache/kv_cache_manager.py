@@ -166,11 +166,6 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
-        # The kinds that refuse external (KV connector) tokens, named in the refusal.
-        self._no_external_kinds = [
-            type(m).__name__ for m in self.coordinator.single_type_managers
-            if not m.takes_external_tokens
-        ]
         # Groups whose tables do not follow the token count: encoder KV, a ring's one block,
         # encoder-only attention's none.
         self._fixed_group_ids = frozenset(
@@ -250,14 +245,35 @@ class KVCacheManager:
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
         """The local lookup of a request scheduled with a KV connector: `get_computed_blocks`'
-        triple and whether a group's hit ran deeper than another's (never, without Mamba)."""
+        triple and whether a group's hit ran deeper than another's (docs/spec.md §13.1).
+
+        On a hybrid with Mamba and full attention every group is searched on its own; the
+        full-attention hit is the local prefix (the connector supplies the state at its end)
+        unless another group hit deeper, which falls back to `get_computed_blocks`. The flag
+        says that some group's hit (a state group's, or 0 for a group never looked up) is
+        shorter than it; blocks are each group's own, and there is no shared-prefix boundary.
+        """
         _request_id("get_computed_blocks_for_connector", request)
-        if any(isinstance(spec, MambaSpec) for spec in self._group_specs()):
-            raise ValueError(
-                f"get_computed_blocks_for_connector({request.request_id!r}): the per-group "
-                "lookup of Mamba hybrids is not in kvcache"
-            )
-        return *self.get_computed_blocks(request, max_cache_hit_length), False
+        coordinator = self.coordinator
+        full_group_id = getattr(coordinator, "full_attention_group_id", None)
+        if full_group_id is None or not any(
+            isinstance(spec, MambaSpec) for spec in self._group_specs()
+        ):
+            return *self.get_computed_blocks(request, max_cache_hit_length), False
+        if max_cache_hit_length is not None and (
+            type(max_cache_hit_length) is not int or max_cache_hit_length < 0
+        ):
+            raise ValueError(f"max_cache_hit_length must be >= 0, got {max_cache_hit_length!r}")
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0, False
+        blocks, hit_lengths = coordinator.find_longest_cache_hit_per_group(
+            request.block_hashes, request.get_max_cache_hit_length(max_cache_hit_length)
+        )
+        num_local = hit_lengths[full_group_id]
+        if any(hit_length > num_local for hit_length in hit_lengths):
+            # Full attention's tail was evicted under a deeper hit: the reconciled lookup.
+            return *self.get_computed_blocks(request, max_cache_hit_length), False
+        return self.create_kv_cache_blocks(blocks), num_local, 0, min(hit_lengths) < num_local
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens the request's tables hold cached: over the prefix-cached groups, the least of
@@ -480,7 +496,7 @@ class KVCacheManager:
 
     def _check_counts(self, request_id: str, **counts: object) -> None:
         """Each count an int >= 0 (bools are not counts); external tokens only for a request
-        that holds nothing yet, on attention groups (docs/spec.md §13.1)."""
+        that holds nothing yet (docs/spec.md §13.1)."""
         for n in counts.values():
             if type(n) is not int or n < 0:  # type: ignore[operator]
                 _reject_counts(f"allocate_slots({request_id!r})", **counts)
@@ -489,18 +505,12 @@ class KVCacheManager:
             self._check_external(request_id, external)  # type: ignore[arg-type]
 
     def _check_external(self, request_id: str, external: int) -> bool:
-        """External tokens (an int > 0) only for a request that holds nothing yet, on
-        attention groups. True, so that it can close the fast check's condition."""
+        """External tokens (an int > 0) only for a request that holds nothing yet. True, so
+        that it can close the fast check's condition."""
         if self.coordinator.tracks(request_id):
             raise ValueError(
                 f"allocate_slots({request_id!r}): num_external_computed_tokens={external} for "
                 "a request that already holds blocks"
-            )
-        if self._no_external_kinds:
-            raise ValueError(
-                f"allocate_slots({request_id!r}): num_external_computed_tokens={external}, but "
-                f"{', '.join(self._no_external_kinds)} groups take no external (KV connector) "
-                "tokens in kvcache"
             )
         return True
 

@@ -57,6 +57,7 @@ class Scheduler:
         reserved_blocks: int = 0,
         mamba_block_aligned_split: bool = False,
         use_eagle: bool = False,
+        state_groups: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -86,6 +87,9 @@ class Scheduler:
         self.mamba_block_aligned_split = mamba_block_aligned_split
         # ... which with EAGLE move to its replay boundary.
         self.use_eagle = use_eagle
+        # Recurrent-state groups: the connector leaves the last token to compute (NIXL's
+        # backoff), and a load that ends short fails whole (docs/spec.md §13.2).
+        self.state_groups = state_groups
         self._running: list[Any] = []
         self._waiting: deque[Any] = deque()
         self._requests: dict[str, Any] = {}
@@ -157,12 +161,15 @@ class Scheduler:
 
     # ----- KV connector (docs/spec.md §13.2): the driver plays the connector -----
 
-    def start_load(self, request_id: str, num_external_tokens: int) -> tuple[int, int] | None:
+    def start_load(
+        self, request_id: str, num_external_tokens: int
+    ) -> tuple[int, int, bool] | None:
         """A connector offers `num_external_tokens` tokens of a waiting request that holds
-        nothing and never kept a landed load: after its local lookup, the request takes blocks
-        for the hit and at most its remaining tokens, uncached, and waits for remote KV.
-        (hit, external tokens), or None when nothing is loaded (not such a request, nothing
-        left to offer, or no room)."""
+        nothing and never kept a landed load: after its connector lookup, the request takes
+        blocks for the hit and at most its remaining tokens (but the last, with state groups),
+        uncached, and waits for remote KV. (hit, external tokens, whether the lookup's hits
+        diverged), or None when nothing is loaded (not such a request, nothing left to offer,
+        or no room)."""
         request = self._known(request_id, "start_load")
         if type(num_external_tokens) is not int or num_external_tokens < 0:
             raise ValueError(
@@ -173,10 +180,21 @@ class Scheduler:
                 or request_id in self._landed):
             return None
         manager = self.manager
-        hit_blocks, num_hit_tokens, _ = manager.get_computed_blocks(request)
-        external = min(num_external_tokens, request.num_tokens - num_hit_tokens)
-        if external <= 0:
+        hit_blocks, num_hit_tokens, _, diverged = manager.get_computed_blocks_for_connector(
+            request
+        )
+        # The connector counts from the last block boundary of the hit: a longer load
+        # supersedes a sub-block tail (no copy-on-write races it), a shorter one loads nothing.
+        partial_tail = num_hit_tokens % manager.coordinator.scheduler_block_size
+        external = min(
+            num_external_tokens,
+            request.num_tokens - self.state_groups - (num_hit_tokens - partial_tail),
+        )
+        if external <= partial_tail:
             return None
+        if partial_tail:
+            num_hit_tokens -= partial_tail
+            hit_blocks = manager.truncate_computed_blocks(hit_blocks, num_hit_tokens)
         new_blocks = manager.allocate_slots(
             request,
             0,
@@ -192,13 +210,14 @@ class Scheduler:
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         request.num_computed_tokens = num_hit_tokens + external
         self._loads[request_id] = num_hit_tokens
-        return num_hit_tokens, external
+        return num_hit_tokens, external, diverged
 
     def finish_load(self, request_id: str, num_loaded_tokens: int | None = None) -> int:
         """The load of `request_id` ends with `num_loaded_tokens` of its external tokens
-        (None: all). An aborted request's blocks are freed; otherwise the valid prefix is
-        cached (nothing valid: the blocks are freed) and the request waits again, first in
-        line. Returns its computed tokens. ValueError when no load is in flight for it."""
+        (None: all; fewer, with state groups: none valid). An aborted request's blocks are
+        freed; otherwise the valid prefix is cached (nothing valid: the blocks are freed) and
+        the request waits again, first in line. Returns its computed tokens. ValueError when
+        no load is in flight for it."""
         if request_id not in self._loads:
             raise ValueError(f"finish_load({request_id!r}): no KV load in flight for it")
         if num_loaded_tokens is not None and (
@@ -215,7 +234,8 @@ class Scheduler:
             return 0
         promised = request.num_computed_tokens - num_hit_tokens
         if num_loaded_tokens is not None and num_loaded_tokens < promised:
-            request.num_computed_tokens = self._valid_prefix(
+            # With state groups no state holds a short load's end: all of it is lost.
+            request.num_computed_tokens = 0 if self.state_groups else self._valid_prefix(
                 request_id, num_hit_tokens + num_loaded_tokens)
         if request.num_computed_tokens:
             self.manager.cache_blocks(request, request.num_computed_tokens)

@@ -55,7 +55,6 @@ class SingleTypeKVCacheManager:
     caches_partial_tail_block = False
     # Whether `get_num_skipped_tokens` can be positive: only then can blocks leave the window.
     recycles_blocks: ClassVar[bool] = False
-    takes_external_tokens: ClassVar[bool] = True
     """Whether kvcache gives this kind blocks for KV connector tokens (docs/spec.md §13.1)."""
 
     def __init__(
@@ -434,7 +433,6 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 class RSWAManager(FullAttentionManager):
     """Full attention whose decode keeps only the last `rswa_window` tokens: the blocks wholly
     between the prompt's last block and the window are released (docs/spec.md §12.2)."""
-    takes_external_tokens: ClassVar[bool] = False
 
     recycles_blocks: ClassVar[bool] = True
 
@@ -472,7 +470,6 @@ class RSWAManager(FullAttentionManager):
 class CircularBufferManager(FullAttentionManager):
     """One ring block per request, claimed at its first allocation and kept until it is freed;
     no hits, no caching, no zeroing (docs/spec.md §12.3)."""
-    takes_external_tokens: ClassVar[bool] = False
 
     def __init__(self, kv_cache_spec: CircularBufferSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
@@ -486,6 +483,10 @@ class CircularBufferManager(FullAttentionManager):
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
     ) -> list[KVCacheBlock]:
+        return self._claim_ring_block(request_id)
+
+    def _claim_ring_block(self, request_id: str) -> list[KVCacheBlock]:
+        """The request's one ring block, taken if it has none yet."""
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
         if req_blocks:
             return []
@@ -495,6 +496,11 @@ class CircularBufferManager(FullAttentionManager):
 
     def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
         """Nothing to adopt: the ring is claimed by the allocation."""
+
+    def allocate_external_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any
+                                          ) -> None:
+        """External tokens claim the ring, whatever their count (it is never zeroed)."""
+        self._claim_ring_block(request_id)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Scratch: never registered."""
@@ -524,6 +530,10 @@ class EncoderOnlyAttentionManager(SingleTypeKVCacheManager):
 
     def add_local_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any) -> None:
         """Nothing to adopt: the group is never prefix-cached."""
+
+    def allocate_external_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any
+                                          ) -> None:
+        """Nothing to load: the group keeps no KV."""
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         raise ValueError("encoder-only attention keeps no KV; prefix caching must be off")
@@ -717,7 +727,6 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
     """Encoder KV: sized once by the encoder token count, never shared, never cached."""
-    takes_external_tokens: ClassVar[bool] = False
 
     def add_local_computed_blocks(
         self,
@@ -727,6 +736,10 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         num_external_computed_tokens: int = 0,
     ) -> None:
         assert not new_computed_blocks, "cross attention has no prefix hits"
+
+    def allocate_external_computed_blocks(self, request_id: str, *args: Any, **kwargs: Any
+                                          ) -> None:
+        """Encoder KV is never loaded: external tokens take no block here."""
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         raise ValueError("cross-attention blocks are never cached; prefix caching must be off")
@@ -754,7 +767,6 @@ class MambaManager(SingleTypeKVCacheManager):
     (the rest are null), states are cached at block boundaries and at the prompt's last hash
     boundary, and sub-block hits are copied on write (docs/spec.md §11.3).
     """
-    takes_external_tokens: ClassVar[bool] = False
 
     supports_fine_grained_hash_lookup: ClassVar[bool] = True
     recycles_blocks: ClassVar[bool] = True
@@ -808,7 +820,8 @@ class MambaManager(SingleTypeKVCacheManager):
                 req_blocks = self.req_to_blocks.get(request_id)
                 return 1 if num_required_blocks > len(req_blocks) else 0  # type: ignore[arg-type]
             return self._align_blocks_to_allocate(
-                request_id, num_tokens_main_model, new_computed_blocks, num_local_computed_tokens
+                request_id, num_tokens_main_model, new_computed_blocks, num_local_computed_tokens,
+                total_computed_tokens,
             )
         block_size = self.block_size
         num_required_blocks = -(-(num_tokens + self._speculative_tokens) // block_size)
@@ -826,11 +839,18 @@ class MambaManager(SingleTypeKVCacheManager):
         num_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock],
         num_local_computed_tokens: int,
+        total_computed_tokens: int,
     ) -> int:
         """vLLM's align-mode count for a request adopting hits, new or with a partial hit to
-        copy (the caller answers a running one), with the new blocks floored at 0."""
+        copy (the caller answers a running one), with the new blocks floored at 0. External
+        tokens on a first allocation are counted exactly (below)."""
         num_required_blocks = -(-num_tokens // self.block_size) + self.num_speculative_blocks
         req_blocks = self.req_to_blocks.get(request_id)
+        if req_blocks is None and total_computed_tokens > num_local_computed_tokens:
+            return self._align_external_blocks_to_allocate(
+                num_required_blocks, new_computed_blocks, num_local_computed_tokens,
+                total_computed_tokens,
+            )
         num_new_blocks = num_required_blocks - len(new_computed_blocks) - (
             len(req_blocks) if req_blocks is not None else 0
         )
@@ -850,6 +870,31 @@ class MambaManager(SingleTypeKVCacheManager):
             1 for block in new_computed_blocks if block is not null_block and block.ref_cnt == 0
         )
         return max(num_new_blocks, 0) + num_evictable
+
+    def _align_external_blocks_to_allocate(
+        self, num_required_blocks: int, new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int, total_computed_tokens: int,
+    ) -> int:
+        """A first allocation with external tokens, block for block as it happens: the hits
+        the prefix passes become nulls, the external tokens take the block of the prefix's
+        state, then the step takes its own state block (and a partial hit's copy). vLLM caps
+        this at one state block and under-counts by one when the step's tokens leave the
+        external state's block (docs/findings/017-external-state-block-uncounted.md)."""
+        block_size = self.block_size
+        num_skipped_blocks = (total_computed_tokens - 1) // block_size
+        kept = new_computed_blocks[num_skipped_blocks:]
+        table_len = max(num_skipped_blocks, len(new_computed_blocks))
+        num_prefix_blocks = -(-total_computed_tokens // block_size)
+        num_external_blocks = max(0, num_prefix_blocks - table_len)
+        table_len = max(table_len, num_prefix_blocks)
+        has_partial_hit = is_partial_hit(len(kept), num_local_computed_tokens, block_size)
+        num_new_blocks = 0
+        if num_required_blocks > table_len or has_partial_hit:
+            num_state_index = num_required_blocks - self.num_speculative_blocks - 1
+            num_new_blocks = max(num_required_blocks - max(table_len, num_state_index), 0) + int(
+                has_partial_hit)
+        num_evictable = sum(1 for block in kept if block.ref_cnt == 0 and not block.is_null)
+        return num_external_blocks + num_new_blocks + num_evictable
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
@@ -958,6 +1003,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.block_pool.register_full_blocks(
                     request, blocks, first, num_full_blocks, self.block_size,
                     self.kv_cache_group_id,
+                    self.reachable_block_mask(first, num_full_blocks, request),
                 )
             self.num_cached_block[request_id] = num_full_blocks
             num_cached_after = num_full_blocks
@@ -972,6 +1018,35 @@ class MambaManager(SingleTypeKVCacheManager):
             for block in self.req_to_blocks[request_id][num_cached_before:num_cached_after]:
                 if block is not null_block and block.block_hash is not None:
                     self.cached_blocks_this_step.add(block.block_hash)
+
+    def reachable_block_mask(
+        self, start_block: int, end_block: int, request: Request | None = None
+    ) -> list[bool] | None:
+        """Sparse state checkpoints under a retention interval R (docs/spec.md §11.3): a hit
+        reads only the one state block ending at its boundary, so block i is kept when it ends
+        a segment (`(i + 1) % (R // bs) == 0`; every block when a segment is at most one
+        block; none when R is 0) or ends at a replay boundary of the caching request, rounded
+        down to the hit alignment and then to a block end. Dense (None) without R."""
+        retention = self.retention_interval
+        if retention is None:
+            return None
+        assert request is not None, "a retention interval needs the caching request"
+        mask = [False] * (end_block - start_block)
+        if retention:
+            per_segment = retention // self.block_size
+            if per_segment <= 1:
+                return None
+            for i in range(-(-(start_block + 1) // per_segment) * per_segment - 1, end_block,
+                           per_segment):
+                mask[i - start_block] = True
+        alignment = self.cache_hit_alignment_tokens
+        for boundary in replay_boundaries(
+            request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
+        ):
+            block_idx = boundary // alignment * alignment // self.block_size - 1
+            if start_block <= block_idx < end_block:
+                mask[block_idx - start_block] = True
+        return mask
 
     def _cache_state_tail_block(self, request: Request, num_tokens: int) -> bytes | None:
         """Register the state at the prompt's checkpoint (`(P - 1) // hbs * hbs`; with EAGLE
@@ -1025,7 +1100,8 @@ class MambaManager(SingleTypeKVCacheManager):
         return req_blocks
 
     def free(self, request_id: str) -> None:
-        """As the base; in align mode tail first, skipping the nulls between states."""
+        """As the base; in align mode tail first, skipping the nulls between states (one
+        pass over the table, not `pop_blocks_for_free`'s scan of the leading nulls)."""
         if not self.align:
             super().free(request_id)
             return

@@ -15,7 +15,9 @@ Checks (registry `DATA_CHECKS`; `data_checks(device, dtype)` binds them to a dev
 
 - **D1** after every op, for every RUNNING request and every non-cross group, the K/V gathered
   through its table at the positions it has computed and that are still in the window
-  (`skipped(n)..n-1`, n = num_computed_tokens; docs/spec.md §4.2) equal the recomputed ones exactly. A
+  (`skipped(n)..n-1`, n = num_computed_tokens; docs/spec.md §4.2; for a state group only n-1: a
+  pass there writes only its last position, the state, after checking that the state it resumes
+  from, at its first position - 1, is its own prefix's) equal the recomputed ones exactly. A
   write beyond a table or through the null block is reported here too. (An op that neither
   copies nor writes re-reads only the requests whose tables or computed count changed: nothing
   else can change what a request reads.)
@@ -210,6 +212,15 @@ class KVMirror:
                 continue
             table = fp.tables[g] or ()
             start = fp.start
+            if self.config.groups[g].kind == "mamba":
+                # A state group keeps only the state after a pass's last token (docs/spec.md
+                # §11), and a pass resumes from the state before its first one.
+                if start and not fp.load:
+                    problem = self._resume_problem(fp.request_id, g, table, start - 1,
+                                                   expected[g], ctx)
+                    if problem:
+                        return problem
+                start = fp.end - 1
             if fp.load:  # a load skips the window's leading nulls
                 while start < fp.end and start // cache.block_size < len(table) and (
                         table[start // cache.block_size] == 0):
@@ -226,6 +237,20 @@ class KVMirror:
                 base + start, base + fp.end, device=slots.device
             )
         return None
+
+    def _resume_problem(self, rid: str, g: int, table: tuple[int, ...], position: int,
+                        expected: tuple[torch.Tensor, ...], ctx: CheckContext) -> str | None:
+        """Whether the state a pass of a state group resumes from is its own prefix's."""
+        cache = self.caches[g]
+        problem = _table_problem(rid, "resumes from", g, table, position, position + 1,
+                                 cache.block_size)
+        if problem:
+            return problem
+        key, value = cache.gather(table, position, position + 1)
+        if torch.equal(key, expected[0][position:position + 1]) and torch.equal(
+                value, expected[1][position:position + 1]):
+            return None
+        return self.describe(rid, g, table, position, ctx)
 
     # ----- what requests read -----
 

@@ -1,10 +1,15 @@
-"""Prefix-cache retention (docs/spec.md §4.9.2, §8 RT1): under a retention interval a
-sliding-window block gets a key only where a later request can resume from it.
+"""Prefix-cache retention (docs/spec.md §4.9.2, §11.3, §8 RT1): under a retention interval a
+sliding-window block or a Mamba "align" state block gets a key only where a later request can
+resume from it.
 
 Restated here from the spec, independently of kvcache and the model: a window hit needs the
 `need` blocks before its end, so a block is worth a key only as one of the `need` blocks ending
 at a kept boundary: a segment end (every R tokens; none for R = 0) or the caching request's
-replay boundary `P − 1` rounded down to the hit alignment. Runs with EAGLE are not judged.
+replay boundary `P − 1` rounded down to the hit alignment. A state hit reads the one block
+ending at its boundary, so a state key may cover only a segment end (a multiple of
+`(R // bs)·bs`, any block end when that is at most one block), the replay boundary rounded
+down to the alignment and then to a block end, or the prompt's last hash boundary
+`(P − 1) // hbs · hbs` (registered whatever R). Runs with EAGLE are not judged.
 """
 
 from __future__ import annotations
@@ -31,35 +36,60 @@ def _kept(config: Config, group: GroupConfig, index: int, num_prompt_tokens: int
     return first_token < replay <= end_token and (replay - first_token) % bs == 0
 
 
+def _state_kept(config: Config, group: GroupConfig, num_tokens: int,
+                num_prompt_tokens: int) -> bool:
+    """Whether a state key covering `num_tokens` tokens is at a kept checkpoint."""
+    bs, hbs = group.block_size, config.resolved_hash_block_size
+    if num_tokens == (num_prompt_tokens - 1) // hbs * hbs:
+        return True  # the prompt's last hash boundary
+    if num_tokens % bs:
+        return False
+    retention = config.prefix_cache_retention_interval
+    assert retention is not None
+    segment = retention // bs * bs
+    if retention and (segment <= bs or num_tokens % segment == 0):
+        return True
+    replay = (num_prompt_tokens - 1) // config.alignment_tokens * config.alignment_tokens
+    return num_tokens == replay // bs * bs
+
+
+def _kept_key(config: Config, group: GroupConfig, key_tokens: int, num_prompt_tokens: int
+              ) -> bool:
+    if group.kind == "mamba":
+        return _state_kept(config, group, key_tokens, num_prompt_tokens)
+    return _kept(config, group, key_tokens // group.block_size - 1, num_prompt_tokens)
+
+
 @transition(
     "RT1",
     "retention: under a prefix-cache retention interval a sliding-window block gains a key "
     "only if it is among the blocks a hit ending at a segment end or at the caching "
-    "request's replay boundary needs, spec §4.9.2",
-    covers=("spec §4.9.2",),
+    "request's replay boundary needs, spec §4.9.2; a Mamba 'align' state block only at a "
+    "kept checkpoint (segment end, replay boundary, the prompt's last hash boundary), §11.3",
+    covers=("spec §4.9.2", "spec §11.3"),
 )
 def window_keys_at_kept_boundaries(before: Snapshot, after: Snapshot,
                                    ctx: CheckContext) -> str | None:
     config = ctx.config
     if config.prefix_cache_retention_interval is None or config.use_eagle:
         return None
-    windows = {g for g, group in enumerate(config.groups) if group.kind == "sliding_window"}
-    if not windows:
+    sparse = {g for g, group in enumerate(config.groups)
+              if group.kind == "sliding_window" or group.mamba_cache_mode == "align"}
+    if not sparse:
         return None
     for block, key in enumerate(after.block_keys):
-        if key is None or key[0] not in windows or before.block_keys[block] == key:
+        if key is None or key[0] not in sparse or before.block_keys[block] == key:
             continue
         g, group = key[0], config.groups[key[0]]
-        if len(key[2]) % group.block_size:
+        if group.kind == "sliding_window" and len(key[2]) % group.block_size:
             continue  # a partial (Tier B) key: not the full-block mask's
-        index = len(key[2]) // group.block_size - 1
         # Any request holding its tokens may have cached it (the one that did may have
         # finished in this very op, or shared it by a hit since): the most lenient judges.
         prompts = {len(ctx.requests[rid].prompt) for rid, view in after.requests.items()
                    if view.tokens[:len(key[2])] == key[2]}
-        if prompts and not any(_kept(config, group, index, p) for p in prompts):
-            return (f"group {g}: block {block} (position {index}) got a key, but no hit at a "
-                    f"kept boundary reads it (retention "
+        if prompts and not any(_kept_key(config, group, len(key[2]), p) for p in prompts):
+            return (f"group {g}: block {block} got a key for {len(key[2])} tokens, but no hit "
+                    f"at a kept boundary reads it (retention "
                     f"{config.prefix_cache_retention_interval}, prompts of {sorted(prompts)} "
                     "tokens)")
     return None

@@ -9,7 +9,8 @@ S2 follows that with a ghost, per target (in `ctx.memory`), from what each op di
 2. every forward pass of the op reads the state it resumes from, at position
    `(start − 1) // bs` of each align group's table, before any pass of the op writes (a step
    is one batch: its state kernels read every initial state first);
-3. then each pass writes the state after `end` at position `(end − 1) // bs`.
+3. then each pass writes the state after `end` at position `(end − 1) // bs`; a KV
+   connector's load (`load`) reads nothing and writes before every read of the op.
 
 A read of a block that holds no state, or another prefix's, is a resumed request computing on
 the wrong state (vLLM #55600 read one out of bounds). The reference model reports no forward
@@ -63,9 +64,12 @@ def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
             ghost[dst] = ghost[src]
         else:
             ghost.pop(dst, None)
+    # A KV connector's load reads no state: it writes the state after its end, before the
+    # passes that resume from it read (docs/spec.md §13).
+    _write_states(ctx, after, [p for p in passes if p.load], groups, ghost)
     problem = None
     for p in passes:
-        if p.start == 0 or problem:
+        if p.start == 0 or p.load or problem:
             continue
         expected = _state_id(ctx, after, p.request_id, p.start)
         for g, bs in groups:
@@ -80,14 +84,20 @@ def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
                            f"which holds {_describe(ghost.get(block), expected)}")
             if problem:
                 break
+    _write_states(ctx, after, [p for p in passes if not p.load], groups, ghost)
+    return problem
+
+
+def _write_states(ctx: CheckContext, after: Snapshot, passes: list[Any],
+                  groups: list[tuple[int, int]], ghost: dict[int, StateId]) -> None:
+    """Each pass leaves the state after its end at position `(end − 1) // bs`."""
     for p in passes:
         state = _state_id(ctx, after, p.request_id, p.end)
         for g, bs in groups:
             table = p.tables[g]
             index = (p.end - 1) // bs
-            if index < len(table) and table[index] != 0:
+            if 0 <= index < len(table) and table[index] != 0:
                 ghost[table[index]] = state
-    return problem
 
 
 def _describe(held: StateId | None, expected: StateId) -> str:

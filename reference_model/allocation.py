@@ -60,7 +60,7 @@ def gate_block_count(
             need += layout.num_blocks + 1
             continue
         if g.align:
-            need += align_block_count(state, g, rid, T, group_hits, local)
+            need += align_block_count(state, g, rid, T, group_hits, local, total)
             continue
         R = cdiv(T + g.speculative, g.bs)
         if g.cap is not None:
@@ -89,11 +89,13 @@ def defers_hit(state: State, g: Group, hits: list[int]) -> bool:
 
 
 def align_block_count(
-    state: State, g: Group, rid: str, T: int, hits: list[int], local: int
+    state: State, g: Group, rid: str, T: int, hits: list[int], local: int, total: int
 ) -> int:
     """docs/spec.md §11.3's formula for a mamba "align" group (used by the full-sequence gate;
     the per-step count is what the trial takes)."""
     table = state.tables[g.gid].get(rid)
+    if table is None and total > local:
+        return external_align_block_count(state, g, T, hits, local, total)
     new = cdiv(T, g.bs) + g.spec_blocks - len(hits) - (len(table) if table else 0)
     partial = bool(hits) and local % g.bs != 0 or rid in state.partial_hits[g.gid]
     if partial:
@@ -101,6 +103,25 @@ def align_block_count(
     if new > 0:
         new = min(new, 1 + partial + (0 if rid in state.allocated[g.gid] else g.spec_blocks))
     return max(new, 0) + sum(1 for b in hits if b != NULL and state.ref_count(b) == 0)
+
+
+def external_align_block_count(
+    state: State, g: Group, T: int, hits: list[int], local: int, total: int
+) -> int:
+    """A first allocation with external tokens (docs/spec.md §13.1) on a mamba "align" group,
+    step by step: the hits the prefix passes turn null, the prefix's state takes its block,
+    then the step's own state block (and a partial hit's copy) after nulls."""
+    passed = (total - 1) // g.bs
+    kept = hits[passed:]
+    length = max(passed, len(hits))
+    external = max(0, cdiv(total, g.bs) - length)
+    length = max(length, cdiv(total, g.bs))
+    required = cdiv(T, g.bs) + g.spec_blocks
+    partial = bool(kept) and local % g.bs != 0
+    new = 0
+    if required > length or partial:
+        new = max(required - max(length, required - g.spec_blocks - 1), 0) + partial
+    return external + new + sum(1 for b in kept if b != NULL and state.ref_count(b) == 0)
 
 
 def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: int,
@@ -139,13 +160,21 @@ def external_blocks(layout: Layout, state: State, req: Request, local: int, exte
     window. Returns per-group blocks taken."""
     taken = []
     for g in layout.groups:
+        if g.kind in ("cross", "encoder_only"):  # no KV to load (§13.1)
+            taken.append(0)
+            continue
+        table = state.tables[g.gid].setdefault(req.request_id, [])
+        if g.kind == "circular_buffer":  # the load claims the ring (§12.3)
+            blocks = [] if table else state.get_new_blocks(1)
+            table.extend(blocks)
+            taken.append(len(blocks))
+            continue
         prefix = local + external
-        table = state.tables[g.gid][req.request_id]
         inside = min(external, prefix - g.skipped(prefix))
         blocks = state.get_new_blocks(max(0, cdiv(prefix, g.bs) - len(table))) if inside > 0 \
             else []
         table.extend(blocks)
-        if layout.zeroing:
+        if layout.zeroing and g.kind != "mamba":  # state blocks are never zeroed
             state.new_block_ids[g.gid].extend(blocks)
         taken.append(len(blocks))
     return taken

@@ -1,5 +1,6 @@
 """Recording blocks in the prefix cache: the coordinator's cacheable tokens (docs/spec.md §5.2, §5.5),
-layer-3 cache_blocks (§4.6) with the sliding-window sparse mask (§4.9.2), and the pool's
+layer-3 cache_blocks (§4.6) with the sliding-window sparse mask (§4.9.2) and the state
+checkpoints kept under retention (§11.3), and the pool's
 cache_full_blocks / cache_partial_block (§3.3, §3.11). Keys are content (group, salt, prefix)."""
 
 from __future__ import annotations
@@ -84,6 +85,33 @@ def _cache_state_tail(
 
 
 def sparse_mask_keeps(layout: Layout, g: Group, i: int, req: Request) -> bool:
+    """Whether block i of `req`'s table in group g gets a key: the window mask below, the
+    state checkpoints of a Mamba "align" group under retention, every block otherwise."""
+    if g.kind == "mamba":
+        return state_checkpoint_kept(layout, g, i, req)
+    return window_mask_keeps(layout, g, i, req)
+
+
+def state_checkpoint_kept(layout: Layout, g: Group, i: int, req: Request) -> bool:
+    """docs/spec.md §11.3 under a retention interval R: a state hit reads one block, the one
+    ending at its boundary, so block i (ending at token (i+1)·bs) is kept when that end is a
+    segment end (a multiple of (R // bs)·bs; any end when R // bs <= 1; none when R is 0), or
+    when it is where a replay boundary of `req`, rounded down to the alignment, falls back to
+    a block end. Every block without R."""
+    if layout.retention is None:
+        return True
+    end = (i + 1) * g.bs
+    segment_blocks = layout.retention // g.bs
+    if layout.retention > 0 and (segment_blocks <= 1 or end % (segment_blocks * g.bs) == 0):
+        return True
+    for position in replay_positions(req.num_prompt_tokens, layout.sbs, layout.replay_eagle):
+        aligned = position - position % layout.alignment
+        if end == aligned - aligned % g.bs:
+            return True
+    return False
+
+
+def window_mask_keeps(layout: Layout, g: Group, i: int, req: Request) -> bool:
     """The sliding-window caching mask (docs/spec.md §4.9.2), by absolute block index:
     a block gets a key only if it is one of the `need` blocks that end at a kept boundary
     (shifted one block right with EAGLE). Kept boundaries: every multiple of the segment (the

@@ -101,7 +101,8 @@ class Layout:
     """New attention blocks are recorded for the worker to zero: a mamba group shares the pool
     (its states are read before written, §11.2)."""
     retention: int | None = None
-    """prefix_cache_retention_interval: which window blocks get keys (§4.9.2)."""
+    """prefix_cache_retention_interval: which window blocks (§4.9.2) and state blocks (§11.3) get
+    keys."""
     replay_eagle: bool = False
     """Replay boundaries follow EAGLE's (use_eagle)."""
 

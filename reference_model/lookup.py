@@ -230,3 +230,31 @@ def get_computed_blocks(layout: Layout, state: State, req: Request,
         return [[] for _ in layout.groups], 0, 0
     lists, hit, uncached = find_longest_cache_hit(layout, state, req, bound)
     return lists, hit, hit + uncached if uncached else 0
+
+
+def get_computed_blocks_for_connector(layout: Layout, state: State, req: Request
+                                      ) -> tuple[Lists, int, int, bool]:
+    """docs/spec.md §13.1: with state groups beside full attention (and caching on), every
+    spec group searched alone; full attention's hit is the local prefix unless another group
+    hit deeper (then get_computed_blocks). Also: whether some group's hit (0 for a group never
+    searched) is shorter than it. Otherwise get_computed_blocks and False."""
+    sgs = layout.spec_groups if layout.hybrid else []
+    if not (layout.caching and sgs and sgs[0].spec.kind == "full"
+            and any(g.kind == "mamba" for g in layout.groups)):
+        return (*get_computed_blocks(layout, state, req), False)
+    if req.skip_reading_prefix_cache or req.prefix_cache_hit_limit == 0:
+        return [[] for _ in layout.groups], 0, 0, False
+    max_hit = min(x for x in (req.num_tokens - 1, req.prefix_cache_hit_limit) if x is not None)
+    hashed = req.hashed_tokens(layout.hbs)
+    lists: Lists = [[] for _ in layout.groups]
+    hits = [0] * len(layout.groups)
+    for sg in sgs:
+        s = Search(state, req, hashed, layout.hbs, sg.gids, sg.spec, max_hit, False,
+                   layout.alignment)
+        found, length = SEARCHES[sg.spec.kind](s)
+        for gid, lst in zip(sg.gids, found):
+            lists[gid], hits[gid] = lst, length
+    local = hits[sgs[0].gids[0]]
+    if max(hits) > local:
+        return (*get_computed_blocks(layout, state, req), False)
+    return lists, local, 0, min(hits) < local

@@ -7,7 +7,11 @@ from kvfuzz.core.sides import AllocationProbe, Observations
 from kvfuzz.reference_model.allocation import allocate_slots, free_request, pop_request_blocks
 from kvfuzz.reference_model.caching import cache_request
 from kvfuzz.reference_model.layout import Layout
-from kvfuzz.reference_model.lookup import Lists, get_computed_blocks
+from kvfuzz.reference_model.lookup import (
+    Lists,
+    get_computed_blocks,
+    get_computed_blocks_for_connector,
+)
 from kvfuzz.reference_model.requests import Request
 from kvfuzz.reference_model.state import NULL, State
 
@@ -27,6 +31,9 @@ class Manager:
     def get_computed_blocks(self, req: Request,
                             bound: int | None = None) -> tuple[Lists, int, int]:
         return get_computed_blocks(self.layout, self.state, req, bound)
+
+    def get_computed_blocks_for_connector(self, req: Request) -> tuple[Lists, int, int, bool]:
+        return get_computed_blocks_for_connector(self.layout, self.state, req)
 
     def allocate_slots(
         self,

@@ -249,11 +249,8 @@ class ReferenceModel:
         return {"block_ids": [list(lst) for lst in new]}
 
     def _takes_external(self, req: Request) -> bool:
-        """docs/spec.md §13.1: external tokens only for a request holding nothing, on
-        attention groups."""
-        return not self.manager.tracked(req.request_id) and all(
-            g.kind in ("full", "sliding_window", "chunked_local") and g.variant != "rswa"
-            for g in self.layout.groups)
+        """docs/spec.md §13.1: external tokens only for a request holding nothing."""
+        return not self.manager.tracked(req.request_id)
 
     def _op_free(self, op: Op) -> Any:
         req = self._live(op["request_id"])

@@ -39,6 +39,8 @@ class Driver:
         """Frees waiting for a step: (that step, one run per group, each freed tail first)."""
         self.aligned = any(g.align for g in manager.layout.groups)
         """Mamba "align": prefill chunks end where a state can be cached (docs/spec.md §11.3)."""
+        self.states = any(g.kind == "mamba" for g in manager.layout.groups)
+        """State groups: loads leave the last token and fail whole when short (§13.2)."""
 
     def state_aligned(self, r: Request, n: int, hit: int) -> int:
         """docs/spec.md §11.3's chunk rule: the tokens of a chunk of at most n from
@@ -115,14 +117,20 @@ class Driver:
         req.status = status
 
     def load(self, req: Request, offered: int) -> dict[str, int] | None:
-        """docs/spec.md §13.2: a waiting request holding nothing takes blocks for its local hit
-        and min(offered, what is left) external tokens, caches nothing, waits for remote KV."""
+        """docs/spec.md §13.2: a waiting request holding nothing takes blocks for its connector
+        lookup's hit and min(offered, what is left, but the last token with state groups)
+        external tokens, caches nothing, waits for remote KV."""
         if req not in self.waiting or req.num_computed_tokens or req.request_id in self.landed:
             return None
-        hits, hit, _ = self.manager.get_computed_blocks(req)
-        external = min(offered, req.num_tokens - hit)
-        if external <= 0:
+        hits, hit, _, diverged = self.manager.get_computed_blocks_for_connector(req)
+        layout = self.manager.layout
+        tail = hit % layout.sbs  # counted from the hit's last block boundary
+        external = min(offered, req.num_tokens - (1 if self.states else 0) - (hit - tail))
+        if external <= tail:
             return None
+        if tail:  # the load covers the sub-block tail: the hits stop at the boundary
+            hit -= tail
+            hits = [lst[:hit // g.bs] for g, lst in zip(layout.groups, hits)]
         if self.manager.allocate_slots(req, 0, hit, hits, has_scheduled_reqs=bool(self.running),
                                        external=external, delay_cache=True) is None:
             return None
@@ -130,17 +138,19 @@ class Driver:
         req.status = "WAITING_FOR_REMOTE_KVS"
         req.num_computed_tokens = hit + external
         self.loads[req.request_id] = hit
-        return {"hit": hit, "external": external}
+        return {"hit": hit, "external": external, "diverged": diverged}
 
     def load_done(self, req: Request, loaded: int | None) -> int:
         """docs/spec.md §13.2: the load ends. Aborted meanwhile: free. Else keep the valid
-        prefix (hit + loaded tokens), cached, or free when there is none; wait again, first."""
+        prefix (hit + loaded tokens; none when short with state groups), cached, or free when
+        there is none; wait again, first."""
         hit = self.loads.pop(req.request_id)
         if req.is_finished:
             self.free(req)
             return 0
         if loaded is not None and hit + loaded < req.num_computed_tokens:
-            req.num_computed_tokens = self._valid_prefix(req.request_id, hit + loaded)
+            req.num_computed_tokens = 0 if self.states else self._valid_prefix(
+                req.request_id, hit + loaded)
         if req.num_computed_tokens > 0:
             self.manager.cache_blocks(req, req.num_computed_tokens)
             self.landed.add(req.request_id)

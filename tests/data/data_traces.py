@@ -5,6 +5,7 @@ Each trace is minimal for its plant and passes every check on kvcache (tests ass
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,7 @@ PREEMPTED_AFTER_SCHEDULED = trace(
 # Tier B: P and Q are admitted in one step; Q's partial hit ends inside P's tail block, whose
 # KV P writes in that same step's forward pass, after the driver has executed the copy.
 SAME_STEP_COPY = trace("scheduler", PARTIAL, [add("P", P14), add("Q", P14), STEP])
+
+
+COPY_OF_A_COPY = Trace.from_dict(json.loads((FINDINGS / "hazard-copy-of-a-copy.json").read_text()))
+"""Two same-step sub-block hits on Mamba "align": the second copies the first's copy."""

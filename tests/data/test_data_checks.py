@@ -123,3 +123,24 @@ def test_machines_with_data_checks_find_a_plant_the_invariants_miss(device_dtype
     with pytest.raises(Exception) as caught:
         case("runTest").runTest()
     assert "[D1]" in str(caught.value)
+
+
+# A state group (Mamba "align"): a pass writes only the state after its last token, into the
+# block the nulls before it leave, and resumes from the state before its first token.
+_ALIGN = {"name": "mamba_align", "num_blocks": 16, "max_model_len": 64,
+          "groups": [{"kind": "mamba", "block_size": 4, "mamba_cache_mode": "align"}]}
+_STATE_HIT = [add("r0", A8 + [3, 3, 3]), *alloc("r0", 8), {"op": "free", "request_id": "r0"},
+              {"op": "new_step_starts"}, add("r1", A8 + [3, 3, 3]), *alloc("r1", 3, lookup=True)]
+
+
+def test_d1_passes_align_state_groups_on_kvcache(device_dtype):
+    checks = list(REGISTRY) + data_checks(*device_dtype)
+    assert _first_check(run_trace(trace("api", _ALIGN, _STATE_HIT), ["kvcache"],
+                                  checks=checks)) is None
+
+
+def test_d1_catches_a_pass_resuming_from_the_wrong_state(device_dtype):
+    result = run_trace(trace("api", _ALIGN, _STATE_HIT), ["bug:state-hit-misplaced"],
+                       model=False, checks=data_checks(*device_dtype))
+    assert _first_check(result) == "D1"
+    assert "r1 resumes from position 7 of group 0 through the null block" in result.finding.message

@@ -1,6 +1,6 @@
 """Real hazards the data checks expose in kvcache's driver semantics (reported to the lead).
 
-Both traces pass every structural invariant with the reference model in lockstep: kvcache does
+The traces pass every structural invariant with the reference model in lockstep: kvcache does
 what docs/traces.md specifies, and the bytes still go wrong. The xfails are strict, so a fix
 shows up as a failure here and the marker must go. The data checks run on every device/dtype
 of conftest.py.
@@ -8,7 +8,7 @@ of conftest.py.
 
 import pytest
 
-from data_traces import PREEMPTED_AFTER_SCHEDULED, SAME_STEP_COPY
+from data_traces import COPY_OF_A_COPY, PREEMPTED_AFTER_SCHEDULED, SAME_STEP_COPY
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.properties import REGISTRY
 from kvfuzz.properties.data import data_checks
@@ -28,6 +28,10 @@ HAZARDS = [
                  marks=pytest.mark.xfail(strict=True, raises=KVHazard, reason=(
                      "Tier B: a partial hit on a tail block written in the same step is copied "
                      "before the forward pass writes it; the copy holds no KV"))),
+    pytest.param(COPY_OF_A_COPY, id="copy-of-a-copy",
+                 marks=pytest.mark.xfail(strict=True, raises=KVHazard, reason=(
+                     "Mamba align: a same-step copy takes another copy's destination as its "
+                     "source; run as one gather-then-scatter, it copies never-written KV"))),
 ]
 
 

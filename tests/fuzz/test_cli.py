@@ -180,6 +180,7 @@ def test_listing_commands(capsys):
     listing = capsys.readouterr().out
     assert "hybrid" in listing
     assert "gpt_oss_connector" in listing and "mistral_connector" in listing
+    assert "nemotron_h_connector" in listing and "qwen3_5_connector" in listing
 
 
 def _forget_my_checks() -> None:

@@ -6,6 +6,12 @@ from __future__ import annotations
 import pytest
 
 from kvfuzz.kvcache import FullAttentionSpec, RequestStatus, SlidingWindowSpec
+from kvfuzz.kvcache.kv_cache_interface import (
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    MambaSpec,
+    RSWASpec,
+)
 from kvfuzz.kvcache.scheduler import Scheduler
 
 from kvcache_testkit import make_manager, make_request, table_ids
@@ -52,6 +58,67 @@ def test_sliding_window_leaves_external_blocks_outside_the_window_null():
     assert window[:3] == [0, 0, 0] and 0 not in window[3:]
 
 
+def _predicted_and_taken(m, request, *args, **kwargs) -> tuple[int, int]:
+    """allocate_slots' layer-1 prediction and the blocks it took."""
+    predicted = m.coordinator.get_num_blocks_to_allocate(
+        request.request_id, args[0] + args[1] + kwargs.get("num_external_computed_tokens", 0),
+        args[2].blocks, 0, args[1] + kwargs.get("num_external_computed_tokens", 0), args[1],
+        args[0] + args[1] + kwargs.get("num_external_computed_tokens", 0),
+    )
+    before = free(m)
+    assert m.allocate_slots(request, *args, **kwargs) is not None
+    return predicted, before - free(m)
+
+
+def test_mamba_align_external_tokens_pass_the_hit_state_and_take_one_state_block():
+    m = _manager(20, FullAttentionSpec(block_size=BS),
+                 MambaSpec(block_size=BS, mamba_cache_mode="align"))
+    a = make_request("A", list(range(9)), BS)
+    assert m.allocate_slots(a, 8) is not None  # the state at 8 is cached
+    m.free(a)  # its blocks, and the cached state at 8, are free eviction candidates
+    m.new_step_starts()
+    b = make_request("B", list(range(9)) + list(range(50, 57)), BS)
+    hits, hit, _ = m.get_computed_blocks(b)
+    assert hit == 8 and hits.get_block_ids()[1][0] == 0  # [null, state at 8]
+    state_at_8 = hits.blocks[1][1]
+    predicted, taken = _predicted_and_taken(m, b, 0, hit, hits, num_external_computed_tokens=4,
+                                            delay_cache_blocks=True)
+    # full: 2 hits touched + 1 external block; mamba: nulls up to the external state block.
+    assert predicted == taken == 4
+    full, mamba = table_ids(m, "B")
+    assert mamba[:2] == [0, 0] and 0 not in mamba[2:] and len(mamba) == 3
+    assert state_at_8.ref_cnt == 0  # passed by the external tokens: not adopted
+
+
+def test_mamba_none_external_tokens_keep_only_the_last_state():
+    m = make_manager(20, MambaSpec(block_size=BS), max_model_len=64, enable_caching=False)
+    a = make_request("A", list(range(13)), BS)
+    assert m.allocate_slots(a, 1, num_external_computed_tokens=12) is not None
+    assert table_ids(m, "A")[0][:2] == [0, 0] and 0 not in table_ids(m, "A")[0][2:]
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (CircularBufferSpec(block_size=BS), 1),  # the load claims the ring, and only once
+    (CrossAttentionSpec(block_size=BS), 0),  # encoder KV is never loaded
+])
+def test_external_tokens_on_scratch_groups(spec, expected):
+    m = make_manager(20, FullAttentionSpec(block_size=BS), spec, max_model_len=64,
+                     enable_caching=not isinstance(spec, CrossAttentionSpec))
+    a = make_request("A", list(range(9)), BS)
+    assert m.allocate_slots(a, 0, num_external_computed_tokens=8,
+                            delay_cache_blocks=True) is not None
+    assert len(table_ids(m, "A")[0]) == 2 and len(m.coordinator.get_blocks("A")[1]) == expected
+    assert m.allocate_slots(a, 1) is not None
+    assert len(m.coordinator.get_blocks("A")[1]) == expected
+
+
+def test_rswa_takes_external_tokens_as_full_attention():
+    m = _manager(20, RSWASpec(block_size=BS, rswa_window=4))
+    a = make_request("A", list(range(13)), BS)
+    assert m.allocate_slots(a, 1, num_external_computed_tokens=12) is not None
+    assert len(table_ids(m, "A")[0]) == 4 and 0 not in table_ids(m, "A")[0]
+
+
 @pytest.mark.parametrize("external", [-1, -5])
 def test_negative_external_tokens_raise_and_change_nothing(external):
     m = _manager()
@@ -85,7 +152,7 @@ def test_a_whole_load_is_cached_and_the_request_recomputes_its_last_token():
     m, s = _driver()
     r = make_request("R", list(range(8)), BS)
     s.add_request(r)
-    assert s.start_load("R", 100) == (0, 8)
+    assert s.start_load("R", 100) == (0, 8, False)
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and s.loads == ("R",)
     assert m.estimate_cached_tokens(r) == 0  # delayed: nothing cached while loading
     assert s.finish_load("R") == 7
@@ -118,7 +185,7 @@ def test_a_short_load_with_several_groups_fails_the_whole_request():
     s.step(lambda request: 1)
     r = make_request("R", list(range(20)), BS)
     s.add_request(r)
-    assert s.start_load("R", 20) == (8, 12)
+    assert s.start_load("R", 20) == (8, 12, False)
     before = free(m)
     # vLLM takes no block-level failure with several groups: the request starts again from 0.
     assert s.finish_load("R", 11) == 0 and table_ids(m, "R") == [[], []]
@@ -164,3 +231,60 @@ def test_finish_load_without_a_load_raises_and_changes_nothing():
     with pytest.raises(ValueError, match="unknown request 'X'"):
         s.start_load("X", 2)
     assert r.status == RequestStatus.WAITING and free(m) == 11
+
+
+def _hybrid_after_two_chunks():
+    """Full attention + Mamba align (bs 8): A computed 16 tokens in two chunks, so both groups
+    cached the prefixes of 8 and 16 tokens."""
+    m = make_manager(20, FullAttentionSpec(block_size=8),
+                     MambaSpec(block_size=8, mamba_cache_mode="align"), max_model_len=64)
+    a = make_request("A", list(range(17)), 8)
+    for _ in range(2):
+        assert m.allocate_slots(a, 8) is not None
+        a.num_computed_tokens += 8
+        m.new_step_starts()
+    return m, table_ids(m, "A")
+
+
+def test_connector_lookup_reports_a_state_hit_shorter_than_full_attention():
+    m, (full, mamba) = _hybrid_after_two_chunks()
+    m.evict_blocks([mamba[1]])  # the state at 16 is gone, full attention's block 1 is not
+    b = make_request("B", list(range(17)), 8)
+    blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(b)
+    assert (hit, boundary, diverged) == (16, 0, True)
+    assert blocks.get_block_ids()[0] == full[:2] and len(blocks.blocks[1]) == 1
+    assert m.get_computed_blocks(b)[1] == 8  # the boundary every group agrees on
+    # The load brings the state at 16: the shorter state hit is passed, not adopted.
+    before = free(m)
+    assert m.allocate_slots(b, 0, hit, blocks, num_external_computed_tokens=1,
+                            delay_cache_blocks=True) is not None
+    # one block per group for token 16: the state group passes its hit at 8 (nulls)
+    assert before - free(m) == 2 and table_ids(m, "B")[1][:2] == [0, 0]
+
+
+def test_connector_lookup_falls_back_when_full_attention_is_the_shorter_hit():
+    m, (full, mamba) = _hybrid_after_two_chunks()
+    m.evict_blocks([full[1]])
+    b = make_request("B", list(range(17)), 8)
+    blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(b)
+    assert (hit, diverged) == (8, False)
+    assert (blocks.get_block_ids(), hit, boundary) == (
+        m.get_computed_blocks(b)[0].get_block_ids(), *m.get_computed_blocks(b)[1:])
+
+
+def test_with_state_groups_a_load_leaves_the_last_token_and_a_short_one_fails_whole():
+    m = make_manager(30, FullAttentionSpec(block_size=8),
+                     MambaSpec(block_size=8, mamba_cache_mode="align"), max_model_len=64)
+    s = Scheduler(m, max_model_len=64, token_budget=32, max_running=4, state_groups=True)
+    s.add_request(make_request("W", list(range(17)), 8))
+    s.add_request(make_request("S", list(range(8)) + [99] * 9, 8))
+    assert s.start_load("W", 100) == (0, 16, False)  # NIXL's backoff: token 16 is computed
+    assert s.finish_load("W") == 16 and m.coordinator.tracks("W")
+    s.finish_request("W", RequestStatus.FINISHED_ABORTED)
+    free_before = free(m)
+    # Full attention hits 8 tokens, the state group nothing (W cached only the state at 16):
+    # the connector lookup keeps the deeper hit and says so; the load brings the state.
+    assert s.start_load("S", 100) == (8, 8, True)
+    assert s.finish_load("S", 3) == 0 and not m.coordinator.tracks("S")  # short: all lost
+    assert free(m) == free_before
+

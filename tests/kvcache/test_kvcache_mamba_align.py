@@ -18,7 +18,7 @@ from kvfuzz.kvcache.scheduler import mamba_block_aligned_split
 from kvcache_testkit import free_ids, make_manager, make_request, table_ids
 
 ALIGN_CONFIGS = ["qwen3_5_align", "qwen3_next_eagle", "nemotron_h_align", "granite4",
-                 "mamba_align", "swa_mamba_align", "swa_mamba_align_fine"]
+                 "mamba_align", "swa_mamba_align", "swa_mamba_align_fine", "qwen3_5_retention"]
 
 
 def _align(block_size: int, speculative: int = 0) -> MambaSpec:

@@ -1,5 +1,5 @@
-"""Prefix-cache retention intervals and replay boundaries (docs/spec.md §4.9.2): which
-sliding-window blocks get keys, and the settings vLLM refuses."""
+"""Prefix-cache retention intervals and replay boundaries (docs/spec.md §4.9.2, §11.3): which
+sliding-window blocks and Mamba "align" state blocks get keys, and the settings vLLM refuses."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import pytest
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.errors import ConfigError
-from kvfuzz.kvcache import FullAttentionSpec, KVCacheManager, SlidingWindowSpec
+from kvfuzz.kvcache import FullAttentionSpec, KVCacheManager, MambaSpec, SlidingWindowSpec
 from kvfuzz.kvcache.block_math import replay_boundaries
 from kvfuzz.kvcache.kv_cache_utils import resolve_kv_cache_block_sizes
 
 from kvcache_testkit import make_config, make_request
 
 
-def make_manager(num_blocks, *specs, prefix_cache_retention_interval):
+def make_manager(num_blocks, *specs, prefix_cache_retention_interval, hash_block_size=None):
     config = dataclasses.replace(make_config(num_blocks, *specs),
                                  prefix_cache_retention_interval=prefix_cache_retention_interval)
-    sbs, hbs = resolve_kv_cache_block_sizes(config, True, None)
+    sbs, hbs = resolve_kv_cache_block_sizes(config, True, hash_block_size)
     return KVCacheManager(config, 1024, sbs, hbs)
 
 
@@ -44,6 +44,39 @@ def test_window_blocks_keyed_at_kept_boundaries(retention, keyed):
     assert _keyed_window_positions(retention) == keyed
 
 
+def _keyed_state_boundaries(retention, prompt_len=35, chunks=(8, 8, 8, 8, 2, 1)):
+    """Granite-4.0-H-shaped (full + Mamba align, bs 8, hash blocks of 2): the prompt prefilled
+    in chunks, each chunk ending on a block end or the prompt's last hash boundary (34). The
+    token counts of the state keys registered along the way."""
+    manager = make_manager(40, FullAttentionSpec(block_size=8),
+                           MambaSpec(block_size=8, mamba_cache_mode="align"),
+                           prefix_cache_retention_interval=retention, hash_block_size=2)
+    state = manager.coordinator.single_type_managers[1]
+    request = make_request("r", list(range(prompt_len)), 2)
+    keyed: set[int] = set()
+    for n in chunks:
+        assert manager.allocate_slots(request, n) is not None
+        request.num_computed_tokens += n
+        keyed |= {b.block_hash_num_tokens for b in state.req_to_blocks["r"]
+                  if b.block_hash is not None}
+        keyed |= {copy.block_hash_num_tokens for _, copy in state._pending_cow_copies}
+    return sorted(keyed)
+
+
+@pytest.mark.parametrize("retention, keyed", [
+    (None, [8, 16, 24, 32, 34]),  # dense: every chunk end, and the prompt's last hash boundary
+    (0, [32, 34]),                # the replay boundary 34 falls back to the block end 32
+    (16, [16, 32, 34]),           # segment ends every 16 tokens, and the replay boundary
+    (24, [24, 32, 34]),
+    (8, [8, 16, 24, 32, 34]),     # a segment of one block keeps every block
+])
+def test_state_blocks_keyed_at_kept_checkpoints(retention, keyed):
+    """docs/spec.md §11.3: under a retention interval a state block keeps a key only at a
+    segment end or at the caching request's replay boundary; the prompt's last hash boundary
+    (a sub-block state) is registered whatever the interval."""
+    assert _keyed_state_boundaries(retention) == keyed
+
+
 def test_replay_boundaries_as_vllm_computes_them():
     assert replay_boundaries(30, 8, use_eagle=False) == (29,)
     assert replay_boundaries(32, 8, use_eagle=True) == (16, 24)
@@ -62,9 +95,10 @@ def test_replay_boundaries_as_vllm_computes_them():
     (BUILTIN["gemma3_retention"][1].to_dict() | {"prefix_cache_retention_interval": 6},
      "prefix_cache_retention_interval (6) must be non-negative and a multiple of "
      "scheduler_block_size (4)."),
-    (BUILTIN["granite4"][1].to_dict() | {"prefix_cache_retention_interval": 8},
-     "not implemented by kvfuzz yet"),
-], ids=["no-window", "negative", "not-a-multiple", "mamba-align"])
+    (BUILTIN["granite4"][1].to_dict() | {"prefix_cache_retention_interval": 12},
+     "prefix_cache_retention_interval (12) must be non-negative and a multiple of "
+     "scheduler_block_size (8)."),
+], ids=["no-window", "negative", "not-a-multiple", "mamba-not-a-multiple"])
 def test_config_refuses_what_vllm_refuses(config, needle):
     with pytest.raises(ConfigError) as err:
         Config.from_dict(config)

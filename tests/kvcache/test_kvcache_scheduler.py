@@ -338,3 +338,41 @@ def test_retained_copy_on_write_blocks_are_released_at_step_end():
     s.finish_request("P", RequestStatus.FINISHED_ABORTED)
     s.finish_request("Q", RequestStatus.FINISHED_ABORTED)
     assert free(m) == 199
+
+
+# ----- steps in flight (docs/spec.md §7.1) -----
+
+def test_a_free_during_a_step_in_flight_waits_for_it():
+    """r (8 tokens, 2 blocks) is scheduled by a step left in flight, then aborted: its blocks
+    stay held until the step completes, then go back to the pool, tail first."""
+    m, s = setup(10)
+    r = add(s, "r", 8)
+    s.step(lambda request: 0, in_flight=True)
+    (step, reads, scheduled), = s.in_flight
+    assert step == 1 and scheduled == (("r", 8),) and r.num_in_flight_tokens == 8
+    held = table_ids(m, "r")[0]
+    assert sorted(reads) == sorted(held)
+    free_before = m.block_pool.get_num_free_blocks()
+    s.finish_request("r", RequestStatus.FINISHED_ABORTED)
+    assert s.deferred_frees == (tuple(held),)
+    assert m.block_pool.get_num_free_blocks() == free_before
+    assert s.complete_step() == held
+    assert r.num_in_flight_tokens == 0 and not s.in_flight and not s.deferred_frees
+    assert m.block_pool.get_num_free_blocks() == free_before + len(held)
+    assert_invariants(m)
+
+
+def test_a_plain_step_completes_the_steps_in_flight_first():
+    m, s = setup(10)
+    add(s, "r", 8, max_tokens=1)
+    s.step(lambda request: 0, in_flight=True)  # r finishes: its free waits for the step
+    assert s.deferred_frees
+    s.step(lambda request: 0)
+    assert not s.in_flight and not s.deferred_frees
+    assert m.block_pool.get_num_free_blocks() == 9
+
+
+def test_complete_step_with_nothing_in_flight_raises():
+    _, s = setup(10)
+    with pytest.raises(ValueError, match="no step is in flight"):
+        s.complete_step()

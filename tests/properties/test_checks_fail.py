@@ -218,6 +218,28 @@ def _window_key_off_boundary():
     return before, after, _ctx(execution, op=op, config=RETAINED)
 
 
+STATE_RETAINED = Config(16, (GroupConfig("mamba", 4, mamba_cache_mode="align"),),
+                        max_model_len=64, prefix_cache_retention_interval=0)
+
+
+def test_rt1_wants_a_state_key_at_a_kept_checkpoint():
+    """Retention 0, one Mamba "align" group (bs 4), a 10-token prompt prefilled 4 tokens at a
+    time: the state at 4 gets no key (the replay boundary 9 keeps the one at 8); given one all
+    the same, RT1 flags it (docs/spec.md §11.3)."""
+    ops = [{"op": "add_request", "request_id": "m", "prompt": list(range(10))},
+           {"op": "allocate_slots", "request_id": "m", "num_new_tokens": 4}]
+    execution, snaps = _run(STATE_RETAINED, ops)
+    before, after = snaps[-2], snaps[-1]
+    block = after.requests["m"].tables[0][0]
+    assert after.block_keys[block] is None
+    ctx = _ctx(execution, op=ops[-1], config=STATE_RETAINED)
+    check = REGISTRY.get("RT1")
+    assert check.fn(before, after, ctx) is None
+    planted = _with(after, block_keys=tuple((0, None, tuple(range(4))) if b == block else k
+                                            for b, k in enumerate(after.block_keys)))
+    assert "got a key for 4 tokens" in check.fn(before, planted, ctx)
+
+
 def _state_read_unwritten():
     """An align-mode request resumes at 8 from its hit block, whose state (in this fresh
     history) nobody wrote."""

@@ -89,3 +89,36 @@ def test_a_state_rehit_after_preemption_stays_hittable_beside_a_window_group(tar
     tolerated = ex.targets[-1].side.tolerated if "vllm" in targets else {}
     if STATE_TAIL_REKEYED in tolerated:  # a vLLM with the 0.32 re-keying
         assert tolerated[STATE_TAIL_REKEYED] == {"r0"}
+
+
+@pytest.mark.parametrize("targets", TARGETS)
+def test_connector_lookup_flags_a_state_hit_shorter_than_full_attention(targets):
+    """docs/spec.md §13: w's landed load cached full attention's block 0 but only the state at
+    16, so s (w's first 8 tokens, then others) hits 8 tokens in full attention and none in the
+    state group; the load brings the state, and every side flags the diverging hit."""
+    config = Config(30, (GroupConfig("full", 8), GroupConfig("mamba", 8, mamba_cache_mode="align")),
+                    max_model_len=64, hash_block_size=8, kv_connector=True)
+    ex = Execution(config, "scheduler", targets)
+    ex.apply({"op": "add_request", "request_id": "w", "prompt": list(range(17))})
+    loaded = ex.apply({"op": "load_remote", "request_id": "w", "num_external_tokens": 100})
+    assert loaded == {"hit": 0, "external": 16, "diverged": False}  # the last token is left
+    ex.apply({"op": "finish_load", "request_id": "w"})
+    ex.apply({"op": "abort", "request_id": "w"})
+    ex.apply({"op": "add_request", "request_id": "s", "prompt": list(range(8)) + [99] * 9})
+    loaded = ex.apply({"op": "load_remote", "request_id": "s", "num_external_tokens": 100})
+    assert loaded == {"hit": 8, "external": 8, "diverged": True}
+
+
+@pytest.mark.parametrize("targets", TARGETS)
+def test_external_tokens_on_ring_and_rswa_groups_are_predicted_per_group(targets):
+    """docs/spec.md §13.1: a first allocation of only external tokens claims the ring once
+    (P1 checks each group's prediction against what it took: kvcache's ring once counted it
+    twice), and R-SWA takes its blocks as full attention."""
+    config = Config(24, (GroupConfig("full", 4), GroupConfig("circular_buffer", 8),
+                         GroupConfig("rswa", 2, rswa_window=2)),
+                    max_model_len=64, kv_connector=True)
+    ex = Execution(config, "api", targets)
+    ex.apply({"op": "add_request", "request_id": "r", "prompt": [2, 2, 1, 1, 3, 2, 0]})
+    ex.apply({"op": "allocate_slots", "request_id": "r", "num_new_tokens": 0,
+              "num_external_computed_tokens": 7})
+    assert [len(t) for t in ex.state.requests["r"].tables] == [2, 1, 4]
