@@ -181,6 +181,7 @@ def test_listing_commands(capsys):
     assert "hybrid" in listing
     assert "gpt_oss_connector" in listing and "mistral_connector" in listing
     assert "nemotron_h_connector" in listing and "qwen3_5_connector" in listing
+    assert "qwen3_next_eagle" in listing and "Qwen3-Next-shaped" in listing
 
 
 def _forget_my_checks() -> None:
