@@ -127,12 +127,19 @@ class SingleTypeKVCacheManager:
             )
         req_blocks = self.req_to_blocks.get(request_id)
         num_req_blocks = len(req_blocks) if req_blocks is not None else 0
+        # Only recycling kinds skip tokens: the others spare the call.
+        num_skipped_blocks = (
+            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+            if self.recycles_blocks else 0
+        )
+        if not new_computed_blocks:  # no hits: no per-block pass, no partial hit
+            return first_blocks_to_allocate(
+                num_required_blocks, num_req_blocks, num_skipped_blocks, (), False
+            )
         return first_blocks_to_allocate(
             num_required_blocks,
             num_req_blocks,
-            # Only recycling kinds skip tokens: the others spare the call.
-            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
-            if self.recycles_blocks else 0,
+            num_skipped_blocks,
             # Evictable: in the free queue (which never holds the null block).
             [block.ref_cnt == 0 and block.prev_free_block is not None
              for block in new_computed_blocks],
