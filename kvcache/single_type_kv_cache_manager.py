@@ -115,10 +115,10 @@ class SingleTypeKVCacheManager:
 
         Pure. `num_tokens_main_model` and `prefill_end` only matter to recurrent kinds.
         """
-        num_required_blocks = required_blocks(
-            num_tokens,
-            self.block_size,
-            self.max_admission_blocks_per_request if apply_admission_cap else None,
+        num_required_blocks = (
+            required_blocks(num_tokens, self.block_size, self.max_admission_blocks_per_request)
+            if apply_admission_cap
+            else -(-num_tokens // self.block_size)  # `required_blocks` uncapped, inlined
         )
         if request_id in self.num_cached_block:
             assert not new_computed_blocks, "a running request never adopts hits"
