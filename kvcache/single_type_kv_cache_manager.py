@@ -164,6 +164,10 @@ class SingleTypeKVCacheManager:
         )
         if num_skipped_blocks > 0:
             new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
+        if not new_computed_blocks:  # nothing to touch (a lookup's miss, most often)
+            self.req_to_blocks[request_id] = [self._null_block] * num_skipped_blocks
+            self.num_cached_block[request_id] = num_skipped_blocks
+            return
         if self.enable_caching:
             self.block_pool.touch_own(new_computed_blocks)  # allocate_slots checked them
         else:
