@@ -70,10 +70,18 @@ def first_blocks_to_allocate(
     `hit_evictable[i]` says whether hit block i sits in the free queue (ref_cnt 0, not null);
     the leading hits that fall out of the window become nulls and are not adopted.
     """
+    # Conditional expressions instead of max(), and no copy without dropped hits: this runs
+    # on every admission, refused ones included.
     num_local_blocks = len(hit_evictable) + num_held_blocks
-    num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_blocks), 0)
-    num_dropped_hits = max(0, num_skipped_blocks - num_held_blocks)
-    num_evictable = hit_evictable[num_dropped_hits:].count(True)
+    num_new_blocks = num_required_blocks - (
+        num_skipped_blocks if num_skipped_blocks > num_local_blocks else num_local_blocks
+    )
+    if num_new_blocks < 0:
+        num_new_blocks = 0
+    num_dropped_hits = num_skipped_blocks - num_held_blocks
+    num_evictable = (
+        hit_evictable[num_dropped_hits:] if num_dropped_hits > 0 else hit_evictable
+    ).count(True)
     return num_new_blocks + (1 if partial_hit else 0) + num_evictable
 
 

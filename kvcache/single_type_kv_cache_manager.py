@@ -115,10 +115,10 @@ class SingleTypeKVCacheManager:
 
         Pure. `num_tokens_main_model` and `prefill_end` only matter to recurrent kinds.
         """
-        num_required_blocks = required_blocks(
-            num_tokens,
-            self.block_size,
-            self.max_admission_blocks_per_request if apply_admission_cap else None,
+        num_required_blocks = (
+            required_blocks(num_tokens, self.block_size, self.max_admission_blocks_per_request)
+            if apply_admission_cap
+            else -(-num_tokens // self.block_size)  # `required_blocks` uncapped, inlined
         )
         if request_id in self.num_cached_block:
             assert not new_computed_blocks, "a running request never adopts hits"
@@ -127,12 +127,19 @@ class SingleTypeKVCacheManager:
             )
         req_blocks = self.req_to_blocks.get(request_id)
         num_req_blocks = len(req_blocks) if req_blocks is not None else 0
+        # Only recycling kinds skip tokens: the others spare the call.
+        num_skipped_blocks = (
+            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+            if self.recycles_blocks else 0
+        )
+        if not new_computed_blocks:  # no hits: no per-block pass, no partial hit
+            return first_blocks_to_allocate(
+                num_required_blocks, num_req_blocks, num_skipped_blocks, (), False
+            )
         return first_blocks_to_allocate(
             num_required_blocks,
             num_req_blocks,
-            # Only recycling kinds skip tokens: the others spare the call.
-            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
-            if self.recycles_blocks else 0,
+            num_skipped_blocks,
             # Evictable: in the free queue (which never holds the null block).
             [block.ref_cnt == 0 and block.prev_free_block is not None
              for block in new_computed_blocks],
@@ -157,6 +164,10 @@ class SingleTypeKVCacheManager:
         )
         if num_skipped_blocks > 0:
             new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
+        if not new_computed_blocks:  # nothing to touch (a lookup's miss, most often)
+            self.req_to_blocks[request_id] = [self._null_block] * num_skipped_blocks
+            self.num_cached_block[request_id] = num_skipped_blocks
+            return
         if self.enable_caching:
             self.block_pool.touch_own(new_computed_blocks)  # allocate_slots checked them
         else:
