@@ -8,7 +8,8 @@ a shared machine falls on both alike. Printed per operation: microseconds per ca
 over the repeats of each repeat's mean, the slowest 1% of calls left out on both sides alike:
 those the OS preempted), the ratio kvcache/vLLM, a "net" ratio with the cost of an empty timed
 call (the same wrapper around a method that returns at once, timed right after each lookup)
-taken off both sides, and the number of calls; then
+taken off both sides, and the number of calls; then the workload's time per operation over all
+its calls (each operation's mean weighted by its calls); then
 whether both produced identical block tables (every request's tables when it is freed, and
 every step's schedule); if any workload's differ, the bench exits 1 after printing. The KV
 connector workload also times the loads' allocations and the caching of a landed load (the
@@ -340,12 +341,26 @@ def bench(workload: Workload, impls: list[Implementation]) -> bool:
         b = statistics.median(r.us_per_call(op) for r in vl)
         net = f"{(a - wrapper) / (b - wrapper):6.2f}" if op != WRAPPER and b > wrapper else ""
         print(f"  {op:32} {a:11.2f} {b:10.2f} {a / b:8.2f} {net:>6} {kv[0].calls[op]:9d}")
+    # The workload as a whole: every timed call of both kinds (the wrapper row aside), each
+    # operation's mean weighted by its calls, over all the calls.
+    a, b = (statistics.median(_us_per_op(r) for r in runs) for runs in (kv, vl))
+    calls = sum(kv[0].calls[op] for op in OPERATIONS)
+    print(f"  {'all calls (time per op)':32} {a:11.2f} {b:10.2f} {a / b:8.2f} "
+          f"{(a - wrapper) / (b - wrapper):6.2f} {calls:9d}")
     print(f"  net: kv/vLLM with the empty timed call's {wrapper:.2f} us taken off both sides")
     same = all(r.tables == vl[0].tables and r.schedule == vl[0].schedule for r in kv + vl)
     print(f"  preemptions: {kv[0].preemptions} (kvcache), {vl[0].preemptions} (vLLM); "
           f"steps: {len(kv[0].schedule)}")
     print(f"  identical block tables: {'yes' if same else 'no'}")
     return same
+
+
+def _us_per_op(run: Run) -> float:
+    """Mean microseconds per call over every operation of one pass (each operation's slowest
+    1% left out, as in its own row)."""
+    ops = [op for op in OPERATIONS if run.calls[op]]
+    total = sum(run.us_per_call(op) * run.calls[op] for op in ops)  # type: ignore[operator]
+    return total / sum(run.calls[op] for op in ops)
 
 
 def main(argv: list[str] | None = None) -> None:

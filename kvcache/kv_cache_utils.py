@@ -19,7 +19,11 @@ BlockHash = NewType("BlockHash", bytes)
 """SHA-256 digest fingerprinting a whole token prefix (see `get_request_block_hasher`)."""
 
 BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
-"""A map key: block hash bytes followed by the group id as 4 big-endian bytes (vLLM's format)."""
+"""A map key: the block hash bytes, then the group id as 4 big-endian bytes (vLLM's format),
+except in group 0, whose keys are the hashes themselves (see `group_id_suffix`)."""
+
+BLOCK_HASH_LEN = 32
+"""Bytes in a block hash (a SHA-256 digest): where a key's group id starts."""
 
 
 def cdiv(a: int, b: int) -> int:
@@ -35,10 +39,15 @@ def check_positive_int(name: str, value: object) -> None:
 
 @functools.cache
 def group_id_suffix(group_id: int) -> bytes:
-    """The bytes a key appends to a block hash: the group id, 4 bytes big-endian (memoized:
-    there are only a few groups and every lookup needs them).
+    """The bytes a key appends to a block hash: the group id, 4 bytes big-endian, or none for
+    group 0 (memoized: there are only a few groups and every lookup needs them).
+
+    Group 0, the only group of most models and the full-attention group of hybrid ones, takes
+    the hash itself as its key: its lookups and registrations build no new bytes object and
+    hash none (a hash object caches its own hash). Block hashes have one length, so a key's
+    length tells the two forms apart and keys of different groups never collide.
     """
-    return group_id.to_bytes(4, "big", signed=False)
+    return group_id.to_bytes(4, "big", signed=False) if group_id else b""
 
 
 def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
@@ -47,11 +56,12 @@ def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> Block
 
 
 def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
-    return BlockHash(key[:-4])
+    return BlockHash(key[:BLOCK_HASH_LEN])
 
 
 def get_group_id(key: BlockHashWithGroupId) -> int:
-    return int.from_bytes(key[-4:], "big", signed=False)
+    """The group of a key: 0 for a bare hash (`int.from_bytes` of no bytes is 0)."""
+    return int.from_bytes(key[BLOCK_HASH_LEN:], "big", signed=False)
 
 
 class KVCacheBlock:

@@ -18,6 +18,8 @@ from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
     BlockHashWithGroupId,
     KVCacheBlock,
+    get_block_hash,
+    get_group_id,
     group_id_suffix,
     resolve_block_hashes,
 )
@@ -55,11 +57,8 @@ class AllBlocksCleared:
 
 KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
-_SUFFIX_LEN = len(group_id_suffix(0))
-
-
 def _split(key: BlockHashWithGroupId) -> tuple[BlockHash, int]:
-    return BlockHash(key[:-_SUFFIX_LEN]), int.from_bytes(key[-_SUFFIX_LEN:], "big")
+    return get_block_hash(key), get_group_id(key)
 
 
 class EventfulBlockPool(BlockPool):
