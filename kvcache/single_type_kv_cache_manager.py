@@ -380,12 +380,18 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         assert isinstance(kv_cache_spec, FullAttentionSpec | ChunkedLocalAttentionSpec)
         block_size = kv_cache_spec.block_size
         hash_block_size = block_pool.hash_block_size
-        full_block_hashes = resolve_block_hashes(block_hashes, hash_block_size, block_size)
+        num_blocks = max_length // block_size
+        if type(block_hashes) is list:
+            # A request's fine hashes: block j's is the one at its end, a strided slice.
+            scale, rest = divmod(block_size, hash_block_size)
+            assert not rest, (block_size, hash_block_size)
+            run_hashes = block_hashes[scale - 1:num_blocks * scale:scale]
+        else:
+            run_hashes = resolve_block_hashes(block_hashes, hash_block_size, block_size)[
+                :num_blocks]
         fine_grained = alignment_tokens < block_size and block_size % alignment_tokens == 0
         # Phase 1: hashes are chained, so the first miss ends the hit.
-        computed = block_pool.get_cached_block_run(
-            full_block_hashes[: max_length // block_size], kv_cache_group_ids
-        )
+        computed = block_pool.get_cached_block_run(run_hashes, kv_cache_group_ids)
         num_full = len(computed[0])
         hit_length = num_full * block_size
 
