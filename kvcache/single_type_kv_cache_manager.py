@@ -254,9 +254,14 @@ class SingleTypeKVCacheManager:
             num_tokens if num_tokens < num_hashed_tokens else num_hashed_tokens
         ) // self.block_size
         if num_cached_blocks < num_full_blocks:
+            blocks = self.req_to_blocks[request_id]
+            if num_full_blocks > len(blocks):
+                # A request longer than max_model_len: its table stops there, and only the
+                # blocks it has are cached (as vLLM's slice of the table does).
+                num_full_blocks = len(blocks)
             self.block_pool.register_full_blocks(
                 request,
-                self.req_to_blocks[request_id],
+                blocks,
                 num_cached_blocks,
                 num_full_blocks,
                 self.block_size,
@@ -481,7 +486,7 @@ class RSWAManager(FullAttentionManager):
             removed.append(blocks[i])
             blocks[i] = null_block
         if removed:
-            self.block_pool.free_blocks(removed)
+            self.block_pool.release(removed)  # the table's own blocks: no checks to repeat
 
 
 class CircularBufferManager(FullAttentionManager):
@@ -1013,8 +1018,9 @@ class MambaManager(SingleTypeKVCacheManager):
             # first real block.
             first = num_cached_before
             null_block = self._null_block
-            limit = min(num_full_blocks, len(blocks))  # beyond: register_full_blocks refuses
-            while first < limit and blocks[first] is null_block:
+            if num_full_blocks > len(blocks):  # a request longer than max_model_len, as above
+                num_full_blocks = len(blocks)
+            while first < num_full_blocks and blocks[first] is null_block:
                 first += 1
             if first < num_full_blocks:
                 self.block_pool.register_full_blocks(
@@ -1158,7 +1164,7 @@ class MambaManager(SingleTypeKVCacheManager):
                     freed.append(block)
                     blocks[i] = null_block
             if freed:
-                self.block_pool.free_blocks(freed)
+                self.block_pool.release(freed)  # the table's own blocks: no checks to repeat
             self._num_retired_blocks[request_id] = last_block
         # The previous step's state block was the copy source of this step's: now passed.
         if (
@@ -1166,7 +1172,7 @@ class MambaManager(SingleTypeKVCacheManager):
             and last_state_block_idx < -(-processed_computed_tokens // block_size) - 1
             and blocks[last_state_block_idx] is not null_block
         ):
-            self.block_pool.free_blocks([blocks[last_state_block_idx]])
+            self.block_pool.release([blocks[last_state_block_idx]])
             blocks[last_state_block_idx] = null_block
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:

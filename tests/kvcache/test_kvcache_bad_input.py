@@ -18,6 +18,7 @@ from kvfuzz.kvcache import (
     KVCacheConfig,
     KVCacheCoordinatorNoPrefixCache,
     KVCacheManager,
+    MambaSpec,
     Request,
     RequestStatus,
     SlidingWindowSpec,
@@ -653,3 +654,21 @@ def test_bad_pool_size(num_blocks: object) -> None:
         make_manager(num_blocks, FullAttentionSpec(block_size=4))
     with pytest.raises(ValueError, match=r"hash_block_size must be a positive int, got 0"):
         BlockPool(16, True, 0)
+
+
+@pytest.mark.parametrize("mamba", [False, True], ids=["full+swa", "full+mamba-align"])
+def test_a_request_longer_than_max_model_len_caches_only_its_table(mamba: bool) -> None:
+    """The table stops at max_model_len, so only the blocks it has are cached, as vLLM does
+    (tests/vllm checks the two agree). This used to raise ValueError after allocating."""
+    second = (MambaSpec(block_size=4, mamba_cache_mode="align") if mamba
+              else SlidingWindowSpec(block_size=4, sliding_window=8))
+    m = make_manager(64, FullAttentionSpec(block_size=4), second, max_model_len=32)
+    request = make_request("long", list(range(100)), 4)
+    blocks = m.get_computed_blocks(request)[0]
+    assert m.allocate_slots(request, 100, 0, blocks) is not None
+    request.status = RequestStatus.RUNNING
+    tables = table_ids(m, "long")
+    assert len(tables[0]) == 8  # cdiv(max_model_len, block_size)
+    cached = [b for b in m.block_pool.blocks if b.block_hash is not None]
+    assert sorted(b.block_id for b in cached if b.block_id in tables[0]) == sorted(tables[0])
+    assert_invariants(m, requests=[request])

@@ -122,3 +122,37 @@ def test_external_tokens_on_ring_and_rswa_groups_are_predicted_per_group(targets
     ex.apply({"op": "allocate_slots", "request_id": "r", "num_new_tokens": 0,
               "num_external_computed_tokens": 7})
     assert [len(t) for t in ex.state.requests["r"].tables] == [2, 1, 4]
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="no vLLM this adapter drives is importable")
+@pytest.mark.parametrize("second", [GroupConfig("sliding_window", 4, sliding_window=8),
+                                    GroupConfig("mamba", 4, mamba_cache_mode="align")],
+                         ids=["full+swa", "full+mamba-align"])
+def test_a_request_longer_than_max_model_len_matches_vllm(second):
+    """Outside what traces reach (the harness refuses prompts of max_model_len tokens or more):
+    a request longer than max_model_len, allocated whole, gets a table that stops there, and
+    kvcache caches the same blocks as vLLM (it used to raise after allocating)."""
+    from kvfuzz.harness.kvcache_target import build_kvcache_manager
+    from kvfuzz.harness.vllm_api import load_vllm
+    from kvfuzz.harness.vllm_target import build_vllm_manager
+    from kvfuzz.kvcache import Request, get_request_block_hasher
+
+    config = Config(64, (GroupConfig("full", 4), second), max_model_len=32)
+    prompt = list(range(100))
+    v = load_vllm()
+    v["utils"].init_none_hash(v["sha256"])
+    requests = [
+        Request("long", prompt, block_hasher=get_request_block_hasher(4)),
+        v["Request"]("long", prompt, v["SamplingParams"](max_tokens=1), None, arrival_time=0.0,
+                     block_hasher=v["utils"].get_request_block_hasher(4, v["sha256"])),
+    ]
+    seen = []
+    for manager, request in zip((build_kvcache_manager(config), build_vllm_manager(config)),
+                                requests):
+        blocks = manager.get_computed_blocks(request)[0]
+        assert manager.allocate_slots(request, len(prompt), 0, blocks) is not None
+        pool = manager.block_pool
+        seen.append((manager.get_block_ids("long"), pool.get_num_free_blocks(),
+                     sorted(b.block_id for b in pool.blocks if b.block_hash is not None)))
+    assert seen[0] == seen[1]
