@@ -189,6 +189,13 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                     kv_connector=True),
         ),
         (
+            "Qwen3-Next-shaped with its MTP drafter and a KV connector: qwen3_next_eagle's "
+            "groups (full bs 8 + 3 align state groups, 1 speculative block, hash blocks of 2); "
+            "the connector's per-group lookups drop EAGLE's last unit as the fixed point does",
+            replace(_attention_mamba_align("qwen3_next_eagle_connector", 60, 3, 8, 2,
+                                           speculative=1, use_eagle=True), kv_connector=True),
+        ),
+        (
             "Qwen3.5-shaped with a KV connector, prefix caching off: full (bs 4) + 3 state "
             "groups with 2 speculative blocks each; every admission may load remote KV",
             replace(_attention_mamba("qwen3_5_connector", 40, 3, speculative=2),

@@ -732,13 +732,19 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
         """Every spec group searched on its own up to `max_cache_hit_length`, no fixed point:
         the blocks and the hit length per group (0 and no blocks for groups that are never
-        looked up). EAGLE drops do not arise: kvcache refuses EAGLE with a state group that
-        caches, the only configs that take this lookup."""
+        looked up). An EAGLE group matches its margin past the bound (never past the hashed
+        tokens), then drops its last unit, as in the fixed point."""
         hit_blocks: list[list[KVCacheBlock]] = [[] for _ in self.single_type_managers]
         hit_lengths = [0] * len(self.single_type_managers)
-        for spec, group_ids, manager_cls, _, _ in self.attention_groups:
+        num_hashed_tokens = len(block_hashes) * self.hash_block_size
+        for spec, group_ids, manager_cls, use_eagle, _ in self.attention_groups:
+            max_length = max_cache_hit_length
+            if use_eagle:
+                max_length = min(
+                    max_length + self._eagle_margin(spec, manager_cls), num_hashed_tokens
+                )
             blocks, hit_length = manager_cls.find_longest_cache_hit(
-                block_hashes, max_cache_hit_length, group_ids, self.block_pool, spec, False,
+                block_hashes, max_length, group_ids, self.block_pool, spec, use_eagle,
                 self._cache_hit_alignment_tokens,
             )
             for group_id, group_blocks in zip(group_ids, blocks):

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
-from kvfuzz.kvcache.kv_cache_utils import BlockHash
+from kvfuzz.kvcache.kv_cache_utils import BLOCK_HASH_LEN, BlockHash
 
 
 class RequestStatus(enum.IntEnum):
@@ -169,7 +169,7 @@ class Request:
         if block_hashes is not None and type(block_hashes) is not list:
             raise ValueError(f"block_hashes must be None or a list, got {block_hashes!r}")
         # Prompt hashes a frontend computed with this hasher (vLLM 0.34): hashing goes on after.
-        self.block_hashes: list[BlockHash] = list(block_hashes or ())
+        self.block_hashes: list[BlockHash] = _checked_hashes(request_id, block_hashes or ())
         self._block_hasher = block_hasher
         self.update_block_hashes()
 
@@ -209,7 +209,7 @@ class Request:
         none). Preemption does not clear them.
         """
         if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+            self.block_hashes.extend(_checked_hashes(self.request_id, self._block_hasher(self)))
 
     def truncate_block_hashes(self, hash_block_size: int,
                               num_hash_lookahead_tokens: int = 0) -> None:
@@ -225,3 +225,16 @@ class Request:
             f"Request({self.request_id!r}, status={self.status}, "
             f"computed={self.num_computed_tokens}/{self.num_tokens})"
         )
+
+
+def _checked_hashes(request_id: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:
+    """`hashes` as a list, each checked to be BLOCK_HASH_LEN bytes: a cache key is a hash and
+    then its group id, told apart by the hash's length (kv_cache_utils.get_group_id)."""
+    hashes = list(hashes)
+    for block_hash in hashes:
+        if type(block_hash) is not bytes or len(block_hash) != BLOCK_HASH_LEN:
+            raise ValueError(
+                f"request {request_id!r}: block hash {block_hash!r} is not "
+                f"{BLOCK_HASH_LEN} bytes (a SHA-256 digest)"
+            )
+    return hashes

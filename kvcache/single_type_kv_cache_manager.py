@@ -55,7 +55,6 @@ class SingleTypeKVCacheManager:
     caches_partial_tail_block = False
     # Whether `get_num_skipped_tokens` can be positive: only then can blocks leave the window.
     recycles_blocks: ClassVar[bool] = False
-    """Whether kvcache gives this kind blocks for KV connector tokens (docs/spec.md §13.1)."""
 
     def __init__(
         self,
@@ -1073,8 +1072,9 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def _cache_state_tail_block(self, request: Request, num_tokens: int) -> bytes | None:
         """Register the state at the prompt's checkpoint (`(P - 1) // hbs * hbs`; with EAGLE
-        `P // hbs * hbs - hbs`), when `num_tokens` is exactly there; inside a block, the request must copy it on its
-        next allocation before writing on (its own partial-hit record)."""
+        `P // hbs * hbs - hbs`), when `num_tokens` is exactly there; inside a block, the
+        request must copy it on its next allocation before writing on (its own partial-hit
+        record)."""
         hash_block_size = self._hash_block_size
         if num_tokens <= 0 or num_tokens % hash_block_size:
             return None

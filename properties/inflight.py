@@ -20,7 +20,7 @@ from kvfuzz.properties.registry import CheckContext, invariant, transition
     covers=("spec §7.1",),
 )
 def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
-    keys_before = {step for step, _, _ in before.in_flight}
+    steps_before = {step for step, _, _ in before.in_flight}
     free = after.free_set()
     for step, reads, _ in after.in_flight:
         for b in reads:
@@ -28,7 +28,7 @@ def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -
                 return (f"block {b}, read by step {step} still in flight, was released (ref_cnt "
                         f"{after.ref_cnt[b]}{', in the free queue' if b in free else ''}) "
                         f"after {ctx.op['op']}")
-            if step in keys_before and before.block_keys[b] is not None \
+            if step in steps_before and before.block_keys[b] is not None \
                     and after.block_keys[b] != before.block_keys[b]:
                 return (f"block {b}, read by step {step} still in flight, was re-keyed by "
                         f"{ctx.op['op']}")

@@ -193,12 +193,7 @@ def _hybrid_fixed_point(
                 cur = min(cur, results[n][1])
                 continue
             drop = sg.use_eagle and n not in verified
-            max_len = cur
-            if drop:
-                fine = sg.spec.kind == "full" and layout.partial_hits
-                # A Mamba search never drops (§11.3): no margin.
-                margin = 0 if sg.spec.kind == "mamba" else layout.hbs if fine else sg.spec.bs
-                max_len = min(cur + margin, hashed)
+            max_len = min(cur + _eagle_margin(layout, sg.spec), hashed) if drop else cur
             s = Search(state, req, hashed, layout.hbs, sg.gids, sg.spec, max_len, drop,
                        layout.alignment)
             lists, length = SEARCHES[sg.spec.kind](s)
@@ -222,6 +217,15 @@ def _hybrid_fixed_point(
     return out, L, longest - L
 
 
+def _eagle_margin(layout: Layout, spec: Group) -> int:
+    """How far past the bound an EAGLE search matches before it drops its last unit: one hash
+    block for full attention under partial hits, else one block; none for Mamba, whose search
+    never drops (§11.3)."""
+    if spec.kind == "mamba":
+        return 0
+    return layout.hbs if spec.kind == "full" and layout.partial_hits else spec.bs
+
+
 def get_computed_blocks(layout: Layout, state: State, req: Request,
                         bound: int | None = None) -> tuple[Lists, int, int]:
     """docs/spec.md §6.3: (per-group hit lists, hit length, shared-prefix boundary); empty when
@@ -235,7 +239,8 @@ def get_computed_blocks(layout: Layout, state: State, req: Request,
 def get_computed_blocks_for_connector(layout: Layout, state: State, req: Request
                                       ) -> tuple[Lists, int, int, bool]:
     """docs/spec.md §13.1: with state groups beside full attention (and caching on), every
-    spec group searched alone; full attention's hit is the local prefix unless another group
+    spec group searched alone (an EAGLE group past the bound, then dropping, as in the fixed
+    point); full attention's hit is the local prefix unless another group
     hit deeper (then get_computed_blocks). Also: whether some group's hit (0 for a group never
     searched) is shorter than it. Otherwise get_computed_blocks and False."""
     sgs = layout.spec_groups if layout.hybrid else []
@@ -249,7 +254,10 @@ def get_computed_blocks_for_connector(layout: Layout, state: State, req: Request
     lists: Lists = [[] for _ in layout.groups]
     hits = [0] * len(layout.groups)
     for sg in sgs:
-        s = Search(state, req, hashed, layout.hbs, sg.gids, sg.spec, max_hit, False,
+        max_len = max_hit
+        if sg.use_eagle:
+            max_len = min(max_hit + _eagle_margin(layout, sg.spec), hashed)
+        s = Search(state, req, hashed, layout.hbs, sg.gids, sg.spec, max_len, sg.use_eagle,
                    layout.alignment)
         found, length = SEARCHES[sg.spec.kind](s)
         for gid, lst in zip(sg.gids, found):

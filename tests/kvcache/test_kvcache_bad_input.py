@@ -672,3 +672,17 @@ def test_a_request_longer_than_max_model_len_caches_only_its_table(mamba: bool) 
     cached = [b for b in m.block_pool.blocks if b.block_hash is not None]
     assert sorted(b.block_id for b in cached if b.block_id in tables[0]) == sorted(tables[0])
     assert_invariants(m, requests=[request])
+
+
+@pytest.mark.parametrize("bad", [b"\x01" * 16, b"\x01" * 36, "0" * 32],
+                         ids=["16 bytes", "36 bytes", "str"])
+@pytest.mark.parametrize("where", ["hasher", "given"])
+def test_a_block_hash_that_is_not_a_sha256_digest_is_refused(bad: object, where: str) -> None:
+    """Group 0's cache key is the bare hash, the others' the hash and a group id, told apart by
+    the hash's length: a hash of another length would be split at the wrong byte."""
+    def hasher(request: Request) -> list[object]:
+        return [bad] * (request.num_tokens // 4 - len(request.block_hashes))
+
+    kwargs = {"block_hasher": hasher} if where == "hasher" else {"block_hashes": [bad]}
+    with pytest.raises(ValueError, match=re.escape(f"request 'r': block hash {bad!r} is not 32")):
+        Request("r", list(range(9)), **kwargs)

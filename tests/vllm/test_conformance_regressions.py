@@ -110,6 +110,23 @@ def test_connector_lookup_flags_a_state_hit_shorter_than_full_attention(targets)
 
 
 @pytest.mark.parametrize("targets", TARGETS)
+def test_connector_lookup_with_eagle_drops_the_last_block_of_full_attention(targets):
+    """docs/spec.md §13.1: with EAGLE, the per-group lookup of a connector request matches one
+    block past the bound and drops it, as the fixed point does. kvcache searched full attention
+    without the drop and reported the whole 32-token prefix where vLLM and the model hit 24."""
+    config = Config(40, (GroupConfig("full", 8), GroupConfig("mamba", 8, mamba_cache_mode="align")),
+                    max_model_len=64, hash_block_size=8, use_eagle=True, kv_connector=True)
+    ex = Execution(config, "scheduler", targets)
+    prompt = list(range(33))
+    ex.apply({"op": "add_request", "request_id": "a", "prompt": prompt})
+    for _ in range(6):
+        ex.apply({"op": "step"})
+    assert ex.state.requests["a"].num_computed_tokens > 32
+    ex.apply({"op": "add_request", "request_id": "b", "prompt": prompt})
+    loaded = ex.apply({"op": "load_remote", "request_id": "b", "num_external_tokens": 100})
+    assert loaded == {"hit": 24, "external": 8, "diverged": False}
+
+@pytest.mark.parametrize("targets", TARGETS)
 def test_external_tokens_on_ring_and_rswa_groups_are_predicted_per_group(targets):
     """docs/spec.md §13.1: a first allocation of only external tokens claims the ring once
     (P1 checks each group's prediction against what it took: kvcache's ring once counted it
