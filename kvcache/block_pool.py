@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import compress, islice
-from operator import length_hint
+from itertools import compress, islice, repeat
+from operator import add, length_hint
 from typing import TYPE_CHECKING, NoReturn
 
 from kvfuzz.kvcache.kv_cache_utils import (
@@ -225,44 +225,54 @@ class BlockPool:
         block_mask: Sequence[bool] | None = None,
     ) -> None:
         """`cache_full_blocks` of a manager's own table (this pool's blocks, int counts)."""
-        if num_cached_blocks >= num_full_blocks:
+        num_new_blocks = num_full_blocks - num_cached_blocks
+        if num_new_blocks <= 0:
             return
         # A block's key is the fine hash at its end: a strided slice of the request's hashes.
-        scale, rest = divmod(block_size, self.hash_block_size)
-        if rest:
-            raise ValueError(f"cache_full_blocks(): block_size {block_size} is not a multiple "
-                             f"of hash_block_size {self.hash_block_size}")
         fine_hashes = request.block_hashes
-        num_hashes = len(fine_hashes) // scale
-        if not 0 <= num_cached_blocks < num_full_blocks <= min(len(blocks), num_hashes):
+        if block_size == self.hash_block_size:  # the common case: one hash per block
+            new_hashes = fine_hashes[num_cached_blocks:num_full_blocks]
+        else:
+            scale, rest = divmod(block_size, self.hash_block_size)
+            if rest:
+                raise ValueError(f"cache_full_blocks(): block_size {block_size} is not a "
+                                 f"multiple of hash_block_size {self.hash_block_size}")
+            new_hashes = fine_hashes[(num_cached_blocks + 1) * scale - 1:
+                                     num_full_blocks * scale:scale]
+        new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        if num_cached_blocks < 0 or len(new_blocks) != num_new_blocks or (
+            len(new_hashes) != num_new_blocks
+        ):
             raise ValueError(
                 f"cache_full_blocks({request.request_id!r}): blocks [{num_cached_blocks}, "
-                f"{num_full_blocks}) need {len(blocks)} blocks and {num_hashes} hashes "
+                f"{num_full_blocks}) need {len(blocks)} blocks and "
+                f"{len(fine_hashes) * self.hash_block_size // block_size} hashes "
                 f"of {block_size} tokens to cover them"
             )
-        if block_mask is not None and len(block_mask) != num_full_blocks - num_cached_blocks:
+        if block_mask is not None and len(block_mask) != num_new_blocks:
             raise ValueError(
                 f"cache_full_blocks({request.request_id!r}): block_mask has {len(block_mask)} "
-                f"entries for {num_full_blocks - num_cached_blocks} blocks"
+                f"entries for {num_new_blocks} blocks"
             )
-        new_hashes = (fine_hashes[num_cached_blocks:num_full_blocks] if scale == 1 else
-                      fine_hashes[(num_cached_blocks + 1) * scale - 1:num_full_blocks * scale:scale])
         suffix = group_id_suffix(kv_cache_group_id)
+        # Group 0's keys are the hashes themselves; the others' are built in C.
+        keys: Iterable[BlockHashWithGroupId] = (
+            map(add, new_hashes, repeat(suffix)) if suffix else new_hashes  # type: ignore[arg-type]
+        )
         cache_map = self.cached_block_hash_to_block
         setdefault = cache_map._cache.setdefault
-        # (block, its hash, the tokens its key covers), masked blocks left out, all in C.
-        entries: Iterable[tuple[KVCacheBlock, BlockHash, int]] = zip(
-            blocks[num_cached_blocks:num_full_blocks],
-            new_hashes,
+        # (block, its key, the tokens its key covers), masked blocks left out, all in C.
+        entries: Iterable[tuple[KVCacheBlock, BlockHashWithGroupId, int]] = zip(
+            new_blocks,
+            keys,
             range((num_cached_blocks + 1) * block_size, num_full_blocks * block_size + 1,
                   block_size),
         )
         if block_mask is not None:
             entries = compress(entries, block_mask)
-        for block, block_hash, num_tokens in entries:
+        for block, key, num_tokens in entries:
             if block.is_null:
                 continue
-            key: BlockHashWithGroupId = block_hash + suffix  # type: ignore[assignment]
             if block._block_hash is None:  # the slot, as in free_blocks
                 # A block without a primary key has no extras either: nothing else to check,
                 # so the slots are set directly (what set_block_hash does after its check).
