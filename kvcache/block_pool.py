@@ -15,7 +15,6 @@ from kvfuzz.kvcache.kv_cache_utils import (
     KVCacheBlock,
     check_positive_int,
     group_id_suffix,
-    make_block_hash_with_group_id,
 )
 
 if TYPE_CHECKING:
@@ -316,16 +315,16 @@ class BlockPool:
                 f"num_tokens {num_tokens} is not a positive multiple of {hbs} within the "
                 f"{len(request.block_hashes)} hashes of request {request.request_id!r}"
             )
-        key = make_block_hash_with_group_id(
-            request.block_hashes[num_tokens // hbs - 1], kv_cache_group_id
+        key: BlockHashWithGroupId = (  # type: ignore[assignment]
+            request.block_hashes[num_tokens // hbs - 1] + group_id_suffix(kv_cache_group_id)
         )
         if replace_existing_hashes:
             self._remove_cached_block_hashes(block)
         elif (
-            block.block_hash is not None
+            block._block_hash is not None
             and not self.carries_key(block, key)
-            and block.block_hash_num_tokens is not None
-            and block.block_hash_num_tokens < num_tokens
+            and block._block_hash_num_tokens is not None
+            and block._block_hash_num_tokens < num_tokens
         ):
             self._remove_cached_block_hashes(block)
         self._insert_block_hash(key, block, num_tokens)
@@ -335,12 +334,22 @@ class BlockPool:
         """Re-point every key of `src_block` (primary first) to `dst_block`, which has none:
         its owner writes on in `src_block` while the cache keeps a private copy."""
         assert dst_block.block_hash is None
-        assert dst_block.block_id not in self.cached_block_hashes_by_block
-        num_tokens = src_block.block_hash_num_tokens
-        primary = src_block.block_hash
+        extras_by_block = self.cached_block_hashes_by_block
+        assert dst_block.block_id not in extras_by_block
+        num_tokens = src_block._block_hash_num_tokens
+        primary = src_block._block_hash
         if primary is None:
             return
-        extras = sorted(self.cached_block_hashes_by_block.get(src_block.block_id, ()))
+        cache = self.cached_block_hash_to_block._cache
+        if cache.get(primary) is src_block and src_block.block_id not in extras_by_block:
+            # The common case, one key that the source alone holds: what the removal and the
+            # insertion below do, without their checks.
+            del cache[primary]
+            src_block.reset_hash()
+            dst_block.set_block_hash(primary, num_tokens)
+            cache[primary] = dst_block
+            return
+        extras = sorted(extras_by_block.get(src_block.block_id, ()))
         # The entries stay live, only their block changes: no KV event (the base removal).
         BlockPool._remove_cached_block_hashes(self, src_block)
         for key in (primary, *extras):
@@ -355,10 +364,11 @@ class BlockPool:
     def _insert_block_hash(
         self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int
     ) -> None:
-        if self.carries_key(block, key):
-            return
-        if block.block_hash is None:
+        primary = block._block_hash
+        if primary is None:  # a block without a primary key has no other key either
             block.set_block_hash(key, num_tokens)
+        elif primary == key or self.cached_block_hash_to_block.contain(key, block.block_id):
+            return
         else:
             self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
         self.cached_block_hash_to_block.insert(key, block)

@@ -829,7 +829,7 @@ class MambaManager(SingleTypeKVCacheManager):
         draft slots beyond both the table and the released head. Mode "align": at most one
         state block per step (plus a CoW copy, plus the draft blocks on the first step)."""
         if new_computed_blocks and (
-            new_computed_blocks[-1].block_hash in self.cached_blocks_this_step
+            new_computed_blocks[-1]._block_hash in self.cached_blocks_this_step
         ):
             # The hit state is written by this step's forward pass: never fits this step.
             return self.block_pool.num_gpu_blocks + 1
@@ -957,10 +957,12 @@ class MambaManager(SingleTypeKVCacheManager):
         if prev_block_len < num_skipped_blocks:
             req_blocks.extend([self._null_block] * (num_skipped_blocks - prev_block_len))
         if blocks_allocated:
-            for block_idx in range(prev_block_len - num_spec, min(prev_block_len,
-                                                                  num_skipped_blocks)):
+            for block_idx in range(prev_block_len - num_spec, prev_block_len
+                                   if prev_block_len < num_skipped_blocks else num_skipped_blocks):
                 self._relocate_speculative_block(req_blocks, block_idx)
-        num_new_blocks = max(num_required_blocks - len(req_blocks), 0)
+        num_new_blocks = num_required_blocks - len(req_blocks)
+        if num_new_blocks < 0:
+            num_new_blocks = 0
         if partial_hit is not None:
             num_new_blocks += 1
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
@@ -991,8 +993,8 @@ class MambaManager(SingleTypeKVCacheManager):
         self.block_pool.move_block_hashes(source_block, cow_block)
         self._pending_cow_copies.append((source_block, cow_block))
         source_block.ref_cnt += 1
-        if cow_block.block_hash is not None:
-            self.cached_blocks_this_step.add(cow_block.block_hash)
+        if cow_block._block_hash is not None:
+            self.cached_blocks_this_step.add(cow_block._block_hash)
 
     def _relocate_speculative_block(self, req_blocks: list[KVCacheBlock], block_idx: int) -> None:
         block = req_blocks[block_idx]
@@ -1011,8 +1013,10 @@ class MambaManager(SingleTypeKVCacheManager):
                 and (not self.align or num_tokens % self._hash_block_size)):
             return  # most decode steps: no full block, no hash boundary
         blocks = self.req_to_blocks[request_id]
-        num_full_blocks = min(num_tokens, len(request.block_hashes) * self._hash_block_size
-                              ) // self.block_size
+        num_hashed_tokens = len(request.block_hashes) * self._hash_block_size
+        num_full_blocks = (
+            num_tokens if num_tokens < num_hashed_tokens else num_hashed_tokens
+        ) // self.block_size
         if num_cached_before < num_full_blocks:
             # Align-mode tables are mostly null, and nulls are never registered: start at the
             # first real block.
@@ -1038,9 +1042,9 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.cached_blocks_this_step.add(partial_key)
         if num_cached_after > num_cached_before:
             null_block = self._null_block
-            for block in self.req_to_blocks[request_id][num_cached_before:num_cached_after]:
-                if block is not null_block and block.block_hash is not None:
-                    self.cached_blocks_this_step.add(block.block_hash)
+            for block in blocks[num_cached_before:num_cached_after]:
+                if block is not null_block and block._block_hash is not None:
+                    self.cached_blocks_this_step.add(block._block_hash)
 
     def reachable_block_mask(
         self, start_block: int, end_block: int, request: Request | None = None
@@ -1076,7 +1080,10 @@ class MambaManager(SingleTypeKVCacheManager):
         `P // hbs * hbs - hbs`), when `num_tokens` is exactly there; inside a block, the request must copy it on its
         next allocation before writing on (its own partial-hit record)."""
         hash_block_size = self._hash_block_size
-        if num_tokens <= 0 or num_tokens % hash_block_size:
+        # The checkpoint lies below the prompt's end: later counts (decode) never reach it.
+        if num_tokens <= 0 or num_tokens % hash_block_size or (
+            num_tokens >= request.num_prompt_tokens
+        ):
             return None
         if num_tokens != get_mamba_prefill_checkpoint_position(
             request.num_prompt_tokens, hash_block_size, self.drop_eagle_checkpoint_block
@@ -1087,7 +1094,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if block_idx >= len(blocks):
             return None
         source_block = blocks[block_idx]
-        if source_block is self._null_block or source_block.block_hash_num_tokens == num_tokens:
+        if source_block is self._null_block or source_block._block_hash_num_tokens == num_tokens:
             return None
         key = self.block_pool.cache_partial_block(
             request, source_block, num_tokens, self.kv_cache_group_id, self.block_size
