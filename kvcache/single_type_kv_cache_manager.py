@@ -880,18 +880,21 @@ class MambaManager(SingleTypeKVCacheManager):
             is_partial_hit(len(new_computed_blocks), num_local_computed_tokens, self.block_size)
             or request_id in self._partial_hit_reqs
         )
+        if num_new_blocks < 0:
+            num_new_blocks = 0
         if has_partial_hit:
-            num_new_blocks = max(num_new_blocks, 0) + 1
+            num_new_blocks += 1
         if num_new_blocks > 0:
-            physical_block_cap = 1 + int(has_partial_hit)
+            physical_block_cap = 2 if has_partial_hit else 1
             if request_id not in self._allocated_block_reqs:
                 physical_block_cap += self.num_speculative_blocks
-            num_new_blocks = min(num_new_blocks, physical_block_cap)
+            if num_new_blocks > physical_block_cap:
+                num_new_blocks = physical_block_cap
         null_block = self._null_block
-        num_evictable = sum(
-            1 for block in new_computed_blocks if block is not null_block and block.ref_cnt == 0
-        )
-        return max(num_new_blocks, 0) + num_evictable
+        for block in new_computed_blocks:  # a hit: nulls, then its state block
+            if block.ref_cnt == 0 and block is not null_block:
+                num_new_blocks += 1  # evictable: rescuing it takes a free block
+        return num_new_blocks
 
     def _align_external_blocks_to_allocate(
         self, num_required_blocks: int, new_computed_blocks: Sequence[KVCacheBlock],
@@ -1163,14 +1166,12 @@ class MambaManager(SingleTypeKVCacheManager):
             return  # most decode steps: nothing passed
         null_block = self._null_block
         if processed_computed_tokens > 1 and first_block < last_block:
-            # Align-mode tables have null gaps between states: skip nulls, do not stop.
-            freed = []
-            for i in range(last_block - 1, first_block - 1, -1):
-                block = blocks[i]
-                if block is not null_block:
-                    freed.append(block)
-                    blocks[i] = null_block
-            if freed:
+            # Align-mode tables have null gaps between states: skip nulls, do not stop. The
+            # passed part is often nulls only, which `count` tells at C speed.
+            passed = blocks[first_block:last_block]
+            if passed.count(null_block) != len(passed):
+                freed = [block for block in reversed(passed) if block is not null_block]
+                blocks[first_block:last_block] = [null_block] * len(passed)
                 self.block_pool.release(freed)  # the table's own blocks: no checks to repeat
             self._num_retired_blocks[request_id] = last_block
         # The previous step's state block was the copy source of this step's: now passed.
