@@ -391,21 +391,19 @@ class BlockPool:
         """Pop blocks from the queue head, evicting their cache entries: the only place memory
         pressure evicts. Nothing changes if the pool is short.
         """
+        queue = self.free_block_queue
         # The exact-type test first: the common case then skips the two isinstance calls.
-        is_count = type(num_blocks) is int or (
-            isinstance(num_blocks, int) and not isinstance(num_blocks, bool)
-        )
-        if not is_count or num_blocks < 0:
+        if type(num_blocks) is not int and (
+            not isinstance(num_blocks, int) or isinstance(num_blocks, bool)
+        ) or num_blocks < 0:
             raise ValueError(f"Cannot get {num_blocks!r} blocks: the count must be an int >= 0")
-        num_free_blocks = self.free_block_queue.num_free_blocks
-        if num_blocks > num_free_blocks:
+        if num_blocks > queue.num_free_blocks:
             raise ValueError(
-                f"Cannot get {num_blocks} free blocks from the pool ({num_free_blocks} free)"
+                f"Cannot get {num_blocks} free blocks from the pool ({queue.num_free_blocks} free)"
             )
         if not num_blocks:
             return []
         # `popleft_n` inlined: one walk unlinks, evicts and takes the reference.
-        queue = self.free_block_queue
         head = queue.fake_free_list_head
         block = head.next_free_block
         ret = []
@@ -421,9 +419,7 @@ class BlockPool:
             queue.num_free_blocks -= num_blocks
             return ret
         extras_by_block = self.cached_block_hashes_by_block
-        cache_map = self.cached_block_hash_to_block
-        cache = cache_map._cache
-        pop = cache.pop
+        pop = self.cached_block_hash_to_block._cache.pop
         for _ in range(num_blocks):
             ret.append(block)
             nxt = block.next_free_block
@@ -438,7 +434,9 @@ class BlockPool:
                 else:
                     entry = pop(key, None)  # one lookup when the block is alone under its key
                     if entry is not block and entry is not None:
-                        cache[key] = entry  # several blocks under the key: drop only this one
+                        # Several blocks under the key: put them back, drop only this one.
+                        cache_map = self.cached_block_hash_to_block
+                        cache_map._cache[key] = entry
                         cache_map.pop(key, block.block_id)
                     block._block_hash = block._block_hash_num_tokens = None
                     block._hashed = False

@@ -141,7 +141,7 @@ class SingleTypeKVCacheManager:
             num_req_blocks,
             num_skipped_blocks,
             # Evictable: in the free queue (which never holds the null block).
-            [block.ref_cnt == 0 and block.prev_free_block is not None
+            [not block.ref_cnt and block.prev_free_block is not None
              for block in new_computed_blocks],
             is_partial_hit(len(new_computed_blocks), num_local_computed_tokens, self.block_size),
         )
