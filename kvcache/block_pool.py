@@ -357,7 +357,7 @@ class BlockPool:
 
     def carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
         """The block is reachable under `key`, as its primary key or another one."""
-        return block.block_hash == key or self.cached_block_hash_to_block.contain(
+        return block._block_hash == key or self.cached_block_hash_to_block.contain(
             key, block.block_id
         )
 

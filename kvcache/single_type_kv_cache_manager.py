@@ -434,9 +434,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         A resend matches at most `prompt - 1` tokens; EAGLE reads the whole prompt before
         dropping a unit. Interior boundaries other than this one are not registered.
         """
-        hash_block_size = self.block_pool.hash_block_size
-        token_limit = request.num_prompt_tokens - (0 if self.use_eagle else 1)
-        boundary = min(token_limit // hash_block_size, len(request.block_hashes)) * hash_block_size
+        hash_block_size = self._hash_block_size
+        num_units = (request.num_prompt_tokens - (0 if self.use_eagle else 1)) // hash_block_size
+        num_hashes = len(request.block_hashes)
+        boundary = (num_units if num_units < num_hashes else num_hashes) * hash_block_size
         if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         blocks = self.req_to_blocks[request.request_id]
