@@ -227,6 +227,10 @@ class BlockPool:
         num_new_blocks = num_full_blocks - num_cached_blocks
         if num_new_blocks <= 0:
             return
+        if num_new_blocks == 1 and self._register_one(
+            request, blocks, num_full_blocks, block_size, kv_cache_group_id, block_mask
+        ):
+            return
         # A block's key is the fine hash at its end: a strided slice of the request's hashes.
         fine_hashes = request.block_hashes
         if block_size == self.hash_block_size:  # the common case: one hash per block
@@ -288,6 +292,42 @@ class BlockPool:
             ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
             self._remove_cached_block_hashes(block)
             self._insert_block_hash(key, block, num_tokens)
+
+    def _register_one(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None,
+    ) -> bool:
+        """`register_full_blocks` of the one block before `num_full_blocks` (a decode step or a
+        short chunk fills one), when it is the common case: in range, no mask, a real block
+        without a key. False (nothing done) otherwise."""
+        index = num_full_blocks - 1
+        fine_hashes = request.block_hashes
+        hash_block_size = self.hash_block_size
+        # The block's key is the fine hash at its end.
+        hash_index = num_full_blocks * block_size // hash_block_size - 1
+        if (
+            block_mask is not None
+            or block_size % hash_block_size
+            or not 0 <= index < len(blocks)
+            or hash_index >= len(fine_hashes)
+        ):
+            return False
+        block = blocks[index]
+        if block._block_hash is not None or block.is_null:
+            return False
+        key: BlockHashWithGroupId = (  # type: ignore[assignment]
+            fine_hashes[hash_index] + group_id_suffix(kv_cache_group_id)
+        )
+        block._block_hash = key
+        block._block_hash_num_tokens = num_full_blocks * block_size
+        block._hashed = True
+        self.cached_block_hash_to_block.insert(key, block)
+        return True
 
     def cache_partial_block(
         self,
