@@ -447,7 +447,9 @@ class BlockPool:
         head = queue.fake_free_list_head
         block = head.next_free_block
         ret = []
-        if not self.enable_caching:
+        # Blocks without a key (caching off, or a decode step's one block off a head that
+        # freed partial blocks fill) need no eviction.
+        if not self.enable_caching or num_blocks == 1 and not block._hashed:
             for _ in range(num_blocks):
                 ret.append(block)
                 nxt = block.next_free_block
