@@ -579,8 +579,8 @@ class BlockPool:
         """
         first_head, last_head = self._run_heads
         first_tail, last_tail = first_head, last_head
-        # The tail run is the common one: its length is what the others leave.
-        num_first = num_kept = 0
+        # The released count is what the held blocks (and nulls) leave.
+        num_kept = 0
         remaining = iter(blocks)
         if self.enable_caching and not evict_first:
             for block in remaining:
@@ -596,7 +596,6 @@ class BlockPool:
                         first_tail.next_free_block = block
                         block.prev_free_block = first_tail
                         first_tail = block
-                        num_first += 1
                 elif block.ref_cnt > 1:
                     block.ref_cnt -= 1
                     num_kept += 1
@@ -605,8 +604,7 @@ class BlockPool:
                 else:
                     self._undo_release(blocks, remaining, block)
         else:
-            # Without caching, or evicting first, every released block joins the head run,
-            # counted last.
+            # Without caching, or evicting first, every released block joins the head run.
             for block in remaining:
                 if block.ref_cnt == 1:
                     block.ref_cnt = 0
@@ -620,7 +618,6 @@ class BlockPool:
                     num_kept += 1
                 else:
                     self._undo_release(blocks, remaining, block)
-            num_first = len(blocks) - num_kept
         # The queue's `prepend_chain` and `append_chain`, inlined, with one count update.
         queue = self.free_block_queue
         if first_tail is not first_head:
