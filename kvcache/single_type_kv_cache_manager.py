@@ -282,16 +282,22 @@ class SingleTypeKVCacheManager:
         under a retention interval); None caches them all."""
         return None
 
+    def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
+        """Drop every per-request entry; the request's table as it was (None without one)."""
+        self.num_cached_block.pop(request_id, None)
+        if self._partial_hit_reqs:  # almost always empty: skips the call
+            self._partial_hit_reqs.pop(request_id, None)
+        return self.req_to_blocks.pop(request_id, None)
+
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """Forget the request; return its blocks, leading nulls dropped, still referenced.
 
         The caller frees them later, in reverse order (tail first).
         """
-        req_blocks = self.req_to_blocks.pop(request_id, [])
-        self.num_cached_block.pop(request_id, None)
-        if self._partial_hit_reqs:  # almost always empty: skips the call
-            self._partial_hit_reqs.pop(request_id, None)
-        if req_blocks and req_blocks[0] is self._null_block:  # only windows null a head
+        req_blocks = self._forget(request_id)
+        if not req_blocks:
+            return []
+        if req_blocks[0] is self._null_block:  # only windows null a head
             return req_blocks[null_head_len(req_blocks, self._null_block):]
         return req_blocks
 
@@ -299,9 +305,14 @@ class SingleTypeKVCacheManager:
         """Release the request's blocks tail first, so a chain is evicted from its end and the
         surviving cached prefix stays reachable.
         """
-        blocks = self.pop_blocks_for_free(request_id)
-        if blocks:
-            self.block_pool.release(blocks[::-1])  # this pool's blocks, as a list
+        blocks = self._forget(request_id)
+        if not blocks:
+            return
+        null_block = self._null_block
+        # Only windows null a head, released before: one reversed slice leaves it out.
+        num_nulls = null_head_len(blocks, null_block) if blocks[0] is null_block else 0
+        if num_nulls < len(blocks):  # this pool's blocks, as a list
+            self.block_pool.release(blocks[:num_nulls - 1:-1] if num_nulls else blocks[::-1])
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -1109,7 +1120,7 @@ class MambaManager(SingleTypeKVCacheManager):
         return key
 
     def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
-        """Drop every per-request entry; the request's table as it was (None without one)."""
+        """As the base, and the state bookkeeping of align mode."""
         if self._partial_hit_reqs:  # mode "none" never has any: skips the call
             self._partial_hit_reqs.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
