@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import compress, islice
-from operator import length_hint
+from itertools import compress, islice, repeat
+from operator import add, length_hint
 from typing import TYPE_CHECKING, NoReturn
 
 from kvfuzz.kvcache.kv_cache_utils import (
@@ -15,7 +15,6 @@ from kvfuzz.kvcache.kv_cache_utils import (
     KVCacheBlock,
     check_positive_int,
     group_id_suffix,
-    make_block_hash_with_group_id,
 )
 
 if TYPE_CHECKING:
@@ -225,44 +224,58 @@ class BlockPool:
         block_mask: Sequence[bool] | None = None,
     ) -> None:
         """`cache_full_blocks` of a manager's own table (this pool's blocks, int counts)."""
-        if num_cached_blocks >= num_full_blocks:
+        num_new_blocks = num_full_blocks - num_cached_blocks
+        if num_new_blocks <= 0:
+            return
+        if num_new_blocks == 1 and self._register_one(
+            request, blocks, num_full_blocks, block_size, kv_cache_group_id, block_mask
+        ):
             return
         # A block's key is the fine hash at its end: a strided slice of the request's hashes.
-        scale, rest = divmod(block_size, self.hash_block_size)
-        if rest:
-            raise ValueError(f"cache_full_blocks(): block_size {block_size} is not a multiple "
-                             f"of hash_block_size {self.hash_block_size}")
         fine_hashes = request.block_hashes
-        num_hashes = len(fine_hashes) // scale
-        if not 0 <= num_cached_blocks < num_full_blocks <= min(len(blocks), num_hashes):
+        if block_size == self.hash_block_size:  # the common case: one hash per block
+            new_hashes = fine_hashes[num_cached_blocks:num_full_blocks]
+        else:
+            scale, rest = divmod(block_size, self.hash_block_size)
+            if rest:
+                raise ValueError(f"cache_full_blocks(): block_size {block_size} is not a "
+                                 f"multiple of hash_block_size {self.hash_block_size}")
+            new_hashes = fine_hashes[(num_cached_blocks + 1) * scale - 1:
+                                     num_full_blocks * scale:scale]
+        new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        if num_cached_blocks < 0 or len(new_blocks) != num_new_blocks or (
+            len(new_hashes) != num_new_blocks
+        ):
             raise ValueError(
                 f"cache_full_blocks({request.request_id!r}): blocks [{num_cached_blocks}, "
-                f"{num_full_blocks}) need {len(blocks)} blocks and {num_hashes} hashes "
+                f"{num_full_blocks}) need {len(blocks)} blocks and "
+                f"{len(fine_hashes) * self.hash_block_size // block_size} hashes "
                 f"of {block_size} tokens to cover them"
             )
-        if block_mask is not None and len(block_mask) != num_full_blocks - num_cached_blocks:
+        if block_mask is not None and len(block_mask) != num_new_blocks:
             raise ValueError(
                 f"cache_full_blocks({request.request_id!r}): block_mask has {len(block_mask)} "
-                f"entries for {num_full_blocks - num_cached_blocks} blocks"
+                f"entries for {num_new_blocks} blocks"
             )
-        new_hashes = (fine_hashes[num_cached_blocks:num_full_blocks] if scale == 1 else
-                      fine_hashes[(num_cached_blocks + 1) * scale - 1:num_full_blocks * scale:scale])
         suffix = group_id_suffix(kv_cache_group_id)
+        # Group 0's keys are the hashes themselves; the others' are built in C.
+        keys: Iterable[BlockHashWithGroupId] = (
+            map(add, new_hashes, repeat(suffix)) if suffix else new_hashes  # type: ignore[arg-type]
+        )
         cache_map = self.cached_block_hash_to_block
         setdefault = cache_map._cache.setdefault
-        # (block, its hash, the tokens its key covers), masked blocks left out, all in C.
-        entries: Iterable[tuple[KVCacheBlock, BlockHash, int]] = zip(
-            blocks[num_cached_blocks:num_full_blocks],
-            new_hashes,
+        # (block, its key, the tokens its key covers), masked blocks left out, all in C.
+        entries: Iterable[tuple[KVCacheBlock, BlockHashWithGroupId, int]] = zip(
+            new_blocks,
+            keys,
             range((num_cached_blocks + 1) * block_size, num_full_blocks * block_size + 1,
                   block_size),
         )
         if block_mask is not None:
             entries = compress(entries, block_mask)
-        for block, block_hash, num_tokens in entries:
+        for block, key, num_tokens in entries:
             if block.is_null:
                 continue
-            key: BlockHashWithGroupId = block_hash + suffix  # type: ignore[assignment]
             if block._block_hash is None:  # the slot, as in free_blocks
                 # A block without a primary key has no extras either: nothing else to check,
                 # so the slots are set directly (what set_block_hash does after its check).
@@ -279,6 +292,42 @@ class BlockPool:
             ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
             self._remove_cached_block_hashes(block)
             self._insert_block_hash(key, block, num_tokens)
+
+    def _register_one(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None,
+    ) -> bool:
+        """`register_full_blocks` of the one block before `num_full_blocks` (a decode step or a
+        short chunk fills one), when it is the common case: in range, no mask, a real block
+        without a key. False (nothing done) otherwise."""
+        index = num_full_blocks - 1
+        fine_hashes = request.block_hashes
+        hash_block_size = self.hash_block_size
+        # The block's key is the fine hash at its end.
+        hash_index = num_full_blocks * block_size // hash_block_size - 1
+        if (
+            block_mask is not None
+            or block_size % hash_block_size
+            or not 0 <= index < len(blocks)
+            or hash_index >= len(fine_hashes)
+        ):
+            return False
+        block = blocks[index]
+        if block._block_hash is not None or block.is_null:
+            return False
+        key: BlockHashWithGroupId = (  # type: ignore[assignment]
+            fine_hashes[hash_index] + group_id_suffix(kv_cache_group_id)
+        )
+        block._block_hash = key
+        block._block_hash_num_tokens = num_full_blocks * block_size
+        block._hashed = True
+        self.cached_block_hash_to_block.insert(key, block)
+        return True
 
     def cache_partial_block(
         self,
@@ -306,16 +355,16 @@ class BlockPool:
                 f"num_tokens {num_tokens} is not a positive multiple of {hbs} within the "
                 f"{len(request.block_hashes)} hashes of request {request.request_id!r}"
             )
-        key = make_block_hash_with_group_id(
-            request.block_hashes[num_tokens // hbs - 1], kv_cache_group_id
+        key: BlockHashWithGroupId = (  # type: ignore[assignment]
+            request.block_hashes[num_tokens // hbs - 1] + group_id_suffix(kv_cache_group_id)
         )
         if replace_existing_hashes:
             self._remove_cached_block_hashes(block)
         elif (
-            block.block_hash is not None
+            block._block_hash is not None
             and not self.carries_key(block, key)
-            and block.block_hash_num_tokens is not None
-            and block.block_hash_num_tokens < num_tokens
+            and block._block_hash_num_tokens is not None
+            and block._block_hash_num_tokens < num_tokens
         ):
             self._remove_cached_block_hashes(block)
         self._insert_block_hash(key, block, num_tokens)
@@ -325,12 +374,22 @@ class BlockPool:
         """Re-point every key of `src_block` (primary first) to `dst_block`, which has none:
         its owner writes on in `src_block` while the cache keeps a private copy."""
         assert dst_block.block_hash is None
-        assert dst_block.block_id not in self.cached_block_hashes_by_block
-        num_tokens = src_block.block_hash_num_tokens
-        primary = src_block.block_hash
+        extras_by_block = self.cached_block_hashes_by_block
+        assert dst_block.block_id not in extras_by_block
+        num_tokens = src_block._block_hash_num_tokens
+        primary = src_block._block_hash
         if primary is None:
             return
-        extras = sorted(self.cached_block_hashes_by_block.get(src_block.block_id, ()))
+        cache = self.cached_block_hash_to_block._cache
+        if cache.get(primary) is src_block and src_block.block_id not in extras_by_block:
+            # The common case, one key that the source alone holds: what the removal and the
+            # insertion below do, without their checks.
+            del cache[primary]
+            src_block.reset_hash()
+            dst_block.set_block_hash(primary, num_tokens)
+            cache[primary] = dst_block
+            return
+        extras = sorted(extras_by_block.get(src_block.block_id, ()))
         # The entries stay live, only their block changes: no KV event (the base removal).
         BlockPool._remove_cached_block_hashes(self, src_block)
         for key in (primary, *extras):
@@ -338,17 +397,18 @@ class BlockPool:
 
     def carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
         """The block is reachable under `key`, as its primary key or another one."""
-        return block.block_hash == key or self.cached_block_hash_to_block.contain(
+        return block._block_hash == key or self.cached_block_hash_to_block.contain(
             key, block.block_id
         )
 
     def _insert_block_hash(
         self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int
     ) -> None:
-        if self.carries_key(block, key):
-            return
-        if block.block_hash is None:
+        primary = block._block_hash
+        if primary is None:  # a block without a primary key has no other key either
             block.set_block_hash(key, num_tokens)
+        elif primary == key or self.cached_block_hash_to_block.contain(key, block.block_id):
+            return
         else:
             self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
         self.cached_block_hash_to_block.insert(key, block)
@@ -371,25 +431,25 @@ class BlockPool:
         """Pop blocks from the queue head, evicting their cache entries: the only place memory
         pressure evicts. Nothing changes if the pool is short.
         """
+        queue = self.free_block_queue
         # The exact-type test first: the common case then skips the two isinstance calls.
-        is_count = type(num_blocks) is int or (
-            isinstance(num_blocks, int) and not isinstance(num_blocks, bool)
-        )
-        if not is_count or num_blocks < 0:
+        if type(num_blocks) is not int and (
+            not isinstance(num_blocks, int) or isinstance(num_blocks, bool)
+        ) or num_blocks < 0:
             raise ValueError(f"Cannot get {num_blocks!r} blocks: the count must be an int >= 0")
-        num_free_blocks = self.free_block_queue.num_free_blocks
-        if num_blocks > num_free_blocks:
+        if num_blocks > queue.num_free_blocks:
             raise ValueError(
-                f"Cannot get {num_blocks} free blocks from the pool ({num_free_blocks} free)"
+                f"Cannot get {num_blocks} free blocks from the pool ({queue.num_free_blocks} free)"
             )
         if not num_blocks:
             return []
         # `popleft_n` inlined: one walk unlinks, evicts and takes the reference.
-        queue = self.free_block_queue
         head = queue.fake_free_list_head
         block = head.next_free_block
         ret = []
-        if not self.enable_caching:
+        # Blocks without a key (caching off, or a decode step's one block off a head that
+        # freed partial blocks fill) need no eviction.
+        if not self.enable_caching or num_blocks == 1 and not block._hashed:
             for _ in range(num_blocks):
                 ret.append(block)
                 nxt = block.next_free_block
@@ -401,9 +461,7 @@ class BlockPool:
             queue.num_free_blocks -= num_blocks
             return ret
         extras_by_block = self.cached_block_hashes_by_block
-        cache_map = self.cached_block_hash_to_block
-        cache = cache_map._cache
-        pop = cache.pop
+        pop = self.cached_block_hash_to_block._cache.pop
         for _ in range(num_blocks):
             ret.append(block)
             nxt = block.next_free_block
@@ -418,7 +476,9 @@ class BlockPool:
                 else:
                     entry = pop(key, None)  # one lookup when the block is alone under its key
                     if entry is not block and entry is not None:
-                        cache[key] = entry  # several blocks under the key: drop only this one
+                        # Several blocks under the key: put them back, drop only this one.
+                        cache_map = self.cached_block_hash_to_block
+                        cache_map._cache[key] = entry
                         cache_map.pop(key, block.block_id)
                     block._block_hash = block._block_hash_num_tokens = None
                     block._hashed = False
@@ -519,8 +579,8 @@ class BlockPool:
         """
         first_head, last_head = self._run_heads
         first_tail, last_tail = first_head, last_head
-        # The tail run is the common one: its length is what the others leave.
-        num_first = num_kept = 0
+        # The released count is what the held blocks (and nulls) leave.
+        num_kept = 0
         remaining = iter(blocks)
         if self.enable_caching and not evict_first:
             for block in remaining:
@@ -536,7 +596,6 @@ class BlockPool:
                         first_tail.next_free_block = block
                         block.prev_free_block = first_tail
                         first_tail = block
-                        num_first += 1
                 elif block.ref_cnt > 1:
                     block.ref_cnt -= 1
                     num_kept += 1
@@ -545,8 +604,7 @@ class BlockPool:
                 else:
                     self._undo_release(blocks, remaining, block)
         else:
-            # Without caching, or evicting first, every released block joins the head run,
-            # counted last.
+            # Without caching, or evicting first, every released block joins the head run.
             for block in remaining:
                 if block.ref_cnt == 1:
                     block.ref_cnt = 0
@@ -560,7 +618,6 @@ class BlockPool:
                     num_kept += 1
                 else:
                     self._undo_release(blocks, remaining, block)
-            num_first = len(blocks) - num_kept
         # The queue's `prepend_chain` and `append_chain`, inlined, with one count update.
         queue = self.free_block_queue
         if first_tail is not first_head:

@@ -634,7 +634,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 manager.cache_blocks(request, num_tokens)
             return
         # Without EAGLE every group caches the same aligned length.
-        cacheable = self._align_cacheable(num_computed_tokens)
+        cacheable = (
+            num_computed_tokens if self.enable_partial_hash_hits
+            else num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        )  # `_align_cacheable`, inlined
         for manager in self.single_type_managers:
             manager.cache_blocks(request, cacheable)
 

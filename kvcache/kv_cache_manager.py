@@ -605,15 +605,19 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to `num_computed_tokens` (if caching)."""
-        request_id = _request_id("cache_blocks", request)
+        try:  # inlined `_request_id`
+            request_id = request.request_id
+        except AttributeError:
+            raise ValueError(f"cache_blocks(): {request!r} is not a Request") from None
         if type(num_computed_tokens) is not int or num_computed_tokens < 0:
             raise ValueError(
                 f"cache_blocks({request_id!r}): num_computed_tokens={num_computed_tokens!r} is "
                 "not an int >= 0"
             )
         self._check_tracked(request_id, "cache_blocks")
+        fixed_group_ids = self._fixed_group_ids
         for group_id, manager in enumerate(self.coordinator.single_type_managers):
-            if group_id in self._fixed_group_ids:
+            if fixed_group_ids and group_id in fixed_group_ids:
                 continue
             num_slots = len(manager.req_to_blocks.get(request_id, ())) * manager.block_size
             if num_computed_tokens > num_slots:

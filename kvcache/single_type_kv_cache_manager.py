@@ -140,7 +140,7 @@ class SingleTypeKVCacheManager:
             num_req_blocks,
             num_skipped_blocks,
             # Evictable: in the free queue (which never holds the null block).
-            [block.ref_cnt == 0 and block.prev_free_block is not None
+            [not block.ref_cnt and block.prev_free_block is not None
              for block in new_computed_blocks],
             is_partial_hit(len(new_computed_blocks), num_local_computed_tokens, self.block_size),
         )
@@ -281,16 +281,22 @@ class SingleTypeKVCacheManager:
         under a retention interval); None caches them all."""
         return None
 
+    def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
+        """Drop every per-request entry; the request's table as it was (None without one)."""
+        self.num_cached_block.pop(request_id, None)
+        if self._partial_hit_reqs:  # almost always empty: skips the call
+            self._partial_hit_reqs.pop(request_id, None)
+        return self.req_to_blocks.pop(request_id, None)
+
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """Forget the request; return its blocks, leading nulls dropped, still referenced.
 
         The caller frees them later, in reverse order (tail first).
         """
-        req_blocks = self.req_to_blocks.pop(request_id, [])
-        self.num_cached_block.pop(request_id, None)
-        if self._partial_hit_reqs:  # almost always empty: skips the call
-            self._partial_hit_reqs.pop(request_id, None)
-        if req_blocks and req_blocks[0] is self._null_block:  # only windows null a head
+        req_blocks = self._forget(request_id)
+        if not req_blocks:
+            return []
+        if req_blocks[0] is self._null_block:  # only windows null a head
             return req_blocks[null_head_len(req_blocks, self._null_block):]
         return req_blocks
 
@@ -298,9 +304,14 @@ class SingleTypeKVCacheManager:
         """Release the request's blocks tail first, so a chain is evicted from its end and the
         surviving cached prefix stays reachable.
         """
-        blocks = self.pop_blocks_for_free(request_id)
-        if blocks:
-            self.block_pool.release(blocks[::-1])  # this pool's blocks, as a list
+        blocks = self._forget(request_id)
+        if not blocks:
+            return
+        null_block = self._null_block
+        # Only windows null a head, released before: one reversed slice leaves it out.
+        num_nulls = null_head_len(blocks, null_block) if blocks[0] is null_block else 0
+        if num_nulls < len(blocks):  # this pool's blocks, as a list
+            self.block_pool.release(blocks[:num_nulls - 1:-1] if num_nulls else blocks[::-1])
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -433,9 +444,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         A resend matches at most `prompt - 1` tokens; EAGLE reads the whole prompt before
         dropping a unit. Interior boundaries other than this one are not registered.
         """
-        hash_block_size = self.block_pool.hash_block_size
-        token_limit = request.num_prompt_tokens - (0 if self.use_eagle else 1)
-        boundary = min(token_limit // hash_block_size, len(request.block_hashes)) * hash_block_size
+        hash_block_size = self._hash_block_size
+        num_units = (request.num_prompt_tokens - (0 if self.use_eagle else 1)) // hash_block_size
+        num_hashes = len(request.block_hashes)
+        boundary = (num_units if num_units < num_hashes else num_hashes) * hash_block_size
         if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         blocks = self.req_to_blocks[request.request_id]
@@ -828,7 +840,7 @@ class MambaManager(SingleTypeKVCacheManager):
         draft slots beyond both the table and the released head. Mode "align": at most one
         state block per step (plus a CoW copy, plus the draft blocks on the first step)."""
         if new_computed_blocks and (
-            new_computed_blocks[-1].block_hash in self.cached_blocks_this_step
+            new_computed_blocks[-1]._block_hash in self.cached_blocks_this_step
         ):
             # The hit state is written by this step's forward pass: never fits this step.
             return self.block_pool.num_gpu_blocks + 1
@@ -879,18 +891,21 @@ class MambaManager(SingleTypeKVCacheManager):
             is_partial_hit(len(new_computed_blocks), num_local_computed_tokens, self.block_size)
             or request_id in self._partial_hit_reqs
         )
+        if num_new_blocks < 0:
+            num_new_blocks = 0
         if has_partial_hit:
-            num_new_blocks = max(num_new_blocks, 0) + 1
+            num_new_blocks += 1
         if num_new_blocks > 0:
-            physical_block_cap = 1 + int(has_partial_hit)
+            physical_block_cap = 2 if has_partial_hit else 1
             if request_id not in self._allocated_block_reqs:
                 physical_block_cap += self.num_speculative_blocks
-            num_new_blocks = min(num_new_blocks, physical_block_cap)
+            if num_new_blocks > physical_block_cap:
+                num_new_blocks = physical_block_cap
         null_block = self._null_block
-        num_evictable = sum(
-            1 for block in new_computed_blocks if block is not null_block and block.ref_cnt == 0
-        )
-        return max(num_new_blocks, 0) + num_evictable
+        for block in new_computed_blocks:  # a hit: nulls, then its state block
+            if block.ref_cnt == 0 and block is not null_block:
+                num_new_blocks += 1  # evictable: rescuing it takes a free block
+        return num_new_blocks
 
     def _align_external_blocks_to_allocate(
         self, num_required_blocks: int, new_computed_blocks: Sequence[KVCacheBlock],
@@ -956,10 +971,12 @@ class MambaManager(SingleTypeKVCacheManager):
         if prev_block_len < num_skipped_blocks:
             req_blocks.extend([self._null_block] * (num_skipped_blocks - prev_block_len))
         if blocks_allocated:
-            for block_idx in range(prev_block_len - num_spec, min(prev_block_len,
-                                                                  num_skipped_blocks)):
+            for block_idx in range(prev_block_len - num_spec, prev_block_len
+                                   if prev_block_len < num_skipped_blocks else num_skipped_blocks):
                 self._relocate_speculative_block(req_blocks, block_idx)
-        num_new_blocks = max(num_required_blocks - len(req_blocks), 0)
+        num_new_blocks = num_required_blocks - len(req_blocks)
+        if num_new_blocks < 0:
+            num_new_blocks = 0
         if partial_hit is not None:
             num_new_blocks += 1
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
@@ -990,8 +1007,8 @@ class MambaManager(SingleTypeKVCacheManager):
         self.block_pool.move_block_hashes(source_block, cow_block)
         self._pending_cow_copies.append((source_block, cow_block))
         source_block.ref_cnt += 1
-        if cow_block.block_hash is not None:
-            self.cached_blocks_this_step.add(cow_block.block_hash)
+        if cow_block._block_hash is not None:
+            self.cached_blocks_this_step.add(cow_block._block_hash)
 
     def _relocate_speculative_block(self, req_blocks: list[KVCacheBlock], block_idx: int) -> None:
         block = req_blocks[block_idx]
@@ -1010,8 +1027,10 @@ class MambaManager(SingleTypeKVCacheManager):
                 and (not self.align or num_tokens % self._hash_block_size)):
             return  # most decode steps: no full block, no hash boundary
         blocks = self.req_to_blocks[request_id]
-        num_full_blocks = min(num_tokens, len(request.block_hashes) * self._hash_block_size
-                              ) // self.block_size
+        num_hashed_tokens = len(request.block_hashes) * self._hash_block_size
+        num_full_blocks = (
+            num_tokens if num_tokens < num_hashed_tokens else num_hashed_tokens
+        ) // self.block_size
         if num_cached_before < num_full_blocks:
             # Align-mode tables are mostly null, and nulls are never registered: start at the
             # first real block.
@@ -1037,9 +1056,9 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.cached_blocks_this_step.add(partial_key)
         if num_cached_after > num_cached_before:
             null_block = self._null_block
-            for block in self.req_to_blocks[request_id][num_cached_before:num_cached_after]:
-                if block is not null_block and block.block_hash is not None:
-                    self.cached_blocks_this_step.add(block.block_hash)
+            for block in blocks[num_cached_before:num_cached_after]:
+                if block is not null_block and block._block_hash is not None:
+                    self.cached_blocks_this_step.add(block._block_hash)
 
     def reachable_block_mask(
         self, start_block: int, end_block: int, request: Request | None = None
@@ -1076,7 +1095,10 @@ class MambaManager(SingleTypeKVCacheManager):
         request must copy it on its next allocation before writing on (its own partial-hit
         record)."""
         hash_block_size = self._hash_block_size
-        if num_tokens <= 0 or num_tokens % hash_block_size:
+        # The checkpoint lies below the prompt's end: later counts (decode) never reach it.
+        if num_tokens <= 0 or num_tokens % hash_block_size or (
+            num_tokens >= request.num_prompt_tokens
+        ):
             return None
         if num_tokens != get_mamba_prefill_checkpoint_position(
             request.num_prompt_tokens, hash_block_size, self.drop_eagle_checkpoint_block
@@ -1087,7 +1109,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if block_idx >= len(blocks):
             return None
         source_block = blocks[block_idx]
-        if source_block is self._null_block or source_block.block_hash_num_tokens == num_tokens:
+        if source_block is self._null_block or source_block._block_hash_num_tokens == num_tokens:
             return None
         key = self.block_pool.cache_partial_block(
             request, source_block, num_tokens, self.kv_cache_group_id, self.block_size
@@ -1098,7 +1120,7 @@ class MambaManager(SingleTypeKVCacheManager):
         return key
 
     def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
-        """Drop every per-request entry; the request's table as it was (None without one)."""
+        """As the base, and the state bookkeeping of align mode."""
         if self._partial_hit_reqs:  # mode "none" never has any: skips the call
             self._partial_hit_reqs.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
@@ -1156,14 +1178,12 @@ class MambaManager(SingleTypeKVCacheManager):
             return  # most decode steps: nothing passed
         null_block = self._null_block
         if processed_computed_tokens > 1 and first_block < last_block:
-            # Align-mode tables have null gaps between states: skip nulls, do not stop.
-            freed = []
-            for i in range(last_block - 1, first_block - 1, -1):
-                block = blocks[i]
-                if block is not null_block:
-                    freed.append(block)
-                    blocks[i] = null_block
-            if freed:
+            # Align-mode tables have null gaps between states: skip nulls, do not stop. The
+            # passed part is often nulls only, which `count` tells at C speed.
+            passed = blocks[first_block:last_block]
+            if passed.count(null_block) != len(passed):
+                freed = [block for block in reversed(passed) if block is not null_block]
+                blocks[first_block:last_block] = [null_block] * len(passed)
                 self.block_pool.release(freed)  # the table's own blocks: no checks to repeat
             self._num_retired_blocks[request_id] = last_block
         # The previous step's state block was the copy source of this step's: now passed.
