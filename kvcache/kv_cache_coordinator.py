@@ -634,10 +634,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 manager.cache_blocks(request, num_tokens)
             return
         # Without EAGLE every group caches the same aligned length.
-        cacheable = (
-            num_computed_tokens if self.enable_partial_hash_hits
-            else num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
-        )  # `_align_cacheable`, inlined
+        cacheable = self._align_cacheable(num_computed_tokens)
         for manager in self.single_type_managers:
             manager.cache_blocks(request, cacheable)
 

@@ -605,10 +605,7 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks up to `num_computed_tokens` (if caching)."""
-        try:  # inlined `_request_id`
-            request_id = request.request_id
-        except AttributeError:
-            raise ValueError(f"cache_blocks(): {request!r} is not a Request") from None
+        request_id = _request_id("cache_blocks", request)
         if type(num_computed_tokens) is not int or num_computed_tokens < 0:
             raise ValueError(
                 f"cache_blocks({request_id!r}): num_computed_tokens={num_computed_tokens!r} is "

@@ -1121,14 +1121,11 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
         """As the base, and the state bookkeeping of align mode."""
-        if self._partial_hit_reqs:  # mode "none" never has any: skips the call
-            self._partial_hit_reqs.pop(request_id, None)
-        self.num_cached_block.pop(request_id, None)
         if self.align:
             self._allocated_block_reqs.discard(request_id)
             self.last_state_block_idx.pop(request_id, None)
             self._num_retired_blocks.pop(request_id, None)
-        return self.req_to_blocks.pop(request_id, None)
+        return super()._forget(request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """As the base; align-mode tables also have nulls between states, which stay."""
