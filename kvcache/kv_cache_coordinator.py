@@ -372,11 +372,14 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     def free(self, request_id: str) -> None:
         """As the base, in one release: without caching every released block goes to the
         queue head, so the tables of the last group down to the first, each tail first, as
-        one run give the queue that freeing group after group gives.
+        one run give the queue that freeing group after group gives. Nulls stay in the run:
+        `release` passes over them (no group's table can hold a null that is pooled).
         """
         blocks: list[KVCacheBlock] = []
         for manager in reversed(self.single_type_managers):
-            blocks += manager.pop_blocks_for_free(request_id)[::-1]
+            req_blocks = manager._forget(request_id)
+            if req_blocks:
+                blocks += reversed(req_blocks)
         if blocks:
             self.block_pool.release(blocks)
 
