@@ -40,7 +40,7 @@ def _reject_counts(call: str, **counts: object) -> None:
     raise ValueError(f"{call}: negative or non-integer count {bad}")
 
 
-@dataclass
+@dataclass(slots=True)
 class KVCacheBlocks:
     """Blocks per group (group-major: groups may hold different numbers of blocks).
 

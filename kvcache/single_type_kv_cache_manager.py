@@ -318,8 +318,9 @@ class SingleTypeKVCacheManager:
     ) -> None:
         """Null and release the blocks no future token attends to.
 
-        Walks back from the last skipped block and stops at the first null: everything below
-        a null is already null, so the cost is the number of newly skipped blocks.
+        Nulls only ever fill a prefix of these tables (`null_head_len`), so the newly skipped
+        blocks run from the end of that prefix to the last skipped block: released from the
+        last one down, and nulled, by slices.
         """
         num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
         if num_skipped_tokens <= 0:
@@ -333,12 +334,9 @@ class SingleTypeKVCacheManager:
         null_block = self._null_block
         if last < 0 or blocks[last] is null_block:  # most steps: nothing newly skipped
             return
-        removed: list[KVCacheBlock] = []
-        for i in range(last, -1, -1):
-            if blocks[i] is null_block:
-                break
-            removed.append(blocks[i])
-            blocks[i] = null_block
+        first = null_head_len(blocks, null_block)
+        removed = blocks[last:first - 1:-1] if first else blocks[last::-1]
+        blocks[first:last + 1] = [null_block] * (last + 1 - first)
         self.block_pool.release(removed)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
