@@ -308,6 +308,8 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         self._is_cross = tuple(
             isinstance(m, CrossAttentionManager) for m in self.single_type_managers
         )
+        # The order `free` releases the groups in.
+        self._managers_last_first = self.single_type_managers[::-1]
 
     def get_num_blocks_to_allocate(
         self,
@@ -376,10 +378,10 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         `release` passes over them (no group's table can hold a null that is pooled).
         """
         blocks: list[KVCacheBlock] = []
-        for manager in reversed(self.single_type_managers):
+        for manager in self._managers_last_first:
             req_blocks = manager._forget(request_id)
             if req_blocks:
-                blocks += reversed(req_blocks)
+                blocks += req_blocks[::-1]  # a slice extends faster than `reversed`
         if blocks:
             self.block_pool.release(blocks)
 
