@@ -374,8 +374,8 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     def free(self, request_id: str) -> None:
         """As the base, in one release: without caching every released block goes to the
         queue head, so the tables of the last group down to the first, each tail first, as
-        one run give the queue that freeing group after group gives. Nulls stay in the run:
-        `release` passes over them (no group's table can hold a null that is pooled).
+        one run give the queue that freeing group after group gives. Nulls stay in the run
+        (`release` keeps the null block out of the queue).
         """
         blocks: list[KVCacheBlock] = []
         for manager in self._managers_last_first:
