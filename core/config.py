@@ -76,8 +76,22 @@ class GroupConfig:
     eagle: bool = False
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
     sink_len: int | None = None
     rswa_window: int | None = None
+
+    def _validate_prefill_checkpoints(self, where: str) -> None:
+        """Checkpoint blocks: vLLM reads them only in "align" mode (its Mamba2 layers declare
+        them in every mode), where kvfuzz does not model them yet (docs/spec.md §11.5)."""
+        _non_negative_int(f"{where}.num_prefill_checkpoint_blocks",
+                          self.num_prefill_checkpoint_blocks)
+        if self.prefill_checkpoint_alignment is not None:
+            _positive_int(f"{where}.prefill_checkpoint_alignment",
+                          self.prefill_checkpoint_alignment)
+        if self.num_prefill_checkpoint_blocks and self.mamba_cache_mode == "align":
+            raise ConfigError(f"{where}.num_prefill_checkpoint_blocks: prefill checkpoint "
+                              f"blocks in mamba_cache_mode 'align' are not modelled yet")
 
     def validate(self, where: str) -> None:
         if self.kind not in GROUP_KINDS:
@@ -102,7 +116,9 @@ class GroupConfig:
                     f"got {self.mamba_cache_mode!r}"
                 )
             _non_negative_int(f"{where}.num_speculative_blocks", self.num_speculative_blocks)
-        elif self.mamba_cache_mode != "none" or self.num_speculative_blocks:
+            self._validate_prefill_checkpoints(where)
+        elif (self.mamba_cache_mode != "none" or self.num_speculative_blocks
+              or self.num_prefill_checkpoint_blocks or self.prefill_checkpoint_alignment is not None):
             raise ConfigError(f"{where}: mamba settings on a {self.kind!r} group")
         if self.kind == "sink_full":
             _positive_int(f"{where}.sink_len", self.sink_len)

@@ -72,8 +72,18 @@ def _spec(group: GroupConfig, v: VllmApi) -> Any:
             dtypes=(v["dtype"],),
             mamba_cache_mode=group.mamba_cache_mode,
             num_speculative_blocks=group.num_speculative_blocks,
+            **_prefill_checkpoint_fields(group),
         )
     return iface.CrossAttentionSpec(**common)
+
+
+def _prefill_checkpoint_fields(group: GroupConfig) -> dict[str, Any]:
+    """A Mamba group's checkpoint settings, left out at their defaults so that a vLLM without
+    them builds the spec (`VllmTarget.build_manager` refuses them set on such a vLLM)."""
+    if not group.num_prefill_checkpoint_blocks and group.prefill_checkpoint_alignment is None:
+        return {}
+    return {"num_prefill_checkpoint_blocks": group.num_prefill_checkpoint_blocks,
+            "prefill_checkpoint_alignment": group.prefill_checkpoint_alignment}
 
 
 def vllm_group_ids(config: Config) -> tuple[int, ...]:
@@ -390,6 +400,9 @@ class VllmSide(ManagerSide):
                                              for g in config.groups):
                 self._require_option("prefix_cache_retention_interval with a Mamba 'align' "
                                      "group", "state_retention")
+        if any(g.num_prefill_checkpoint_blocks or g.prefill_checkpoint_alignment is not None
+               for g in config.groups):
+            self._require_option("num_prefill_checkpoint_blocks", "prefill_checkpoints")
         if config.kv_events:
             self.require("take_events")
             # Events then carry the block hashes themselves, which the harness reads as content.
