@@ -139,7 +139,7 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "MambaSpec(num_prefill_checkpoint_blocks=, prefill_checkpoint_alignment=): Mamba "
         "prefill checkpoint blocks",
         lambda api: {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment"}
-        <= set(_parameters(api["interface"].MambaSpec)),
+        <= set(_parameters(getattr(api["interface"], "MambaSpec", None))),
     ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",
