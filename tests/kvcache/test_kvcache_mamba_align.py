@@ -146,8 +146,6 @@ def test_config_refuses_align_mixes(kwargs, needle):
          "groups[0].prefill_checkpoint_alignment"),
         (GroupConfig("full", 4, num_prefill_checkpoint_blocks=1), "mamba settings"),
         (GroupConfig("full", 4, prefill_checkpoint_alignment=1), "mamba settings"),
-        (GroupConfig("mamba", 4, mamba_cache_mode="align", num_prefill_checkpoint_blocks=1,
-                     prefill_checkpoint_alignment=1), "not modelled yet"),
     ],
 )
 def test_config_refuses_prefill_checkpoint_settings(group, needle):
