@@ -77,6 +77,21 @@ def _spec(group: GroupConfig, v: VllmApi) -> Any:
     return iface.CrossAttentionSpec(**common)
 
 
+def _checkpoint_block(single: Any, request_id: str, start: int, end: int, prefill_end: int,
+                      gate: bool) -> int:
+    """1 when vLLM's Mamba manager reserves a prefill checkpoint block for this step: what its
+    count just recorded, or for the full-sequence gate (which records nothing) its rule."""
+    if not gate:
+        return int(request_id in getattr(single, "_checkpoints", ()))
+    needs = getattr(single, "_needs_internal_checkpoint", None)
+    if needs is None:
+        return 0
+    module = importlib.import_module(type(single).__module__)
+    position = module.get_mamba_prefill_checkpoint_position(
+        end, single.cache_hit_alignment_tokens, single.drop_eagle_checkpoint_block)
+    return int(needs(request_id, start, end, position, prefill_end))
+
+
 def _prefill_checkpoint_fields(group: GroupConfig) -> dict[str, Any]:
     """A Mamba group's checkpoint settings, left out at their defaults so that a vLLM without
     them builds the spec (`VllmTarget.build_manager` refuses them set on such a vLLM)."""
@@ -442,9 +457,12 @@ class VllmSide(ManagerSide):
                 return theirs
             required = -(-num_tokens_main_model // single.block_size) + (
                 single.num_speculative_blocks)
+            checkpoint_block = _checkpoint_block(
+                single, request_id, total_computed_tokens, num_tokens_main_model,
+                kwargs.get("prefill_end", 0), kwargs.get("apply_admission_cap", False))
             ours = MambaManager._align_external_blocks_to_allocate(
                 single, required, new_computed_blocks, num_local_computed_tokens,
-                total_computed_tokens)
+                total_computed_tokens, checkpoint_block)
             if ours != theirs:
                 tolerated.add(request_id)
             return ours
