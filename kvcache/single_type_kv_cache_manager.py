@@ -831,12 +831,12 @@ class MambaManager(SingleTypeKVCacheManager):
             self.align and kv_cache_spec.num_prefill_checkpoint_blocks > 0
         )
         self._prefill_checkpoint_alignment = kv_cache_spec.prefill_checkpoint_alignment
-        # Prefill checkpoints (§11.6): request -> (checkpoint position, reserved table index)
-        # of its last allocation, for `cache_blocks` ...
-        self._checkpoints: dict[str, tuple[int, int]] = {}
+        # Prefill checkpoints (§11.6): request -> (checkpoint position, reserved table index,
+        # the step's start) of its last allocation, for `cache_blocks` ...
+        self._checkpoints: dict[str, tuple[int, int, int]] = {}
         # ... and the per-step count's (request, record or None), which the allocation that
         # follows commits: a refused allocate_slots leaves `_checkpoints` as it was.
-        self._counted_checkpoint: tuple[str, tuple[int, int] | None] | None = None
+        self._counted_checkpoint: tuple[str, tuple[int, int, int] | None] | None = None
 
     def get_num_blocks_to_allocate(
         self,
@@ -903,7 +903,7 @@ class MambaManager(SingleTypeKVCacheManager):
         )
         if not apply_admission_cap:
             self._counted_checkpoint = (request_id, (
-                checkpoint_position, -(-num_tokens // self.block_size) - 2
+                checkpoint_position, -(-num_tokens // self.block_size) - 2, num_computed_tokens
             ) if needed else None)
         return int(needed)
 
@@ -1127,17 +1127,19 @@ class MambaManager(SingleTypeKVCacheManager):
             while first < num_full_blocks and blocks[first] is null_block:
                 first += 1
             if first < num_full_blocks:
+                mask = self.reachable_block_mask(first, num_full_blocks, request)
+                if checkpoint is not None:
+                    mask = self._without_start_state(mask, checkpoint[2], first, num_full_blocks)
                 self.block_pool.register_full_blocks(
                     request, blocks, first, num_full_blocks, self.block_size,
-                    self.kv_cache_group_id,
-                    self.reachable_block_mask(first, num_full_blocks, request),
+                    self.kv_cache_group_id, mask,
                 )
             self.num_cached_block[request_id] = num_full_blocks
             num_cached_after = num_full_blocks
         else:
             num_cached_after = num_cached_before
         if checkpoint is not None:
-            partial_key = self._cache_checkpoint_block(request, *checkpoint)
+            partial_key = self._cache_checkpoint_block(request, checkpoint[0], checkpoint[1])
             if partial_key is not None:
                 self.cached_blocks_this_step.add(partial_key)
         elif self.align and not num_tokens % self._hash_block_size:  # else: no tail to cache
@@ -1177,6 +1179,19 @@ class MambaManager(SingleTypeKVCacheManager):
             block_idx = boundary // alignment * alignment // self.block_size - 1
             if start_block <= block_idx < end_block:
                 mask[block_idx - start_block] = True
+        return mask
+
+    def _without_start_state(
+        self, mask: list[bool] | None, start: int, first: int, end: int
+    ) -> list[bool] | None:
+        """`mask` over blocks `[first, end)`, without the block a checkpointed step starting
+        inside it resumed from: the step does not stop at that block's end, so the block holds
+        the state at `start`, not its block end's (vLLM keys it there, §11.6)."""
+        column = (start - 1) // self.block_size
+        if not start % self.block_size or not first <= column < end:
+            return mask
+        mask = [True] * (end - first) if mask is None else list(mask)
+        mask[column - first] = False
         return mask
 
     def _cache_checkpoint_block(

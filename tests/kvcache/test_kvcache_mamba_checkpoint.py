@@ -3,6 +3,8 @@ predictor equal to what allocation takes when a step reserves a checkpoint block
 
 from __future__ import annotations
 
+import pytest
+
 from kvfuzz.kvcache import FullAttentionSpec, MambaSpec
 from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 
@@ -44,7 +46,7 @@ def test_a_last_chunk_keeps_its_checkpoint_and_a_second_request_resumes_there():
     predictions = record_predictions(manager)
     assert _ids(manager.allocate_slots(a, 13)) == [[1, 2], [3, 4]]
     assert predictions == [4]
-    assert state._checkpoints == {"a": (12, 0)}
+    assert state._checkpoints == {"a": (12, 0, 0)}
     a.num_computed_tokens = 13
     checkpoint_block = pool.blocks[3]
     assert checkpoint_block.block_hash == a.block_hashes[5] + b"\x00\x00\x00\x01"
@@ -79,7 +81,7 @@ def test_a_running_request_exports_its_checkpoint_into_its_draft_block():
     assert predictions == [2, 2]
     assert table_ids(manager, "r") == [[1, 2, 3, 4]]
     state = manager.coordinator.single_type_managers[0]
-    assert state._checkpoints == {"r": (8, 1)}
+    assert state._checkpoints == {"r": (8, 1, 4)}
 
 
 def _steps_taking_what_they_predict(manager, steps) -> list[int]:
@@ -121,3 +123,47 @@ def test_the_predictor_equals_what_allocation_takes_with_checkpoints():
     c = make_request("c", list(range(13)), 2)
     d = make_request("d", list(range(13)) + [9] * 17, 2)
     assert _steps_taking_what_they_predict(hybrid, [(c, 13), (d, 18)]) == [1, 1]
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"num_prefill_checkpoint_blocks": -1}, "num_prefill_checkpoint_blocks must be"),
+    ({"num_prefill_checkpoint_blocks": True}, "num_prefill_checkpoint_blocks must be"),
+    ({"prefill_checkpoint_alignment": 0}, "prefill_checkpoint_alignment must be"),
+    ({"prefill_checkpoint_alignment": 1.0}, "prefill_checkpoint_alignment must be"),
+])
+def test_spec_refuses_bad_checkpoint_fields(fields, needle):
+    with pytest.raises(ValueError, match=needle):
+        MambaSpec(block_size=4, mamba_cache_mode="align", **fields)
+
+
+def test_checkpoint_blocks_change_nothing_without_align():
+    """Mode "none" reads neither field (vLLM's Mamba2 layers declare them in every mode)."""
+    manager = make_manager(16, MambaSpec(block_size=4, num_prefill_checkpoint_blocks=1,
+                                         prefill_checkpoint_alignment=1), enable_caching=False)
+    request = make_request("r", list(range(11)), 4)
+    assert _ids(manager.allocate_slots(request, 11)) == [[1, 2, 3]]
+
+
+def test_a_checkpointed_chunk_leaves_the_block_it_resumed_inside_unkeyed():
+    """Full attention and a state group of bs 8, hash blocks of 2, alignment 2. A's 3-token
+    prompt stops at its tail boundary 2, which keys the state after 2 in block 2. B (17 tokens) hits 2: its
+    chunk [2, 17) keeps the checkpoint 16 in column 1 and is not cut at 8, so the copy of
+    block 2 in column 0 still holds the state after 2 when the step caches 16 tokens: it gets
+    no key (vLLM keys it at 8, docs/findings/020), and C (B's first 9 tokens) hits only 2."""
+    manager = make_manager(26, FullAttentionSpec(block_size=8), _checkpointed(8, 2),
+                           hash_block_size=2)
+    pool = manager.block_pool
+    a = make_request("a", [2, 0, 1], 2)
+    assert _ids(manager.allocate_slots(a, 2)) == [[1], [2]]  # cut at its tail boundary
+    a.num_computed_tokens = 2
+    manager.new_step_starts()
+    b = make_request("b", [2, 0, 1, 2, 1, 3, 3, 1, 0, 0, 3, 0, 0, 1, 0, 3, 0], 2)
+    hit, num_hit, _ = manager.get_computed_blocks(b)
+    assert num_hit == 2
+    assert _ids(manager.allocate_slots(b, 15, num_hit, hit)) == [[3, 4, 5], [6, 7, 8]]
+    assert table_ids(manager, "b") == [[3, 4, 5], [6, 7, 8]]
+    assert pool.blocks[6].block_hash is None  # the state after 2, not after 8
+    assert pool.blocks[7].block_hash_num_tokens == 16  # the checkpoint
+    manager.new_step_starts()
+    c = make_request("c", b.all_token_ids[:9], 2)
+    assert manager.get_computed_blocks(c)[1] == 2
