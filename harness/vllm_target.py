@@ -234,15 +234,15 @@ STATE_TAIL_REKEYED = "state-tail-rekeyed"
 """vLLM 0.32 marks a state already keyed at the prompt's tail as cached again, deferring hits on
 it (docs/findings/014): `vllm` gives its state managers 0.33's "already keyed" return."""
 
-EXTERNAL_STATE_UNCOUNTED = "external-state-block-uncounted"
-"""vLLM's align-mode predictor caps a first allocation at one state block even when external
-tokens take a block of their own, and counts hit states the external tokens pass
-(docs/findings/017): `vllm` gives its align managers the exact count of such allocations."""
-
 CHECKPOINT_START_KEYED = "checkpoint-start-keyed"
 """vLLM keys the block that a prefill chunk reserving a checkpoint resumed from inside at that
 block's end, though it holds the state at the chunk's start (docs/findings/020): `vllm` leaves
 that block unkeyed, as kvcache does."""
+
+EXTERNAL_STATE_UNCOUNTED = "external-state-block-uncounted"
+"""vLLM's align-mode predictor caps a first allocation at one state block even when external
+tokens take a block of their own, and counts hit states the external tokens pass
+(docs/findings/017): `vllm` gives its align managers the exact count of such allocations."""
 
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
@@ -294,19 +294,19 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     ),
     # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
     KnownDeviation(
-        EXTERNAL_STATE_UNCOUNTED,
-        "docs/findings/017-external-state-block-uncounted.md",
-        _no_snapshot_change,
-        releases="0.33–0.34",
-        applies=lambda api: api.has("kv_connector"),
-    ),
-    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
-    KnownDeviation(
         CHECKPOINT_START_KEYED,
         "docs/findings/020-checkpoint-start-keyed.md",
         _no_snapshot_change,
         releases="0.32–0.34",
         applies=lambda api: api.has("prefill_checkpoints"),
+    ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        EXTERNAL_STATE_UNCOUNTED,
+        "docs/findings/017-external-state-block-uncounted.md",
+        _no_snapshot_change,
+        releases="0.33–0.34",
+        applies=lambda api: api.has("kv_connector"),
     ),
     # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
     KnownDeviation(
@@ -444,59 +444,14 @@ class VllmSide(ManagerSide):
         for single in manager.coordinator.single_type_managers:
             if getattr(single, "mamba_cache_mode", None) != "align":
                 continue
+            if CHECKPOINT_START_KEYED in self.tolerated and getattr(
+                    single, "has_prefill_checkpoint_blocks", False):
+                self._leave_checkpoint_start_unkeyed(single)
             if STATE_TAIL_REKEYED in self.tolerated:
                 self._skip_rekeyed_state_tail(single)
             if EXTERNAL_STATE_UNCOUNTED in self.tolerated:
                 self._count_external_state_blocks(single)
-            if CHECKPOINT_START_KEYED in self.tolerated and single.has_prefill_checkpoint_blocks:
-                self._leave_checkpoint_start_unkeyed(single)
         return manager
-
-    def _leave_checkpoint_start_unkeyed(self, single: Any) -> None:
-        """A step that reserved a prefill checkpoint and started inside a block caches its
-        full blocks without that block (kvcache's rule, docs/spec.md §11.6)."""
-        tolerated = self.tolerated[CHECKPOINT_START_KEYED]
-        count, cache, mask = (single.get_num_blocks_to_allocate, single.cache_blocks,
-                              single.reachable_block_mask)
-        starts: dict[tuple[str, Any], int] = {}  # (request, its record) -> the step's start
-        skipped: list[tuple[str, int]] = []  # (request, column) during one cache_blocks
-
-        def get_num_blocks_to_allocate(request_id: str, num_tokens: int, new_computed_blocks: Any,
-                                       total_computed_tokens: int, *args: Any,
-                                       **kwargs: Any) -> int:
-            value = count(request_id, num_tokens, new_computed_blocks, total_computed_tokens,
-                          *args, **kwargs)
-            if not kwargs.get("apply_admission_cap", False):
-                starts[request_id, single._checkpoints.get(request_id)] = total_computed_tokens
-            return value
-
-        def cache_blocks(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
-            rid = request.request_id
-            record = single._checkpoints.get(rid)
-            start = starts.get((rid, record), 0) if record is not None else 0
-            if start % single.block_size:
-                skipped.append((rid, (start - 1) // single.block_size))
-            try:
-                return cache(request, num_tokens, *args, **kwargs)
-            finally:
-                skipped.clear()
-
-        def reachable_block_mask(*args: Any, **kwargs: Any) -> Any:
-            result = mask(*args, **kwargs)
-            first = kwargs.get("start_block", args[0] if args else 0)
-            end = kwargs.get("end_block", args[1] if len(args) > 1 else 0)
-            for rid, column in skipped:
-                blocks = single.req_to_blocks.get(rid, ())
-                if first <= column < end and column < len(blocks) and not blocks[column].is_null:
-                    result = [True] * (end - first) if result is None else list(result)
-                    if result[column - first]:
-                        tolerated.add(rid)
-                    result[column - first] = False
-            return result
-
-        single.get_num_blocks_to_allocate = get_num_blocks_to_allocate
-        single.cache_blocks = cache_blocks
-        single.reachable_block_mask = reachable_block_mask
 
     def _count_external_state_blocks(self, single: Any) -> None:
         """A first allocation with external tokens is predicted as it happens (kvcache's
@@ -548,6 +503,52 @@ class VllmSide(ManagerSide):
             return original(request, num_tokens, *args, **kwargs)
 
         single._cache_partial_tail_block = cache_partial_tail_block
+
+    def _leave_checkpoint_start_unkeyed(self, single: Any) -> None:
+        """A step that reserved a prefill checkpoint and started inside a block caches its
+        full blocks without that block (kvcache's rule, docs/spec.md §11.6)."""
+        tolerated = self.tolerated[CHECKPOINT_START_KEYED]
+        count, cache, mask = (single.get_num_blocks_to_allocate, single.cache_blocks,
+                              single.reachable_block_mask)
+        starts: dict[tuple[str, Any], int] = {}  # (request, its record) -> the step's start
+        skipped: list[tuple[str, int]] = []  # (request, column) during one cache_blocks
+
+        def get_num_blocks_to_allocate(request_id: str, num_tokens: int, new_computed_blocks: Any,
+                                       total_computed_tokens: int, *args: Any,
+                                       **kwargs: Any) -> int:
+            value = count(request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                          *args, **kwargs)
+            if not kwargs.get("apply_admission_cap", False):
+                starts[request_id, single._checkpoints.get(request_id)] = total_computed_tokens
+            return value
+
+        def cache_blocks(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+            rid = request.request_id
+            record = single._checkpoints.get(rid)
+            start = starts.get((rid, record), 0) if record is not None else 0
+            if start % single.block_size:
+                skipped.append((rid, (start - 1) // single.block_size))
+            try:
+                return cache(request, num_tokens, *args, **kwargs)
+            finally:
+                skipped.clear()
+
+        def reachable_block_mask(*args: Any, **kwargs: Any) -> Any:
+            result = mask(*args, **kwargs)
+            first = kwargs.get("start_block", args[0] if args else 0)
+            end = kwargs.get("end_block", args[1] if len(args) > 1 else 0)
+            for rid, column in skipped:
+                blocks = single.req_to_blocks.get(rid, ())
+                if first <= column < end and column < len(blocks) and not blocks[column].is_null:
+                    result = [True] * (end - first) if result is None else list(result)
+                    if result[column - first]:
+                        tolerated.add(rid)
+                    result[column - first] = False
+            return result
+
+        single.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        single.cache_blocks = cache_blocks
+        single.reachable_block_mask = reachable_block_mask
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
         v = self.api
