@@ -113,7 +113,8 @@ class SingleTypeKVCacheManager:
         """Blocks that adopting the hits and growing to `num_tokens` slots take from the free
         count: new blocks, evictable hit blocks rescued from the queue, and a CoW copy.
 
-        Pure. `num_tokens_main_model` and `prefill_end` only matter to recurrent kinds.
+        Pure (Mamba's leaves its checkpoint record for the allocation to commit).
+        `num_tokens_main_model` and `prefill_end` only matter to recurrent kinds.
         """
         num_required_blocks = (
             required_blocks(num_tokens, self.block_size, self.max_admission_blocks_per_request)
