@@ -12,7 +12,8 @@ import pytest
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.fuzz.generator import run_example
-from kvfuzz.harness.executor import Execution
+from kvfuzz.core.trace import Trace
+from kvfuzz.harness.executor import Execution, run_trace
 from kvfuzz.harness.vllm_target import KNOWN_DEVIATIONS, vllm_available
 from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 
@@ -49,6 +50,21 @@ def test_the_worked_example_of_spec_11_6():
     assert hit == {"block_ids": [[1, 2], [0, 3]], "num_computed_tokens": 12}
     assert _alloc(ex, "b", 4, use_lookup=True) == {"block_ids": [[5], [6]]}
     assert ex.state.requests["b"].tables == ((1, 5), (0, 6))
+
+
+def test_vllm_sees_the_checkpoint_not_rekeyed_plant():
+    """With vLLM as the reference, the plant's first allocation already differs: its checkpoint
+    blocks keep their block-end keys (8) where vLLM's are re-keyed at the checkpoint (12)."""
+    import kvfuzz.harness.mutants  # noqa: F401  (registers the bug: targets)
+
+    prompt = [3, 0, 2, 2, 3, 1, 2, 3, 3, 1, 0, 2, 0]
+    ops = [{"op": "add_request", "request_id": "a", "prompt": prompt},
+           {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 13}]
+    trace = Trace(BUILTIN["nemotron_h_checkpoint"][1], "api", ops)
+    assert run_trace(trace, ("vllm", "kvcache"), model=False).passed
+    result = run_trace(trace, ("vllm", "bug:checkpoint-not-rekeyed"), model=False)
+    assert result.finding is not None and result.finding.check == "DIFF-state"
+    assert result.finding.step == 1
 
 
 @pytest.mark.parametrize("name", CHECKPOINT_CONFIGS)
