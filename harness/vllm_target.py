@@ -295,7 +295,7 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
     KnownDeviation(
         CHECKPOINT_START_KEYED,
-        "docs/findings/020-checkpoint-start-keyed.md",
+        "docs/findings/020-checkpoint-chunk-keys-start-state.md",
         _no_snapshot_change,
         releases="0.32–0.34",
         applies=lambda api: api.has("prefill_checkpoints"),
