@@ -76,8 +76,19 @@ class GroupConfig:
     eagle: bool = False
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
     sink_len: int | None = None
     rswa_window: int | None = None
+
+    def _validate_prefill_checkpoints(self, where: str) -> None:
+        """Checkpoint blocks: vLLM reads them only in "align" mode (its Mamba2 layers declare
+        them in every mode); docs/spec.md §11.6."""
+        _non_negative_int(f"{where}.num_prefill_checkpoint_blocks",
+                          self.num_prefill_checkpoint_blocks)
+        if self.prefill_checkpoint_alignment is not None:
+            _positive_int(f"{where}.prefill_checkpoint_alignment",
+                          self.prefill_checkpoint_alignment)
 
     def validate(self, where: str) -> None:
         if self.kind not in GROUP_KINDS:
@@ -102,7 +113,9 @@ class GroupConfig:
                     f"got {self.mamba_cache_mode!r}"
                 )
             _non_negative_int(f"{where}.num_speculative_blocks", self.num_speculative_blocks)
-        elif self.mamba_cache_mode != "none" or self.num_speculative_blocks:
+            self._validate_prefill_checkpoints(where)
+        elif (self.mamba_cache_mode != "none" or self.num_speculative_blocks
+              or self.num_prefill_checkpoint_blocks or self.prefill_checkpoint_alignment is not None):
             raise ConfigError(f"{where}: mamba settings on a {self.kind!r} group")
         if self.kind == "sink_full":
             _positive_int(f"{where}.sink_len", self.sink_len)
@@ -228,6 +241,18 @@ class Config:
             return False
         return all(g.kind in (*FULL_ATTENTION_KINDS, "mamba", "circular_buffer")
                    or g.block_size == hbs for g in self.groups)
+
+    @property
+    def prefill_checkpoint_alignment(self) -> int | None:
+        """The alignment of Mamba prefill checkpoints when a prompt's last chunk exports its
+        checkpoint mid-chunk (docs/spec.md §11.6), else None: as vLLM's scheduler decides, the
+        first Mamba group's alignment, and only when every Mamba group is "align" with
+        checkpoint blocks."""
+        mamba = [g for g in self.groups if g.kind == "mamba"]
+        if not mamba or not all(g.mamba_cache_mode == "align" and g.num_prefill_checkpoint_blocks
+                                for g in mamba):
+            return None
+        return mamba[0].prefill_checkpoint_alignment
 
     @property
     def alignment_tokens(self) -> int:

@@ -47,15 +47,22 @@ def _attention_mamba(
 def _attention_mamba_align(
     name: str, num_blocks: int, num_mamba_groups: int, bs: int, hbs: int, speculative: int = 0,
     use_eagle: bool = False, retention: int | None = None,
+    checkpoint_alignment: int | None = None,
 ) -> Config:
     """Full attention beside `num_mamba_groups` Mamba "align" groups, prefix caching on.
 
     In align mode vLLM gives attention and state layers one block size (the attention block is
     padded up to the state page), while prompts are hashed in smaller blocks: `bs / hbs` hash
-    blocks per state block, so sub-block hits (and their copy-on-write) are on.
+    blocks per state block, so sub-block hits (and their copy-on-write) are on. With
+    `checkpoint_alignment` each state group has one prefill checkpoint block, exported on that
+    alignment (Mamba2 and Gated DeltaNet kernels that can, docs/spec.md §11.6).
     """
+    checkpoints = ({} if checkpoint_alignment is None else
+                   {"num_prefill_checkpoint_blocks": 1,
+                    "prefill_checkpoint_alignment": checkpoint_alignment})
     groups = (GroupConfig("full", bs),) + tuple(
-        GroupConfig("mamba", bs, mamba_cache_mode="align", num_speculative_blocks=speculative)
+        GroupConfig("mamba", bs, mamba_cache_mode="align", num_speculative_blocks=speculative,
+                    **checkpoints)
         for _ in range(num_mamba_groups)
     )
     return Config(num_blocks, groups, name=name, max_model_len=64, hash_block_size=hbs,
@@ -180,6 +187,28 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "Nemotron-H-shaped, Mamba align mode: 1 attention : 6 Mamba2 -> full (bs 8) + 6 "
             "state groups (bs 8), hash blocks of 4",
             _attention_mamba_align("nemotron_h_align", 64, 6, 8, 4),
+        ),
+        (
+            "Nemotron-H-shaped with Mamba2's prefill checkpoint blocks: nemotron_h_align's "
+            "groups (full bs 8 + 6 align state groups, hash blocks of 4), each state group "
+            "with one checkpoint block on alignment 1; a prompt's last chunk is not split at "
+            "its checkpoint",
+            _attention_mamba_align("nemotron_h_checkpoint", 64, 6, 8, 4, checkpoint_alignment=1),
+        ),
+        (
+            "Qwen3.5-shaped with Gated DeltaNet prefill checkpoint blocks: qwen3_5_align's "
+            "groups (full bs 8 + 3 align state groups, 2 speculative blocks, hash blocks of "
+            "2), one checkpoint block each on the hash-block grid (alignment 2)",
+            _attention_mamba_align("qwen3_5_checkpoint", 60, 3, 8, 2, speculative=2,
+                                   checkpoint_alignment=2),
+        ),
+        (
+            "Qwen3-Next-shaped with its MTP drafter and Gated DeltaNet prefill checkpoint "
+            "blocks: qwen3_next_eagle's groups (full bs 8 + 3 align state groups, 1 "
+            "speculative block, hash blocks of 2), one checkpoint block each on alignment 2; "
+            "checkpoints at EAGLE's replay boundary",
+            _attention_mamba_align("qwen3_next_checkpoint", 60, 3, 8, 2, speculative=1,
+                                   use_eagle=True, checkpoint_alignment=2),
         ),
         (
             "Nemotron-H-shaped with a KV connector (NIXL-style disaggregated prefill), Mamba "

@@ -265,7 +265,8 @@ class ApiRules(Rules):
 
         start = view.num_computed_tokens + hit
         sizes = (self.config.scheduler_block_size, self.config.resolved_hash_block_size,
-                 self.config.partial_hash_hits, self.config.max_model_len, self.config.use_eagle)
+                 self.config.partial_hash_hits, self.config.max_model_len, self.config.use_eagle,
+                 self.config.prefill_checkpoint_alignment)
         prompt = len(self.execution.requests[rid].prompt)
         return (mamba_block_aligned_split(start, n, prompt, view.num_tokens, *sizes)
                 or mamba_block_aligned_split(start, view.num_tokens - start, prompt,

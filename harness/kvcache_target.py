@@ -49,6 +49,8 @@ def kvcache_spec(group: GroupConfig) -> Any:
             block_size=group.block_size,
             mamba_cache_mode=group.mamba_cache_mode,
             num_speculative_blocks=group.num_speculative_blocks,
+            num_prefill_checkpoint_blocks=group.num_prefill_checkpoint_blocks,
+            prefill_checkpoint_alignment=group.prefill_checkpoint_alignment,
         )
     if group.kind == "encoder_only":
         return EncoderOnlyAttentionSpec(block_size=group.block_size)

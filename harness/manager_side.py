@@ -121,6 +121,7 @@ class ManagerSide:
             num_lookahead_tokens=s.num_lookahead_tokens,
             reserved_blocks=s.reserved_blocks,
             mamba_block_aligned_split=any(g.mamba_cache_mode == "align" for g in config.groups),
+            prefill_checkpoint_alignment=config.prefill_checkpoint_alignment,
             use_eagle=config.use_eagle,
             state_groups=any(g.kind == "mamba" for g in config.groups),
         )

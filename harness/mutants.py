@@ -721,6 +721,15 @@ def _eagle_checkpoint_ignored(side: KvcacheSide) -> None:
         single.drop_eagle_checkpoint_block = False
 
 
+@mutant("checkpoint-not-rekeyed", "a prefill checkpoint block keeps the full-block key "
+        "registered in its step rather than being re-keyed at its checkpoint position: the key "
+        "names a state the block does not hold, and the checkpoint itself is never cached",
+        bug="docs/spec.md §11.6", configs=("nemotron_h_checkpoint",))
+def _checkpoint_not_rekeyed(side: KvcacheSide) -> None:
+    for single in _state_managers(side):
+        single._cache_checkpoint_block = lambda *args, **kwargs: None
+
+
 @mutant("rswa-gap-kept", "an R-SWA group never releases the blocks between the prompt and the "
         "decode window", bug="docs/spec.md §12.2", configs=("rswa", "full_rswa"))
 def _rswa_gap_kept(side: KvcacheSide) -> None:

@@ -135,6 +135,12 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "interval",
         lambda api: _masks_state_checkpoints(),
     ),
+    "prefill_checkpoints": (
+        "MambaSpec(num_prefill_checkpoint_blocks=, prefill_checkpoint_alignment=): Mamba "
+        "prefill checkpoint blocks",
+        lambda api: {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment"}
+        <= set(_parameters(getattr(api["interface"], "MambaSpec", None))),
+    ),
     "int32_tokens": (
         "token ids stored as int32 (vllm.v1.token_buffer.TokenBuffer)",
         lambda api: _importable("vllm.v1.token_buffer"),

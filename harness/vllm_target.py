@@ -72,8 +72,33 @@ def _spec(group: GroupConfig, v: VllmApi) -> Any:
             dtypes=(v["dtype"],),
             mamba_cache_mode=group.mamba_cache_mode,
             num_speculative_blocks=group.num_speculative_blocks,
+            **_prefill_checkpoint_fields(group),
         )
     return iface.CrossAttentionSpec(**common)
+
+
+def _checkpoint_block(single: Any, request_id: str, start: int, end: int, prefill_end: int,
+                      gate: bool) -> int:
+    """1 when vLLM's Mamba manager reserves a prefill checkpoint block for this step: what its
+    count just recorded, or for the full-sequence gate (which records nothing) its rule."""
+    if not gate:
+        return int(request_id in getattr(single, "_checkpoints", ()))
+    needs = getattr(single, "_needs_internal_checkpoint", None)
+    if needs is None:
+        return 0
+    module = importlib.import_module(type(single).__module__)
+    position = module.get_mamba_prefill_checkpoint_position(
+        end, single.cache_hit_alignment_tokens, single.drop_eagle_checkpoint_block)
+    return int(needs(request_id, start, end, position, prefill_end))
+
+
+def _prefill_checkpoint_fields(group: GroupConfig) -> dict[str, Any]:
+    """A Mamba group's checkpoint settings, left out at their defaults so that a vLLM without
+    them builds the spec (`VllmTarget.build_manager` refuses them set on such a vLLM)."""
+    if not group.num_prefill_checkpoint_blocks and group.prefill_checkpoint_alignment is None:
+        return {}
+    return {"num_prefill_checkpoint_blocks": group.num_prefill_checkpoint_blocks,
+            "prefill_checkpoint_alignment": group.prefill_checkpoint_alignment}
 
 
 def vllm_group_ids(config: Config) -> tuple[int, ...]:
@@ -209,6 +234,11 @@ STATE_TAIL_REKEYED = "state-tail-rekeyed"
 """vLLM 0.32 marks a state already keyed at the prompt's tail as cached again, deferring hits on
 it (docs/findings/014): `vllm` gives its state managers 0.33's "already keyed" return."""
 
+CHECKPOINT_START_KEYED = "checkpoint-start-keyed"
+"""vLLM keys the block that a prefill chunk reserving a checkpoint resumed from inside at that
+block's end, though it holds the state at the chunk's start (docs/findings/020): `vllm` leaves
+that block unkeyed, as kvcache does."""
+
 EXTERNAL_STATE_UNCOUNTED = "external-state-block-uncounted"
 """vLLM's align-mode predictor caps a first allocation at one state block even when external
 tokens take a block of their own, and counts hit states the external tokens pass
@@ -261,6 +291,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         _no_snapshot_change,
         releases="0.32",
         applies=lambda api: api.has("state_tail_rekeyed"),
+    ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        CHECKPOINT_START_KEYED,
+        "docs/findings/020-checkpoint-chunk-keys-start-state.md",
+        _no_snapshot_change,
+        releases="0.32–0.34",
+        applies=lambda api: api.has("prefill_checkpoints"),
     ),
     # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
     KnownDeviation(
@@ -390,6 +428,9 @@ class VllmSide(ManagerSide):
                                              for g in config.groups):
                 self._require_option("prefix_cache_retention_interval with a Mamba 'align' "
                                      "group", "state_retention")
+        if any(g.num_prefill_checkpoint_blocks or g.prefill_checkpoint_alignment is not None
+               for g in config.groups):
+            self._require_option("num_prefill_checkpoint_blocks", "prefill_checkpoints")
         if config.kv_events:
             self.require("take_events")
             # Events then carry the block hashes themselves, which the harness reads as content.
@@ -403,6 +444,9 @@ class VllmSide(ManagerSide):
         for single in manager.coordinator.single_type_managers:
             if getattr(single, "mamba_cache_mode", None) != "align":
                 continue
+            if CHECKPOINT_START_KEYED in self.tolerated and getattr(
+                    single, "has_prefill_checkpoint_blocks", False):
+                self._leave_checkpoint_start_unkeyed(single)
             if STATE_TAIL_REKEYED in self.tolerated:
                 self._skip_rekeyed_state_tail(single)
             if EXTERNAL_STATE_UNCOUNTED in self.tolerated:
@@ -429,9 +473,12 @@ class VllmSide(ManagerSide):
                 return theirs
             required = -(-num_tokens_main_model // single.block_size) + (
                 single.num_speculative_blocks)
+            checkpoint_block = _checkpoint_block(
+                single, request_id, total_computed_tokens, num_tokens_main_model,
+                kwargs.get("prefill_end", 0), kwargs.get("apply_admission_cap", False))
             ours = MambaManager._align_external_blocks_to_allocate(
                 single, required, new_computed_blocks, num_local_computed_tokens,
-                total_computed_tokens)
+                total_computed_tokens, checkpoint_block)
             if ours != theirs:
                 tolerated.add(request_id)
             return ours
@@ -456,6 +503,52 @@ class VllmSide(ManagerSide):
             return original(request, num_tokens, *args, **kwargs)
 
         single._cache_partial_tail_block = cache_partial_tail_block
+
+    def _leave_checkpoint_start_unkeyed(self, single: Any) -> None:
+        """A step that reserved a prefill checkpoint and started inside a block caches its
+        full blocks without that block (kvcache's rule, docs/spec.md §11.6)."""
+        tolerated = self.tolerated[CHECKPOINT_START_KEYED]
+        count, cache, mask = (single.get_num_blocks_to_allocate, single.cache_blocks,
+                              single.reachable_block_mask)
+        starts: dict[tuple[str, Any], int] = {}  # (request, its record) -> the step's start
+        skipped: list[tuple[str, int]] = []  # (request, column) during one cache_blocks
+
+        def get_num_blocks_to_allocate(request_id: str, num_tokens: int, new_computed_blocks: Any,
+                                       total_computed_tokens: int, *args: Any,
+                                       **kwargs: Any) -> int:
+            value = count(request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                          *args, **kwargs)
+            if not kwargs.get("apply_admission_cap", False):
+                starts[request_id, single._checkpoints.get(request_id)] = total_computed_tokens
+            return value
+
+        def cache_blocks(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+            rid = request.request_id
+            record = single._checkpoints.get(rid)
+            start = starts.get((rid, record), 0) if record is not None else 0
+            if start % single.block_size:
+                skipped.append((rid, (start - 1) // single.block_size))
+            try:
+                return cache(request, num_tokens, *args, **kwargs)
+            finally:
+                skipped.clear()
+
+        def reachable_block_mask(*args: Any, **kwargs: Any) -> Any:
+            result = mask(*args, **kwargs)
+            first = kwargs.get("start_block", args[0] if args else 0)
+            end = kwargs.get("end_block", args[1] if len(args) > 1 else 0)
+            for rid, column in skipped:
+                blocks = single.req_to_blocks.get(rid, ())
+                if first <= column < end and column < len(blocks) and not blocks[column].is_null:
+                    result = [True] * (end - first) if result is None else list(result)
+                    if result[column - first]:
+                        tolerated.add(rid)
+                    result[column - first] = False
+            return result
+
+        single.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        single.cache_blocks = cache_blocks
+        single.reachable_block_mask = reachable_block_mask
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
         v = self.api

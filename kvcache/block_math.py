@@ -128,6 +128,32 @@ def get_mamba_prefill_checkpoint_position(
     return max(limit // hash_block_size * hash_block_size, 0)
 
 
+def is_mamba_prefill_checkpoint_valid(
+    query_start: int,
+    query_end: int,
+    checkpoint_position: int,
+    hash_block_size: int,
+    mamba_block_size: int,
+    checkpoint_alignment: int | None,
+) -> bool:
+    """Whether a chunk `[query_start, query_end)` can export the state at
+    `checkpoint_position` mid-chunk (docs/spec.md §11.6): it starts on a hash boundary, the
+    checkpoint lies at least one hash block past its start, strictly inside it and on the
+    kernel's alignment from its start, and the checkpoint's column (the block before the
+    chunk's last) lies past the column of the state the chunk starts from."""
+    if checkpoint_alignment is None:
+        return False
+    initial_state_col = (query_start - 1) // mamba_block_size
+    checkpoint_col = cdiv(query_end, mamba_block_size) - 2
+    return (
+        query_start % hash_block_size == 0
+        and checkpoint_col > initial_state_col
+        and query_start + hash_block_size <= checkpoint_position
+        and query_start < checkpoint_position < query_end
+        and (checkpoint_position - query_start) % checkpoint_alignment == 0
+    )
+
+
 def replay_boundaries(
     num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool
 ) -> tuple[int, ...]:

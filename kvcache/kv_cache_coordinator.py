@@ -164,7 +164,8 @@ class KVCacheCoordinator(ABC):
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
-        """Sum of the groups' predictions. Pure.
+        """Sum of the groups' predictions. Pure, but for a Mamba group's prefill checkpoint
+        record, which only the allocation that follows commits (docs/spec.md §11.6).
 
         `apply_admission_cap` is for the full-sequence gate only: the per-step check must
         equal what allocation takes. Caching coordinators have no cross-attention group

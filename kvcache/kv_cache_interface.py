@@ -189,11 +189,16 @@ class MambaSpec(KVCacheSpec):
 
     `num_speculative_blocks` more blocks hold the states of draft tokens (MTP/EAGLE).
     `mamba_cache_mode` "none" has no prefix caching; "align" caches states at block (and
-    prompt-tail hash) boundaries, without vLLM's prefill checkpoint blocks.
+    prompt-tail hash) boundaries. In align mode, `num_prefill_checkpoint_blocks` > 0 lets a
+    chunk reaching the prefill end export the state at its checkpoint mid-chunk into one more
+    reserved block, at offsets that are multiples of `prefill_checkpoint_alignment` from the
+    chunk's start (docs/spec.md §11.6).
     """
 
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -207,6 +212,15 @@ class MambaSpec(KVCacheSpec):
                 f"num_speculative_blocks must be a non-negative int, "
                 f"got {self.num_speculative_blocks!r}"
             )
+        if (not isinstance(self.num_prefill_checkpoint_blocks, int)
+                or isinstance(self.num_prefill_checkpoint_blocks, bool)
+                or self.num_prefill_checkpoint_blocks < 0):
+            raise ValueError(
+                f"num_prefill_checkpoint_blocks must be a non-negative int, "
+                f"got {self.num_prefill_checkpoint_blocks!r}"
+            )
+        if self.prefill_checkpoint_alignment is not None:
+            check_positive_int("prefill_checkpoint_alignment", self.prefill_checkpoint_alignment)
 
     @property
     def prefix_cacheable(self) -> bool:

@@ -112,7 +112,7 @@ class KVCacheManager:
     ) -> None:
         """vLLM's arguments, in vLLM's order; those kvcache does not implement are accepted
         with their neutral value (no lookahead hashing, one DCP/PCP rank, no metrics
-        collector, no Mamba checkpoints) and refused with ValueError otherwise.
+        collector, no shared-prefix Mamba checkpoints) and refused with ValueError otherwise.
         `enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
         `record_new_block_ids` records fresh blocks for a worker that zeroes them;
         `enable_kv_cache_events` queues KV events for `take_events` (kvcache/kv_events.py).
@@ -154,6 +154,11 @@ class KVCacheManager:
             enable_partial_hash_hits,
         )
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        # Under retention 0 only the chunk reaching the prefill end reserves a Mamba prefill
+        # checkpoint; otherwise every chunk may (vLLM's coordinator passes a prefill end of 0).
+        self._checkpoint_at_prefill_end_only = (
+            kv_cache_config.prefix_cache_retention_interval == 0
+        )
         self.enable_kv_cache_events = enable_kv_cache_events
         if enable_kv_cache_events:
             EventfulBlockPool.enable_on(self.coordinator.block_pool)
@@ -418,6 +423,12 @@ class KVCacheManager:
             has_scheduled_reqs and request.status in _ADMITTED_STATUSES
         ):
             watermark_blocks = 0
+        # Where the prefill ends, as the driver splits chunks (resumed requests replay outputs).
+        prefill_end = 0
+        if self._checkpoint_at_prefill_end_only:
+            prefill_end = request.num_prompt_tokens
+            if request.num_tokens - 1 > prefill_end:
+                prefill_end = request.num_tokens - 1
 
         # 2. Full-sequence gate: chunked prefill alone would admit a huge request on the
         # strength of its first chunk. Capped for recycling kinds; ignores the reserve.
@@ -432,6 +443,7 @@ class KVCacheManager:
                 num_local_computed_tokens,
                 full_num_tokens,
                 apply_admission_cap=True,
+                prefill_end=prefill_end,
             )
             if num_blocks + watermark_blocks > self.block_pool.get_num_free_blocks():
                 return None
@@ -463,6 +475,8 @@ class KVCacheManager:
             num_prefix_tokens,
             num_local_computed_tokens,
             num_tokens_main_model,
+            False,
+            prefill_end,
         )
         # `get_num_free_blocks` inlined.
         available_blocks = self.block_pool.free_block_queue.num_free_blocks - reserved_blocks

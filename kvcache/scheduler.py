@@ -15,7 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kvfuzz.kvcache.block_math import get_mamba_prefill_checkpoint_position
+from kvfuzz.kvcache.block_math import (
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+)
 from kvfuzz.kvcache.request import RequestStatus
 
 Policy = Literal["fcfs", "priority"]
@@ -56,6 +59,7 @@ class Scheduler:
         num_lookahead_tokens: int = 0,
         reserved_blocks: int = 0,
         mamba_block_aligned_split: bool = False,
+        prefill_checkpoint_alignment: int | None = None,
         use_eagle: bool = False,
         state_groups: bool = False,
     ) -> None:
@@ -85,6 +89,9 @@ class Scheduler:
         self.reserved_blocks = reserved_blocks
         # Mamba "align" groups: prefill chunks end where a state can be cached.
         self.mamba_block_aligned_split = mamba_block_aligned_split
+        # ... except a prompt's last chunk, when the state layers export its checkpoint
+        # mid-chunk (Mamba prefill checkpoint blocks, docs/spec.md §11.6).
+        self.prefill_checkpoint_alignment = prefill_checkpoint_alignment
         # ... which with EAGLE move to its replay boundary.
         self.use_eagle = use_eagle
         # Recurrent-state groups: the connector leaves the last token to compute (NIXL's
@@ -489,6 +496,7 @@ class Scheduler:
             bool(getattr(coordinator, "enable_partial_hash_hits", False)),
             self.token_budget,
             self.use_eagle,
+            self.prefill_checkpoint_alignment,
         )
 
     def _preempt(self, request: Any) -> None:
@@ -517,18 +525,28 @@ def mamba_block_aligned_split(
     partial_hits: bool,
     max_prefill_tokens: int,
     drop_eagle_block: bool = False,
+    checkpoint_alignment: int | None = None,
 ) -> int:
-    """vLLM's chunk clip for Mamba "align" (docs/spec.md §11.3), without prefill checkpoints
-    and shared-prefix junctions: a prefill chunk from `start` ends on a block boundary (a
-    state is written only at a chunk's end), stops at the next boundary when it starts inside
-    a block, never passes the last cacheable block end, and stops at the prompt's last hash
-    boundary under sub-block hits. With EAGLE both boundaries step down as the checkpoint does
+    """vLLM's chunk clip for Mamba "align" (docs/spec.md §11.3), without shared-prefix
+    junctions: a prefill chunk from `start` ends on a block boundary (a state is written only
+    at a chunk's end), stops at the next boundary when it starts inside a block, never passes
+    the last cacheable block end, and stops at the prompt's last hash boundary under sub-block
+    hits. With EAGLE both boundaries step down as the checkpoint does
     (`get_mamba_prefill_checkpoint_position`). The prefill's last chunk is exempt; decode is
-    not clipped. May return 0 (nothing fits this step)."""
+    not clipped. A chunk reaching the prefill's end that can export the prefill checkpoint
+    mid-chunk (`checkpoint_alignment` set: every state group has checkpoint blocks, §11.6)
+    is not clipped either. May return 0 (nothing fits this step)."""
     prefill_end = max(num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
         return num_new_tokens
     end = start + num_new_tokens
+    if checkpoint_alignment is not None and end >= prefill_end:
+        checkpoint_unit = hash_block_size if partial_hits else block_size
+        checkpoint = get_mamba_prefill_checkpoint_position(
+            prefill_end, checkpoint_unit, drop_eagle_block)
+        if is_mamba_prefill_checkpoint_valid(start, end, checkpoint, hash_block_size,
+                                             block_size, checkpoint_alignment):
+            return num_new_tokens
     last_cache_position = get_mamba_prefill_checkpoint_position(
         num_tokens, block_size, drop_eagle_block)
     if end < prefill_end:

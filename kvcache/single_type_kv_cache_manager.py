@@ -10,6 +10,7 @@ from kvfuzz.kvcache.block_math import (
     chunked_local_skipped_tokens,
     first_blocks_to_allocate,
     get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
     replay_boundaries,
     is_partial_hit,
     required_blocks,
@@ -112,7 +113,8 @@ class SingleTypeKVCacheManager:
         """Blocks that adopting the hits and growing to `num_tokens` slots take from the free
         count: new blocks, evictable hit blocks rescued from the queue, and a CoW copy.
 
-        Pure. `num_tokens_main_model` and `prefill_end` only matter to recurrent kinds.
+        Pure (Mamba's leaves its checkpoint record for the allocation to commit).
+        `num_tokens_main_model` and `prefill_end` only matter to recurrent kinds.
         """
         num_required_blocks = (
             required_blocks(num_tokens, self.block_size, self.max_admission_blocks_per_request)
@@ -796,7 +798,9 @@ class MambaManager(SingleTypeKVCacheManager):
     draft-token states) and every block before the one holding the last computed token's
     state is released. Mode "align": only the state blocks a step reads or writes are real
     (the rest are null), states are cached at block boundaries and at the prompt's last hash
-    boundary, and sub-block hits are copied on write (docs/spec.md §11.3).
+    boundary, and sub-block hits are copied on write (docs/spec.md §11.3); with prefill
+    checkpoint blocks, a chunk reaching the prefill end also reserves the block its mid-chunk
+    checkpoint state is written to, cached at that position (§11.6).
     """
 
     supports_fine_grained_hash_lookup: ClassVar[bool] = True
@@ -822,6 +826,16 @@ class MambaManager(SingleTypeKVCacheManager):
         # EAGLE: the prompt's state checkpoint moves to EAGLE's replay boundary (the
         # coordinator sets it, docs/spec.md §11.3).
         self.drop_eagle_checkpoint_block = False
+        self.has_prefill_checkpoint_blocks = (
+            self.align and kv_cache_spec.num_prefill_checkpoint_blocks > 0
+        )
+        self._prefill_checkpoint_alignment = kv_cache_spec.prefill_checkpoint_alignment
+        # Prefill checkpoints (§11.6): request -> (checkpoint position, reserved table index,
+        # the step's start) of its last allocation, for `cache_blocks` ...
+        self._checkpoints: dict[str, tuple[int, int, int]] = {}
+        # ... and the per-step count's (request, record or None), which the allocation that
+        # follows commits: a refused allocate_slots leaves `_checkpoints` as it was.
+        self._counted_checkpoint: tuple[str, tuple[int, int, int] | None] | None = None
 
     def get_num_blocks_to_allocate(
         self,
@@ -843,16 +857,25 @@ class MambaManager(SingleTypeKVCacheManager):
             # The hit state is written by this step's forward pass: never fits this step.
             return self.block_pool.num_gpu_blocks + 1
         if self.align:
+            checkpoint_block = 0
+            if self.has_prefill_checkpoint_blocks:
+                checkpoint_block = self._count_checkpoint(
+                    request_id, total_computed_tokens, num_tokens_main_model, prefill_end,
+                    apply_admission_cap,
+                )
             if (not new_computed_blocks and request_id in self._allocated_block_reqs
                     and request_id not in self._partial_hit_reqs):
-                # A running request (most calls): at most one new state block.
-                num_required_blocks = (-(-num_tokens_main_model // self.block_size)
-                                       + self.num_speculative_blocks)
-                req_blocks = self.req_to_blocks.get(request_id)
-                return 1 if num_required_blocks > len(req_blocks) else 0  # type: ignore[arg-type]
+                # A running request (most calls): one new state block, or two with a checkpoint.
+                num_new_blocks = (-(-num_tokens_main_model // self.block_size)
+                                  + self.num_speculative_blocks
+                                  - len(self.req_to_blocks[request_id]))
+                if num_new_blocks <= 0:
+                    return 0
+                return 1 + checkpoint_block if num_new_blocks > 1 + checkpoint_block else (
+                    num_new_blocks)
             return self._align_blocks_to_allocate(
                 request_id, num_tokens_main_model, new_computed_blocks, num_local_computed_tokens,
-                total_computed_tokens,
+                total_computed_tokens, checkpoint_block,
             )
         block_size = self.block_size
         num_required_blocks = -(-(num_tokens + self._speculative_tokens) // block_size)
@@ -864,6 +887,57 @@ class MambaManager(SingleTypeKVCacheManager):
                 num_req_blocks = num_skipped_blocks
         return num_required_blocks - num_req_blocks if num_required_blocks > num_req_blocks else 0
 
+    def _count_checkpoint(
+        self, request_id: str, num_computed_tokens: int, num_tokens: int, prefill_end: int,
+        apply_admission_cap: bool,
+    ) -> int:
+        """1 when the step `[num_computed_tokens, num_tokens)` exports a prefill checkpoint
+        into a block of its own (§11.6), else 0; the per-step count (not the full-sequence
+        gate) leaves the record for the allocation to commit."""
+        checkpoint_position = get_mamba_prefill_checkpoint_position(
+            num_tokens, self.cache_hit_alignment_tokens, self.drop_eagle_checkpoint_block
+        )
+        needed = self._needs_internal_checkpoint(
+            request_id, num_computed_tokens, num_tokens, checkpoint_position, prefill_end
+        )
+        if not apply_admission_cap:
+            self._counted_checkpoint = (request_id, (
+                checkpoint_position, -(-num_tokens // self.block_size) - 2, num_computed_tokens
+            ) if needed else None)
+        return int(needed)
+
+    def _commit_checkpoint(self, request_id: str) -> int:
+        """Take the checkpoint record the count left for this request's allocation (vLLM
+        writes it in the count itself, so that a refused allocation changes it too: kvcache
+        keeps the record of the last allocation); 1 when the step reserves a block."""
+        counted, self._counted_checkpoint = self._counted_checkpoint, None
+        if counted is None or counted[0] != request_id or counted[1] is None:
+            self._checkpoints.pop(request_id, None)
+            return 0
+        self._checkpoints[request_id] = counted[1]
+        return 1
+
+    def _needs_internal_checkpoint(
+        self, request_id: str, query_start: int, query_end: int, checkpoint_position: int,
+        prefill_end: int,
+    ) -> bool:
+        """The chunk reaches the prefill end, can export its checkpoint (block_math), and the
+        checkpoint's slot (the block before the chunk's last) can take a fresh block: past
+        the table, null, or one of a running request's draft blocks."""
+        if query_end < prefill_end or not is_mamba_prefill_checkpoint_valid(
+            query_start, query_end, checkpoint_position, self._hash_block_size,
+            self.block_size, self._prefill_checkpoint_alignment,
+        ):
+            return False
+        checkpoint_idx = -(-query_end // self.block_size) - 2
+        blocks = self.req_to_blocks.get(request_id, ())
+        return checkpoint_idx >= 0 and (
+            checkpoint_idx >= len(blocks)
+            or blocks[checkpoint_idx] is self._null_block
+            or (request_id in self._allocated_block_reqs
+                and checkpoint_idx >= len(blocks) - self.num_speculative_blocks)
+        )
+
     def _align_blocks_to_allocate(
         self,
         request_id: str,
@@ -871,16 +945,19 @@ class MambaManager(SingleTypeKVCacheManager):
         new_computed_blocks: Sequence[KVCacheBlock],
         num_local_computed_tokens: int,
         total_computed_tokens: int,
+        checkpoint_block: int,
     ) -> int:
         """vLLM's align-mode count for a request adopting hits, new or with a partial hit to
-        copy (the caller answers a running one), with the new blocks floored at 0. External
-        tokens on a first allocation are counted exactly (below)."""
+        copy (the caller answers a running one), with the new blocks floored at 0. A prefill
+        checkpoint raises the cap by one (the null padding then stops one slot short, which
+        the checkpoint's block takes). External tokens on a first allocation are counted
+        exactly (below)."""
         num_required_blocks = -(-num_tokens // self.block_size) + self.num_speculative_blocks
         req_blocks = self.req_to_blocks.get(request_id)
         if req_blocks is None and total_computed_tokens > num_local_computed_tokens:
             return self._align_external_blocks_to_allocate(
                 num_required_blocks, new_computed_blocks, num_local_computed_tokens,
-                total_computed_tokens,
+                total_computed_tokens, checkpoint_block,
             )
         num_new_blocks = num_required_blocks - len(new_computed_blocks) - (
             len(req_blocks) if req_blocks is not None else 0
@@ -894,7 +971,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if has_partial_hit:
             num_new_blocks += 1
         if num_new_blocks > 0:
-            physical_block_cap = 2 if has_partial_hit else 1
+            physical_block_cap = (2 if has_partial_hit else 1) + checkpoint_block
             if request_id not in self._allocated_block_reqs:
                 physical_block_cap += self.num_speculative_blocks
             if num_new_blocks > physical_block_cap:
@@ -907,11 +984,12 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def _align_external_blocks_to_allocate(
         self, num_required_blocks: int, new_computed_blocks: Sequence[KVCacheBlock],
-        num_local_computed_tokens: int, total_computed_tokens: int,
+        num_local_computed_tokens: int, total_computed_tokens: int, checkpoint_block: int,
     ) -> int:
         """A first allocation with external tokens, block for block as it happens: the hits
         the prefix passes become nulls, the external tokens take the block of the prefix's
-        state, then the step takes its own state block (and a partial hit's copy). vLLM caps
+        state, then the step takes its own state block (a checkpoint's block before it, and
+        a partial hit's copy). vLLM caps
         this at one state block and under-counts by one when the step's tokens leave the
         external state's block (docs/findings/017-external-state-block-uncounted.md)."""
         block_size = self.block_size
@@ -923,8 +1001,10 @@ class MambaManager(SingleTypeKVCacheManager):
         table_len = max(table_len, num_prefix_blocks)
         has_partial_hit = is_partial_hit(len(kept), num_local_computed_tokens, block_size)
         num_new_blocks = 0
-        if num_required_blocks > table_len or has_partial_hit:
-            num_state_index = num_required_blocks - self.num_speculative_blocks - 1
+        if num_required_blocks > table_len or has_partial_hit or checkpoint_block:
+            num_state_index = (
+                num_required_blocks - self.num_speculative_blocks - 1 - checkpoint_block
+            )
             num_new_blocks = max(num_required_blocks - max(table_len, num_state_index), 0) + int(
                 has_partial_hit)
         num_evictable = sum(1 for block in kept if block.ref_cnt == 0 and not block.is_null)
@@ -955,7 +1035,12 @@ class MambaManager(SingleTypeKVCacheManager):
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request_id] = []
         prev_block_len = len(req_blocks)
-        if num_required_blocks <= prev_block_len and partial_hit is None:
+        checkpoint_block = (
+            self._commit_checkpoint(request_id) if self.has_prefill_checkpoint_blocks else 0
+        )
+        if num_required_blocks <= prev_block_len and partial_hit is None and not (
+            checkpoint_block
+        ):
             self._allocated_block_reqs.add(request_id)  # most decode steps: nothing to do
             return []
         blocks_allocated = request_id in self._allocated_block_reqs
@@ -965,7 +1050,8 @@ class MambaManager(SingleTypeKVCacheManager):
         elif prev_block_len > 0:
             # A hit's last block holds the state it resumes from.
             self.last_state_block_idx[request_id] = prev_block_len - 1
-        num_skipped_blocks = num_required_blocks - num_spec - 1
+        # The checkpoint's slot, the one before the state block, gets a fresh block (§11.6).
+        num_skipped_blocks = num_required_blocks - num_spec - 1 - checkpoint_block
         if prev_block_len < num_skipped_blocks:
             req_blocks.extend([self._null_block] * (num_skipped_blocks - prev_block_len))
         if blocks_allocated:
@@ -1017,11 +1103,12 @@ class MambaManager(SingleTypeKVCacheManager):
         req_blocks[block_idx] = self._null_block
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Register full state blocks, then (align) the prompt's last hash boundary; every key
-        registered is remembered for this step."""
+        """Register full state blocks, then (align) the step's prefill checkpoint or else the
+        prompt's last hash boundary; every key registered is remembered for this step."""
         request_id = request.request_id
         num_cached_before = self.num_cached_block.get(request_id, 0)
-        if (num_tokens // self.block_size <= num_cached_before
+        checkpoint = self._checkpoints.get(request_id) if self._checkpoints else None
+        if (num_tokens // self.block_size <= num_cached_before and checkpoint is None
                 and (not self.align or num_tokens % self._hash_block_size)):
             return  # most decode steps: no full block, no hash boundary
         blocks = self.req_to_blocks[request_id]
@@ -1039,16 +1126,22 @@ class MambaManager(SingleTypeKVCacheManager):
             while first < num_full_blocks and blocks[first] is null_block:
                 first += 1
             if first < num_full_blocks:
+                mask = self.reachable_block_mask(first, num_full_blocks, request)
+                if checkpoint is not None:
+                    mask = self._without_start_state(mask, checkpoint[2], first, num_full_blocks)
                 self.block_pool.register_full_blocks(
                     request, blocks, first, num_full_blocks, self.block_size,
-                    self.kv_cache_group_id,
-                    self.reachable_block_mask(first, num_full_blocks, request),
+                    self.kv_cache_group_id, mask,
                 )
             self.num_cached_block[request_id] = num_full_blocks
             num_cached_after = num_full_blocks
         else:
             num_cached_after = num_cached_before
-        if self.align and not num_tokens % self._hash_block_size:  # else: no tail to cache
+        if checkpoint is not None:
+            partial_key = self._cache_checkpoint_block(request, checkpoint[0], checkpoint[1])
+            if partial_key is not None:
+                self.cached_blocks_this_step.add(partial_key)
+        elif self.align and not num_tokens % self._hash_block_size:  # else: no tail to cache
             partial_key = self._cache_state_tail_block(request, num_tokens)
             if partial_key is not None:
                 self.cached_blocks_this_step.add(partial_key)
@@ -1087,6 +1180,53 @@ class MambaManager(SingleTypeKVCacheManager):
                 mask[block_idx - start_block] = True
         return mask
 
+    def _without_start_state(
+        self, mask: list[bool] | None, start: int, first: int, end: int
+    ) -> list[bool] | None:
+        """`mask` over blocks `[first, end)`, without the block a checkpointed step starting
+        inside it resumed from: the step does not stop at that block's end, so the block holds
+        the state at `start`, not its block end's (vLLM keys it there, §11.6)."""
+        column = (start - 1) // self.block_size
+        if not start % self.block_size or not first <= column < end:
+            return mask
+        mask = [True] * (end - first) if mask is None else list(mask)
+        mask[column - first] = False
+        return mask
+
+    def _cache_checkpoint_block(
+        self, request: Request, checkpoint_position: int, checkpoint_idx: int
+    ) -> bytes | None:
+        """Re-key the checkpoint's block to the state it holds, the one at
+        `checkpoint_position` (its keys so far, such as the full-block key just registered,
+        name another state). A position no later request can resume at (not the prompt's
+        checkpoint, not a retained block end) is not registered, and the block loses its
+        keys. (vLLM also keeps a shared-prefix boundary, always 0 here.)"""
+        block = self.req_to_blocks[request.request_id][checkpoint_idx]
+        if checkpoint_position != get_mamba_prefill_checkpoint_position(
+            request.num_prompt_tokens, self.cache_hit_alignment_tokens,
+            self.drop_eagle_checkpoint_block,
+        ) and not self._is_retained_block_end(checkpoint_position):
+            self.block_pool._remove_cached_block_hashes(block)  # vLLM's _maybe_evict_cached_block
+            return None
+        if block._block_hash_num_tokens == checkpoint_position:
+            return None
+        return self.block_pool.cache_partial_block(
+            request, block, checkpoint_position, self.kv_cache_group_id, self.block_size,
+            replace_existing_hashes=True,
+        )
+
+    def _is_retained_block_end(self, num_tokens: int) -> bool:
+        """`num_tokens` ends a block that sparse retention keeps as a segment end (every
+        block without an interval; the request's replay boundaries do not count here)."""
+        if num_tokens % self.block_size:
+            return False
+        retention = self.retention_interval
+        if retention is None:
+            return True
+        per_segment = retention // self.block_size
+        return bool(retention) and (per_segment <= 1 or num_tokens // self.block_size
+                                    % per_segment == 0)
+
     def _cache_state_tail_block(self, request: Request, num_tokens: int) -> bytes | None:
         """Register the state at the prompt's checkpoint (`(P - 1) // hbs * hbs`; with EAGLE
         `P // hbs * hbs - hbs`), when `num_tokens` is exactly there; inside a block, the
@@ -1123,6 +1263,7 @@ class MambaManager(SingleTypeKVCacheManager):
             self._allocated_block_reqs.discard(request_id)
             self.last_state_block_idx.pop(request_id, None)
             self._num_retired_blocks.pop(request_id, None)
+            self._checkpoints.pop(request_id, None)
         return super()._forget(request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:

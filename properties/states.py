@@ -9,8 +9,11 @@ S2 follows that with a ghost, per target (in `ctx.memory`), from what each op di
 2. every forward pass of the op reads the state it resumes from, at position
    `(start − 1) // bs` of each align group's table, before any pass of the op writes (a step
    is one batch: its state kernels read every initial state first);
-3. then each pass writes the state after `end` at position `(end − 1) // bs`; a KV
-   connector's load (`load`) reads nothing and writes before every read of the op.
+3. then each pass writes the state after `end` at position `(end − 1) // bs`, and, in a
+   group with prefill checkpoint blocks, the state at the pass's checkpoint at position
+   `cdiv(end, bs) − 2` when the pass can export it (docs/spec.md §11.6: the worker writes it
+   whatever the manager reserved); a KV connector's load (`load`) reads nothing and writes
+   before every read of the op.
 
 A read of a block that holds no state, or another prefix's, is a resumed request computing on
 the wrong state (vLLM #55600 read one out of bounds). The reference model reports no forward
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.extra_keys import prefix_identity
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
@@ -53,7 +57,7 @@ def _copies(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[tuple[
 )
 def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
                                   ctx: CheckContext) -> str | None:
-    groups = [(g, group.block_size) for g, group in enumerate(ctx.config.groups)
+    groups = [(g, group) for g, group in enumerate(ctx.config.groups)
               if group.mamba_cache_mode == "align"]
     passes = ctx.observations.forward
     if not groups or not (passes or after.pending_copies or ctx.op["op"] == "step"):
@@ -72,9 +76,9 @@ def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
         if p.start == 0 or p.load or problem:
             continue
         expected = _state_id(ctx, after, p.request_id, p.start)
-        for g, bs in groups:
+        for g, group in groups:
             table = p.tables[g]
-            index = (p.start - 1) // bs
+            index = (p.start - 1) // group.block_size
             block = table[index] if index < len(table) else 0
             if block == 0:
                 problem = (f"{p.request_id} group {g} resumes at {p.start} from position "
@@ -89,15 +93,41 @@ def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
 
 
 def _write_states(ctx: CheckContext, after: Snapshot, passes: list[Any],
-                  groups: list[tuple[int, int]], ghost: dict[int, StateId]) -> None:
-    """Each pass leaves the state after its end at position `(end − 1) // bs`."""
+                  groups: list[tuple[int, GroupConfig]], ghost: dict[int, StateId]) -> None:
+    """Each pass leaves the state after its end at position `(end − 1) // bs`, and its
+    prefill checkpoint's where it exports one."""
     for p in passes:
         state = _state_id(ctx, after, p.request_id, p.end)
-        for g, bs in groups:
+        for g, group in groups:
             table = p.tables[g]
-            index = (p.end - 1) // bs
+            index = (p.end - 1) // group.block_size
             if 0 <= index < len(table) and table[index] != 0:
                 ghost[table[index]] = state
+            checkpoint = None if p.load else _checkpoint_write(ctx.config, group, p.start, p.end)
+            if checkpoint is not None and 0 <= checkpoint[1] < len(table) and table[checkpoint[1]]:
+                ghost[table[checkpoint[1]]] = _state_id(ctx, after, p.request_id, checkpoint[0])
+
+
+def _checkpoint_write(config: Config, group: GroupConfig, start: int,
+                      end: int) -> tuple[int, int] | None:
+    """(checkpoint position, table position) of the state a pass over `[start, end)` exports
+    mid-chunk (vLLM's `compute_mamba_prefill_checkpoints`), or None: the last hit-aligned
+    boundary below `end` (with EAGLE one unit lower), at least one hash block past a start on
+    a hash boundary, on the group's alignment from the start, its block after the start
+    state's and before the pass's last."""
+    alignment = group.prefill_checkpoint_alignment
+    if not group.num_prefill_checkpoint_blocks or alignment is None:
+        return None
+    unit, hbs, bs = config.alignment_tokens, config.resolved_hash_block_size, group.block_size
+    if config.use_eagle:
+        position = max(end // unit * unit - unit, 0)
+    else:
+        position = max((end - 1) // unit * unit, 0)
+    column = -(-end // bs) - 2
+    if (start % hbs or column <= (start - 1) // bs or start + hbs > position
+            or not start < position < end or (position - start) % alignment):
+        return None
+    return position, column
 
 
 def _describe(held: StateId | None, expected: StateId) -> str:

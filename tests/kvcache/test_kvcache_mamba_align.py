@@ -137,6 +137,30 @@ def test_config_refuses_align_mixes(kwargs, needle):
     assert needle in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "group, needle",
+    [
+        (GroupConfig("mamba", 4, num_prefill_checkpoint_blocks=-1),
+         "groups[0].num_prefill_checkpoint_blocks"),
+        (GroupConfig("mamba", 4, prefill_checkpoint_alignment=0),
+         "groups[0].prefill_checkpoint_alignment"),
+        (GroupConfig("full", 4, num_prefill_checkpoint_blocks=1), "mamba settings"),
+        (GroupConfig("full", 4, prefill_checkpoint_alignment=1), "mamba settings"),
+    ],
+)
+def test_config_refuses_prefill_checkpoint_settings(group, needle):
+    with pytest.raises(ConfigError) as err:
+        Config(8, groups=(group,))
+    assert needle in str(err.value)
+
+
+def test_prefill_checkpoint_settings_are_accepted_and_unread_in_mode_none():
+    """vLLM's Mamba2 layers declare a checkpoint block in every mode; only "align" reads it."""
+    group = GroupConfig("mamba", 4, num_prefill_checkpoint_blocks=1,
+                        prefill_checkpoint_alignment=1)
+    assert Config(8, groups=(group,), enable_caching=False).groups == (group,)
+
+
 @pytest.mark.parametrize("num_tokens, eagle, expected", [
     (11, False, 10), (12, False, 10), (11, True, 8), (12, True, 10), (3, True, 0), (1, False, 0),
 ])

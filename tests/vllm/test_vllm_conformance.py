@@ -21,7 +21,7 @@ import pytest
 
 from kvfuzz.fuzz.cli import main as kvfuzz
 from kvfuzz.fuzz.shrink import shrink_trace
-from kvfuzz.core.config import Config
+from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.errors import HarnessFault
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.harness.executor import Execution, run_trace
@@ -33,6 +33,7 @@ from kvfuzz.harness.vllm_target import (
     OP_FEATURES,
     KnownDeviation,
     VllmSide,
+    build_vllm_manager,
     vllm_available,
 )
 from kvfuzz.fuzz.machines import machine_for
@@ -484,4 +485,32 @@ def test_state_retention_on_a_vllm_without_it_exits_2_naming_option_and_target(
     assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
     err = capsys.readouterr().err
     assert f"the config sets {option}," in err
+    assert f"target vllm (vLLM {api.version}) lacks it" in err
+
+
+# ----- Mamba prefill checkpoint settings (read by vLLM only in "align" mode) -----
+
+_CHECKPOINTED = Config(8, (GroupConfig("full", 4),
+                           GroupConfig("mamba", 4, num_prefill_checkpoint_blocks=1,
+                                       prefill_checkpoint_alignment=1)),
+                       name="checkpointed_none", max_model_len=64, enable_caching=False)
+
+
+def test_prefill_checkpoint_settings_reach_vllms_mamba_spec():
+    spec = build_vllm_manager(_CHECKPOINTED).coordinator.single_type_managers[1].kv_cache_spec
+    assert (spec.num_prefill_checkpoint_blocks, spec.prefill_checkpoint_alignment) == (1, 1)
+
+
+def test_prefill_checkpoints_on_a_vllm_without_them_exit_2_naming_option_and_target(
+        monkeypatch, tmp_path, capsys):
+    import kvfuzz.harness.vllm_api as vllm_api
+
+    api = load_vllm()
+    monkeypatch.setattr(vllm_api, "_API", dataclasses.replace(
+        api, features=api.features - {"prefill_checkpoints"}))
+    path = tmp_path / "t.json"
+    Trace(_CHECKPOINTED, "api", [_add("a", PROMPT10)]).save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "the config sets num_prefill_checkpoint_blocks," in err
     assert f"target vllm (vLLM {api.version}) lacks it" in err
