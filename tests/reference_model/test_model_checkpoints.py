@@ -112,3 +112,33 @@ def test_split_without_an_exportable_checkpoint():
     assert m.run("step", sample=0)["scheduled"] == [["r", 16, 0]]
     assert m.run("step", sample=0)["scheduled"] == [["r", 4, 0]]
     assert m.run("step", sample=0)["scheduled"] == [["r", 3, 0]]
+
+
+def test_an_earlier_chunk_reserves_a_transient_checkpoint_unless_retention_is_zero():
+    """`allocate_slots(r, 16)` of the 23-token prompt: the chunk [0, 16) has the checkpoint
+    (16 − 1) // 4 · 4 = 12 at slot cdiv(16, 8) − 2 = 0, exportable from 0.
+
+    Without a retention interval vLLM passes the managers a prefill end of 0, so every chunk
+    reserves its checkpoint: full attention takes [1, 2], the state group [3, 4] (2 blocks;
+    the count is 4). Caching 16 first keys block 3 at 8 (a full block), then the checkpoint 12
+    is neither the prompt's (20) nor a block end: block 3's state is transient, its keys are
+    dropped. Block 4 (the state after 16) keeps its key at 16.
+
+    With a retention interval of 0 only the chunk reaching the prefill's end, max(23, 22) = 23,
+    reserves one: [null, 3], 1 block (the count is 3)."""
+    m = runner("api")
+    m.add("r", PROMPT)
+    assert m.run("allocate_slots", request_id="r", num_new_tokens=16) == {
+        "block_ids": [[1, 2], [3, 4]]}
+    snap = m.snap
+    assert snap.requests["r"].tables[1] == (3, 4)
+    assert snap.block_keys[3] is None and snap.block_key_tokens[4] == 16
+    assert m.probes[-1].prediction == 4
+
+    group = state()
+    m = Runner(config(16, full(8), group, max_model_len=64, hash_block_size=4,
+                      prefix_cache_retention_interval=0), "api")
+    m.add("r", PROMPT)
+    m.run("allocate_slots", request_id="r", num_new_tokens=16)
+    assert m.snap.requests["r"].tables[1] == (0, 3)
+    assert m.probes[-1].prediction == 3
