@@ -52,7 +52,8 @@ class State:
     """Per group (mamba): keys registered since the last new_step_starts."""
     checkpoints: list[dict[str, tuple[int, int]]] = field(default_factory=list)
     """Per group (mamba align with checkpoint blocks): request -> (checkpoint position, table
-    index of its reserved block), as the last per-step count decided (docs/spec.md §11.6)."""
+    index of its reserved block), as the last successful allocation decided (docs/spec.md
+    §11.6)."""
     deferred: list[int] = field(default_factory=list)
     """Blocks popped by a deferred free and not yet released; each entry holds one reference."""
     phantoms_used: int = 0
