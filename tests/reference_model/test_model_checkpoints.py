@@ -142,3 +142,30 @@ def test_an_earlier_chunk_reserves_a_transient_checkpoint_unless_retention_is_ze
     m.run("allocate_slots", request_id="r", num_new_tokens=16)
     assert m.snap.requests["r"].tables[1] == (0, 3)
     assert m.probes[-1].prediction == 3
+
+
+def test_a_draft_block_at_the_checkpoint_slot_stays_and_holds_the_checkpoint():
+    """One draft block (s = 1). `allocate_slots(r, 8)`: [0, 8) has no checkpoint slot
+    (cdiv(8, 8) − 2 = −1); full [1], state [2, 3] (state, draft).
+
+    `allocate_slots(r, 15)`: [8, 23) exports 20 at slot 1, which holds r's draft block 3: a
+    slot among its last s positions, so it is taken. R = cdiv(23, 8) + 1 = 4, the state
+    position 2; no null pads (the table is 2 long), and the draft block at 1 is not moved
+    (only positions below 2 − 1 = 1 are): it stays as the checkpoint block. Then
+    4 − 2 = 2 new blocks: [2, 3, 6, 7] (full attention took [4, 5] first); the count is
+    2 + 2 = 4 (without the checkpoint 3: [2, null, 3, 6]).
+
+    Caching 23 keys block 3 as the full block of 16, then re-keys it at the prompt's
+    checkpoint 20."""
+    m = Runner(config(32, full(8), GroupConfig(
+        "mamba", 8, mamba_cache_mode="align", num_speculative_blocks=1,
+        num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1),
+        max_model_len=64, hash_block_size=4), "api")
+    m.add("r", PROMPT)
+    assert m.run("allocate_slots", request_id="r", num_new_tokens=8) == {"block_ids": [[1], [2, 3]]}
+    assert m.run("allocate_slots", request_id="r", num_new_tokens=15) == {
+        "block_ids": [[4, 5], [6, 7]]}
+    assert m.probes[-1].prediction == 4
+    snap = m.snap
+    assert snap.requests["r"].tables == ((1, 4, 5), (2, 3, 6, 7))
+    assert snap.block_key_tokens[3] == 20 and snap.block_key_tokens[2] == 8
