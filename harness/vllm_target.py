@@ -244,6 +244,12 @@ EXTERNAL_STATE_UNCOUNTED = "external-state-block-uncounted"
 tokens take a block of their own, and counts hit states the external tokens pass
 (docs/findings/017): `vllm` gives its align managers the exact count of such allocations."""
 
+CHECKPOINT_RECORD_KEPT = "checkpoint-record-kept"
+"""vLLM's align-mode count records a request's prefill checkpoint (or forgets it) before the
+capacity check, so a refused allocate_slots leaves a record no step allocated, which a later
+cache_blocks reads (docs/findings/019): `vllm` restores the record a refused allocation
+changed."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
@@ -307,6 +313,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         _no_snapshot_change,
         releases="0.33–0.34",
         applies=lambda api: api.has("kv_connector"),
+    ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        CHECKPOINT_RECORD_KEPT,
+        "docs/findings/019-checkpoint-record-kept.md",
+        _no_snapshot_change,
+        releases="0.32–0.34",
+        applies=lambda api: api.has("prefill_checkpoints"),
     ),
     # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
     KnownDeviation(
@@ -451,7 +465,36 @@ class VllmSide(ManagerSide):
                 self._skip_rekeyed_state_tail(single)
             if EXTERNAL_STATE_UNCOUNTED in self.tolerated:
                 self._count_external_state_blocks(single)
+        if CHECKPOINT_RECORD_KEPT in self.tolerated:
+            self._keep_checkpoint_records(manager)
         return manager
+
+    def _keep_checkpoint_records(self, manager: Any) -> None:
+        """A refused allocate_slots leaves every state manager's checkpoint record of the
+        request as it was before the call."""
+        singles = [single for single in manager.coordinator.single_type_managers
+                   if getattr(single, "has_prefill_checkpoint_blocks", False)]
+        if not singles:
+            return
+        original = manager.allocate_slots
+        tolerated = self.tolerated[CHECKPOINT_RECORD_KEPT]
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            rid = request.request_id
+            before = [single._checkpoints.get(rid) for single in singles]
+            result = original(request, *args, **kwargs)
+            if result is None:
+                for single, record in zip(singles, before):
+                    if single._checkpoints.get(rid) == record:
+                        continue
+                    tolerated.add(rid)
+                    if record is None:
+                        del single._checkpoints[rid]
+                    else:
+                        single._checkpoints[rid] = record
+            return result
+
+        manager.allocate_slots = allocate_slots
 
     def _count_external_state_blocks(self, single: Any) -> None:
         """A first allocation with external tokens is predicted as it happens (kvcache's

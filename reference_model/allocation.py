@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvfuzz.reference_model.caching import cache_request
+from kvfuzz.reference_model.caching import cache_request, checkpoint_exportable, state_checkpoint
 from kvfuzz.reference_model.layout import Group, Layout, cdiv
 from kvfuzz.reference_model.lookup import Lists
 from kvfuzz.reference_model.requests import WAITING_STATES, Request
@@ -60,7 +60,8 @@ def gate_block_count(
             need += layout.num_blocks + 1
             continue
         if g.align:
-            need += align_block_count(state, g, rid, T, group_hits, local, total)
+            checkpoint = checkpoint_position(layout, state, g, req, total, T) > 0
+            need += align_block_count(state, g, rid, T, group_hits, local, total, checkpoint)
             continue
         R = cdiv(T + g.speculative, g.bs)
         if g.cap is not None:
@@ -89,28 +90,33 @@ def defers_hit(state: State, g: Group, hits: list[int]) -> bool:
 
 
 def align_block_count(
-    state: State, g: Group, rid: str, T: int, hits: list[int], local: int, total: int
+    state: State, g: Group, rid: str, T: int, hits: list[int], local: int, total: int,
+    checkpoint: bool = False,
 ) -> int:
     """docs/spec.md §11.3's formula for a mamba "align" group (used by the full-sequence gate;
-    the per-step count is what the trial takes)."""
+    the per-step count is what the trial takes); a `checkpoint` block (§11.6) raises the cap
+    by one."""
     table = state.tables[g.gid].get(rid)
     if table is None and total > local:
-        return external_align_block_count(state, g, T, hits, local, total)
+        return external_align_block_count(state, g, T, hits, local, total, checkpoint)
     new = cdiv(T, g.bs) + g.spec_blocks - len(hits) - (len(table) if table else 0)
     partial = bool(hits) and local % g.bs != 0 or rid in state.partial_hits[g.gid]
     if partial:
         new = max(new, 0) + 1
     if new > 0:
-        new = min(new, 1 + partial + (0 if rid in state.allocated[g.gid] else g.spec_blocks))
+        new = min(new, 1 + partial + checkpoint
+                  + (0 if rid in state.allocated[g.gid] else g.spec_blocks))
     return max(new, 0) + sum(1 for b in hits if b != NULL and state.ref_count(b) == 0)
 
 
 def external_align_block_count(
-    state: State, g: Group, T: int, hits: list[int], local: int, total: int
+    state: State, g: Group, T: int, hits: list[int], local: int, total: int,
+    checkpoint: bool = False,
 ) -> int:
     """A first allocation with external tokens (docs/spec.md §13.1) on a mamba "align" group,
     step by step: the hits the prefix passes turn null, the prefix's state takes its block,
-    then the step's own state block (and a partial hit's copy) after nulls."""
+    then the step's own state block (and a partial hit's copy, and a checkpoint block just
+    below the state, §11.6) after nulls."""
     passed = (total - 1) // g.bs
     kept = hits[passed:]
     length = max(passed, len(hits))
@@ -120,8 +126,51 @@ def external_align_block_count(
     partial = bool(kept) and local % g.bs != 0
     new = 0
     if required > length or partial:
-        new = max(required - max(length, required - g.spec_blocks - 1), 0) + partial
+        new = max(required - max(length, required - g.spec_blocks - 1 - checkpoint), 0) + partial
     return external + new + sum(1 for b in kept if b != NULL and state.ref_count(b) == 0)
+
+
+def checkpoint_position(
+    layout: Layout, state: State, g: Group, req: Request, start: int, end: int
+) -> int:
+    """docs/spec.md §11.6 (vLLM's _needs_internal_checkpoint): the position whose state a
+    chunk [start, end) writes into a reserved block of group g, or 0 for none. The candidate
+    is the checkpoint position of (end, alignment); it is taken when the group has checkpoint
+    blocks, the chunk reaches the prefill's end (max(P, T − 1), or 0, that is any chunk,
+    unless the retention interval is 0), the chunk can export it, and its slot
+    `cdiv(end, bs) − 2` is >= 0 and free to hold it: past the table, a null, or, for a request
+    allocated before, one of its last s (draft) positions."""
+    if not g.checkpoints:
+        return 0
+    prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1) if layout.retention == 0 else 0
+    position = state_checkpoint(end, layout.alignment, layout.replay_eagle)
+    index = cdiv(end, g.bs) - 2
+    if end < prefill_end or index < 0 or not checkpoint_exportable(
+            start, end, position, layout.hbs, g.bs, g.checkpoint_alignment):
+        return 0
+    table = state.tables[g.gid].get(req.request_id, [])
+    allocated = req.request_id in state.allocated[g.gid]
+    if (index >= len(table) or table[index] == NULL
+            or (allocated and index >= len(table) - g.spec_blocks)):
+        return position
+    return 0
+
+
+def record_checkpoints(
+    layout: Layout, state: State, req: Request, start: int, end: int
+) -> None:
+    """docs/spec.md §11.6: each checkpointing group records the chunk's checkpoint (position,
+    slot `cdiv(end, bs) − 2`) or forgets the request's last one. Done on the trial: a refused
+    allocation leaves the last successful allocation's record (vLLM records it in the count,
+    before the capacity check: docs/findings/019)."""
+    for g in layout.groups:
+        if not g.checkpoints:
+            continue
+        position = checkpoint_position(layout, state, g, req, start, end)
+        if position:
+            state.checkpoints[g.gid][req.request_id] = (position, cdiv(end, g.bs) - 2)
+        else:
+            state.checkpoints[g.gid].pop(req.request_id, None)
 
 
 def adopt_hits(layout: Layout, state: State, req: Request, hits: Lists, local: int,
@@ -231,24 +280,28 @@ def allocate_new_blocks(
 
 def allocate_align(state: State, g: Group, rid: str, main: int) -> tuple[list[int], int]:
     """docs/spec.md §11.3, a mamba "align" group for `main` main-model tokens: the table's new
-    entries (nulls and moved draft blocks included) and the number of blocks taken."""
+    entries (nulls and moved draft blocks included) and the number of blocks taken. With a
+    recorded checkpoint (§11.6) the slot below the new state position is not padded with a
+    null nor left by a draft block: it holds a block too."""
     table = state.tables[g.gid].setdefault(rid, [])
     s = g.spec_blocks
     required = cdiv(main, g.bs) + s
     partial = state.partial_hits[g.gid].get(rid)
     allocated = rid in state.allocated[g.gid]
     state.allocated[g.gid].add(rid)
+    checkpoint = 1 if rid in state.checkpoints[g.gid] else 0
     prev = len(table)
-    if required <= prev and partial is None:
+    if required <= prev and partial is None and not checkpoint:
         return [], 0
     if allocated:
         state.last_state[g.gid][rid] = prev - 1 - s
     elif prev:
         state.last_state[g.gid][rid] = prev - 1
     state_index = required - s - 1
-    table.extend([NULL] * (state_index - prev))
+    # A checkpoint's slot, just below the new state position, gets a block, not a null.
+    table.extend([NULL] * (state_index - checkpoint - prev))
     if allocated:
-        for i in range(prev - s, min(prev, state_index)):
+        for i in range(prev - s, min(prev, state_index - checkpoint)):
             block = table[i]
             assert state.ref_count(block) == 1 and state.primary[block] is None, (
                 f"draft block {block} is shared or cached"
@@ -362,6 +415,7 @@ def _pop_table(state: State, gid: int, rid: str) -> list[int]:
     state.allocated[gid].discard(rid)
     state.last_state[gid].pop(rid, None)
     state.retired[gid].pop(rid, None)
+    state.checkpoints[gid].pop(rid, None)
     while table and table[0] == NULL:
         table.pop(0)
     return table
@@ -405,6 +459,7 @@ def allocate_slots(
 
     free_before = len(state.free)
     trial = state.trial_copy()
+    record_checkpoints(layout, trial, req, local + external, main)
     adopted = adopt_hits(layout, trial, req, lists, local, external) if adopt else (
         [0] * len(layout.groups))
     if external:

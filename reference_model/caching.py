@@ -51,7 +51,10 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
         _cache_prompt_tail(layout, state, g, req, num_tokens, table)
     if g.kind == "mamba":
         if g.align:
-            key = _cache_state_tail(layout, state, g, req, num_tokens, table)
+            if req.request_id in state.checkpoints[g.gid]:
+                key = _cache_checkpoint(layout, state, g, req, table)
+            else:
+                key = _cache_state_tail(layout, state, g, req, num_tokens, table)
             if key is not None:
                 state.cached_this_step[g.gid].add(key)
         for block in table[c:full]:
@@ -84,6 +87,51 @@ def _cache_state_tail(
     return req.key(g.gid, num_tokens)
 
 
+def _cache_checkpoint(
+    layout: Layout, state: State, g: Group, req: Request, table: list[int]
+) -> CacheKey | None:
+    """docs/spec.md §11.6: the step's reserved checkpoint block (position p, table index i)
+    holds the state after p tokens. It is keyed at p, its earlier keys dropped, when p is the
+    prompt's checkpoint (the checkpoint position of (P, alignment)) or a block end kept under
+    retention; otherwise the block's keys are dropped (its state is transient) and nothing is
+    keyed. Nothing happens when the block already has p's primary. Replaces the prompt-tail
+    rule while the request has a checkpoint. Returns the key registered."""
+    position, index = state.checkpoints[g.gid][req.request_id]
+    block = table[index]
+    prompt_checkpoint = state_checkpoint(req.num_prompt_tokens, layout.alignment,
+                                         layout.replay_eagle)
+    retained = position % g.bs == 0 and segment_end_kept(layout, g, position // g.bs - 1)
+    if position != prompt_checkpoint and not retained:
+        if block != NULL:
+            state.drop_keys(block)
+        return None
+    if block == NULL or state.primary_tokens[block] == position:
+        return None
+    state.drop_keys(block)
+    key = req.key(g.gid, position)
+    state.add_key(block, key, position)
+    return key
+
+
+def checkpoint_exportable(start: int, end: int, position: int, hbs: int, bs: int,
+                          alignment: int | None) -> bool:
+    """docs/spec.md §11.6 (vLLM's is_mamba_prefill_checkpoint_valid): a chunk [start, end)
+    can write the state at `position` mid-chunk when the kernel exports at all (`alignment`
+    set), the chunk starts on a hash boundary, the position is at least one hash block past
+    the start, strictly inside the chunk and a multiple of the alignment from the start, and
+    the checkpoint's slot `cdiv(end, bs) − 2` (the block before the chunk's last) lies past
+    the slot of the state the chunk starts from, `(start − 1) // bs`."""
+    if alignment is None:
+        return False
+    return (
+        start % hbs == 0
+        and cdiv(end, bs) - 2 > (start - 1) // bs
+        and start + hbs <= position
+        and start < position < end
+        and (position - start) % alignment == 0
+    )
+
+
 def sparse_mask_keeps(layout: Layout, g: Group, i: int, req: Request) -> bool:
     """Whether block i of `req`'s table in group g gets a key: the window mask below, the
     state checkpoints of a Mamba "align" group under retention, every block otherwise."""
@@ -98,17 +146,24 @@ def state_checkpoint_kept(layout: Layout, g: Group, i: int, req: Request) -> boo
     segment end (a multiple of (R // bs)·bs; any end when R // bs <= 1; none when R is 0), or
     when it is where a replay boundary of `req`, rounded down to the alignment, falls back to
     a block end. Every block without R."""
-    if layout.retention is None:
+    if segment_end_kept(layout, g, i):
         return True
     end = (i + 1) * g.bs
-    segment_blocks = layout.retention // g.bs
-    if layout.retention > 0 and (segment_blocks <= 1 or end % (segment_blocks * g.bs) == 0):
-        return True
     for position in replay_positions(req.num_prompt_tokens, layout.sbs, layout.replay_eagle):
         aligned = position - position % layout.alignment
         if end == aligned - aligned % g.bs:
             return True
     return False
+
+
+def segment_end_kept(layout: Layout, g: Group, i: int) -> bool:
+    """Block i of a state group ends a retention segment: always without a retention interval
+    R or when a segment is at most one block (R // bs <= 1), never when R is 0, else when
+    (i + 1) is a multiple of R // bs."""
+    if layout.retention is None:
+        return True
+    segment_blocks = layout.retention // g.bs
+    return layout.retention > 0 and (segment_blocks <= 1 or (i + 1) % segment_blocks == 0)
 
 
 def window_mask_keeps(layout: Layout, g: Group, i: int, req: Request) -> bool:

@@ -4,6 +4,7 @@ the hybrid spec groups and the pool-wide sizes (docs/spec.md §0.3, §2.5, §4.2
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvfuzz.core.config import FULL_ATTENTION_KINDS, Config, SchedulerConfig
 
@@ -45,12 +46,23 @@ class Group:
     """R-SWA decode window (rswa groups only, §12.2)."""
     align: bool = False
     """A mamba group in mamba_cache_mode "align" (§11.3)."""
+    checkpoint_blocks: int = 0
+    """num_prefill_checkpoint_blocks (mamba groups; read only in "align" mode, §11.6)."""
+    checkpoint_alignment: int | None = None
+    """prefill_checkpoint_alignment: the kernel exports a checkpoint this many tokens apart
+    from a chunk's start (None: it cannot)."""
 
     @property
-    def spec(self) -> tuple[str, int, int, int, int, str, int, int, int, bool]:
+    def spec(self) -> tuple[str, int, int, int, int, str, int, int, int, bool, int, int | None]:
         """The KVCacheSpec fields; equal specs merge into one hybrid spec group (§5.5 step 4)."""
         return (self.kind, self.bs, self.window, self.extra, self.chunk, self.variant, self.sink,
-                self.rswa, self.speculative, self.align)
+                self.rswa, self.speculative, self.align, self.checkpoint_blocks,
+                self.checkpoint_alignment)
+
+    @property
+    def checkpoints(self) -> bool:
+        """The group reserves a prefill checkpoint block where a chunk can export one (§11.6)."""
+        return self.align and self.checkpoint_blocks > 0
 
     @property
     def spec_blocks(self) -> int:
@@ -105,6 +117,9 @@ class Layout:
     keys."""
     replay_eagle: bool = False
     """Replay boundaries follow EAGLE's (use_eagle)."""
+    checkpoint_alignment: int | None = None
+    """The driver's prefill checkpoint alignment (Config.prefill_checkpoint_alignment): set
+    only when every state group is "align" with checkpoint blocks (§11.6)."""
 
     @classmethod
     def from_config(cls, config: Config) -> Layout:
@@ -128,12 +143,14 @@ class Layout:
             groups.append(
                 Group(gid, kind, g.block_size, window, extra, chunk, flagged[gid], drops, drops,
                       cap, speculative, variant, g.sink_len or 0, g.rswa_window or 0,
-                      g.kind == "mamba" and g.mamba_cache_mode == "align")
+                      g.kind == "mamba" and g.mamba_cache_mode == "align",
+                      g.num_prefill_checkpoint_blocks if g.kind == "mamba" else 0,
+                      g.prefill_checkpoint_alignment if g.kind == "mamba" else None)
             )
         hybrid = config.enable_caching and len(groups) > 1
         spec_groups: list[SpecGroup] = []
         if hybrid:
-            members: dict[tuple[str, int, int, int, int, str, int, int, int, bool], list[int]] = {}
+            members: dict[tuple[Any, ...], list[int]] = {}
             for g in groups:
                 if g.kind != "circular_buffer":  # scratch: no part in lookups (§12.3)
                     members.setdefault(g.spec, []).append(g.gid)
@@ -161,4 +178,5 @@ class Layout:
             zeroing=any(g.kind == "mamba" for g in groups),
             retention=config.prefix_cache_retention_interval,
             replay_eagle=config.use_eagle,
+            checkpoint_alignment=config.prefill_checkpoint_alignment,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvfuzz.reference_model.caching import state_checkpoint
+from kvfuzz.reference_model.caching import checkpoint_exportable, state_checkpoint
 from kvfuzz.reference_model.layout import cdiv
 from kvfuzz.reference_model.manager import Manager
 from kvfuzz.reference_model.requests import Request
@@ -44,13 +44,21 @@ class Driver:
 
     def state_aligned(self, r: Request, n: int, hit: int) -> int:
         """docs/spec.md §11.3's chunk rule: the tokens of a chunk of at most n from
-        `r.num_computed_tokens + hit` that ends where a state may be written."""
+        `r.num_computed_tokens + hit` that ends where a state may be written. A chunk that
+        reaches the prefill's end and can export the prefill's checkpoint mid-chunk (every
+        state group has checkpoint blocks, §11.6) is left whole."""
         layout = self.manager.layout
         start, P, T, bs = r.num_computed_tokens + hit, r.num_prompt_tokens, r.num_tokens, layout.sbs
         prefill_end = max(P, T - 1)
         if start >= prefill_end:
             return n
         end = start + n
+        if layout.checkpoint_alignment is not None and end >= prefill_end:
+            unit = layout.hbs if layout.partial_hits else bs
+            checkpoint = state_checkpoint(prefill_end, unit, layout.replay_eagle)
+            if checkpoint_exportable(start, end, checkpoint, layout.hbs, bs,
+                                     layout.checkpoint_alignment):
+                return n
         if end < prefill_end and (end // bs * bs > start or bs <= self.cfg.token_budget):
             end = end // bs * bs
         candidates = [state_checkpoint(T, bs, layout.replay_eagle)]

@@ -50,6 +50,10 @@ class State:
     """Per group (mamba align): request -> positions below this were already nulled."""
     cached_this_step: list[set[CacheKey]] = field(default_factory=list)
     """Per group (mamba): keys registered since the last new_step_starts."""
+    checkpoints: list[dict[str, tuple[int, int]]] = field(default_factory=list)
+    """Per group (mamba align with checkpoint blocks): request -> (checkpoint position, table
+    index of its reserved block), as the last successful allocation decided (docs/spec.md
+    §11.6)."""
     deferred: list[int] = field(default_factory=list)
     """Blocks popped by a deferred free and not yet released; each entry holds one reference."""
     phantoms_used: int = 0
@@ -78,6 +82,7 @@ class State:
             last_state=[{} for _ in range(num_groups)],
             retired=[{} for _ in range(num_groups)],
             cached_this_step=[set() for _ in range(num_groups)],
+            checkpoints=[{} for _ in range(num_groups)],
         )
 
     def trial_copy(self) -> State:
@@ -101,6 +106,7 @@ class State:
             last_state=[dict(g) for g in self.last_state],
             retired=[dict(g) for g in self.retired],
             cached_this_step=[set(g) for g in self.cached_this_step],
+            checkpoints=[dict(g) for g in self.checkpoints],
             deferred=list(self.deferred),
         )
 
