@@ -160,7 +160,7 @@ def record_checkpoints(
     layout: Layout, state: State, req: Request, start: int, end: int
 ) -> None:
     """docs/spec.md §11.6: each checkpointing group records the chunk's checkpoint (position,
-    slot `cdiv(end, bs) − 2`) or forgets the request's last one. Done on the trial: a refused
+    slot `cdiv(end, bs) − 2`, the chunk's start) or forgets the request's last one. Done on the trial: a refused
     allocation leaves the last successful allocation's record (vLLM records it in the count,
     before the capacity check: docs/findings/019)."""
     for g in layout.groups:
@@ -168,7 +168,7 @@ def record_checkpoints(
             continue
         position = checkpoint_position(layout, state, g, req, start, end)
         if position:
-            state.checkpoints[g.gid][req.request_id] = (position, cdiv(end, g.bs) - 2)
+            state.checkpoints[g.gid][req.request_id] = (position, cdiv(end, g.bs) - 2, start)
         else:
             state.checkpoints[g.gid].pop(req.request_id, None)
 

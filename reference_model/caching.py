@@ -40,9 +40,10 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
     c = state.num_cached[g.gid].get(rid, 0)
     full = min(num_tokens, req.hashed_tokens(layout.hbs)) // g.bs
     if c < full:
+        start_state = _start_state_column(state, g, rid)
         for i in range(c, full):
             block = table[i]
-            if block == NULL or not sparse_mask_keeps(layout, g, i, req):
+            if block == NULL or i == start_state or not sparse_mask_keeps(layout, g, i, req):
                 continue
             cache_full_block(state, req, g, i, block)
         state.num_cached[g.gid][rid] = full
@@ -61,6 +62,16 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
             key = state.primary[block]
             if block != NULL and key is not None:
                 state.cached_this_step[g.gid].add(key)
+
+
+def _start_state_column(state: State, g: Group, rid: str) -> int | None:
+    """docs/spec.md §11.6: the column a checkpointed step started inside. The step runs past
+    that block's end without stopping there, so the block holds the state at the step's start,
+    never its block end's: it gets no full-block key (vLLM keys it: docs/findings/020)."""
+    record = state.checkpoints[g.gid].get(rid) if g.kind == "mamba" else None
+    if record is None or not record[2] % g.bs:
+        return None
+    return (record[2] - 1) // g.bs
 
 
 def _cache_state_tail(
@@ -96,7 +107,7 @@ def _cache_checkpoint(
     retention; otherwise the block's keys are dropped (its state is transient) and nothing is
     keyed. Nothing happens when the block already has p's primary. Replaces the prompt-tail
     rule while the request has a checkpoint. Returns the key registered."""
-    position, index = state.checkpoints[g.gid][req.request_id]
+    position, index, _ = state.checkpoints[g.gid][req.request_id]
     block = table[index]
     prompt_checkpoint = state_checkpoint(req.num_prompt_tokens, layout.alignment,
                                          layout.replay_eagle)

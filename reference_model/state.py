@@ -50,10 +50,10 @@ class State:
     """Per group (mamba align): request -> positions below this were already nulled."""
     cached_this_step: list[set[CacheKey]] = field(default_factory=list)
     """Per group (mamba): keys registered since the last new_step_starts."""
-    checkpoints: list[dict[str, tuple[int, int]]] = field(default_factory=list)
+    checkpoints: list[dict[str, tuple[int, int, int]]] = field(default_factory=list)
     """Per group (mamba align with checkpoint blocks): request -> (checkpoint position, table
-    index of its reserved block), as the last successful allocation decided (docs/spec.md
-    §11.6)."""
+    index of its reserved block, the step's start), as the last successful allocation decided
+    (docs/spec.md §11.6)."""
     deferred: list[int] = field(default_factory=list)
     """Blocks popped by a deferred free and not yet released; each entry holds one reference."""
     phantoms_used: int = 0
