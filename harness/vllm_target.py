@@ -530,12 +530,16 @@ class VllmSide(ManagerSide):
 
     def _skip_rekeyed_state_tail(self, single: Any) -> None:
         """0.33's return in `_cache_partial_tail_block`: a state block already keyed at
-        `num_tokens` is not registered (nor marked cached this step) again."""
+        `num_tokens` is not registered (nor marked cached this step) again. Like 0.33's, it
+        comes after the prefill checkpoint's re-keying, which a step with a record takes."""
         original = single._cache_partial_tail_block
         tolerated = self.tolerated[STATE_TAIL_REKEYED]
+        checkpoints = getattr(single, "_checkpoints", {})
 
         def cache_partial_tail_block(request: Any, num_tokens: int, *args: Any,
                                      **kwargs: Any) -> Any:
+            if request.request_id in checkpoints:
+                return original(request, num_tokens, *args, **kwargs)
             blocks = single.req_to_blocks.get(request.request_id, ())
             index = -(-num_tokens // single.block_size) - 1
             if (num_tokens > 0 and 0 <= index < len(blocks) and not blocks[index].is_null
