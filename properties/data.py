@@ -17,7 +17,9 @@ Checks (registry `DATA_CHECKS`; `data_checks(device, dtype)` binds them to a dev
   through its table at the positions it has computed and that are still in the window
   (`skipped(n)..n-1`, n = num_computed_tokens; docs/spec.md §4.2; for a state group only n-1: a
   pass there writes only its last position, the state, after checking that the state it resumes
-  from, at its first position - 1, is its own prefix's) equal the recomputed ones exactly. A
+  from, at its first position - 1, is its own prefix's; with prefill checkpoint blocks it also
+  writes the state at its checkpoint into the block the worker exports it to, docs/spec.md
+  §11.6) equal the recomputed ones exactly. A
   write beyond a table or through the null block is reported here too. (An op that neither
   copies nor writes re-reads only the requests whose tables or computed count changed: nothing
   else can change what a request reads.)
@@ -76,6 +78,7 @@ from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.kvcache.paged_kv import PagedKVCache, dense_attention, tolerance
 from kvfuzz.properties.invariants import cdiv, skipped_tokens
 from kvfuzz.properties.registry import Check, CheckContext, Registry, transition
+from kvfuzz.properties.states import checkpoint_write
 
 DATA_CHECKS = Registry()
 
@@ -236,6 +239,17 @@ class KVMirror:
             self.writers[g].view(-1)[slots] = torch.arange(
                 base + start, base + fp.end, device=slots.device
             )
+            checkpoint = None if fp.load else checkpoint_write(
+                self.config, self.config.groups[g], fp.start, fp.end)
+            if checkpoint is not None and 0 <= checkpoint[1] < len(table) and table[checkpoint[1]]:
+                # The state after the checkpoint's tokens goes to block `checkpoint[1]`, where a
+                # request hitting there reads it as its position `checkpoint[0] - 1`.
+                position, column = checkpoint
+                moved = list(table)
+                moved[(position - 1) // cache.block_size] = table[column]
+                slots = cache.write(moved, position - 1, key[position - 1:position],
+                                    value[position - 1:position])
+                self.writers[g].view(-1)[slots] = base + position - 1
         return None
 
     def _resume_problem(self, rid: str, g: int, table: tuple[int, ...], position: int,

@@ -103,12 +103,12 @@ def _write_states(ctx: CheckContext, after: Snapshot, passes: list[Any],
             index = (p.end - 1) // group.block_size
             if 0 <= index < len(table) and table[index] != 0:
                 ghost[table[index]] = state
-            checkpoint = None if p.load else _checkpoint_write(ctx.config, group, p.start, p.end)
+            checkpoint = None if p.load else checkpoint_write(ctx.config, group, p.start, p.end)
             if checkpoint is not None and 0 <= checkpoint[1] < len(table) and table[checkpoint[1]]:
                 ghost[table[checkpoint[1]]] = _state_id(ctx, after, p.request_id, checkpoint[0])
 
 
-def _checkpoint_write(config: Config, group: GroupConfig, start: int,
+def checkpoint_write(config: Config, group: GroupConfig, start: int,
                       end: int) -> tuple[int, int] | None:
     """(checkpoint position, table position) of the state a pass over `[start, end)` exports
     mid-chunk (vLLM's `compute_mamba_prefill_checkpoints`), or None: the last hit-aligned
