@@ -15,7 +15,8 @@ Checks (registry `DATA_CHECKS`; `data_checks(device, dtype)` binds them to a dev
 
 - **D1** after every op, for every RUNNING request and every non-cross group, the K/V gathered
   through its table at the positions it has computed and that are still in the window
-  (`skipped(n)..n-1`, n = num_computed_tokens; docs/spec.md §4.2; for a state group only n-1: a
+  (`skipped(n)..n-1`, n = num_computed_tokens; docs/spec.md §4.2; an R-SWA group without the
+  whole blocks between its prompt and its window, §12.2; for a state group only n-1: a
   pass there writes only its last position, the state, after checking that the state it resumes
   from, at its first position - 1, is its own prefix's; with prefill checkpoint blocks it also
   writes the state at its checkpoint into the block the worker exports it to, docs/spec.md
@@ -54,7 +55,8 @@ Where the checks report real hazards rather than planted bugs (tests/data/test_d
   executes copies before the forward pass, so a partial hit on a tail block that its owner
   writes in the same step copies KV that is not there yet.
 
-Scope: cross-attention groups are skipped (no encoder K/V is modelled). A side that reports no
+Scope: cross-attention, encoder-only and circular-buffer groups are skipped (no encoder K/V is
+modelled; a ring's scratch block is reused modulo its size, never addressed by position). A side that reports no
 token contents (the reference model) is skipped request by request. The caller must cache only
 computed tokens: an API trace that `cache_blocks` past `num_computed_tokens` and lets another
 request hit those blocks fails D1, as it would corrupt a real engine. Dimensions are small
@@ -71,7 +73,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvfuzz.core.config import Config
+from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.errors import ConfigError
 from kvfuzz.core.sides import ForwardPass
 from kvfuzz.core.snapshot import Snapshot
@@ -162,7 +164,10 @@ class KVMirror:
         self.writers: list[torch.Tensor | None] = []
         """Per group and flat slot: request index * max_model_len + position, -1 if unwritten."""
         for group in config.groups:
-            if group.kind in ("cross", "encoder_only"):  # no paged KV written or read here
+            # No paged KV written or read here: cross and encoder-only layers keep none, and a
+            # circular buffer's one block is the worker's scratch, its slots reused modulo
+            # block_size and never read through a hit (docs/spec.md §12.3).
+            if group.kind in ("cross", "encoder_only", "circular_buffer"):
                 self.caches.append(None)
                 self.writers.append(None)
                 continue
@@ -303,9 +308,16 @@ class KVMirror:
                 continue
             expected = self.expected(rid, view.tokens, ctx)
             for g, cache in enumerate(self.caches):
-                lo = skipped_tokens(self.config.groups[g], n)
-                if cache is not None and lo < n:
-                    yield rid, g, view.tables[g] or (), lo, n, expected[g]
+                group = self.config.groups[g]
+                lo = skipped_tokens(group, n)
+                if cache is None or lo >= n:
+                    continue
+                table = view.tables[g] or ()
+                gap = _rswa_gap(group, len(ctx.requests[rid].prompt), n)
+                if gap is not None:  # the prompt, then the window
+                    yield rid, g, table, 0, gap[0], expected[g]
+                    lo = gap[1]
+                yield rid, g, table, lo, n, expected[g]
 
     def describe(self, rid: str, g: int, table: tuple[int, ...], position: int,
                  ctx: CheckContext) -> str:
@@ -322,6 +334,17 @@ class KVMirror:
                       f"{code % self.config.max_model_len}")
         return (f"{rid} (salt {ctx.requests[rid].cache_salt!r}) reads group {g} position "
                 f"{position} through block {block}, which {source}, not the KV of its own prefix")
+
+
+def _rswa_gap(group: GroupConfig, num_prompt_tokens: int, n: int) -> tuple[int, int] | None:
+    """An R-SWA group's positions between the prompt's last block and the window after n
+    computed tokens, as whole blocks (docs/spec.md §12.2), which its manager may have
+    released; None when there is none."""
+    if group.kind != "rswa":
+        return None
+    bs = group.block_size
+    first, last = cdiv(num_prompt_tokens, bs) * bs, (n - group.rswa_window) // bs * bs
+    return (first, last) if first < last else None
 
 
 def _new_copies(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[tuple[int, int]]:

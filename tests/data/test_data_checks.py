@@ -133,6 +133,33 @@ _STATE_HIT = [add("r0", A8 + [3, 3, 3]), *alloc("r0", 8), {"op": "free", "reques
               {"op": "new_step_starts"}, add("r1", A8 + [3, 3, 3]), *alloc("r1", 3, lookup=True)]
 
 
+_RING = {"name": "ring", "num_blocks": 5, "max_model_len": 64,
+         "groups": [{"kind": "full", "block_size": 4},
+                    {"kind": "circular_buffer", "block_size": 8}]}
+
+
+def test_d1_leaves_a_circular_buffer_out(device_dtype):
+    """A 9-token chunk runs through a ring of one 8-slot block: the worker's scratch, reused
+    modulo its size, which D1 does not read as a paged history (the full group it does)."""
+    checks = list(REGISTRY) + data_checks(*device_dtype)
+    ops = [add("r0", [0] * 12), *alloc("r0", 9, lookup=True)]
+    assert _first_check(run_trace(trace("api", _RING, ops), ["kvcache"], checks=checks)) is None
+
+
+def test_d1_reads_an_rswa_group_around_its_released_gap(device_dtype):
+    """R-SWA (bs 2, window 2) after a 4-token prompt and 5 decoded tokens: the block of
+    positions 4..5 lies between the prompt and the window and is released; D1 reads the prompt
+    and the window only."""
+    config = {"name": "rswa", "num_blocks": 24, "max_model_len": 32,
+              "groups": [{"kind": "rswa", "block_size": 2, "rswa_window": 2}]}
+    ops = [add("r0", [0, 0, 1, 1]), *alloc("r0", 4),
+           {"op": "append_tokens", "request_id": "r0", "tokens": [0, 1, 2]}, *alloc("r0", 3),
+           {"op": "append_tokens", "request_id": "r0", "tokens": [3, 1]}, *alloc("r0", 1),
+           *alloc("r0", 1)]
+    checks = list(REGISTRY) + data_checks(*device_dtype)
+    assert _first_check(run_trace(trace("api", config, ops), ["kvcache"], checks=checks)) is None
+
+
 def test_d1_passes_align_state_groups_on_kvcache(device_dtype):
     checks = list(REGISTRY) + data_checks(*device_dtype)
     assert _first_check(run_trace(trace("api", _ALIGN, _STATE_HIT), ["kvcache"],
