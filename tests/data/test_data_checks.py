@@ -160,6 +160,27 @@ def test_d1_reads_an_rswa_group_around_its_released_gap(device_dtype):
     assert _first_check(run_trace(trace("api", config, ops), ["kvcache"], checks=checks)) is None
 
 
+_CHECKPOINTED = {"name": "checkpointed", "num_blocks": 20, "max_model_len": 64,
+                 "hash_block_size": 2,
+                 "groups": [{"kind": "full", "block_size": 8},
+                            {"kind": "mamba", "block_size": 8, "mamba_cache_mode": "align",
+                             "num_prefill_checkpoint_blocks": 1,
+                             "prefill_checkpoint_alignment": 2}]}
+
+
+def test_d1_follows_the_state_written_at_a_prefill_checkpoint(device_dtype):
+    """docs/spec.md §11.6's example: A's 13-token prompt in one pass exports the state after 12
+    tokens into block 3 (its column 0), keyed at 12; B (A's prompt and 3 more) hits 12 and
+    resumes from block 3, which D1 must see holding A's state after 12."""
+    prompt = [5, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9]
+    ops = [add("a", prompt), *alloc("a", 13), {"op": "new_step_starts"},
+           add("b", prompt + [7, 9, 3]), *alloc("b", 4, lookup=True)]
+    checks = list(REGISTRY) + data_checks(*device_dtype)
+    result = run_trace(trace("api", _CHECKPOINTED, ops), ["kvcache"], checks=checks)
+    assert _first_check(result) is None
+    assert result.ops_run == len(ops)
+
+
 def test_d1_passes_align_state_groups_on_kvcache(device_dtype):
     checks = list(REGISTRY) + data_checks(*device_dtype)
     assert _first_check(run_trace(trace("api", _ALIGN, _STATE_HIT), ["kvcache"],
