@@ -1206,7 +1206,7 @@ class MambaManager(SingleTypeKVCacheManager):
             request.num_prompt_tokens, self.cache_hit_alignment_tokens,
             self.drop_eagle_checkpoint_block,
         ) and not self._is_retained_block_end(checkpoint_position):
-            self.block_pool._remove_cached_block_hashes(block)  # vLLM's _maybe_evict_cached_block
+            self.block_pool.evict_blocks((block.block_id,))  # vLLM's _maybe_evict_cached_block
             return None
         if block._block_hash_num_tokens == checkpoint_position:
             return None
