@@ -373,7 +373,7 @@ class BlockPool:
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
         """Re-point every key of `src_block` (primary first) to `dst_block`, which has none:
         its owner writes on in `src_block` while the cache keeps a private copy."""
-        assert dst_block.block_hash is None
+        assert dst_block._block_hash is None
         extras_by_block = self.cached_block_hashes_by_block
         assert dst_block.block_id not in extras_by_block
         num_tokens = src_block._block_hash_num_tokens
@@ -383,11 +383,14 @@ class BlockPool:
         cache = self.cached_block_hash_to_block._cache
         if cache.get(primary) is src_block and src_block.block_id not in extras_by_block:
             # The common case, one key that the source alone holds: what the removal and the
-            # insertion below do, without their checks.
+            # insertion below do, without their checks, the slots set directly.
             del cache[primary]
-            src_block.reset_hash()
-            dst_block.set_block_hash(primary, num_tokens)
             cache[primary] = dst_block
+            src_block._block_hash = src_block._block_hash_num_tokens = None
+            src_block._hashed = False
+            dst_block._block_hash = primary
+            dst_block._block_hash_num_tokens = num_tokens
+            dst_block._hashed = True
             return
         extras = sorted(extras_by_block.get(src_block.block_id, ()))
         # The entries stay live, only their block changes: no KV event (the base removal).
@@ -406,11 +409,16 @@ class BlockPool:
     ) -> None:
         primary = block._block_hash
         if primary is None:  # a block without a primary key has no other key either
-            block.set_block_hash(key, num_tokens)
-        elif primary == key or self.cached_block_hash_to_block.contain(key, block.block_id):
+            # `set_block_hash` after its check, and `insert` of a new key in one dict operation.
+            block._block_hash = key
+            block._block_hash_num_tokens = num_tokens
+            block._hashed = True
+            if self.cached_block_hash_to_block._cache.setdefault(key, block) is not block:
+                self.cached_block_hash_to_block.insert(key, block)
             return
-        else:
-            self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
+        if primary == key or self.cached_block_hash_to_block.contain(key, block.block_id):
+            return
+        self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
         self.cached_block_hash_to_block.insert(key, block)
 
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
@@ -575,8 +583,29 @@ class BlockPool:
         One pass: each released block is threaded onto its run as it is met, and the two runs
         are spliced into the queue at the end. Held blocks are never linked, so a run's links
         are all this call's. Each run starts after a scratch head, so linking a block needs no
-        test for the run's first one.
+        test for the run's first one. A lone block with one holder (a state group's passed
+        state, most often) is linked at its end of the queue directly.
         """
+        if len(blocks) == 1 and blocks[0].ref_cnt == 1:
+            block = blocks[0]
+            block.ref_cnt = 0
+            queue = self.free_block_queue
+            if block._hashed and self.enable_caching and not evict_first:
+                tail = queue.fake_free_list_tail
+                prev = tail.prev_free_block
+                prev.next_free_block = block  # type: ignore[union-attr]
+                block.prev_free_block = prev
+                block.next_free_block = tail
+                tail.prev_free_block = block
+            else:
+                head = queue.fake_free_list_head
+                nxt = head.next_free_block
+                head.next_free_block = block
+                block.prev_free_block = head
+                block.next_free_block = nxt
+                nxt.prev_free_block = block  # type: ignore[union-attr]
+            queue.num_free_blocks += 1
+            return
         first_head, last_head = self._run_heads
         first_tail, last_tail = first_head, last_head
         # The released count is what the held blocks (and nulls) leave.

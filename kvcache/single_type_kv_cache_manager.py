@@ -456,7 +456,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             return
         block = blocks[block_idx]
         key = request.block_hashes[boundary // hash_block_size - 1] + self._group_suffix
-        if block._block_hash == key or self.block_pool.carries_key(block, key):
+        if block._block_hash == key or self.block_pool.cached_block_hash_to_block.contain(
+            key, block.block_id
+        ):  # `carries_key`, inlined
             return  # every step after the first: already registered
         self.block_pool.cache_partial_block(
             request, block, boundary, self.kv_cache_group_id, self.block_size
