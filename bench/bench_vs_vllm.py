@@ -6,12 +6,13 @@ the manager calls. The two sides run interleaved, request by request and step by
 first alternates between repeats), after one discarded warm-up pass, so that a slow stretch of
 a shared machine falls on both alike. Printed per operation: microseconds per call (median
 over the repeats of each repeat's mean, the slowest 1% of calls left out on both sides alike:
-those the OS preempted), the ratio kvcache/vLLM, a "net" ratio with the cost of an empty timed
-call (the same wrapper around a method that returns at once, timed right after each lookup)
-taken off both sides, and the number of calls; then the workload's time per operation over all
-its calls (each operation's mean weighted by its calls); then
-whether both produced identical block tables (every request's tables when it is freed, and
-every step's schedule); if any workload's differ, the bench exits 1 after printing. The KV
+those the OS preempted), the ratio kvcache/vLLM, a "net" ratio with the cost of an empty
+timed call (the same wrapper around a method that returns at once, timed right after each
+lookup) taken off both sides, the number of calls, and the lowest and highest ratio of single
+repeats (how far a row moves between runs); then the workload's time per operation over all
+its calls (each operation's mean weighted by its calls); then whether both produced
+identical block tables (every request's tables when it is freed, and every step's schedule);
+if any workload's differ, the bench exits 1 after printing. The KV
 connector workload also times the loads' allocations and the caching of a landed load (the
 driver plays the connector, docs/spec.md §13.2).
 Request creation includes hashing the prompt (SHA-256 on both sides). Figures only: nothing is
@@ -333,26 +334,36 @@ def bench(workload: Workload, impls: list[Implementation]) -> bool:
     # The wrapper's own cost, the same code on both sides: one figure for both.
     wrapper = statistics.median(r.us_per_call(WRAPPER) for r in kv + vl)
     print(f"  {'operation':32} {'kvcache us':>11} {'vLLM us':>10} {'kv/vLLM':>8} {'net':>6} "
-          f"{'calls':>9}")
+          f"{'calls':>9} {'repeats':>10}")
     for op in (*OPERATIONS, WRAPPER):
         if not kv[0].calls[op]:
             continue
         a = statistics.median(r.us_per_call(op) for r in kv)
         b = statistics.median(r.us_per_call(op) for r in vl)
         net = f"{(a - wrapper) / (b - wrapper):6.2f}" if op != WRAPPER and b > wrapper else ""
-        print(f"  {op:32} {a:11.2f} {b:10.2f} {a / b:8.2f} {net:>6} {kv[0].calls[op]:9d}")
+        spread = _spread([x.us_per_call(op) / y.us_per_call(op) for x, y in zip(kv, vl)])
+        print(f"  {op:32} {a:11.2f} {b:10.2f} {a / b:8.2f} {net:>6} {kv[0].calls[op]:9d} "
+              f"{spread:>10}")
     # The workload as a whole: every timed call of both kinds (the wrapper row aside), each
     # operation's mean weighted by its calls, over all the calls.
     a, b = (statistics.median(_us_per_op(r) for r in runs) for runs in (kv, vl))
     calls = sum(kv[0].calls[op] for op in OPERATIONS)
+    spread = _spread([_us_per_op(x) / _us_per_op(y) for x, y in zip(kv, vl)])
     print(f"  {'all calls (time per op)':32} {a:11.2f} {b:10.2f} {a / b:8.2f} "
-          f"{(a - wrapper) / (b - wrapper):6.2f} {calls:9d}")
-    print(f"  net: kv/vLLM with the empty timed call's {wrapper:.2f} us taken off both sides")
+          f"{(a - wrapper) / (b - wrapper):6.2f} {calls:9d} {spread:>10}")
+    print(f"  net: kv/vLLM with the empty timed call's {wrapper:.2f} us taken off both sides; "
+          "repeats: the lowest and highest kv/vLLM of single repeats (each repeat's two passes "
+          "ran interleaved)")
     same = all(r.tables == vl[0].tables and r.schedule == vl[0].schedule for r in kv + vl)
     print(f"  preemptions: {kv[0].preemptions} (kvcache), {vl[0].preemptions} (vLLM); "
           f"steps: {len(kv[0].schedule)}")
     print(f"  identical block tables: {'yes' if same else 'no'}")
     return same
+
+
+def _spread(ratios: list[float]) -> str:
+    """The range of per-repeat ratios: how far one repeat's figure moves on this machine."""
+    return f"{min(ratios):.2f}-{max(ratios):.2f}"
 
 
 def _us_per_op(run: Run) -> float:
