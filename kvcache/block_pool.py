@@ -584,27 +584,15 @@ class BlockPool:
         are spliced into the queue at the end. Held blocks are never linked, so a run's links
         are all this call's. Each run starts after a scratch head, so linking a block needs no
         test for the run's first one. A lone block with one holder (a state group's passed
-        state, most often) is linked at its end of the queue directly.
+        state, most often) is spliced in at its end of the queue directly.
         """
         if len(blocks) == 1 and blocks[0].ref_cnt == 1:
             block = blocks[0]
             block.ref_cnt = 0
-            queue = self.free_block_queue
             if block._hashed and self.enable_caching and not evict_first:
-                tail = queue.fake_free_list_tail
-                prev = tail.prev_free_block
-                prev.next_free_block = block  # type: ignore[union-attr]
-                block.prev_free_block = prev
-                block.next_free_block = tail
-                tail.prev_free_block = block
+                self.free_block_queue.append_chain(block, block, 1)
             else:
-                head = queue.fake_free_list_head
-                nxt = head.next_free_block
-                head.next_free_block = block
-                block.prev_free_block = head
-                block.next_free_block = nxt
-                nxt.prev_free_block = block  # type: ignore[union-attr]
-            queue.num_free_blocks += 1
+                self.free_block_queue.prepend_chain(block, block, 1)
             return
         first_head, last_head = self._run_heads
         first_tail, last_tail = first_head, last_head
