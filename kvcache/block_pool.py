@@ -358,6 +358,19 @@ class BlockPool:
         key: BlockHashWithGroupId = (  # type: ignore[assignment]
             request.block_hashes[num_tokens // hbs - 1] + group_id_suffix(kv_cache_group_id)
         )
+        return self.register_partial_block(request, block, num_tokens, key,
+                                           replace_existing_hashes)
+
+    def register_partial_block(
+        self,
+        request: Request,
+        block: KVCacheBlock,
+        num_tokens: int,
+        key: BlockHashWithGroupId,
+        replace_existing_hashes: bool = False,
+    ) -> BlockHashWithGroupId:
+        """`cache_partial_block` of a manager's own real block at a hash boundary within the
+        request's hashes, under the key the manager built for it (its checks already done)."""
         if replace_existing_hashes:
             self._remove_cached_block_hashes(block)
         elif (

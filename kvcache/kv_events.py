@@ -1,7 +1,7 @@
 """KV cache events: what an external router learns about the prefix cache (docs/spec.md §3.10).
 
 `BlockStored` announces keys a `cache_full_blocks` (`register_full_blocks`) or
-`cache_partial_block` call registered,
+`cache_partial_block` (`register_partial_block`) call registered,
 `BlockRemoved` a key no block holds any more, `AllBlocksCleared` a successful reset. A pool
 with events on is an `EventfulBlockPool`: the plain `BlockPool` with each mutating method
 wrapped, so pools without events pay nothing.
@@ -20,7 +20,6 @@ from kvfuzz.kvcache.kv_cache_utils import (
     KVCacheBlock,
     get_block_hash,
     get_group_id,
-    group_id_suffix,
     resolve_block_hashes,
 )
 
@@ -115,32 +114,25 @@ class EventfulBlockPool(BlockPool):
             self._lora_name(request),
         ))
 
-    def cache_partial_block(
+    def register_partial_block(
         self,
         request: Request,
         block: KVCacheBlock,
         num_tokens: int,
-        kv_cache_group_id: int,
-        block_size: int,
+        key: BlockHashWithGroupId,
         replace_existing_hashes: bool = False,
-    ) -> BlockHashWithGroupId | None:
-        hbs = self.hash_block_size
-        known = (
-            not block.is_null and not replace_existing_hashes and 0 < num_tokens // hbs
-            <= len(request.block_hashes) and self.carries_key(
-                block, request.block_hashes[num_tokens // hbs - 1]
-                + group_id_suffix(kv_cache_group_id))  # type: ignore[arg-type]
-        )
-        key = super().cache_partial_block(request, block, num_tokens, kv_cache_group_id,
-                                          block_size, replace_existing_hashes)
-        if key is not None and not known:
+    ) -> BlockHashWithGroupId:
+        known = not replace_existing_hashes and self.carries_key(block, key)
+        super().register_partial_block(request, block, num_tokens, key, replace_existing_hashes)
+        if not known:
+            hbs = self.hash_block_size
             n = num_tokens // hbs
             self.kv_event_queue.append(BlockStored(
                 [request.block_hashes[n - 1]],
                 request.block_hashes[n - 2] if n > 1 else None,
                 list(request.all_token_ids[(n - 1) * hbs: n * hbs]),
                 hbs,
-                kv_cache_group_id,
+                get_group_id(key),
                 self._lora_name(request),
             ))
         return key

@@ -75,6 +75,8 @@ class SingleTypeKVCacheManager:
         self._hash_block_size = block_pool.hash_block_size
         self.enable_caching = enable_caching
         self.kv_cache_group_id = kv_cache_group_id
+        # What this group's keys append to a block hash (a partial block's key is built here).
+        self._group_suffix = group_id_suffix(kv_cache_group_id)
         self.scheduler_block_size = scheduler_block_size
         # The hybrid coordinator may lower this (fine-grained hits) after validating groups.
         self.cache_hit_alignment_tokens = scheduler_block_size
@@ -436,7 +438,6 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     def __init__(self, kv_cache_spec: KVCacheSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
         self.caches_partial_tail_block = self.block_size != self._hash_block_size
-        self._group_suffix = group_id_suffix(self.kv_cache_group_id)
 
     def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
         """Register the prompt's last hash boundary when it ends inside a block (Tier B).
@@ -455,14 +456,14 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         if block_idx >= len(blocks):
             return
         block = blocks[block_idx]
+        if block.is_null:
+            return
         key = request.block_hashes[boundary // hash_block_size - 1] + self._group_suffix
         if block._block_hash == key or self.block_pool.cached_block_hash_to_block.contain(
             key, block.block_id
         ):  # `carries_key`, inlined
             return  # every step after the first: already registered
-        self.block_pool.cache_partial_block(
-            request, block, boundary, self.kv_cache_group_id, self.block_size
-        )
+        self.block_pool.register_partial_block(request, block, boundary, key)
 
 
 class RSWAManager(FullAttentionManager):
@@ -1251,10 +1252,11 @@ class MambaManager(SingleTypeKVCacheManager):
         source_block = blocks[block_idx]
         if source_block is self._null_block or source_block._block_hash_num_tokens == num_tokens:
             return None
-        key = self.block_pool.cache_partial_block(
-            request, source_block, num_tokens, self.kv_cache_group_id, self.block_size
+        key = self.block_pool.register_partial_block(
+            request, source_block, num_tokens,
+            request.block_hashes[num_tokens // hash_block_size - 1] + self._group_suffix,
         )
-        if key is not None and num_tokens % self.block_size:
+        if num_tokens % self.block_size:
             self._partial_hit_reqs[request.request_id] = (block_idx, source_block)
             self.num_cached_block[request.request_id] = block_idx
         return key
