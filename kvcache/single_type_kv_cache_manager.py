@@ -283,6 +283,17 @@ class SingleTypeKVCacheManager:
         under a retention interval); None caches them all."""
         return None
 
+    def _reachable_boundaries(self, request: Request) -> tuple[int, ...]:
+        """Positions whose blocks a retention mask keeps for `request`: its replay boundaries
+        and its shared-prefix junction (§6.3; with EAGLE also one block below it)."""
+        boundaries = replay_boundaries(
+            request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
+        )
+        junction = request.shared_prefix_boundary
+        if not junction:
+            return boundaries
+        return (*boundaries, junction, *((junction - self.block_size,) if self.use_eagle else ()))
+
     def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
         """Drop every per-request entry; the request's table as it was (None without one)."""
         self.num_cached_block.pop(request_id, None)
@@ -678,8 +689,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         With `per` blocks per segment (the hit alignment; the retention interval when one is
         set; none when it is 0), block i is among the last `need` blocks before a segment end
         iff `(i - shift) % per >= per - need`; EAGLE's extra block shifts the run right by one.
-        Under retention the `need` blocks before each replay boundary (aligned down) are kept
-        too. Dense when every block qualifies or the alignment is not a whole number of blocks.
+        Under retention the `need` blocks before each replay boundary and the junction (aligned
+        down) are kept too. Dense when every block qualifies or the alignment is not a whole
+        number of blocks.
         """
         alignment = self.cache_hit_alignment_tokens
         if alignment % self.block_size:
@@ -699,9 +711,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             ]
         if retention is not None:
             assert request is not None, "a retention interval needs the caching request"
-            for boundary in replay_boundaries(
-                request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
-            ):
+            for boundary in self._reachable_boundaries(request):
                 end = boundary // alignment * alignment // self.block_size + shift
                 for j in range(max(start_block, end - need), min(end_block, end)):
                     mask[j - start_block] = True
@@ -1157,8 +1167,9 @@ class MambaManager(SingleTypeKVCacheManager):
         """Sparse state checkpoints under a retention interval R (docs/spec.md §11.3): a hit
         reads only the one state block ending at its boundary, so block i is kept when it ends
         a segment (`(i + 1) % (R // bs) == 0`; every block when a segment is at most one
-        block; none when R is 0) or ends at a replay boundary of the caching request, rounded
-        down to the hit alignment and then to a block end. Dense (None) without R."""
+        block; none when R is 0) or ends at a replay boundary or the junction of the caching
+        request, rounded down to the hit alignment and then to a block end. Dense (None)
+        without R."""
         retention = self.retention_interval
         if retention is None:
             return None
@@ -1172,9 +1183,7 @@ class MambaManager(SingleTypeKVCacheManager):
                            per_segment):
                 mask[i - start_block] = True
         alignment = self.cache_hit_alignment_tokens
-        for boundary in replay_boundaries(
-            request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
-        ):
+        for boundary in self._reachable_boundaries(request):
             block_idx = boundary // alignment * alignment // self.block_size - 1
             if start_block <= block_idx < end_block:
                 mask[block_idx - start_block] = True
@@ -1199,13 +1208,15 @@ class MambaManager(SingleTypeKVCacheManager):
         """Re-key the checkpoint's block to the state it holds, the one at
         `checkpoint_position` (its keys so far, such as the full-block key just registered,
         name another state). A position no later request can resume at (not the prompt's
-        checkpoint, not a retained block end) is not registered, and the block loses its
-        keys. (vLLM also keeps a shared-prefix boundary, always 0 here.)"""
+        checkpoint, not a retained block end, not the request's junction) is not registered,
+        and the block loses its keys."""
         block = self.req_to_blocks[request.request_id][checkpoint_idx]
         if checkpoint_position != get_mamba_prefill_checkpoint_position(
             request.num_prompt_tokens, self.cache_hit_alignment_tokens,
             self.drop_eagle_checkpoint_block,
-        ) and not self._is_retained_block_end(checkpoint_position):
+        ) and not self._is_retained_block_end(checkpoint_position) and (
+            checkpoint_position != request.shared_prefix_boundary
+        ):
             self.block_pool.evict_blocks((block.block_id,))  # vLLM's _maybe_evict_cached_block
             return None
         if block._block_hash_num_tokens == checkpoint_position:
