@@ -843,9 +843,11 @@ class MambaManager(SingleTypeKVCacheManager):
         # Prefill checkpoints (§11.6): request -> (checkpoint position, reserved table index,
         # the step's start) of its last allocation, for `cache_blocks` ...
         self._checkpoints: dict[str, tuple[int, int, int]] = {}
-        # ... and the per-step count's (request, record or None), which the allocation that
-        # follows commits: a refused allocate_slots leaves `_checkpoints` as it was.
-        self._counted_checkpoint: tuple[str, tuple[int, int, int] | None] | None = None
+        # ... the start of its last allocated step, checkpoint or not ...
+        self._step_starts: dict[str, int] = {}
+        # ... and the per-step count's (request, record or None, start), which the allocation
+        # that follows commits: a refused allocate_slots leaves both as they were.
+        self._counted_checkpoint: tuple[str, tuple[int, int, int] | None, int] | None = None
 
     def get_num_blocks_to_allocate(
         self,
@@ -913,7 +915,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if not apply_admission_cap:
             self._counted_checkpoint = (request_id, (
                 checkpoint_position, -(-num_tokens // self.block_size) - 2, num_computed_tokens
-            ) if needed else None)
+            ) if needed else None, num_computed_tokens)
         return int(needed)
 
     def _commit_checkpoint(self, request_id: str) -> int:
@@ -921,7 +923,12 @@ class MambaManager(SingleTypeKVCacheManager):
         writes it in the count itself, so that a refused allocation changes it too: kvcache
         keeps the record of the last allocation); 1 when the step reserves a block."""
         counted, self._counted_checkpoint = self._counted_checkpoint, None
-        if counted is None or counted[0] != request_id or counted[1] is None:
+        if counted is None or counted[0] != request_id:
+            self._checkpoints.pop(request_id, None)
+            self._step_starts.pop(request_id, None)
+            return 0
+        self._step_starts[request_id] = counted[2]
+        if counted[1] is None:
             self._checkpoints.pop(request_id, None)
             return 0
         self._checkpoints[request_id] = counted[1]
@@ -1137,8 +1144,10 @@ class MambaManager(SingleTypeKVCacheManager):
                 first += 1
             if first < num_full_blocks:
                 mask = self.reachable_block_mask(first, num_full_blocks, request)
-                if checkpoint is not None:
-                    mask = self._without_start_state(mask, checkpoint[2], first, num_full_blocks)
+                start = self._step_starts.get(request_id) if self._step_starts else None
+                if start is not None:
+                    mask = self._without_start_state(mask, start, first, num_full_blocks,
+                                                     num_tokens)
                 self.block_pool.register_full_blocks(
                     request, blocks, first, num_full_blocks, self.block_size,
                     self.kv_cache_group_id, mask,
@@ -1190,13 +1199,15 @@ class MambaManager(SingleTypeKVCacheManager):
         return mask
 
     def _without_start_state(
-        self, mask: list[bool] | None, start: int, first: int, end: int
+        self, mask: list[bool] | None, start: int, first: int, end: int, num_tokens: int
     ) -> list[bool] | None:
-        """`mask` over blocks `[first, end)`, without the block a checkpointed step starting
-        inside it resumed from: the step does not stop at that block's end, so the block holds
-        the state at `start`, not its block end's (vLLM keys it there, §11.6)."""
+        """`mask` over blocks `[first, end)`, without the block a step starting inside it
+        resumed from when the step ran past that block's end (to `num_tokens`) without
+        stopping there: the block holds the state at `start`, not its block end's (vLLM keys
+        it there: a checkpointed step, §11.6; a chunk cut at a junction, §11.3)."""
         column = (start - 1) // self.block_size
-        if not start % self.block_size or not first <= column < end:
+        if (not start % self.block_size or not first <= column < end
+                or num_tokens <= (column + 1) * self.block_size):
             return mask
         mask = [True] * (end - first) if mask is None else list(mask)
         mask[column - first] = False
@@ -1275,6 +1286,7 @@ class MambaManager(SingleTypeKVCacheManager):
             self.last_state_block_idx.pop(request_id, None)
             self._num_retired_blocks.pop(request_id, None)
             self._checkpoints.pop(request_id, None)
+            self._step_starts.pop(request_id, None)
         return super()._forget(request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:

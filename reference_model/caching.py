@@ -40,7 +40,7 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
     c = state.num_cached[g.gid].get(rid, 0)
     full = min(num_tokens, req.hashed_tokens(layout.hbs)) // g.bs
     if c < full:
-        start_state = _start_state_column(state, g, rid)
+        start_state = _start_state_column(state, g, rid, num_tokens)
         for i in range(c, full):
             block = table[i]
             if block == NULL or i == start_state or not sparse_mask_keeps(layout, g, i, req):
@@ -64,14 +64,15 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
                 state.cached_this_step[g.gid].add(key)
 
 
-def _start_state_column(state: State, g: Group, rid: str) -> int | None:
-    """docs/spec.md §11.6: the column a checkpointed step started inside. The step runs past
-    that block's end without stopping there, so the block holds the state at the step's start,
-    never its block end's: it gets no full-block key (vLLM keys it: docs/findings/020)."""
-    record = state.checkpoints[g.gid].get(rid) if g.kind == "mamba" else None
-    if record is None or not record[2] % g.bs:
+def _start_state_column(state: State, g: Group, rid: str, num_tokens: int) -> int | None:
+    """docs/spec.md §11.3, §11.6: the column a step started inside, when it ran past that
+    block's end (to num_tokens) without stopping there (a checkpointed step, or a chunk cut
+    at a junction): the block holds the state at the step's start, never its block end's, so
+    it gets no full-block key (vLLM keys it: docs/findings/020, 021)."""
+    start = state.step_starts[g.gid].get(rid) if g.kind == "mamba" else None
+    if start is None or not start % g.bs or num_tokens <= cdiv(start, g.bs) * g.bs:
         return None
-    return (record[2] - 1) // g.bs
+    return (start - 1) // g.bs
 
 
 def _cache_state_tail(
