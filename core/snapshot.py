@@ -34,6 +34,9 @@ class RequestView:
     tables: tuple[tuple[int, ...] | None, ...]
     num_cached_blocks: tuple[int | None, ...]
     partial_hit: tuple[tuple[int, int] | None, ...]
+    shared_prefix_boundary: int = 0
+    """The junction the scheduler driver's last lookup for it wrote (docs/spec.md §7); 0 at
+    the api level."""
     tokens: tuple[int, ...] = field(default=(), compare=False)
     """The request's token ids, when the side reports them (targets do; checks read them)."""
 
@@ -127,6 +130,8 @@ class Snapshot:
                 f"{rid} {view.status} computed={view.num_computed_tokens}/{view.num_tokens} "
                 f"tables={[list(t) if t is not None else None for t in view.tables]} "
                 f"cached={list(view.num_cached_blocks)}"
+                + (f" junction={view.shared_prefix_boundary}" if view.shared_prefix_boundary
+                   else "")
             )
         for name in ("pending_copies", "retained_copies", "new_block_ids", "waiting", "running"):
             value = getattr(self, name)

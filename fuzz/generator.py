@@ -256,7 +256,8 @@ class ApiRules(Rules):
     def _chunk(self, rid: str, view: RequestView, hit: int, n: int) -> int:
         """n, or on a Mamba "align" config the chunk the scheduler would cut from it (a state
         is written only at a chunk's end, so its key must name that end); the whole rest when
-        that cut leaves nothing."""
+        that cut leaves nothing. No driver writes a junction at the api level: the cut has
+        none (the default 0)."""
         if not self._align or n == 0:
             return n
         # Imported here: the atheris engine instruments kvcache, which must not be imported

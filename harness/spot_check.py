@@ -47,7 +47,8 @@ def _untold_requests(manager: Any, known: set[str]) -> list[Any]:
     running = SimpleNamespace(name="RUNNING")
     return [
         SimpleNamespace(request_id=rid, status=running, num_computed_tokens=0, num_tokens=0,
-                        all_token_ids=(), block_hashes=[], cache_salt=None)
+                        all_token_ids=(), block_hashes=[], cache_salt=None,
+                        shared_prefix_boundary=0)
         for rid in sorted(ids - known)
     ]
 

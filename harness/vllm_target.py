@@ -239,6 +239,11 @@ CHECKPOINT_START_KEYED = "checkpoint-start-keyed"
 block's end, though it holds the state at the chunk's start (docs/findings/020): `vllm` leaves
 that block unkeyed, as kvcache does."""
 
+JUNCTION_START_KEYED = "junction-start-keyed"
+"""vLLM keys the block that a prefill chunk cut at its shared-prefix junction resumed from
+inside at that block's end, though it holds the state at the chunk's start
+(docs/findings/021): `vllm` leaves that block unkeyed, as kvcache does."""
+
 EXTERNAL_STATE_UNCOUNTED = "external-state-block-uncounted"
 """vLLM's align-mode predictor caps a first allocation at one state block even when external
 tokens take a block of their own, and counts hit states the external tokens pass
@@ -302,6 +307,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         CHECKPOINT_START_KEYED,
         "docs/findings/020-checkpoint-chunk-keys-start-state.md",
+        _no_snapshot_change,
+        releases="0.32–0.34",
+        applies=lambda api: api.has("prefill_checkpoints"),
+    ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        JUNCTION_START_KEYED,
+        "docs/findings/021-junction-chunk-keys-start-state.md",
         _no_snapshot_change,
         releases="0.32–0.34",
         applies=lambda api: api.has("prefill_checkpoints"),
@@ -458,7 +471,7 @@ class VllmSide(ManagerSide):
         for single in manager.coordinator.single_type_managers:
             if getattr(single, "mamba_cache_mode", None) != "align":
                 continue
-            if CHECKPOINT_START_KEYED in self.tolerated and getattr(
+            if {CHECKPOINT_START_KEYED, JUNCTION_START_KEYED} & set(self.tolerated) and getattr(
                     single, "has_prefill_checkpoint_blocks", False):
                 self._leave_checkpoint_start_unkeyed(single)
             if STATE_TAIL_REKEYED in self.tolerated:
@@ -552,29 +565,37 @@ class VllmSide(ManagerSide):
         single._cache_partial_tail_block = cache_partial_tail_block
 
     def _leave_checkpoint_start_unkeyed(self, single: Any) -> None:
-        """A step that reserved a prefill checkpoint and started inside a block caches its
-        full blocks without that block (kvcache's rule, docs/spec.md §11.6)."""
-        tolerated = self.tolerated[CHECKPOINT_START_KEYED]
-        count, cache, mask = (single.get_num_blocks_to_allocate, single.cache_blocks,
-                              single.reachable_block_mask)
-        starts: dict[tuple[str, Any], int] = {}  # (request, its record) -> the step's start
-        skipped: list[tuple[str, int]] = []  # (request, column) during one cache_blocks
+        """A step that started inside a block and ran past its end caches its full blocks
+        without that block (kvcache's rule, docs/spec.md §11.3, §11.6): one that reserved a
+        prefill checkpoint (finding 020), or a chunk cut at a junction (finding 021)."""
+        count, allocate, cache, mask = (single.get_num_blocks_to_allocate,
+                                        single.allocate_new_blocks, single.cache_blocks,
+                                        single.reachable_block_mask)
+        counted: dict[str, int] = {}  # request -> its counted step's start ...
+        starts: dict[str, int] = {}  # ... and that of its last allocated step
+        skipped: list[tuple[str, int, str]] = []  # (request, column, deviation), one call
 
         def get_num_blocks_to_allocate(request_id: str, num_tokens: int, new_computed_blocks: Any,
                                        total_computed_tokens: int, *args: Any,
                                        **kwargs: Any) -> int:
-            value = count(request_id, num_tokens, new_computed_blocks, total_computed_tokens,
-                          *args, **kwargs)
             if not kwargs.get("apply_admission_cap", False):
-                starts[request_id, single._checkpoints.get(request_id)] = total_computed_tokens
-            return value
+                counted[request_id] = total_computed_tokens
+            return count(request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                         *args, **kwargs)
+
+        def allocate_new_blocks(request_id: str, *args: Any, **kwargs: Any) -> Any:
+            if request_id in counted:
+                starts[request_id] = counted.pop(request_id)
+            return allocate(request_id, *args, **kwargs)
 
         def cache_blocks(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
-            rid = request.request_id
-            record = single._checkpoints.get(rid)
-            start = starts.get((rid, record), 0) if record is not None else 0
-            if start % single.block_size:
-                skipped.append((rid, (start - 1) // single.block_size))
+            rid, bs = request.request_id, single.block_size
+            start = starts.get(rid, 0)
+            if start % bs and num_tokens > -(-start // bs) * bs:
+                name = (CHECKPOINT_START_KEYED if single._checkpoints.get(rid) is not None
+                        else JUNCTION_START_KEYED)
+                if name in self.tolerated:
+                    skipped.append((rid, (start - 1) // bs, name))
             try:
                 return cache(request, num_tokens, *args, **kwargs)
             finally:
@@ -584,16 +605,17 @@ class VllmSide(ManagerSide):
             result = mask(*args, **kwargs)
             first = kwargs.get("start_block", args[0] if args else 0)
             end = kwargs.get("end_block", args[1] if len(args) > 1 else 0)
-            for rid, column in skipped:
+            for rid, column, name in skipped:
                 blocks = single.req_to_blocks.get(rid, ())
                 if first <= column < end and column < len(blocks) and not blocks[column].is_null:
                     result = [True] * (end - first) if result is None else list(result)
                     if result[column - first]:
-                        tolerated.add(rid)
+                        self.tolerated[name].add(rid)
                     result[column - first] = False
             return result
 
         single.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        single.allocate_new_blocks = allocate_new_blocks
         single.cache_blocks = cache_blocks
         single.reachable_block_mask = reachable_block_mask
 

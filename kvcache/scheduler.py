@@ -172,9 +172,9 @@ class Scheduler:
         self, request_id: str, num_external_tokens: int
     ) -> tuple[int, int, bool] | None:
         """A connector offers `num_external_tokens` tokens of a waiting request that holds
-        nothing and never kept a landed load: after its connector lookup, the request takes
-        blocks for the hit and at most its remaining tokens (but the last, with state groups),
-        uncached, and waits for remote KV. (hit, external tokens, whether the lookup's hits
+        nothing and never kept a landed load: after its connector lookup (whose junction it
+        keeps, as at admission), the request takes blocks for the hit and at most its
+        remaining tokens (but the last, with state groups), uncached, and waits for remote KV. (hit, external tokens, whether the lookup's hits
         diverged), or None when nothing is loaded (not such a request, nothing left to offer,
         or no room)."""
         request = self._known(request_id, "start_load")
@@ -187,8 +187,8 @@ class Scheduler:
                 or request_id in self._landed):
             return None
         manager = self.manager
-        hit_blocks, num_hit_tokens, _, diverged = manager.get_computed_blocks_for_connector(
-            request
+        hit_blocks, num_hit_tokens, request.shared_prefix_boundary, diverged = (
+            manager.get_computed_blocks_for_connector(request)
         )
         # The connector counts from the last block boundary of the hit: a longer load
         # supersedes a sub-block tail (no copy-on-write races it), a shorter one loads nothing.
@@ -450,7 +450,11 @@ class Scheduler:
         while budget > 0 and self._waiting and len(self._running) < self.max_running:
             request = self._waiting[0]
             if request.num_computed_tokens == 0:
-                hit_blocks, num_hit_tokens, _ = manager.get_computed_blocks(request)
+                # As vLLM's scheduler, the request keeps the lookup's junction (§6.3): its
+                # chunks stop there, and the retention masks keep the blocks ending there.
+                hit_blocks, num_hit_tokens, request.shared_prefix_boundary = (
+                    manager.get_computed_blocks(request)
+                )
             else:
                 hit_blocks, num_hit_tokens = None, 0
             num_new_tokens = request.num_tokens - request.num_computed_tokens - num_hit_tokens
@@ -497,6 +501,7 @@ class Scheduler:
             self.token_budget,
             self.use_eagle,
             self.prefill_checkpoint_alignment,
+            request.shared_prefix_boundary,
         )
 
     def _preempt(self, request: Any) -> None:
@@ -526,28 +531,30 @@ def mamba_block_aligned_split(
     max_prefill_tokens: int,
     drop_eagle_block: bool = False,
     checkpoint_alignment: int | None = None,
+    junction: int = 0,
 ) -> int:
-    """vLLM's chunk clip for Mamba "align" (docs/spec.md §11.3), without shared-prefix
-    junctions: a prefill chunk from `start` ends on a block boundary (a state is written only
-    at a chunk's end), stops at the next boundary when it starts inside a block, never passes
-    the last cacheable block end, and stops at the prompt's last hash boundary under sub-block
-    hits. With EAGLE both boundaries step down as the checkpoint does
-    (`get_mamba_prefill_checkpoint_position`). The prefill's last chunk is exempt; decode is
-    not clipped. A chunk reaching the prefill's end that can export the prefill checkpoint
-    mid-chunk (`checkpoint_alignment` set: every state group has checkpoint blocks, §11.6)
-    is not clipped either. May return 0 (nothing fits this step)."""
+    """vLLM's chunk clip for Mamba "align" (docs/spec.md §11.3): a prefill chunk from `start`
+    ends on a block boundary (a state is written only at a chunk's end), stops at the next
+    boundary when it starts inside a block, never passes the last cacheable block end, and
+    stops at the prompt's last hash boundary under sub-block hits. With EAGLE both boundaries
+    step down as the checkpoint does (`get_mamba_prefill_checkpoint_position`). The prefill's
+    last chunk is exempt; decode is not clipped. A chunk reaching the prefill's end that can
+    export the prefill checkpoint mid-chunk (`checkpoint_alignment` set: every state group has
+    checkpoint blocks, §11.6) is exempt from all of these. Every prefill chunk stops at the
+    request's shared-prefix `junction` (§6.3), floored to a whole number of blocks from
+    `start`, when it lies inside the chunk. May return 0 (nothing fits this step)."""
     prefill_end = max(num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
         return num_new_tokens
     end = start + num_new_tokens
+    exported = False
     if checkpoint_alignment is not None and end >= prefill_end:
         checkpoint_unit = hash_block_size if partial_hits else block_size
         checkpoint = get_mamba_prefill_checkpoint_position(
             prefill_end, checkpoint_unit, drop_eagle_block)
-        if is_mamba_prefill_checkpoint_valid(start, end, checkpoint, hash_block_size,
-                                             block_size, checkpoint_alignment):
-            return num_new_tokens
-    last_cache_position = get_mamba_prefill_checkpoint_position(
+        exported = is_mamba_prefill_checkpoint_valid(
+            start, end, checkpoint, hash_block_size, block_size, checkpoint_alignment)
+    last_cache_position = 0 if exported else get_mamba_prefill_checkpoint_position(
         num_tokens, block_size, drop_eagle_block)
     if end < prefill_end:
         aligned_end = end // block_size * block_size
@@ -556,12 +563,13 @@ def mamba_block_aligned_split(
     next_block_boundary = (start // block_size + 1) * block_size
     tail_boundary = (
         get_mamba_prefill_checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle_block)
-        if partial_hits else 0
+        if partial_hits and not exported else 0
     )
     stops = (
-        next_block_boundary if start % block_size else 0,
+        next_block_boundary if start % block_size and not exported else 0,
         last_cache_position,
         tail_boundary if last_cache_position < tail_boundary < num_prompt_tokens else 0,
+        start + (junction - start) // block_size * block_size if start < junction < end else 0,
     )
     end = min((s for s in stops if start < s < end), default=end)
     return max(end - start, 0)

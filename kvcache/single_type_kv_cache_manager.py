@@ -285,6 +285,17 @@ class SingleTypeKVCacheManager:
         under a retention interval); None caches them all."""
         return None
 
+    def _reachable_boundaries(self, request: Request) -> tuple[int, ...]:
+        """Positions whose blocks a retention mask keeps for `request`: its replay boundaries
+        and its shared-prefix junction (§6.3; with EAGLE also one block below it)."""
+        boundaries = replay_boundaries(
+            request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
+        )
+        junction = request.shared_prefix_boundary
+        if not junction:
+            return boundaries
+        return (*boundaries, junction, *((junction - self.block_size,) if self.use_eagle else ()))
+
     def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
         """Drop every per-request entry; the request's table as it was (None without one)."""
         self.num_cached_block.pop(request_id, None)
@@ -681,8 +692,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         With `per` blocks per segment (the hit alignment; the retention interval when one is
         set; none when it is 0), block i is among the last `need` blocks before a segment end
         iff `(i - shift) % per >= per - need`; EAGLE's extra block shifts the run right by one.
-        Under retention the `need` blocks before each replay boundary (aligned down) are kept
-        too. Dense when every block qualifies or the alignment is not a whole number of blocks.
+        Under retention the `need` blocks before each replay boundary and the junction (aligned
+        down) are kept too. Dense when every block qualifies or the alignment is not a whole
+        number of blocks.
         """
         alignment = self.cache_hit_alignment_tokens
         if alignment % self.block_size:
@@ -702,9 +714,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             ]
         if retention is not None:
             assert request is not None, "a retention interval needs the caching request"
-            for boundary in replay_boundaries(
-                request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
-            ):
+            for boundary in self._reachable_boundaries(request):
                 end = boundary // alignment * alignment // self.block_size + shift
                 for j in range(max(start_block, end - need), min(end_block, end)):
                     mask[j - start_block] = True
@@ -836,9 +846,11 @@ class MambaManager(SingleTypeKVCacheManager):
         # Prefill checkpoints (§11.6): request -> (checkpoint position, reserved table index,
         # the step's start) of its last allocation, for `cache_blocks` ...
         self._checkpoints: dict[str, tuple[int, int, int]] = {}
-        # ... and the per-step count's (request, record or None), which the allocation that
-        # follows commits: a refused allocate_slots leaves `_checkpoints` as it was.
-        self._counted_checkpoint: tuple[str, tuple[int, int, int] | None] | None = None
+        # ... the start of its last allocated step, checkpoint or not ...
+        self._step_starts: dict[str, int] = {}
+        # ... and the per-step count's (request, record or None, start), which the allocation
+        # that follows commits: a refused allocate_slots leaves both as they were.
+        self._counted_checkpoint: tuple[str, tuple[int, int, int] | None, int] | None = None
 
     def get_num_blocks_to_allocate(
         self,
@@ -906,7 +918,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if not apply_admission_cap:
             self._counted_checkpoint = (request_id, (
                 checkpoint_position, -(-num_tokens // self.block_size) - 2, num_computed_tokens
-            ) if needed else None)
+            ) if needed else None, num_computed_tokens)
         return int(needed)
 
     def _commit_checkpoint(self, request_id: str) -> int:
@@ -914,7 +926,12 @@ class MambaManager(SingleTypeKVCacheManager):
         writes it in the count itself, so that a refused allocation changes it too: kvcache
         keeps the record of the last allocation); 1 when the step reserves a block."""
         counted, self._counted_checkpoint = self._counted_checkpoint, None
-        if counted is None or counted[0] != request_id or counted[1] is None:
+        if counted is None or counted[0] != request_id:
+            self._checkpoints.pop(request_id, None)
+            self._step_starts.pop(request_id, None)
+            return 0
+        self._step_starts[request_id] = counted[2]
+        if counted[1] is None:
             self._checkpoints.pop(request_id, None)
             return 0
         self._checkpoints[request_id] = counted[1]
@@ -1130,8 +1147,10 @@ class MambaManager(SingleTypeKVCacheManager):
                 first += 1
             if first < num_full_blocks:
                 mask = self.reachable_block_mask(first, num_full_blocks, request)
-                if checkpoint is not None:
-                    mask = self._without_start_state(mask, checkpoint[2], first, num_full_blocks)
+                start = self._step_starts.get(request_id) if self._step_starts else None
+                if start is not None:
+                    mask = self._without_start_state(mask, start, first, num_full_blocks,
+                                                     num_tokens)
                 self.block_pool.register_full_blocks(
                     request, blocks, first, num_full_blocks, self.block_size,
                     self.kv_cache_group_id, mask,
@@ -1160,8 +1179,9 @@ class MambaManager(SingleTypeKVCacheManager):
         """Sparse state checkpoints under a retention interval R (docs/spec.md §11.3): a hit
         reads only the one state block ending at its boundary, so block i is kept when it ends
         a segment (`(i + 1) % (R // bs) == 0`; every block when a segment is at most one
-        block; none when R is 0) or ends at a replay boundary of the caching request, rounded
-        down to the hit alignment and then to a block end. Dense (None) without R."""
+        block; none when R is 0) or ends at a replay boundary or the junction of the caching
+        request, rounded down to the hit alignment and then to a block end. Dense (None)
+        without R."""
         retention = self.retention_interval
         if retention is None:
             return None
@@ -1175,22 +1195,22 @@ class MambaManager(SingleTypeKVCacheManager):
                            per_segment):
                 mask[i - start_block] = True
         alignment = self.cache_hit_alignment_tokens
-        for boundary in replay_boundaries(
-            request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
-        ):
+        for boundary in self._reachable_boundaries(request):
             block_idx = boundary // alignment * alignment // self.block_size - 1
             if start_block <= block_idx < end_block:
                 mask[block_idx - start_block] = True
         return mask
 
     def _without_start_state(
-        self, mask: list[bool] | None, start: int, first: int, end: int
+        self, mask: list[bool] | None, start: int, first: int, end: int, num_tokens: int
     ) -> list[bool] | None:
-        """`mask` over blocks `[first, end)`, without the block a checkpointed step starting
-        inside it resumed from: the step does not stop at that block's end, so the block holds
-        the state at `start`, not its block end's (vLLM keys it there, §11.6)."""
+        """`mask` over blocks `[first, end)`, without the block a step starting inside it
+        resumed from when the step ran past that block's end (to `num_tokens`) without
+        stopping there: the block holds the state at `start`, not its block end's (vLLM keys
+        it there: a checkpointed step, §11.6; a chunk cut at a junction, §11.3)."""
         column = (start - 1) // self.block_size
-        if not start % self.block_size or not first <= column < end:
+        if (not start % self.block_size or not first <= column < end
+                or num_tokens <= (column + 1) * self.block_size):
             return mask
         mask = [True] * (end - first) if mask is None else list(mask)
         mask[column - first] = False
@@ -1202,13 +1222,15 @@ class MambaManager(SingleTypeKVCacheManager):
         """Re-key the checkpoint's block to the state it holds, the one at
         `checkpoint_position` (its keys so far, such as the full-block key just registered,
         name another state). A position no later request can resume at (not the prompt's
-        checkpoint, not a retained block end) is not registered, and the block loses its
-        keys. (vLLM also keeps a shared-prefix boundary, always 0 here.)"""
+        checkpoint, not a retained block end, not the request's junction) is not registered,
+        and the block loses its keys."""
         block = self.req_to_blocks[request.request_id][checkpoint_idx]
         if checkpoint_position != get_mamba_prefill_checkpoint_position(
             request.num_prompt_tokens, self.cache_hit_alignment_tokens,
             self.drop_eagle_checkpoint_block,
-        ) and not self._is_retained_block_end(checkpoint_position):
+        ) and not self._is_retained_block_end(checkpoint_position) and (
+            checkpoint_position != request.shared_prefix_boundary
+        ):
             self.block_pool.evict_blocks((block.block_id,))  # vLLM's _maybe_evict_cached_block
             return None
         if block._block_hash_num_tokens == checkpoint_position:
@@ -1268,6 +1290,7 @@ class MambaManager(SingleTypeKVCacheManager):
             self.last_state_block_idx.pop(request_id, None)
             self._num_retired_blocks.pop(request_id, None)
             self._checkpoints.pop(request_id, None)
+            self._step_starts.pop(request_id, None)
         return super()._forget(request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:

@@ -4,12 +4,13 @@ resume from it.
 
 Restated here from the spec, independently of kvcache and the model: a window hit needs the
 `need` blocks before its end, so a block is worth a key only as one of the `need` blocks ending
-at a kept boundary: a segment end (every R tokens; none for R = 0) or the caching request's
-replay boundary `P − 1` rounded down to the hit alignment. A state hit reads the one block
-ending at its boundary, so a state key may cover only a segment end (a multiple of
-`(R // bs)·bs`, any block end when that is at most one block), the replay boundary rounded
-down to the alignment and then to a block end, or the prompt's last hash boundary
-`(P − 1) // hbs · hbs` (registered whatever R). Runs with EAGLE are not judged.
+at a kept boundary: a segment end (every R tokens; none for R = 0), or the caching request's
+replay boundary `P − 1` or shared-prefix junction J (the driver's lookup found one, §6.3),
+rounded down to the hit alignment. A state hit reads the one block ending at its boundary, so
+a state key may cover only a segment end (a multiple of `(R // bs)·bs`, any block end when
+that is at most one block), the replay boundary or J rounded down to the alignment and then to
+a block end, the prompt's last hash boundary `(P − 1) // hbs · hbs` (registered whatever R),
+or J itself (a prefill checkpoint there, §11.6). Runs with EAGLE are not judged.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.properties.registry import CheckContext, transition
 
 
-def _kept(config: Config, group: GroupConfig, index: int, num_prompt_tokens: int) -> bool:
+def _resumed_at(config: Config, num_prompt_tokens: int, junction: int) -> list[int]:
+    """The replay boundary and the junction (if any), rounded down to the hit alignment."""
+    alignment = config.alignment_tokens
+    return [b // alignment * alignment for b in (num_prompt_tokens - 1, junction) if b]
+
+
+def _kept(config: Config, group: GroupConfig, index: int, num_prompt_tokens: int,
+          junction: int) -> bool:
     """Whether block `index` of a window group ends within a kept boundary's run."""
     bs, alignment = group.block_size, config.alignment_tokens
     if alignment % bs:
@@ -32,16 +40,16 @@ def _kept(config: Config, group: GroupConfig, index: int, num_prompt_tokens: int
     if retention and any(end % retention == 0 for end in range(first_token + bs, end_token + 1,
                                                                 bs)):
         return True
-    replay = (num_prompt_tokens - 1) // alignment * alignment
-    return first_token < replay <= end_token and (replay - first_token) % bs == 0
+    return any(first_token < boundary <= end_token and (boundary - first_token) % bs == 0
+               for boundary in _resumed_at(config, num_prompt_tokens, junction))
 
 
 def _state_kept(config: Config, group: GroupConfig, num_tokens: int,
-                num_prompt_tokens: int) -> bool:
+                num_prompt_tokens: int, junction: int) -> bool:
     """Whether a state key covering `num_tokens` tokens is at a kept checkpoint."""
     bs, hbs = group.block_size, config.resolved_hash_block_size
-    if num_tokens == (num_prompt_tokens - 1) // hbs * hbs:
-        return True  # the prompt's last hash boundary
+    if num_tokens in ((num_prompt_tokens - 1) // hbs * hbs, junction):
+        return True  # the prompt's last hash boundary, or a checkpoint at the junction
     if num_tokens % bs:
         return False
     retention = config.prefix_cache_retention_interval
@@ -49,23 +57,24 @@ def _state_kept(config: Config, group: GroupConfig, num_tokens: int,
     segment = retention // bs * bs
     if retention and (segment <= bs or num_tokens % segment == 0):
         return True
-    replay = (num_prompt_tokens - 1) // config.alignment_tokens * config.alignment_tokens
-    return num_tokens == replay // bs * bs
+    return any(num_tokens == boundary // bs * bs
+               for boundary in _resumed_at(config, num_prompt_tokens, junction))
 
 
-def _kept_key(config: Config, group: GroupConfig, key_tokens: int, num_prompt_tokens: int
-              ) -> bool:
+def _kept_key(config: Config, group: GroupConfig, key_tokens: int, num_prompt_tokens: int,
+              junction: int) -> bool:
     if group.kind == "mamba":
-        return _state_kept(config, group, key_tokens, num_prompt_tokens)
-    return _kept(config, group, key_tokens // group.block_size - 1, num_prompt_tokens)
+        return _state_kept(config, group, key_tokens, num_prompt_tokens, junction)
+    return _kept(config, group, key_tokens // group.block_size - 1, num_prompt_tokens, junction)
 
 
 @transition(
     "RT1",
     "retention: under a prefix-cache retention interval a sliding-window block gains a key "
     "only if it is among the blocks a hit ending at a segment end or at the caching "
-    "request's replay boundary needs, spec §4.9.2; a Mamba 'align' state block only at a "
-    "kept checkpoint (segment end, replay boundary, the prompt's last hash boundary), §11.3",
+    "request's replay boundary or junction needs, spec §4.9.2; a Mamba 'align' state block "
+    "only at a kept checkpoint (segment end, replay boundary, junction, the prompt's last "
+    "hash boundary), §11.3",
     covers=("spec §4.9.2", "spec §11.3"),
 )
 def window_keys_at_kept_boundaries(before: Snapshot, after: Snapshot,
@@ -85,11 +94,12 @@ def window_keys_at_kept_boundaries(before: Snapshot, after: Snapshot,
             continue  # a partial (Tier B) key: not the full-block mask's
         # Any request holding its tokens may have cached it (the one that did may have
         # finished in this very op, or shared it by a hit since): the most lenient judges.
-        prompts = {len(ctx.requests[rid].prompt) for rid, view in after.requests.items()
+        holders = {(len(ctx.requests[rid].prompt), view.shared_prefix_boundary)
+                   for rid, view in after.requests.items()
                    if view.tokens[:len(key[2])] == key[2]}
-        if prompts and not any(_kept_key(config, group, len(key[2]), p) for p in prompts):
+        if holders and not any(_kept_key(config, group, len(key[2]), p, j) for p, j in holders):
             return (f"group {g}: block {block} got a key for {len(key[2])} tokens, but no hit "
                     f"at a kept boundary reads it (retention "
-                    f"{config.prefix_cache_retention_interval}, prompts of {sorted(prompts)} "
-                    "tokens)")
+                    f"{config.prefix_cache_retention_interval}, (prompt tokens, junction) of "
+                    f"{sorted(holders)})")
     return None

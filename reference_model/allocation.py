@@ -159,13 +159,15 @@ def checkpoint_position(
 def record_checkpoints(
     layout: Layout, state: State, req: Request, start: int, end: int
 ) -> None:
-    """docs/spec.md §11.6: each checkpointing group records the chunk's checkpoint (position,
-    slot `cdiv(end, bs) − 2`, the chunk's start) or forgets the request's last one. Done on the trial: a refused
-    allocation leaves the last successful allocation's record (vLLM records it in the count,
-    before the capacity check: docs/findings/019)."""
+    """docs/spec.md §11.6: each checkpointing group records the chunk's start, and its
+    checkpoint (position, slot `cdiv(end, bs) − 2`, the chunk's start) or forgets the request's
+    last one. Done on the trial: a refused allocation leaves the last successful allocation's
+    records (vLLM records the checkpoint in the count, before the capacity check:
+    docs/findings/019)."""
     for g in layout.groups:
         if not g.checkpoints:
             continue
+        state.step_starts[g.gid][req.request_id] = start
         position = checkpoint_position(layout, state, g, req, start, end)
         if position:
             state.checkpoints[g.gid][req.request_id] = (position, cdiv(end, g.bs) - 2, start)
@@ -416,6 +418,7 @@ def _pop_table(state: State, gid: int, rid: str) -> list[int]:
     state.last_state[gid].pop(rid, None)
     state.retired[gid].pop(rid, None)
     state.checkpoints[gid].pop(rid, None)
+    state.step_starts[gid].pop(rid, None)
     while table and table[0] == NULL:
         table.pop(0)
     return table

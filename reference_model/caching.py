@@ -40,7 +40,7 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
     c = state.num_cached[g.gid].get(rid, 0)
     full = min(num_tokens, req.hashed_tokens(layout.hbs)) // g.bs
     if c < full:
-        start_state = _start_state_column(state, g, rid)
+        start_state = _start_state_column(state, g, rid, num_tokens)
         for i in range(c, full):
             block = table[i]
             if block == NULL or i == start_state or not sparse_mask_keeps(layout, g, i, req):
@@ -64,14 +64,15 @@ def cache_group(layout: Layout, state: State, g: Group, req: Request, num_tokens
                 state.cached_this_step[g.gid].add(key)
 
 
-def _start_state_column(state: State, g: Group, rid: str) -> int | None:
-    """docs/spec.md §11.6: the column a checkpointed step started inside. The step runs past
-    that block's end without stopping there, so the block holds the state at the step's start,
-    never its block end's: it gets no full-block key (vLLM keys it: docs/findings/020)."""
-    record = state.checkpoints[g.gid].get(rid) if g.kind == "mamba" else None
-    if record is None or not record[2] % g.bs:
+def _start_state_column(state: State, g: Group, rid: str, num_tokens: int) -> int | None:
+    """docs/spec.md §11.3, §11.6: the column a step started inside, when it ran past that
+    block's end (to num_tokens) without stopping there (a checkpointed step, or a chunk cut
+    at a junction): the block holds the state at the step's start, never its block end's, so
+    it gets no full-block key (vLLM keys it: docs/findings/020, 021)."""
+    start = state.step_starts[g.gid].get(rid) if g.kind == "mamba" else None
+    if start is None or not start % g.bs or num_tokens <= cdiv(start, g.bs) * g.bs:
         return None
-    return (record[2] - 1) // g.bs
+    return (start - 1) // g.bs
 
 
 def _cache_state_tail(
@@ -104,15 +105,16 @@ def _cache_checkpoint(
     """docs/spec.md §11.6: the step's reserved checkpoint block (position p, table index i)
     holds the state after p tokens. It is keyed at p, its earlier keys dropped, when p is the
     prompt's checkpoint (the checkpoint position of (P, alignment)) or a block end kept under
-    retention; otherwise the block's keys are dropped (its state is transient) and nothing is
-    keyed. Nothing happens when the block already has p's primary. Replaces the prompt-tail
-    rule while the request has a checkpoint. Returns the key registered."""
+    retention, or the request's junction; otherwise the block's keys are dropped (its state
+    is transient) and nothing is keyed. Nothing happens when the block already has p's
+    primary. Replaces the prompt-tail rule while the request has a checkpoint. Returns the key
+    registered."""
     position, index, _ = state.checkpoints[g.gid][req.request_id]
     block = table[index]
     prompt_checkpoint = state_checkpoint(req.num_prompt_tokens, layout.alignment,
                                          layout.replay_eagle)
     retained = position % g.bs == 0 and segment_end_kept(layout, g, position // g.bs - 1)
-    if position != prompt_checkpoint and not retained:
+    if position not in (prompt_checkpoint, req.shared_prefix_boundary) and not retained:
         if block != NULL:
             state.drop_keys(block)
         return None
@@ -155,12 +157,12 @@ def state_checkpoint_kept(layout: Layout, g: Group, i: int, req: Request) -> boo
     """docs/spec.md §11.3 under a retention interval R: a state hit reads one block, the one
     ending at its boundary, so block i (ending at token (i+1)·bs) is kept when that end is a
     segment end (a multiple of (R // bs)·bs; any end when R // bs <= 1; none when R is 0), or
-    when it is where a replay boundary of `req`, rounded down to the alignment, falls back to
-    a block end. Every block without R."""
+    when it is where a position `req` is resumed at (`kept_positions`), rounded down to the
+    alignment, falls back to a block end. Every block without R."""
     if segment_end_kept(layout, g, i):
         return True
     end = (i + 1) * g.bs
-    for position in replay_positions(req.num_prompt_tokens, layout.sbs, layout.replay_eagle):
+    for position in kept_positions(layout, g, req):
         aligned = position - position % layout.alignment
         if end == aligned - aligned % g.bs:
             return True
@@ -182,8 +184,9 @@ def window_mask_keeps(layout: Layout, g: Group, i: int, req: Request) -> bool:
     a block gets a key only if it is one of the `need` blocks that end at a kept boundary
     (shifted one block right with EAGLE). Kept boundaries: every multiple of the segment (the
     alignment A; the retention interval R when set; none when R is 0) and, under retention,
-    each replay boundary of the caching request rounded down to A. Dense (always True) for
-    other kinds, when A is not a multiple of bs, or when need covers a whole segment."""
+    each position the caching request is resumed at (`kept_positions`) rounded down to A.
+    Dense (always True) for other kinds, when A is not a multiple of bs, or when need covers a
+    whole segment."""
     if g.kind != "sliding_window" or layout.alignment % g.bs != 0:
         return True
     need = cdiv(g.window - 1, g.bs) + (1 if g.use_eagle else 0)
@@ -195,9 +198,20 @@ def window_mask_keeps(layout: Layout, g: Group, i: int, req: Request) -> bool:
     if segment:
         ends += range(segment // g.bs, i + need + 1, segment // g.bs)
     if layout.retention is not None:
-        ends += [b // layout.alignment * layout.alignment // g.bs for b in replay_positions(
-            req.num_prompt_tokens, layout.sbs, layout.replay_eagle)]
+        ends += [b // layout.alignment * layout.alignment // g.bs
+                 for b in kept_positions(layout, g, req)]
     return any(end + shift - need <= i < end + shift for end in ends)
+
+
+def kept_positions(layout: Layout, g: Group, req: Request) -> list[int]:
+    """Where a later request may resume `req`'s prefix, kept under retention: its replay
+    positions and, when the driver's lookup found one, its junction J (§6.3), with
+    J − bs too in a group whose manager has use_eagle set."""
+    positions = replay_positions(req.num_prompt_tokens, layout.sbs, layout.replay_eagle)
+    junction = req.shared_prefix_boundary
+    if junction:
+        positions += [junction, junction - g.bs] if g.use_eagle else [junction]
+    return positions
 
 
 def replay_positions(num_prompt_tokens: int, sbs: int, eagle: bool) -> list[int]:

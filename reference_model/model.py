@@ -104,7 +104,8 @@ class ReferenceModel:
                 partial = tuple([hits.get(rid) for hits in state.partial_hits])
             else:
                 tables = cached = partial = untracked
-            fields = (req.status, req.num_computed_tokens, req.num_tokens, tables, cached, partial)
+            fields = (req.status, req.num_computed_tokens, req.num_tokens, tables, cached, partial,
+                      req.shared_prefix_boundary)
             known = self._views.get(rid)
             if known is None or known[0] != fields:
                 # Tokens are only ever appended, so an unchanged num_tokens means unchanged tokens.

@@ -44,23 +44,26 @@ class Driver:
 
     def state_aligned(self, r: Request, n: int, hit: int) -> int:
         """docs/spec.md §11.3's chunk rule: the tokens of a chunk of at most n from
-        `r.num_computed_tokens + hit` that ends where a state may be written. A chunk that
+        `r.num_computed_tokens + hit` that ends where a state may be written, and not past
+        the request's junction J (§6.3) floored to whole blocks from the start. A chunk that
         reaches the prefill's end and can export the prefill's checkpoint mid-chunk (every
-        state group has checkpoint blocks, §11.6) is left whole."""
+        state group has checkpoint blocks, §11.6) is cut only at J."""
         layout = self.manager.layout
         start, P, T, bs = r.num_computed_tokens + hit, r.num_prompt_tokens, r.num_tokens, layout.sbs
         prefill_end = max(P, T - 1)
         if start >= prefill_end:
             return n
         end = start + n
+        junction = r.shared_prefix_boundary
         if layout.checkpoint_alignment is not None and end >= prefill_end:
             unit = layout.hbs if layout.partial_hits else bs
             checkpoint = state_checkpoint(prefill_end, unit, layout.replay_eagle)
             if checkpoint_exportable(start, end, checkpoint, layout.hbs, bs,
                                      layout.checkpoint_alignment):
-                return n
+                return _stop_at_junction(start, end, junction, bs) - start
         if end < prefill_end and (end // bs * bs > start or bs <= self.cfg.token_budget):
             end = end // bs * bs
+        end = _stop_at_junction(start, end, junction, bs)
         candidates = [state_checkpoint(T, bs, layout.replay_eagle)]
         if start % bs:
             candidates.append(cdiv(start, bs) * bs)
@@ -130,7 +133,8 @@ class Driver:
         external tokens, caches nothing, waits for remote KV."""
         if req not in self.waiting or req.num_computed_tokens or req.request_id in self.landed:
             return None
-        hits, hit, _, diverged = self.manager.get_computed_blocks_for_connector(req)
+        hits, hit, req.shared_prefix_boundary, diverged = (
+            self.manager.get_computed_blocks_for_connector(req))
         layout = self.manager.layout
         tail = hit % layout.sbs  # counted from the hit's last block boundary
         external = min(offered, req.num_tokens - (1 if self.states else 0) - (hit - tail))
@@ -256,9 +260,10 @@ class Driver:
         if not preempted:
             while budget > 0 and self.waiting and len(self.running) < cfg.max_running:
                 r = self.waiting[0]
-                hits, hit = (
-                    mgr.get_computed_blocks(r)[:2] if r.num_computed_tokens == 0 else (None, 0)
-                )
+                if r.num_computed_tokens == 0:  # the request keeps the lookup's junction
+                    hits, hit, r.shared_prefix_boundary = mgr.get_computed_blocks(r)
+                else:
+                    hits, hit = None, 0
                 n = r.num_tokens - r.num_computed_tokens - hit
                 if n > budget:
                     if not cfg.chunked_prefill:
@@ -330,3 +335,11 @@ class Driver:
             "finished": finished,
             "copies": [[src, dst] for src, dst in copies],
         }
+
+
+def _stop_at_junction(start: int, end: int, junction: int, bs: int) -> int:
+    """The end of a chunk [start, end) cut at a `junction` strictly inside it: the last
+    position a whole number of blocks (at least one) from the start not past it."""
+    if start < junction < end and junction - start >= bs:
+        return start + (junction - start) // bs * bs
+    return end

@@ -54,6 +54,9 @@ class State:
     """Per group (mamba align with checkpoint blocks): request -> (checkpoint position, table
     index of its reserved block, the step's start), as the last successful allocation decided
     (docs/spec.md §11.6)."""
+    step_starts: list[dict[str, int]] = field(default_factory=list)
+    """Per group (mamba align with checkpoint blocks): request -> the start of the step its
+    last successful allocation was for, checkpoint or not."""
     deferred: list[int] = field(default_factory=list)
     """Blocks popped by a deferred free and not yet released; each entry holds one reference."""
     phantoms_used: int = 0
@@ -83,6 +86,7 @@ class State:
             retired=[{} for _ in range(num_groups)],
             cached_this_step=[set() for _ in range(num_groups)],
             checkpoints=[{} for _ in range(num_groups)],
+            step_starts=[{} for _ in range(num_groups)],
         )
 
     def trial_copy(self) -> State:
@@ -107,6 +111,7 @@ class State:
             retired=[dict(g) for g in self.retired],
             cached_this_step=[set(g) for g in self.cached_this_step],
             checkpoints=[dict(g) for g in self.checkpoints],
+            step_starts=[dict(g) for g in self.step_starts],
             deferred=list(self.deferred),
         )
 

@@ -178,6 +178,26 @@ def test_with_eagle_the_prefill_chunk_stops_at_the_eagle_checkpoint(use_eagle, f
     assert mamba_block_aligned_split(0, 13, 13, 13, 8, 2, True, 64, use_eagle) == first_chunk
 
 
+@pytest.mark.parametrize("junction, chunk", [
+    (0, 32),   # no junction: the chunk ends on its last block end (the budget's 32)
+    (28, 24),  # 28 floored to a whole block from the start
+    (5, 32),   # less than a block past the start: no stop
+    (32, 32),  # at the chunk's end, not inside it
+])
+def test_a_prefill_chunk_stops_at_the_junction_floored_to_a_block(junction, chunk):
+    """bs 8, hash blocks of 2, a 40-token prompt, a budget of 32 from token 0 (§11.3)."""
+    assert mamba_block_aligned_split(0, 32, 40, 40, 8, 2, True, 32, junction=junction) == chunk
+
+
+def test_a_chunk_exporting_its_checkpoint_still_stops_at_the_junction():
+    """bs 8, hash blocks of 4, checkpoint alignment 1 (nemotron_h_checkpoint): the whole
+    40-token prompt in one chunk exports the state at 36 mid-chunk and is left whole, unless a
+    junction at 28 lies inside it: then it stops at 24 (§11.6)."""
+    split = (0, 40, 40, 40, 8, 4, True, 64, False, 1)
+    assert mamba_block_aligned_split(*split) == 40
+    assert mamba_block_aligned_split(*split, junction=28) == 24
+
+
 @pytest.mark.parametrize("use_eagle, cached_at", [(False, 12), (True, 10)])
 def test_with_eagle_the_prompt_state_is_cached_at_eagles_replay_boundary(use_eagle, cached_at):
     """Full attention and a state group of bs 8, hash blocks of 2, a 13-token prompt: the

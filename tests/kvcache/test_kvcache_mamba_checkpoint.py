@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvfuzz.kvcache import FullAttentionSpec, MambaSpec
+from kvfuzz.kvcache.scheduler import Scheduler
 from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 
 from kvcache_testkit import make_manager, make_request, record_predictions, table_ids
@@ -167,3 +168,28 @@ def test_a_checkpointed_chunk_leaves_the_block_it_resumed_inside_unkeyed():
     manager.new_step_starts()
     c = make_request("c", b.all_token_ids[:9], 2)
     assert manager.get_computed_blocks(c)[1] == 2
+
+
+def test_a_chunk_cut_at_its_junction_leaves_the_block_it_resumed_inside_unkeyed():
+    """The same groups. A (20 tokens) keeps full-attention blocks up to 16 and states at 18
+    and 20; B's 3-token prompt keys the state after 2. C shares A's first 16 tokens: it hits 2
+    with junction 16. Its prefill [2, 24) could export the checkpoint 22, so the driver does not
+    cut it at 8, but cuts it at the junction floored from 2, at 10 (§11.3). The chunk reserves
+    no checkpoint, yet the copy of B's state block in column 0 still holds the state after 2
+    when the step caches 10 tokens: it gets no key (vLLM keys it at 8, docs/findings/021)."""
+    manager = make_manager(26, FullAttentionSpec(block_size=8), _checkpointed(8, 2),
+                           hash_block_size=2)
+    scheduler = Scheduler(manager, max_model_len=64, token_budget=32, max_running=4,
+                          mamba_block_aligned_split=True, prefill_checkpoint_alignment=2)
+    prompt_a = [2, 0, 1, 3, 1, 1, 0, 2, 3, 3, 0, 1, 2, 2, 1, 0, 3, 1, 0, 2]
+
+    def run(rid: str, prompt: list[int], steps: int) -> list[list[tuple[str, int, int]]]:
+        scheduler.add_request(make_request(rid, prompt, 2, max_tokens=1))
+        return [scheduler.step(lambda request: 0).scheduled for _ in range(steps)]
+
+    assert run("a", prompt_a, 1) == [[("a", 20, 0)]]
+    assert run("b", [2, 0, 1], 2) == [[("b", 2, 0)], [("b", 1, 0)]]
+    assert run("c", prompt_a[:16] + [0] * 8, 1) == [[("c", 8, 2)]]
+    assert scheduler.running[0].shared_prefix_boundary == 16
+    start_block = manager.coordinator.single_type_managers[1].req_to_blocks["c"][0]
+    assert start_block.block_hash is None  # the state after 2, not after 8

@@ -13,6 +13,7 @@ from kvfuzz.core.errors import ConfigError
 from kvfuzz.kvcache import FullAttentionSpec, KVCacheManager, MambaSpec, SlidingWindowSpec
 from kvfuzz.kvcache.block_math import replay_boundaries
 from kvfuzz.kvcache.kv_cache_utils import resolve_kv_cache_block_sizes
+from kvfuzz.kvcache.scheduler import Scheduler
 
 from kvcache_testkit import make_config, make_request
 
@@ -75,6 +76,34 @@ def test_state_blocks_keyed_at_kept_checkpoints(retention, keyed):
     segment end or at the caching request's replay boundary; the prompt's last hash boundary
     (a sub-block state) is registered whatever the interval."""
     assert _keyed_state_boundaries(retention) == keyed
+
+
+def test_a_sibling_stops_at_the_junction_and_its_state_there_is_kept():
+    """qwen3_5_retention's shape (full attention and a Mamba align group of bs 8, hash blocks
+    of 2, retention 16), budget 32. `a`'s 40 tokens leave states at 32 and 38 only. `b` shares
+    its first 28 tokens: full attention hits 24 (its last whole block), the state group
+    nothing, so its lookup hits 0 with junction 24 (§6.3), which the driver writes into `b`.
+    Its first chunk stops there instead of at 32, and the state block ending at 24 keeps its
+    key though 24 ends no segment: `c`, sharing the same 28 tokens, hits 24 (§11.3)."""
+    manager = make_manager(60, FullAttentionSpec(block_size=8),
+                           MambaSpec(block_size=8, mamba_cache_mode="align"),
+                           prefix_cache_retention_interval=16, hash_block_size=2)
+    scheduler = Scheduler(manager, max_model_len=64, token_budget=32, max_running=4,
+                          mamba_block_aligned_split=True)
+    sample = lambda request: 999  # noqa: E731
+
+    def scheduled(prompt_tail: list[int], rid: str) -> list[tuple[str, int, int]]:
+        scheduler.add_request(make_request(rid, list(range(28)) + prompt_tail, 2, max_tokens=1))
+        return scheduler.step(sample).scheduled
+
+    scheduler.add_request(make_request("a", list(range(40)), 2, max_tokens=1))
+    assert [scheduler.step(sample).scheduled for _ in range(3)] == [
+        [("a", 32, 0)], [("a", 6, 0)], [("a", 2, 0)]]
+    assert scheduled(list(range(200, 212)), "b") == [("b", 24, 0)]
+    assert scheduler.running[0].shared_prefix_boundary == 24
+    state = manager.coordinator.single_type_managers[1].req_to_blocks["b"]
+    assert state[2].block_hash_num_tokens == 24
+    assert scheduled(list(range(300, 312)), "c") == [("b", 8, 0), ("c", 8, 24)]
 
 
 def test_replay_boundaries_as_vllm_computes_them():

@@ -169,3 +169,21 @@ def test_a_draft_block_at_the_checkpoint_slot_stays_and_holds_the_checkpoint():
     snap = m.snap
     assert snap.requests["r"].tables == ((1, 4, 5), (2, 3, 6, 7))
     assert snap.block_key_tokens[3] == 20 and snap.block_key_tokens[2] == 8
+
+
+def test_a_chunk_cut_at_its_junction_leaves_the_block_it_resumed_inside_unkeyed():
+    """Full attention and a state group of bs 8, hash blocks of 2, alignment 2 (finding 021's
+    trace). `c` hits B's state after 2 with junction 16; its prefill [2, 24) could export its
+    checkpoint, so the driver does not cut it at 8, then cuts it at the junction floored from
+    2, at 10. No checkpoint is reserved, and the block c resumed inside keeps no key (§11.3)."""
+    m = Runner(config(26, full(8), state(2), max_model_len=64, hash_block_size=2), "scheduler")
+    prompt_a = [2, 0, 1, 3, 1, 1, 0, 2, 3, 3, 0, 1, 2, 2, 1, 0, 3, 1, 0, 2]
+    for rid, prompt, steps in (("a", prompt_a, 1), ("b", [2, 0, 1], 2)):
+        m.add(rid, prompt, max_tokens=1)
+        for _ in range(steps):
+            m.run("step")
+    m.add("c", prompt_a[:16] + [0] * 8, max_tokens=1)
+    assert m.run("step")["scheduled"] == [["c", 8, 2]]
+    view = m.snap.requests["c"]
+    assert view.shared_prefix_boundary == 16
+    assert m.snap.block_keys[view.tables[1][0]] is None  # the state after 2, not after 8

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from rm_support import Runner, config, full, swa
 
+from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.reference_model.requests import Request
 
 
 def sched(num_blocks: int, *groups, **scheduler) -> Runner:
@@ -252,3 +254,34 @@ def test_priority_self_preemption_continues_with_the_next_request():
         "finished": [],
         "copies": [],
     }
+
+
+def test_a_sibling_stops_at_the_junction_and_its_state_there_is_kept():
+    """qwen3_5_retention (full attention and three Mamba align groups of bs 8, hash blocks of
+    2, retention 16), budget 32. `a`'s 40 tokens leave states at 32 and 38 only. `b` shares
+    its first 28: full attention hits 24, the state groups nothing, so the lookup hits 0 with
+    junction 24 (§6.3), which the driver keeps in `b`. Its first chunk stops there instead of
+    at 32, and the state blocks ending at 24 keep their keys though 24 ends no segment (§11.3):
+    `c`, sharing the same 28 tokens, hits 24."""
+    m = Runner(BUILTIN["qwen3_5_retention"][1], "scheduler")
+    m.add("a", list(range(40)), max_tokens=1)
+    assert [step(m)["scheduled"] for _ in range(3)] == [[["a", 32, 0]], [["a", 6, 0]],
+                                                        [["a", 2, 0]]]
+    m.add("b", list(range(28)) + list(range(200, 212)), max_tokens=1)
+    assert step(m)["scheduled"] == [["b", 24, 0]]
+    view = m.snap.requests["b"]
+    assert view.shared_prefix_boundary == 24
+    assert all(m.snap.block_key_tokens[table[2]] == 24 for table in view.tables[1:])
+    m.add("c", list(range(28)) + list(range(300, 312)), max_tokens=1)
+    assert step(m)["scheduled"] == [["b", 8, 0], ["c", 8, 24]]
+
+
+def test_the_model_floors_the_junction_to_blocks_from_the_chunk_start():
+    """nemotron_h_checkpoint (bs 8, hash blocks of 4, checkpoint alignment 1): a 40-token
+    prompt from token 4 exports its checkpoint mid-chunk and is left whole, unless its
+    junction 30 lies inside: then it stops 24 tokens on, at 28 (§11.6)."""
+    driver = Runner(BUILTIN["nemotron_h_checkpoint"][1], "scheduler").model.driver
+    r = Request("r", list(range(40)), None, 0, 0.0, 1, False, 0, hbs=4, tokens=list(range(40)))
+    assert driver.state_aligned(r, 36, 4) == 36
+    r.shared_prefix_boundary = 30
+    assert driver.state_aligned(r, 36, 4) == 24
