@@ -163,8 +163,13 @@ def _deviation_of(path: Path) -> KnownDeviation | None:
 
 
 @pytest.mark.parametrize("path", _finding_traces(), ids=lambda p: p.stem)
-def test_finding_replays_on_vllm_strict_and_passes_on_kvcache(path):
-    """A finding of a release range replays on those releases and passes on the others."""
+def test_finding_replays_on_vllm_strict_and_passes_on_kvcache(path, monkeypatch):
+    """A finding of a release range replays on those releases and passes on the others.
+
+    Where another documented deviation of the installed release fails the trace first on
+    `vllm-strict` (021 on 0.32 frees a table with nulls, which 007 miscounts), the finding's
+    own deviation must be what fails it once every other one is tolerated.
+    """
     trace = Trace.load(path)
     assert run_trace(trace, ["kvcache"]).passed
     deviation = _deviation_of(path)
@@ -181,7 +186,17 @@ def test_finding_replays_on_vllm_strict_and_passes_on_kvcache(path):
     if deviation is not None and not deviation.applies(load_vllm()):
         assert result.passed, f"{path.name} fails outside vLLM {deviation.releases}"
         return
-    assert result.finding is not None and result.finding.check == trace.meta["check"]
+    assert result.finding is not None
+    if result.finding.check != trace.meta["check"] and deviation is not None:
+        first = result.finding.check
+        others = tuple(d for d in KNOWN_DEVIATIONS if d is not deviation)
+        monkeypatch.setattr(VllmSide, "known_deviations", others)
+        without_own = run_trace(trace, ["vllm"])
+        monkeypatch.setattr(VllmSide, "known_deviations", others + (deviation,))
+        assert run_trace(trace, ["vllm"]).passed, f"{first} is no documented deviation"
+        result = without_own
+        assert result.finding is not None
+    assert result.finding.check == trace.meta["check"]
     assert result.finding.step == len(trace.ops) - 1
 
 
