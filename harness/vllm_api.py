@@ -135,6 +135,11 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "interval",
         lambda api: _masks_state_checkpoints(),
     ),
+    "junction_eagle_unkept": (
+        "under EAGLE the retention masks keep no block one below a shared-prefix junction "
+        "(added in 0.33)",
+        lambda api: _junction_without_eagle_block(),
+    ),
     "prefill_checkpoints": (
         "MambaSpec(num_prefill_checkpoint_blocks=, prefill_checkpoint_alignment=): Mamba "
         "prefill checkpoint blocks",
@@ -295,6 +300,19 @@ def _rekeys_state_tail() -> bool:
     except Exception:  # noqa: BLE001 - an unreadable or different manager: not this release
         return False
     return "block_hash_num_tokens == num_tokens" not in source
+
+
+def _junction_without_eagle_block() -> bool:
+    """Whether SingleTypeKVCacheManager.cache_blocks keeps the junction but not, under EAGLE,
+    the block below it (read from its source; no junction there: nothing to tolerate)."""
+    try:
+        manager = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+        source = inspect.getsource(manager.SingleTypeKVCacheManager.cache_blocks)
+    except Exception:  # noqa: BLE001 - an unreadable or different manager: not this release
+        return False
+    compact = "".join(source.split())
+    return ("shared_prefix_boundary" in compact
+            and "shared_prefix_boundary-self.block_size" not in compact)
 
 
 def _masks_state_checkpoints() -> bool:

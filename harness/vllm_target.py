@@ -244,6 +244,11 @@ JUNCTION_START_KEYED = "junction-start-keyed"
 inside at that block's end, though it holds the state at the chunk's start
 (docs/findings/021): `vllm` leaves that block unkeyed, as kvcache does."""
 
+JUNCTION_EAGLE_UNKEPT = "junction-eagle-block-unkept"
+"""vLLM 0.32's retention masks keep the blocks at a request's shared-prefix junction but, under
+EAGLE, not the block one below it, where a diverging sibling's hit lands (docs/findings/022):
+`vllm` keeps it, as 0.33+ and kvcache do."""
+
 EXTERNAL_STATE_UNCOUNTED = "external-state-block-uncounted"
 """vLLM's align-mode predictor caps a first allocation at one state block even when external
 tokens take a block of their own, and counts hit states the external tokens pass
@@ -318,6 +323,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         _no_snapshot_change,
         releases="0.32–0.34",
         applies=lambda api: api.has("prefill_checkpoints"),
+    ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        JUNCTION_EAGLE_UNKEPT,
+        "docs/findings/022-junction-eagle-block-unkept.md",
+        _no_snapshot_change,
+        releases="0.32",
+        applies=lambda api: api.has("junction_eagle_unkept"),
     ),
     # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
     KnownDeviation(
@@ -469,6 +482,8 @@ class VllmSide(ManagerSide):
         self._hasher = utils.get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
         manager = build_vllm_manager(config)
         for single in manager.coordinator.single_type_managers:
+            if JUNCTION_EAGLE_UNKEPT in self.tolerated:
+                self._keep_eagle_junction_block(single)
             if getattr(single, "mamba_cache_mode", None) != "align":
                 continue
             if {CHECKPOINT_START_KEYED, JUNCTION_START_KEYED} & set(self.tolerated) and getattr(
@@ -563,6 +578,36 @@ class VllmSide(ManagerSide):
             return original(request, num_tokens, *args, **kwargs)
 
         single._cache_partial_tail_block = cache_partial_tail_block
+
+    def _keep_eagle_junction_block(self, single: Any) -> None:
+        """0.33's rule: under EAGLE a retention mask also keeps the block ending one block
+        below the caching request's junction (the mask reads the boundaries it is passed, so
+        `cache_blocks` lends it the request)."""
+        cache, mask = single.cache_blocks, single.reachable_block_mask
+        caching: list[Any] = []  # the request of the cache_blocks call in progress
+        tolerated = self.tolerated[JUNCTION_EAGLE_UNKEPT]
+
+        def cache_blocks(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+            caching.append(request)
+            try:
+                return cache(request, num_tokens, *args, **kwargs)
+            finally:
+                caching.pop()
+
+        def reachable_block_mask(*args: Any, **kwargs: Any) -> Any:
+            theirs = mask(*args, **kwargs)
+            boundaries = kwargs.get("reachable_boundaries")
+            if not (caching and single.use_eagle and boundaries is not None
+                    and caching[-1].shared_prefix_boundary):
+                return theirs
+            below = caching[-1].shared_prefix_boundary - single.block_size
+            ours = mask(*args, **{**kwargs, "reachable_boundaries": [*boundaries, below]})
+            if ours != theirs:
+                tolerated.add(caching[-1].request_id)
+            return ours
+
+        single.cache_blocks = cache_blocks
+        single.reachable_block_mask = reachable_block_mask
 
     def _leave_checkpoint_start_unkeyed(self, single: Any) -> None:
         """A step that started inside a block and ran past its end caches its full blocks
