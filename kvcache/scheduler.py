@@ -174,9 +174,9 @@ class Scheduler:
         """A connector offers `num_external_tokens` tokens of a waiting request that holds
         nothing and never kept a landed load: after its connector lookup (whose junction it
         keeps, as at admission), the request takes blocks for the hit and at most its
-        remaining tokens (but the last, with state groups), uncached, and waits for remote KV. (hit, external tokens, whether the lookup's hits
-        diverged), or None when nothing is loaded (not such a request, nothing left to offer,
-        or no room)."""
+        remaining tokens (but the last, with state groups), uncached, and waits for remote KV.
+        (hit, external tokens, whether the lookup's hits diverged), or None when nothing is
+        loaded (not such a request, nothing left to offer, or no room)."""
         request = self._known(request_id, "start_load")
         if type(num_external_tokens) is not int or num_external_tokens < 0:
             raise ValueError(
