@@ -133,6 +133,10 @@ class BlockPool:
         # Scratch heads of `release`'s two runs (head of the queue, tail of the queue): never
         # in the queue, and no link left on them between calls.
         self._run_heads = (KVCacheBlock(block_id=-1), KVCacheBlock(block_id=-1))
+        # Token counts at hash block ends (entry k is k * hash_block_size), grown on demand: the
+        # counts that keys record are these shared ints, so registering a block allocates none
+        # and evicting one releases none (an int last touched when the block was registered).
+        self._hash_block_ends: list[int] = [0]
 
     def get_cached_block(
         self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
@@ -257,19 +261,19 @@ class BlockPool:
                 f"cache_full_blocks({request.request_id!r}): block_mask has {len(block_mask)} "
                 f"entries for {num_new_blocks} blocks"
             )
-        suffix = group_id_suffix(kv_cache_group_id)
         # Group 0's keys are the hashes themselves; the others' are built in C.
         keys: Iterable[BlockHashWithGroupId] = (
-            map(add, new_hashes, repeat(suffix)) if suffix else new_hashes  # type: ignore[arg-type]
+            map(add, new_hashes, repeat(group_id_suffix(kv_cache_group_id)))  # type: ignore[arg-type]
+            if kv_cache_group_id else new_hashes
         )
         cache_map = self.cached_block_hash_to_block
         setdefault = cache_map._cache.setdefault
+        scale = block_size // self.hash_block_size
+        last = num_full_blocks * scale
+        token_counts = self._ends_through(last)[(num_cached_blocks + 1) * scale:last + 1:scale]
         # (block, its key, the tokens its key covers), masked blocks left out, all in C.
         entries: Iterable[tuple[KVCacheBlock, BlockHashWithGroupId, int]] = zip(
-            new_blocks,
-            keys,
-            range((num_cached_blocks + 1) * block_size, num_full_blocks * block_size + 1,
-                  block_size),
+            new_blocks, keys, token_counts
         )
         if block_mask is not None:
             entries = compress(entries, block_mask)
@@ -324,10 +328,19 @@ class BlockPool:
             fine_hashes[hash_index] + group_id_suffix(kv_cache_group_id)
         )
         block._block_hash = key
-        block._block_hash_num_tokens = num_full_blocks * block_size
+        block._block_hash_num_tokens = self._ends_through(hash_index + 1)[hash_index + 1]
         block._hashed = True
         self.cached_block_hash_to_block.insert(key, block)
         return True
+
+    def _ends_through(self, last: int) -> list[int]:
+        """`_hash_block_ends`, grown to hold entry `last`."""
+        ends = self._hash_block_ends
+        if last >= len(ends):
+            hash_block_size = self.hash_block_size
+            ends.extend(range(len(ends) * hash_block_size, (last + 1) * hash_block_size,
+                              hash_block_size))
+        return ends
 
     def cache_partial_block(
         self,

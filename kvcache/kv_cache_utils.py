@@ -362,15 +362,18 @@ def get_request_block_hasher(
                 parent = sha256(b"".join(parts)).digest()  # type: ignore[assignment]
                 new_hashes.append(parent)
             return new_hashes
+        salt = request.cache_salt
         for offset in range(0, len(data), stride):
-            parts = [parent, header, data[offset : offset + stride]]
-            if start + offset == 0 and request.cache_salt:
-                parts.append(_salt_extra(request.cache_salt))
+            message = parent + header + data[offset : offset + stride]
+            if salt and start + offset == 0:
+                message += _salt_extra(salt)
             # A BlockHash: calling the NewType would cost a Python call per block.
-            parent = sha256(b"".join(parts)).digest()  # type: ignore[assignment]
+            parent = sha256(message).digest()  # type: ignore[assignment]
             new_hashes.append(parent)
         return new_hashes
 
+    # What it returns are SHA-256 digests by construction: Request leaves them unchecked.
+    request_block_hasher.yields_digests = True  # type: ignore[attr-defined]
     return request_block_hasher
 
 

@@ -208,8 +208,13 @@ class Request:
         """Append the hashes of newly completed hash blocks (the trailing partial block has
         none). Preemption does not clear them.
         """
-        if self._block_hasher is not None:
-            self.block_hashes.extend(_checked_hashes(self.request_id, self._block_hasher(self)))
+        hasher = self._block_hasher
+        if hasher is not None:
+            new_hashes = hasher(self)
+            # A hasher of get_request_block_hasher's yields digests; any other one is checked.
+            if not getattr(hasher, "yields_digests", False):
+                new_hashes = _checked_hashes(self.request_id, new_hashes)
+            self.block_hashes.extend(new_hashes)
 
     def truncate_block_hashes(self, hash_block_size: int,
                               num_hash_lookahead_tokens: int = 0) -> None:

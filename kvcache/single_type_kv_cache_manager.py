@@ -814,6 +814,9 @@ class MambaManager(SingleTypeKVCacheManager):
     boundary, and sub-block hits are copied on write (docs/spec.md §11.3); with prefill
     checkpoint blocks, a chunk reaching the prefill end also reserves the block its mid-chunk
     checkpoint state is written to, cached at that position (§11.6).
+
+    The per-step methods call the base class by name: a `super()` call builds a proxy object
+    each time (about 0.1 µs on CPython 3.11, and three state groups call each method).
     """
 
     supports_fine_grained_hash_lookup: ClassVar[bool] = True
@@ -1047,7 +1050,9 @@ class MambaManager(SingleTypeKVCacheManager):
             req_blocks = self.req_to_blocks.get(request_id)
             if req_blocks is not None and num_tokens <= len(req_blocks) * self.block_size:
                 return []  # most decode steps: the table already covers the slots
-            return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+            return SingleTypeKVCacheManager.allocate_new_blocks(
+                self, request_id, num_tokens, num_tokens_main_model
+            )
         num_spec = self.num_speculative_blocks
         num_required_blocks = -(-num_tokens_main_model // self.block_size) + num_spec
         partial_hit = self._partial_hit_reqs.get(request_id) if self._partial_hit_reqs else None
@@ -1291,7 +1296,7 @@ class MambaManager(SingleTypeKVCacheManager):
             self._num_retired_blocks.pop(request_id, None)
             self._checkpoints.pop(request_id, None)
             self._step_starts.pop(request_id, None)
-        return super()._forget(request_id)
+        return SingleTypeKVCacheManager._forget(self, request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """As the base; align-mode tables also have nulls between states, which stay."""
@@ -1311,7 +1316,7 @@ class MambaManager(SingleTypeKVCacheManager):
         """As the base; in align mode tail first, skipping the nulls between states (one
         pass over the table, not `pop_blocks_for_free`'s scan of the leading nulls)."""
         if not self.align:
-            super().free(request_id)
+            SingleTypeKVCacheManager.free(self, request_id)
             return
         req_blocks = self._forget(request_id)
         if req_blocks:
@@ -1323,7 +1328,9 @@ class MambaManager(SingleTypeKVCacheManager):
     ) -> None:
         if not self.align:
             if processed_computed_tokens > self.block_size:  # else block 0 holds the state
-                super().remove_skipped_blocks(request_id, processed_computed_tokens)
+                SingleTypeKVCacheManager.remove_skipped_blocks(
+                    self, request_id, processed_computed_tokens
+                )
             return
         blocks = self.req_to_blocks.get(request_id)
         if not blocks:
