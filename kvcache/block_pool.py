@@ -327,10 +327,16 @@ class BlockPool:
         key: BlockHashWithGroupId = (  # type: ignore[assignment]
             fine_hashes[hash_index] + group_id_suffix(kv_cache_group_id)
         )
+        ends = self._hash_block_ends
         block._block_hash = key
-        block._block_hash_num_tokens = self._ends_through(hash_index + 1)[hash_index + 1]
+        block._block_hash_num_tokens = (
+            ends if hash_index + 1 < len(ends) else self._ends_through(hash_index + 1)
+        )[hash_index + 1]
         block._hashed = True
-        self.cached_block_hash_to_block.insert(key, block)
+        # `insert`, with a new key (the common case) costing one dict operation.
+        cache_map = self.cached_block_hash_to_block
+        if cache_map._cache.setdefault(key, block) is not block:
+            cache_map.insert(key, block)
         return True
 
     def _ends_through(self, last: int) -> list[int]:

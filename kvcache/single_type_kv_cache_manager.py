@@ -600,6 +600,11 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
         self.sliding_window = kv_cache_spec.sliding_window
         self.extra_retained_tokens = kv_cache_spec.extra_retained_tokens
+        # `need` of §4.9.2 without and with EAGLE, indexed by `use_eagle` (set after this).
+        self._hit_blocks = tuple(
+            sliding_window_hit_blocks(self.sliding_window, self.block_size, eagle)
+            for eagle in (False, True)
+        )
 
     @classmethod
     def find_longest_cache_hit(
@@ -697,17 +702,19 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         number of blocks.
         """
         alignment = self.cache_hit_alignment_tokens
-        if alignment % self.block_size:
+        block_size = self.block_size
+        if alignment % block_size:
             return None
-        need = sliding_window_hit_blocks(self.sliding_window, self.block_size, self.use_eagle)
-        shift = 1 if self.use_eagle else 0
+        use_eagle = self.use_eagle
+        need = self._hit_blocks[use_eagle]
         retention = self.retention_interval
         segment = alignment if retention is None else retention
+        per = segment // block_size
+        if segment and need >= per:  # every block qualifies (most configs): no list built
+            return None
+        shift = 1 if use_eagle else 0
         mask = [False] * (end_block - start_block)
         if segment:
-            per = segment // self.block_size
-            if need >= per:
-                return None
             mask = [
                 i >= shift and (i - shift) % per >= per - need
                 for i in range(start_block, end_block)
