@@ -79,10 +79,11 @@ class BlockHashToBlockMap:
         return blocks.block_id == block_id
 
     def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
-        blocks = self._cache.get(key)
-        if blocks is None:
-            self._cache[key] = block
-        elif type(blocks) is dict:
+        # A new key (the common case) costs one dict operation.
+        blocks = self._cache.setdefault(key, block)
+        if blocks is block:
+            return
+        if type(blocks) is dict:
             blocks[block.block_id] = block
         else:
             self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
@@ -327,13 +328,10 @@ class BlockPool:
         key: BlockHashWithGroupId = (  # type: ignore[assignment]
             fine_hashes[hash_index] + group_id_suffix(kv_cache_group_id)
         )
-        ends = self._hash_block_ends
         block._block_hash = key
-        block._block_hash_num_tokens = (
-            ends if hash_index + 1 < len(ends) else self._ends_through(hash_index + 1)
-        )[hash_index + 1]
+        block._block_hash_num_tokens = self._ends_through(hash_index + 1)[hash_index + 1]
         block._hashed = True
-        # `insert`, with a new key (the common case) costing one dict operation.
+        # `insert` inlined for a new key (a decode step's cold path: the call costs as much).
         cache_map = self.cached_block_hash_to_block
         if cache_map._cache.setdefault(key, block) is not block:
             cache_map.insert(key, block)

@@ -722,7 +722,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         if retention is not None:
             assert request is not None, "a retention interval needs the caching request"
             for boundary in self._reachable_boundaries(request):
-                end = boundary // alignment * alignment // self.block_size + shift
+                end = boundary // alignment * alignment // block_size + shift
                 for j in range(max(start_block, end - need), min(end_block, end)):
                     mask[j - start_block] = True
         return mask
