@@ -116,6 +116,24 @@ def first_blocks_to_allocate(
     )
 
 
+def first_blocks_to_allocate_undropped(
+    num_required_blocks: int,
+    num_held_blocks: int,
+    num_skipped_blocks: int,
+    hit_evictable: list[bool],
+    partial_hit: bool,
+) -> int:
+    """Slow path without dropped hits: the counts alone give what §4.3 step 4 gives.
+
+    pre: num_required_blocks >= 0 and num_held_blocks >= 0 and 0 <= num_skipped_blocks <= num_held_blocks
+    post: __return__ == _spec_first_blocks(num_required_blocks, num_held_blocks, num_skipped_blocks, hit_evictable, partial_hit)
+    """
+    return block_math.first_blocks_to_allocate_undropped(
+        num_required_blocks, num_held_blocks, len(hit_evictable), hit_evictable.count(True),
+        partial_hit,
+    )
+
+
 def _spec_first_blocks(r: int, h: int, s: int, hits: list[bool], p: bool) -> int:
     """docs/spec.md §4.3 step 4, as written there."""
     new = max(r - max(s, len(hits) + h), 0)

@@ -85,6 +85,22 @@ def first_blocks_to_allocate(
     return num_new_blocks + (1 if partial_hit else 0) + num_evictable
 
 
+def first_blocks_to_allocate_undropped(
+    num_required_blocks: int,
+    num_held_blocks: int,
+    num_hit_blocks: int,
+    num_evictable_hits: int,
+    partial_hit: bool,
+) -> int:
+    """`first_blocks_to_allocate` when no hit falls out of the window (at most the held blocks
+    are skipped, always so for kinds that skip none): the hits enter through two counts, so
+    the caller counts the evictable ones without building a flag per hit."""
+    num_new_blocks = num_required_blocks - num_held_blocks - num_hit_blocks
+    if num_new_blocks < 0:
+        num_new_blocks = 0
+    return num_new_blocks + (1 if partial_hit else 0) + num_evictable_hits
+
+
 def is_partial_hit(num_hit_blocks: int, num_local_computed_tokens: int, block_size: int) -> bool:
     """A hit ending inside a block: its shared tail block needs a private copy (P)."""
     return num_hit_blocks > 0 and num_local_computed_tokens % block_size != 0

@@ -562,8 +562,11 @@ class KVCacheManager:
                 group = block_pool._block_list("allocate_slots", group)
             if group:
                 adopting = True
-                for block in group:
-                    if type(block) is not own:  # `check_own`, its message built only on failure
+                # Every block's type, compared in C (a loop costs twice as much on long hits).
+                if list(map(type, group)).count(own) == len(group):
+                    continue
+                for block in group:  # the first stranger, for the message
+                    if type(block) is not own:
                         raise ValueError(
                             f"allocate_slots({request_id!r}) new_computed_blocks: "
                             f"{block_pool.describe_foreign(block)}"

@@ -9,6 +9,7 @@ from kvfuzz.kvcache.block_math import (
     aligned_num_blocks,
     chunked_local_skipped_tokens,
     first_blocks_to_allocate,
+    first_blocks_to_allocate_undropped,
     get_mamba_prefill_checkpoint_position,
     is_mamba_prefill_checkpoint_valid,
     replay_boundaries,
@@ -139,14 +140,26 @@ class SingleTypeKVCacheManager:
             return first_blocks_to_allocate(
                 num_required_blocks, num_req_blocks, num_skipped_blocks, (), False
             )
+        partial_hit = is_partial_hit(
+            len(new_computed_blocks), num_local_computed_tokens, self.block_size
+        )
+        # Evictable: in the free queue (which never holds the null block).
+        if num_skipped_blocks <= num_req_blocks:  # no hit dropped: only their count matters
+            return first_blocks_to_allocate_undropped(
+                num_required_blocks,
+                num_req_blocks,
+                len(new_computed_blocks),
+                len([block for block in new_computed_blocks
+                     if not block.ref_cnt and block.prev_free_block is not None]),
+                partial_hit,
+            )
         return first_blocks_to_allocate(
             num_required_blocks,
             num_req_blocks,
             num_skipped_blocks,
-            # Evictable: in the free queue (which never holds the null block).
             [not block.ref_cnt and block.prev_free_block is not None
              for block in new_computed_blocks],
-            is_partial_hit(len(new_computed_blocks), num_local_computed_tokens, self.block_size),
+            partial_hit,
         )
 
     def add_local_computed_blocks(

@@ -33,7 +33,8 @@ PLANTED = textwrap.dedent('''
 
 def test_every_contract_holds(capsys):
     names = contract_functions()
-    assert {"cdiv", "first_blocks_to_allocate", "trim_hit", "aligned_num_blocks",
+    assert {"cdiv", "first_blocks_to_allocate", "first_blocks_to_allocate_undropped",
+            "trim_hit", "aligned_num_blocks",
             "sliding_window_admission_cap", "chunked_local_cap_at_max_model_len"} <= set(names)
     assert prove(1.0) == 0
     out = capsys.readouterr().out
