@@ -44,7 +44,7 @@ def _reject_counts(call: str, **counts: object) -> None:
 class KVCacheBlocks:
     """Blocks per group (group-major: groups may hold different numbers of blocks).
 
-    Inner sequences of the manager's shared empty instance are tuples; never mutate them.
+    A lookup's results and the manager's shared empty instance hold tuples.
     """
 
     blocks: tuple[Sequence[KVCacheBlock], ...]
@@ -171,6 +171,8 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
+        # The groups of the last lookup result with hits (see `_lookup_result`).
+        self._issued_hits: tuple[tuple[KVCacheBlock, ...], ...] | None = None
         # Groups whose tables do not follow the token count: encoder KV, a ring's one block,
         # encoder-only attention's none.
         self._fixed_group_ids = frozenset(
@@ -244,7 +246,7 @@ class KVCacheManager:
             request.block_hashes, max_cache_hit_length
         )
         shared_prefix_boundary = num_hit_tokens + num_uncached if num_uncached else 0
-        return self.create_kv_cache_blocks(blocks), num_hit_tokens, shared_prefix_boundary
+        return self._lookup_result(blocks), num_hit_tokens, shared_prefix_boundary
 
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
@@ -278,7 +280,7 @@ class KVCacheManager:
         if any(hit_length > num_local for hit_length in hit_lengths):
             # Full attention's tail was evicted under a deeper hit: the reconciled lookup.
             return *self.get_computed_blocks(request, max_cache_hit_length), False
-        return self.create_kv_cache_blocks(blocks), num_local, 0, min(hit_lengths) < num_local
+        return self._lookup_result(blocks), num_local, 0, min(hit_lengths) < num_local
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens the request's tables hold cached: over the prefix-cached groups, the least of
@@ -544,11 +546,30 @@ class KVCacheManager:
     def _check_hits(
         self, request_id: str, hits: KVCacheBlocks, hit_blocks: tuple[object, ...]
     ) -> None:
-        """Hits to adopt come from a lookup: one list per group, for a first allocation.
+        """Hits to adopt come from a lookup: one sequence per group, for a first allocation.
 
-        One pass over the groups: each block's type (messages built only on failure), and
-        whether any group has a hit (the cheap checks below run only then).
+        The last lookup's own result holds this pool's blocks by construction. Any other has
+        each block's type checked first (messages built only on failure), in the same pass
+        that finds whether any group has a hit (the cheap checks below run only then).
         """
+        if hit_blocks is not self._issued_hits and not self._foreign_hits_adopt(
+            request_id, hit_blocks
+        ):
+            return
+        if self.coordinator.tracks(request_id):
+            raise ValueError(
+                f"allocate_slots({request_id!r}): a running request cannot adopt prefix hits "
+                f"{hits.get_block_ids()}"
+            )
+        if not self.enable_caching:
+            raise ValueError(
+                f"allocate_slots({request_id!r}): prefix hits {hits.get_block_ids()} with "
+                "prefix caching disabled"
+            )
+
+    def _foreign_hits_adopt(self, request_id: str, hit_blocks: tuple[object, ...]) -> bool:
+        """Whether hits that are not the last lookup's own have any block, each of which must
+        be a block of this pool (ValueError otherwise)."""
         if len(hit_blocks) != self.num_kv_cache_groups:
             raise ValueError(
                 f"allocate_slots({request_id!r}): new_computed_blocks has "
@@ -558,7 +579,7 @@ class KVCacheManager:
         own = block_pool.block_type
         adopting = False
         for group in hit_blocks:
-            if type(group) is not list:  # a list, the lookup's own, is read as it is
+            if type(group) is not list:  # a list is read as it is
                 group = block_pool._block_list("allocate_slots", group)
             if group:
                 adopting = True
@@ -571,18 +592,7 @@ class KVCacheManager:
                             f"allocate_slots({request_id!r}) new_computed_blocks: "
                             f"{block_pool.describe_foreign(block)}"
                         )
-        if not adopting:
-            return
-        if self.coordinator.tracks(request_id):
-            raise ValueError(
-                f"allocate_slots({request_id!r}): a running request cannot adopt prefix hits "
-                f"{hits.get_block_ids()}"
-            )
-        if not self.enable_caching:
-            raise ValueError(
-                f"allocate_slots({request_id!r}): prefix hits {hits.get_block_ids()} with "
-                "prefix caching disabled"
-            )
+        return adopting
 
     def _check_tracked(self, request_id: str, operation: str) -> None:
         """A zero-group pool holds no tables, so every request counts as tracked there."""
@@ -708,6 +718,15 @@ class KVCacheManager:
     def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         """A new result if any group is non-empty, else the shared empty one."""
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def _lookup_result(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
+        """A lookup's hits as a result whose groups are tuples, so that it keeps what the lookup
+        found. The last one is remembered: `allocate_slots` adopts it without checking its
+        blocks again."""
+        if not any(blocks):
+            return self.empty_kv_cache_blocks
+        issued = self._issued_hits = tuple(map(tuple, blocks))
+        return KVCacheBlocks(issued)
 
 
 def _request_id(operation: str, request: Request) -> str:

@@ -374,6 +374,8 @@ def get_request_block_hasher(
 
     # What it returns are SHA-256 digests by construction: Request leaves them unchecked.
     request_block_hasher.yields_digests = True  # type: ignore[attr-defined]
+    # Request calls it only once a block of this many tokens has completed.
+    request_block_hasher.hash_block_size = hash_block_size  # type: ignore[attr-defined]
     return request_block_hasher
 
 

@@ -169,8 +169,12 @@ class Request:
         if block_hashes is not None and type(block_hashes) is not list:
             raise ValueError(f"block_hashes must be None or a list, got {block_hashes!r}")
         # Prompt hashes a frontend computed with this hasher (vLLM 0.34): hashing goes on after.
-        self.block_hashes: list[BlockHash] = _checked_hashes(request_id, block_hashes or ())
+        self.block_hashes: list[BlockHash] = (
+            [] if block_hashes is None else _checked_hashes(request_id, block_hashes)
+        )
         self._block_hasher = block_hasher
+        # Tokens per hash block, where the hasher says (0: call it whenever tokens come).
+        self._hash_block_size: int = getattr(block_hasher, "hash_block_size", 0)
         self.update_block_hashes()
 
     @property
@@ -209,12 +213,18 @@ class Request:
         none). Preemption does not clear them.
         """
         hasher = self._block_hasher
-        if hasher is not None:
-            new_hashes = hasher(self)
-            # A hasher of get_request_block_hasher's yields digests; any other one is checked.
-            if not getattr(hasher, "yields_digests", False):
-                new_hashes = _checked_hashes(self.request_id, new_hashes)
-            self.block_hashes.extend(new_hashes)
+        if hasher is None:
+            return
+        hash_block_size = self._hash_block_size
+        if hash_block_size and (
+            (len(self.block_hashes) + 1) * hash_block_size > len(self._all_token_ids)
+        ):
+            return  # no hash block has completed: most decode steps, short prompts
+        new_hashes = hasher(self)
+        # A hasher of get_request_block_hasher's yields digests; any other one is checked.
+        if not getattr(hasher, "yields_digests", False):
+            new_hashes = _checked_hashes(self.request_id, new_hashes)
+        self.block_hashes.extend(new_hashes)
 
     def truncate_block_hashes(self, hash_block_size: int,
                               num_hash_lookahead_tokens: int = 0) -> None:

@@ -495,6 +495,25 @@ def test_hits_of_another_pool_are_refused(world: World) -> None:
                     r"new_computed_blocks: block \d+ belongs to another pool")
 
 
+def test_a_lookup_result_holds_what_the_lookup_found(world: World) -> None:
+    """allocate_slots adopts the last lookup's result without checking its blocks again, so
+    nothing may be put into that result: its groups are tuples."""
+    x = world.new_request("X", world.shared_prompt)
+    hits, num_hit_tokens, _ = world.manager.get_computed_blocks(x)
+    assert num_hit_tokens > 0
+    assert [type(group) for group in hits.blocks] == [tuple] * len(hits.blocks)
+
+
+def test_hits_in_tuples_are_checked_unless_the_lookup_issued_them(world: World) -> None:
+    """Only the identity of the last lookup's result spares the check, not its form."""
+    x = world.new_request("X", world.shared_prompt)
+    hits, num_hit_tokens, _ = world.manager.get_computed_blocks(x)
+    foreign = _foreign_block(world, held=False)
+    forged = KVCacheBlocks(tuple((*group, foreign) for group in hits.blocks))
+    assert_rejected(world, lambda: world.manager.allocate_slots(x, 4, num_hit_tokens, forged),
+                    rf"new_computed_blocks: block {foreign.block_id} belongs to another pool")
+
+
 @pytest.mark.parametrize("bad", ["x", 1.5, [1]])
 def test_hits_that_are_not_kv_cache_blocks(world: World, bad: object) -> None:
     x = world.new_request("X", [7] * 40)
