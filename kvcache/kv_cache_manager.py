@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 _ADMITTED_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 # CPython's cached small int: every int 0 an int operation produces is this object.
 _ZERO = 0
+# A lookup result whose first group holds at least this many blocks is issued in tuples: the
+# copy is cheap beside such a lookup, and spares allocate_slots a check per block. Below it,
+# the copy costs the lookup about what it saves the admission.
+_MIN_ISSUED_HITS = 64
 
 
 def _reject_counts(call: str, **counts: object) -> None:
@@ -44,7 +48,7 @@ def _reject_counts(call: str, **counts: object) -> None:
 class KVCacheBlocks:
     """Blocks per group (group-major: groups may hold different numbers of blocks).
 
-    A lookup's results and the manager's shared empty instance hold tuples.
+    A long lookup result and the manager's shared empty instance hold tuples.
     """
 
     blocks: tuple[Sequence[KVCacheBlock], ...]
@@ -171,7 +175,7 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
-        # The groups of the last lookup result with hits (see `_lookup_result`).
+        # The groups of the last lookup result issued (see `_lookup_result`).
         self._issued_hits: tuple[tuple[KVCacheBlock, ...], ...] | None = None
         # Groups whose tables do not follow the token count: encoder KV, a ring's one block,
         # encoder-only attention's none.
@@ -548,7 +552,7 @@ class KVCacheManager:
     ) -> None:
         """Hits to adopt come from a lookup: one sequence per group, for a first allocation.
 
-        The last lookup's own result holds this pool's blocks by construction. Any other has
+        The last lookup result issued holds this pool's blocks by construction. Any other has
         each block's type checked first (messages built only on failure), in the same pass
         that finds whether any group has a hit (the cheap checks below run only then).
         """
@@ -720,11 +724,11 @@ class KVCacheManager:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
     def _lookup_result(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
-        """A lookup's hits as a result whose groups are tuples, so that it keeps what the lookup
-        found. The last one is remembered: `allocate_slots` adopts it without checking its
-        blocks again."""
-        if not any(blocks):
-            return self.empty_kv_cache_blocks
+        """A lookup's hits as a result. A long one is issued: its groups are copied into tuples,
+        so that it keeps what the lookup found, and the last one is remembered, which
+        `allocate_slots` adopts without checking its blocks again."""
+        if not blocks or len(blocks[0]) < _MIN_ISSUED_HITS:
+            return self.create_kv_cache_blocks(blocks)
         issued = self._issued_hits = tuple(map(tuple, blocks))
         return KVCacheBlocks(issued)
 

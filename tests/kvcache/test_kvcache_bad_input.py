@@ -24,6 +24,7 @@ from kvfuzz.kvcache import (
     SlidingWindowSpec,
     UnitaryKVCacheCoordinator,
 )
+from kvfuzz.kvcache import kv_cache_manager
 from kvfuzz.kvcache.block_pool import BlockPool
 from kvcache_testkit import dump_state, make_config, make_manager, make_request, table_ids
 from kvfuzz.harness.spot_check import assert_invariants
@@ -495,22 +496,41 @@ def test_hits_of_another_pool_are_refused(world: World) -> None:
                     r"new_computed_blocks: block \d+ belongs to another pool")
 
 
-def test_a_lookup_result_holds_what_the_lookup_found(world: World) -> None:
-    """allocate_slots adopts the last lookup's result without checking its blocks again, so
+def test_an_issued_lookup_result_holds_what_the_lookup_found(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """allocate_slots adopts the last result issued without checking its blocks again, so
     nothing may be put into that result: its groups are tuples."""
+    monkeypatch.setattr(kv_cache_manager, "_MIN_ISSUED_HITS", 1)
     x = world.new_request("X", world.shared_prompt)
     hits, num_hit_tokens, _ = world.manager.get_computed_blocks(x)
     assert num_hit_tokens > 0
     assert [type(group) for group in hits.blocks] == [tuple] * len(hits.blocks)
 
 
-def test_hits_in_tuples_are_checked_unless_the_lookup_issued_them(world: World) -> None:
-    """Only the identity of the last lookup's result spares the check, not its form."""
+def test_hits_in_tuples_are_checked_unless_the_lookup_issued_them(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the identity of the last result issued spares the check, not its form."""
+    monkeypatch.setattr(kv_cache_manager, "_MIN_ISSUED_HITS", 1)
     x = world.new_request("X", world.shared_prompt)
     hits, num_hit_tokens, _ = world.manager.get_computed_blocks(x)
     foreign = _foreign_block(world, held=False)
     forged = KVCacheBlocks(tuple((*group, foreign) for group in hits.blocks))
     assert_rejected(world, lambda: world.manager.allocate_slots(x, 4, num_hit_tokens, forged),
+                    rf"new_computed_blocks: block {foreign.block_id} belongs to another pool")
+
+
+def test_a_short_lookup_result_is_checked_when_adopted(world: World) -> None:
+    """A short result is not issued: its lists are the caller's, and what is put into them
+    is checked."""
+    x = world.new_request("X", world.shared_prompt)
+    hits, num_hit_tokens, _ = world.manager.get_computed_blocks(x)
+    assert 0 < len(hits.blocks[0]) < kv_cache_manager._MIN_ISSUED_HITS
+    foreign = _foreign_block(world, held=False)
+    for group in hits.blocks:
+        group.append(foreign)  # type: ignore[attr-defined]
+    assert_rejected(world, lambda: world.manager.allocate_slots(x, 4, num_hit_tokens, hits),
                     rf"new_computed_blocks: block {foreign.block_id} belongs to another pool")
 
 
