@@ -572,7 +572,7 @@ class KVCacheManager:
             )
 
     def _foreign_hits_adopt(self, request_id: str, hit_blocks: tuple[object, ...]) -> bool:
-        """Whether hits that are not the last lookup's own have any block, each of which must
+        """Whether hits other than the last result issued have any block, each of which must
         be a block of this pool (ValueError otherwise)."""
         if len(hit_blocks) != self.num_kv_cache_groups:
             raise ValueError(
