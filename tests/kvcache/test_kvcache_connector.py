@@ -136,6 +136,7 @@ def test_connector_lookup_and_truncation():
     blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(b)
     assert (hit, boundary, diverged) == (12, 0, False)
     assert m.truncate_computed_blocks(blocks, 8).get_block_ids() == (blocks.get_block_ids()[0][:2],)
+    assert m.truncate_computed_blocks(blocks, 0) is m.empty_kv_cache_blocks  # a cut before all
     assert blocks.get_block_ids()[0] == table_ids(m, "A")[0][:3]  # untouched
     with pytest.raises(ValueError, match="6 tokens is not a cut"):
         m.truncate_computed_blocks(blocks, 6)
