@@ -151,6 +151,16 @@ class KVCacheCoordinator(ABC):
             m for m in self.single_type_managers if m.recycles_blocks
         )
         self.recycles_blocks = bool(self._recycling_managers)
+        # Each group's tables and block size when every group grows by the base rule (`covers`).
+        self._base_growth: tuple[tuple[dict[str, list[KVCacheBlock]], int], ...] | None = (
+            tuple((m.req_to_blocks, m.block_size) for m in self.single_type_managers)
+            if all(
+                type(m).allocate_new_blocks is SingleTypeKVCacheManager.allocate_new_blocks
+                and not isinstance(m, CrossAttentionManager)
+                for m in self.single_type_managers
+            )
+            else None
+        )
 
     def get_num_blocks_to_allocate(
         self,
@@ -184,6 +194,18 @@ class KVCacheCoordinator(ABC):
                 prefill_end,
             )
         return num_blocks
+
+    def covers(self, request_id: str, num_tokens: int) -> bool:
+        """Whether every group grows by the base rule and the request's table already has
+        `num_tokens` slots in each: growing to them would then take and change nothing
+        (`allocate_slots` leaves the call out, on most decode steps)."""
+        if self._base_growth is None:
+            return False
+        for tables, block_size in self._base_growth:
+            table = tables.get(request_id)
+            if table is None or len(table) * block_size < num_tokens:
+                return False
+        return True
 
     def tracks(self, request_id: str) -> bool:
         """Whether some group holds a table for the request (it was allocated, not freed)."""

@@ -497,10 +497,18 @@ class KVCacheManager:
                 skip_zeroing_group_ids,
             )
 
-        # 8. Allocate.
-        new_blocks = self.coordinator.allocate_new_blocks(
-            request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
-        )
+        # 8. Allocate, unless it would change nothing: nothing predicted, no hits (so no copy
+        # of a partial one), and tables that already have the slots (most decode steps).
+        if (
+            not num_blocks
+            and hit_blocks is empty_blocks
+            and self.coordinator.covers(request_id, num_tokens_need_slot)
+        ):
+            new_blocks = empty_blocks
+        else:
+            new_blocks = self.coordinator.allocate_new_blocks(
+                request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
+            )
         # 9. Tier C (P/D): the caller caches once the transfer lands.
         if delay_cache_blocks:
             return self.create_kv_cache_blocks(new_blocks)
