@@ -261,7 +261,7 @@ def _removed_while_held(side: KvcacheSide) -> None:
     pool = side.manager.block_pool
 
     def removed(keys):
-        for key in keys:
+        for key, _segment in keys:
             block_hash, group = _split(key)
             pool.kv_event_queue.append(BlockRemoved([block_hash], group))
 
@@ -420,9 +420,10 @@ def _stale_hash_on_evict(side: KvcacheSide) -> None:
     pool = _pool(side)
 
     def around(original, block):
-        entry = pool.cached_block_hash_to_block._cache.get(block.block_hash)
+        segment = block._segment
+        entry = segment.get(block.block_hash) if segment is not None else None
         if isinstance(entry, dict) and len(entry) > 1:
-            pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            pool.cached_block_hash_to_block.pop(segment, block.block_hash, block.block_id)
             return
         original(block)
 
@@ -489,7 +490,7 @@ def _reset_while_held(side: KvcacheSide) -> None:
     pool = _pool(side)
 
     def replacement():
-        pool.cached_block_hash_to_block._cache.clear()
+        pool.cached_block_hash_to_block._segments.clear()
         pool.cached_block_hashes_by_block.clear()
         for block in pool.blocks:
             block.reset_hash()

@@ -2,7 +2,7 @@
 
 Both name their state alike (docs/spec.md, NOTES.md): `block_pool.blocks[i].ref_cnt / block_hash /
 block_hash_num_tokens`, the free queue's sentinels and links, `cached_block_hash_to_block._cache`
-(and `_dup_ids` where the map holds block ids),
+(and `_dup_ids` where the map holds block ids; kvcache's map, filed by segment, gives `items()`),
 `cached_block_hashes_by_block`, and per layer-3 manager `req_to_blocks`, `num_cached_block`,
 `_partial_hit_reqs`, `_pending_cow_copies`, `new_block_ids`. Hash keys are translated to content
 (`CacheKey`) through the prefixes of the requests the harness created.
@@ -184,7 +184,8 @@ def read_snapshot(
         linked = frozenset(linked_ids)
         last["linked"] = (linked_ids, linked)
     hash_map = pool.cached_block_hash_to_block
-    entries = hash_map._cache
+    # kvcache files its keys by segment; vLLM keeps one dict.
+    entries = hash_map._cache if not hasattr(hash_map, "_segments") else dict(hash_map.items())
     dup_ids = getattr(hash_map, "_dup_ids", None)
     if dup_ids is None:
         # Per key one block or a dict of blocks (kvcache, vLLM up to 0.33); the map reads the

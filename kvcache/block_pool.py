@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
+    BlockHashList,
+    BlockHashListWithBlockSize,
     BlockHashWithGroupId,
     FreeKVCacheBlockQueue,
     KVCacheBlock,
@@ -32,79 +34,137 @@ def _before_current(
     return items[: len(items) - length_hint(remaining) - 1]
 
 
+SEGMENT_LEN = 64
+"""Fine hashes per segment of the hash map (1,024 tokens at a hash block size of 16)."""
+
+ROOT = BlockHash(b"")
+"""The head of every request's first segment, which all requests share (no hash is empty)."""
+
+
+def segment_head(fine_hashes: Sequence[BlockHash], index: int) -> BlockHash:
+    """The head of the segment holding the key of `fine_hashes[index]`: `ROOT` for the first
+    `SEGMENT_LEN` hashes, else the fine hash at the segment's start. Hashes chain, so every
+    request that has that key has this head too."""
+    return fine_hashes[index - index % SEGMENT_LEN] if index >= SEGMENT_LEN else ROOT
+
+
+Segment = dict  # type: ignore[type-arg]
+"""One segment of the hash map: key -> one block, or -> {block_id: block} in insertion order when
+duplicated, and under None its head. A plain dict: a subclass's methods cost more per key."""
+
+
 class BlockHashToBlockMap:
-    """Key -> one block, or -> {block_id: block} in insertion order when duplicated.
+    """Key -> one block, or -> {block_id: block} in insertion order when duplicated; the keys
+    filed by prefix segment.
+
+    A key is the fine hash at some index of a request's hashes (with its group's suffix). Its
+    segment is the run of `SEGMENT_LEN` indices around it, named by the hash at the run's
+    start, so a request's consecutive keys share one small dict: a registration or a lookup
+    works in a dict that stays in the CPU cache, and no call pays to regrow one dict of the
+    whole cache at once (a dict doubles in a single insert, rehashing every entry). An
+    emptied segment is dropped.
 
     Identical content cached twice is kept twice (no de-duplication), so block ids already
-    handed out never change. The single-block form avoids an inner dict per key. BlockPool's
-    two per-block loops (registration, eviction) handle that form on `_cache` directly and
-    call the methods for the rest: a call per block is most of their cost.
+    handed out never change. The single-block form avoids an inner dict per key. A block
+    records the segment of its primary key (`_segment`), so removing a key needs no head.
     """
 
     def __init__(self) -> None:
-        self._cache: dict[BlockHashWithGroupId, KVCacheBlock | dict[int, KVCacheBlock]] = {}
-
-    def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
-        """The earliest inserted block still present under key."""
-        blocks = self._cache.get(key)
-        if type(blocks) is dict:
-            for block in blocks.values():  # the first; a loop costs less than next(iter(...))
-                return block
-        return blocks  # type: ignore[return-value]
+        self.root: Segment = {None: ROOT}
+        """The segment of every request's first `SEGMENT_LEN` hashes: most requests fit in it."""
+        self._segments: dict[BlockHash, Segment] = {ROOT: self.root}
 
     def get_one_block_run(
-        self, block_hashes: Iterable[BlockHash], group_id: int
+        self, fine_hashes: Sequence[BlockHash], start: int, stop: int, step: int, group_id: int
     ) -> list[KVCacheBlock]:
-        """`get_one_block` of each hash's key in `group_id`, up to the first miss."""
-        suffix = group_id_suffix(group_id)
-        get = self._cache.get
+        """The earliest inserted block still under each key at indices `start`, `start + step`,
+        ... before `stop` (within `fine_hashes`) in `group_id`, up to the first miss: one
+        segment lookup per segment crossed."""
+        suffix = group_id_suffix(group_id) if group_id else b""
+        segments = self._segments
         run: list[KVCacheBlock] = []
         append = run.append
-        for block_hash in block_hashes:
-            blocks = get(block_hash + suffix)
-            if blocks is None:
-                break
-            if type(blocks) is dict:
-                for blocks in blocks.values():  # the first, as in get_one_block
+        while start < stop:
+            if stop <= SEGMENT_LEN:  # within the root, as most lookups
+                segment, end = self.root, stop
+            else:
+                end = start - start % SEGMENT_LEN
+                segment = segments.get(fine_hashes[end] if end else ROOT)  # type: ignore[assignment]
+                if segment is None:
                     break
-            append(blocks)
+                end = end + SEGMENT_LEN if end + SEGMENT_LEN < stop else stop
+            get = segment.get
+            for block_hash in fine_hashes[start:end:step]:
+                blocks = get(block_hash + suffix)
+                if blocks is None:
+                    return run
+                if type(blocks) is dict:
+                    for blocks in blocks.values():  # the first; cheaper than next(iter(...))
+                        break
+                append(blocks)
+            start += (end - start + step - 1) // step * step
         return run
 
-    def contain(self, key: BlockHashWithGroupId, block_id: int) -> bool:
-        blocks = self._cache.get(key)
-        if blocks is None:
-            return False
-        if type(blocks) is dict:
-            return block_id in blocks
-        return blocks.block_id == block_id
+    def open(self, head: BlockHash) -> Segment:
+        """The segment named `head`, made if there is none (callers fill it or `close` it)."""
+        segment = self._segments.get(head)
+        if segment is None:
+            segment = self._segments[head] = {None: head}
+        return segment
 
-    def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
+    def close(self, segment: Segment) -> None:
+        """Drop `segment` if it holds no key (and is still this map's), unless it is the root."""
+        if len(segment) == 1 and segment is not self.root:
+            head = segment[None]
+            if self._segments.get(head) is segment:
+                del self._segments[head]
+
+    def insert(self, head: BlockHash, key: BlockHashWithGroupId, block: KVCacheBlock) -> Segment:
+        """Add `block` under key; the segment it went into."""
+        segment = self.open(head)
         # A new key (the common case) costs one dict operation.
-        blocks = self._cache.setdefault(key, block)
-        if blocks is block:
-            return
+        blocks = segment.setdefault(key, block)
+        if blocks is not block:
+            self.add_copy(segment, key, blocks, block)
+        return segment
+
+    @staticmethod
+    def add_copy(
+        segment: Segment, key: BlockHashWithGroupId,
+        blocks: KVCacheBlock | dict[int, KVCacheBlock], block: KVCacheBlock,
+    ) -> None:
+        """Add `block` under a key that `blocks` (its entry) already holds."""
         if type(blocks) is dict:
             blocks[block.block_id] = block
         else:
-            self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
+            segment[key] = {blocks.block_id: blocks, block.block_id: block}  # type: ignore[union-attr]
 
-    def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
+    def pop(self, segment: Segment, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
         """Remove only `block_id` under key; another single block under key is left alone."""
-        blocks = self._cache.get(key)
+        blocks = segment.get(key)
         if blocks is None:
             return None
         if type(blocks) is dict:
             block = blocks.pop(block_id, None)
             if not blocks:
-                del self._cache[key]
-            return block
-        if blocks.block_id != block_id:
+                del segment[key]
+        elif blocks.block_id != block_id:
             return None
-        del self._cache[key]
-        return blocks
+        else:
+            block = blocks
+            del segment[key]
+        self.close(segment)
+        return block
+
+    def items(self) -> Iterator[tuple[BlockHashWithGroupId, KVCacheBlock | dict[int, KVCacheBlock]]]:
+        """Every key with its entry, segment by segment."""
+        for segment in self._segments.values():
+            for key, entry in segment.items():
+                if key is not None:
+                    yield key, entry
 
     def __len__(self) -> int:
-        return len(self._cache)
+        return sum(map(len, self._segments.values())) - len(self._segments)
 
 
 class BlockPool:
@@ -127,8 +187,8 @@ class BlockPool:
         self.blocks: list[KVCacheBlock] = [self.block_type(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
-        # Keys beyond the primary one (partial entries), per block id.
-        self.cached_block_hashes_by_block: dict[int, set[BlockHashWithGroupId]] = {}
+        # Keys beyond the primary one (partial entries), per block id, with their segments.
+        self.cached_block_hashes_by_block: dict[int, dict[BlockHashWithGroupId, Segment]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         # Scratch heads of `release`'s two runs (head of the queue, tail of the queue): never
@@ -139,52 +199,88 @@ class BlockPool:
         # and evicting one releases none (an int last touched when the block was registered).
         self._hash_block_ends: list[int] = [0]
 
+    def fine_hashes(
+        self, block_hashes: BlockHashList, block_size: int
+    ) -> tuple[Sequence[BlockHash], int]:
+        """The request's fine hashes behind `block_hashes` (its list, or a view of it) and how
+        many make a block of `block_size`: block i's key is fine hash (i + 1) * m - 1."""
+        if type(block_hashes) is BlockHashListWithBlockSize:
+            block_hashes = block_hashes.block_hashes
+        return block_hashes, block_size // self.hash_block_size
+
     def get_cached_block(
-        self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
+        self, block_hashes: BlockHashList, block_size: int, index: int,
+        kv_cache_group_ids: Sequence[int],
     ) -> list[KVCacheBlock] | None:
-        """One cached block per group for this hash, or None if any group misses. Pure read."""
-        get_one_block = self.cached_block_hash_to_block.get_one_block
+        """One cached block per group for block `index` of `block_hashes` (a request's hashes,
+        or a view of them at `block_size`), or None if any group misses. Pure read."""
+        fine, scale = self.fine_hashes(block_hashes, block_size)
+        return self._cached_at(fine, (index + 1) * scale - 1, kv_cache_group_ids)
+
+    def _cached_at(
+        self, fine: Sequence[BlockHash], fine_index: int, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        """`get_cached_block` of the key at `fine[fine_index]`."""
+        segment = self.cached_block_hash_to_block._segments.get(segment_head(fine, fine_index))
+        if segment is None:
+            return None
+        block_hash = fine[fine_index]
         cached_blocks = []
         for group_id in kv_cache_group_ids:
             # Keys are built by plain concatenation here: calling the NewType costs a call.
-            block = get_one_block(block_hash + group_id_suffix(group_id))  # type: ignore[arg-type]
-            if block is None:
+            blocks = segment.get(block_hash + group_id_suffix(group_id))  # type: ignore[arg-type]
+            if blocks is None:
                 return None
-            cached_blocks.append(block)
+            if type(blocks) is dict:
+                for blocks in blocks.values():  # the earliest inserted
+                    break
+            cached_blocks.append(blocks)
         return cached_blocks
 
     def get_rightmost_cached_block(
-        self, block_hashes: Sequence[BlockHash], indices: Iterable[int],
+        self, block_hashes: BlockHashList, block_size: int, indices: Iterable[int],
         kv_cache_group_ids: Sequence[int],
     ) -> tuple[int, list[KVCacheBlock]] | None:
-        """The first of `indices` whose hash `get_cached_block` hits, with its blocks; None if
-        none does. Pure read (a state group's right-to-left search)."""
-        get = self.cached_block_hash_to_block._cache.get
+        """The first of `indices` (blocks of `block_hashes`, as in `get_cached_block`) that
+        `get_cached_block` hits, with its blocks; None if none does. Pure read (a state
+        group's right-to-left search)."""
+        fine, scale = self.fine_hashes(block_hashes, block_size)
+        segments = self.cached_block_hash_to_block._segments
         first = group_id_suffix(kv_cache_group_ids[0])
         for index in indices:
-            block_hash = block_hashes[index]
-            if get(block_hash + first) is None:  # type: ignore[operator]
+            fine_index = (index + 1) * scale - 1
+            segment = segments.get(segment_head(fine, fine_index))
+            if segment is None or segment.get(fine[fine_index] + first) is None:  # type: ignore[operator]
                 continue
-            cached = self.get_cached_block(block_hash, kv_cache_group_ids)
+            cached = self._cached_at(fine, fine_index, kv_cache_group_ids)
             if cached is not None:
                 return index, cached
         return None
 
     def get_cached_block_run(
-        self, block_hashes: Sequence[BlockHash], kv_cache_group_ids: Sequence[int]
+        self, block_hashes: BlockHashList, block_size: int, start: int, stop: int,
+        kv_cache_group_ids: Sequence[int],
     ) -> tuple[list[KVCacheBlock], ...]:
-        """The longest prefix of `block_hashes` that `get_cached_block` hits, one block list per
-        group; the same blocks as calling it hash by hash until the first miss. Pure read.
+        """The longest run of blocks `start`, `start + 1`, ... before `stop` of `block_hashes`
+        (as in `get_cached_block`) that `get_cached_block` hits, one block list per group;
+        the same blocks as calling it block by block until the first miss. Pure read.
         """
+        if type(block_hashes) is BlockHashListWithBlockSize:  # `fine_hashes`, inlined
+            block_hashes = block_hashes.block_hashes
+        scale = block_size // self.hash_block_size
+        first = (start + 1) * scale - 1
+        fine_stop = stop * scale
+        if fine_stop > len(block_hashes):
+            fine_stop = len(block_hashes)
         get_run = self.cached_block_hash_to_block.get_one_block_run
         if len(kv_cache_group_ids) == 1:  # the common case: one run, nothing to reconcile
-            return (get_run(block_hashes, kv_cache_group_ids[0]),)
+            return (get_run(block_hashes, first, fine_stop, scale, kv_cache_group_ids[0]),)
         runs = []
-        num_blocks = len(block_hashes)
         for group_id in kv_cache_group_ids:
-            run = get_run(islice(block_hashes, num_blocks), group_id)
-            num_blocks = len(run)
+            run = get_run(block_hashes, first, fine_stop, scale, group_id)
+            fine_stop = first + len(run) * scale
             runs.append(run)
+        num_blocks = len(runs[-1])
         # A later group may have stopped earlier: every group keeps the common prefix.
         for run in runs:
             del run[num_blocks:]
@@ -236,21 +332,19 @@ class BlockPool:
             request, blocks, num_full_blocks, block_size, kv_cache_group_id, block_mask
         ):
             return
-        # A block's key is the fine hash at its end: a strided slice of the request's hashes.
+        # A block's key is the fine hash at its end: fine index (i + 1) * scale - 1 for block i.
         fine_hashes = request.block_hashes
         if block_size == self.hash_block_size:  # the common case: one hash per block
-            new_hashes = fine_hashes[num_cached_blocks:num_full_blocks]
+            scale = 1
         else:
             scale, rest = divmod(block_size, self.hash_block_size)
             if rest:
                 raise ValueError(f"cache_full_blocks(): block_size {block_size} is not a "
                                  f"multiple of hash_block_size {self.hash_block_size}")
-            new_hashes = fine_hashes[(num_cached_blocks + 1) * scale - 1:
-                                     num_full_blocks * scale:scale]
+        first = (num_cached_blocks + 1) * scale - 1
+        last = num_full_blocks * scale
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
-        if num_cached_blocks < 0 or len(new_blocks) != num_new_blocks or (
-            len(new_hashes) != num_new_blocks
-        ):
+        if num_cached_blocks < 0 or len(new_blocks) != num_new_blocks or last > len(fine_hashes):
             raise ValueError(
                 f"cache_full_blocks({request.request_id!r}): blocks [{num_cached_blocks}, "
                 f"{num_full_blocks}) need {len(blocks)} blocks and "
@@ -262,41 +356,62 @@ class BlockPool:
                 f"cache_full_blocks({request.request_id!r}): block_mask has {len(block_mask)} "
                 f"entries for {num_new_blocks} blocks"
             )
-        # Group 0's keys are the hashes themselves; the others' are built in C.
-        keys: Iterable[BlockHashWithGroupId] = (
-            map(add, new_hashes, repeat(group_id_suffix(kv_cache_group_id)))  # type: ignore[arg-type]
-            if kv_cache_group_id else new_hashes
-        )
+        keys: list[BlockHashWithGroupId] = fine_hashes[first:last:scale]  # type: ignore[assignment]
+        if kv_cache_group_id:  # group 0's keys are the hashes themselves; the others' built in C
+            keys = list(map(add, keys, repeat(group_id_suffix(kv_cache_group_id))))
+        ends = self._hash_block_ends
+        if last >= len(ends):
+            ends = self._ends_through(last)
+        token_counts = ends[first + 1:last + 1:scale]
         cache_map = self.cached_block_hash_to_block
-        setdefault = cache_map._cache.setdefault
-        scale = block_size // self.hash_block_size
-        last = num_full_blocks * scale
-        token_counts = self._ends_through(last)[(num_cached_blocks + 1) * scale:last + 1:scale]
-        # (block, its key, the tokens its key covers), masked blocks left out, all in C.
-        entries: Iterable[tuple[KVCacheBlock, BlockHashWithGroupId, int]] = zip(
-            new_blocks, keys, token_counts
-        )
-        if block_mask is not None:
-            entries = compress(entries, block_mask)
-        for block, key, num_tokens in entries:
-            if block.is_null:
-                continue
-            if block._block_hash is None:  # the slot, as in free_blocks
-                # A block without a primary key has no extras either: nothing else to check,
-                # so the slots are set directly (what set_block_hash does after its check).
-                block._block_hash = key
-                block._block_hash_num_tokens = num_tokens
-                block._hashed = True
-                # `insert`, with a new key (the common case) costing one dict operation.
-                if setdefault(key, block) is not block:
-                    cache_map.insert(key, block)
-                continue
-            assert (
-                block.block_hash_num_tokens is not None
-                and block.block_hash_num_tokens < num_tokens
-            ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
-            self._remove_cached_block_hashes(block)
-            self._insert_block_hash(key, block, num_tokens)
+        segments, root = cache_map._segments, cache_map.root
+        k = 0
+        while k < num_new_blocks:
+            # Blocks [k, k_end) have their keys in `segment`, masked ones left out; entries are
+            # (block, its key, the tokens its key covers), all in C.
+            entries: Iterable[tuple[KVCacheBlock, BlockHashWithGroupId, int]]
+            if last <= SEGMENT_LEN:  # every key in the root, as for most requests
+                head, segment, k_end = ROOT, root, num_new_blocks
+                entries, mask = zip(new_blocks, keys, token_counts), block_mask
+            else:
+                index = first + k * scale
+                head_index = index - index % SEGMENT_LEN
+                k_end = k + (head_index + SEGMENT_LEN - index + scale - 1) // scale
+                entries = zip(new_blocks[k:k_end], keys[k:k_end], token_counts[k:k_end])
+                mask = None if block_mask is None else block_mask[k:k_end]
+                head = fine_hashes[head_index] if head_index else ROOT
+                segment = segments.get(head)  # type: ignore[assignment]
+                if segment is None:
+                    segment = cache_map.open(head)
+            if mask is not None:
+                entries = compress(entries, mask)
+            setdefault = segment.setdefault
+            for block, key, num_tokens in entries:
+                if block.is_null:
+                    continue
+                if block._block_hash is None:  # the slot, as in free_blocks
+                    # A block without a primary key has no extras either: nothing else to
+                    # check, so the slots are set directly (what set_block_hash does after its
+                    # check), and a new key (the common case) costs one dict operation.
+                    block._block_hash = key
+                    block._block_hash_num_tokens = num_tokens
+                    block._segment = segment
+                    entry = setdefault(key, block)
+                    if entry is not block:
+                        cache_map.add_copy(segment, key, entry, block)
+                    continue
+                assert (
+                    block.block_hash_num_tokens is not None
+                    and block.block_hash_num_tokens < num_tokens
+                ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
+                self._remove_cached_block_hashes(block)
+                self._insert_block_hash(head, key, block, num_tokens)
+                # The removal may have emptied and dropped the segment.
+                segment = cache_map.open(head)
+                setdefault = segment.setdefault
+            if segment is not root and len(segment) == 1:  # every block was null or masked
+                cache_map.close(segment)
+            k = k_end
 
     def _register_one(
         self,
@@ -330,11 +445,15 @@ class BlockPool:
         )
         block._block_hash = key
         block._block_hash_num_tokens = self._ends_through(hash_index + 1)[hash_index + 1]
-        block._hashed = True
-        # `insert` inlined for a new key (a decode step's cold path: the call costs as much).
+        # `insert` inlined for a new key in an existing segment (a decode step's cold path: the
+        # calls cost as much).
         cache_map = self.cached_block_hash_to_block
-        if cache_map._cache.setdefault(key, block) is not block:
-            cache_map.insert(key, block)
+        head = (fine_hashes[hash_index - hash_index % SEGMENT_LEN] if hash_index >= SEGMENT_LEN
+                else ROOT)  # `segment_head`, inlined
+        segment = cache_map._segments.get(head)
+        if segment is None or segment.setdefault(key, block) is not block:
+            segment = cache_map.insert(head, key, block)
+        block._segment = segment
         return True
 
     def _ends_through(self, last: int) -> list[int]:
@@ -397,7 +516,10 @@ class BlockPool:
             and block._block_hash_num_tokens < num_tokens
         ):
             self._remove_cached_block_hashes(block)
-        self._insert_block_hash(key, block, num_tokens)
+        self._insert_block_hash(
+            segment_head(request.block_hashes, num_tokens // self.hash_block_size - 1), key, block,
+            num_tokens,
+        )
         return key
 
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
@@ -408,61 +530,63 @@ class BlockPool:
         assert dst_block.block_id not in extras_by_block
         num_tokens = src_block._block_hash_num_tokens
         primary = src_block._block_hash
-        if primary is None:
+        segment = src_block._segment
+        if primary is None or segment is None:
             return
-        cache = self.cached_block_hash_to_block._cache
-        if cache.get(primary) is src_block and src_block.block_id not in extras_by_block:
+        if segment.get(primary) is src_block and src_block.block_id not in extras_by_block:
             # The common case, one key that the source alone holds: what the removal and the
             # insertion below do, without their checks, the slots set directly.
-            del cache[primary]
-            cache[primary] = dst_block
-            src_block._block_hash = src_block._block_hash_num_tokens = None
-            src_block._hashed = False
+            segment[primary] = dst_block
+            src_block.reset_hash()
             dst_block._block_hash = primary
             dst_block._block_hash_num_tokens = num_tokens
-            dst_block._hashed = True
+            dst_block._segment = segment
             return
-        extras = sorted(extras_by_block.get(src_block.block_id, ()))
+        keys = [(primary, segment[None]), *sorted(
+            (extra, extra_segment[None])
+            for extra, extra_segment in extras_by_block.get(src_block.block_id, {}).items()
+        )]
         # The entries stay live, only their block changes: no KV event (the base removal).
         BlockPool._remove_cached_block_hashes(self, src_block)
-        for key in (primary, *extras):
-            self._insert_block_hash(key, dst_block, num_tokens)  # type: ignore[arg-type]
+        for key, head in keys:
+            self._insert_block_hash(head, key, dst_block, num_tokens)  # type: ignore[arg-type]
 
     def carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
         """The block is reachable under `key`, as its primary key or another one."""
-        return block._block_hash == key or self.cached_block_hash_to_block.contain(
-            key, block.block_id
+        return block._block_hash == key or key in self.cached_block_hashes_by_block.get(
+            block.block_id, ()
         )
 
     def _insert_block_hash(
-        self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int
+        self, head: BlockHash, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int
     ) -> None:
+        """Make `block` reachable under `key`, whose segment is named `head`."""
         primary = block._block_hash
         if primary is None:  # a block without a primary key has no other key either
-            # `set_block_hash` after its check, and `insert` of a new key in one dict operation.
+            # `set_block_hash` after its check, and the insertion.
             block._block_hash = key
             block._block_hash_num_tokens = num_tokens
-            block._hashed = True
-            if self.cached_block_hash_to_block._cache.setdefault(key, block) is not block:
-                self.cached_block_hash_to_block.insert(key, block)
+            block._segment = self.cached_block_hash_to_block.insert(head, key, block)
             return
-        if primary == key or self.cached_block_hash_to_block.contain(key, block.block_id):
+        if self.carries_key(block, key):
             return
-        self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
-        self.cached_block_hash_to_block.insert(key, block)
+        segment = self.cached_block_hash_to_block.insert(head, key, block)
+        self.cached_block_hashes_by_block.setdefault(block.block_id, {})[key] = segment
 
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
         """Drop every key of the block (primary and extras) from the map and the block."""
         extras_by_block = self.cached_block_hashes_by_block
-        extras = extras_by_block.pop(block.block_id, ()) if extras_by_block else ()
+        extras = extras_by_block.pop(block.block_id, None) if extras_by_block else None
         key = block._block_hash
         if key is None and not extras:
             return
         cache = self.cached_block_hash_to_block
-        if key is not None:
-            cache.pop(key, block.block_id)
-        for extra in extras:
-            cache.pop(extra, block.block_id)
+        segment = block._segment
+        if key is not None and segment is not None:
+            cache.pop(segment, key, block.block_id)
+        if extras:
+            for extra, extra_segment in extras.items():
+                cache.pop(extra_segment, extra, block.block_id)
         block.reset_hash()
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -487,7 +611,7 @@ class BlockPool:
         ret = []
         # Blocks without a key (caching off, or a decode step's one block off a head that
         # freed partial blocks fill) need no eviction.
-        if not self.enable_caching or num_blocks == 1 and not block._hashed:
+        if not self.enable_caching or num_blocks == 1 and block._segment is None:
             for _ in range(num_blocks):
                 ret.append(block)
                 nxt = block.next_free_block
@@ -499,7 +623,9 @@ class BlockPool:
             queue.num_free_blocks -= num_blocks
             return ret
         extras_by_block = self.cached_block_hashes_by_block
-        pop = self.cached_block_hash_to_block._cache.pop
+        cache_map = self.cached_block_hash_to_block
+        root = cache_map.root
+        root_pop = root.pop
         for _ in range(num_blocks):
             ret.append(block)
             nxt = block.next_free_block
@@ -507,19 +633,25 @@ class BlockPool:
             # Only a block with a primary key has keys (extras come after the primary). The
             # common case, a primary key alone, is `_remove_cached_block_hashes` inlined, and
             # the block alone under its key is `BlockHashToBlockMap.pop` inlined.
-            if block._hashed:  # the key itself is read only when there is one
-                key = block._block_hash
+            segment = block._segment  # the key itself is read only when there is one
+            if segment is not None:
                 if extras_by_block and block.block_id in extras_by_block:
                     self._remove_cached_block_hashes(block)
                 else:
-                    entry = pop(key, None)  # one lookup when the block is alone under its key
+                    key = block._block_hash
+                    # One lookup when the block is alone under its key (and the root's pop
+                    # bound once: most keys are there).
+                    if segment is root:
+                        entry = root_pop(key, None)
+                    else:
+                        entry = segment.pop(key, None)
+                        if entry is block and len(segment) == 1:
+                            cache_map.close(segment)
                     if entry is not block and entry is not None:
                         # Several blocks under the key: put them back, drop only this one.
-                        cache_map = self.cached_block_hash_to_block
-                        cache_map._cache[key] = entry
-                        cache_map.pop(key, block.block_id)
-                    block._block_hash = block._block_hash_num_tokens = None
-                    block._hashed = False
+                        segment[key] = entry
+                        cache_map.pop(segment, key, block.block_id)
+                    block._block_hash = block._block_hash_num_tokens = block._segment = None
             block.ref_cnt = 1
             block = nxt
         head.next_free_block = block
@@ -619,7 +751,7 @@ class BlockPool:
         if len(blocks) == 1 and blocks[0].ref_cnt == 1:
             block = blocks[0]
             block.ref_cnt = 0
-            if block._hashed and self.enable_caching and not evict_first:
+            if block._segment is not None and self.enable_caching and not evict_first:
                 self.free_block_queue.append_chain(block, block, 1)
             else:
                 self.free_block_queue.prepend_chain(block, block, 1)
@@ -633,9 +765,9 @@ class BlockPool:
             for block in remaining:
                 if block.ref_cnt == 1:  # the common case, tested without a local
                     block.ref_cnt = 0
-                    # `_hashed` leaves the key object, likely out of the CPU cache by now,
+                    # `_segment` leaves the key object, likely out of the CPU cache by now,
                     # untouched.
-                    if block._hashed:
+                    if block._segment is not None:
                         last_tail.next_free_block = block
                         block.prev_free_block = last_tail
                         last_tail = block

@@ -72,7 +72,7 @@ class KVCacheBlock:
     # holds it all. A finished request's blocks are usually out of the CPU cache.
     __slots__ = (
         "ref_cnt",
-        "_hashed",
+        "_segment",
         "prev_free_block",
         "next_free_block",
         "is_null",
@@ -86,9 +86,10 @@ class KVCacheBlock:
         self.ref_cnt = 0
         self._block_hash: BlockHashWithGroupId | None = None
         self._block_hash_num_tokens: int | None = None
-        # `_block_hash is not None`, kept beside it: reading a bool leaves the key alone, while
-        # reading the key writes its reference count, a cache miss per block in free_blocks.
-        self._hashed = False
+        # The hash map's segment that holds the primary key (owned by BlockPool), None without
+        # one. Tested instead of the key: reading the key writes its reference count, a cache
+        # miss per block in free_blocks, while one segment serves up to 64 blocks.
+        self._segment: dict[BlockHashWithGroupId, object] | None = None
         # Owned by FreeKVCacheBlockQueue: both set iff the block is linked in it.
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
@@ -109,12 +110,11 @@ class KVCacheBlock:
             raise RuntimeError(f"block {self.block_id} already has a primary hash key")
         self._block_hash = block_hash
         self._block_hash_num_tokens = num_tokens
-        self._hashed = True
 
     def reset_hash(self) -> None:
         self._block_hash = None
         self._block_hash_num_tokens = None
-        self._hashed = False
+        self._segment = None
 
     def __repr__(self) -> str:
         prev_id = self.prev_free_block.block_id if self.prev_free_block else None

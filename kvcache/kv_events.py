@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvfuzz.kvcache.block_pool import BlockPool
+from kvfuzz.kvcache.block_pool import BlockPool, Segment
 from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
     BlockHashWithGroupId,
@@ -137,18 +137,19 @@ class EventfulBlockPool(BlockPool):
             ))
         return key
 
-    def _removed(self, keys: list[BlockHashWithGroupId]) -> None:
+    def _removed(self, keys: list[tuple[BlockHashWithGroupId, Segment]]) -> None:
         """BlockRemoved for each key no block holds any more (another copy keeps it)."""
-        cache = self.cached_block_hash_to_block
-        for key in keys:
-            if cache.get_one_block(key) is None:
+        for key, segment in keys:
+            if key not in segment:  # a segment dropped once emptied stays empty
                 block_hash, group = _split(key)
                 self.kv_event_queue.append(BlockRemoved([block_hash], group))
 
-    def _keys_of(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
-        if block.block_hash is None:
+    def _keys_of(self, block: KVCacheBlock) -> list[tuple[BlockHashWithGroupId, Segment]]:
+        """The block's keys (primary first), each with its segment."""
+        if block._block_hash is None or block._segment is None:
             return []
-        return [block.block_hash, *self.cached_block_hashes_by_block.get(block.block_id, ())]
+        return [(block._block_hash, block._segment),  # type: ignore[list-item]
+                *self.cached_block_hashes_by_block.get(block.block_id, {}).items()]
 
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
         keys = self._keys_of(block)

@@ -72,6 +72,10 @@ class SingleTypeKVCacheManager:
         self.block_size = kv_cache_spec.block_size
         # Specs are frozen: read once, not on every cache_blocks.
         self._prefix_cacheable = kv_cache_spec.prefix_cacheable
+        # Whether this kind masks blocks out of registration: the call is left out otherwise.
+        self._masks_blocks = (
+            type(self).reachable_block_mask is not SingleTypeKVCacheManager.reachable_block_mask
+        )
         self.block_pool = block_pool
         self._hash_block_size = block_pool.hash_block_size
         self.enable_caching = enable_caching
@@ -282,7 +286,8 @@ class SingleTypeKVCacheManager:
                 num_full_blocks,
                 self.block_size,
                 self.kv_cache_group_id,
-                self.reachable_block_mask(num_cached_blocks, num_full_blocks, request),
+                self.reachable_block_mask(num_cached_blocks, num_full_blocks, request)
+                if self._masks_blocks else None,
             )
             self.num_cached_block[request_id] = num_full_blocks
         if self.caches_partial_tail_block:
@@ -421,18 +426,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         assert isinstance(kv_cache_spec, FullAttentionSpec | ChunkedLocalAttentionSpec)
         block_size = kv_cache_spec.block_size
         hash_block_size = block_pool.hash_block_size
-        num_blocks = max_length // block_size
-        if type(block_hashes) is list:
-            # A request's fine hashes: block j's is the one at its end, a strided slice.
-            scale, rest = divmod(block_size, hash_block_size)
-            assert not rest, (block_size, hash_block_size)
-            run_hashes = block_hashes[scale - 1:num_blocks * scale:scale]
-        else:
-            run_hashes = resolve_block_hashes(block_hashes, hash_block_size, block_size)[
-                :num_blocks]
+        assert block_size % hash_block_size == 0, (block_size, hash_block_size)
         fine_grained = alignment_tokens < block_size and block_size % alignment_tokens == 0
         # Phase 1: hashes are chained, so the first miss ends the hit.
-        computed = block_pool.get_cached_block_run(run_hashes, kv_cache_group_ids)
+        computed = block_pool.get_cached_block_run(
+            block_hashes, block_size, 0, max_length // block_size, kv_cache_group_ids)
         num_full = len(computed[0])
         hit_length = num_full * block_size
 
@@ -444,7 +442,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             first = num_full * scale
             top = min(first + scale - 1, max_length // alignment_tokens, len(block_hashes))
             found = block_pool.get_rightmost_cached_block(
-                block_hashes, range(top - 1, first - 1, -1), kv_cache_group_ids
+                block_pool.fine_hashes(block_hashes, block_size)[0], hash_block_size,
+                range(top - 1, first - 1, -1), kv_cache_group_ids,
             )
             if found is not None:
                 fine_idx, cached = found
@@ -483,9 +482,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         if block.is_null:
             return
         key = request.block_hashes[boundary // hash_block_size - 1] + self._group_suffix
-        if block._block_hash == key or self.block_pool.cached_block_hash_to_block.contain(
-            key, block.block_id
-        ):  # `carries_key`, inlined
+        if self.block_pool.carries_key(block, key):
             return  # every step after the first: already registered
         self.block_pool.register_partial_block(request, block, boundary, key)
 
@@ -659,7 +656,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             if not aligned and not cls._is_hit_end(end, edge_shift, block_size, alignment_tokens):
                 end -= 1
                 continue
-            run = block_pool.get_cached_block_run(hashes[end - need : end], kv_cache_group_ids)
+            run = block_pool.get_cached_block_run(
+                hashes, block_size, end - need, end, kv_cache_group_ids)
             num_hits = len(run[0])
             if num_hits == need:
                 null_blocks = [block_pool.null_block] * (end - need)
@@ -671,7 +669,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         if computed is None:
             # The run reaching block 0 is a hit even when shorter than the window.
             computed = head_run or block_pool.get_cached_block_run(
-                hashes[:max_num_blocks], kv_cache_group_ids
+                hashes, block_size, 0, max_num_blocks, kv_cache_group_ids
             )
             if not aligned:
                 num_blocks = len(computed[0])
@@ -779,7 +777,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         start_block = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
         computed = tuple([block_pool.null_block] * start_block for _ in kv_cache_group_ids)
         for i in range(start_block, min(max_length // block_size, len(hashes))):
-            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            cached = block_pool.get_cached_block(hashes, block_size, i, kv_cache_group_ids)
             if cached is None:
                 break
             for blocks, block in zip(computed, cached):
@@ -1426,7 +1424,7 @@ class MambaManager(SingleTypeKVCacheManager):
             indices = (range(top // step * step - 1, -1, -step) if step
                        else (i for i in range(top - 1, -1, -1)
                              if (i + 1) * block_size % alignment_tokens == 0))
-        found = block_pool.get_rightmost_cached_block(hashes, indices, kv_cache_group_ids)
+        found = block_pool.get_rightmost_cached_block(hashes, unit, indices, kv_cache_group_ids)
         if found is None:
             return tuple([[] for _ in kv_cache_group_ids]), 0
         index, cached = found

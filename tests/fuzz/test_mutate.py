@@ -21,7 +21,7 @@ def test_a_killed_and_a_surviving_mutant_and_the_source_restored():
     before = _digest(path)
     found = mutate.mutants([path])
     lines = path.read_text().splitlines()
-    lookup = 1 + lines.index("            blocks = get(block_hash + suffix)")
+    lookup = 1 + lines.index("                blocks = get(block_hash + suffix)")
     # `block_hash - suffix` makes every cached-block lookup raise TypeError.
     killed = next(m for m in found if m.line == lookup
                   and m.operator == "core/ReplaceBinaryOperator_Add_Sub")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvfuzz.kvcache.block_pool import ROOT
 from kvfuzz.kvcache import (
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -77,16 +78,34 @@ def _link(block: KVCacheBlock | None) -> int | None:
     return None if block is None else block.block_id
 
 
+def assert_segments(pool: BlockPool) -> None:
+    """The map's segments are filed under their heads and non-empty (but the root), and every key
+    of a block (primary and extras) is in the segment the block records for it."""
+    cache_map = pool.cached_block_hash_to_block
+    segments = cache_map._segments
+    assert segments.get(ROOT) is cache_map.root
+    assert all((len(segment) > 1 or segment is cache_map.root) and segment[None] == head
+               for head, segment in segments.items())
+    for b in pool.blocks:
+        keys = [(b.block_hash, b._segment)] if b.block_hash is not None else []
+        assert (b._segment is None) == (b.block_hash is None), b.block_id
+        keys += pool.cached_block_hashes_by_block.get(b.block_id, {}).items()
+        for key, segment in keys:
+            assert segments.get(segment[None]) is segment, (b.block_id, key)
+            entry = segment.get(key)
+            assert entry is b or isinstance(entry, dict) and entry.get(b.block_id) is b, (
+                b.block_id, key)
+
+
 def dump_pool(pool: BlockPool) -> dict[str, Any]:
     """Everything layer 4 holds, as plain data (links by id, map entries with their shape).
 
-    Also checks the one redundant field: a block's `_hashed` says whether it has a key.
+    Also checks the blocks' segments (`assert_segments`).
     """
-    stale = [b.block_id for b in pool.blocks if b._hashed != (b.block_hash is not None)]
-    assert not stale, f"_hashed disagrees with block_hash on blocks {stale}"
+    assert_segments(pool)
     queue = pool.free_block_queue
     cache = {}
-    for key, entry in pool.cached_block_hash_to_block._cache.items():
+    for key, entry in pool.cached_block_hash_to_block.items():
         cache[key] = ("many", list(entry)) if isinstance(entry, dict) else ("one", entry.block_id)
     return {
         "blocks": [

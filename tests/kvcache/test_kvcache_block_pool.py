@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from kvfuzz.kvcache import BlockHashToBlockMap, BlockPool, KVCacheBlock
+from kvfuzz.kvcache.block_pool import ROOT, SEGMENT_LEN, segment_head
 from kvfuzz.kvcache.kv_cache_utils import make_block_hash_with_group_id, null_head_len
 from kvcache_testkit import dump_pool, free_ids, ids, make_request
 
+HEAD = b"s" * 32
 KEY = make_block_hash_with_group_id(b"h" * 32, 0)
 OTHER = make_block_hash_with_group_id(b"h" * 32, 1)
 
@@ -18,45 +20,63 @@ OTHER = make_block_hash_with_group_id(b"h" * 32, 1)
 def test_map_single_then_duplicates_keep_insertion_order():
     m = BlockHashToBlockMap()
     b1, b2, b3 = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
-    assert m.get_one_block(KEY) is None and not m.contain(KEY, 1)
-    m.insert(KEY, b2)
-    assert m._cache[KEY] is b2
-    m.insert(KEY, b1)
-    m.insert(KEY, b3)
-    assert list(m._cache[KEY]) == [2, 1, 3]
-    assert m.get_one_block(KEY) is b2
-    assert m.contain(KEY, 3) and not m.contain(KEY, 4) and not m.contain(OTHER, 2)
+    segment = m.insert(HEAD, KEY, b2)
+    assert segment[None] == HEAD and segment[KEY] is b2
+    assert m.insert(HEAD, KEY, b1) is segment and m.insert(HEAD, KEY, b3) is segment
+    assert list(segment[KEY]) == [2, 1, 3]
+    assert dict(m.items()) == {KEY: {2: b2, 1: b1, 3: b3}}
     assert len(m) == 1
 
 
 def test_map_pop_specific_block_id():
     m = BlockHashToBlockMap()
     b1, b2 = KVCacheBlock(1), KVCacheBlock(2)
-    m.insert(KEY, b1)
-    m.insert(KEY, b2)
-    assert m.pop(KEY, 1) is b1
-    assert m.get_one_block(KEY) is b2
-    assert m.pop(KEY, 1) is None
-    assert m.pop(KEY, 2) is b2
-    assert len(m) == 0 and KEY not in m._cache
+    segment = m.insert(HEAD, KEY, b1)
+    m.insert(HEAD, KEY, b2)
+    assert m.pop(segment, KEY, 1) is b1
+    assert segment[KEY] == {2: b2}
+    assert m.pop(segment, KEY, 1) is None
+    assert m.pop(segment, KEY, 2) is b2
+    # The emptied segment is dropped (the root stays).
+    assert len(m) == 0 and m._segments == {ROOT: m.root}
 
 
 def test_map_pop_leaves_a_different_single_block():
     m = BlockHashToBlockMap()
     b1 = KVCacheBlock(1)
-    m.insert(KEY, b1)
-    assert m.pop(KEY, 7) is None
-    assert m._cache[KEY] is b1
-    assert m.pop(OTHER, 1) is None
-    assert m.pop(KEY, 1) is b1 and len(m) == 0
+    segment = m.insert(HEAD, KEY, b1)
+    assert m.pop(segment, KEY, 7) is None
+    assert segment[KEY] is b1
+    assert m.pop(segment, OTHER, 1) is None
+    assert m.pop(segment, KEY, 1) is b1 and len(m) == 0
 
 
 def test_same_hash_different_groups_are_different_keys():
     m = BlockHashToBlockMap()
-    m.insert(KEY, KVCacheBlock(1))
-    m.insert(OTHER, KVCacheBlock(2))
+    m.insert(HEAD, KEY, KVCacheBlock(1))
+    m.insert(HEAD, OTHER, KVCacheBlock(2))
     assert len(m) == 2
     assert OTHER[-4:] == (1).to_bytes(4, "big") and OTHER[:-4] == b"h" * 32
+
+
+def test_map_files_keys_by_segment_and_runs_cross_segments():
+    fine = [i.to_bytes(32, "big") for i in range(2 * SEGMENT_LEN + 2)]
+    m = BlockHashToBlockMap()
+    blocks = [KVCacheBlock(i) for i in range(len(fine))]
+    segments = [m.insert(segment_head(fine, i), fine[i], blocks[i]) for i in range(len(fine))]
+    # Every request's first segment is the shared root.
+    assert [segments[i][None] for i in (0, SEGMENT_LEN - 1, SEGMENT_LEN, len(fine) - 1)] == [
+        ROOT, ROOT, fine[SEGMENT_LEN], fine[2 * SEGMENT_LEN]]
+    assert len(m._segments) == 3 and len(m) == len(fine)
+    assert m.get_one_block_run(fine, 0, len(fine), 1, 0) == blocks
+    assert m.get_one_block_run(fine, 3, len(fine), 4, 0) == blocks[3::4]
+    assert m.get_one_block_run(fine, 0, len(fine), 1, 1) == []
+    # A miss ends the run, in whichever segment it falls.
+    m.pop(segments[SEGMENT_LEN + 5], fine[SEGMENT_LEN + 5], SEGMENT_LEN + 5)
+    assert m.get_one_block_run(fine, 0, len(fine), 1, 0) == blocks[:SEGMENT_LEN + 5]
+    for i in (2 * SEGMENT_LEN, 2 * SEGMENT_LEN + 1):
+        m.pop(segments[i], fine[i], i)
+    assert len(m._segments) == 2 and fine[2 * SEGMENT_LEN] not in m._segments
 
 
 # ----- pool -----
@@ -112,11 +132,12 @@ def test_get_new_blocks_evicts_a_duplicate_without_touching_the_other():
     request, (a,) = _cached(pool, [1, 2, 3, 4], 1, "a")
     _, (b,) = _cached(pool, [1, 2, 3, 4], 1, "b")
     key = a.block_hash
-    assert list(pool.cached_block_hash_to_block._cache[key]) == [1, 2]
+    assert list(b._segment[key]) == [1, 2]
     pool.free_blocks([a])
     pool.get_new_blocks(2)
     assert a.block_hash is None and b.block_hash == key
-    assert list(pool.cached_block_hash_to_block._cache[key]) == [2]
+    assert list(b._segment[key]) == [2]
+    dump_pool(pool)
 
 
 def test_touch_rescues_free_blocks_and_counts_references():
@@ -211,8 +232,9 @@ def test_partial_entry_then_promotion_to_full_key():
     pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
     full = make_block_hash_with_group_id(request.block_hashes[3], 0)
     assert blocks[1].block_hash == full and blocks[1].block_hash_num_tokens == 8
-    assert partial not in pool.cached_block_hash_to_block._cache
+    assert partial not in dict(pool.cached_block_hash_to_block.items())
     assert pool.cached_block_hashes_by_block == {}
+    dump_pool(pool)
 
 
 def test_partial_entry_below_the_primary_becomes_an_extra_key():
@@ -222,8 +244,9 @@ def test_partial_entry_below_the_primary_becomes_an_extra_key():
     high = pool.cache_partial_block(request, block, 6, 0, 8)
     low = pool.cache_partial_block(request, block, 4, 0, 8)
     assert block.block_hash == high and block.block_hash_num_tokens == 6
-    assert pool.cached_block_hashes_by_block == {1: {low}}
-    assert pool.cached_block_hash_to_block.get_one_block(low) is block
+    assert {b: list(keys) for b, keys in pool.cached_block_hashes_by_block.items()} == {1: [low]}
+    assert pool.get_cached_block(request.block_hashes, 2, 1, [0]) == [block]
+    dump_pool(pool)
     replaced = pool.cache_partial_block(request, block, 2, 0, 8, replace_existing_hashes=True)
     assert block.block_hash == replaced and block.block_hash_num_tokens == 2
     assert pool.cached_block_hashes_by_block == {} and len(pool.cached_block_hash_to_block) == 1
@@ -260,8 +283,8 @@ def test_get_cached_block_needs_every_group():
     request, (block,) = _cached(pool, [1, 2, 3, 4], 1)
     (other,) = pool.get_new_blocks(1)
     pool.cache_full_blocks(request, [other], 0, 1, 4, 1)
-    assert ids(pool.get_cached_block(request.block_hashes[0], [0, 1])) == [1, 2]
-    assert pool.get_cached_block(request.block_hashes[0], [0, 2]) is None
+    assert ids(pool.get_cached_block(request.block_hashes, 4, 0, [0, 1])) == [1, 2]
+    assert pool.get_cached_block(request.block_hashes, 4, 0, [0, 2]) is None
 
 
 def test_null_head_len_counts_exactly_the_leading_nulls():
