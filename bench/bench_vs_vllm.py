@@ -107,8 +107,8 @@ def _workloads(quick: bool) -> list[Workload]:
         Workload("KV connector: full attention, 600 blocks, half the requests load KV",
                  Config(600, (full,), max_model_len=1024, kv_connector=True),
                  2000 // scale, 512, 256, 32, 2048, 24, 5, connector=True),
-        # Nine repeats: a pass makes only 64 admissions and 64 frees, and one admission (the
-        # hash map's growth, on both sides) is about a quarter of a side's time in its row.
+        # Nine repeats: a pass makes only 64 admissions and 64 frees, and one admission (vLLM's
+        # hash map growing) is about a quarter of its time in the row.
         Workload("long context, 1,000,000 blocks",
                  Config(1_000_000, (full,), max_model_len=131_072),
                  64 // scale, 65_536, 32_768, 32, 16_384, 16, 9 if not quick else 3),
