@@ -80,7 +80,7 @@ class BlockHashToBlockMap:
         """The earliest inserted block still under each key at indices `start`, `start + step`,
         ... before `stop` (within `fine_hashes`) in `group_id`, up to the first miss: one
         segment lookup per segment crossed."""
-        suffix = group_id_suffix(group_id) if group_id else b""
+        suffix = group_id_suffix(group_id) if group_id else None
         segments = self._segments
         run: list[KVCacheBlock] = []
         append = run.append
@@ -94,8 +94,14 @@ class BlockHashToBlockMap:
                     break
                 end = end + SEGMENT_LEN if end + SEGMENT_LEN < stop else stop
             get = segment.get
-            for block_hash in fine_hashes[start:end:step]:
-                blocks = get(block_hash + suffix)
+            # Group 0's keys are the hashes themselves (adding an empty suffix costs as much
+            # as the lookup); the others' are built in C.
+            keys: Iterable[BlockHashWithGroupId] = (  # type: ignore[assignment]
+                fine_hashes[start:end:step] if suffix is None
+                else map(add, fine_hashes[start:end:step], repeat(suffix))
+            )
+            for key in keys:
+                blocks = get(key)
                 if blocks is None:
                     return run
                 if type(blocks) is dict:
@@ -215,20 +221,22 @@ class BlockPool:
         """One cached block per group for block `index` of `block_hashes` (a request's hashes,
         or a view of them at `block_size`), or None if any group misses. Pure read."""
         fine, scale = self.fine_hashes(block_hashes, block_size)
-        return self._cached_at(fine, (index + 1) * scale - 1, kv_cache_group_ids)
-
-    def _cached_at(
-        self, fine: Sequence[BlockHash], fine_index: int, kv_cache_group_ids: Sequence[int]
-    ) -> list[KVCacheBlock] | None:
-        """`get_cached_block` of the key at `fine[fine_index]`."""
+        fine_index = (index + 1) * scale - 1
         segment = self.cached_block_hash_to_block._segments.get(segment_head(fine, fine_index))
-        if segment is None:
-            return None
-        block_hash = fine[fine_index]
+        return None if segment is None else self._cached_in(
+            segment, fine[fine_index], kv_cache_group_ids
+        )
+
+    @staticmethod
+    def _cached_in(
+        segment: Segment, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        """`get_cached_block` of the key at `block_hash`, whose segment is `segment`."""
         cached_blocks = []
         for group_id in kv_cache_group_ids:
-            # Keys are built by plain concatenation here: calling the NewType costs a call.
-            blocks = segment.get(block_hash + group_id_suffix(group_id))  # type: ignore[arg-type]
+            # Keys are built by plain concatenation here (calling the NewType costs a call),
+            # and group 0's is the hash itself.
+            blocks = segment.get(block_hash + group_id_suffix(group_id) if group_id else block_hash)
             if blocks is None:
                 return None
             if type(blocks) is dict:
@@ -245,14 +253,22 @@ class BlockPool:
         `get_cached_block` hits, with its blocks; None if none does. Pure read (a state
         group's right-to-left search)."""
         fine, scale = self.fine_hashes(block_hashes, block_size)
-        segments = self.cached_block_hash_to_block._segments
-        first = group_id_suffix(kv_cache_group_ids[0])
+        cache_map = self.cached_block_hash_to_block
+        segments, root = cache_map._segments, cache_map.root
+        first = kv_cache_group_ids[0]
+        suffix = group_id_suffix(first)
         for index in indices:
             fine_index = (index + 1) * scale - 1
-            segment = segments.get(segment_head(fine, fine_index))
-            if segment is None or segment.get(fine[fine_index] + first) is None:  # type: ignore[operator]
+            if fine_index < SEGMENT_LEN:  # `segment_head`, inlined
+                segment = root
+            else:
+                segment = segments.get(fine[fine_index - fine_index % SEGMENT_LEN])
+                if segment is None:
+                    continue
+            block_hash = fine[fine_index]
+            if segment.get(block_hash + suffix if first else block_hash) is None:
                 continue
-            cached = self._cached_at(fine, fine_index, kv_cache_group_ids)
+            cached = self._cached_in(segment, block_hash, kv_cache_group_ids)
             if cached is not None:
                 return index, cached
         return None
@@ -365,6 +381,22 @@ class BlockPool:
         token_counts = ends[first + 1:last + 1:scale]
         cache_map = self.cached_block_hash_to_block
         segments, root = cache_map._segments, cache_map.root
+        if last <= SEGMENT_LEN and block_mask is None:
+            # The common case, every key in the root and nothing masked: the loop below for
+            # it, without its per-segment steps.
+            setdefault = root.setdefault
+            for block, key, num_tokens in zip(new_blocks, keys, token_counts):
+                if block._block_hash is None:  # as below
+                    if block.is_null:
+                        continue
+                    block._block_hash = key
+                    block._block_hash_num_tokens = num_tokens
+                    block._segment = root
+                    if setdefault(key, block) is not block:
+                        cache_map.add_copy(root, key, root[key], block)
+                elif not block.is_null:
+                    self._promote(block, ROOT, key, num_tokens)
+            return
         k = 0
         while k < num_new_blocks:
             # Blocks [k, k_end) have their keys in `segment`, masked ones left out; entries are
@@ -400,18 +432,24 @@ class BlockPool:
                     if entry is not block:
                         cache_map.add_copy(segment, key, entry, block)
                     continue
-                assert (
-                    block.block_hash_num_tokens is not None
-                    and block.block_hash_num_tokens < num_tokens
-                ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
-                self._remove_cached_block_hashes(block)
-                self._insert_block_hash(head, key, block, num_tokens)
+                self._promote(block, head, key, num_tokens)
                 # The removal may have emptied and dropped the segment.
                 segment = cache_map.open(head)
                 setdefault = segment.setdefault
             if segment is not root and len(segment) == 1:  # every block was null or masked
                 cache_map.close(segment)
             k = k_end
+
+    def _promote(
+        self, block: KVCacheBlock, head: BlockHash, key: BlockHashWithGroupId, num_tokens: int
+    ) -> None:
+        """Re-key a block that has a key: only a partial entry, promoted to its full key."""
+        assert (
+            block.block_hash_num_tokens is not None
+            and block.block_hash_num_tokens < num_tokens
+        ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
+        self._remove_cached_block_hashes(block)
+        self._insert_block_hash(head, key, block, num_tokens)
 
     def _register_one(
         self,
@@ -440,17 +478,22 @@ class BlockPool:
         block = blocks[index]
         if block._block_hash is not None or block.is_null:
             return False
-        key: BlockHashWithGroupId = (  # type: ignore[assignment]
-            fine_hashes[hash_index] + group_id_suffix(kv_cache_group_id)
-        )
+        key: BlockHashWithGroupId = fine_hashes[hash_index]  # type: ignore[assignment]
+        if kv_cache_group_id:  # group 0's key is the hash itself
+            key = key + group_id_suffix(kv_cache_group_id)  # type: ignore[assignment]
+        ends = self._hash_block_ends
+        if hash_index >= len(ends) - 1:
+            ends = self._ends_through(hash_index + 1)
         block._block_hash = key
-        block._block_hash_num_tokens = self._ends_through(hash_index + 1)[hash_index + 1]
+        block._block_hash_num_tokens = ends[hash_index + 1]
         # `insert` inlined for a new key in an existing segment (a decode step's cold path: the
         # calls cost as much).
         cache_map = self.cached_block_hash_to_block
-        head = (fine_hashes[hash_index - hash_index % SEGMENT_LEN] if hash_index >= SEGMENT_LEN
-                else ROOT)  # `segment_head`, inlined
-        segment = cache_map._segments.get(head)
+        if hash_index < SEGMENT_LEN:  # `segment_head`, inlined
+            head, segment = ROOT, cache_map.root
+        else:
+            head = fine_hashes[hash_index - hash_index % SEGMENT_LEN]
+            segment = cache_map._segments.get(head)
         if segment is None or segment.setdefault(key, block) is not block:
             segment = cache_map.insert(head, key, block)
         block._segment = segment
@@ -491,9 +534,9 @@ class BlockPool:
                 f"num_tokens {num_tokens} is not a positive multiple of {hbs} within the "
                 f"{len(request.block_hashes)} hashes of request {request.request_id!r}"
             )
-        key: BlockHashWithGroupId = (  # type: ignore[assignment]
-            request.block_hashes[num_tokens // hbs - 1] + group_id_suffix(kv_cache_group_id)
-        )
+        key: BlockHashWithGroupId = request.block_hashes[num_tokens // hbs - 1]  # type: ignore[assignment]
+        if kv_cache_group_id:
+            key = key + group_id_suffix(kv_cache_group_id)  # type: ignore[assignment]
         return self.register_partial_block(request, block, num_tokens, key,
                                            replace_existing_hashes)
 

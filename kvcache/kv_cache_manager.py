@@ -510,17 +510,17 @@ class KVCacheManager:
                 request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
             )
         # 9. Tier C (P/D): the caller caches once the transfer lands.
-        if delay_cache_blocks:
-            return self.create_kv_cache_blocks(new_blocks)
-
         # 10. Cache the finalized tokens only: drafts and lookahead may be rejected.
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache_blocks:
             num_tokens = request.num_tokens
             self.coordinator.cache_blocks(
                 request,
                 num_tokens_main_model if num_tokens_main_model < num_tokens else num_tokens,
             )
-        return self.create_kv_cache_blocks(new_blocks)
+        # `create_kv_cache_blocks`, inlined.
+        if any(new_blocks):
+            return KVCacheBlocks(new_blocks)
+        return self.empty_kv_cache_blocks
 
     def _check_counts(self, request_id: str, **counts: object) -> None:
         """Each count an int >= 0 (bools are not counts); external tokens only for a request

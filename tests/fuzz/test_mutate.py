@@ -21,11 +21,12 @@ def test_a_killed_and_a_surviving_mutant_and_the_source_restored():
     before = _digest(path)
     found = mutate.mutants([path])
     lines = path.read_text().splitlines()
-    lookup = 1 + lines.index("                blocks = get(block_hash + suffix)")
-    # `block_hash - suffix` makes every cached-block lookup raise TypeError.
-    killed = next(m for m in found if m.line == lookup
+    first = 1 + lines.index("        first = (num_cached_blocks + 1) * scale - 1")
+    # `(num_cached_blocks - 1) * scale - 1` files a registration's blocks under wrong keys.
+    killed = next(m for m in found if m.line == first
                   and m.operator == "core/ReplaceBinaryOperator_Add_Sub")
-    # `type(blocks) == dict` is `type(blocks) is dict`: an equivalent mutant.
+    # `type(blocks) == dict` is `type(blocks) is dict` (in a lookup): an equivalent mutant.
+    lookup = 1 + lines.index("                blocks = get(key)")
     equivalent = next(m for m in found if m.line == lookup + 3
                       and m.operator == "core/ReplaceComparisonOperator_Is_Eq")
     (factory,) = mutate.resolve("kvcache", ["kv_cache_coordinator.py"])

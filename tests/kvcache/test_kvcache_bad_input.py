@@ -428,8 +428,10 @@ def test_touch_of_an_unqueued_zero_ref_block(world: World, first: str | None) ->
     )
 
 
+@pytest.mark.parametrize("evict_first", [False, True])
 @pytest.mark.parametrize("case", ["free", "held then free", "held once, twice"])
-def test_free_blocks_of_a_block_not_held(world: World, case: str) -> None:
+def test_free_blocks_of_a_block_not_held(world: World, case: str, evict_first: bool) -> None:
+    """With `evict_first` the release takes the loop that caching off takes too."""
     pool = world.manager.block_pool
     free_block = pool.free_block_queue.get_all_free_blocks()[0]
     once = next(b for b in pool.blocks if b.ref_cnt == 1)
@@ -441,7 +443,7 @@ def test_free_blocks_of_a_block_not_held(world: World, case: str) -> None:
     }[case]
     assert_rejected(
         world,
-        lambda: pool.free_blocks(blocks),
+        lambda: pool.free_blocks(blocks, evict_first),
         rf"free_blocks\(\): block {bad.block_id} is not held",
     )
 

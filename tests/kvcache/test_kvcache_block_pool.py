@@ -287,6 +287,18 @@ def test_get_cached_block_needs_every_group():
     assert pool.get_cached_block(request.block_hashes, 4, 0, [0, 2]) is None
 
 
+def test_get_rightmost_cached_block_searches_the_groups_it_is_given():
+    """A key of group 1 alone is a hit for group 1, though group 0 has none there."""
+    pool = _pool(8)
+    request = make_request("r", list(range(12)), pool.hash_block_size)
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(request, blocks, 0, 3, 4, 1)
+    hashes = request.block_hashes
+    assert pool.get_rightmost_cached_block(hashes, 4, [2, 1, 0], [1]) == (2, [blocks[2]])
+    assert pool.get_rightmost_cached_block(hashes, 4, [2, 1, 0], [0]) is None
+    assert pool.get_rightmost_cached_block(hashes, 4, [2, 1, 0], [1, 0]) is None
+
+
 def test_null_head_len_counts_exactly_the_leading_nulls():
     pool = BlockPool(8, True, 4)
     null = pool.null_block
