@@ -17,6 +17,7 @@ from kvfuzz.kvcache.kv_cache_utils import (
     KVCacheBlock,
     check_positive_int,
     group_id_suffix,
+    make_block_hash_with_group_id,
 )
 
 if TYPE_CHECKING:
@@ -482,7 +483,7 @@ class BlockPool:
         if kv_cache_group_id:  # group 0's key is the hash itself
             key = key + group_id_suffix(kv_cache_group_id)  # type: ignore[assignment]
         ends = self._hash_block_ends
-        if hash_index >= len(ends) - 1:
+        if hash_index + 1 >= len(ends):
             ends = self._ends_through(hash_index + 1)
         block._block_hash = key
         block._block_hash_num_tokens = ends[hash_index + 1]
@@ -534,9 +535,9 @@ class BlockPool:
                 f"num_tokens {num_tokens} is not a positive multiple of {hbs} within the "
                 f"{len(request.block_hashes)} hashes of request {request.request_id!r}"
             )
-        key: BlockHashWithGroupId = request.block_hashes[num_tokens // hbs - 1]  # type: ignore[assignment]
-        if kv_cache_group_id:
-            key = key + group_id_suffix(kv_cache_group_id)  # type: ignore[assignment]
+        key = make_block_hash_with_group_id(
+            request.block_hashes[num_tokens // hbs - 1], kv_cache_group_id
+        )
         return self.register_partial_block(request, block, num_tokens, key,
                                            replace_existing_hashes)
 
