@@ -167,7 +167,7 @@ class AtherisWorker:
         except HarnessFault as exc:  # not a finding: the parent exits 3 with it
             _write_atomic(self.run_dir / FAULT_FILE, pickle.dumps(ErrorReport.of(exc)))
             os._exit(3)
-        account(result, self.runner.take_executions())
+        account(result, self.runner.take_executions(), self.runner.probe.take())
         self.stats.add(result)
         now = time.monotonic()
         self.stats.elapsed = now - self.start

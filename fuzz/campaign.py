@@ -22,7 +22,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
-from kvfuzz.fuzz.coverage import behaviour_features
+from kvfuzz.fuzz.coverage import StateProbe, behaviour_features
 from kvfuzz.fuzz.database import open_database, quiet, warn
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
 from kvfuzz.fuzz.generator import FOCUS_OPS, focus_features, run_example
@@ -255,8 +255,11 @@ def failure_of(exc: Counterexample) -> Failure:
     return Failure(f.check, f.message, tuple(f.signature), f.trace.to_json())
 
 
-def account(result: BatchResult, executions: list[Execution]) -> None:
-    """Add the operations, checks and features of the executions run to `result`."""
+def account(result: BatchResult, executions: list[Execution],
+            reached: Collection[tuple[Any, ...]] = ()) -> None:
+    """Add the operations, checks and features of the executions run (and the state
+    behaviours `reached` by their ops) to `result`."""
+    result.features.update(reached)
     for execution in executions:
         result.operations += execution.ops_checked
         result.checks += execution.checks_run
@@ -280,6 +283,7 @@ class BatchRunner:
         self.on_execution: Callable[[Execution], None] | None = None
         """Also called with each execution (a benchmark keeps their traces)."""
         self._executions: list[Execution] = []
+        self.probe = StateProbe()
 
     def example(self, level: str, name: str, data: bytes, swarm: bool = True) -> None:
         """Run one example of pair (level, name) from its bytes (both engines call this);
@@ -290,7 +294,7 @@ class BatchRunner:
             data, campaign_config(opts, name), level, steps=opts.steps, targets=(opts.target,),
             model=opts.model, checks=self.checks, allow_misuse=opts.target != "vllm",
             swarm=opts.swarm and swarm, focus=self.focus_rules, on_execution=self._executed,
-            vary=name not in {c.name for c in opts.config_files},
+            vary=name not in {c.name for c in opts.config_files}, on_op=self.probe.observe,
         )
 
     def _executed(self, execution: Execution) -> None:
@@ -356,7 +360,7 @@ class BatchRunner:
             if not STOP_REQUESTED.is_set():
                 raise
             result.interrupted = True
-        account(result, self.take_executions())
+        account(result, self.take_executions(), self.probe.take())
         result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
         result.seconds = time.monotonic() - start
         result.database_lost = getattr(self.database, "lost", None)

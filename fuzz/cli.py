@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--examples", type=int, help="number of generated examples instead, "
                         "shared out over the workers")
     run.add_argument("--seed", type=int, default=0, help="campaign seed (default: 0)")
-    run.add_argument("--workers", type=int, default=1, help="processes with disjoint seeds")
+    run.add_argument("--workers", type=int, default=1,
+                     help="processes with disjoint seeds (default: 1)")
     run.add_argument("--config", nargs="+", metavar="NAME", help="built-in configs (default: "
                      "all; see `kvfuzz configs`)")
     run.add_argument("--config-file", action="append", default=[], type=Path, metavar="FILE",
@@ -81,17 +82,28 @@ def _parser() -> argparse.ArgumentParser:
                      "repeat for more; run as given, besides any --config (default then: only "
                      "these)")
     run.add_argument("--level", nargs="+", choices=("api", "scheduler"),
-                     default=["api", "scheduler"], help="trace levels to generate")
+                     default=["api", "scheduler"],
+                     help="trace levels to generate (default: both)")
     run.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
                      help="import MODULE first in every worker (invariants, targets, patches)")
     run.add_argument("--corpus", type=Path, default=Path("kvfuzz-corpus"),
                      help="where findings are saved (default: ./kvfuzz-corpus)")
-    run.add_argument("--json", type=Path, metavar="FILE", help="write a machine-readable report")
+    run.add_argument("--json", type=Path, metavar="FILE", help="write a machine-readable report "
+                     "(enough to rerun the campaign and plot trends)")
+    run.add_argument("--html", type=Path, metavar="FILE", help="write the report as a "
+                     "self-contained HTML page with plots (no network needed)")
+    run.add_argument("--max-findings", type=int, metavar="N",
+                     help="stop once N distinct bugs are found (default: run the whole budget)")
+    run.add_argument("--interrupted-exit", type=int, metavar="N",
+                     help="exit status of a run interrupted (Ctrl-C, SIGTERM) before its budget "
+                     "was spent, with no finding (default: 2 where CI=true, so a CI job killed "
+                     "by its timeout fails, else 0)")
     run.add_argument("--engine", choices=("hypothesis", "atheris"), default="hypothesis",
                      help="hypothesis (default) or atheris (coverage-guided libFuzzer)")
     run.add_argument("--no-model", action="store_true",
                      help="check invariants only, without the reference model in lockstep")
-    run.add_argument("--steps", type=int, default=40, help="max ops per generated trace")
+    run.add_argument("--steps", type=int, default=40,
+                     help="max ops per generated trace (default: 40)")
     run.add_argument("--focus", nargs="+", default=[], metavar="NAME",
                      help="favour these configs and ops (e.g. watermark allocate_slots): more "
                      "batches for the configs, the ops' rules kept and weighed more")
@@ -141,9 +153,13 @@ def _parser() -> argparse.ArgumentParser:
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
     shrink.set_defaults(handler=_cmd_shrink)
 
-    export = sub.add_parser("export", help="turn a trace into a pytest regression test")
+    export = sub.add_parser("export", help="turn a trace into a pytest regression test",
+                            description="Write a standalone pytest module that replays the "
+                            "trace with kvfuzz.testing.replay_trace: it fails while the bug "
+                            "is there.")
     export.add_argument("file", type=Path)
-    export.add_argument("--pytest", type=Path, required=True, metavar="OUT.py")
+    export.add_argument("--pytest", type=Path, required=True, metavar="OUT.py",
+                        help="the test module to write")
     export.add_argument("--target", help="target the test replays on (default: the trace's)")
     export.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help=_FILE_PLUGIN_HELP + " (the exported test imports the same)")
@@ -160,12 +176,18 @@ def _parser() -> argparse.ArgumentParser:
     merge.set_defaults(handler=_cmd_merge)
 
     for name, helptext, handler in (
-        ("targets", "list the targets", _cmd_targets),
-        ("invariants", "list the registered invariants", _cmd_invariants),
+        ("targets", "list the targets (built-in, planted bugs bug:NAME, and your plugins')",
+         _cmd_targets),
+        ("invariants", "list the registered invariants and checks", _cmd_invariants),
         ("configs", "list the built-in configs", _cmd_configs),
     ):
-        cmd = sub.add_parser(name, help=helptext)
-        cmd.add_argument("--plugin", nargs="+", default=[], metavar="MODULE")
+        cmd = sub.add_parser(name, help=helptext, description=helptext[0].upper()
+                             + helptext[1:] + ".")
+        cmd.add_argument("--plugin", nargs="+", default=[], metavar="MODULE",
+                         help="import MODULE first, so that what it registers is listed")
+        if handler is not _cmd_targets:
+            cmd.add_argument("--markdown", action="store_true",
+                             help="as the Markdown table README.md holds")
         cmd.set_defaults(handler=handler)
 
     prove = sub.add_parser("prove", help="check the arithmetic contracts with CrossHair",
@@ -375,6 +397,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kvfuzz.fuzz.campaign import (
         CampaignOptions, check_focus, interrupt, run_campaign, selected_checks,
     )
+    from kvfuzz.fuzz.report import Timeline, campaign_report
     from kvfuzz.core.configs import builtin_config
 
     _plugins(args.plugin)
@@ -391,20 +414,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     configs += tuple(c.name for c in config_files)
     configs, skipped = _buildable(target, configs, config_files, named=set(args.config or ()))
     for option, value in (("--workers", args.workers), ("--examples", args.examples),
-                          ("--seconds", args.seconds), ("--steps", args.steps)):
+                          ("--seconds", args.seconds), ("--steps", args.steps),
+                          ("--max-findings", args.max_findings)):
         _positive(option, value)
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
     _check_ray(args)
     _writable("--corpus", args.corpus, folder=True)
-    if args.json is not None:
-        _writable("--json", args.json)
+    for option, path in (("--json", args.json), ("--html", args.html)):
+        if path is not None:
+            _writable(option, path)
     seconds = None if args.examples is not None else (args.seconds or 60.0)
     options = CampaignOptions(
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
         data=args.data, database=databases, focus=tuple(args.focus), config_files=config_files,
+        max_findings=args.max_findings,
     )
     check_focus(options.focus, configs)
     backend = _ray_backend(args, options)
@@ -418,7 +444,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"config {name} left out: target {target} cannot build it here ({reason})")
     if backend is not None:
         print(f"ray: {backend.describe()}")
-    progress = _Progress(seconds)
+    progress = _Progress(seconds, args.examples)
+    timeline = Timeline()
+
+    def on_progress(stats: Any) -> None:
+        timeline.record(stats)
+        progress.update(stats)
     # SIGINT and SIGTERM end a campaign: findings so far are kept and summarised. The handler
     # stays until the report is written, so a signal arriving late stops nothing half-written.
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -426,25 +457,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.engine == "atheris":
             from kvfuzz.fuzz.atheris_engine import run_atheris
 
-            stats = run_atheris(options, progress.update)
+            stats = run_atheris(options, on_progress)
         else:
-            stats = run_campaign(options, progress.update, backend=backend)
+            stats = run_campaign(options, on_progress, backend=backend)
         progress.finish(stats)
-        _summary(stats, options)
+        report = {"versions": versions(), "target": target, "configs": list(configs),
+                  "configs_left_out": {name: reason for name, reason in skipped},
+                  "seed": args.seed,
+                  "engine": args.engine, "workers": args.workers, "model": options.model,
+                  "ray": None if args.ray is None else args.ray or "local",
+                  "data": args.data,
+                  **stats.summary(), **campaign_report(stats, options, timeline, target)}
+        _summary(stats, report)
         if args.json:
-            report = {"versions": versions(), "target": target, "configs": list(configs),
-                      "configs_left_out": {name: reason for name, reason in skipped},
-                      "seed": args.seed,
-                      "engine": args.engine, "workers": args.workers, "model": options.model,
-                      "ray": None if args.ray is None else args.ray or "local",
-                      "data": args.data,
-                      **stats.summary()}
             _write_json(args.json, report)
             print(f"report written to {args.json}")
+        if args.html:
+            from kvfuzz.fuzz.html_report import write_html
+
+            write_html(args.html, report)
+            print(f"HTML report written to {args.html}")
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return EXIT_FOUND if stats.findings else EXIT_OK
+    if stats.findings:
+        return EXIT_FOUND
+    return _interrupted_exit(args.interrupted_exit) if stats.interrupted else EXIT_OK
+
+
+def _interrupted_exit(given: int | None) -> int:
+    """The status of an interrupted run with no finding: `--interrupted-exit`, else 2 where
+    CI=true (a CI job killed by its timeout must not look green), else 0."""
+    if given is not None:
+        return given
+    return 2 if os.environ.get("CI", "").lower() == "true" else EXIT_OK
 
 
 def _config_files(paths: list[Path], engine: str) -> tuple[Any, ...]:
@@ -509,21 +555,27 @@ def _write_json(path: Path, data: Any) -> None:
 class _Progress:
     """A live status line on a terminal, a line every 10 s otherwise."""
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self, seconds: float | None, examples: int | None = None) -> None:
         self.start = time.monotonic()
         self.tty = sys.stdout.isatty()
         self.last = 0.0
         self.seconds = seconds
+        self.examples = examples
 
     def line(self, stats: Any) -> str:
+        """Within 80 columns: elapsed, time left (or the ETA of an --examples budget), pairs
+        reached, rate, examples, coverage, findings."""
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        left = ("" if self.seconds is None
-                else f"  left {max(0.0, self.seconds - elapsed):5.1f}s")
-        return (f"{elapsed:6.1f}s{left}  pairs {stats.pairs_done()}/{len(stats.pairs)}  "
-                f"{stats.operations / elapsed:8.0f} ops/s  "
-                f"examples {stats.examples:6d}  coverage {len(stats.features):5d}  "
-                f"checks {stats.checks:9d}  findings {len(stats.findings)}"
-                + (f"  edges {stats.edges}" if stats.edges else ""))
+        when = ""
+        if self.seconds is not None:
+            when = f" left {_secs(max(0.0, self.seconds - elapsed))}"
+        elif self.examples and stats.examples:
+            eta = elapsed * max(0, self.examples - stats.examples) / stats.examples
+            when = f" eta {_secs(eta)}"
+        return (f"{_secs(elapsed)}{when} pairs {stats.pairs_done()}/{len(stats.pairs)} "
+                f"{stats.operations / elapsed:5.0f} ops/s examples {stats.examples:6d} "
+                f"cov {len(stats.features):5d} findings {len(stats.findings)}"
+                + (f" edges {stats.edges}" if stats.edges else ""))
 
     def update(self, stats: Any) -> None:
         now = time.monotonic()
@@ -540,7 +592,12 @@ class _Progress:
             print(self.line(stats))
 
 
-def _summary(stats: Any, options: Any) -> None:
+def _secs(seconds: float) -> str:
+    """Five characters and an s: tenths below 1,000 s."""
+    return f"{seconds:5.1f}s" if seconds < 999.95 else f"{seconds:5.0f}s"
+
+
+def _summary(stats: Any, report: dict[str, Any]) -> None:
     rows = [("elapsed", f"{stats.elapsed:.1f} s"), ("examples", stats.examples),
             ("operations", stats.operations),
             ("ops/s", f"{stats.operations / max(stats.elapsed, 1e-9):.0f}"),
@@ -553,13 +610,10 @@ def _summary(stats: Any, options: Any) -> None:
     print("\nsummary")
     for key, value in rows:
         print(f"  {key:<{width}}  {value}")
-    by_config = stats.by_config()
-    if by_config:
-        width = max(len(f"{r['level']}/{r['config']}") for r in by_config)
-        print(f"\n  {'by config':<{width}}  {'examples':>9}  {'operations':>11}  findings")
-        for r in by_config:
-            print(f"  {r['level'] + '/' + r['config']:<{width}}  {r['examples']:>9}  "
-                  f"{r['operations']:>11}  {r['findings']:>8}")
+    if report["by_config"]:
+        from kvfuzz.fuzz.report import summary_lines
+
+        print("\n" + "\n".join(summary_lines(report["by_config"], report["warnings"])))
     _reach(stats)
     if stats.findings:
         _findings(stats.findings)
@@ -745,6 +799,11 @@ def _cmd_invariants(args: argparse.Namespace) -> int:
     from kvfuzz.properties import REGISTRY
 
     _plugins(args.plugin)
+    if args.markdown:
+        from kvfuzz.fuzz.tables import invariants_table
+
+        print(invariants_table())
+        return EXIT_OK
     docs = shipped("docs")
     print(f"§ and I1-I20 refer to {docs / 'spec.md'}, bugs #N to {docs / 'bugs.md'}\n")
     for check in REGISTRY:
@@ -761,6 +820,11 @@ def _cmd_invariants(args: argparse.Namespace) -> int:
 
 def _cmd_configs(args: argparse.Namespace) -> int:
     _plugins(args.plugin)
+    if args.markdown:
+        from kvfuzz.fuzz.tables import configs_table
+
+        print(configs_table())
+        return EXIT_OK
     rows = []
     for name, (description, config) in BUILTIN.items():
         groups = " + ".join(

@@ -15,10 +15,7 @@ It imports {plugins_doc}.
 
 import json
 
-from kvfuzz.fuzz.campaign import selected_checks
-from kvfuzz.fuzz.plugins import import_plugins
-from kvfuzz.harness.executor import run_trace
-from kvfuzz.core.trace import Trace
+from kvfuzz.testing import replay_trace
 
 PLUGINS = {plugins!r}
 """The plugins passed to `kvfuzz export --plugin`; the trace's meta.plugins is only a record."""
@@ -27,10 +24,7 @@ TRACE = json.loads(r"""
 
 
 def test_{name}():
-    import_plugins(PLUGINS)
-    result = run_trace(Trace.from_dict(TRACE), [{target!r}], checks=selected_checks({data!r}))
-    assert result.invalid is None, f"the trace no longer applies: {{result.invalid}}"
-    assert result.finding is None, result.finding.report()
+    replay_trace(TRACE, {target!r}, plugins=PLUGINS, data={data!r})
 '''
 
 

@@ -64,6 +64,9 @@ class Rules:
     KNOBS: tuple[str, ...] = ()
     """Features of single ops a swarm may leave at their default."""
     max_requests = 8
+    on_op: Callable[[Execution, Any], None] | None = None
+    """Called after each op with the execution and the reference's snapshot before the op
+    (`kvfuzz.fuzz.coverage.StateProbe.observe`)."""
 
     def __init__(self, execution: Execution, choices: Choices, *, allow_misuse: bool = True,
                  swarm: Swarm = ALL, focus: Iterable[str] = ()) -> None:
@@ -115,7 +118,11 @@ class Rules:
         self.shared = prefixes(self.choices, self.config.max_model_len // 2)
 
     def apply(self, **op: Any) -> Any:
-        return self.execution.apply(op)
+        before = self.execution.state
+        result = self.execution.apply(op)
+        if self.on_op is not None:
+            self.on_op(self.execution, before)
+        return result
 
     def views(self, *statuses: str) -> Views:
         return [
@@ -500,12 +507,13 @@ def run_example(
     focus: frozenset[str] = frozenset(),
     on_execution: Callable[[Execution], None] | None = None,
     vary: bool = True,
+    on_op: Callable[[Execution, Any], None] | None = None,
 ) -> Execution | None:
     """One example of a campaign: every decision read from `data` (`BytesChoices`): the varied
     config, the swarm, the prompt prefixes, then up to `steps` rules. The example ends early,
     passing, when the bytes run out or no rule can run; a failed check raises `Counterexample`.
     `focus` holds rule and knob names (`focus_features`); `vary=False` keeps `base` as it is
-    (a user's config file)."""
+    (a user's config file); `on_op` is told of every op (`Rules.on_op`)."""
     choices = BytesChoices(data)
     rules_class = RULES_BY_LEVEL[level]
     try:
@@ -521,6 +529,7 @@ def run_example(
     if on_execution is not None:
         on_execution(execution)
     rules = rules_class(execution, choices, allow_misuse=allow_misuse, swarm=chosen, focus=focus)
+    rules.on_op = on_op
     try:
         rules.start()
         for _ in range(steps):

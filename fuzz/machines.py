@@ -3,8 +3,11 @@
 `ApiMachine` and `SchedulerMachine` run the rules of `kvfuzz.fuzz.generator` (`ApiRules`,
 `SchedulerRules`): Hypothesis picks the rule and draws each of its decisions. Both draw a config
 first, and every op they make goes through `kvfuzz.harness.executor.Execution`, which checks
-every registered invariant after every op. On a failure Hypothesis shrinks the run; the final, minimal trace is saved under
-`.hypothesis/kvfuzz-findings/` and printed, and replays with `kvfuzz replay FILE`.
+every registered invariant after every op. A failure is shrunk by kvfuzz's own shrinker
+(`kvfuzz.fuzz.shrink`, as `kvfuzz shrink` does; Hypothesis' shrink phase is off, it shrank the
+choices that make a trace, not the trace, for minutes): the short trace is saved under
+`.hypothesis/kvfuzz-findings/` as a campaign saves one, is the failure's report, and replays
+with `kvfuzz replay FILE`.
 
 `machine_for` builds a variant for other targets, configs or with the model off. Every machine
 class takes the settings of the active kvfuzz profile (`kvfuzz.fuzz.profiles`) when it is
@@ -16,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hypothesis import note, strategies as st
+from hypothesis import Phase, note, settings, strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -30,6 +33,8 @@ from kvfuzz.fuzz.strategies import DataChoices, pick, vary_config
 from kvfuzz.harness.executor import Counterexample, Execution
 
 FINDINGS_DIR = Path(".hypothesis") / "kvfuzz-findings"
+SHRINK_SECONDS = 20.0
+"""The most kvfuzz's shrinker spends on a machine's failure."""
 
 
 class _TraceMachine(RuleBasedStateMachine):
@@ -51,7 +56,9 @@ class _TraceMachine(RuleBasedStateMachine):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.TestCase.settings = profiles.active_settings()
+        chosen = profiles.active_settings()
+        cls.TestCase.settings = settings(
+            chosen, phases=[p for p in chosen.phases if p is not Phase.shrink])
 
     def __init__(self) -> None:
         super().__init__()
@@ -89,13 +96,36 @@ class _TraceMachine(RuleBasedStateMachine):
             getattr(self.rules, rule_name)()
         except Counterexample as exc:
             if current_build_context().is_final:
-                # The exception's report already lists the trace, op by op.
-                trace = exc.finding.trace.prefix(len(exc.finding.trace.ops))
-                if IMPORTED:
-                    trace.meta["plugins"] = list(IMPORTED)
-                path = save_finding(trace, FINDINGS_DIR)
-                note(f"kvfuzz: minimal trace saved to {path} (replay: kvfuzz replay {path})")
-            raise
+                self._shrink_and_save(exc)
+            raise  # the same exception from the same place: Hypothesis sees the same failure
+
+    def _shrink_and_save(self, exc: Counterexample) -> None:
+        """Shrink the failing trace with kvfuzz's shrinker, save it as `kvfuzz run` saves a
+        finding, and make the shrunk finding the exception's report."""
+        from kvfuzz.fuzz.findings import dedup_key
+        from kvfuzz.fuzz.shrink import Shrinker
+
+        found = exc.finding
+        trace = found.trace.prefix(len(found.trace.ops))
+        shrunk: bool | str = True
+        try:
+            result = Shrinker(self.targets, model=self.use_model, checks=self.checks,
+                              check=found.check, signature=tuple(found.signature),
+                              seconds=SHRINK_SECONDS).shrink(trace)
+            trace, found = result.trace, result.finding
+        except ValueError:  # it did not fail the same way again: keep it as it is
+            shrunk = False
+        trace.meta.update({"target": found.target, "check": found.check,
+                           "config": trace.config.name, "level": trace.level,
+                           "dedup_key": dedup_key(found.check, found.signature),
+                           "shrunk": shrunk})
+        if IMPORTED:
+            trace.meta["plugins"] = list(IMPORTED)
+        path = save_finding(trace, FINDINGS_DIR)
+        exc.finding = found
+        exc.args = (found.report(),)
+        note(f"kvfuzz: {len(trace.ops)}-op trace saved to {path} (replay: kvfuzz replay "
+             f"{path})")
 
 
 def _rule(rule_name: str) -> Any:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.config import Config, GroupConfig, SchedulerConfig
 from kvfuzz.harness.reading import KeyTranslator, read_snapshot
 from kvfuzz.core.sides import Observations
 from kvfuzz.properties.registry import REGISTRY, CheckContext
@@ -53,27 +53,51 @@ def _untold_requests(manager: Any, known: set[str]) -> list[Any]:
     ]
 
 
+def _group_of(spec: Any) -> GroupConfig:
+    """The config group of a live manager's spec, by the spec's class (or the nearest base
+    class kvfuzz knows: vLLM's and kvcache's specs have the same names)."""
+    size = spec.block_size
+    for cls in type(spec).__mro__:
+        name = cls.__name__
+        if name == "SlidingWindowSpec":
+            return GroupConfig("sliding_window", size, spec.sliding_window,
+                               getattr(spec, "extra_retained_tokens", 0))
+        if name == "ChunkedLocalAttentionSpec":
+            return GroupConfig("chunked_local", size,
+                               attention_chunk_size=spec.attention_chunk_size)
+        if name == "MambaSpec":
+            return GroupConfig(
+                "mamba", size, mamba_cache_mode=getattr(spec, "mamba_cache_mode", "none"),
+                num_speculative_blocks=getattr(spec, "num_speculative_blocks", 0),
+                num_prefill_checkpoint_blocks=getattr(spec, "num_prefill_checkpoint_blocks", 0),
+                prefill_checkpoint_alignment=getattr(spec, "prefill_checkpoint_alignment", None))
+        if name == "SinkFullAttentionSpec":
+            return GroupConfig("sink_full", size, sink_len=spec.sink_len)
+        if name == "RSWASpec":
+            return GroupConfig("rswa", size, rswa_window=spec.rswa_window)
+        if name in _SIMPLE_KINDS:
+            return GroupConfig(_SIMPLE_KINDS[name], size)
+    raise TypeError(f"assert_invariants does not know the KV cache spec "
+                    f"{type(spec).__name__} (nor any of its base classes)")
+
+
+_SIMPLE_KINDS = {"MLAAttentionSpec": "mla", "CrossAttentionSpec": "cross",
+                 "EncoderOnlyAttentionSpec": "encoder_only",
+                 "CircularBufferSpec": "circular_buffer", "FullAttentionSpec": "full"}
+"""Spec classes whose group needs only a kind and a block size (subclasses first)."""
+
+
 def _config_of(manager: Any) -> Config:
     """A harness Config describing a live manager (what the state checks read of it)."""
-    groups = []
-    for single in manager.coordinator.single_type_managers:
-        spec = single.kv_cache_spec
-        kind = type(spec).__name__
-        if kind == "SlidingWindowSpec":
-            groups.append(GroupConfig("sliding_window", spec.block_size, spec.sliding_window,
-                                      spec.extra_retained_tokens))
-        elif kind == "ChunkedLocalAttentionSpec":
-            groups.append(GroupConfig("chunked_local", spec.block_size,
-                                      attention_chunk_size=spec.attention_chunk_size))
-        elif kind == "CrossAttentionSpec":
-            groups.append(GroupConfig("cross", spec.block_size))
-        else:
-            groups.append(GroupConfig("full", spec.block_size))
+    groups = tuple(_group_of(single.kv_cache_spec)
+                   for single in manager.coordinator.single_type_managers)
     # Caching off keeps Config's size checks out of the way: the state checks read only the
     # groups, the pool size and the model length.
     return Config(
         num_blocks=len(manager.block_pool.blocks),
-        groups=tuple(groups),
+        groups=groups,
         enable_caching=False,
         max_model_len=max(2, manager.max_model_len),
+        scheduler=SchedulerConfig(chunked_prefill=not any(g.kind == "encoder_only"
+                                                          for g in groups)),
     )

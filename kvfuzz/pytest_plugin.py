@@ -10,6 +10,10 @@
   (a directory, `redis://HOST:PORT/N`, `readonly:SPEC`; docs/distributed.md). A Redis server
   that cannot be reached is a usage error.
 
+A failure of kvfuzz's state machines is reported short: the trace kvfuzz's shrinker left, and
+without Hypothesis' `Draw N: ...` lines (one per decision, hundreds) unless pytest runs with
+`-v`. The report header names the profile, the plugins and the database.
+
 Nothing else changes: tests that do not use kvfuzz keep their own Hypothesis settings (their
 database too, unless they use the default one and a kvfuzz database is named).
 """
@@ -17,8 +21,13 @@ database too, unless they use the default one and a kvfuzz database is named).
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+
+_DRAW = re.compile(r"^\s*Draw \d+(?: \([^)]*\))?: ")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,10 +67,40 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"cannot import kvfuzz plugin {name!r}: {exc}") from None
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    from kvfuzz.fuzz import profiles
+    from kvfuzz.fuzz.plugins import IMPORTED
+
+    database = ", ".join(_database_specs(config)) or repr(profiles.active_settings().database)
+    return (f"kvfuzz: profile {profiles.active()}, plugins {', '.join(IMPORTED) or '(none)'}, "
+            f"database {database}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    """A kvfuzz counterexample's report, short: its message (the shrunk trace) and Hypothesis'
+    notes without the Draw lines, no traceback (all of it with -v)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or call.excinfo is None or item.config.getoption("verbose") > 0:
+        return
+    from kvfuzz.harness.executor import Counterexample
+
+    if call.excinfo.errisinstance(Counterexample):
+        exc = call.excinfo.value
+        notes = "\n".join(getattr(exc, "__notes__", ())).splitlines()
+        report.longrepr = "\n".join([f"kvfuzz counterexample {exc}",
+                                     *(line for line in notes if not _DRAW.match(line))])
+
+
+def _database_specs(config: pytest.Config) -> list[str]:
+    from_env = [s.strip() for s in os.environ.get("KVFUZZ_DATABASE", "").split(",") if s.strip()]
+    return from_env + config.getoption("kvfuzz_database")
+
+
 def _database(config: pytest.Config) -> None:
     """`--kvfuzz-database`, `KVFUZZ_DATABASE`: checked, opened and made the machines' own."""
-    from_env = [s.strip() for s in os.environ.get("KVFUZZ_DATABASE", "").split(",") if s.strip()]
-    specs = from_env + config.getoption("kvfuzz_database")
+    specs = _database_specs(config)
     if not specs:
         return
     from kvfuzz.core.errors import KvfuzzError

@@ -19,12 +19,44 @@ runs after it. A failure is shrunk by Hypothesis, and its trace is saved under
 docs/configs.md), as `kvfuzz run --config-file` does.
 `ApiMachine` and `SchedulerMachine` are the two machines on kvcache over every built-in config;
 `assert_invariants(manager)` checks the state invariants on a live vLLM-shaped manager in a
-hand-written test.
+hand-written test (`kvcache_manager("hybrid")` builds kvcache's for a config), and
+`replay_trace(trace, target)` is what a test exported by `kvfuzz export` runs.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
+from kvfuzz.core.config import Config
 from kvfuzz.fuzz.machines import ApiMachine, SchedulerMachine, machine_for, machine_for_config_file
 from kvfuzz.fuzz.profiles import PROFILES
 from kvfuzz.harness.spot_check import assert_invariants
 
-__all__ = ["PROFILES", "ApiMachine", "SchedulerMachine", "assert_invariants", "machine_for",
-           "machine_for_config_file"]
+__all__ = ["PROFILES", "ApiMachine", "SchedulerMachine", "assert_invariants", "kvcache_manager",
+           "machine_for", "machine_for_config_file", "replay_trace"]
+
+
+def kvcache_manager(config: str | Config) -> Any:
+    """kvcache's KVCacheManager for a built-in config (by name) or a `Config`."""
+    from kvfuzz.core.configs import builtin_config
+    from kvfuzz.harness.kvcache_target import build_kvcache_manager
+
+    return build_kvcache_manager(builtin_config(config) if isinstance(config, str) else config)
+
+
+def replay_trace(trace: Any, target: str, *, plugins: tuple[str, ...] = (),
+                 data: str | None = None) -> None:
+    """Replay `trace` (a `Trace` or its JSON data) on `target` with the reference model and
+    every invariant (and the data checks on `data`), after importing `plugins`; raise
+    AssertionError with the report if a check fails or the trace no longer applies."""
+    from kvfuzz.core.trace import Trace
+    from kvfuzz.fuzz.campaign import selected_checks
+    from kvfuzz.fuzz.plugins import import_plugins
+    from kvfuzz.harness.executor import run_trace
+
+    import_plugins(tuple(plugins))
+    if not isinstance(trace, Trace):
+        trace = Trace.from_dict(trace)
+    result = run_trace(trace, [target], checks=selected_checks(data))
+    assert result.invalid is None, f"the trace no longer applies: {result.invalid}"
+    assert result.finding is None, result.finding.report()

@@ -22,7 +22,7 @@ _TIMES = [
     (re.compile(r"\b\d+ ops/s\b"), "<rate> ops/s"),  # the live line
     (re.compile(r"^(\s*ops/s\s+)\d+$"), r"\1<rate>"),  # the summary row
 ]
-_LIVE = re.compile(r"^\s*\d+\.\d+s\s+(left|pairs)\b")
+_LIVE = re.compile(r"^\s*\d+\.\d+s\s+(left|eta|pairs)\b")
 
 
 def _blocks(text: str) -> list[str]:
