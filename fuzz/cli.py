@@ -442,6 +442,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
           + (f", data checks on {args.data}" if args.data else ""))
     for name, reason in skipped:
         print(f"config {name} left out: target {target} cannot build it here ({reason})")
+    from kvfuzz.harness.target_check import warn_dropped
+    from kvfuzz.harness.targets import get_target
+
+    for line in warn_dropped(get_target(target)):
+        print(line)
     if backend is not None:
         print(f"ray: {backend.describe()}")
     progress = _Progress(seconds, args.examples)
@@ -626,8 +631,9 @@ def _reach(stats: Any) -> None:
     for pairs, what in ((stats.unreached(), "not reached (no example)"),
                         (stats.few(), f"under {FEW_EXAMPLES} examples")):
         if pairs:
+            more = f" (+{len(pairs) - 8} more)" if len(pairs) > 8 else ""
             print(f"\n  {len(pairs)} of {len(stats.pairs)} pairs {what}: "
-                  + ", ".join("/".join(p) for p in pairs))
+                  + ", ".join("/".join(p) for p in pairs[:8]) + more)
 
 
 def _findings(records: list[Any]) -> None:

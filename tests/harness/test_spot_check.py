@@ -84,3 +84,16 @@ def test_an_unknown_spec_is_named() -> None:
     manager.coordinator.single_type_managers[0].kv_cache_spec = MySpec()
     with pytest.raises(TypeError, match="MySpec"):
         assert_invariants(manager)
+
+
+def test_readme_example_runs() -> None:
+    """README's spot-check example, as it stands."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = re.search(r"```python\n(from kvfuzz.kvcache import Request, RequestStatus\n.*?)```",
+                     readme.replace("\n  ", "\n"), re.S).group(1)
+    space: dict = {}
+    exec(compile(code, "README.md", "exec"), space)
+    space["test_encoder_only_admit"]()
