@@ -92,7 +92,12 @@ class GroupConfig:
 
     def validate(self, where: str) -> None:
         if self.kind not in GROUP_KINDS:
-            raise ConfigError(f"{where}.kind must be one of {GROUP_KINDS}, got {shown(self.kind)}")
+            import difflib
+
+            close = difflib.get_close_matches(str(self.kind), GROUP_KINDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}.kind must be one of {GROUP_KINDS}, got "
+                              f"{shown(self.kind)}{hint}")
         _positive_int(f"{where}.block_size", self.block_size)
         _bool(f"{where}.eagle", self.eagle)
         if self.kind == "sliding_window":
@@ -445,7 +450,12 @@ def _reject_unknown(where: str, data: dict[str, Any], cls: type) -> None:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
+        import difflib
+
+        hints = [f"{name!r} (did you mean {close[0]!r}?)" if (
+            close := difflib.get_close_matches(str(name), sorted(known), n=1)) else repr(name)
+                 for name in unknown]
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(hints)}")
 
 
 def _non_defaults(obj: Any) -> dict[str, Any]:

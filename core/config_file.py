@@ -28,3 +28,25 @@ def load_config_file(path: str | os.PathLike[str]) -> Config:
     except ConfigError as exc:
         raise ConfigError(f"{p}: config: {exc}") from None
 
+
+
+_FULL_FAMILY = ("full", "mla", "sink_full", "rswa")
+
+
+def too_small_pool(config: Config) -> str | None:
+    """Why the pool cannot hold one request of `max_model_len` tokens (vLLM refuses such a
+    model at startup), or None. Counts the full-attention groups' blocks and a sliding
+    window's; other kinds, which hold fewer, are left out, so this never warns wrongly."""
+    need = 0
+    for group in config.groups:
+        blocks = -(-config.max_model_len // group.block_size)
+        if group.kind in _FULL_FAMILY:
+            need += blocks
+        elif group.kind == "sliding_window" and group.sliding_window is not None:
+            need += min(blocks, -(-(group.sliding_window - 1) // group.block_size) + 1)
+    usable = config.num_blocks - 1  # block 0 is the null block
+    if need <= usable:
+        return None
+    return (f"one request of max_model_len {config.max_model_len} tokens needs at least {need} "
+            f"blocks, the pool has {usable} usable (num_blocks {config.num_blocks} less the "
+            "null block): such a request can never run (vLLM refuses this at startup)")

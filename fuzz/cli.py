@@ -144,7 +144,8 @@ def _parser() -> argparse.ArgumentParser:
                             "same check.")
     shrink.add_argument("file", type=Path)
     shrink.add_argument("--target", help="target (default: the trace's, else kvcache)")
-    shrink.add_argument("--out", type=Path, help="output file (default: FILE.min.json)")
+    shrink.add_argument("--out", type=Path, help="output file (default: FILE.min.json, "
+                        "written only when the trace shrank)")
     shrink.add_argument("--seconds", type=float, default=60.0, help="time budget (default: 60)")
     shrink.add_argument("--no-model", action="store_true", help="without the reference model")
     shrink.add_argument("--plugin", action="append", default=[], metavar="MODULE",
@@ -501,11 +502,14 @@ def _interrupted_exit(given: int | None) -> int:
 def _config_files(paths: list[Path], engine: str) -> tuple[Any, ...]:
     """The configs of `--config-file`, each validated, their names distinct from each other and
     from the built-in ones."""
-    from kvfuzz.core.config_file import load_config_file
+    from kvfuzz.core.config_file import load_config_file, too_small_pool
 
     if paths and engine != "hypothesis":
         raise UsageError("--config-file needs --engine hypothesis")
     configs = tuple(load_config_file(p) for p in paths)
+    for path, config in zip(paths, configs):
+        if (small := too_small_pool(config)) is not None:
+            print(f"warning: --config-file {path}: {small}")
     names = [c.name for c in configs]
     for path, name in zip(paths, names):
         if name in BUILTIN or names.count(name) > 1:
@@ -640,17 +644,19 @@ def _findings(records: list[Any]) -> None:
     """One line per distinct bug, grouped per check, with its duplicates."""
     from kvfuzz.fuzz.findings import by_check
 
-    print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
+    print("\nfindings, one per distinct failure (replay with `kvfuzz replay FILE`)")
     for check, group in by_check(records).items():
-        print(f"  [{check}] {group['bugs']} bug(s), {group['duplicates']} duplicate(s)")
+        print(f"  [{check}] {group['bugs']} distinct, {group['duplicates']} duplicate(s)")
         for f in (r for r in records if r.check == check):
             state = ("already in the corpus" if f.known
                      else f"{f.ops} ops, " + {False: "raw, not shrunk",
                                               "partial": "shrink interrupted"}.get(f.shrunk,
                                                                                    "shrunk"))
+            elsewhere = (f" (also on {', '.join(f.elsewhere)}: other traces, not this file)"
+                         if f.elsewhere else "")
             print(f"    {f.level}/{f.config} ({state}), found after "
-                  f"{f.found_after_s:.1f} s, {f.duplicates} duplicate(s): {f.message}"
-                  f"\n      {f.file}")
+                  f"{f.found_after_s:.1f} s, {f.duplicates} duplicate(s){elsewhere}: "
+                  f"{f.message}\n      {f.file}")
 
 
 def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | None]:
@@ -729,9 +735,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"step {i}: {op_text(op, trace.level)} -> {json.dumps(result)}")
             for change in before.differences(execution.targets[0].snapshot)[:8]:
-                print(f"    {change}")
+                print(f"    {_clip(change)}")
     print(f"\npassed: {len(trace.ops)} ops, {execution.checks_run} checks, no counterexample")
     return EXIT_OK
+
+
+def _clip(text: str, width: int = 160) -> str:
+    """A change line of a replay, cut to `width` (a big pool's free queue runs to pages)."""
+    return text if len(text) <= width else f"{text[:width - 30]} ... ({len(text)} chars)"
 
 
 def _cmd_shrink(args: argparse.Namespace) -> int:
@@ -748,6 +759,10 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
                               checks=selected_checks(data))
     except ValueError as exc:
         raise UsageError(f"{args.file}: {exc} on {target}") from None
+    if args.out is None and (result.trace.ops, result.trace.config) == (trace.ops, trace.config):
+        print(f"nothing to shrink: {args.file} ({len(trace.ops)} ops) is already minimal for "
+              f"[{result.finding.check}] ({result.attempts} replays); nothing written")
+        return EXIT_OK
     result.trace.meta["target"] = target
     result.trace.meta["versions"] = versions()
     if data:
@@ -782,7 +797,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         print(f"  {row['level'] + '/' + row['config']:<28} {row['examples']:>9} examples  "
               f"{row['findings']:>3} bug(s)")
     if merged["findings"]:
-        print("\nfindings, one per bug (replay with `kvfuzz replay FILE`)")
+        print("\nfindings, one per distinct failure (replay with `kvfuzz replay FILE`)")
         for f in merged["findings"]:
             print(f"  [{f['check']}] {f['level']}/{f['config']}, {f['ops']} ops, "
                   f"{f['duplicates']} duplicate(s): {f['message']}\n      {f['file']}")

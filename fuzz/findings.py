@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,9 @@ class FindingRecord:
     """The bug was already in the corpus (`file`) before this run: nothing new saved."""
     shrunk: bool | str = True
     """False for a raw trace, "partial" when the shrink was interrupted."""
+    elsewhere: list[str] = field(default_factory=list)
+    """The other (level/config) pairs its duplicates came from: the same way of failing,
+    found by other traces (`file` is this pair's)."""
 
 
 class Findings:
@@ -74,7 +77,11 @@ class Findings:
         """Count `failure`; save and shrink it if it is a bug not seen before."""
         key = dedup_key(failure.check, failure.signature)
         if key in self.records:
-            self.records[key].duplicates += 1
+            record = self.records[key]
+            record.duplicates += 1
+            pair = f"{level}/{config}"
+            if pair != f"{record.level}/{record.config}" and pair not in record.elsewhere:
+                record.elsewhere.append(pair)
             return
         if key in self.known:
             path, ops = self.known[key]
@@ -113,6 +120,7 @@ class Findings:
               shrunk: bool | str, start: float) -> None:
         """Save `best` in place of the raw trace and update the record."""
         best.meta.update(raw.meta)
+        best.meta["message"] = message  # the shrunk trace's own, not the raw one's
         path = save_finding(_marked(best, shrunk), self.corpus)
         if Path(record.file) != path:
             Path(record.file).unlink(missing_ok=True)

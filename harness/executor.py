@@ -276,10 +276,23 @@ class Execution:
                                        f"at {where} on {tracked.name})", exc) from exc
                 ran += 1
                 if message:
+                    if type(message) is not str:
+                        self._bad_return(check, message, step, tracked.name)
                     self._fail(check.name, message, step, tracked.name, after, ref_snap,
                                self.reference_name, check.description)
+                elif message is not None and type(message) is not str:
+                    self._bad_return(check, message, step, tracked.name)
         finally:
             self.checks_run += ran
+
+    @staticmethod
+    def _bad_return(check: Any, value: Any, step: int, target: str) -> None:
+        """A check returned neither None nor a message: its fault, named, never a finding."""
+        where = f"step {step}" if step >= 0 else "the initial state"
+        raise HarnessFault(
+            f"check {check.name} (from {check.module or 'unknown'}, at {where} on {target})",
+            TypeError(f"it returned {value!r} ({type(value).__name__}): a check returns None "
+                      "when it holds and a message string when it does not"))
 
     def _fail(self, check: str, message: str, step: int, target: str,
               snap: Snapshot | None = None, ref_snap: Snapshot | None = None,
