@@ -7,7 +7,7 @@
 #   bash ci/install-vllm.sh PATH          PATH: a vLLM source checkout (a directory)
 #
 #   1. vLLM: torch 2.13.0 (CPU), then the pure-Python set in vllm-cpu-requirements.txt (the same
-#      for every supported release; about 70 s, 2.1 GB), and
+#      for every supported release; a few minutes the first time, 2.1 GB), and
 #      - VERSION: vllm==VERSION --no-deps; the venv is reused when it imports that version;
 #      - PATH: the newest release's dependencies, setuptools' build helpers at CI's versions,
 #        then the checkout editable, without dependencies or kernels:
@@ -65,7 +65,7 @@ fi
 if [ -x "$py" ] && (cd / && "$py" -c "$probe") 2>/dev/null; then
   echo "$what venv reused: $venv" >&2
 else
-  echo "installing $what (CPU, --no-deps) into $venv (about 70 s, 2.1 GB)" >&2
+  echo "installing $what (CPU, --no-deps) into $venv (a few minutes the first time, 2.1 GB)" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
   "${pip[@]}" torch==2.13.0 numpy

@@ -1,4 +1,4 @@
-"""kvcache: a clean-room paged KV-cache block manager with vLLM 0.33.0's four layers.
+"""kvcache: a clean-room paged KV-cache block manager with vLLM 0.34.0's four layers.
 
 Layer 1 KVCacheManager (policy) -> layer 2 KVCacheCoordinator (fan-out over groups) ->
 layer 3 SingleTypeKVCacheManager (per-group arithmetic) -> layer 4 BlockPool (ownership).

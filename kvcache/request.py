@@ -11,8 +11,8 @@ from kvfuzz.kvcache.kv_cache_utils import BLOCK_HASH_LEN, BlockHash
 
 
 class RequestStatus(enum.IntEnum):
-    """vLLM 0.33.0's members, order and values: IntEnum compares by value, so statuses set
-    from here work on vLLM requests and managers too.
+    """vLLM 0.34.0's members, order and values (vllm/v1/request.py:424-438): IntEnum compares
+    by value, so statuses set from here work on vLLM requests and managers too.
     """
 
     WAITING = enum.auto()

@@ -1,7 +1,7 @@
 """A minimal synchronous scheduler driving a KV cache manager (docs/traces.md, "The driver").
 
 It uses only the manager's public API, `manager.block_pool.free_blocks` and vLLM's request
-attribute names, so the same driver runs vLLM 0.33.0's KVCacheManager with vLLM requests.
+attribute names, so the same driver runs vLLM 0.34.0's KVCacheManager with vLLM requests.
 
 Steps may stay in flight (vLLM's async scheduling, docs/spec.md §7.1): a request freed while a
 step that read its blocks is in flight has them popped (`pop_blocks_for_free`) and released

@@ -55,9 +55,11 @@ def wheel(tmp_path_factory) -> Path:
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", ".hypothesis", "build", "*.egg-info", "__pycache__", "kvfuzz-*"))
     out = tmp_path_factory.mktemp("wheel")
-    built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
+    built = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out),
                   str(source)], cwd=out)
     assert built.returncode == 0, built.stdout + built.stderr
+    # Every shipped data folder is a package of pyproject.toml's (setuptools warns otherwise).
+    assert "would be ignored" not in built.stdout + built.stderr
     (path,) = out.glob("kvfuzz-*.whl")
     return path
 
