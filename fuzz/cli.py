@@ -740,7 +740,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _clip(text: str, width: int = 160) -> str:
+def _clip(text: str, width: int = 240) -> str:
     """A change line of a replay, cut to `width` (a big pool's free queue runs to pages)."""
     return text if len(text) <= width else f"{text[:width - 30]} ... ({len(text)} chars)"
 
