@@ -93,7 +93,7 @@ def test_sigterm_keeps_the_findings_of_every_worker(tmp_path):
     assert proc.returncode == 1, out
     assert "[P1] 1 distinct" in out and "api/full (" in out, out
     # Other planted-bug symptoms may land before the signal does: the count names every bug listed.
-    listed = sum(int(n) for n in re.findall(r"^  \[[\w-]+\] (\d+) bug\(s\)", out, re.M))
+    listed = sum(int(n) for n in re.findall(r"^  \[[\w-]+\] (\d+) distinct", out, re.M))
     assert re.search(rf"^  findings +{listed}$", out, re.M), out
     logs = [f.read_text() for f in log_files]
     assert len({line for log in logs for line in log.splitlines() if "Seed: " in line}) == 2

@@ -281,4 +281,4 @@ def test_data_checks_find_wrong_bytes_and_the_finding_replays_with_them(tmp_path
     assert main(["replay", str(files[0]), "--target", "kvcache", "--quiet"]) == 0
     test = tmp_path / "test_exported_d1.py"
     assert main(["export", str(files[0]), "--pytest", str(test)]) == 0
-    assert "selected_checks('cpu')" in test.read_text()
+    assert "data='cpu'" in test.read_text() and "from kvfuzz.testing import replay_trace" in test.read_text()
