@@ -4,7 +4,8 @@ Every generator decision is one `below(n)` call on a choice source. `BytesChoice
 decisions from a byte string: the campaign engines hand it the bytes Hypothesis draws (one
 `st.binary` per example, stored in the example database) or the input libFuzzer mutates, so a
 byte changed is a decision changed, and zeros are the simplest decisions. `DataChoices` asks
-Hypothesis for each one (the pytest state machines, which Hypothesis shrinks choice by choice).
+Hypothesis for each one (the pytest state machines, whose failing traces kvfuzz's shrinker
+cuts).
 
 Configs vary around the built-in shapes (core/configs.py) with small pools; prompts are built
 from a few shared prefixes so that prefix hits, duplicates and evictions of shared blocks happen.

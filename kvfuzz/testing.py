@@ -11,8 +11,8 @@
 `my_target` registers "mine" with `kvfuzz.harness.register_target`, `my_checks` adds invariants
 with `kvfuzz.properties.invariant` (README.md, "Your own suite"). Every op of every generated
 trace runs on the target and on the reference model in lockstep, and every registered check
-runs after it. A failure is shrunk by Hypothesis, and its trace is saved under
-`.hypothesis/kvfuzz-findings/` for `kvfuzz replay`. The settings come from the kvfuzz profile
+runs after it. A failure's trace is shrunk by kvfuzz's shrinker (as `kvfuzz shrink` does) and
+saved under `.hypothesis/kvfuzz-findings/` for `kvfuzz replay`. The settings come from the kvfuzz profile
 (`--kvfuzz-profile`, see `kvfuzz.fuzz.profiles`).
 
 `machine_for_config_file("llama3.toml")` runs a machine on your own model shape (a config file,
