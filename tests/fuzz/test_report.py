@@ -127,7 +127,8 @@ def test_every_behaviour_is_reached_somewhere(campaign: dict) -> None:
 def _browser():
     """A headless Chromium driven by Selenium (skipped outside CI when either is missing;
     .ci/run installs both)."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    chromium = (shutil.which("chromium") or shutil.which("chromium-browser")
+                or shutil.which("google-chrome"))
     driver = shutil.which("chromedriver")
     try:
         from selenium import webdriver
