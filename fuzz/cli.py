@@ -418,6 +418,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           ("--seconds", args.seconds), ("--steps", args.steps),
                           ("--max-findings", args.max_findings)):
         _positive(option, value)
+    if args.interrupted_exit is not None and not 0 <= args.interrupted_exit <= 255:
+        raise UsageError(f"--interrupted-exit must be an exit status, 0 to 255, got "
+                         f"{args.interrupted_exit}")
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
     _check_ray(args)

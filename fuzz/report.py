@@ -182,8 +182,9 @@ def campaign_report(stats: Any, options: Any, timeline: Timeline,
 def summary_lines(rows: list[dict[str, Any]], warned: list[str]) -> list[str]:
     """The summary's per-pair table (clean pairs as one line when there are many), the
     behaviours never reached, and the warnings."""
+    warned_pairs = {w.split(":", 1)[0] for w in warned}  # "config NAME (LEVEL level)"
     shown = [r for r in rows if len(rows) <= COLLAPSE_OVER or r["findings"]
-             or any(w.startswith(f"config {r['config']} ({r['level']} ") for w in warned)]
+             or f"config {r['config']} ({r['level']} level)" in warned_pairs]
     clean = [r for r in rows if r not in shown]
     names = [f"{r['level']}/{r['config']}" for r in shown]
     if clean:

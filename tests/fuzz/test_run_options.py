@@ -26,6 +26,7 @@ def test_max_findings_stops_the_campaign(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "r.json").read_text())
     assert len(report["findings"]) == 1 and report["examples"] < 3000
     assert main([*argv[:-4], "--max-findings", "0"]) == 2
+    assert main([*argv[:-4], "--interrupted-exit", "256"]) == 2
 
 
 @pytest.mark.parametrize("extra, env, status", [
