@@ -24,7 +24,7 @@ FINDING_TESTS: dict[str, str] = {
     "006": "006-evict-block-id-unchecked.json",
     "007": "007-null-block-ref-count.json",
     "008": "008-probe-ignores-hit-limit.json",
-    "009": "009-lookup-bound-raises-ceiling-full.json",
+    "009": "vllm-tests/009-lookup-bound-raises-ceiling-full.json",
     "010": "010-prompt-embeds-mask-unkeyed.json",
     "011": "011-block-removed-while-held.json",
     "012": "012-sink-full-attention-unbuildable.json",
@@ -35,7 +35,8 @@ FINDING_TESTS: dict[str, str] = {
     "019": "019-checkpoint-record-kept.json",
 }
 """Finding number -> the trace its vLLM test comes from. 009's own trace forces sub-block
-hits inside vLLM, so its test comes from the same steps on full attention alone."""
+hits inside vLLM, so its test comes from the same steps on full attention alone, a trace kept
+beside the tests (not a finding trace of its own)."""
 
 SKIPS: dict[str, str] = {
     "008": "cached_tokens_probe",

@@ -385,10 +385,13 @@ _GUARDS = {
 
 
 def _finding_doc(trace: Trace, source: Path) -> Path:
-    """The finding document beside `source`: the one its meta names, else FILE.md."""
+    """The finding document its meta names, beside `source` or one folder up; else FILE.md."""
     named = trace.meta.get("finding")
-    doc = source.parent / Path(str(named)).name if named else source.with_suffix(".md")
-    return doc if doc.exists() else source.with_suffix(".md")
+    if named:
+        for folder in (source.parent, source.parent.parent):
+            if (folder / Path(str(named)).name).exists():
+                return folder / Path(str(named)).name
+    return source.with_suffix(".md")
 
 
 def _title(trace: Trace, finding_doc: Path | None) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """009 — vLLM 0.33 lets a lookup bound raise the hit ceiling past num_tokens − 1
 
-kvfuzz finding 009-lookup-bound-raises-ceiling, exported by `kvfuzz export docs/findings/009-lookup-bound-raises-ceiling-full.json --vllm-test`.
+kvfuzz finding 009-lookup-bound-raises-ceiling, exported by `kvfuzz export docs/findings/vllm-tests/009-lookup-bound-raises-ceiling-full.json --vllm-test`.
 It asserts that a lookup leaves at least one token to compute.
 It imports only vllm, torch and pytest, and fails while the bug is present.
 """
