@@ -105,6 +105,8 @@ class _Writer:
         execution = Execution(self.config, self.trace.level, ["kvcache"], model=True,
                               meta=self.trace.meta)
         self.side = execution.targets[0].side
+        if self.config.kv_events:
+            self._count_removals(self.side.manager)
         for step, raw in enumerate(self.trace.ops):
             op = normalize_op(raw, self.trace.level, f"step {step}")
             if op["op"] not in OPS:
@@ -253,8 +255,7 @@ class _Writer:
         elif self.check == "H1":
             self._distinct_keys()
         elif self.check == "EV2":
-            removed = sum(len(e.block_hashes) for e in self._kvcache_events()
-                          if type(e).__name__ == "BlockRemoved")
+            removed = self.removed
             self.emit("removed = [h for event in manager.take_events()")
             self.emit("           if type(event).__name__ == \"BlockRemoved\" "
                       "for h in event.block_hashes]")
@@ -284,9 +285,18 @@ class _Writer:
                                   "inputs but get the same key: one is served the other's KV\")")
                         break
 
-    def _kvcache_events(self) -> list[Any]:
-        manager = self.side.manager
-        return list(getattr(manager, "take_events", lambda: [])())
+    def _count_removals(self, manager: Any) -> None:
+        """Count the keys kvcache's BlockRemoved events name (the replay drains them per op)."""
+        self.removed = 0
+        take = manager.take_events
+
+        def take_and_count() -> list[Any]:
+            events = take()
+            self.removed += sum(len(e.block_hashes) for e in events
+                                if type(e).__name__ == "BlockRemoved")
+            return events
+
+        manager.take_events = take_and_count
 
 
 _HEADER = '''"""{title}

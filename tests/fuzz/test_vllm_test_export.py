@@ -81,3 +81,15 @@ def test_an_unexported_op_is_refused(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace), encoding="utf-8")
     assert main(["export", str(path), "--vllm-test", str(tmp_path / "t.py")]) == 2
+
+
+def test_ev2_expects_the_removals_kvcache_announces(tmp_path):
+    """Without b's copy, evicting block 1 removes the key for good: one BlockRemoved is right."""
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["011"]).read_text(encoding="utf-8"))
+    trace["ops"] = [op for op in trace["ops"] if op.get("request_id") != "b"]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    text = render_vllm_test(Trace.load(path), path)
+    assert "assert len(removed) == 1, (" in text
+    full = vllm_test_path("011").read_text(encoding="utf-8")
+    assert "assert len(removed) == 0, (" in full
