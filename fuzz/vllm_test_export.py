@@ -44,9 +44,10 @@ def _ident(rid: str, taken: set[str]) -> str:
     return name
 
 
-_RESERVED = {"manager", "out", "hit", "blocks", "cached", "removed", "keyed", "pytest", "torch",
-             "lookup", "schedule", "make_manager", "make_request", "free_before", "counted",
-             "group", "request"}
+_RESERVED = {"manager", "out", "hit", "blocks", "cached", "removed", "keyed", "taken", "count",
+             "counted", "free_before", "group", "request", "lookup", "schedule", "make_manager",
+             "make_request", "pytest", "torch", "inspect", "sha256"}
+"""Names a generated test uses itself, which a request id must not take."""
 
 
 def _spec(group: GroupConfig) -> str:
