@@ -482,6 +482,8 @@ _PROPERTY = {
     "H1": "It asserts that blocks holding different model inputs get different keys.",
     "EV2": "It asserts that BlockRemoved is announced only when no block holds the key any more.",
     "DIFF-state": "It asserts which blocks carry a cache key after the calls.",
+    "": "It builds the manager and plays the calls; each must do what the spec says (a trace "
+        "without a check records a manager vLLM cannot build).",
 }
 
 
