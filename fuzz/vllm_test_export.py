@@ -304,7 +304,7 @@ _HEADER = '''"""{title}
 
 kvfuzz finding {finding}, exported by `kvfuzz export {source} --vllm-test`.
 {property}
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import pytest

@@ -2,7 +2,7 @@
 
 kvfuzz finding 001-empty-window-entry, exported by `kvfuzz export docs/findings/001-empty-window-entry.json --vllm-test`.
 It asserts that a request whose allocation is refused keeps no block table.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import pytest

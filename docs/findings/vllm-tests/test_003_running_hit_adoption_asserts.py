@@ -2,7 +2,7 @@
 
 kvfuzz finding 003-running-hit-adoption-asserts, exported by `kvfuzz export docs/findings/003-running-hit-adoption-asserts.json --vllm-test`.
 It asserts that the call the spec refuses raises ValueError and that every other call succeeds or is refused as the spec says.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import pytest

@@ -2,7 +2,7 @@
 
 kvfuzz finding 005-cache-blocks-unchecked, exported by `kvfuzz export docs/findings/005-cache-blocks-unchecked.json --vllm-test`.
 It asserts that cache_blocks refuses to record more than the request holds.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import pytest

@@ -2,7 +2,7 @@
 
 kvfuzz finding 006-evict-block-id-unchecked, exported by `kvfuzz export docs/findings/006-evict-block-id-unchecked.json --vllm-test`.
 It asserts that the call the spec refuses raises ValueError and that every other call succeeds or is refused as the spec says.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import pytest

@@ -2,7 +2,7 @@
 
 kvfuzz finding 007-null-block-ref-count, exported by `kvfuzz export docs/findings/007-null-block-ref-count.json --vllm-test`.
 It asserts that the null block's ref_cnt stays 0.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import pytest

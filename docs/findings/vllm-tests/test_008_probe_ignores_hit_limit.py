@@ -2,7 +2,7 @@
 
 kvfuzz finding 008-probe-ignores-hit-limit, exported by `kvfuzz export docs/findings/008-probe-ignores-hit-limit.json --vllm-test`.
 It asserts that get_num_cached_tokens agrees with get_computed_blocks.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import inspect

@@ -2,7 +2,7 @@
 
 kvfuzz finding 009-lookup-bound-raises-ceiling, exported by `kvfuzz export docs/findings/vllm-tests/009-lookup-bound-raises-ceiling-full.json --vllm-test`.
 It asserts that a lookup leaves at least one token to compute.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import inspect

@@ -2,7 +2,7 @@
 
 kvfuzz finding 010-prompt-embeds-mask-unkeyed, exported by `kvfuzz export docs/findings/010-prompt-embeds-mask-unkeyed.json --vllm-test`.
 It asserts that blocks holding different model inputs get different keys.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import inspect

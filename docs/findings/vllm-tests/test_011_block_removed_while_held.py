@@ -2,7 +2,7 @@
 
 kvfuzz finding 011-block-removed-while-held, exported by `kvfuzz export docs/findings/011-block-removed-while-held.json --vllm-test`.
 It asserts that BlockRemoved is announced only when no block holds the key any more.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import inspect

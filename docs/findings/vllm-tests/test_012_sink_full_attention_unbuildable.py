@@ -2,7 +2,7 @@
 
 kvfuzz finding 012-sink-full-attention-unbuildable, exported by `kvfuzz export docs/findings/012-sink-full-attention-unbuildable.json --vllm-test`.
 It builds the manager and plays the calls; each must do what the spec says (a trace without a check records a manager vLLM cannot build).
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import pytest

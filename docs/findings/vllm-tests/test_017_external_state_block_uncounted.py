@@ -2,7 +2,7 @@
 
 kvfuzz finding 017-external-state-block-uncounted, exported by `kvfuzz export docs/findings/017-external-state-block-uncounted.json --vllm-test`.
 It asserts that allocate_slots takes exactly the blocks its admission check counts.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import inspect

@@ -2,7 +2,7 @@
 
 kvfuzz finding 019-checkpoint-record-kept, exported by `kvfuzz export docs/findings/019-checkpoint-record-kept.json --vllm-test`.
 It asserts which blocks carry a cache key after the calls.
-It imports only vllm, torch and pytest, and fails while the bug is present.
+It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
 import inspect
