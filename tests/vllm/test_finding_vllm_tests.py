@@ -77,7 +77,7 @@ def test_each_finding_test_fails_exactly_where_vllm_has_the_bug(tmp_path):
     "kvcache does not take vLLM's signatures the tests call: kv_cache_utils.init_none_hash, "
     "get_request_block_hasher(hash_block_size, caching_hash_fn), Request(request_id, "
     "prompt_token_ids, sampling_params, pooling_params, ...) with prompt_embeds as a tensor, "
-    "MambaSpec(shapes=, dtypes=); with those bridged by hand 15 of the 16 pass (010 needs the "
+    "MambaSpec(shapes=, dtypes=); with those bridged by hand 17 of the 18 pass (010 needs the "
     "tensor). Remove this mark when kvcache takes them (strict: an unexpected pass fails)"))
 def test_each_finding_test_passes_on_kvcache_through_the_drop_in(tmp_path):
     outcomes = _outcomes(tmp_path, prelude="from kvfuzz.dropin import install\ninstall()")
