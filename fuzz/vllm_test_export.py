@@ -18,7 +18,7 @@ from typing import Any
 from kvfuzz.core.config import GroupConfig
 from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.core.trace import Op, Trace, normalize_op, write_atomic
-from kvfuzz.harness.executor import Execution
+from kvfuzz.harness.executor import Counterexample, Execution
 
 SPEC_CLASSES = {"full": "FullAttentionSpec", "sliding_window": "SlidingWindowSpec",
                 "chunked_local": "ChunkedLocalAttentionSpec", "sink_full": "SinkFullAttentionSpec",
@@ -114,7 +114,12 @@ class _Writer:
                 raise VllmTestUnsupported(
                     f"step {step}: op {op['op']!r}; a vLLM test plays the manager ops "
                     f"{', '.join(OPS)} (api-level traces)")
-            expected = execution.apply(raw)
+            try:
+                expected = execution.apply(raw)
+            except Counterexample as exc:
+                raise VllmTestUnsupported(
+                    f"the trace fails on kvcache or the reference model, so no outcome can be "
+                    f"expected of vLLM: {exc.finding.headline()}") from None
             getattr(self, "_" + op["op"])(op, expected, step)
         self.execution = execution
         self._final_checks()

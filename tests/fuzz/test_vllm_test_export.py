@@ -93,3 +93,27 @@ def test_ev2_expects_the_removals_kvcache_announces(tmp_path):
     assert "assert len(removed) == 1, (" in text
     full = vllm_test_path("011").read_text(encoding="utf-8")
     assert "assert len(removed) == 0, (" in full
+
+
+def test_a_trace_kvcache_fails_is_refused(tmp_path, monkeypatch, capsys):
+    """The expected outcomes come from kvcache and the model; where they are the ones failing,
+    a planted bug here, there is nothing to expect of vLLM."""
+    from kvfuzz.fuzz import vllm_test_export
+    from kvfuzz.harness.executor import Execution
+
+    class PlantedBug(Execution):
+        def __init__(self, config, level, targets, **kwargs):
+            super().__init__(config, level, ["bug:free-forgets-decrement"], **kwargs)
+
+    monkeypatch.setattr(vllm_test_export, "Execution", PlantedBug)
+    trace = {"format": "kvfuzz-trace", "version": 1, "level": "api",
+             "config": {"num_blocks": 4, "groups": [{"kind": "full", "block_size": 4}],
+                        "max_model_len": 64},
+             "ops": [{"op": "add_request", "request_id": "r0", "prompt": [1, 1, 0, 0, 1]},
+                     {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 5},
+                     {"op": "free", "request_id": "r0"}]}
+    path, out = tmp_path / "t.json", tmp_path / "t.py"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(out)]) == 2
+    assert "fails on kvcache or the reference model" in capsys.readouterr().err
+    assert not out.exists()
