@@ -159,8 +159,12 @@ def _parser() -> argparse.ArgumentParser:
                             "trace with kvfuzz.testing.replay_trace: it fails while the bug "
                             "is there.")
     export.add_argument("file", type=Path)
-    export.add_argument("--pytest", type=Path, required=True, metavar="OUT.py",
-                        help="the test module to write")
+    out = export.add_mutually_exclusive_group(required=True)
+    out.add_argument("--pytest", type=Path, metavar="OUT.py",
+                     help="the test module to write (replays on kvfuzz's harness)")
+    out.add_argument("--vllm-test", type=Path, metavar="OUT.py",
+                     help="a plain vLLM test (imports only vllm, torch, pytest) of an api-level "
+                          "trace: fails while vLLM has the bug (docs/findings/README.md)")
     export.add_argument("--target", help="target the test replays on (default: the trace's)")
     export.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help=_FILE_PLUGIN_HELP + " (the exported test imports the same)")
@@ -780,6 +784,16 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from kvfuzz.fuzz.export import export_pytest
 
+    if args.vllm_test is not None:  # played on kvcache at export time, whatever the target
+        from kvfuzz.core.trace import Trace
+        from kvfuzz.fuzz.vllm_test_export import export_vllm_test
+
+        trace = Trace.load(args.file)
+        _writable("--vllm-test", args.vllm_test)
+        export_vllm_test(trace, args.vllm_test, args.file)
+        print(f"wrote {args.vllm_test}: run it with vLLM installed, "
+              f"`python -m pytest {args.vllm_test}`")
+        return EXIT_OK
     trace, target, _ = _load(args, None)
     _writable("--pytest", args.pytest)
     export_pytest(trace, target, args.pytest, plugins=tuple(args.plugin))

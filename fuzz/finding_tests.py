@@ -1,0 +1,91 @@
+"""The plain vLLM regression tests checked in for the numbered findings.
+
+`FINDING_TESTS` names, for each manager-level finding, the trace its vLLM test is exported from
+(docs/findings/vllm-tests/, written by `kvfuzz export TRACE --vllm-test`). `expected_outcome`
+says what that test does on the installed vLLM, decided from what the install offers (the
+adapter's probed features and known deviations, never its version string) and, for findings
+the adapter does not tolerate, from the finding's doc (every supported release).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+FINDINGS_DIR = Path(__file__).resolve().parent.parent / "docs" / "findings"
+VLLM_TESTS_DIR = FINDINGS_DIR / "vllm-tests"
+
+FINDING_TESTS: dict[str, str] = {
+    "001": "001-empty-window-entry.json",
+    "002": "002-negative-counts-accepted.json",
+    "003": "003-running-hit-adoption-asserts.json",
+    "005": "005-cache-blocks-unchecked.json",
+    "006": "006-evict-block-id-unchecked.json",
+    "007": "007-null-block-ref-count.json",
+    "008": "008-probe-ignores-hit-limit.json",
+    "009": "vllm-tests/009-lookup-bound-raises-ceiling-full.json",
+    "010": "010-prompt-embeds-mask-unkeyed.json",
+    "011": "011-block-removed-while-held.json",
+    "012": "012-sink-full-attention-unbuildable.json",
+    "013": "013-empty-state-entry.json",
+    "014": "014-state-tail-rekeyed.json",
+    "015": "015-external-counts-unchecked.json",
+    "017": "017-external-state-block-uncounted.json",
+    "019": "019-checkpoint-record-kept.json",
+    "020": "vllm-tests/020-checkpoint-chunk-keys-start-state-api.json",
+    "021": "vllm-tests/021-junction-chunk-keys-start-state-api.json",
+}
+"""Finding number -> the trace its vLLM test comes from. 009's own trace forces sub-block
+hits inside vLLM, so its test comes from the same steps on full attention alone; 020's and 021's
+traces are scheduler level, so theirs come from the same steps as manager calls (the chunk
+vLLM's scheduler issues). Those traces are kept beside the tests, not as finding traces."""
+
+SKIPS: dict[str, str] = {
+    "008": "cached_tokens_probe",
+    "009": "lookup_bound",
+    "010": "prompt_embeds_mask",
+    "011": "kv_events",
+    "015": "kv_connector",
+    "017": "kv_connector",
+    "019": "prefill_checkpoints",
+    "020": "prefill_checkpoints",
+    "021": "prefill_checkpoints",
+}
+"""The adapter feature (harness/vllm_api.FEATURES) a test needs; where the install lacks it the
+test skips itself (its skipif names what is missing)."""
+
+
+def vllm_test_path(number: str) -> Path:
+    """The checked-in vLLM test of finding `number`."""
+    stem = Path(FINDING_TESTS[number]).stem
+    return VLLM_TESTS_DIR / f"test_{stem.replace('-', '_')}.py"
+
+
+def _sink_manager_rejects_kwargs() -> bool:
+    """012: SinkFullAttentionManager.__init__ takes a fixed parameter list (no **kwargs)."""
+    from importlib import import_module
+
+    module = import_module("vllm.v1.core.single_type_kv_cache_manager")
+    manager = getattr(module, "SinkFullAttentionManager", None)
+    if manager is None:
+        return False
+    params = inspect.signature(manager.__init__).parameters.values()
+    return not any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def expected_outcome(number: str, api: Any) -> str:
+    """'failed', 'skipped' or 'passed': what finding `number`'s vLLM test does on `api`."""
+    from kvfuzz.harness.vllm_target import KNOWN_DEVIATIONS
+
+    feature = SKIPS.get(number)
+    if feature is not None and not api.has(feature):
+        return "skipped"
+    stem = Path(FINDING_TESTS[number]).stem.removesuffix("-full").removesuffix("-api")
+    doc = f"docs/findings/{stem}.md"
+    deviations = [d for d in KNOWN_DEVIATIONS if d.finding == doc]
+    if deviations:
+        return "failed" if any(d.applies(api) for d in deviations) else "passed"
+    if number == "012":
+        return "failed" if _sink_manager_rejects_kwargs() else "passed"
+    return "failed"  # misuse findings 002, 003, 005, 006, 015: no release checks them

@@ -1,0 +1,119 @@
+"""`kvfuzz export FILE --vllm-test OUT.py`: plain vLLM tests from manager-level traces.
+
+Whether a generated test fails on vLLM and passes on kvcache is checked where vLLM is installed
+(tests/vllm/test_finding_vllm_tests.py); here: the checked-in tests are what the exporter writes
+today, they import only vllm, torch and pytest (and inspect), and what cannot be expressed is
+refused with exit 2 and nothing written.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from kvfuzz.core.trace import Trace
+from kvfuzz.fuzz.cli import main
+from kvfuzz.fuzz.finding_tests import FINDING_TESTS, FINDINGS_DIR, vllm_test_path
+from kvfuzz.fuzz.vllm_test_export import render_vllm_test
+
+
+@pytest.mark.parametrize("number", sorted(FINDING_TESTS))
+def test_checked_in_vllm_test_is_what_the_exporter_writes(number):
+    source = FINDINGS_DIR / FINDING_TESTS[number]
+    text = render_vllm_test(Trace.load(source), source.relative_to(FINDINGS_DIR.parent.parent))
+    assert vllm_test_path(number).read_text(encoding="utf-8") == text, (
+        f"regenerate: kvfuzz export {source} --vllm-test {vllm_test_path(number)}")
+
+
+@pytest.mark.parametrize("number", sorted(FINDING_TESTS))
+def test_vllm_test_imports_only_vllm_torch_and_pytest(number):
+    tree = ast.parse(vllm_test_path(number).read_text(encoding="utf-8"))
+    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module}
+    assert roots <= {"vllm", "torch", "pytest", "inspect"}, roots
+
+
+def test_a_refused_call_becomes_pytest_raises_and_the_bookkeeping_is_written_out():
+    text = vllm_test_path("003").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert body.count("schedule(") == 2  # a and b were admitted
+    assert body.rstrip().endswith(
+        "with pytest.raises(ValueError):  # the spec refuses it and changes nothing\n"
+        "        manager.allocate_slots(b, 0, num_new_computed_tokens=b_hit, "
+        "new_computed_blocks=b_hit_blocks)")
+
+
+def test_cli_writes_the_test(tmp_path, capsys):
+    out = tmp_path / "test_002.py"
+    source = FINDINGS_DIR / FINDING_TESTS["002"]
+    assert main(["export", str(source), "--vllm-test", str(out)]) == 0
+    assert "pytest.raises(ValueError)" in out.read_text(encoding="utf-8")
+    assert str(out) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("trace_file, says", [
+    ("020-checkpoint-chunk-keys-start-state.json", "level 'scheduler'"),
+    ("009-lookup-bound-raises-ceiling.json", "partial_hits"),
+])
+def test_what_a_vllm_test_cannot_express_is_exit_2_and_nothing_written(tmp_path, capsys,
+                                                                         trace_file, says):
+    out = tmp_path / "t.py"
+    assert main(["export", str(FINDINGS_DIR / trace_file), "--vllm-test", str(out)]) == 2
+    assert says in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_pytest_and_vllm_test_are_one_or_the_other(tmp_path):
+    source = str(FINDINGS_DIR / FINDING_TESTS["002"])
+    assert main(["export", source]) == 2
+    assert main(["export", source, "--pytest", str(tmp_path / "a.py"),
+                 "--vllm-test", str(tmp_path / "b.py")]) == 2
+
+
+def test_an_unexported_op_is_refused(tmp_path):
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["002"]).read_text(encoding="utf-8"))
+    trace["ops"].insert(1, {"op": "reset_prefix_cache"})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(tmp_path / "t.py")]) == 2
+
+
+def test_ev2_expects_the_removals_kvcache_announces(tmp_path):
+    """Without b's copy, evicting block 1 removes the key for good: one BlockRemoved is right."""
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["011"]).read_text(encoding="utf-8"))
+    trace["ops"] = [op for op in trace["ops"] if op.get("request_id") != "b"]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    text = render_vllm_test(Trace.load(path), path)
+    assert "assert len(removed) == 1, (" in text
+    full = vllm_test_path("011").read_text(encoding="utf-8")
+    assert "assert len(removed) == 0, (" in full
+
+
+def test_a_trace_kvcache_fails_is_refused(tmp_path, monkeypatch, capsys):
+    """The expected outcomes come from kvcache and the model; where they are the ones failing,
+    a planted bug here, there is nothing to expect of vLLM."""
+    from kvfuzz.fuzz import vllm_test_export
+    from kvfuzz.harness.executor import Execution
+
+    class PlantedBug(Execution):
+        def __init__(self, config, level, targets, **kwargs):
+            super().__init__(config, level, ["bug:free-forgets-decrement"], **kwargs)
+
+    monkeypatch.setattr(vllm_test_export, "Execution", PlantedBug)
+    trace = {"format": "kvfuzz-trace", "version": 1, "level": "api",
+             "config": {"num_blocks": 4, "groups": [{"kind": "full", "block_size": 4}],
+                        "max_model_len": 64},
+             "ops": [{"op": "add_request", "request_id": "r0", "prompt": [1, 1, 0, 0, 1]},
+                     {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 5},
+                     {"op": "free", "request_id": "r0"}]}
+    path, out = tmp_path / "t.json", tmp_path / "t.py"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(out)]) == 2
+    assert "fails on kvcache or the reference model" in capsys.readouterr().err
+    assert not out.exists()
