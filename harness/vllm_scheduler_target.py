@@ -52,8 +52,6 @@ def unsupported_reason(config: Config) -> str | None:
     reasons = (
         (config.kv_connector, "a KV connector (load_remote/finish_load are played by kvfuzz's "
                               "driver, not by a vLLM connector)"),
-        (config.use_eagle or s.num_lookahead_tokens > 0,
-         "EAGLE or lookahead slots (vLLM derives them from a draft model's SpeculativeConfig)"),
         (s.reserved_blocks > 0, "reserved_blocks (vLLM's Scheduler reserves only for async "
                                 "KV loads)"),
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
@@ -102,16 +100,28 @@ def _model_stand_in(config: Config) -> SimpleNamespace:
 
 
 @contextlib.contextmanager
-def _in_flight_reserve(vllm_config_cls: Any, tokens: int) -> Iterator[None]:
-    """vLLM's Scheduler builds its manager with `VllmConfig.max_in_flight_tokens` (concurrent
-    batches × budget); the config's reserve (None: max_model_len, the manager's default) is
-    passed instead, so that the three sides agree on the manager they build."""
-    original = vllm_config_cls.__dict__["max_in_flight_tokens"]
-    vllm_config_cls.max_in_flight_tokens = property(lambda self: tokens)
+def _derived_settings(vllm_config_cls: Any, scheduler_module: Any, config: Config
+                      ) -> Iterator[None]:
+    """What vLLM's Scheduler derives from settings kvfuzz does not model, set while it is
+    built: `VllmConfig.max_in_flight_tokens` (concurrent batches × budget) becomes the
+    config's reserve (None: max_model_len, the manager's own default);
+    `VllmConfig.num_lookahead_tokens` (a drafter's KV slots past the scheduled tokens) the
+    config's lookahead; and the manager it builds gets the config's EAGLE last-block drop
+    (vLLM reads it from a draft model's SpeculativeConfig, which needs the model)."""
+    derived = {"max_in_flight_tokens": config.max_in_flight_tokens or config.max_model_len,
+               "num_lookahead_tokens": config.scheduler.num_lookahead_tokens}
+    originals = {name: vllm_config_cls.__dict__[name] for name in derived}
+    manager_cls = scheduler_module.KVCacheManager
+    for name, value in derived.items():
+        setattr(vllm_config_cls, name, property(lambda self, value=value: value))
+    scheduler_module.KVCacheManager = lambda *args, **kwargs: manager_cls(
+        *args, **{**kwargs, "use_eagle": config.use_eagle})
     try:
         yield
     finally:
-        vllm_config_cls.max_in_flight_tokens = original
+        for name, original in originals.items():
+            setattr(vllm_config_cls, name, original)
+        scheduler_module.KVCacheManager = manager_cls
 
 
 def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
@@ -148,9 +158,9 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
                                  device_config=api.DeviceConfig(device="cpu"))
     object.__setattr__(vllm_config, "model_config", _model_stand_in(config))
     cls = scheduler_cls or (api.AsyncScheduler if async_scheduling else api.Scheduler)
-    with _partial_hits_forced(load_vllm(), config.partial_hits), _in_flight_reserve(
-            type(vllm_config), config.max_in_flight_tokens or config.max_model_len):
-        return cls(
+    with _partial_hits_forced(load_vllm(), config.partial_hits), _derived_settings(
+            type(vllm_config), importlib.import_module(api.Scheduler.__module__), config):
+        scheduler = cls(
             vllm_config=vllm_config,
             kv_cache_config=build_kv_cache_config(config),
             structured_output_manager=api.StructuredOutputManager(vllm_config),
@@ -158,6 +168,9 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
             hash_block_size=config.resolved_hash_block_size,
             log_stats=False,
         )
+    # The Mamba chunk split steps its stops down by a block with EAGLE, as the manager does.
+    scheduler.use_eagle_block_drop = config.use_eagle
+    return scheduler
 
 
 class _At:
