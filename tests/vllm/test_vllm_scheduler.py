@@ -29,11 +29,7 @@ from kvfuzz.harness.vllm_target import vllm_available
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(
-        not vllm_available(),
-        reason="no vLLM this adapter drives is importable here: run `bash ci/install-vllm.sh "
-        "[VERSION]` and use the python it prints",
-    ),
+    pytest.mark.skipif(not vllm_available(), reason="no vLLM this adapter drives is importable"),
 ]
 
 FINDINGS = Path(__file__).resolve().parents[2] / "docs" / "findings"
