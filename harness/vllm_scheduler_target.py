@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -84,8 +85,21 @@ def _vllm_scheduler_api() -> SimpleNamespace:
         Scheduler=find("vllm.v1.core.sched.scheduler", "Scheduler"),
         AsyncScheduler=find("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
         StructuredOutputManager=find("vllm.v1.structured_output", "StructuredOutputManager"),
-        ModelRunnerOutput=find("vllm.v1.outputs", "ModelRunnerOutput"),
+        ModelRunnerOutput=_model_runner_output(find("vllm.v1.outputs", "ModelRunnerOutput")),
     )
+
+
+def _model_runner_output(cls: Any) -> Callable[..., Any]:
+    """`ModelRunnerOutput(req_ids=, sampled_token_ids=)`; releases before 0.34 also take
+    the index of each request id (`req_id_to_index`)."""
+    if "req_id_to_index" not in inspect.signature(cls).parameters:
+        return cls
+
+    def output(req_ids: list[str], sampled_token_ids: list[list[int]]) -> Any:
+        return cls(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                   sampled_token_ids=sampled_token_ids)
+
+    return output
 
 
 def _model_stand_in(config: Config) -> SimpleNamespace:
@@ -227,12 +241,14 @@ class VllmSchedulerDriver:
         if in_flight:
             raise ValueError("vllm-scheduler does not leave steps in flight")
         self.preempted = []
+        waiting = {request.request_id for request in self.vllm.waiting}
         scheduler_output = self.vllm.schedule()
-        hits = {new.req_id: new.num_computed_tokens
-                for new in scheduler_output.scheduled_new_reqs}
         ids = list(scheduler_output.num_scheduled_tokens)
-        scheduled = [(self._requests[rid], n, hits.get(rid, 0))
-                     for rid, n in scheduler_output.num_scheduled_tokens.items()]
+        # An admitted request's hit: what it had computed before its first chunk (vLLM 0.32
+        # sends a resumed request as cached data, without its computed tokens).
+        scheduled = [(request, n, request.num_computed_tokens - n if rid in waiting else 0)
+                     for rid, n in scheduler_output.num_scheduled_tokens.items()
+                     for request in (self._requests[rid],)]
         copies = [(int(c[0]), int(c[1])) for c in scheduler_output.kv_cache_block_copies or ()]
         if run_model is not None:
             run_model([(_At(r, r.num_computed_tokens - n), n, hit) for r, n, hit in scheduled],
