@@ -136,6 +136,8 @@ def test_finding_is_reached_by_vllm_scheduler(name):
     driver = run_trace(trace, ("vllm-strict",), checks=_checks_of(trace)).finding
     assert ours is not None and driver is not None
     assert (ours.check, ours.step) == (driver.check, driver.step), ours.headline()
+    if name[0].isdigit():  # a known deviation: `vllm-scheduler` tolerates it as `vllm` does
+        assert run_trace(trace, ("vllm-scheduler",)).passed
 
 
 def test_finding_020_harms_a_later_request_on_vllm_scheduler():
