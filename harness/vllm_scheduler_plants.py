@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvfuzz.core.config import Config
+from kvfuzz.core.sides import Side
 from kvfuzz.harness.targets import VLLM_REQUIRED, register_target
-from kvfuzz.harness.vllm_scheduler_target import VllmSchedulerSide
+from kvfuzz.harness.vllm_api import check_vllm
 
 
 def _preempt_keeps_blocks(scheduler: Any) -> None:
@@ -64,20 +65,25 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 
 
-def planted(name: str) -> Callable[[Config, str], VllmSchedulerSide]:
-    """The side factory of `vllm-scheduler-bug:NAME`."""
+def planted(name: str) -> Callable[[Config, str], Side]:
+    """The side factory of `vllm-scheduler-bug:NAME` (the target module, and with it kvcache,
+    loads only when a side is built: listing targets imports neither)."""
     patch = PLANTS[name][1]
 
-    class Planted(VllmSchedulerSide):
-        def build_scheduler(self, config: Config) -> Any:
-            driver = super().build_scheduler(config)
-            patch(self.vllm_scheduler)
-            return driver
+    def build(config: Config, level: str) -> Side:
+        from kvfuzz.harness.vllm_scheduler_target import VllmSchedulerSide
 
-    Planted.name = f"vllm-scheduler-bug:{name}"
-    Planted.__name__ = f"Planted[{name}]"
-    return Planted
+        class Planted(VllmSchedulerSide):
+            def build_scheduler(self, config: Config) -> Any:
+                driver = super().build_scheduler(config)
+                patch(self.vllm_scheduler)
+                return driver
 
+        Planted.name = f"vllm-scheduler-bug:{name}"
+        return Planted(config, level)
+
+    build.check_available = check_vllm  # type: ignore[attr-defined]
+    return build
 
 for _name, (_what, _, _) in PLANTS.items():
     register_target(f"vllm-scheduler-bug:{_name}",
