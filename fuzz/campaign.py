@@ -292,7 +292,7 @@ class BatchRunner:
         opts = self.options
         run_example(
             data, campaign_config(opts, name), level, steps=opts.steps, targets=(opts.target,),
-            model=opts.model, checks=self.checks, allow_misuse=opts.target != "vllm",
+            model=opts.model, checks=self.checks, allow_misuse=not opts.target.startswith("vllm"),
             swarm=opts.swarm and swarm, focus=self.focus_rules, on_execution=self._executed,
             vary=name not in {c.name for c in opts.config_files}, on_op=self.probe.observe,
         )

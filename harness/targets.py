@@ -56,9 +56,11 @@ class TargetInfo:
 _TARGETS: dict[str, TargetInfo] = {}
 
 
-def register_target(name: str, description: str, factory: SideFactory) -> None:
-    """Make `factory` available as `--target NAME`."""
-    _TARGETS[name] = TargetInfo(name, description, lambda: factory)
+def register_target(name: str, description: str, factory: SideFactory,
+                    requires: tuple[str, str] | None = None) -> None:
+    """Make `factory` available as `--target NAME` (`requires`: (module, how to install it)
+    when it needs an optional package)."""
+    _TARGETS[name] = TargetInfo(name, description, lambda: factory, requires)
 
 
 def _lazy(name: str, description: str, module: str, attr: str,
@@ -85,14 +87,23 @@ def get_target(name: str) -> TargetInfo:
 
 def _load_mutants() -> None:
     importlib.import_module("kvfuzz.harness.mutants")
+    importlib.import_module("kvfuzz.harness.vllm_scheduler_plants")
 
 
 _lazy("kvcache", "kvfuzz's own kvcache/ (the production implementation)",
       "kvfuzz.harness.kvcache_target", "KvcacheSide")
-_VLLM = ("vllm", "install vLLM into this Python (docs/vllm.md says how, CPU-only machines too)")
+VLLM_REQUIRED = _VLLM = ("vllm", "install vLLM into this Python (docs/vllm.md says how, CPU-only machines too)")
 _lazy("vllm", "the installed vLLM's v1 KVCacheManager, 0.32–0.34 or a checkout (ci/install-vllm.sh)",
       "kvfuzz.harness.vllm_target", "VllmSide", _VLLM)
 _lazy("vllm-strict", "the installed vLLM without the known deviations target vllm tolerates "
       "(docs/vllm.md)", "kvfuzz.harness.vllm_target", "VllmStrictSide", _VLLM)
+_lazy("vllm-scheduler", "the installed vLLM's own v1 Scheduler running scheduler-level traces, "
+      "tolerating target vllm's known deviations (docs/vllm.md)",
+      "kvfuzz.harness.vllm_scheduler_target", "VllmSchedulerSide", _VLLM)
+_lazy("vllm-scheduler-strict", "the installed vLLM's own v1 Scheduler without tolerated "
+      "deviations", "kvfuzz.harness.vllm_scheduler_target", "VllmSchedulerStrictSide", _VLLM)
+_lazy("vllm-async-scheduler", "the installed vLLM's own AsyncScheduler, each step's output "
+      "taken before the next", "kvfuzz.harness.vllm_scheduler_target", "VllmAsyncSchedulerSide",
+      _VLLM)
 _lazy("model", "the reference model itself (checks the oracle against the invariants)",
       "kvfuzz.reference_model", "ReferenceModel")

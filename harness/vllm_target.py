@@ -122,13 +122,13 @@ def _partial_hits_forced(v: VllmApi, on: bool) -> Iterator[None]:
         coordinator.partial_hash_hits_enabled = original
 
 
-def build_vllm_manager(config: Config) -> Any:
-    """The installed vLLM's KVCacheManager for a harness config."""
+def build_kv_cache_config(config: Config) -> Any:
+    """The installed vLLM's KVCacheConfig for a harness config (one layer per group)."""
     v = load_vllm()
     iface = v["interface"]
     retention = ({"prefix_cache_retention_interval": config.prefix_cache_retention_interval}
                  if v.has("retention") else {})
-    kv_cache_config = iface.KVCacheConfig(
+    return iface.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
         **retention,
@@ -138,6 +138,12 @@ def build_vllm_manager(config: Config) -> Any:
             for i in vllm_group_ids(config)
         ],
     )
+
+
+def build_vllm_manager(config: Config) -> Any:
+    """The installed vLLM's KVCacheManager for a harness config."""
+    v = load_vllm()
+    kv_cache_config = build_kv_cache_config(config)
     with _partial_hits_forced(v, config.partial_hits):
         return v["KVCacheManager"](
             kv_cache_config,
@@ -480,7 +486,7 @@ class VllmSide(ManagerSide):
         # vLLM keeps its none hash in a module global, read whenever a request hashes.
         utils.NONE_HASH = v["sha256"](config.none_hash_seed)
         self._hasher = utils.get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
-        manager = build_vllm_manager(config)
+        manager = self.new_manager(config)
         for single in manager.coordinator.single_type_managers:
             if JUNCTION_EAGLE_UNKEPT in self.tolerated:
                 self._keep_eagle_junction_block(single)
@@ -496,6 +502,11 @@ class VllmSide(ManagerSide):
         if CHECKPOINT_RECORD_KEPT in self.tolerated:
             self._keep_checkpoint_records(manager)
         return manager
+
+    def new_manager(self, config: Config) -> Any:
+        """vLLM's KVCacheManager for `config`, before the tolerated deviations are undone on it
+        (target `vllm-scheduler` takes the one vLLM's own Scheduler builds)."""
+        return build_vllm_manager(config)
 
     def _keep_checkpoint_records(self, manager: Any) -> None:
         """A refused allocate_slots leaves every state manager's checkpoint record of the

@@ -1,0 +1,91 @@
+"""Bugs planted in vLLM's own Scheduler: targets `vllm-scheduler-bug:NAME`.
+
+Each is one method of the live `Scheduler` patched on the instance target `vllm-scheduler`
+builds (vLLM's code on disk is untouched), so a campaign at the scheduler level shows which
+check catches it (tests/vllm/test_vllm_scheduler.py; bench/bench_vllm_scheduler.py times it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvfuzz.core.config import Config
+from kvfuzz.core.sides import Side
+from kvfuzz.harness.targets import VLLM_REQUIRED, register_target
+from kvfuzz.harness.vllm_api import check_vllm
+
+
+def _preempt_keeps_blocks(scheduler: Any) -> None:
+    """A preempted request's blocks are not freed (it re-prefills into new ones)."""
+    preempt = scheduler._preempt_request
+
+    def preempt_request(request: Any, *args: Any, **kwargs: Any) -> Any:
+        free = scheduler._free_request_blocks
+        scheduler._free_request_blocks = lambda request: None
+        try:
+            return preempt(request, *args, **kwargs)
+        finally:
+            scheduler._free_request_blocks = free
+
+    scheduler._preempt_request = preempt_request
+
+
+def _finish_keeps_blocks(scheduler: Any) -> None:
+    """A request that finishes is forgotten, its blocks never freed."""
+    scheduler._free_blocks = lambda request: scheduler.requests.pop(request.request_id)
+
+
+def _mamba_split_unaligned(scheduler: Any) -> None:
+    """Prefill chunks of a Mamba "align" hybrid ignore the block alignment."""
+    scheduler._mamba_block_aligned_split = lambda request, num_new_tokens, *args: num_new_tokens
+
+
+def _hit_not_adopted(scheduler: Any) -> None:
+    """Admission drops the prefix-cache hit and recomputes the whole prompt."""
+    lookup = scheduler._get_local_prefix_cache_hit
+
+    def get_local_prefix_cache_hit(request: Any, *args: Any) -> Any:
+        blocks, _, boundary, diverged = lookup(request, *args)
+        return scheduler.kv_cache_manager.empty_kv_cache_blocks, 0, boundary, diverged
+
+    scheduler._get_local_prefix_cache_hit = get_local_prefix_cache_hit
+
+
+PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
+    "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
+                             _preempt_keeps_blocks, ("full",)),
+    "finish-keeps-blocks": ("a finished request's blocks are never freed",
+                            _finish_keeps_blocks, ("full",)),
+    "mamba-split-unaligned": ("Mamba 'align' prefill chunks ignore the block alignment",
+                              _mamba_split_unaligned, ("mamba_align",)),
+    "hit-not-adopted": ("admission drops the prefix-cache hit", _hit_not_adopted,
+                        ("full",)),
+}
+"""name -> (what it breaks, the patch, the configs a campaign catches it on)."""
+
+
+def planted(name: str) -> Callable[[Config, str], Side]:
+    """The side factory of `vllm-scheduler-bug:NAME` (the target module, and with it kvcache,
+    loads only when a side is built: listing targets imports neither)."""
+    patch = PLANTS[name][1]
+
+    def build(config: Config, level: str) -> Side:
+        from kvfuzz.harness.vllm_scheduler_target import VllmSchedulerSide
+
+        class Planted(VllmSchedulerSide):
+            def build_scheduler(self, config: Config) -> Any:
+                driver = super().build_scheduler(config)
+                patch(self.vllm_scheduler)
+                return driver
+
+        Planted.name = f"vllm-scheduler-bug:{name}"
+        return Planted(config, level)
+
+    build.check_available = check_vllm  # type: ignore[attr-defined]
+    return build
+
+for _name, (_what, _, _) in PLANTS.items():
+    register_target(f"vllm-scheduler-bug:{_name}",
+                    f"planted bug in vLLM's own Scheduler: {_what}", planted(_name),
+                    VLLM_REQUIRED)

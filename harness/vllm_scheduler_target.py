@@ -1,0 +1,311 @@
+"""Target `vllm-scheduler`: vLLM's own v1 `Scheduler` runs scheduler-level traces.
+
+Target `vllm` drives vLLM's KVCacheManager through kvfuzz's driver (`kvcache/scheduler.py`,
+a copy of vLLM's scheduling rules). This one hands the trace's requests and steps to vLLM's
+`Scheduler` itself (`AsyncScheduler` for `vllm-async-scheduler`): `add_request`, `schedule`,
+`update_from_output` with the sampled tokens, `finish_requests`. The manager it reads and
+checks is the one that Scheduler built, so the executor compares, per step, what vLLM's
+scheduler scheduled, preempted and finished, the block tables and computed-token counts, with
+the reference model (and with kvfuzz's driver on kvcache when it runs beside it), and runs every
+registered check on that manager after every op.
+
+vLLM's Scheduler needs a `VllmConfig`; the adapter builds one without a model (no weights, no
+tokenizer, no network): a stand-in for `ModelConfig` carries the few attributes the Scheduler
+reads, and the KV cache config is built by hand as target `vllm` builds it. What the config
+file says the scheduler does (budget, running limit, policy, chunked prefill, watermark, the
+full-sequence gate, Mamba "align" chunking) becomes vLLM's own settings; a config whose
+knobs vLLM's Scheduler cannot take from settings alone (docs/vllm.md, "vLLM's own
+scheduler") is refused with the reason, and a campaign leaves it out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+from kvfuzz.core.config import Config
+from kvfuzz.core.trace import Op
+from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
+from kvfuzz.harness.vllm_target import (
+    VllmSide,
+    _partial_hits_forced,
+    build_kv_cache_config,
+)
+from kvfuzz.kvcache.scheduler import StepOutput
+
+_UNDRIVEN = ("in_flight", "complete_step", "load_remote", "finish_load")
+"""Ops and fields the target does not drive yet: generators leave them out (docs/vllm.md)."""
+
+
+class SchedulerCannotTake(Exception):
+    """A config vLLM's Scheduler cannot be set up for from its settings alone: the campaign
+    leaves that config out (a target's own failure to build, `TargetInfo.cannot_build`)."""
+
+
+def unsupported_reason(config: Config) -> str | None:
+    """Why vLLM's own Scheduler cannot run `config` as kvfuzz's driver would, or None."""
+    s = config.scheduler
+    reasons = (
+        (config.kv_connector, "a KV connector (load_remote/finish_load are played by kvfuzz's "
+                              "driver, not by a vLLM connector)"),
+        (s.reserved_blocks > 0, "reserved_blocks (vLLM's Scheduler reserves only for async "
+                                "KV loads)"),
+        (any(g.kind in ("cross", "encoder_only") for g in config.groups),
+         "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
+        (config.extra_keys, "LoRA, multimodal and prompt-embedding requests"),
+        (config.kv_events, "KV events"),
+    )
+    named = [why for on, why in reasons if on]
+    return "; ".join(named) if named else None
+
+
+@functools.cache
+def _vllm_scheduler_api() -> SimpleNamespace:
+    """vLLM's scheduler classes, found where the installed release keeps them."""
+    v = load_vllm()
+
+    def find(module: str, name: str) -> Any:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise VllmUnsupported(
+                f"target vllm-scheduler needs {module}.{name}, which vLLM {v.version} lacks "
+                f"({type(exc).__name__})") from None
+
+    return SimpleNamespace(
+        VllmConfig=find("vllm.config", "VllmConfig"),
+        SchedulerConfig=find("vllm.config", "SchedulerConfig"),
+        CacheConfig=find("vllm.config", "CacheConfig"),
+        DeviceConfig=find("vllm.config", "DeviceConfig"),
+        Scheduler=find("vllm.v1.core.sched.scheduler", "Scheduler"),
+        AsyncScheduler=find("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
+        StructuredOutputManager=find("vllm.v1.structured_output", "StructuredOutputManager"),
+        ModelRunnerOutput=_model_runner_output(find("vllm.v1.outputs", "ModelRunnerOutput")),
+    )
+
+
+def _model_runner_output(cls: Any) -> Callable[..., Any]:
+    """`ModelRunnerOutput(req_ids=, sampled_token_ids=)`; releases before 0.34 also take
+    the index of each request id (`req_id_to_index`)."""
+    if "req_id_to_index" not in inspect.signature(cls).parameters:
+        return cls
+
+    def output(req_ids: list[str], sampled_token_ids: list[list[int]]) -> Any:
+        return cls(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                   sampled_token_ids=sampled_token_ids)
+
+    return output
+
+
+def _model_stand_in(config: Config) -> SimpleNamespace:
+    """What vLLM's Scheduler reads of a `ModelConfig`: a decoder-only text model that samples
+    one token per step (building a real one inspects the model's code)."""
+    return SimpleNamespace(
+        max_model_len=config.max_model_len, uses_mrope=False, is_encoder_decoder=False,
+        runner_type="generate", is_diffusion=False, supports_multimodal_inputs=False,
+        is_multimodal_model=False, multimodal_config=None, return_sampling_mask=False,
+        skip_tokenizer_init=True,
+    )
+
+
+@contextlib.contextmanager
+def _derived_settings(vllm_config_cls: Any, scheduler_module: Any, config: Config
+                      ) -> Iterator[None]:
+    """What vLLM's Scheduler derives from settings kvfuzz does not model, set while it is
+    built: `VllmConfig.max_in_flight_tokens` (concurrent batches × budget) becomes the
+    config's reserve (None: max_model_len, the manager's own default);
+    `VllmConfig.num_lookahead_tokens` (a drafter's KV slots past the scheduled tokens) the
+    config's lookahead; and the manager it builds gets the config's EAGLE last-block drop
+    (vLLM reads it from a draft model's SpeculativeConfig, which needs the model)."""
+    derived = {"max_in_flight_tokens": config.max_in_flight_tokens or config.max_model_len,
+               "num_lookahead_tokens": config.scheduler.num_lookahead_tokens}
+    originals = {name: vllm_config_cls.__dict__[name] for name in derived}
+    manager_cls = scheduler_module.KVCacheManager
+    for name, value in derived.items():
+        setattr(vllm_config_cls, name, property(lambda self, value=value: value))
+    scheduler_module.KVCacheManager = lambda *args, **kwargs: manager_cls(
+        *args, **{**kwargs, "use_eagle": config.use_eagle})
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(vllm_config_cls, name, original)
+        scheduler_module.KVCacheManager = manager_cls
+
+
+def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
+                         scheduler_cls: type | None = None) -> Any:
+    """vLLM's own Scheduler (or AsyncScheduler) for a harness config, on the CPU, offline."""
+    reason = unsupported_reason(config)
+    if reason is not None:
+        raise SchedulerCannotTake(f"vLLM's Scheduler is not driven with {reason}")
+    api = _vllm_scheduler_api()
+    s = config.scheduler
+    align = any(g.mamba_cache_mode == "align" for g in config.groups)
+    scheduler_config = api.SchedulerConfig(
+        max_num_seqs=s.max_running,
+        max_num_batched_tokens=s.token_budget,
+        max_model_len=config.max_model_len,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        policy=s.policy,
+        watermark=config.watermark,
+        async_scheduling=async_scheduling,
+        scheduler_reserve_full_isl=s.full_sequence_must_fit,
+    )
+    # vLLM's validation refuses chunked prefill off with a budget below max_model_len (its
+    # frontend then refuses the longer prompts); the Scheduler's own rule for it (such a
+    # prompt is never admitted) is what runs here.
+    scheduler_config.enable_chunked_prefill = s.chunked_prefill
+    cache_config = api.CacheConfig(
+        block_size=config.scheduler_block_size,
+        enable_prefix_caching=config.enable_caching,
+        **({"mamba_cache_mode": "align"} if align else {}),
+    )
+    cache_config.num_gpu_blocks = config.num_blocks
+    vllm_config = api.VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
+                                 device_config=api.DeviceConfig(device="cpu"))
+    object.__setattr__(vllm_config, "model_config", _model_stand_in(config))
+    cls = scheduler_cls or (api.AsyncScheduler if async_scheduling else api.Scheduler)
+    with _partial_hits_forced(load_vllm(), config.partial_hits), _derived_settings(
+            type(vllm_config), importlib.import_module(api.Scheduler.__module__), config):
+        scheduler = cls(
+            vllm_config=vllm_config,
+            kv_cache_config=build_kv_cache_config(config),
+            structured_output_manager=api.StructuredOutputManager(vllm_config),
+            block_size=config.scheduler_block_size,
+            hash_block_size=config.resolved_hash_block_size,
+            log_stats=False,
+        )
+    # The Mamba chunk split steps its stops down by a block with EAGLE, as the manager does.
+    scheduler.use_eagle_block_drop = config.use_eagle
+    return scheduler
+
+
+class _At:
+    """A request as a forward pass sees it: its id and the computed tokens the step starts at
+    (vLLM's `schedule` has already advanced the request's count)."""
+
+    def __init__(self, request: Any, start: int) -> None:
+        self.request_id = request.request_id
+        self.num_computed_tokens = start
+
+
+class VllmSchedulerDriver:
+    """kvfuzz's driver interface (`kvcache.scheduler.Scheduler`), played by vLLM's Scheduler:
+    a trace's `step` is one `schedule()` and the `update_from_output()` of its model output."""
+
+    loads: tuple[str, ...] = ()
+    in_flight: tuple[Any, ...] = ()
+    deferred_frees: tuple[tuple[int, ...], ...] = ()
+
+    def __init__(self, scheduler: Any, model_runner_output: Callable[..., Any]) -> None:
+        self.vllm = scheduler
+        self._output = model_runner_output
+        self._requests: dict[str, Any] = {}
+        self.preempted: list[str] = []
+        """Request ids vLLM's Scheduler preempted this step, in order (`_preempt_request`)."""
+        preempt = scheduler._preempt_request
+
+        def preempt_request(request: Any, *args: Any, **kwargs: Any) -> Any:
+            self.preempted.append(request.request_id)
+            return preempt(request, *args, **kwargs)
+
+        scheduler._preempt_request = preempt_request
+
+    @property
+    def running(self) -> tuple[Any, ...]:
+        return tuple(self.vllm.running)
+
+    @property
+    def waiting(self) -> tuple[Any, ...]:
+        return tuple(self.vllm.waiting)
+
+    def add_request(self, request: Any) -> None:
+        self._requests[request.request_id] = request
+        self.vllm.add_request(request)
+
+    def finish_request(self, request_id: str, status: Any) -> None:
+        self.vllm.finish_requests(request_id, status)
+
+    def step(self, sample_token: Callable[[Any], int],
+             run_model: Callable[[list[tuple[Any, int, int]], list[tuple[int, int]]], None]
+             | None = None, *, in_flight: bool = False) -> StepOutput:
+        """One `schedule()`; the model plays the step; the requests whose tokens are then all
+        computed sample `sample_token(request)`; `update_from_output()` takes them."""
+        if in_flight:
+            raise ValueError("vllm-scheduler does not leave steps in flight")
+        self.preempted = []
+        waiting = {request.request_id for request in self.vllm.waiting}
+        scheduler_output = self.vllm.schedule()
+        ids = list(scheduler_output.num_scheduled_tokens)
+        # An admitted request's hit: what it had computed before its first chunk (vLLM 0.32
+        # sends a resumed request as cached data, without its computed tokens).
+        scheduled = [(request, n, request.num_computed_tokens - n if rid in waiting else 0)
+                     for rid, n in scheduler_output.num_scheduled_tokens.items()
+                     for request in (self._requests[rid],)]
+        copies = [(int(c[0]), int(c[1])) for c in scheduler_output.kv_cache_block_copies or ()]
+        if run_model is not None:
+            run_model([(_At(r, r.num_computed_tokens - n), n, hit) for r, n, hit in scheduled],
+                      copies)
+        sampled = [[sample_token(r)] if r.num_computed_tokens >= r.num_tokens else []
+                   for r, _, _ in scheduled]
+        self.vllm.update_from_output(scheduler_output,
+                                     self._output(req_ids=ids, sampled_token_ids=sampled))
+        return StepOutput(
+            scheduled=[(r.request_id, n, hit) for r, n, hit in scheduled],
+            preempted=list(self.preempted),
+            finished=[r.request_id for r, _, _ in scheduled if r.is_finished()],
+            copies=copies,
+        )
+
+
+class VllmSchedulerSide(VllmSide):
+    """vLLM's own Scheduler and the KVCacheManager it built, tolerating target `vllm`'s known
+    deviations that apply (and nothing else). At the API level its manager is driven directly."""
+
+    name = "vllm-scheduler"
+    async_scheduling = False
+
+    def new_manager(self, config: Config) -> Any:
+        self.vllm_scheduler = build_vllm_scheduler(config, self.async_scheduling)
+        return self.vllm_scheduler.kv_cache_manager
+
+    def build_scheduler(self, config: Config) -> Any:
+        return VllmSchedulerDriver(self.vllm_scheduler,
+                                   _vllm_scheduler_api().ModelRunnerOutput)
+
+    def offers(self, name: str) -> bool:
+        return name not in _UNDRIVEN and super().offers(name)
+
+    def require(self, name: str) -> None:
+        if name in _UNDRIVEN:
+            raise VllmUnsupported(
+                f"the trace uses {name}, which target {self.name} does not drive (vLLM's "
+                "Scheduler frees and loads through its own connector; docs/vllm.md)")
+        super().require(name)
+
+    def _step(self, op: Op) -> Any:
+        if op["in_flight"]:
+            self.require("in_flight")
+        return super()._step(op)
+
+
+class VllmSchedulerStrictSide(VllmSchedulerSide):
+    """vLLM's own Scheduler with no tolerated deviation."""
+
+    name = "vllm-scheduler-strict"
+    known_deviations = ()
+
+
+class VllmAsyncSchedulerSide(VllmSchedulerSide):
+    """vLLM's `AsyncScheduler` (async scheduling on), each step's output taken before the next
+    step is scheduled."""
+
+    name = "vllm-async-scheduler"
+    async_scheduling = True
