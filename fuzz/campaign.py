@@ -32,8 +32,10 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from kvfuzz.core.config import Config
 from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
+from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.fuzz.coverage import behaviour_features
 from kvfuzz.fuzz.database import open_database, quiet, warn
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
@@ -90,6 +92,9 @@ class CampaignOptions:
     config_files: tuple[Config, ...] = ()
     """Users' configs (`--config-file`), run as given (not varied), by their names in
     `configs`."""
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    """Known deviations tolerated beyond the target's own, or reported after all
+    (`--tolerate`, `--no-tolerate`)."""
     database: tuple[str, ...] = ()
     """Hypothesis' example database, as specs of `kvfuzz.fuzz.database` (directories, Redis
     URLs): failing examples are saved there and replayed first by later campaigns with the same
@@ -120,6 +125,8 @@ class Stats:
     """The examples and operations of each (level, config) pair, in the campaign's order."""
     interrupted: bool = False
     """The campaign was ended by Ctrl-C or SIGTERM before its budget was spent."""
+    tolerated: dict[str, int] = field(default_factory=dict)
+    """Per known deviation (`id name`), the examples in which the target tolerated it."""
 
     def pair(self, level: str, config: str) -> PairStats:
         return self.pairs.setdefault((level, config), PairStats())
@@ -137,6 +144,7 @@ class Stats:
             mine.examples += counts.examples
             mine.operations += counts.operations
         self.interrupted = self.interrupted or other.interrupted
+        count_into(self.tolerated, other.tolerated)
 
     def add(self, result: BatchResult) -> None:
         """Count a batch's examples, operations, checks and features."""
@@ -148,6 +156,7 @@ class Stats:
         self.checks += result.checks
         self.features |= result.features
         self.interrupted = self.interrupted or result.interrupted
+        count_into(self.tolerated, result.tolerated)
 
     def pairs_done(self) -> int:
         return sum(1 for counts in self.pairs.values() if counts.examples)
@@ -183,8 +192,14 @@ class Stats:
             f"under_{FEW_EXAMPLES}_examples": ["/".join(p) for p in self.few()],
             "by_config": self.by_config(),
             "by_check": by_check(self.findings),
+            "tolerated": dict(sorted(self.tolerated.items())),
             "findings": [asdict(f) for f in self.findings],
         }
+
+
+def count_into(counts: dict[str, int], more: dict[str, int]) -> None:
+    for key, n in more.items():
+        counts[key] = counts.get(key, 0) + n
 
 
 class Stop(Exception):
@@ -256,11 +271,15 @@ def failure_of(exc: Counterexample) -> Failure:
 
 
 def account(result: BatchResult, executions: list[Execution]) -> None:
-    """Add the operations, checks and features of the executions run to `result`."""
+    """Add the operations, checks, features and tolerated deviations of the executions run to
+    `result`."""
     for execution in executions:
         result.operations += execution.ops_checked
         result.checks += execution.checks_run
         result.features |= behaviour_features(execution)
+        for tracked in execution.targets:
+            labels = getattr(tracked.side, "tolerated_labels", None)
+            count_into(result.tolerated, dict.fromkeys(labels() if labels else (), 1))
 
 
 class BatchRunner:
@@ -277,6 +296,8 @@ class BatchRunner:
         self.database = open_database(options.database, warn=warn)
         check_focus(options.focus, options.configs)
         self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
+        self.target = get_target(options.target).spec(options.tolerance)
+        self._tolerated_builds: dict[str, int] = {}
         self.on_execution: Callable[[Execution], None] | None = None
         """Also called with each execution (a benchmark keeps their traces)."""
         self._executions: list[Execution] = []
@@ -286,12 +307,16 @@ class BatchRunner:
         `swarm=False` keeps every feature even with swarm testing on."""
         stop_point()
         opts = self.options
-        run_example(
-            data, campaign_config(opts, name), level, steps=opts.steps, targets=(opts.target,),
-            model=opts.model, checks=self.checks, allow_misuse=opts.target != "vllm",
-            swarm=opts.swarm and swarm, focus=self.focus_rules, on_execution=self._executed,
-            vary=name not in {c.name for c in opts.config_files},
-        )
+        try:
+            run_example(
+                data, campaign_config(opts, name), level, steps=opts.steps,
+                targets=(self.target,), model=opts.model, checks=self.checks,
+                allow_misuse=opts.target != "vllm", swarm=opts.swarm and swarm,
+                focus=self.focus_rules, on_execution=self._executed,
+                vary=name not in {c.name for c in opts.config_files},
+            )
+        except ToleratedBuild as exc:  # a varied config the target documents it cannot build
+            count_into(self._tolerated_builds, {exc.deviation: 1})
 
     def _executed(self, execution: Execution) -> None:
         self._executions.append(execution)
@@ -309,7 +334,8 @@ class BatchRunner:
         plugins."""
         opts = self.options
         key = repr((opts.target, level, name, opts.model, opts.data, opts.steps,
-                    opts.swarm and swarm, sorted(self.focus_rules), opts.plugins))
+                    opts.swarm and swarm, sorted(self.focus_rules), opts.plugins)
+                   + ((opts.tolerance,) if opts.tolerance else ()))
         return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}".encode()
 
     @property
@@ -357,6 +383,8 @@ class BatchRunner:
                 raise
             result.interrupted = True
         account(result, self.take_executions())
+        count_into(result.tolerated, self._tolerated_builds)
+        self._tolerated_builds = {}
         result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
         result.seconds = time.monotonic() - start
         result.database_lost = getattr(self.database, "lost", None)
@@ -366,12 +394,14 @@ class BatchRunner:
 def campaign_findings(options: CampaignOptions) -> Findings:
     """The findings of a campaign into its corpus, each saved with its target, seed, data
     checks and plugins."""
-    meta: dict[str, Any] = {"target": get_target(options.target).name, "seed": options.seed}
+    info = get_target(options.target)
+    meta: dict[str, Any] = {"target": info.name, "seed": options.seed}
     if options.data is not None:
         meta["data"] = options.data
     if options.plugins:
         meta["plugins"] = list(options.plugins)
-    return Findings(options.corpus, meta, [meta["target"]], model=options.model,
+    meta.update(options.tolerance.meta())
+    return Findings(options.corpus, meta, [info.spec(options.tolerance)], model=options.model,
                     checks=selected_checks(options.data), shrink_seconds=options.shrink_seconds,
                     stop=STOP_REQUESTED.is_set)
 

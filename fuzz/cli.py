@@ -106,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="run the batches as Ray tasks: on the cluster at ADDRESS (HOST:PORT, "
                      "ray://HOST:PORT or auto), or on a local one of 2 CPUs without ADDRESS "
                      "(kvfuzz[distributed]; docs/distributed.md)")
+    _tolerance_options(run)
     run.add_argument("--ray-runtime-env", metavar="JSON",
                      help="Ray runtime environment of the tasks, e.g. to ship kvfuzz to nodes "
                      "without it: '{\"pip\": [\"kvfuzz[distributed]==VERSION\"]}'")
@@ -125,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
                         "docs/configs.md) instead of the trace's own")
     replay.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
+    _tolerance_options(replay, ", default: the trace's own")
     replay.set_defaults(handler=_cmd_replay)
 
     shrink = sub.add_parser("shrink", help="shrink a failing trace",
@@ -139,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
                         help=_FILE_PLUGIN_HELP)
     shrink.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
+    _tolerance_options(shrink, ", default: the trace's own")
     shrink.set_defaults(handler=_cmd_shrink)
 
     export = sub.add_parser("export", help="turn a trace into a pytest regression test")
@@ -176,6 +179,25 @@ def _parser() -> argparse.ArgumentParser:
     prove.set_defaults(handler=_cmd_prove)
     _mutate_parser(sub)
     return p
+
+
+def _tolerance_options(cmd: argparse.ArgumentParser, default: str = "") -> None:
+    cmd.add_argument("--tolerate", nargs="+", default=None, metavar="ID",
+                     help="also tolerate these documented deviations (finding ids such as 013, "
+                     f"or names; vllm targets; docs/vllm.md{default})")
+    cmd.add_argument("--no-tolerate", nargs="+", default=None, metavar="ID",
+                     help="report these deviations although the target tolerates them"
+                     + default)
+
+
+def _tolerance(args: argparse.Namespace, meta: dict[str, Any] | None = None) -> Any:
+    """`--tolerate` and `--no-tolerate` (else what the trace's meta recorded)."""
+    from kvfuzz.harness.tolerance import Tolerance
+
+    recorded = Tolerance.of_meta(meta) if meta is not None else Tolerance()
+    return Tolerance(tuple(args.tolerate) if args.tolerate is not None else recorded.add,
+                     tuple(args.no_tolerate) if args.no_tolerate is not None
+                     else recorded.remove)
 
 
 def _mutate_parser(sub: Any) -> None:
@@ -343,26 +365,22 @@ def _hypothesis_home() -> None:
     set_hypothesis_home_dir(where)
 
 
-def _buildable(target: str, names: tuple[str, ...], config_files: tuple[Config, ...],
-               named: set[str]) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
-    """The configs a campaign runs on `target`, and (name, reason) for the built-in ones it
-    leaves out because the target cannot build them here (e.g. docs/findings/012). A config the
-    user named stays, as do all when none builds: the run then stops with exit 3 naming the
-    target and its error."""
+def _buildable(target: str, tolerance: Any, names: tuple[str, ...],
+               config_files: tuple[Config, ...], named: set[str]) -> Any:
+    """The configs a campaign runs on `target`, built once each (`kvfuzz.fuzz.buildable`)."""
     from kvfuzz.core.configs import builtin_config
+    from kvfuzz.fuzz.buildable import probe_configs
     from kvfuzz.harness.targets import get_target
 
-    info = get_target(target)
+    spec = get_target(target).spec(tolerance)
     files = {c.name: c for c in config_files}
-    kept, skipped = [], []
-    for name in names:
-        if name in named or name in files:
-            kept.append(name)
-        elif (reason := info.cannot_build(builtin_config(name))) is None:
-            kept.append(name)
-        else:
-            skipped.append((name, reason))
-    return (tuple(kept), skipped) if kept else (names, [])
+
+    def build(config: Config) -> Any:
+        return get_target(spec).build(config, "api") if isinstance(spec, str) \
+            else spec(config, "api")
+
+    return probe_configs(build, names, lambda n: files.get(n) or builtin_config(n),
+                         named | set(files))
 
 
 def _check_data(data: str | None) -> None:
@@ -389,7 +407,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for name in configs:
         builtin_config(name)
     configs += tuple(c.name for c in config_files)
-    configs, skipped = _buildable(target, configs, config_files, named=set(args.config or ()))
+    tolerance = _tolerance(args)
+    buildable = _buildable(target, tolerance, configs, config_files, set(args.config or ()))
+    configs = buildable.kept
     for option, value in (("--workers", args.workers), ("--examples", args.examples),
                           ("--seconds", args.seconds), ("--steps", args.steps)):
         _positive(option, value)
@@ -405,6 +425,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
         data=args.data, database=databases, focus=tuple(args.focus), config_files=config_files,
+        tolerance=tolerance,
     )
     check_focus(options.focus, configs)
     backend = _ray_backend(args, options)
@@ -414,8 +435,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"{workers}, engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
-    for name, reason in skipped:
-        print(f"config {name} left out: target {target} cannot build it here ({reason})")
+    for line in buildable.lines(target):
+        print(line)
     if backend is not None:
         print(f"ray: {backend.describe()}")
     progress = _Progress(seconds)
@@ -423,7 +444,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # stays until the report is written, so a signal arriving late stops nothing half-written.
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if args.engine == "atheris":
+        if not configs:  # every config is one the target documents it cannot build
+            from kvfuzz.fuzz.campaign import Stats
+
+            stats = Stats()
+        elif args.engine == "atheris":
             from kvfuzz.fuzz.atheris_engine import run_atheris
 
             stats = run_atheris(options, progress.update)
@@ -431,14 +456,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
             stats = run_campaign(options, progress.update, backend=backend)
         progress.finish(stats)
         _summary(stats, options)
+        _after_totals(stats, buildable, target)
         if args.json:
             report = {"versions": versions(), "target": target, "configs": list(configs),
-                      "configs_left_out": {name: reason for name, reason in skipped},
+                      **buildable.json(),
                       "seed": args.seed,
                       "engine": args.engine, "workers": args.workers, "model": options.model,
                       "ray": None if args.ray is None else args.ray or "local",
                       "data": args.data,
-                      **stats.summary()}
+                      **stats.summary(),
+                      "tolerated": buildable.tolerated_counts(stats.tolerated)}
             _write_json(args.json, report)
             print(f"report written to {args.json}")
     finally:
@@ -565,6 +592,21 @@ def _summary(stats: Any, options: Any) -> None:
         _findings(stats.findings)
 
 
+def _after_totals(stats: Any, buildable: Any, target: str) -> None:
+    """The configs left out, said again, and the known deviations tolerated, each counted."""
+    lines = buildable.lines(target)
+    if lines:
+        print("\n  " + "\n  ".join(lines))
+    tolerated = buildable.tolerated_counts(stats.tolerated)
+    if tolerated:
+        print(f"\n  known deviations tolerated by target {target} (docs/findings/; report one "
+              "with --no-tolerate ID):")
+        for label, row in tolerated.items():
+            left = row["configs_left_out"]
+            print(f"    {label}: {row['examples']} example(s)"
+                  + (f", config(s) left out: {', '.join(left)}" if left else ""))
+
+
 def _reach(stats: Any) -> None:
     """Name the (level, config) pairs the budget did not reach, or reached too little."""
     from kvfuzz.fuzz.schedule import FEW_EXAMPLES
@@ -623,11 +665,11 @@ def _check_registered(path: Path, check: Any, data: str | None, plugins: list[st
     """A trace's recorded check must exist here, or its replay would pass for want of it."""
     from kvfuzz.fuzz.campaign import selected_checks
     from kvfuzz.fuzz.trust import plugin_options
-    from kvfuzz.harness.executor import CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE
+    from kvfuzz.harness.executor import BUILD, CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE
     from kvfuzz.properties import REGISTRY
 
     known = {c.name for c in (selected_checks(data) or REGISTRY)}
-    if check is None or check in known | {CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE}:
+    if check is None or check in known | {BUILD, CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE}:
         return
     imported = f" (plugins imported: {', '.join(plugins)})" if plugins else ""
     missing = [m for m in recorded if m not in plugins]
@@ -638,22 +680,38 @@ def _check_registered(path: Path, check: Any, data: str | None, plugins: list[st
                      "defines it")
 
 
+def _target_spec(args: argparse.Namespace, trace: Any, target: str) -> Any:
+    """The target with `--tolerate`/`--no-tolerate`, else the trace's recorded tolerance."""
+    from kvfuzz.harness.targets import get_target
+
+    tolerance = _tolerance(args, trace.meta)
+    if tolerance:
+        trace.meta.update(tolerance.meta())
+    return get_target(target).spec(tolerance)
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from kvfuzz.fuzz.campaign import selected_checks
     from kvfuzz.core.errors import InvalidTrace
+    from kvfuzz.harness.build import ToleratedBuild
     from kvfuzz.harness.executor import Counterexample, Execution
     from kvfuzz.core.trace import op_text
 
     trace, target, data = _load(args, args.data)
+    spec = _target_spec(args, trace, target)
     print(f"replaying {args.file}: {len(trace.ops)} ops, {trace.level} level, config "
           f"{trace.config.name!r}, target {target}" + (", no model" if args.no_model else "")
           + (f", data checks on {data}" if data else ""))
     try:
-        execution = Execution(trace.config, trace.level, [target], model=not args.no_model,
+        execution = Execution(trace.config, trace.level, [spec], model=not args.no_model,
                               checks=selected_checks(data))
     except Counterexample as exc:
         print(f"\nFAILED {exc.finding.report()}")
         return EXIT_FOUND
+    except ToleratedBuild as exc:
+        print(f"\ntolerated: {exc}; nothing run (--no-tolerate {exc.deviation.split()[0]} "
+              "or --target vllm-strict reports it)")
+        return EXIT_OK
     for i, op in enumerate(trace.ops):
         before = execution.targets[0].snapshot
         try:
@@ -682,13 +740,15 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
     trace, target, data = _load(args, args.data)
     out = args.out or args.file.with_suffix(".min.json")
     _writable("--out", out)
+    spec = _target_spec(args, trace, target)
     try:
-        result = shrink_trace(trace, [target], model=not args.no_model,
+        result = shrink_trace(trace, [spec], model=not args.no_model,
                               check=trace.meta.get("check"), seconds=args.seconds,
                               checks=selected_checks(data))
     except ValueError as exc:
         raise UsageError(f"{args.file}: {exc} on {target}") from None
     result.trace.meta["target"] = target
+    result.trace.meta.update(_tolerance(args, trace.meta).meta())
     result.trace.meta["versions"] = versions()
     if data:
         result.trace.meta["data"] = data

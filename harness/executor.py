@@ -19,6 +19,7 @@ from typing import Any
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import HarnessFault, InvalidTrace, KvfuzzError
 from kvfuzz.core.sides import Observations, Side
+from kvfuzz.harness.build import BUILD, BUILD_DESCRIPTION, BuildFailure, ToleratedBuild
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.harness.targets import get_target
 from kvfuzz.core.trace import Op, Trace, normalize_op, op_text
@@ -38,6 +39,7 @@ _DIFF_DESCRIPTIONS = {
                 "reference's",
     DIFF_STATE: "the state after the op differs from the reference's",
     CRASH: "the harness could not drive or read the target",
+    BUILD: BUILD_DESCRIPTION,
 }
 
 
@@ -146,6 +148,10 @@ class Execution:
             return _Tracked(name, side, side.snapshot())
         except (InvalidTrace, KvfuzzError):
             raise
+        except BuildFailure as exc:  # the library's own error: a finding, or a tolerated one
+            if exc.deviation is not None:
+                raise ToleratedBuild(name, self.config.name, exc) from exc
+            self._fail(BUILD, exc.message, -1, name, signature=(exc.error, exc.place))
         except Exception as exc:  # noqa: BLE001 - the adapter, not the trace, is at fault
             raise HarnessFault(f"target {name!r} (building its manager for config "
                                f"{self.config.name!r})", exc) from exc
