@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from kvfuzz.core.config import Config
 from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.core.signals import SIGNALLED
 from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
@@ -218,6 +219,7 @@ def interrupt(signum: int, frame: Any) -> None:
     `finally`, or a string `exec` (a dataclass being made), after which CPython ends a
     `python -m kvfuzz` by SIGINT at exit although the campaign caught the interrupt and kept its
     findings. A second signal, for a run that comes to no stop point, raises at once."""
+    SIGNALLED.set()
     if STOP_REQUESTED.is_set():
         raise KeyboardInterrupt
     STOP_REQUESTED.set()

@@ -632,7 +632,11 @@ def _findings(records: list[Any]) -> None:
                                                                                    "shrunk"))
             print(f"    {f.level}/{f.config} ({state}), found after "
                   f"{f.found_after_s:.1f} s, {f.duplicates} duplicate(s): {f.message}"
-                  f"\n      {f.file}")
+                  + (f"\n      {f.file}" if not f.corpus_error else ""))
+            if f.corpus_error:
+                where = (f"kept in {f.file}" if f.file else "written nowhere")
+                print(f"      NOT in the corpus ({f.corpus_error}): {where}; the trace in full"
+                      f" (also in the --json report):\n      {json.dumps(f.trace)}")
 
 
 def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | None]:

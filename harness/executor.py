@@ -18,6 +18,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import HarnessFault, InvalidTrace, KvfuzzError
+from kvfuzz.core.signals import asked_to_stop
 from kvfuzz.core.sides import Observations, Side
 from kvfuzz.harness.build import BUILD, BUILD_DESCRIPTION, BuildFailure, ToleratedBuild
 from kvfuzz.core.snapshot import Snapshot
@@ -152,7 +153,9 @@ class Execution:
             if exc.deviation is not None:
                 raise ToleratedBuild(name, self.config.name, exc) from exc
             self._fail(BUILD, exc.message, -1, name, signature=(exc.error, exc.place))
-        except Exception as exc:  # noqa: BLE001 - the adapter, not the trace, is at fault
+        except BaseException as exc:  # noqa: BLE001 - the adapter, not the trace, is at fault
+            if asked_to_stop(exc):
+                raise
             raise HarnessFault(f"target {name!r} (building its manager for config "
                                f"{self.config.name!r})", exc) from exc
 
@@ -218,6 +221,11 @@ class Execution:
         except Exception as exc:  # noqa: BLE001 - a broken target is a finding, not a crash
             self._fail(CRASH, f"{type(exc).__name__}: {exc}", step, tracked.name,
                        signature=(op["op"], type(exc).__name__, _place(exc)))
+        except BaseException as exc:  # SystemExit, or an interrupt no signal asked for
+            if asked_to_stop(exc):
+                raise
+            raise HarnessFault(f"target {tracked.name!r} (at step {step}, {op['op']})",
+                               exc) from exc
 
     def _compare(self, tracked: _Tracked, step: int, result: Any, obs: Observations,
                  snap: Snapshot, ref_result: Any, ref_obs: Observations, ref_snap: Snapshot) -> None:
@@ -276,7 +284,9 @@ class Execution:
                         message = fn(before, after, ctx)
                     else:
                         message = fn(after, ctx)
-                except Exception as exc:  # noqa: BLE001 - the check, not the target, is at fault
+                except BaseException as exc:  # noqa: BLE001 - the check is at fault (SystemExit too)
+                    if asked_to_stop(exc):
+                        raise
                     where = f"step {step}" if step >= 0 else "the initial state"
                     raise HarnessFault(f"check {check.name} (from {check.module or 'unknown'}, "
                                        f"at {where} on {tracked.name})", exc) from exc
