@@ -235,10 +235,11 @@ class Trace:
             raise TraceFormatError(f"a trace must be a JSON object, got {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise TraceFormatError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
-        if data.get("version") != VERSION:
+        version = data.get("version")
+        if type(version) is not int or version != VERSION:  # true and 1.0 equal 1 in Python
             raise TraceFormatError(
-                f"unsupported trace version {data.get('version')!r}: this kvfuzz reads "
-                f"version {VERSION}"
+                f"unsupported trace version {version!r}: this kvfuzz reads version {VERSION} "
+                "(the integer)"
             )
         unknown = sorted(set(data) - {"format", "version", "level", "config", "ops", "meta"})
         if unknown:

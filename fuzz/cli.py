@@ -764,10 +764,24 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from kvfuzz.fuzz.export import export_pytest
+    import keyword
 
+    from kvfuzz.fuzz.export import export_pytest
+    from kvfuzz.harness.build import ToleratedBuild
+    from kvfuzz.harness.executor import run_trace
+
+    stem = args.pytest.stem
+    if args.pytest.suffix != ".py" or not stem.isidentifier() or keyword.iskeyword(stem):
+        raise UsageError(f"--pytest {args.pytest}: not a Python module name (NAME.py, NAME an "
+                         "identifier such as test_regression_p2)")
     trace, target, _ = _load(args, None)
     _writable("--pytest", args.pytest)
+    try:  # a trace replay rejects would make a test that can never pass
+        invalid = run_trace(trace, [target]).invalid
+    except ToleratedBuild:
+        invalid = None
+    if invalid is not None:
+        raise UsageError(f"{args.file}: invalid trace: {invalid}; nothing exported")
     export_pytest(trace, target, args.pytest, plugins=tuple(args.plugin))
     print(f"wrote {args.pytest}: run it with `python -m pytest {args.pytest}`")
     return EXIT_OK

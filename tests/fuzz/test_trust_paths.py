@@ -80,3 +80,33 @@ def test_a_check_named_like_a_hidden_file_is_saved_where_a_glob_sees_it(tmp_path
     assert done.returncode == 1, done.stdout + done.stderr
     [saved] = (tmp_path / "kvfuzz-corpus").glob("*.json")
     assert saved.name.startswith("hidden-full-")
+
+
+VALID_TRACE = {"format": "kvfuzz-trace", "version": 1, "level": "api",
+               "config": {"num_blocks": 8, "groups": [{"kind": "full", "block_size": 4}]},
+               "ops": [{"op": "add_request", "request_id": "A", "prompt": [1, 2, 3]},
+                       {"op": "free", "request_id": "A"}]}
+
+
+@pytest.mark.parametrize("version", [True, 1.0])
+def test_a_version_that_only_equals_one_is_refused(tmp_path, capsys, version):
+    (tmp_path / "t.json").write_text(json.dumps({**VALID_TRACE, "version": version}))
+    assert main(["replay", str(tmp_path / "t.json")]) == 2
+    assert f"unsupported trace version {version!r}" in capsys.readouterr().err
+
+
+def test_export_refuses_a_trace_replay_rejects_and_a_name_that_is_no_module(tmp_path, capsys):
+    bad = {**VALID_TRACE, "ops": [*VALID_TRACE["ops"], {"op": "free", "request_id": "B"}]}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert main(["replay", str(tmp_path / "bad.json")]) == 2
+    assert main(["export", str(tmp_path / "bad.json"), "--pytest",
+                 str(tmp_path / "test_bad.py")]) == 2
+    assert "request 'B' was not added; nothing exported" in capsys.readouterr().err
+    assert not (tmp_path / "test_bad.py").exists()
+    (tmp_path / "ok.json").write_text(json.dumps(VALID_TRACE))
+    for name in ("test_x\u00b2.py", "1test.py", "class.py", "test.txt"):
+        assert main(["export", str(tmp_path / "ok.json"), "--pytest", str(tmp_path / name)]) == 2
+        assert "not a Python module name" in capsys.readouterr().err
+        assert not (tmp_path / name).exists()
+    assert main(["export", str(tmp_path / "ok.json"), "--pytest",
+                 str(tmp_path / "test_ok.py")]) == 0
