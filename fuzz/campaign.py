@@ -17,6 +17,7 @@ options. Hypothesis's own shrinking is off: a failure is deduplicated, saved raw
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import random
@@ -93,6 +94,9 @@ class CampaignOptions:
     config_files: tuple[Config, ...] = ()
     """Users' configs (`--config-file`), run as given (not varied), by their names in
     `configs`."""
+    deadline: float | None = None
+    """When a `seconds` budget ends, in `time.time()`'s clock (set by `run_campaign`): a batch
+    stops there, at its next op or check, in any process."""
     tolerance: Tolerance = field(default_factory=Tolerance)
     """Known deviations tolerated beyond the target's own, or reported after all
     (`--tolerate`, `--no-tolerate`)."""
@@ -231,6 +235,11 @@ def stop_point() -> None:
         raise KeyboardInterrupt
 
 
+class OutOfTime(BaseException):
+    """The campaign's time budget ended during an example (a BaseException, so that Hypothesis
+    lets it through as it does an interrupt, rather than replaying it as a failure)."""
+
+
 def selected_checks(data: str | None) -> list[Any] | None:
     """Every registered invariant, plus the data checks on `data` (`DEVICE[:DTYPE]`); None
     (every registered invariant, the executor's default) when `data` is None."""
@@ -315,10 +324,17 @@ class BatchRunner:
                 targets=(self.target,), model=opts.model, checks=self.checks,
                 allow_misuse=opts.target != "vllm", swarm=opts.swarm and swarm,
                 focus=self.focus_rules, on_execution=self._executed,
-                vary=name not in {c.name for c in opts.config_files},
+                vary=name not in {c.name for c in opts.config_files}, stop=self._stop,
             )
         except ToleratedBuild as exc:  # a varied config the target documents it cannot build
             count_into(self._tolerated_builds, {exc.deviation: 1})
+
+    def _stop(self) -> None:
+        """An execution's stop point: a stop asked for, or the time budget spent."""
+        stop_point()
+        deadline = self.options.deadline
+        if deadline is not None and time.time() >= deadline:
+            raise OutOfTime
 
     def _executed(self, execution: Execution) -> None:
         self._executions.append(execution)
@@ -379,6 +395,8 @@ class BatchRunner:
             result.examples = batch.examples
         except KeyboardInterrupt:
             result.interrupted = True
+        except OutOfTime:  # the examples run so far count, the one cut short included
+            result.examples = len(self._executions)
         except Exception:
             # An interrupt during Hypothesis's replay of a failure surfaces as its Flaky error.
             if not STOP_REQUESTED.is_set():
@@ -547,6 +565,8 @@ def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None],
     for name in options.configs:
         campaign_config(options, name)
     STOP_REQUESTED.clear()
+    if options.seconds is not None:
+        options = dataclasses.replace(options, deadline=time.time() + options.seconds)
     import_plugins(options.plugins)
     campaign = Campaign(options, report=on_progress)
     if backend is None and options.workers > 1:

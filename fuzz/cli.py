@@ -35,6 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     return guarded(_main, argv)
 
 
+def entry() -> None:
+    """The `kvfuzz` program (and `python -m kvfuzz`): `main`, then the atexit handlers, then
+    an exit that does not free every object one by one (after a campaign on a million-block
+    pool that alone took seconds, and delayed the end of a run stopped by SIGTERM)."""
+    import atexit
+
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 def _main(argv: list[str] | None) -> int:
     parser = _parser()
     # --debug is read by `guarded`, before parsing; it may stand anywhere on the line.
@@ -383,6 +399,18 @@ def _buildable(target: str, tolerance: Any, names: tuple[str, ...],
                          named | set(files))
 
 
+def _check_bounds(args: argparse.Namespace, seconds: float | None,
+                  configs: list[Config]) -> None:
+    """`--workers`, `--steps` and each config's pool within the machine and the budget
+    (`kvfuzz.fuzz.bounds`), before anything is built."""
+    from kvfuzz.fuzz.bounds import check_configs, check_steps, check_workers
+
+    if args.ray is None:
+        check_workers(args.workers)
+    check_steps(args.steps)
+    check_configs(configs, args.workers, args.steps, seconds)
+
+
 def _check_data(data: str | None) -> None:
     """`--data` needs torch."""
     if data is not None:
@@ -404,22 +432,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     selected_checks(args.data)  # a bad --data spec fails here, before any worker starts
     config_files = _config_files(args.config_file, args.engine)
     configs = tuple(args.config or (() if config_files else BUILTIN))
-    for name in configs:
-        builtin_config(name)
+    for option, value in (("--workers", args.workers), ("--examples", args.examples),
+                          ("--seconds", args.seconds), ("--steps", args.steps)):
+        _positive(option, value)
+    seconds = None if args.examples is not None else (args.seconds or 60.0)
+    _check_bounds(args, seconds, [builtin_config(name) for name in configs] + list(config_files))
     configs += tuple(c.name for c in config_files)
     tolerance = _tolerance(args)
     buildable = _buildable(target, tolerance, configs, config_files, set(args.config or ()))
     configs = buildable.kept
-    for option, value in (("--workers", args.workers), ("--examples", args.examples),
-                          ("--seconds", args.seconds), ("--steps", args.steps)):
-        _positive(option, value)
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
     _check_ray(args)
     _writable("--corpus", args.corpus, folder=True)
     if args.json is not None:
         _writable("--json", args.json)
-    seconds = None if args.examples is not None else (args.seconds or 60.0)
     options = CampaignOptions(
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,

@@ -500,12 +500,13 @@ def run_example(
     focus: frozenset[str] = frozenset(),
     on_execution: Callable[[Execution], None] | None = None,
     vary: bool = True,
+    stop: Callable[[], None] | None = None,
 ) -> Execution | None:
     """One example of a campaign: every decision read from `data` (`BytesChoices`): the varied
     config, the swarm, the prompt prefixes, then up to `steps` rules. The example ends early,
     passing, when the bytes run out or no rule can run; a failed check raises `Counterexample`.
     `focus` holds rule and knob names (`focus_features`); `vary=False` keeps `base` as it is
-    (a user's config file)."""
+    (a user's config file); `stop` is the execution's (`Execution.stop`)."""
     choices = BytesChoices(data)
     rules_class = RULES_BY_LEVEL[level]
     try:
@@ -515,7 +516,7 @@ def run_example(
         chosen = rules_class.draw_swarm(choices, keep=focus, config=config)
         if not swarm:
             chosen = ALL
-        execution = Execution(config, level, targets, model=model, checks=checks)
+        execution = Execution(config, level, targets, model=model, checks=checks, stop=stop)
     except Exhausted:
         return None
     if on_execution is not None:

@@ -112,8 +112,12 @@ class Execution:
         model: bool = True,
         checks: Iterable[Any] | None = None,
         meta: dict[str, Any] | None = None,
+        stop: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
+        self.stop = stop
+        """Called before every op and every check: it raises to end the run there (a campaign's
+        SIGTERM or time budget, so that a huge pool's slow ops do not delay either)."""
         self.level = level
         self.trace = Trace(config, level, [], dict(meta or {}))  # type: ignore[arg-type]
         self.checks = list(REGISTRY if checks is None else checks)
@@ -175,6 +179,8 @@ class Execution:
 
     def apply(self, raw_op: Op) -> Any:
         """Run one op everywhere and check it; returns the reference's result."""
+        if self.stop is not None:
+            self.stop()
         op = normalize_op(raw_op, self.level, f"step {len(self.trace.ops)}")
         step = len(self.trace.ops)
         self.trace.ops.append(op)
@@ -277,6 +283,8 @@ class Execution:
         ran = 0
         try:
             for transition, fn, check in self._plan:
+                if self.stop is not None:
+                    self.stop()
                 try:
                     if transition:
                         if before is None:
