@@ -58,6 +58,8 @@ features (up to 30 times the share) delayed the pairs that grew little: watermar
 twice the ops over every config (docs/engines.md)."""
 GROWTH_FULL = 10
 """New features in a batch that earn the whole gain (fewer: a proportional part)."""
+POLL_S = 0.1
+"""How long the driver waits for a batch result before it looks for a stop again (SIGTERM)."""
 PROBE_S = 2.0
 """How often the driver pings a shared example database (`Campaign._probe_database`)."""
 
@@ -467,7 +469,7 @@ class Campaign:
                     in_flight += 1
                 if not in_flight:
                     break
-                results = backend.results(timeout=0.5)
+                results = backend.results(timeout=POLL_S)
                 in_flight -= len(results)
                 self._take(results)
                 self._probe_database(PROBE_S)

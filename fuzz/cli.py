@@ -678,6 +678,9 @@ def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | N
         from kvfuzz.core.config_file import load_config_file
 
         trace = Trace(load_config_file(args.config_file), trace.level, trace.ops, trace.meta)
+    from kvfuzz.fuzz.bounds import check_configs
+
+    check_configs([trace.config], workers=1, steps=len(trace.ops), seconds=None)
     _plugins(args.plugin)
     recorded, note = recorded_plugins(trace, args.plugin)
     if note:
