@@ -69,6 +69,10 @@ def test_a_corpus_that_refuses_a_finding_mid_run_keeps_it(tmp_path, monkeypatch,
         f"{kept}" in out
     assert json.dumps(finding["trace"]["ops"])[1:-1] in out
     assert main(["replay", str(kept), "--quiet"]) == 1
+    kept.unlink()  # only the report holds it now: merge writes it into the merged corpus
+    assert main(["merge", str(tmp_path / "r.json"), "--corpus", str(tmp_path / "merged")]) == 1
+    [merged] = (tmp_path / "merged").glob("*.json")
+    assert json.loads(merged.read_text())["ops"] == finding["trace"]["ops"]
 
 
 def test_a_check_named_like_a_hidden_file_is_saved_where_a_glob_sees_it(tmp_path):
