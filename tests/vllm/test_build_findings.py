@@ -121,3 +121,21 @@ def test_a_planted_construction_error_fails_the_default_campaign(tmp_path, plant
     messages = [f["message"] for f in report["findings"]]
     assert any(needle in m for m in messages), messages
     assert report["configs_left_out"] == {}
+
+
+def test_a_strict_campaign_goes_past_a_tolerated_deviation_to_the_next_bug(tmp_path):
+    """`vllm-strict` stops at 013 (I16) on mamba_align; with --tolerate 013 it counts 013 as
+    tolerated and reaches other findings (vLLM's unchecked misuse, 002 and 006), exit 1, not a
+    check's crash (S1 read a negative count as a position)."""
+    argv = ("run", "--target", "vllm-strict", "--config", "mamba_align", "--level", "api",
+            "--examples", "60")
+    plain = kvfuzz(tmp_path, *argv, "--corpus", "c1", "--json", "s1.json")
+    assert plain.returncode == 1, plain.stdout + plain.stderr
+    checks = {f["check"] for f in json.loads((tmp_path / "s1.json").read_text())["findings"]}
+    assert "I16" in checks
+    past = kvfuzz(tmp_path, *argv, "--tolerate", "013", "--corpus", "c2", "--json", "s2.json")
+    assert past.returncode == 1, past.stdout + past.stderr
+    report = json.loads((tmp_path / "s2.json").read_text())
+    assert "I16" not in {f["check"] for f in report["findings"]} and report["findings"]
+    assert report["tolerated"]["013 empty-state-entry"]["examples"] > 0
+    assert "013 empty-state-entry:" in past.stdout
