@@ -348,6 +348,11 @@ class BatchRunner:
         done, self._executions = self._executions, []
         return done
 
+    def take_tolerated_builds(self) -> dict[str, int]:
+        """Examples since the last call whose config the target tolerates not building."""
+        done, self._tolerated_builds = self._tolerated_builds, {}
+        return done
+
     def database_key(self, level: str, name: str, swarm: bool) -> bytes:
         """What keys a pair's examples in the database: they replay only under the same target,
         level, config, model, data checks, steps, swarm (as the batch runs it), focused ops and
@@ -405,8 +410,7 @@ class BatchRunner:
                 raise
             result.interrupted = True
         account(result, self.take_executions())
-        count_into(result.tolerated, self._tolerated_builds)
-        self._tolerated_builds = {}
+        count_into(result.tolerated, self.take_tolerated_builds())
         result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
         result.seconds = time.monotonic() - start
         result.database_lost = getattr(self.database, "lost", None)

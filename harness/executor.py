@@ -14,7 +14,7 @@ import os
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, NoReturn
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import HarnessFault, InvalidTrace, KvfuzzError
@@ -308,7 +308,7 @@ class Execution:
     def _fail(self, check: str, message: str, step: int, target: str,
               snap: Snapshot | None = None, ref_snap: Snapshot | None = None,
               ref_name: str = "model", check_description: str | None = None,
-              signature: tuple[str, ...] = ()) -> None:
+              signature: tuple[str, ...] = ()) -> NoReturn:
         description = check_description or _DIFF_DESCRIPTIONS.get(check, check)
         trace = self.trace.prefix(step + 1)
         trace.meta.update({"check": check, "target": target, "message": message})
