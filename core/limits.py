@@ -28,7 +28,9 @@ MAX_REQUESTS = 1024
 time grows with the square of the requests (1,000 take about 5 s, 2,000 about 23 s)."""
 MAX_NUM_BLOCKS = 1 << 20
 """Pool size N (1,048,576 blocks, a large GPU's pool at block size 16; each costs the manager
-and the model memory up front, about 0.6 KB a block)."""
+and the model memory up front: about 0.7 KB a block for a replay, 1.1 KB for a campaign,
+as bench/bench_block_memory.py measures; `kvfuzz run` checks a pool against the memory
+available, kvfuzz.fuzz.bounds)."""
 MAX_GROUPS = 16
 """KV cache groups in one config."""
 MAX_SIZE = 1 << 24

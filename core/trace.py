@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,10 +235,11 @@ class Trace:
             raise TraceFormatError(f"a trace must be a JSON object, got {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise TraceFormatError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
-        if data.get("version") != VERSION:
+        version = data.get("version")
+        if type(version) is not int or version != VERSION:  # true and 1.0 equal 1 in Python
             raise TraceFormatError(
-                f"unsupported trace version {data.get('version')!r}: this kvfuzz reads "
-                f"version {VERSION}"
+                f"unsupported trace version {version!r}: this kvfuzz reads version {VERSION} "
+                "(the integer)"
             )
         unknown = sorted(set(data) - {"format", "version", "level", "config", "ops", "meta"})
         if unknown:
@@ -341,7 +343,13 @@ def save_finding(trace: Trace, directory: str | os.PathLike[str]) -> Path:
     digest of what it runs, `Trace.digest`), its meta recording the versions of kvfuzz and
     Hypothesis that found it (`versions`)."""
     digest = trace.digest()
-    check = str(trace.meta.get("check", "finding")).replace("/", "-")
-    config = str(trace.meta.get("config", trace.config.name)).replace("/", "-")
+    check = _file_part(str(trace.meta.get("check", "finding")))
+    config = _file_part(str(trace.meta.get("config", trace.config.name)))
     trace.meta["versions"] = versions()
     return trace.save(Path(directory) / f"{check}-{config}-{digest}.json")
+
+
+def _file_part(name: str) -> str:
+    """`name` as part of a file name that `corpus/*.json` lists: a character outside letters,
+    digits and `_+=.-` becomes `-`, and no leading dot hides the file."""
+    return re.sub(r"[^\w+=.-]", "-", name, flags=re.ASCII).lstrip(".") or "finding"

@@ -54,8 +54,8 @@ from typing import Any
 
 import atheris
 from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, STOP_REQUESTED, BatchRunner, CampaignOptions,
-                                  Stats, account, campaign_findings, campaign_pairs, failure_of,
-                                  stop_point)
+                                  Stats, account, campaign_findings, campaign_pairs, count_into,
+                                  failure_of, stop_point)
 from kvfuzz.fuzz.findings import dedup_key
 from kvfuzz.fuzz.schedule import Batch, BatchResult, Failure
 from kvfuzz.fuzz.workers import die_with_parent
@@ -168,6 +168,7 @@ class AtherisWorker:
             _write_atomic(self.run_dir / FAULT_FILE, pickle.dumps(ErrorReport.of(exc)))
             os._exit(3)
         account(result, self.runner.take_executions(), self.runner.probe.take())
+        count_into(result.tolerated, self.runner.take_tolerated_builds())
         self.stats.add(result)
         now = time.monotonic()
         self.stats.elapsed = now - self.start

@@ -17,6 +17,7 @@ options. Hypothesis's own shrinking is off: a failure is deduplicated, saved raw
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import random
@@ -32,8 +33,11 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from kvfuzz.core.config import Config
 from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.core.signals import SIGNALLED
+from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
+from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.fuzz.coverage import StateProbe, behaviour_features
 from kvfuzz.fuzz.database import open_database, quiet, warn
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
@@ -54,6 +58,8 @@ features (up to 30 times the share) delayed the pairs that grew little: watermar
 twice the ops over every config (docs/engines.md)."""
 GROWTH_FULL = 10
 """New features in a batch that earn the whole gain (fewer: a proportional part)."""
+POLL_S = 0.1
+"""How long the driver waits for a batch result before it looks for a stop again (SIGTERM)."""
 PROBE_S = 2.0
 """How often the driver pings a shared example database (`Campaign._probe_database`)."""
 
@@ -90,6 +96,12 @@ class CampaignOptions:
     config_files: tuple[Config, ...] = ()
     """Users' configs (`--config-file`), run as given (not varied), by their names in
     `configs`."""
+    deadline: float | None = None
+    """When a `seconds` budget ends, in `time.time()`'s clock (set by `run_campaign`): a batch
+    stops there, at its next op or check, in any process."""
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    """Known deviations tolerated beyond the target's own, or reported after all
+    (`--tolerate`, `--no-tolerate`)."""
     database: tuple[str, ...] = ()
     """Hypothesis' example database, as specs of `kvfuzz.fuzz.database` (directories, Redis
     URLs): failing examples are saved there and replayed first by later campaigns with the same
@@ -120,6 +132,8 @@ class Stats:
     """The examples and operations of each (level, config) pair, in the campaign's order."""
     interrupted: bool = False
     """The campaign was ended by Ctrl-C or SIGTERM before its budget was spent."""
+    tolerated: dict[str, int] = field(default_factory=dict)
+    """Per known deviation (`id name`), the examples in which the target tolerated it."""
 
     def pair(self, level: str, config: str) -> PairStats:
         return self.pairs.setdefault((level, config), PairStats())
@@ -137,6 +151,7 @@ class Stats:
             mine.examples += counts.examples
             mine.operations += counts.operations
         self.interrupted = self.interrupted or other.interrupted
+        count_into(self.tolerated, other.tolerated)
 
     def add(self, result: BatchResult) -> None:
         """Count a batch's examples, operations, checks and features."""
@@ -148,6 +163,7 @@ class Stats:
         self.checks += result.checks
         self.features |= result.features
         self.interrupted = self.interrupted or result.interrupted
+        count_into(self.tolerated, result.tolerated)
 
     def pairs_done(self) -> int:
         return sum(1 for counts in self.pairs.values() if counts.examples)
@@ -183,8 +199,14 @@ class Stats:
             f"under_{FEW_EXAMPLES}_examples": ["/".join(p) for p in self.few()],
             "by_config": self.by_config(),
             "by_check": by_check(self.findings),
+            "tolerated": dict(sorted(self.tolerated.items())),
             "findings": [asdict(f) for f in self.findings],
         }
+
+
+def count_into(counts: dict[str, int], more: dict[str, int]) -> None:
+    for key, n in more.items():
+        counts[key] = counts.get(key, 0) + n
 
 
 class Stop(Exception):
@@ -203,6 +225,7 @@ def interrupt(signum: int, frame: Any) -> None:
     `finally`, or a string `exec` (a dataclass being made), after which CPython ends a
     `python -m kvfuzz` by SIGINT at exit although the campaign caught the interrupt and kept its
     findings. A second signal, for a run that comes to no stop point, raises at once."""
+    SIGNALLED.set()
     if STOP_REQUESTED.is_set():
         raise KeyboardInterrupt
     STOP_REQUESTED.set()
@@ -212,6 +235,11 @@ def stop_point() -> None:
     """Raise KeyboardInterrupt if a stop was asked for (`interrupt`)."""
     if STOP_REQUESTED.is_set():
         raise KeyboardInterrupt
+
+
+class OutOfTime(BaseException):
+    """The campaign's time budget ended during an example (a BaseException, so that Hypothesis
+    lets it through as it does an interrupt, rather than replaying it as a failure)."""
 
 
 def selected_checks(data: str | None) -> list[Any] | None:
@@ -257,13 +285,16 @@ def failure_of(exc: Counterexample) -> Failure:
 
 def account(result: BatchResult, executions: list[Execution],
             reached: Collection[tuple[Any, ...]] = ()) -> None:
-    """Add the operations, checks and features of the executions run (and the state
-    behaviours `reached` by their ops) to `result`."""
+    """Add the operations, checks, features and tolerated deviations of the executions run
+    (and the state behaviours `reached` by their ops) to `result`."""
     result.features.update(reached)
     for execution in executions:
         result.operations += execution.ops_checked
         result.checks += execution.checks_run
         result.features |= behaviour_features(execution)
+        for tracked in execution.targets:
+            labels = getattr(tracked.side, "tolerated_labels", None)
+            count_into(result.tolerated, dict.fromkeys(labels() if labels else (), 1))
 
 
 class BatchRunner:
@@ -280,6 +311,8 @@ class BatchRunner:
         self.database = open_database(options.database, warn=warn)
         check_focus(options.focus, options.configs)
         self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
+        self.target = get_target(options.target).spec(options.tolerance)
+        self._tolerated_builds: dict[str, int] = {}
         self.on_execution: Callable[[Execution], None] | None = None
         """Also called with each execution (a benchmark keeps their traces)."""
         self._executions: list[Execution] = []
@@ -290,12 +323,24 @@ class BatchRunner:
         `swarm=False` keeps every feature even with swarm testing on."""
         stop_point()
         opts = self.options
-        run_example(
-            data, campaign_config(opts, name), level, steps=opts.steps, targets=(opts.target,),
-            model=opts.model, checks=self.checks, allow_misuse=not opts.target.startswith("vllm"),
-            swarm=opts.swarm and swarm, focus=self.focus_rules, on_execution=self._executed,
-            vary=name not in {c.name for c in opts.config_files}, on_op=self.probe.observe,
-        )
+        try:
+            run_example(
+                data, campaign_config(opts, name), level, steps=opts.steps,
+                targets=(self.target,), model=opts.model, checks=self.checks,
+                allow_misuse=not opts.target.startswith("vllm"), swarm=opts.swarm and swarm,
+                focus=self.focus_rules, on_execution=self._executed,
+                vary=name not in {c.name for c in opts.config_files}, on_op=self.probe.observe,
+                stop=self._stop,
+            )
+        except ToleratedBuild as exc:  # a varied config the target documents it cannot build
+            count_into(self._tolerated_builds, {exc.deviation: 1})
+
+    def _stop(self) -> None:
+        """An execution's stop point: a stop asked for, or the time budget spent."""
+        stop_point()
+        deadline = self.options.deadline
+        if deadline is not None and time.time() >= deadline:
+            raise OutOfTime
 
     def _executed(self, execution: Execution) -> None:
         self._executions.append(execution)
@@ -307,13 +352,19 @@ class BatchRunner:
         done, self._executions = self._executions, []
         return done
 
+    def take_tolerated_builds(self) -> dict[str, int]:
+        """Examples since the last call whose config the target tolerates not building."""
+        done, self._tolerated_builds = self._tolerated_builds, {}
+        return done
+
     def database_key(self, level: str, name: str, swarm: bool) -> bytes:
         """What keys a pair's examples in the database: they replay only under the same target,
         level, config, model, data checks, steps, swarm (as the batch runs it), focused ops and
         plugins."""
         opts = self.options
         key = repr((opts.target, level, name, opts.model, opts.data, opts.steps,
-                    opts.swarm and swarm, sorted(self.focus_rules), opts.plugins))
+                    opts.swarm and swarm, sorted(self.focus_rules), opts.plugins)
+                   + ((opts.tolerance,) if opts.tolerance else ()))
         return f"Campaign_{level}_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}".encode()
 
     @property
@@ -355,12 +406,15 @@ class BatchRunner:
             result.examples = batch.examples
         except KeyboardInterrupt:
             result.interrupted = True
+        except OutOfTime:  # the examples run so far count, the one cut short included
+            result.examples = len(self._executions)
         except Exception:
             # An interrupt during Hypothesis's replay of a failure surfaces as its Flaky error.
             if not STOP_REQUESTED.is_set():
                 raise
             result.interrupted = True
         account(result, self.take_executions(), self.probe.take())
+        count_into(result.tolerated, self.take_tolerated_builds())
         result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
         result.seconds = time.monotonic() - start
         result.database_lost = getattr(self.database, "lost", None)
@@ -370,12 +424,14 @@ class BatchRunner:
 def campaign_findings(options: CampaignOptions) -> Findings:
     """The findings of a campaign into its corpus, each saved with its target, seed, data
     checks and plugins."""
-    meta: dict[str, Any] = {"target": get_target(options.target).name, "seed": options.seed}
+    info = get_target(options.target)
+    meta: dict[str, Any] = {"target": info.name, "seed": options.seed}
     if options.data is not None:
         meta["data"] = options.data
     if options.plugins:
         meta["plugins"] = list(options.plugins)
-    return Findings(options.corpus, meta, [meta["target"]], model=options.model,
+    meta.update(options.tolerance.meta())
+    return Findings(options.corpus, meta, [info.spec(options.tolerance)], model=options.model,
                     checks=selected_checks(options.data), shrink_seconds=options.shrink_seconds,
                     stop=STOP_REQUESTED.is_set)
 
@@ -421,7 +477,7 @@ class Campaign:
                     in_flight += 1
                 if not in_flight:
                     break
-                results = backend.results(timeout=0.5)
+                results = backend.results(timeout=POLL_S)
                 in_flight -= len(results)
                 self._take(results)
                 self._probe_database(PROBE_S)
@@ -519,6 +575,8 @@ def run_campaign(options: CampaignOptions, on_progress: Callable[[Stats], None],
     for name in options.configs:
         campaign_config(options, name)
     STOP_REQUESTED.clear()
+    if options.seconds is not None:
+        options = dataclasses.replace(options, deadline=time.time() + options.seconds)
     import_plugins(options.plugins)
     campaign = Campaign(options, report=on_progress)
     if backend is None and options.workers > 1:

@@ -35,6 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     return guarded(_main, argv)
 
 
+def entry() -> None:
+    """The `kvfuzz` program (and `python -m kvfuzz`): `main`, then the atexit handlers, then
+    an exit that does not free every object one by one (after a campaign on a million-block
+    pool that alone took seconds, and delayed the end of a run stopped by SIGTERM)."""
+    import atexit
+
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 def _main(argv: list[str] | None) -> int:
     parser = _parser()
     # --debug is read by `guarded`, before parsing; it may stand anywhere on the line.
@@ -118,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="run the batches as Ray tasks: on the cluster at ADDRESS (HOST:PORT, "
                      "ray://HOST:PORT or auto), or on a local one of 2 CPUs without ADDRESS "
                      "(kvfuzz[distributed]; docs/distributed.md)")
+    _tolerance_options(run)
     run.add_argument("--ray-runtime-env", metavar="JSON",
                      help="Ray runtime environment of the tasks, e.g. to ship kvfuzz to nodes "
                      "without it: '{\"pip\": [\"kvfuzz[distributed]==VERSION\"]}'")
@@ -137,6 +154,7 @@ def _parser() -> argparse.ArgumentParser:
                         "docs/configs.md) instead of the trace's own")
     replay.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
+    _tolerance_options(replay, ", default: the trace's own")
     replay.set_defaults(handler=_cmd_replay)
 
     shrink = sub.add_parser("shrink", help="shrink a failing trace",
@@ -152,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
                         help=_FILE_PLUGIN_HELP)
     shrink.add_argument("--data", nargs="?", const="cpu", metavar="DEVICE[:DTYPE]",
                         help=_DATA_HELP + "; default: the trace's own, if it was found with them")
+    _tolerance_options(shrink, ", default: the trace's own")
     shrink.set_defaults(handler=_cmd_shrink)
 
     export = sub.add_parser("export", help="turn a trace into a pytest regression test",
@@ -203,6 +222,25 @@ def _parser() -> argparse.ArgumentParser:
     prove.set_defaults(handler=_cmd_prove)
     _mutate_parser(sub)
     return p
+
+
+def _tolerance_options(cmd: argparse.ArgumentParser, default: str = "") -> None:
+    cmd.add_argument("--tolerate", nargs="+", default=None, metavar="ID",
+                     help="also tolerate these documented deviations (finding ids such as 013, "
+                     f"or names; vllm targets; docs/vllm.md{default})")
+    cmd.add_argument("--no-tolerate", nargs="+", default=None, metavar="ID",
+                     help="report these deviations although the target tolerates them"
+                     + default)
+
+
+def _tolerance(args: argparse.Namespace, meta: dict[str, Any] | None = None) -> Any:
+    """`--tolerate` and `--no-tolerate` (else what the trace's meta recorded)."""
+    from kvfuzz.harness.tolerance import Tolerance
+
+    recorded = Tolerance.of_meta(meta) if meta is not None else Tolerance()
+    return Tolerance(tuple(args.tolerate) if args.tolerate is not None else recorded.add,
+                     tuple(args.no_tolerate) if args.no_tolerate is not None
+                     else recorded.remove)
 
 
 def _mutate_parser(sub: Any) -> None:
@@ -370,26 +408,34 @@ def _hypothesis_home() -> None:
     set_hypothesis_home_dir(where)
 
 
-def _buildable(target: str, names: tuple[str, ...], config_files: tuple[Config, ...],
-               named: set[str]) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
-    """The configs a campaign runs on `target`, and (name, reason) for the built-in ones it
-    leaves out because the target cannot build them here (e.g. docs/findings/012). A config the
-    user named stays, as do all when none builds: the run then stops with exit 3 naming the
-    target and its error."""
+def _buildable(target: str, tolerance: Any, names: tuple[str, ...],
+               config_files: tuple[Config, ...], named: set[str]) -> Any:
+    """The configs a campaign runs on `target`, built once each (`kvfuzz.fuzz.buildable`)."""
     from kvfuzz.core.configs import builtin_config
+    from kvfuzz.fuzz.buildable import probe_configs
     from kvfuzz.harness.targets import get_target
 
-    info = get_target(target)
+    spec = get_target(target).spec(tolerance)
     files = {c.name: c for c in config_files}
-    kept, skipped = [], []
-    for name in names:
-        if name in named or name in files:
-            kept.append(name)
-        elif (reason := info.cannot_build(builtin_config(name))) is None:
-            kept.append(name)
-        else:
-            skipped.append((name, reason))
-    return (tuple(kept), skipped) if kept else (names, [])
+
+    def build(config: Config) -> Any:
+        return get_target(spec).build(config, "api") if isinstance(spec, str) \
+            else spec(config, "api")
+
+    return probe_configs(build, names, lambda n: files.get(n) or builtin_config(n),
+                         named | set(files))
+
+
+def _check_bounds(args: argparse.Namespace, seconds: float | None,
+                  configs: list[Config]) -> None:
+    """`--workers`, `--steps` and each config's pool within the machine and the budget
+    (`kvfuzz.fuzz.bounds`), before anything is built."""
+    from kvfuzz.fuzz.bounds import check_configs, check_steps, check_workers
+
+    if args.ray is None:
+        check_workers(args.workers)
+    check_steps(args.steps)
+    check_configs(configs, args.workers, args.steps, seconds)
 
 
 def _check_data(data: str | None) -> None:
@@ -414,10 +460,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     selected_checks(args.data)  # a bad --data spec fails here, before any worker starts
     config_files = _config_files(args.config_file, args.engine)
     configs = tuple(args.config or (() if config_files else BUILTIN))
-    for name in configs:
-        builtin_config(name)
-    configs += tuple(c.name for c in config_files)
-    configs, skipped = _buildable(target, configs, config_files, named=set(args.config or ()))
     for option, value in (("--workers", args.workers), ("--examples", args.examples),
                           ("--seconds", args.seconds), ("--steps", args.steps),
                           ("--max-findings", args.max_findings)):
@@ -425,6 +467,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.interrupted_exit is not None and not 0 <= args.interrupted_exit <= 255:
         raise UsageError(f"--interrupted-exit must be an exit status, 0 to 255, got "
                          f"{args.interrupted_exit}")
+    seconds = None if args.examples is not None else (args.seconds or 60.0)
+    _check_bounds(args, seconds, [builtin_config(name) for name in configs] + list(config_files))
+    configs += tuple(c.name for c in config_files)
+    tolerance = _tolerance(args)
+    buildable = _buildable(target, tolerance, configs, config_files, set(args.config or ()))
+    configs = buildable.kept
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
     _check_ray(args)
@@ -432,13 +480,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for option, path in (("--json", args.json), ("--html", args.html)):
         if path is not None:
             _writable(option, path)
-    seconds = None if args.examples is not None else (args.seconds or 60.0)
     options = CampaignOptions(
         target=target, seconds=seconds, examples=args.examples, seed=args.seed,
         workers=args.workers, configs=configs, plugins=tuple(args.plugin), corpus=args.corpus,
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
         data=args.data, database=databases, focus=tuple(args.focus), config_files=config_files,
         max_findings=args.max_findings,
+        tolerance=tolerance,
     )
     check_focus(options.focus, configs)
     backend = _ray_backend(args, options)
@@ -448,12 +496,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"{workers}, engine {args.engine}"
           + ("" if options.model else ", no model")
           + (f", data checks on {args.data}" if args.data else ""))
-    for name, reason in skipped:
-        print(f"config {name} left out: target {target} cannot build it here ({reason})")
     from kvfuzz.harness.target_check import warn_dropped
     from kvfuzz.harness.targets import get_target
 
-    for line in warn_dropped(get_target(target)):
+    for line in (*buildable.lines(target), *warn_dropped(get_target(target))):
         print(line)
     if backend is not None:
         print(f"ray: {backend.describe()}")
@@ -467,7 +513,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # stays until the report is written, so a signal arriving late stops nothing half-written.
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if args.engine == "atheris":
+        if not configs:  # every config is one the target documents it cannot build
+            from kvfuzz.fuzz.campaign import Stats
+
+            stats = Stats()
+        elif args.engine == "atheris":
             from kvfuzz.fuzz.atheris_engine import run_atheris
 
             stats = run_atheris(options, on_progress)
@@ -475,13 +525,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             stats = run_campaign(options, on_progress, backend=backend)
         progress.finish(stats)
         report = {"versions": versions(), "target": target, "configs": list(configs),
-                  "configs_left_out": {name: reason for name, reason in skipped},
+                  **buildable.json(),
                   "seed": args.seed,
                   "engine": args.engine, "workers": args.workers, "model": options.model,
                   "ray": None if args.ray is None else args.ray or "local",
                   "data": args.data,
-                  **stats.summary(), **campaign_report(stats, options, timeline, target)}
+                  **stats.summary(), **campaign_report(stats, options, timeline, target),
+                  "tolerated": buildable.tolerated_counts(stats.tolerated)}
         _summary(stats, report)
+        _after_totals(stats, buildable, target)
         if args.json:
             _write_json(args.json, report)
             print(f"report written to {args.json}")
@@ -635,6 +687,21 @@ def _summary(stats: Any, report: dict[str, Any]) -> None:
         _findings(stats.findings)
 
 
+def _after_totals(stats: Any, buildable: Any, target: str) -> None:
+    """The configs left out, said again, and the known deviations tolerated, each counted."""
+    lines = buildable.lines(target)
+    if lines:
+        print("\n  " + "\n  ".join(lines))
+    tolerated = buildable.tolerated_counts(stats.tolerated)
+    if tolerated:
+        print(f"\n  known deviations tolerated by target {target} (docs/findings/; report one "
+              "with --no-tolerate ID):")
+        for label, row in tolerated.items():
+            left = row["configs_left_out"]
+            print(f"    {label}: {row['examples']} example(s)"
+                  + (f", config(s) left out: {', '.join(left)}" if left else ""))
+
+
 def _reach(stats: Any) -> None:
     """Name the (level, config) pairs the budget did not reach, or reached too little."""
     from kvfuzz.fuzz.schedule import FEW_EXAMPLES
@@ -663,7 +730,11 @@ def _findings(records: list[Any]) -> None:
                          if f.elsewhere else "")
             print(f"    {f.level}/{f.config} ({state}), found after "
                   f"{f.found_after_s:.1f} s, {f.duplicates} duplicate(s){elsewhere}: "
-                  f"{f.message}\n      {f.file}")
+                  f"{f.message}" + (f"\n      {f.file}" if not f.corpus_error else ""))
+            if f.corpus_error:
+                where = (f"kept in {f.file}" if f.file else "written nowhere")
+                print(f"      NOT in the corpus ({f.corpus_error}): {where}; the trace in full"
+                      f" (also in the --json report):\n      {json.dumps(f.trace)}")
 
 
 def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | None]:
@@ -678,6 +749,9 @@ def _load(args: argparse.Namespace, data: str | None) -> tuple[Any, str, str | N
         from kvfuzz.core.config_file import load_config_file
 
         trace = Trace(load_config_file(args.config_file), trace.level, trace.ops, trace.meta)
+    from kvfuzz.fuzz.bounds import check_configs
+
+    check_configs([trace.config], workers=1, steps=len(trace.ops), seconds=None)
     _plugins(args.plugin)
     recorded, note = recorded_plugins(trace, args.plugin)
     if note:
@@ -696,11 +770,11 @@ def _check_registered(path: Path, check: Any, data: str | None, plugins: list[st
     """A trace's recorded check must exist here, or its replay would pass for want of it."""
     from kvfuzz.fuzz.campaign import selected_checks
     from kvfuzz.fuzz.trust import plugin_options
-    from kvfuzz.harness.executor import CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE
+    from kvfuzz.harness.executor import BUILD, CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE
     from kvfuzz.properties import REGISTRY
 
     known = {c.name for c in (selected_checks(data) or REGISTRY)}
-    if check is None or check in known | {CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE}:
+    if check is None or check in known | {BUILD, CRASH, DIFF_PROBE, DIFF_RESULT, DIFF_STATE}:
         return
     imported = f" (plugins imported: {', '.join(plugins)})" if plugins else ""
     missing = [m for m in recorded if m not in plugins]
@@ -711,22 +785,38 @@ def _check_registered(path: Path, check: Any, data: str | None, plugins: list[st
                      "defines it")
 
 
+def _target_spec(args: argparse.Namespace, trace: Any, target: str) -> Any:
+    """The target with `--tolerate`/`--no-tolerate`, else the trace's recorded tolerance."""
+    from kvfuzz.harness.targets import get_target
+
+    tolerance = _tolerance(args, trace.meta)
+    if tolerance:
+        trace.meta.update(tolerance.meta())
+    return get_target(target).spec(tolerance)
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from kvfuzz.fuzz.campaign import selected_checks
     from kvfuzz.core.errors import InvalidTrace
+    from kvfuzz.harness.build import ToleratedBuild
     from kvfuzz.harness.executor import Counterexample, Execution
     from kvfuzz.core.trace import op_text
 
     trace, target, data = _load(args, args.data)
+    spec = _target_spec(args, trace, target)
     print(f"replaying {args.file}: {len(trace.ops)} ops, {trace.level} level, config "
           f"{trace.config.name!r}, target {target}" + (", no model" if args.no_model else "")
           + (f", data checks on {data}" if data else ""))
     try:
-        execution = Execution(trace.config, trace.level, [target], model=not args.no_model,
+        execution = Execution(trace.config, trace.level, [spec], model=not args.no_model,
                               checks=selected_checks(data))
     except Counterexample as exc:
         print(f"\nFAILED {exc.finding.report()}")
         return EXIT_FOUND
+    except ToleratedBuild as exc:
+        print(f"\ntolerated: {exc}; nothing run (--no-tolerate {exc.deviation.split()[0]} "
+              "or --target vllm-strict reports it)")
+        return EXIT_OK
     for i, op in enumerate(trace.ops):
         before = execution.targets[0].snapshot
         try:
@@ -760,8 +850,9 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
     trace, target, data = _load(args, args.data)
     out = args.out or args.file.with_suffix(".min.json")
     _writable("--out", out)
+    spec = _target_spec(args, trace, target)
     try:
-        result = shrink_trace(trace, [target], model=not args.no_model,
+        result = shrink_trace(trace, [spec], model=not args.no_model,
                               check=trace.meta.get("check"), seconds=args.seconds,
                               checks=selected_checks(data))
     except ValueError as exc:
@@ -771,6 +862,7 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
               f"[{result.finding.check}] ({result.attempts} replays); nothing written")
         return EXIT_OK
     result.trace.meta["target"] = target
+    result.trace.meta.update(_tolerance(args, trace.meta).meta())
     result.trace.meta["versions"] = versions()
     if data:
         result.trace.meta["data"] = data
@@ -782,7 +874,7 @@ def _cmd_shrink(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from kvfuzz.fuzz.export import export_pytest
+    import keyword
 
     if args.vllm_test is not None:  # played on kvcache at export time, whatever the target
         from kvfuzz.core.trace import Trace
@@ -794,8 +886,22 @@ def _cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {args.vllm_test}: run it with vLLM installed, "
               f"`python -m pytest {args.vllm_test}`")
         return EXIT_OK
+    from kvfuzz.fuzz.export import export_pytest
+    from kvfuzz.harness.build import ToleratedBuild
+    from kvfuzz.harness.executor import run_trace
+
+    stem = args.pytest.stem
+    if args.pytest.suffix != ".py" or not stem.isidentifier() or keyword.iskeyword(stem):
+        raise UsageError(f"--pytest {args.pytest}: not a Python module name (NAME.py, NAME an "
+                         "identifier such as test_regression_p2)")
     trace, target, _ = _load(args, None)
     _writable("--pytest", args.pytest)
+    try:  # a trace replay rejects would make a test that can never pass
+        invalid = run_trace(trace, [target]).invalid
+    except ToleratedBuild:
+        invalid = None
+    if invalid is not None:
+        raise UsageError(f"{args.file}: invalid trace: {invalid}; nothing exported")
     export_pytest(trace, target, args.pytest, plugins=tuple(args.plugin))
     print(f"wrote {args.pytest}: run it with `python -m pytest {args.pytest}`")
     return EXIT_OK

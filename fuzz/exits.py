@@ -10,14 +10,17 @@ traceback escapes, and a closed stdout (`kvfuzz ... | head`) does not change the
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kvfuzz.core.errors import HarnessFault, KvfuzzError
+from kvfuzz.core.signals import asked_to_stop, on_sigint
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_FAULT = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
@@ -66,11 +69,16 @@ def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None) -> 
     debug = "--debug" in args or bool(os.environ.get("KVFUZZ_DEBUG"))
     stdout = sys.stdout
     sys.stdout = _PipeSafe(stdout)
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, on_sigint)  # Ctrl-C noted: see kvfuzz.core.signals
     try:
         return main(argv)
     except SystemExit as exc:  # argparse: --help, --version, a usage error
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if not asked_to_stop(exc):  # raised by code kvfuzz ran, not by Ctrl-C
+            return _fault("kvfuzz itself (an interrupt no signal asked for)", exc, debug)
         print("kvfuzz: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except KvfuzzError as exc:
@@ -83,11 +91,13 @@ def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None) -> 
         return _fault("kvfuzz (too deep a recursion)", exc, debug)
     except HarnessFault as exc:
         return _fault(exc.source, exc.__cause__ or exc, debug)
-    except Exception as exc:  # noqa: BLE001 - the point of the guard
+    except BaseException as exc:  # noqa: BLE001 - the point of the guard
         return _fault("kvfuzz itself (an internal error: please report it)", exc, debug)
     finally:
         _flush()
         sys.stdout = stdout
+        if signal.getsignal(signal.SIGINT) is on_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _fault(source: str, exc: BaseException, debug: bool) -> int:

@@ -18,6 +18,7 @@ says when one was asked for, and the shrink then raises KeyboardInterrupt before
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,11 @@ class FindingRecord:
     elsewhere: list[str] = field(default_factory=list)
     """The other (level/config) pairs its duplicates came from: the same way of failing,
     found by other traces (`file` is this pair's)."""
+    corpus_error: str = ""
+    """Why the corpus could not take it (a full disk, a read-only folder): `file` is then a
+    fallback path, or empty when none could be written, and `trace` holds it in full."""
+    trace: dict[str, Any] | None = None
+    """The trace itself, when it is not in the corpus (`corpus_error`)."""
 
 
 class Findings:
@@ -93,10 +99,10 @@ class Findings:
         trace.meta.update(self.meta)
         trace.meta.update({"check": failure.check, "config": config, "level": level,
                            "dedup_key": key})
-        raw = save_finding(_marked(trace, False), self.corpus)
-        record = FindingRecord(failure.check, failure.message, config, level, str(raw),
+        record = FindingRecord(failure.check, failure.message, config, level, "",
                                len(trace.ops), round(found_after, 3), 0.0, key, shrunk=False)
         self.records[key] = record
+        self._save(record, _marked(trace, False))
         if self.stop is not None and self.stop():
             return
         start = time.monotonic()
@@ -121,15 +127,40 @@ class Findings:
         """Save `best` in place of the raw trace and update the record."""
         best.meta.update(raw.meta)
         best.meta["message"] = message  # the shrunk trace's own, not the raw one's
-        path = save_finding(_marked(best, shrunk), self.corpus)
-        if Path(record.file) != path:
-            Path(record.file).unlink(missing_ok=True)
-        record.file, record.ops, record.message = str(path), len(best.ops), message
-        record.shrunk = shrunk
+        before = record.file
+        record.ops, record.message, record.shrunk = len(best.ops), message, shrunk
+        self._save(record, _marked(best, shrunk))
+        if before and before != record.file:
+            try:
+                Path(before).unlink(missing_ok=True)
+            except OSError:
+                pass
         record.shrink_s = round(time.monotonic() - start, 3)
+
+    def _save(self, record: FindingRecord, trace: Trace) -> None:
+        """Write `trace` to the corpus as `record`'s file. Should the corpus refuse it, the
+        finding is kept all the same: in a fallback folder if one takes it, and in full in the
+        record (the summary prints it, the --json report holds it)."""
+        try:
+            record.file = str(save_finding(trace, self.corpus))
+            record.corpus_error, record.trace = "", None
+            return
+        except OSError as exc:
+            record.corpus_error = f"cannot write in {self.corpus}: {exc.strerror or exc}"
+        record.trace = trace.to_dict()
+        try:
+            record.file = str(save_finding(trace, fallback_folder()))
+        except OSError:
+            record.file = ""
 
     def all(self) -> list[FindingRecord]:
         return list(self.records.values())
+
+
+def fallback_folder() -> Path:
+    """Where findings go when the corpus cannot take them: kvfuzz-findings in the folder for
+    temporary files."""
+    return Path(tempfile.gettempdir()) / "kvfuzz-findings"
 
 
 def _marked(trace: Trace, shrunk: bool | str) -> Trace:

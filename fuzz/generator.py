@@ -508,12 +508,14 @@ def run_example(
     on_execution: Callable[[Execution], None] | None = None,
     vary: bool = True,
     on_op: Callable[[Execution, Any], None] | None = None,
+    stop: Callable[[], None] | None = None,
 ) -> Execution | None:
     """One example of a campaign: every decision read from `data` (`BytesChoices`): the varied
     config, the swarm, the prompt prefixes, then up to `steps` rules. The example ends early,
     passing, when the bytes run out or no rule can run; a failed check raises `Counterexample`.
     `focus` holds rule and knob names (`focus_features`); `vary=False` keeps `base` as it is
-    (a user's config file); `on_op` is told of every op (`Rules.on_op`)."""
+    (a user's config file); `on_op` is told of every op (`Rules.on_op`); `stop` is the
+    execution's (`Execution.stop`)."""
     choices = BytesChoices(data)
     rules_class = RULES_BY_LEVEL[level]
     try:
@@ -523,7 +525,7 @@ def run_example(
         chosen = rules_class.draw_swarm(choices, keep=focus, config=config)
         if not swarm:
             chosen = ALL
-        execution = Execution(config, level, targets, model=model, checks=checks)
+        execution = Execution(config, level, targets, model=model, checks=checks, stop=stop)
     except Exhausted:
         return None
     if on_execution is not None:

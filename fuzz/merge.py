@@ -4,7 +4,9 @@ N parallel CI jobs (one seed each, one shared example database) each leave a JSO
 (`kvfuzz run --json`) beside their corpus. Merging sums their work (examples, operations,
 checks, per (level, config) pair), keeps one finding per bug (the campaign's dedup key; the
 check for a report that records none) with the smallest trace as its representative, copied
-into one corpus, and counts the others as duplicates.
+into one corpus, and counts the others as duplicates. A finding that its campaign's corpus
+could not take is written from the trace its report holds; the known deviations tolerated are
+summed per deviation.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvfuzz.core.errors import KvfuzzError
+from kvfuzz.core.trace import Trace, save_finding
 
 SUMMED = ("examples", "operations", "invariant_checks")
 
@@ -36,6 +39,8 @@ def _load(path: Path) -> dict[str, Any]:
 def _trace_file(report: Path, named: str) -> Path | None:
     """A finding's trace file: as the report names it, relative to the report's folder (where
     the campaign ran), else the file of that name anywhere below that folder."""
+    if not named:  # the campaign's corpus could not take it (its trace is in the report)
+        return None
     for candidate in (Path(named), report.parent / named):
         if candidate.is_file():
             return candidate
@@ -58,6 +63,12 @@ def merge_reports(paths: list[Path], corpus: Path) -> dict[str, Any]:
             merged[key] += report.get(key, 0)
         merged["seconds"] = max(merged["seconds"], report.get("seconds", 0.0))
         merged["interrupted"] = merged["interrupted"] or bool(report.get("interrupted"))
+        for label, row in (report.get("tolerated") or {}).items():
+            mine = merged.setdefault("tolerated", {}).setdefault(
+                label, {"examples": 0, "configs_left_out": []})
+            mine["examples"] += row.get("examples", 0)
+            mine["configs_left_out"] = sorted({*mine["configs_left_out"],
+                                               *row.get("configs_left_out", [])})
         for row in report.get("by_config", []):
             mine = pairs.setdefault((row["level"], row["config"]),
                                     {"level": row["level"], "config": row["config"],
@@ -78,6 +89,9 @@ def merge_reports(paths: list[Path], corpus: Path) -> dict[str, Any]:
     corpus.mkdir(parents=True, exist_ok=True)
     for bug in bugs.values():
         source = bug.pop("source")
+        if source is None and isinstance(bug.get("trace"), dict):  # kept in the report only
+            bug["file"] = str(save_finding(Trace.from_dict(bug.pop("trace")), corpus))
+            continue
         if source is None:
             bug["file"] = None  # the campaign's corpus did not come with its report
             continue

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 
+from kvfuzz.core.signals import asked_to_stop
+
 IMPORTED: list[str] = []
 """Plugins imported in this process, in order."""
 
@@ -22,7 +24,9 @@ def import_plugins(plugins: tuple[str, ...] | list[str]) -> None:
     for name in plugins:
         try:
             importlib.import_module(name)
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:  # SystemExit, an interrupt no signal asked for, ...
+            if asked_to_stop(exc):
+                raise
             raise PluginError(f"{type(exc).__name__}: {exc}", name=name) from exc
         if name not in IMPORTED:
             IMPORTED.append(name)

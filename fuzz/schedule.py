@@ -93,6 +93,8 @@ class BatchResult:
     database_lost: str | None = None
     """Why the batch's process dropped the shared example database, if it did (the driver
     warns once per campaign)."""
+    tolerated: dict[str, int] = field(default_factory=dict)
+    """Per known deviation (`id name`), the examples in which the target tolerated it."""
 
 
 def batch_seed(campaign_seed: int, index: int) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 from kvfuzz.core.config import SchedulerConfig
 from kvfuzz.core.errors import ConfigError
+from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Finding, RunResult, TargetSpec, run_trace
 from kvfuzz.core.trace import OP_SCHEMAS, Op, Trace
 
@@ -68,7 +69,11 @@ class Shrinker:
         if self.stop is not None and self.stop():
             raise KeyboardInterrupt
         self.attempts += 1
-        self.last = run_trace(trace, self.targets, model=self.model, checks=self.checks)
+        try:
+            self.last = run_trace(trace, self.targets, model=self.model, checks=self.checks)
+        except ToleratedBuild:  # a config the target cannot build, as it documents
+            self.last = RunResult(0)
+            return None
         found = self.last.finding
         if found is None or self.check not in (None, found.check):
             return None

@@ -14,11 +14,13 @@ import os
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, NoReturn
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import HarnessFault, InvalidTrace, KvfuzzError
+from kvfuzz.core.signals import asked_to_stop
 from kvfuzz.core.sides import Observations, Side
+from kvfuzz.harness.build import BUILD, BUILD_DESCRIPTION, BuildFailure, ToleratedBuild
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.harness.targets import get_target
 from kvfuzz.core.trace import Op, Trace, normalize_op, op_text
@@ -38,6 +40,7 @@ _DIFF_DESCRIPTIONS = {
                 "reference's",
     DIFF_STATE: "the state after the op differs from the reference's",
     CRASH: "the harness could not drive or read the target",
+    BUILD: BUILD_DESCRIPTION,
 }
 
 
@@ -109,8 +112,12 @@ class Execution:
         model: bool = True,
         checks: Iterable[Any] | None = None,
         meta: dict[str, Any] | None = None,
+        stop: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
+        self.stop = stop
+        """Called before every op and every check: it raises to end the run there (a campaign's
+        SIGTERM or time budget, so that a huge pool's slow ops do not delay either)."""
         self.level = level
         self.trace = Trace(config, level, [], dict(meta or {}))  # type: ignore[arg-type]
         self.checks = list(REGISTRY if checks is None else checks)
@@ -146,7 +153,13 @@ class Execution:
             return _Tracked(name, side, side.snapshot())
         except (InvalidTrace, KvfuzzError):
             raise
-        except Exception as exc:  # noqa: BLE001 - the adapter, not the trace, is at fault
+        except BuildFailure as exc:  # the library's own error: a finding, or a tolerated one
+            if exc.deviation is not None:
+                raise ToleratedBuild(name, self.config.name, exc) from exc
+            self._fail(BUILD, exc.message, -1, name, signature=(exc.error, exc.place))
+        except BaseException as exc:  # noqa: BLE001 - the adapter, not the trace, is at fault
+            if asked_to_stop(exc):
+                raise
             raise HarnessFault(f"target {name!r} (building its manager for config "
                                f"{self.config.name!r})", exc) from exc
 
@@ -166,6 +179,8 @@ class Execution:
 
     def apply(self, raw_op: Op) -> Any:
         """Run one op everywhere and check it; returns the reference's result."""
+        if self.stop is not None:
+            self.stop()
         op = normalize_op(raw_op, self.level, f"step {len(self.trace.ops)}")
         step = len(self.trace.ops)
         self.trace.ops.append(op)
@@ -212,6 +227,11 @@ class Execution:
         except Exception as exc:  # noqa: BLE001 - a broken target is a finding, not a crash
             self._fail(CRASH, f"{type(exc).__name__}: {exc}", step, tracked.name,
                        signature=(op["op"], type(exc).__name__, _place(exc)))
+        except BaseException as exc:  # SystemExit, or an interrupt no signal asked for
+            if asked_to_stop(exc):
+                raise
+            raise HarnessFault(f"target {tracked.name!r} (at step {step}, {op['op']})",
+                               exc) from exc
 
     def _compare(self, tracked: _Tracked, step: int, result: Any, obs: Observations,
                  snap: Snapshot, ref_result: Any, ref_obs: Observations, ref_snap: Snapshot) -> None:
@@ -263,6 +283,8 @@ class Execution:
         ran = 0
         try:
             for transition, fn, check in self._plan:
+                if self.stop is not None:
+                    self.stop()
                 try:
                     if transition:
                         if before is None:
@@ -270,7 +292,9 @@ class Execution:
                         message = fn(before, after, ctx)
                     else:
                         message = fn(after, ctx)
-                except Exception as exc:  # noqa: BLE001 - the check, not the target, is at fault
+                except BaseException as exc:  # noqa: BLE001 - the check is at fault (SystemExit too)
+                    if asked_to_stop(exc):
+                        raise
                     where = f"step {step}" if step >= 0 else "the initial state"
                     raise HarnessFault(f"check {check.name} (from {check.module or 'unknown'}, "
                                        f"at {where} on {tracked.name})", exc) from exc
@@ -297,7 +321,7 @@ class Execution:
     def _fail(self, check: str, message: str, step: int, target: str,
               snap: Snapshot | None = None, ref_snap: Snapshot | None = None,
               ref_name: str = "model", check_description: str | None = None,
-              signature: tuple[str, ...] = ()) -> None:
+              signature: tuple[str, ...] = ()) -> NoReturn:
         description = check_description or _DIFF_DESCRIPTIONS.get(check, check)
         trace = self.trace.prefix(step + 1)
         trace.meta.update({"check": check, "target": target, "message": message})

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace, KvfuzzError
 from kvfuzz.core.extra_keys import Extras, extras_problem
+from kvfuzz.harness.build import BuildFailure, library_fault
 from kvfuzz.harness.events import EventReplay, read_event
 from kvfuzz.harness.probes import ManagerProbes
 from kvfuzz.harness.reading import KeyTranslator, read_snapshot
@@ -35,6 +36,9 @@ class ManagerSide:
     name = "manager"
     request_status: Any
     """The RequestStatus enum of the implementation (vLLM's values; IntEnum)."""
+    build_errors_are_findings = False
+    """An exception the library raises while `build_manager` runs is a finding (check BUILD,
+    `kvfuzz.harness.build`) rather than a fault of the adapter (exit 3)."""
 
     def __init__(self, config: Config, level: str) -> None:
         self.config = config
@@ -42,7 +46,7 @@ class ManagerSide:
         self.group_ids = self.manager_group_ids(config)
         """The config group each of the manager's groups stands for, in order."""
         self._groups_missing = len(self.group_ids) != len(config.groups)
-        self.manager = self.build_manager(config)
+        self.manager = self._build(config)
         self.probes = ManagerProbes(self.manager, self.request_status)
         self.keys = KeyTranslator(config.resolved_hash_block_size)
         self._mm_lengths: dict[int, int] = {}
@@ -82,6 +86,24 @@ class ManagerSide:
         }
         self._event_replay = EventReplay()
         self._op_events: list[KvEvent] = []
+
+    def _build(self, config: Config) -> Any:
+        """`build_manager`, a library's exception turned into a `BuildFailure` where this
+        target says so (`build_errors_are_findings`)."""
+        if not self.build_errors_are_findings:
+            return self.build_manager(config)
+        try:
+            return self.build_manager(config)
+        except KvfuzzError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the library's or the adapter's: sorted here
+            if not library_fault(exc):
+                raise
+            raise BuildFailure(exc, self.tolerated_build(exc)) from exc
+
+    def tolerated_build(self, exc: Exception) -> str | None:
+        """The label of the known deviation this side tolerates `exc` as (None: a finding)."""
+        return None
 
     # ----- what a concrete target provides -----
 

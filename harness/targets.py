@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import KvfuzzError, require
 from kvfuzz.core.sides import Side, SideFactory
+from kvfuzz.harness.build import BuildFailure
+from kvfuzz.harness.tolerance import Tolerance, tolerating
 
 
 class UnknownTarget(KvfuzzError):
@@ -41,14 +43,23 @@ class TargetInfo:
     def build(self, config: Config, level: str) -> Side:
         return self.locate()(config, level)
 
+    def spec(self, tolerance: Tolerance | None = None) -> str | SideFactory:
+        """What an execution takes for this target: its name, or with `tolerance` a factory
+        tolerating those deviations (`kvfuzz.harness.tolerance`)."""
+        if not tolerance:
+            return self.name
+        return tolerating(self.locate(), self.name, tolerance)
+
     def cannot_build(self, config: Config) -> str | None:
         """Why this target cannot build `config` here (its own exception, in one line), or
-        None when it can: a campaign leaves such a config out instead of failing on it."""
+        None when it can."""
         try:
             self.build(config, "api")
         except KvfuzzError:
             raise
-        except Exception as exc:  # the target's own failure, e.g. vLLM's (docs/findings/012)
+        except BuildFailure as exc:  # the library's own failure, e.g. vLLM's (docs/findings/012)
+            return exc.message
+        except Exception as exc:  # noqa: BLE001 - an adapter's failure, said in one line
             return f"{type(exc).__name__}: {exc}"
         return None
 

@@ -42,9 +42,9 @@ _UNDRIVEN = ("in_flight", "complete_step", "load_remote", "finish_load")
 """Ops and fields the target does not drive yet: generators leave them out (docs/vllm.md)."""
 
 
-class SchedulerCannotTake(Exception):
-    """A config vLLM's Scheduler cannot be set up for from its settings alone: the campaign
-    leaves that config out (a target's own failure to build, `TargetInfo.cannot_build`)."""
+class SchedulerCannotTake(VllmUnsupported):
+    """A config vLLM's Scheduler cannot be set up for from its settings alone: a campaign
+    leaves that config out and says why; naming it (`--config`) is a usage error (exit 2)."""
 
 
 def unsupported_reason(config: Config) -> str | None:

@@ -20,6 +20,7 @@ from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.trace import Op
 from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.harness.manager_side import ManagerSide
+from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.harness.vllm_api import (
     FEATURES,
     VllmApi,
@@ -174,6 +175,18 @@ class KnownDeviation:
     tolerate: Callable[[Snapshot, Config], tuple[Snapshot, list[str]]]
     releases: str = "0.32–0.34"
     applies: Callable[[VllmApi], bool] = lambda api: True
+    unbuildable: Callable[[BaseException], bool] | None = None
+    """For a manager vLLM cannot build: whether an exception raised building it is this one
+    (`VllmSide.tolerated_build`); the config then cannot run on `vllm` at all."""
+
+    @property
+    def id(self) -> str:
+        """The finding's number (`013`), by which `--tolerate` names it."""
+        return self.finding.rsplit("/", 1)[-1].split("-", 1)[0]
+
+    @property
+    def label(self) -> str:
+        return f"{self.id} {self.name}"
 
 
 _WINDOW_KINDS = ("sliding_window", "chunked_local")
@@ -227,6 +240,13 @@ def _no_snapshot_change(snapshot: Snapshot, config: Config) -> tuple[Snapshot, l
     return snapshot, []
 
 
+def _sink_manager_rejects_zeroing(exc: BaseException) -> bool:
+    """vLLM's SinkFullAttentionManager refuses the `needs_kv_cache_zeroing` keyword every
+    manager is built with (docs/findings/012)."""
+    return (isinstance(exc, TypeError) and "SinkFullAttentionManager" in str(exc)
+            and "needs_kv_cache_zeroing" in str(exc))
+
+
 EMBEDS_MASK = "embeds-mask-unkeyed"
 """vLLM keys a block's prompt embeddings without the token-id mask (docs/findings/010): `vllm`
 fills token positions of the embedding tensor with a value no embedding takes (-1.0), so the
@@ -271,6 +291,13 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         "empty-window-entry",
         "docs/findings/001-empty-window-entry.md",
         _drop_empty_window_entries,
+    ),
+    # A manager vLLM cannot build: the config is left out (`VllmSide.tolerated_build`).
+    KnownDeviation(
+        "sink-full-attention-unbuildable",
+        "docs/findings/012-sink-full-attention-unbuildable.md",
+        _no_snapshot_change,
+        unbuildable=_sink_manager_rejects_zeroing,
     ),
     KnownDeviation(
         "empty-state-entry",
@@ -383,20 +410,40 @@ OP_FEATURES = {
 class VllmSide(ManagerSide):
     """The installed vLLM's KVCacheManager and Request, built from our config.
 
-    Its snapshots tolerate the `KNOWN_DEVIATIONS` that apply to the installed vLLM;
-    `tolerated` records, per deviation name, the request ids it was tolerated for.
-    `VllmStrictSide` tolerates nothing.
+    Its snapshots tolerate the `KNOWN_DEVIATIONS` that apply to the installed vLLM
+    (`tolerance` adds or removes some, `kvfuzz.harness.tolerance`); `tolerated` records, per
+    deviation name, the request ids it was tolerated for. `VllmStrictSide` tolerates nothing.
+    An exception vLLM raises while the manager is built is a finding (check BUILD), unless a
+    tolerated deviation documents it.
     """
 
     name = "vllm"
     known_deviations: tuple[KnownDeviation, ...] = KNOWN_DEVIATIONS
     check_available = staticmethod(check_vllm)
+    build_errors_are_findings = True
 
-    def __init__(self, config: Config, level: str) -> None:
+    def __init__(self, config: Config, level: str, tolerance: Tolerance | None = None) -> None:
         self.api = load_vllm()
-        self.deviations = tuple(d for d in self.known_deviations if d.applies(self.api))
+        chosen = (tolerance.select(self.known_deviations, KNOWN_DEVIATIONS) if tolerance
+                  else self.known_deviations)
+        self.deviations = tuple(d for d in chosen if d.applies(self.api))
         self.tolerated: dict[str, set[str]] = {d.name: set() for d in self.deviations}
         super().__init__(config, level)
+
+    @staticmethod
+    def deviation_catalogue() -> tuple[KnownDeviation, ...]:
+        """Every deviation `--tolerate` can name."""
+        return KNOWN_DEVIATIONS
+
+    def tolerated_build(self, exc: Exception) -> str | None:
+        for deviation in self.deviations:
+            if deviation.unbuildable is not None and deviation.unbuildable(exc):
+                return deviation.label
+        return None
+
+    def tolerated_labels(self) -> list[str]:
+        """The deviations tolerated so far on this side (`id name`)."""
+        return [d.label for d in self.deviations if self.tolerated[d.name]]
 
     def manager_group_ids(self, config: Config) -> tuple[int, ...]:
         return vllm_group_ids(config)

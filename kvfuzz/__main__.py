@@ -8,6 +8,6 @@ import sys
 if sys.path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
-from kvfuzz.fuzz.cli import main  # noqa: E402
+from kvfuzz.fuzz.cli import entry  # noqa: E402
 
-sys.exit(main())
+entry()

@@ -1,6 +1,8 @@
 """Our own fuzzer over the trace format: Hypothesis mutates a valid trace (a node replaced by an
 odd JSON value, a key dropped or added, bytes of the file flipped, cut or spliced) and the CLI
-replays the file. The claim: no traceback and an exit code in {0, 1, 2} for any input.
+replays the file. The claim: no traceback and an exit code in {0, 1, 2} for any input; a
+`version` that is not the integer 1 (`true`, `1.0`) is exit 2; `export` writes a test only for
+a trace that `replay` takes, and only under a name that is a Python module (else exit 2).
 
 KVFUZZ_MALFORMED_EXAMPLES sets the number of inputs (default 150); the counts of the last run
 (inputs tried, exits by code) are printed at the end of the test (`pytest -s`).
@@ -36,6 +38,9 @@ VALID = {
 
 ODD_INTS = st.sampled_from([0, 1, -1, 2, 2 ** 31, 2 ** 32, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1,
                             2 ** 64, -(2 ** 63) - 1, 10 ** 7, 131_072, 131_073, 2 ** 24 + 1])
+ODD_VERSIONS = st.sampled_from([True, False, 1.0, 1, "1", 2, 0, None, 1.5, [1]])
+MODULE_NAMES = st.sampled_from(["t.py"] * 6 + ["test_x\u00b2.py", "1t.py", "class.py", "t-x.py",
+                                               "t.txt"])
 ODD_STRINGS = st.sampled_from(["", "\ud800", "a\udfffb", "free", "full", "meta", "cuda:float16",
                                "cpu:float64", "evil_plugin", "kvfuzz-trace", "scheduler", "r0",
                                "x" * 1000, "\x00", "é"])
@@ -75,7 +80,7 @@ def documents(draw: st.DrawFn) -> bytes:
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(_paths(doc)))
         kind = draw(st.sampled_from(["leaf", "leaf", "replace", "drop", "add", "nest",
-                                     "repeat"]))
+                                     "repeat", "version"]))
         node = doc
         for key in path:
             node = node[key]
@@ -99,6 +104,8 @@ def documents(draw: st.DrawFn) -> bytes:
             doc = _set(doc, path, _nested(node, draw(st.integers(1, 40))))
         elif kind == "repeat" and isinstance(node, list) and node:
             node.extend(node * draw(st.integers(1, 50)))
+        elif kind == "version":
+            doc["version"] = draw(ODD_VERSIONS)
     text = json.dumps(doc, allow_nan=True, ensure_ascii=draw(st.booleans()))
     raw = text.encode("utf-8", errors="surrogatepass")
     for _ in range(draw(st.integers(0, 2))):  # byte-level damage
@@ -127,19 +134,44 @@ CONFIG_COUNTS: Counter = Counter()
 
 @settings(max_examples=int(os.environ.get("KVFUZZ_MALFORMED_EXAMPLES", "150")), deadline=None,
           database=None, suppress_health_check=list(HealthCheck))
-@given(raw=documents(), command=st.sampled_from(["replay", "shrink", "export"]))
-def _fuzz(tmp_path_factory, capsys, raw: bytes, command: str) -> None:
+@given(raw=documents(), command=st.sampled_from(["replay", "shrink", "export"]),
+       module=MODULE_NAMES)
+def _fuzz(tmp_path_factory, capsys, raw: bytes, command: str, module: str) -> None:
     folder = tmp_path_factory.mktemp("m")
     path = folder / "t.json"
     path.write_bytes(raw)
+    out = folder / module
     extra = {"replay": ["--quiet"], "shrink": ["--seconds", "2", "--out", str(folder / "o.json")],
-             "export": ["--pytest", str(folder / "t.py")]}[command]
+             "export": ["--pytest", str(out)]}[command]
     code = main([command, str(path), *extra])
     err = capsys.readouterr().err
     COUNTS["inputs"] += 1
     COUNTS[f"exit {code}"] += 1
     assert code in (0, 1, 2), f"exit {code} for {raw[:300]!r}: {err}"
     assert "Traceback" not in err, err
+    if _odd_version(raw):
+        assert code == 2, f"version accepted: {raw[:300]!r}"
+        COUNTS["odd version, exit 2"] += 1
+    if command != "export":
+        return
+    if not (out.suffix == ".py" and out.stem.isidentifier() and out.stem != "class"):
+        assert code == 2 and not out.exists(), f"exported under {module!r}"
+        COUNTS["not a module name, exit 2"] += 1
+    elif code == 0:  # what export takes, replay takes, and the test it wrote compiles
+        compile(out.read_text(), str(out), "exec")
+        assert main(["replay", str(path), "--quiet"]) in (0, 1), capsys.readouterr().err
+        COUNTS["exported, replayed"] += 1
+    capsys.readouterr()
+
+
+def _odd_version(raw: bytes) -> bool:
+    """Whether `raw` is a JSON object whose version is anything but the integer 1."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and not (type(doc.get("version")) is int
+                                          and doc.get("version") == 1)
 
 
 def test_no_malformed_trace_gives_a_traceback_or_an_exit_outside_0_1_2(tmp_path_factory, capsys):
@@ -147,7 +179,7 @@ def test_no_malformed_trace_gives_a_traceback_or_an_exit_outside_0_1_2(tmp_path_
     _fuzz(tmp_path_factory, capsys)
     with capsys.disabled():
         print(f"\nmalformed-trace fuzzer: {COUNTS['inputs']} inputs, " + ", ".join(
-            f"{key} {COUNTS[key]}" for key in sorted(COUNTS) if key.startswith("exit")))
+            f"{key} {COUNTS[key]}" for key in sorted(COUNTS) if key != "inputs"))
     assert COUNTS["exit 2"] > 0 and COUNTS["exit 0"] + COUNTS["exit 1"] > 0
 
 

@@ -13,7 +13,6 @@ Run with the venv of ci/install-vllm.sh:  "$py" -m pytest -m vllm tests/vllm -q
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ import pytest
 from kvfuzz.fuzz.cli import main as kvfuzz
 from kvfuzz.fuzz.shrink import shrink_trace
 from kvfuzz.core.config import Config, GroupConfig
-from kvfuzz.core.errors import HarnessFault
 from kvfuzz.core.configs import BUILTIN
+from kvfuzz.harness.build import BUILD, ToleratedBuild
 from kvfuzz.harness.executor import Execution, run_trace
 from kvfuzz.core.trace import Trace, normalize_op
 from kvfuzz.harness.targets import get_target
@@ -178,9 +177,12 @@ def test_finding_replays_on_vllm_strict_and_passes_on_kvcache(path, monkeypatch)
         with pytest.raises(VllmUnsupported, match="|".join(needs)):
             run_trace(trace, ["vllm-strict"])
         return
-    if "check" not in trace.meta:  # vLLM cannot build this config: a fault, never a finding
-        with pytest.raises(HarnessFault, match=re.escape(trace.meta["message"])):
-            run_trace(trace, ["vllm-strict"])
+    if trace.meta["check"] == BUILD:  # vLLM cannot build this config: found before any op
+        result = run_trace(trace, ["vllm-strict"])
+        assert (result.finding.check, result.finding.step) == (BUILD, -1)
+        assert result.finding.message.startswith(trace.meta["message"])
+        with pytest.raises(ToleratedBuild, match=deviation.id):
+            run_trace(trace, ["vllm"])
         return
     result = run_trace(trace, ["vllm-strict"])
     if deviation is not None and not deviation.applies(load_vllm()):
@@ -207,6 +209,11 @@ def test_known_deviation_is_tolerated_only_where_documented(deviation):
     trace = Trace.load(doc.with_suffix(".json"))
     if _unsupported_features(trace):
         pytest.skip(f"the trace of {deviation.name} needs a newer vLLM")
+    if deviation.unbuildable is not None:  # the side is never built: the config is left out
+        assert run_trace(trace, ["kvcache"]).passed
+        with pytest.raises(ToleratedBuild, match=deviation.label):
+            run_trace(trace, ["kvcache", "vllm"])
+        return
     sides: list[VllmSide] = []
 
     def vllm(config: Config, level: str) -> VllmSide:
