@@ -1,7 +1,7 @@
 """012 — A sink full-attention group cannot be built: TypeError in SinkFullAttentionManager
 
 kvfuzz finding 012-sink-full-attention-unbuildable, exported by `kvfuzz export docs/findings/012-sink-full-attention-unbuildable.json --vllm-test`.
-It builds the manager and plays the calls; each must do what the spec says (a trace without a check records a manager vLLM cannot build).
+It asserts what docs/spec.md expects at each call.
 It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
 """
 
