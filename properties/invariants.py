@@ -434,7 +434,7 @@ def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext
             if group.kind == "cross" or not t0 or not t1:
                 continue
             bs = group.block_size
-            for index in range(start // bs, min(cdiv(end, bs), len(t0), len(t1))):
+            for index in range(max(start, 0) // bs, min(cdiv(end, bs), len(t0), len(t1))):
                 b = t0[index]
                 covered = before.block_key_tokens[b] if b else None
                 if b == t1[index] and covered is not None and covered > max(start, index * bs):
@@ -703,6 +703,8 @@ def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
             n = view.num_computed_tokens
             if view.status != "RUNNING" or not n:
                 continue
+            if n < 0:
+                return f"{rid} is running with {n} computed tokens"
             table = view.tables[g] or ()
             last = (n - 1) // group.block_size
             if last >= len(table) or table[last] == 0:

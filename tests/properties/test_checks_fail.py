@@ -336,3 +336,25 @@ def test_i7_wants_a_freed_table_released_tail_first():
     i7 = REGISTRY.get("I7").fn
     assert i7(before, after, ctx) is None
     assert f"expected [{second}, {first}]" in i7(before, head_first, ctx)
+
+
+def test_state_checks_report_a_negative_computed_count_instead_of_raising():
+    """vLLM accepts negative external token counts (docs/findings/002): a running request with
+    -4 computed tokens. S1 names it, and S2 reads no table position with it (S1 once
+    raised IndexError on such a state, a crash of ours instead of a finding)."""
+    execution, snaps = _run(MAMBA, [
+        {"op": "add_request", "request_id": "m", "prompt": list(range(8))},
+        {"op": "allocate_slots", "request_id": "m", "num_new_tokens": 6},
+    ])
+    s = _view(snaps[-1], "m", num_computed_tokens=-4)
+    assert "-4 computed tokens" in REGISTRY.get("S1").fn(s, _ctx(execution, config=MAMBA))
+    align_run, align_snaps = _run(ALIGN, [
+        {"op": "add_request", "request_id": "a", "prompt": list(range(8))},
+        {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 6},
+    ])
+    table = align_snaps[-1].requests["a"].tables
+    passes = [ForwardPass("a", -4, 2, table)]
+    ctx = _ctx(align_run, op={"op": "allocate_slots"}, observations=Observations(forward=passes),
+               config=ALIGN)
+    message = REGISTRY.get("S2").fn(align_snaps[-2], align_snaps[-1], ctx)
+    assert "holds no block" in message
