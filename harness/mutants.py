@@ -370,6 +370,49 @@ def _stored_parent_dropped(side: KvcacheSide) -> None:
     _around(pool, "register_full_blocks", around)
 
 
+@mutant("stored-on-every-hit", "a prefix-cache hit re-announces the blocks it reuses as "
+        "BlockStored, as vLLM's kv_cache_report_mode \"full\" does, for every request",
+        bug="vLLM emit_cached_block_events without the mode", configs=("events",))
+def _stored_on_every_hit(side: KvcacheSide) -> None:
+    from kvfuzz.kvcache.kv_cache_utils import resolve_block_hashes
+    from kvfuzz.kvcache.kv_events import BlockStored
+
+    manager = side.manager
+    pool = manager.block_pool
+
+    def around(original, request, *args, **kwargs):
+        out = original(request, *args, **kwargs)
+        blocks, num_hit_tokens = out[0], out[1]
+        for g, group in enumerate(side.config.groups):
+            hit = list(blocks.blocks[g]) if num_hit_tokens else []
+            if not hit or any(b.is_null for b in hit):
+                continue
+            bs = group.block_size
+            hashes = resolve_block_hashes(request.block_hashes, pool.hash_block_size, bs)
+            pool.kv_event_queue.append(BlockStored(
+                list(hashes[:len(hit)]), None, list(request.all_token_ids[:len(hit) * bs]), bs,
+                g))
+        return out
+
+    _around(manager, "get_computed_blocks", around)
+
+
+@mutant("promoted-partial-unannounced", "promoting a partial entry to a full block's key emits "
+        "no BlockRemoved for the partial key it drops", bug="docs/spec.md §3.10",
+        configs=("events_partial",))
+def _promoted_partial_unannounced(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
+
+    def around(original, *args, **kwargs):
+        pool._evicting_inline = True  # what the eventful pool reads as "removals reported"
+        try:
+            return original(*args, **kwargs)
+        finally:
+            pool._evicting_inline = False
+
+    _around(pool, "register_full_blocks", around)
+
+
 def _release(ordered_blocks: Any) -> list[Any]:
     """Drop one reference per non-null block; the blocks that reach zero, in order."""
     released = []

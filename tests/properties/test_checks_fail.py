@@ -163,7 +163,34 @@ def _event_cases(execution, s):
         "EV2": (s, s, _ctx(execution, observations=Observations(
             kv_events=[KvEvent("removed", key[0], (key,))]))),
         "EV3": (s, s, _ctx(execution, observations=Observations(kv_events=[stored]))),
+        # A cached key re-announced as stored, though no block newly holds it.
+        "EV4": (s, s, _ctx(execution, config=dataclasses.replace(FULL, kv_events=True),
+                           observations=Observations(kv_events=[_stored_again(key)]))),
     }
+
+
+def _stored_again(key):
+    return KvEvent("stored", key[0], (key,), None, key[2], len(key[2]))
+
+
+def test_ev4_wants_each_change_of_the_cache_map_announced_once(base):
+    """EV4's other halves: a key that leaves the map unannounced fails; a key evicted and
+    stored again in one op, announced as such, passes; a removal of a key nobody held fails."""
+    execution, snaps = base
+    s = snaps[-1]
+    key = next(k for k, blocks in s.cache.items() if len(blocks) == 1)
+    events_on = dataclasses.replace(FULL, kv_events=True)
+
+    def check(before, after, events):
+        ctx = _ctx(execution, config=events_on, observations=Observations(kv_events=events))
+        return REGISTRY.get("EV4").fn(before, after, ctx)
+
+    gone = _with(s, cache={k: v for k, v in s.cache.items() if k != key})
+    assert "no BlockRemoved" in check(s, gone, [])
+    assert check(s, gone, [KvEvent("removed", key[0], (key,))]) is None
+    assert check(s, s, [KvEvent("removed", key[0], (key,)), _stored_again(key)]) is None
+    assert "no block held" in check(gone, gone, [KvEvent("removed", key[0], (key,))])
+    assert "newly hold" in check(gone, s, [])
 
 
 def _write_into_cached(execution, snaps):

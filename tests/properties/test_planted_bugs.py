@@ -42,11 +42,13 @@ EXPECTED = {
     "lora-name-only": {"H1"},
     "lora-salt-untagged": {"H1"},
     "embeds-mask-dropped": {"H1"},
-    "removed-while-held": {"EV2"},
+    "removed-while-held": {"EV2", "EV4"},
     "deferred-free-whole-list": {"I7", "DIFF-state"},
     "evict-first-ignored": {"I7", "F1", "DIFF-state"},
-    "reset-not-announced": {"EV1"},
+    "reset-not-announced": {"EV1", "EV4"},
     "stored-parent-dropped": {"EV3"},
+    "stored-on-every-hit": {"EV4"},
+    "promoted-partial-unannounced": {"EV4"},
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1", "DIFF-result", "DIFF-state"},
     "state-allocation-asserts-growth": {"DIFF-result", "I10"},
@@ -116,7 +118,8 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("RT1", "retention-ignored", "api"), ("RT1", "state-retention-ignored", "api"),
      ("RT1", "state-retention-ignored", "scheduler"), ("EO1", "encoder-only-takes-blocks", "api"),
      ("IF1", "inflight-freed-at-once", "scheduler"),
-     ("IF2", "inflight-fence-one-late", "scheduler")],
+     ("IF2", "inflight-fence-one-late", "scheduler"),
+     ("EV4", "stored-on-every-hit", "api"), ("EV4", "promoted-partial-unannounced", "scheduler")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""
