@@ -253,6 +253,25 @@ def _weak_hash(side: KvcacheSide) -> None:
     side._hasher = weak
 
 
+@mutant("plain-extras-empty", "a plain request's blocks hash with an empty extra-keys value "
+        "where the documented function has none (vLLM: `()` for None): every hash changes alike",
+        bug="docs/spec.md §2.3")
+def _plain_extras_empty(side: KvcacheSide) -> None:
+    from kvfuzz.kvcache.kv_cache_utils import has_extra_keys
+
+    real = side._hasher
+
+    def hasher(request):
+        hashes = real(request)
+        if has_extra_keys(request):
+            return hashes
+        return [hashlib.sha256(bytes(h) + b"()").digest() for h in hashes]
+
+    hasher.yields_digests = True
+    hasher.hash_block_size = real.hash_block_size
+    side._hasher = hasher
+
+
 @mutant("removed-while-held", "BlockRemoved for every evicted copy of a key, though another "
         "block still holds it", bug="docs/bugs.md #25", configs=("events",))
 def _removed_while_held(side: KvcacheSide) -> None:

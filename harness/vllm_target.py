@@ -12,14 +12,17 @@ import contextlib
 import dataclasses
 import importlib
 import os
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.extra_keys import Extras
 from kvfuzz.core.trace import Op
 from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.harness.manager_side import ManagerSide
+from kvfuzz.harness.router_hash import BlockChain, vllm_chain
 from kvfuzz.harness.vllm_api import (
     FEATURES,
     VllmApi,
@@ -665,6 +668,17 @@ class VllmSide(ManagerSide):
         single.allocate_new_blocks = allocate_new_blocks
         single.cache_blocks = cache_blocks
         single.reachable_block_mask = reachable_block_mask
+
+    def router_chain(self, config: Config) -> BlockChain | None:
+        """vLLM's documented chain over SHA-256 of pickle, the function the harness gives it,
+        with the adapter paths and embedding tensors `_extra_key_args` makes."""
+        return vllm_chain(config.none_hash_seed, "sha256", embeds_rows=self._embeds_rows)
+
+    def _embeds_rows(self, extras: Extras, start: int, end: int) -> bytes:
+        """The raw float32 rows [start, end) of the embedding tensor `_extra_key_args` builds."""
+        fill = -1.0 if EMBEDS_MASK in self.tolerated else 0.0
+        rows = [float(v) if v >= 0 else fill for v in (extras.prompt_embeds or ())[start:end]]
+        return struct.pack(f"<{len(rows)}f", *rows)
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
         v = self.api

@@ -782,3 +782,15 @@ def reset_rule(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | No
     if ctx.result and (after.cache or after.extra_keys or any(after.block_keys)):
         return "reset_prefix_cache returned True but keys remain"
     return None
+
+
+@invariant(
+    "H2",
+    "block hashes are the documented ones: every request's hashes equal the target's "
+    "documented hash function applied to its tokens and extra keys (a router's view, "
+    "harness/router_hash.py), so event and lookup hashes mean what a router computes",
+    covers=("spec §2.3",),
+)
+def documented_hashes(s: Snapshot, ctx: CheckContext) -> str | None:
+    mismatches = ctx.observations.hash_mismatches
+    return mismatches[0] if mismatches else None

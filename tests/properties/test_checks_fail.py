@@ -144,6 +144,8 @@ def _cases(execution, snaps):
         "IF2": (s, _with(s, deferred_frees=((held,),)),
                 dataclasses.replace(_ctx(execution), level="scheduler")),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
+        "H2": (s, s, _ctx(execution, observations=Observations(
+            hash_mismatches=["r0's hash 0 is 00…, the documented hash function gives 01…"]))),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
         **_event_cases(execution, s),
