@@ -222,6 +222,13 @@ def _lora_name_only(side: KvcacheSide) -> None:
     _hash_as(side, lora_request=same_id)
 
 
+@mutant("mm-later-input-unkeyed", "block keys name only a request's first multimodal input, "
+        "as if the input index never moved past it", bug="docs/spec.md §2.3",
+        configs=("tenants",))
+def _mm_later_input_unkeyed(side: KvcacheSide) -> None:
+    _hash_as(side, mm_features=lambda request: request.mm_features[:1])
+
+
 @mutant("lora-salt-untagged", "untagged extra keys: a LoRA name reads as a cache salt",
         bug="docs/bugs.md #17", configs=("tenants",))
 def _lora_salt_untagged(side: KvcacheSide) -> None:

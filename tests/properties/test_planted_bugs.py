@@ -49,6 +49,7 @@ EXPECTED = {
     "stored-parent-dropped": {"EV3"},
     "stored-on-every-hit": {"EV4"},
     "plain-extras-empty": {"H2"},
+    "mm-later-input-unkeyed": {"H1", "H2"},
     "promoted-partial-unannounced": {"EV4"},
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1", "DIFF-result", "DIFF-state"},
