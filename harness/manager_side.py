@@ -204,6 +204,8 @@ class ManagerSide:
     def _audit_hashes(self, audit: HashAudit) -> list[str]:
         problems = []
         for rid, request in self.requests.items():
+            if audit.audited(rid) == len(request.block_hashes):
+                continue
             problem = audit.audit(rid, request.block_hashes, self.keys.tokens(request),
                                   request.cache_salt or None, self.keys.extras.get(rid))
             if problem:

@@ -146,15 +146,19 @@ class HashAudit:
         self._hbs = hash_block_size
         self._expected: dict[str, list[bytes]] = {}
         self._skipped: set[str] = set()
+        self._audited: dict[str, int] = {}
+
+    def audited(self, request_id: str) -> int:
+        """How many of the request's hashes were found right (a list that only grows, so an
+        equal length needs no new audit)."""
+        return self._audited.get(request_id, 0)
 
     def audit(self, request_id: str, hashes: Sequence[Any], tokens: Sequence[int],
               salt: str | None, extras: Extras | None) -> str | None:
         """Why the request's hashes differ from the router's, or None (also when the router
         cannot see an input of it)."""
         expected = self._expected.setdefault(request_id, [])
-        if request_id in self._skipped or len(hashes) <= len(expected) and (
-            not hashes or bytes(hashes[-1]) == expected[len(hashes) - 1]
-        ):
+        if request_id in self._skipped:
             return None
         hbs = self._hbs
         try:
@@ -165,7 +169,8 @@ class HashAudit:
         except Unverifiable:
             self._skipped.add(request_id)
             return None
-        for k, got in enumerate(hashes):
+        for k in range(self.audited(request_id), len(hashes)):
+            got = hashes[k]
             if k >= len(expected):
                 return (f"{request_id} holds {len(hashes)} block hashes for "
                         f"{len(tokens)} tokens of {hbs}")
@@ -173,4 +178,5 @@ class HashAudit:
                 return (f"{request_id}'s hash {k} (tokens {k * hbs}..{(k + 1) * hbs - 1}) is "
                         f"{bytes(got)[:6].hex()}…, the documented hash function gives "
                         f"{expected[k][:6].hex()}…")
+        self._audited[request_id] = len(hashes)
         return None

@@ -56,8 +56,10 @@ def test_the_audit_extends_the_chain_as_the_request_grows():
     hashes, tokens = _kvcache_hashes(None, None, 4)
     audit = HashAudit(kvcache_chain("seed"), 4)
     assert audit.audit("r", hashes[:1], tokens[:4], None, None) is None
-    assert audit.audit("r", hashes, tokens, None, None) is None
+    assert audit.audit("r", hashes[:2], tokens[:8], None, None) is None
+    assert audit.audited("r") == 2
     assert "hash 2" in audit.audit("r", hashes[:2] + [hashes[0]], tokens, None, None)
+    assert audit.audit("r", hashes, tokens, None, None) is None
 
 
 @pytest.mark.vllm
