@@ -126,6 +126,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(12, (_full(),), name="events", max_model_len=64, kv_events=True),
         ),
         (
+            "KV cache events with Tier-B partial entries: partial_hits' full (bs 8) + sliding "
+            "window (bs 4), so partial keys are announced, promoted and removed",
+            Config(24, (_full(8), _swa(4, 4)), name="events_partial", max_model_len=64,
+                   partial_hits=True, kv_events=True),
+        ),
+        (
             "KV connector: requests load remote KV (external tokens, uncached until the load "
             "lands, whole, short or failed); full attention (bs 4)",
             Config(16, (_full(),), name="connector", max_model_len=64, kv_connector=True),

@@ -162,7 +162,9 @@ class Rules:
                 "hit_limit", lambda: pick(c, (None,) * 5 + (between(c, 0, max_len),)), None))
         tokens_in = prompt(c, self.shared, max_len)
         if self.config.extra_keys:
-            extra = {**extra_keys(c, tokens_in), **extra}
+            sizes = {self.config.resolved_hash_block_size}
+            sizes.update(g.block_size for g in self.config.groups)
+            extra = {**extra_keys(c, tokens_in, tuple(sorted(sizes))), **extra}
         self.apply(
             op="add_request",
             request_id=rid,

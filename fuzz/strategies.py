@@ -182,20 +182,50 @@ _MM_LENGTH = (2, 3)
 """Multimodal identifier i always spans _MM_LENGTH[i] positions (one content, one length)."""
 
 
-def extra_keys(choices: Choices, prompt: list[int]) -> dict[str, Any]:
+def mm_inputs(choices: Choices, length: int, boundaries: tuple[int, ...]) -> list[list[int]]:
+    """None, one or two multimodal inputs `[identifier, offset, length]` in a `length`-token
+    prompt. The first starts anywhere, exactly at a block end (a boundary of one of
+    `boundaries`) or so that it ends exactly at one; a second, when drawn, starts right where
+    the first ended or at the next block end after it (sorted and apart, as traces require):
+    the places where an input's key moves from one block to the next."""
+    first = pick(choices, (None, 0, 1))
+    if first is None or length < _MM_LENGTH[first]:
+        return []
+    size = pick(choices, boundaries)
+    room = length - _MM_LENGTH[first]
+    offset = choices.below(room + 1)
+    place = choices.below(3)
+    if place == 1:  # starts at a block end
+        offset = offset // size * size
+    elif place == 2:  # ends at a block end
+        end = (offset + _MM_LENGTH[first]) // size * size
+        offset = end - _MM_LENGTH[first] if end >= _MM_LENGTH[first] else offset
+    inputs = [[first, offset, _MM_LENGTH[first]]]
+    second = pick(choices, (None, None, 0, 1))
+    if second is not None:
+        start = offset + _MM_LENGTH[first]
+        if flip(choices):
+            start = -(-start // size) * size
+        if start + _MM_LENGTH[second] <= length:
+            inputs.append([second, start, _MM_LENGTH[second]])
+    return inputs
+
+
+def extra_keys(choices: Choices, prompt: list[int],
+               boundaries: tuple[int, ...] = (1,)) -> dict[str, Any]:
     """add_request fields for a multi-tenant request (docs/spec.md §2.3): maybe a LoRA adapter
-    whose name may equal a cache salt, maybe one multimodal input, maybe prompt embeddings on a
-    repeating 4-position mask (embedding positions get the placeholder token 0, written into
-    `prompt`; half the time the whole prompt is zeros, so that token and embedding positions
-    differ only by the mask)."""
+    whose name may equal a cache salt, maybe one or two multimodal inputs (`mm_inputs`), maybe
+    prompt embeddings on a repeating 4-position mask (embedding positions get the placeholder
+    token 0, written into `prompt`; half the time the whole prompt is zeros, so that token and
+    embedding positions differ only by the mask). `boundaries` are the config's block and hash
+    block sizes, where multimodal inputs are made to start and end."""
     fields: dict[str, Any] = {}
     lora = pick(choices, (None, None, ("a", 1), ("a", 2), ("b", 1)))
     if lora is not None:
         fields["lora_name"], fields["lora_id"] = lora
-    ident = pick(choices, (None, 0, 1))
-    if ident is not None and len(prompt) >= _MM_LENGTH[ident]:
-        offset = choices.below(len(prompt) - _MM_LENGTH[ident] + 1)
-        fields["mm_inputs"] = [[ident, offset, _MM_LENGTH[ident]]]
+    inputs = mm_inputs(choices, len(prompt), boundaries)
+    if inputs:
+        fields["mm_inputs"] = inputs
     mask = pick(choices, (None, 0, 15, 5))
     if mask is not None:
         if flip(choices):

@@ -6,6 +6,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.harness.manager_side import ManagerSide
+from kvfuzz.harness.router_hash import BlockChain, kvcache_chain
 from kvfuzz.core.trace import Op
 
 
@@ -98,6 +99,9 @@ class KvcacheSide(ManagerSide):
             config.resolved_hash_block_size, none_hash_seed=config.none_hash_seed
         )
         return build_kvcache_manager(config)
+
+    def router_chain(self, config: Config) -> BlockChain | None:
+        return kvcache_chain(config.none_hash_seed)
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
         from kvfuzz.kvcache.request import LoRARequest, MultiModalFeature, Request

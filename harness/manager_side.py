@@ -17,6 +17,7 @@ from kvfuzz.core.errors import InvalidTrace, KvfuzzError
 from kvfuzz.core.extra_keys import Extras, extras_problem
 from kvfuzz.harness.build import BuildFailure, library_fault
 from kvfuzz.harness.events import EventReplay, read_event
+from kvfuzz.harness.router_hash import BlockChain, HashAudit
 from kvfuzz.harness.probes import ManagerProbes
 from kvfuzz.harness.reading import KeyTranslator, read_snapshot
 from kvfuzz.core.sides import (
@@ -86,6 +87,10 @@ class ManagerSide:
         }
         self._event_replay = EventReplay()
         self._op_events: list[KvEvent] = []
+        chain = self.router_chain(config)
+        self.hash_audit = None if chain is None else HashAudit(chain,
+                                                               config.resolved_hash_block_size)
+        """H2's router view of the hashes, where the target documents its hash function."""
 
     def _build(self, config: Config) -> Any:
         """`build_manager`, a library's exception turned into a `BuildFailure` where this
@@ -112,6 +117,11 @@ class ManagerSide:
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
         raise NotImplementedError
+
+    def router_chain(self, config: Config) -> BlockChain | None:
+        """The target's documented block-hash chain (harness/router_hash.py), which H2 holds
+        every request's hashes to; None: undocumented, not audited."""
+        return None
 
     def manager_group_ids(self, config: Config) -> tuple[int, ...]:
         """The config groups the manager builds a group for: all of them, unless the target
@@ -209,7 +219,20 @@ class ManagerSide:
                 group_taken=a.group_taken and tuple(self.per_config_group(a.group_taken, 0)),
             ) for a in obs.allocations]
         obs.kv_events, self._op_events = self._op_events, []
+        if self.hash_audit is not None:
+            obs.hash_mismatches = self._audit_hashes(self.hash_audit)
         return obs
+
+    def _audit_hashes(self, audit: HashAudit) -> list[str]:
+        problems = []
+        for rid, request in self.requests.items():
+            if audit.audited(rid) == len(request.block_hashes):
+                continue
+            problem = audit.audit(rid, request.block_hashes, self.keys.tokens(request),
+                                  request.cache_salt or None, self.keys.extras.get(rid))
+            if problem:
+                problems.append(problem)
+        return problems
 
     def _drain_events(self) -> None:
         """Read the events this op made the manager queue (as a router polling after every

@@ -222,6 +222,13 @@ def _lora_name_only(side: KvcacheSide) -> None:
     _hash_as(side, lora_request=same_id)
 
 
+@mutant("mm-later-input-unkeyed", "block keys name only a request's first multimodal input, "
+        "as if the input index never moved past it", bug="docs/spec.md §2.3",
+        configs=("tenants",))
+def _mm_later_input_unkeyed(side: KvcacheSide) -> None:
+    _hash_as(side, mm_features=lambda request: request.mm_features[:1])
+
+
 @mutant("lora-salt-untagged", "untagged extra keys: a LoRA name reads as a cache salt",
         bug="docs/bugs.md #17", configs=("tenants",))
 def _lora_salt_untagged(side: KvcacheSide) -> None:
@@ -251,6 +258,25 @@ def _weak_hash(side: KvcacheSide) -> None:
         return out
 
     side._hasher = weak
+
+
+@mutant("plain-extras-empty", "a plain request's blocks hash with an empty extra-keys value "
+        "where the documented function has none (vLLM: `()` for None): every hash changes alike",
+        bug="docs/spec.md §2.3")
+def _plain_extras_empty(side: KvcacheSide) -> None:
+    from kvfuzz.kvcache.kv_cache_utils import has_extra_keys
+
+    real = side._hasher
+
+    def hasher(request):
+        hashes = real(request)
+        if has_extra_keys(request):
+            return hashes
+        return [hashlib.sha256(bytes(h) + b"()").digest() for h in hashes]
+
+    hasher.yields_digests = True
+    hasher.hash_block_size = real.hash_block_size
+    side._hasher = hasher
 
 
 @mutant("removed-while-held", "BlockRemoved for every evicted copy of a key, though another "
@@ -366,6 +392,49 @@ def _stored_parent_dropped(side: KvcacheSide) -> None:
             if hasattr(e, "parent_block_hash") else e for e in pool.kv_event_queue[queued:]
         ]
         return out
+
+    _around(pool, "register_full_blocks", around)
+
+
+@mutant("stored-on-every-hit", "a prefix-cache hit re-announces the blocks it reuses as "
+        "BlockStored, as vLLM's kv_cache_report_mode \"full\" does, for every request",
+        bug="vLLM emit_cached_block_events without the mode", configs=("events",))
+def _stored_on_every_hit(side: KvcacheSide) -> None:
+    from kvfuzz.kvcache.kv_cache_utils import resolve_block_hashes
+    from kvfuzz.kvcache.kv_events import BlockStored
+
+    manager = side.manager
+    pool = manager.block_pool
+
+    def around(original, request, *args, **kwargs):
+        out = original(request, *args, **kwargs)
+        blocks, num_hit_tokens = out[0], out[1]
+        for g, group in enumerate(side.config.groups):
+            hit = list(blocks.blocks[g]) if num_hit_tokens else []
+            if not hit or any(b.is_null for b in hit):
+                continue
+            bs = group.block_size
+            hashes = resolve_block_hashes(request.block_hashes, pool.hash_block_size, bs)
+            pool.kv_event_queue.append(BlockStored(
+                list(hashes[:len(hit)]), None, list(request.all_token_ids[:len(hit) * bs]), bs,
+                g))
+        return out
+
+    _around(manager, "get_computed_blocks", around)
+
+
+@mutant("promoted-partial-unannounced", "promoting a partial entry to a full block's key emits "
+        "no BlockRemoved for the partial key it drops", bug="docs/spec.md §3.10",
+        configs=("events_partial",))
+def _promoted_partial_unannounced(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
+
+    def around(original, *args, **kwargs):
+        pool._evicting_inline = True  # what the eventful pool reads as "removals reported"
+        try:
+            return original(*args, **kwargs)
+        finally:
+            pool._evicting_inline = False
 
     _around(pool, "register_full_blocks", around)
 

@@ -12,14 +12,17 @@ import contextlib
 import dataclasses
 import importlib
 import os
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.extra_keys import Extras
 from kvfuzz.core.trace import Op
 from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.harness.manager_side import ManagerSide
+from kvfuzz.harness.router_hash import BlockChain, vllm_chain
 from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.harness.vllm_api import (
     FEATURES,
@@ -428,6 +431,8 @@ class VllmSide(ManagerSide):
                   else self.known_deviations)
         self.deviations = tuple(d for d in chosen if d.applies(self.api))
         self.tolerated: dict[str, set[str]] = {d.name: set() for d in self.deviations}
+        self._holders: dict[bytes, int] = {}
+        """Blocks per key of the hash map after the last op (`tolerate_events`)."""
         super().__init__(config, level)
 
     @staticmethod
@@ -722,6 +727,17 @@ class VllmSide(ManagerSide):
         single.cache_blocks = cache_blocks
         single.reachable_block_mask = reachable_block_mask
 
+    def router_chain(self, config: Config) -> BlockChain | None:
+        """vLLM's documented chain over SHA-256 of pickle, the function the harness gives it,
+        with the adapter paths and embedding tensors `_extra_key_args` makes."""
+        return vllm_chain(config.none_hash_seed, "sha256", embeds_rows=self._embeds_rows)
+
+    def _embeds_rows(self, extras: Extras, start: int, end: int) -> bytes:
+        """The raw float32 rows [start, end) of the embedding tensor `_extra_key_args` builds."""
+        fill = -1.0 if EMBEDS_MASK in self.tolerated else 0.0
+        rows = [float(v) if v >= 0 else fill for v in (extras.prompt_embeds or ())[start:end]]
+        return struct.pack(f"<{len(rows)}f", *rows)
+
     def make_request(self, op: Op, arrival_time: float) -> Any:
         v = self.api
         params = v["SamplingParams"](
@@ -752,19 +768,33 @@ class VllmSide(ManagerSide):
 
 
     def tolerate_events(self, events: list[Any]) -> list[Any]:
+        """Drop each BlockRemoved of a copy while other blocks still hold its key (finding
+        011), counting the holders of each key from the map after the last op through this
+        op's events: vLLM announces every copy it stores and evicts, so the count is exact,
+        and the removal of a last copy (the key then stored anew, or not) is kept."""
         if REMOVED_WHILE_HELD not in self.tolerated:
             return events
-        cache = self.manager.block_pool.cached_block_hash_to_block._cache
+        held = self._holders
         kept = []
         for event in events:
-            if type(event).__name__ == "BlockRemoved" and all(
-                bytes(h) + (event.group_idx or 0).to_bytes(4, "big") in cache
-                for h in event.block_hashes
-            ):
+            kind = type(event).__name__
+            if kind == "AllBlocksCleared":
+                held.clear()
+            packed = [bytes(h) + (getattr(event, "group_idx", 0) or 0).to_bytes(4, "big")
+                      for h in getattr(event, "block_hashes", ())]
+            if kind == "BlockStored":
+                for key in packed:
+                    held[key] = held.get(key, 0) + 1
+            if kind == "BlockRemoved" and all(held.get(key, 0) > 1 for key in packed):
                 self.tolerated[REMOVED_WHILE_HELD].update(
                     bytes(h)[:6].hex() for h in event.block_hashes)
+                for key in packed:
+                    held[key] -= 1
                 continue
+            for key in packed if kind == "BlockRemoved" else ():
+                held.pop(key, None)
             kept.append(event)
+        self._holders = _holder_counts(self.manager.block_pool.cached_block_hash_to_block)
         return kept
 
     def _extra_key_args(self, op: Op) -> dict[str, Any]:
@@ -812,6 +842,15 @@ class VllmSide(ManagerSide):
             raise VllmUnsupported(
                 f"add_request {op['request_id']!r}: {field} needs {module}.{name}, which target "
                 f"{self.name} ({self.api.describe()}) lacks") from None
+
+
+def _holder_counts(hash_map: Any) -> dict[bytes, int]:
+    """How many blocks hold each key of vLLM's hash map (0.34 files the ids of a key several
+    blocks hold in `_dup_ids`; earlier releases keep a dict of blocks per such key)."""
+    dup_ids = getattr(hash_map, "_dup_ids", None)
+    if dup_ids is not None:
+        return {k: len(dup_ids[k]) if k in dup_ids else 1 for k in hash_map._cache}
+    return {k: len(e) if isinstance(e, dict) else 1 for k, e in hash_map._cache.items()}
 
 
 class VllmStrictSide(VllmSide):

@@ -369,7 +369,7 @@ def _table_problem(rid: str, verb: str, g: int, table: tuple[int, ...], start: i
     if len(table) < cdiv(end, bs):
         return (f"{rid} {verb} positions {start}..{end - 1} of group {g}, but its table has "
                 f"only {len(table)} blocks of {bs}")
-    for index in range(start // bs, cdiv(end, bs)):
+    for index in range(max(start, 0) // bs, cdiv(end, bs)):
         if table[index] == 0:
             return (f"{rid} {verb} position {max(start, index * bs)} of group {g} through the "
                     "null block")

@@ -7,7 +7,7 @@ events, and the replay a take_events op reports, against the target's own cache 
 from __future__ import annotations
 
 from kvfuzz.core.sides import take_events_result
-from kvfuzz.core.snapshot import Snapshot, format_key
+from kvfuzz.core.snapshot import CacheKey, Snapshot, format_key
 from kvfuzz.properties.registry import CheckContext, transition
 
 
@@ -67,4 +67,91 @@ def stored_events_chain(before: Snapshot, after: Snapshot, ctx: CheckContext) ->
             if key[0] != event.group or key[2] != want:
                 return (f"BlockStored key {i} is {format_key(key)}, but its parent and token "
                         f"ids make the group-{event.group} prefix of {len(want)} tokens")
+    return None
+
+
+@transition(
+    "EV4",
+    "the op's event stream, in order with its duplicates, is exactly its cache map changes: "
+    "replaying it from the holders of each key before the op (BlockStored: one more, "
+    "BlockRemoved: none left, AllBlocksCleared: none anywhere) ends with the key's holders "
+    "after the op; a key with none left was removed, and one still held was announced once "
+    "per block that newly holds it (a copy lost unannounced excepted)",
+    covers=("spec §3.10",),
+)
+def events_match_cache_changes(before: Snapshot, after: Snapshot,
+                               ctx: CheckContext) -> str | None:
+    if not ctx.config.kv_events:
+        return None
+    events = ctx.observations.kv_events
+    if not events and before.cache == after.cache:
+        return None
+    count: dict[CacheKey, int] = {}
+    copies: dict[CacheKey, int] = {}  # holders the key had in the op, less its removals
+    cleared = False
+
+    def holders(key: CacheKey) -> int:
+        if key not in count:
+            count[key] = 0 if cleared else len(before.cache.get(key, ()))
+            copies[key] = count[key]
+        return count[key]
+
+    stored: set[CacheKey] = set()
+    extended: dict[CacheKey, int] = {}  # stored keys that a later BlockStored chains on
+    for event in events:
+        if event.kind == "cleared":
+            cleared, count, copies = True, {}, {}
+            continue
+        if event.kind == "stored" and event.parent in stored:
+            extended[event.parent] = extended.get(event.parent, 0) + 1
+        for key in event.keys:
+            held = holders(key)
+            if event.kind == "stored":
+                count[key] = held + 1
+                copies[key] += 1
+                stored.add(key)
+            elif copies[key] == 0:
+                return f"BlockRemoved for {format_key(key)}, which no block held"
+            else:  # each evicted copy may announce it (vLLM, kvcache), never more often
+                count[key] = 0
+                copies[key] -= 1
+    for key in set(count) | set(before.cache) | set(after.cache):
+        # A state block (Mamba) drops a key it stored in the op as its request writes on, an
+        # unannounced loss whenever another block keeps the key: only the lower bounds hold.
+        moved_on = None if _is_state_group(ctx, key[0]) else extended.get(key, 0)
+        problem = _holder_problem(key, holders(key), before, after, moved_on)
+        if problem:
+            return problem
+    return None
+
+
+def _is_state_group(ctx: CheckContext, group: int) -> bool:
+    groups = ctx.config.groups
+    return 0 <= group < len(groups) and groups[group].kind == "mamba"
+
+
+def _holder_problem(key: CacheKey, replayed: int, before: Snapshot, after: Snapshot,
+                    moved_on: int | None) -> str | None:
+    """Why `replayed` holders of `key` (the events replayed from the holders before the op)
+    disagree with the cache map after it. A key's copy lost while another block holds it
+    leaves without an event: each holder before or after may have lost it so, and so may each
+    block that stored it in the op and moved on to a longer key chained on it (`moved_on`: a
+    Mamba state's key advancing, a partial entry promoted), so the replay may exceed the
+    holders after by as many. With one holder throughout and nothing chained on the key,
+    nothing is lost unannounced. `moved_on` None: any number may have been lost so."""
+    old, new = set(before.cache.get(key, ())), set(after.cache.get(key, ()))
+    if replayed < len(new):
+        return (f"block(s) {sorted(new - old) or sorted(new)} newly hold {format_key(key)}, "
+                f"but the op's events announce {replayed} holder(s) of {len(new)}")
+    if not new and replayed:
+        return (f"{format_key(key)} left the cache map (held by {sorted(old)} before), but no "
+                "BlockRemoved says so" if old else
+                f"BlockStored for {format_key(key)}, which no block holds after the op")
+    if replayed <= len(new) or moved_on is None:
+        return None
+    unannounced = len(old | new) + moved_on if len(old | new) + moved_on > 1 else 0
+    if replayed > len(new) + unannounced:
+        return (f"{format_key(key)} is announced as stored {replayed - len(new)} time(s) more "
+                f"than blocks newly hold it, with no BlockRemoved between (held by "
+                f"{sorted(old)} before, {sorted(new)} after)")
     return None

@@ -434,7 +434,7 @@ def cached_blocks_immutable(before: Snapshot, after: Snapshot, ctx: CheckContext
             if group.kind == "cross" or not t0 or not t1:
                 continue
             bs = group.block_size
-            for index in range(start // bs, min(cdiv(end, bs), len(t0), len(t1))):
+            for index in range(max(start, 0) // bs, min(cdiv(end, bs), len(t0), len(t1))):
                 b = t0[index]
                 covered = before.block_key_tokens[b] if b else None
                 if b == t1[index] and covered is not None and covered > max(start, index * bs):
@@ -703,6 +703,8 @@ def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
             n = view.num_computed_tokens
             if view.status != "RUNNING" or n <= 0:  # a negative count (misuse) is I-checks'
                 continue
+            if n < 0:
+                return f"{rid} is running with {n} computed tokens"
             table = view.tables[g] or ()
             last = (n - 1) // group.block_size
             if last >= len(table) or table[last] == 0:
@@ -780,3 +782,15 @@ def reset_rule(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | No
     if ctx.result and (after.cache or after.extra_keys or any(after.block_keys)):
         return "reset_prefix_cache returned True but keys remain"
     return None
+
+
+@invariant(
+    "H2",
+    "block hashes are the documented ones: every request's hashes equal the target's "
+    "documented hash function applied to its tokens and extra keys (a router's view, "
+    "harness/router_hash.py), so event and lookup hashes mean what a router computes",
+    covers=("spec §2.3",),
+)
+def documented_hashes(s: Snapshot, ctx: CheckContext) -> str | None:
+    mismatches = ctx.observations.hash_mismatches
+    return mismatches[0] if mismatches else None

@@ -79,7 +79,7 @@ def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
         for g, group in groups:
             table = p.tables[g]
             index = (p.start - 1) // group.block_size
-            block = table[index] if index < len(table) else 0
+            block = table[index] if 0 <= index < len(table) else 0
             if block == 0:
                 problem = (f"{p.request_id} group {g} resumes at {p.start} from position "
                            f"{index}, which holds no block")

@@ -124,17 +124,17 @@ PLANTS = [
         add("r2", A8 + [0]), STEP,
     ]), "r2 (salt None) reads group 0 position 4 through block 2, which holds what r1", None,
         "DIFF-state"),
-    # A value that changes the KV left out of the key (docs/bugs.md #18, here the salt): H1 sees two
-    # prefixes under one hash.
+    # A value that changes the KV left out of the key (docs/bugs.md #18, here the salt): H2 sees
+    # r0's first hash differ from the documented one (H1 would see two prefixes under one hash).
     Plant("salt-ignored", "api", trace("api", FULL, [
         add("r0", A8, cache_salt="a"), *alloc("r0", 8),
         add("r1", A8 + [0], cache_salt="b"), *alloc("r1", 1, lookup=True),
     ]), "r1 (salt 'b') reads group 0 position 0 through block 1, which holds what r0 (salt 'a')",
-        "H1", "H1"),
+        "H2", "H2"),
     Plant("salt-ignored", "scheduler", trace("scheduler", FULL, [
         add("r0", A8, cache_salt="a"), STEP, add("r1", A8 + [0], cache_salt="b"), STEP,
     ]), "r1 (salt 'b') reads group 0 position 0 through block 1, which holds what r0 (salt 'a')",
-        "H1", "H1"),
+        "H2", "H2"),
     # A short load on a lone window group (docs/findings/016): 12 loaded into a null block
     # (0..3) and blocks 1, 2; only 4 landed. Keeping 4 tokens, as vLLM's scheduler does,
     # computes 4.. over a window that reads block 0's positions, which nobody wrote.

@@ -22,7 +22,7 @@ from kvfuzz.fuzz.machines import machine_for
 #   copy-one-step-late        scheduler  -                       DIFF-result
 #   cache-ahead-of-schedule   both       - (I11 once r0 writes)  DIFF-state
 #   no-eviction-on-pop        both       -                       DIFF-state
-#   salt-ignored              both       H1                      H1
+#   salt-ignored              both       H2                      H2
 #   load-rollback-into-window scheduler  -                       DIFF-result
 #
 # The structural invariants alone miss every plant but hit-swaps-block at the API level and

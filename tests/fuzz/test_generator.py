@@ -186,3 +186,20 @@ def test_sliding_window_connector_configs_draw_whole_short_and_failed_loads():
                     loaded = op["num_loaded_tokens"]
                     ends["whole" if loaded is None else "failed" if loaded == 0 else "short"] += 1
         assert set(ends) == {"whole", "short", "failed"}, (name, ends)
+
+
+def test_multimodal_inputs_reach_block_boundaries_and_follow_each_other():
+    """mm_inputs puts inputs at block ends, ending at block ends, and a second one right after
+    the first ended or at the next block end, always valid for the prompt."""
+    from kvfuzz.core.extra_keys import Extras, extras_problem
+    from kvfuzz.fuzz.strategies import mm_inputs
+
+    drawn = [mm_inputs(BytesChoices(_bytes(s, 64)), 16, (4,)) for s in range(400)]
+    for inputs in drawn:
+        assert extras_problem(Extras(mm_inputs=tuple(map(tuple, inputs))), [0] * 16, {}) is None
+    firsts = [inputs[0] for inputs in drawn if inputs]
+    assert any(o and o % 4 == 0 for _, o, _ in firsts)
+    assert any((o + n) % 4 == 0 and o % 4 for _, o, n in firsts)
+    pairs = [inputs for inputs in drawn if len(inputs) == 2]
+    assert any(b[1] == a[1] + a[2] and b[1] % 4 for a, b in pairs)
+    assert any(b[1] > a[1] + a[2] and b[1] % 4 == 0 for a, b in pairs)

@@ -144,6 +144,8 @@ def _cases(execution, snaps):
         "IF2": (s, _with(s, deferred_frees=((held,),)),
                 dataclasses.replace(_ctx(execution), level="scheduler")),
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
+        "H2": (s, s, _ctx(execution, observations=Observations(
+            hash_mismatches=["r0's hash 0 is 00…, the documented hash function gives 01…"]))),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
         **_event_cases(execution, s),
@@ -163,7 +165,34 @@ def _event_cases(execution, s):
         "EV2": (s, s, _ctx(execution, observations=Observations(
             kv_events=[KvEvent("removed", key[0], (key,))]))),
         "EV3": (s, s, _ctx(execution, observations=Observations(kv_events=[stored]))),
+        # A cached key re-announced as stored, though no block newly holds it.
+        "EV4": (s, s, _ctx(execution, config=dataclasses.replace(FULL, kv_events=True),
+                           observations=Observations(kv_events=[_stored_again(key)]))),
     }
+
+
+def _stored_again(key):
+    return KvEvent("stored", key[0], (key,), None, key[2], len(key[2]))
+
+
+def test_ev4_wants_each_change_of_the_cache_map_announced_once(base):
+    """EV4's other halves: a key that leaves the map unannounced fails; a key evicted and
+    stored again in one op, announced as such, passes; a removal of a key nobody held fails."""
+    execution, snaps = base
+    s = snaps[-1]
+    key = next(k for k, blocks in s.cache.items() if len(blocks) == 1)
+    events_on = dataclasses.replace(FULL, kv_events=True)
+
+    def check(before, after, events):
+        ctx = _ctx(execution, config=events_on, observations=Observations(kv_events=events))
+        return REGISTRY.get("EV4").fn(before, after, ctx)
+
+    gone = _with(s, cache={k: v for k, v in s.cache.items() if k != key})
+    assert "no BlockRemoved" in check(s, gone, [])
+    assert check(s, gone, [KvEvent("removed", key[0], (key,))]) is None
+    assert check(s, s, [KvEvent("removed", key[0], (key,)), _stored_again(key)]) is None
+    assert "no block held" in check(gone, gone, [KvEvent("removed", key[0], (key,))])
+    assert "newly hold" in check(gone, s, [])
 
 
 def _write_into_cached(execution, snaps):
@@ -336,3 +365,25 @@ def test_i7_wants_a_freed_table_released_tail_first():
     i7 = REGISTRY.get("I7").fn
     assert i7(before, after, ctx) is None
     assert f"expected [{second}, {first}]" in i7(before, head_first, ctx)
+
+
+def test_state_checks_report_a_negative_computed_count_instead_of_raising():
+    """vLLM accepts negative external token counts (docs/findings/002): a running request with
+    -4 computed tokens. S1 names it, and S2 reads no table position with it (S1 once
+    raised IndexError on such a state, a crash of ours instead of a finding)."""
+    execution, snaps = _run(MAMBA, [
+        {"op": "add_request", "request_id": "m", "prompt": list(range(8))},
+        {"op": "allocate_slots", "request_id": "m", "num_new_tokens": 6},
+    ])
+    s = _view(snaps[-1], "m", num_computed_tokens=-4)
+    assert "-4 computed tokens" in REGISTRY.get("S1").fn(s, _ctx(execution, config=MAMBA))
+    align_run, align_snaps = _run(ALIGN, [
+        {"op": "add_request", "request_id": "a", "prompt": list(range(8))},
+        {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 6},
+    ])
+    table = align_snaps[-1].requests["a"].tables
+    passes = [ForwardPass("a", -4, 2, table)]
+    ctx = _ctx(align_run, op={"op": "allocate_slots"}, observations=Observations(forward=passes),
+               config=ALIGN)
+    message = REGISTRY.get("S2").fn(align_snaps[-2], align_snaps[-1], ctx)
+    assert "holds no block" in message

@@ -1,7 +1,10 @@
 """Extra hash keys (docs/spec.md §2.3): LoRA adapters, multimodal inputs, prompt embeddings and
-cache salts isolate blocks; equal values share them; each extra-key plant is caught by H1."""
+cache salts isolate blocks; equal values share them; each extra-key plant is caught by H2, and
+without it by H1."""
 
 import pytest
+
+from kvfuzz.properties import REGISTRY
 
 from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.trace import Trace
@@ -42,6 +45,9 @@ def test_distinct_extra_keys_isolate_and_the_plant_shares(name):
     trace = _trace(*PLANTS[name])
     assert _second_hit(trace) == 0
     found = run_trace(trace, [f"bug:{name}"]).finding
+    assert found is not None and found.check in ("H1", "H2"), found  # H2: an undocumented hash
+    without_h2 = [c for c in REGISTRY if c.name != "H2"]
+    found = run_trace(trace, [f"bug:{name}"], checks=without_h2).finding
     assert found is not None and found.check == "H1", found
 
 
