@@ -132,16 +132,26 @@ class KVCacheBlockCopy(NamedTuple):
     dst_block_id: int
 
 
-def null_head_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock) -> int:
-    """Length of the leading run of null blocks.
+def null_head_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock | None = None) -> int:
+    """Length of the leading run of null blocks, e.g. a sliding-window table's skipped prefix
+    (vLLM's signature; kvcache's callers pass the pool's one `null_block`).
 
-    Window tables null a prefix only (`remove_skipped_blocks` relies on that too), so this is
-    the number of nulls: one shared object, compared by identity at C speed. Reading any
-    attribute of a finished request's blocks instead would miss the CPU cache.
+    All nulls are one shared object, so the run is counted by identity at C speed: reading any
+    attribute of a finished request's blocks instead would miss the CPU cache. Only a table
+    with a null after a non-null block takes the slow path.
     """
-    if not blocks or blocks[0] is not null_block:
+    if not blocks:
         return 0
-    return blocks.count(null_block)
+    if null_block is None:
+        if not blocks[0].is_null:
+            return 0
+        null_block = blocks[0]
+    elif blocks[0] is not null_block:
+        return 0
+    count = blocks.count(null_block)
+    if blocks[count - 1] is null_block and blocks[:count].count(null_block) == count:
+        return count
+    return next(i for i, block in enumerate(blocks) if block is not null_block)
 
 
 def _link_run(blocks: Sequence[KVCacheBlock]) -> None:
