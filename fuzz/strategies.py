@@ -188,9 +188,13 @@ def extra_keys(choices: Choices, prompt: list[int]) -> dict[str, Any]:
     `prompt`; half the time the whole prompt is zeros, so that token and embedding positions
     differ only by the mask)."""
     fields: dict[str, Any] = {}
-    lora = pick(choices, (None, None, ("a", 1), ("a", 2), ("b", 1)))
+    # ("a", 1) pointed at id 2's path keys like ("a", 2): vLLM keys by name and path.
+    lora = pick(choices, (None, None, ("a", 1, None), ("a", 2, None), ("b", 1, None),
+                          ("a", 1, "/kvfuzz/lora/2")))
     if lora is not None:
-        fields["lora_name"], fields["lora_id"] = lora
+        fields["lora_name"], fields["lora_id"], path = lora
+        if path is not None:
+            fields["lora_path"] = path
     ident = pick(choices, (None, 0, 1))
     if ident is not None and len(prompt) >= _MM_LENGTH[ident]:
         offset = choices.below(len(prompt) - _MM_LENGTH[ident] + 1)

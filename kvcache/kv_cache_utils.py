@@ -308,13 +308,13 @@ def _text(value: str) -> bytes:
 
 def block_extra_keys(request: Request, start: int, end: int) -> bytes:
     """The tagged, length-prefixed extra keys of hash block [start, end), in vLLM's order:
-    the LoRA adapter (name and id), each multimodal input overlapping the block (identifier and
+    the LoRA adapter (name and path, as vLLM 0.34), each multimodal input overlapping the block (identifier and
     offset from start), the cache salt (block 0 only), the block's prompt embeddings with their
     token-id mask. Tags keep one kind of key from reading as another."""
     parts = []
     lora = request.lora_request
     if lora is not None:
-        parts += (_LORA_TAG, _text(lora.lora_name), _I64.pack(lora.lora_int_id))
+        parts += (_LORA_TAG, _text(lora.lora_name), _text(lora.lora_path))
     for mm in request.mm_features:
         if mm.offset < end and start < mm.offset + mm.length:
             parts += (_MM_TAG, _text(mm.identifier), _I64.pack(mm.offset - start))

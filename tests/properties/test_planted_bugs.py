@@ -40,6 +40,7 @@ EXPECTED = {
     "watermark-ignored": {"I8", "DIFF-probe", "DIFF-result"},
     "cow-unretained": {"P2"},
     "lora-name-only": {"H1"},
+    "lora-keys-by-id": {"H1", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "lora-salt-untagged": {"H1"},
     "embeds-mask-dropped": {"H1"},
     "removed-while-held": {"EV2"},
