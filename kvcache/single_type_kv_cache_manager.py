@@ -22,6 +22,7 @@ from kvfuzz.kvcache.block_math import (
 )
 from kvfuzz.kvcache.block_pool import BlockPool
 from kvfuzz.kvcache.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
@@ -65,9 +66,16 @@ class SingleTypeKVCacheManager:
         enable_caching: bool,
         kv_cache_group_id: int,
         scheduler_block_size: int,
-        record_new_block_ids: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        needs_kv_cache_zeroing: bool = False,
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
+        if dcp_world_size != 1 or pcp_world_size != 1:
+            raise ValueError(
+                "kvcache does not implement decode or prefill context parallelism: "
+                f"dcp_world_size={dcp_world_size!r}, pcp_world_size={pcp_world_size!r}"
+            )
         self.kv_cache_spec = kv_cache_spec
         self.block_size = kv_cache_spec.block_size
         # Specs are frozen: read once, not on every cache_blocks.
@@ -87,7 +95,11 @@ class SingleTypeKVCacheManager:
         self.cache_hit_alignment_tokens = scheduler_block_size
         # Recycling kinds (window, chunk) cap what the full-sequence gate asks for.
         self.max_admission_blocks_per_request = max_admission_blocks_per_request
-        self._record_new_block_ids = record_new_block_ids
+        # vLLM's rule: the worker zeroes new attention blocks only (never a ring's or a state
+        # group's), and only when the config needs zeroing.
+        self._record_new_block_ids = (
+            needs_kv_cache_zeroing and isinstance(kv_cache_spec, AttentionSpec)
+        )
         self.new_block_ids: list[int] = []
         # A plain dict: inspecting a request must never create its entry.
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -379,6 +391,11 @@ class SingleTypeKVCacheManager:
     def new_step_starts(self) -> None:
         """Hook at the start of each scheduling step; nothing to do for attention kinds."""
 
+    @property
+    def records_new_block_ids(self) -> bool:
+        """Whether this manager's new blocks are recorded for the worker to zero."""
+        return self._record_new_block_ids
+
     def take_new_block_ids(self) -> list[int]:
         ids = self.new_block_ids
         self.new_block_ids = []
@@ -532,7 +549,6 @@ class CircularBufferManager(FullAttentionManager):
 
     def __init__(self, kv_cache_spec: CircularBufferSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
-        self._record_new_block_ids = False  # vLLM never zeroes a ring
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, *args: Any, **kwargs: Any
