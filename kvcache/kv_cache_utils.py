@@ -134,11 +134,10 @@ class KVCacheBlockCopy(NamedTuple):
 
 def null_head_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock | None = None) -> int:
     """Length of the leading run of null blocks, e.g. a sliding-window table's skipped prefix
-    (vLLM's signature; kvcache's callers pass the pool's one `null_block`).
+    (vLLM's signature and rule: a null after a held block is not in the run).
 
-    All nulls are one shared object, so the run is counted by identity at C speed: reading any
-    attribute of a finished request's blocks instead would miss the CPU cache. Only a table
-    with a null after a non-null block takes the slow path.
+    All nulls are one shared object, so the run is counted by identity at C speed; only a
+    table with a null after a held block takes the slow path.
     """
     if not blocks:
         return 0
@@ -152,6 +151,17 @@ def null_head_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock | Non
     if blocks[count - 1] is null_block and blocks[:count].count(null_block) == count:
         return count
     return next(i for i, block in enumerate(blocks) if block is not null_block)
+
+
+def null_prefix_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock) -> int:
+    """`null_head_len` of a table whose nulls are all in its head, as every table kvcache's
+    managers build that starts with one (windows and chunks null blocks from the front; a
+    Mamba align table takes its own path). One count, at C speed: a finished request's blocks are out of the CPU cache, and reading any
+    of them would miss it.
+    """
+    if not blocks or blocks[0] is not null_block:
+        return 0
+    return blocks.count(null_block)
 
 
 def _link_run(blocks: Sequence[KVCacheBlock]) -> None:

@@ -40,7 +40,7 @@ from kvfuzz.kvcache.kv_cache_utils import (
     KVCacheBlock,
     cdiv,
     group_id_suffix,
-    null_head_len,
+    null_prefix_len,
     resolve_block_hashes,
 )
 
@@ -342,7 +342,7 @@ class SingleTypeKVCacheManager:
         if not req_blocks:
             return []
         if req_blocks[0] is self._null_block:  # only windows null a head
-            return req_blocks[null_head_len(req_blocks, self._null_block):]
+            return req_blocks[null_prefix_len(req_blocks, self._null_block):]
         return req_blocks
 
     def free(self, request_id: str) -> None:
@@ -354,7 +354,7 @@ class SingleTypeKVCacheManager:
             return
         null_block = self._null_block
         # Only windows null a head, released before: one reversed slice leaves it out.
-        num_nulls = null_head_len(blocks, null_block) if blocks[0] is null_block else 0
+        num_nulls = null_prefix_len(blocks, null_block) if blocks[0] is null_block else 0
         if num_nulls < len(blocks):  # this pool's blocks, as a list
             self.block_pool.release(blocks[:num_nulls - 1:-1] if num_nulls else blocks[::-1])
 
@@ -363,7 +363,7 @@ class SingleTypeKVCacheManager:
     ) -> None:
         """Null and release the blocks no future token attends to.
 
-        Nulls only ever fill a prefix of these tables (`null_head_len`), so the newly skipped
+        Nulls only ever fill a prefix of these tables (`null_prefix_len`), so the newly skipped
         blocks run from the end of that prefix to the last skipped block: released from the
         last one down, and nulled, by slices.
         """
@@ -379,7 +379,7 @@ class SingleTypeKVCacheManager:
         null_block = self._null_block
         if last < 0 or blocks[last] is null_block:  # most steps: nothing newly skipped
             return
-        first = null_head_len(blocks, null_block)
+        first = null_prefix_len(blocks, null_block)
         removed = blocks[last:first - 1:-1] if first else blocks[last::-1]
         blocks[first:last + 1] = [null_block] * (last + 1 - first)
         self.block_pool.release(removed)
@@ -1345,7 +1345,7 @@ class MambaManager(SingleTypeKVCacheManager):
                              len(req_blocks))
             return req_blocks[num_nulls:] if num_nulls else req_blocks
         if req_blocks[0] is null_block:  # the released head, counted only when there
-            return req_blocks[null_head_len(req_blocks, null_block):]
+            return req_blocks[null_prefix_len(req_blocks, null_block):]
         return req_blocks
 
     def free(self, request_id: str) -> None:
