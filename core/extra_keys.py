@@ -1,8 +1,9 @@
 """Extra hash keys by value (docs/spec.md §2.3): what besides its tokens a cached prefix stands for.
 
-A request may carry a LoRA adapter (name and id), multimodal inputs (identifier, offset, length),
+A request may carry a LoRA adapter (name, id and path), multimodal inputs (identifier, offset, length),
 prompt embeddings (one value per prompt position; -1 marks a position that holds a token id) and a
-cache salt. Per hash block [s, e) the extra keys are, in vLLM's order: the LoRA adapter, every
+cache salt. Per hash block [s, e) the extra keys are, in vLLM's order: the LoRA adapter (its
+name and path, as vLLM 0.34 keys it: the id does not enter the key), every
 multimodal input overlapping the block with its offset relative to s, the salt (block 0 only),
 the block's slice of the embeddings with their token-id mask. `prefix_identity` gives the values
 a key's prefix stands for; two prefixes may share a block only when their identities and tokens
@@ -24,6 +25,7 @@ class Extras:
 
     lora_name: str | None = None
     lora_id: int | None = None
+    lora_path: str | None = None
     mm_inputs: tuple[MmInput, ...] = ()
     prompt_embeds: tuple[int, ...] | None = None
 
@@ -34,6 +36,7 @@ class Extras:
         extras = cls(
             op.get("lora_name"),
             op.get("lora_id"),
+            op.get("lora_path"),
             tuple(tuple(m) for m in op.get("mm_inputs") or ()),  # type: ignore[misc]
             None if embeds is None else tuple(embeds),
         )
@@ -43,7 +46,7 @@ class Extras:
         """The tagged extra keys of hash block [start, end), by value, in vLLM's order."""
         keys: list[Any] = []
         if self.lora_name is not None:
-            keys.append(("lora", self.lora_name, self.lora_id))
+            keys.append(("lora", self.lora_name, lora_path(self.lora_id, self.lora_path)))
         for ident, offset, length in self.mm_inputs:
             if offset < end and start < offset + length:
                 keys.append(("mm", ident, offset - start))
@@ -55,6 +58,11 @@ class Extras:
 
 
 _NONE = Extras()
+
+
+def lora_path(lora_id: int | None, path: str | None) -> str:
+    """The adapter's path: as given, else the default path of its id (`/kvfuzz/lora/ID`)."""
+    return path if path is not None else f"/kvfuzz/lora/{lora_id}"
 
 
 def prefix_identity(salt: str | None, extras: Extras | None, num_tokens: int, hbs: int) -> Any:
@@ -82,6 +90,8 @@ def extras_problem(extras: Extras | None, prompt: list[int], mm_lengths: dict[in
         return "lora_name and lora_id come together"
     if extras.lora_id is not None and extras.lora_id < 1:
         return f"lora_id must be >= 1, got {extras.lora_id}"
+    if extras.lora_path is not None and (extras.lora_name is None or not extras.lora_path):
+        return f"lora_path needs lora_name and lora_id and is not empty, got {extras.lora_path!r}"
     end = 0
     for m in extras.mm_inputs:
         if len(m) != 3:

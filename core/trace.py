@@ -42,6 +42,7 @@ _REQUEST_FIELDS = {
     # Extra hash keys (docs/spec.md §2.3); absent on a plain request.
     "lora_name": (_OPT_STR, None),
     "lora_id": (_OPT_INT, None),
+    "lora_path": (_OPT_STR, None),
     "mm_inputs": (_TRIPLES, None),
     "prompt_embeds": (_OPT_INTS, None),
 }

@@ -222,7 +222,7 @@ def _op_variants(op: Op, level: str) -> Iterator[Op]:
         elif key in ("cache_salt", "mm_inputs", "prompt_embeds") and value is not None:
             yield {**op, key: None}
         elif key == "lora_name" and value is not None:
-            yield {**op, "lora_name": None, "lora_id": None}
+            yield {**op, "lora_name": None, "lora_id": None, "lora_path": None}
 
 
 def _config_variants(trace: Trace) -> Iterator[Trace]:

@@ -220,9 +220,13 @@ def extra_keys(choices: Choices, prompt: list[int],
     embedding positions differ only by the mask). `boundaries` are the config's block and hash
     block sizes, where multimodal inputs are made to start and end."""
     fields: dict[str, Any] = {}
-    lora = pick(choices, (None, None, ("a", 1), ("a", 2), ("b", 1)))
+    # ("a", 1) pointed at id 2's path keys like ("a", 2): vLLM keys by name and path.
+    lora = pick(choices, (None, None, ("a", 1, None), ("a", 2, None), ("b", 1, None),
+                          ("a", 1, "/kvfuzz/lora/2")))
     if lora is not None:
-        fields["lora_name"], fields["lora_id"] = lora
+        fields["lora_name"], fields["lora_id"], path = lora
+        if path is not None:
+            fields["lora_path"] = path
     inputs = mm_inputs(choices, len(prompt), boundaries)
     if inputs:
         fields["mm_inputs"] = inputs

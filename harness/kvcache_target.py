@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.extra_keys import lora_path
 from kvfuzz.harness.manager_side import ManagerSide
 from kvfuzz.harness.router_hash import BlockChain, kvcache_chain
 from kvfuzz.core.trace import Op
@@ -119,7 +120,8 @@ class KvcacheSide(ManagerSide):
             num_encoder_tokens=op["num_encoder_tokens"],
             prefix_cache_hit_limit=op["prefix_cache_hit_limit"],
             lora_request=None if op["lora_name"] is None
-            else LoRARequest(op["lora_name"], op["lora_id"]),
+            else LoRARequest(op["lora_name"], op["lora_id"],
+                             lora_path(op["lora_id"], op["lora_path"])),
             mm_features=[MultiModalFeature(f"mm-{i}", o, n) for i, o, n in op["mm_inputs"] or ()],
             prompt_embeds=None if embeds is None else [max(v, 0) for v in embeds],
             prompt_is_token_ids=None if embeds is None else [v < 0 for v in embeds],

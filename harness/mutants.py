@@ -212,14 +212,25 @@ def _salt_ignored(side: KvcacheSide) -> None:
     _hash_as(side, cache_salt=lambda request: None)
 
 
-@mutant("lora-name-only", "a LoRA adapter keys blocks by its name, not its id",
+@mutant("lora-name-only", "a LoRA adapter keys blocks by its name, not its path",
         bug="docs/bugs.md #16", configs=("tenants",))
 def _lora_name_only(side: KvcacheSide) -> None:
-    def same_id(request):
+    def same_path(request):
         lora = request.lora_request
-        return lora and SimpleNamespace(lora_name=lora.lora_name, lora_int_id=1)
+        return lora and SimpleNamespace(lora_name=lora.lora_name, lora_int_id=1, lora_path="/")
 
-    _hash_as(side, lora_request=same_id)
+    _hash_as(side, lora_request=same_path)
+
+
+@mutant("lora-keys-by-id", "a LoRA adapter keys blocks by its name and id, not its path "
+        "(kvcache before vLLM 0.34's rule)", bug="docs/bugs.md #16", configs=("tenants",))
+def _lora_keys_by_id(side: KvcacheSide) -> None:
+    def id_as_path(request):
+        lora = request.lora_request
+        return lora and SimpleNamespace(lora_name=lora.lora_name, lora_int_id=lora.lora_int_id,
+                                        lora_path=f"id {lora.lora_int_id}")
+
+    _hash_as(side, lora_request=id_as_path)
 
 
 @mutant("mm-later-input-unkeyed", "block keys name only a request's first multimodal input, "

@@ -27,7 +27,7 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvfuzz.core.extra_keys import Extras
+from kvfuzz.core.extra_keys import Extras, lora_path
 
 BlockChain = Callable[[bytes | None, Sequence[int], int, "str | None", "Extras | None"], bytes]
 """(parent hash or None for block 0, the block's tokens, its start, salt, extras) -> hash."""
@@ -67,10 +67,9 @@ class Unverifiable(Exception):
 
 
 def vllm_chain(seed: str, hash_function: str = "sha256",
-               lora_path: Callable[[int], str] = lambda lora_id: f"/kvfuzz/lora/{lora_id}",
                embeds_rows: Callable[[Extras, int, int], bytes] | None = None) -> BlockChain:
-    """vLLM's documented chain; `lora_path` is the adapter path the target gives an adapter
-    id, `embeds_rows` the bytes of a block's prompt-embedding rows (None: unverifiable)."""
+    """vLLM's documented chain; `embeds_rows` gives the bytes of a block's prompt-embedding rows
+    (None: unverifiable)."""
     fn = VLLM_HASH_FUNCTIONS[hash_function]
     root = fn(seed)
 
@@ -78,7 +77,7 @@ def vllm_chain(seed: str, hash_function: str = "sha256",
                    end: int) -> tuple[Any, ...] | None:
         keys: list[Any] = []
         if extras is not None and extras.lora_name is not None:
-            keys.append(("lora", extras.lora_name, lora_path(extras.lora_id or 0)))
+            keys.append(("lora", extras.lora_name, lora_path(extras.lora_id, extras.lora_path)))
         for ident, offset, length in extras.mm_inputs if extras is not None else ():
             if offset < end and start < offset + length:
                 keys.append(("mm", f"mm-{ident}", offset - start))
@@ -116,7 +115,8 @@ def kvcache_chain(seed: str) -> BlockChain:
             return salted
         out = b""
         if extras.lora_name is not None:
-            out += b"\x02" + _text(extras.lora_name) + _I64.pack(extras.lora_id or 0)
+            out += (b"\x02" + _text(extras.lora_name)
+                    + _text(lora_path(extras.lora_id, extras.lora_path)))
         for ident, offset, length in extras.mm_inputs:
             if offset < end and start < offset + length:
                 out += b"\x03" + _text(f"mm-{ident}") + _I64.pack(offset - start)

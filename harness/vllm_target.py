@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
-from kvfuzz.core.extra_keys import Extras
+from kvfuzz.core.extra_keys import Extras, lora_path
 from kvfuzz.core.trace import Op
 from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.harness.manager_side import ManagerSide
@@ -799,13 +799,14 @@ class VllmSide(ManagerSide):
 
     def _extra_key_args(self, op: Op) -> dict[str, Any]:
         """vLLM's Request arguments for the op's extra keys (docs/vllm.md "Extra keys"): a LoRA
-        adapter's id becomes its path (vLLM keys adapters by name and path), a multimodal
+        adapter's path is the op's, else its id's default (vLLM keys adapters by name and
+        path), a multimodal
         identifier i becomes "mm-i", embedding values a float tensor with the token-id mask."""
         args: dict[str, Any] = {}
         if op["lora_name"] is not None:
             lora_request = self._vllm_class(op, "lora_name", "vllm.lora.request", "LoRARequest")
             args["lora_request"] = lora_request(
-                op["lora_name"], op["lora_id"], f"/kvfuzz/lora/{op['lora_id']}")
+                op["lora_name"], op["lora_id"], lora_path(op["lora_id"], op["lora_path"]))
         if op["mm_inputs"]:
             module = "vllm.multimodal.inputs"
             feature = self._vllm_class(op, "mm_inputs", module, "MultiModalFeatureSpec")

@@ -163,6 +163,13 @@ class BlockHashToBlockMap:
         self.close(segment)
         return block
 
+    def clear(self) -> None:
+        """Remove every key, in place (holders of this map or its root see it emptied)."""
+        self.root.clear()
+        self.root[None] = ROOT
+        self._segments.clear()
+        self._segments[ROOT] = self.root
+
     def items(self) -> Iterator[tuple[BlockHashWithGroupId, KVCacheBlock | dict[int, KVCacheBlock]]]:
         """Every key with its entry, segment by segment."""
         for segment in self._segments.values():
@@ -903,7 +910,7 @@ class BlockPool:
                 num_used_blocks - 1,
             )
             return False
-        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hash_to_block.clear()  # in place, as vLLM does
         self.cached_block_hashes_by_block.clear()
         for block in self.blocks:
             block.reset_hash()

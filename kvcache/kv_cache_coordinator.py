@@ -135,7 +135,7 @@ class KVCacheCoordinator(ABC):
                 enable_caching=enable_caching,
                 kv_cache_group_id=i,
                 scheduler_block_size=scheduler_block_size,
-                record_new_block_ids=zeroing and not isinstance(group.kv_cache_spec, MambaSpec),
+                needs_kv_cache_zeroing=zeroing,
             )
             for i, group in enumerate(groups)
         )

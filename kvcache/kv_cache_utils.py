@@ -132,12 +132,32 @@ class KVCacheBlockCopy(NamedTuple):
     dst_block_id: int
 
 
-def null_head_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock) -> int:
-    """Length of the leading run of null blocks.
+def null_head_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock | None = None) -> int:
+    """Length of the leading run of null blocks, e.g. a sliding-window table's skipped prefix
+    (vLLM's signature and rule: a null after a held block is not in the run).
 
-    Window tables null a prefix only (`remove_skipped_blocks` relies on that too), so this is
-    the number of nulls: one shared object, compared by identity at C speed. Reading any
-    attribute of a finished request's blocks instead would miss the CPU cache.
+    All nulls are one shared object, so the run is counted by identity at C speed; only a
+    table with a null after a held block takes the slow path.
+    """
+    if not blocks:
+        return 0
+    if null_block is None:
+        if not blocks[0].is_null:
+            return 0
+        null_block = blocks[0]
+    elif blocks[0] is not null_block:
+        return 0
+    count = blocks.count(null_block)
+    if blocks[count - 1] is null_block and blocks[:count].count(null_block) == count:
+        return count
+    return next(i for i, block in enumerate(blocks) if block is not null_block)
+
+
+def null_prefix_len(blocks: Sequence[KVCacheBlock], null_block: KVCacheBlock) -> int:
+    """`null_head_len` of a table whose nulls are all in its head, as every table kvcache's
+    managers build that starts with one (windows and chunks null blocks from the front; a
+    Mamba align table takes its own path). One count, at C speed: a finished request's blocks are out of the CPU cache, and reading any
+    of them would miss it.
     """
     if not blocks or blocks[0] is not null_block:
         return 0
@@ -298,13 +318,13 @@ def _text(value: str) -> bytes:
 
 def block_extra_keys(request: Request, start: int, end: int) -> bytes:
     """The tagged, length-prefixed extra keys of hash block [start, end), in vLLM's order:
-    the LoRA adapter (name and id), each multimodal input overlapping the block (identifier and
+    the LoRA adapter (name and path, as vLLM 0.34), each multimodal input overlapping the block (identifier and
     offset from start), the cache salt (block 0 only), the block's prompt embeddings with their
     token-id mask. Tags keep one kind of key from reading as another."""
     parts = []
     lora = request.lora_request
     if lora is not None:
-        parts += (_LORA_TAG, _text(lora.lora_name), _I64.pack(lora.lora_int_id))
+        parts += (_LORA_TAG, _text(lora.lora_name), _text(lora.lora_path))
     for mm in request.mm_features:
         if mm.offset < end and start < mm.offset + mm.length:
             parts += (_MM_TAG, _text(mm.identifier), _I64.pack(mm.offset - start))

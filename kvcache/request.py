@@ -39,10 +39,12 @@ class RequestStatus(enum.IntEnum):
 
 @dataclass(frozen=True)
 class LoRARequest:
-    """The adapter a request runs with: its name and id both key its blocks."""
+    """The adapter a request runs with (vLLM's fields): its name and path key its blocks, as in
+    vLLM 0.34, so one name and id loaded from another path never shares KV."""
 
     lora_name: str
     lora_int_id: int
+    lora_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,9 +58,12 @@ class MultiModalFeature:
 
 def _check_extras(lora_request: LoRARequest | None, num_prompt_tokens: int,
                   **per_position: list[int] | list[bool] | None) -> None:
-    """ValueError unless the adapter id is >= 1 and each per-position list fits the prompt."""
+    """ValueError unless the adapter id is >= 1 and its path not empty, and each per-position
+    list fits the prompt."""
     if lora_request is not None and lora_request.lora_int_id < 1:
         raise ValueError(f"lora_int_id must be >= 1, got {lora_request.lora_int_id!r}")
+    if lora_request is not None and not lora_request.lora_path:
+        raise ValueError(f"lora_path cannot be empty (adapter {lora_request.lora_name!r})")
     for name, values in per_position.items():
         if values is not None and len(values) != num_prompt_tokens:
             raise ValueError(

@@ -22,6 +22,7 @@ from kvfuzz.kvcache.block_math import (
 )
 from kvfuzz.kvcache.block_pool import BlockPool
 from kvfuzz.kvcache.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
@@ -39,7 +40,7 @@ from kvfuzz.kvcache.kv_cache_utils import (
     KVCacheBlock,
     cdiv,
     group_id_suffix,
-    null_head_len,
+    null_prefix_len,
     resolve_block_hashes,
 )
 
@@ -65,9 +66,16 @@ class SingleTypeKVCacheManager:
         enable_caching: bool,
         kv_cache_group_id: int,
         scheduler_block_size: int,
-        record_new_block_ids: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        needs_kv_cache_zeroing: bool = False,
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
+        if dcp_world_size != 1 or pcp_world_size != 1:
+            raise ValueError(
+                "kvcache does not implement decode or prefill context parallelism: "
+                f"dcp_world_size={dcp_world_size!r}, pcp_world_size={pcp_world_size!r}"
+            )
         self.kv_cache_spec = kv_cache_spec
         self.block_size = kv_cache_spec.block_size
         # Specs are frozen: read once, not on every cache_blocks.
@@ -87,7 +95,11 @@ class SingleTypeKVCacheManager:
         self.cache_hit_alignment_tokens = scheduler_block_size
         # Recycling kinds (window, chunk) cap what the full-sequence gate asks for.
         self.max_admission_blocks_per_request = max_admission_blocks_per_request
-        self._record_new_block_ids = record_new_block_ids
+        # vLLM's rule: the worker zeroes new attention blocks only (never a ring's or a state
+        # group's), and only when the config needs zeroing.
+        self._record_new_block_ids = (
+            needs_kv_cache_zeroing and isinstance(kv_cache_spec, AttentionSpec)
+        )
         self.new_block_ids: list[int] = []
         # A plain dict: inspecting a request must never create its entry.
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -330,7 +342,7 @@ class SingleTypeKVCacheManager:
         if not req_blocks:
             return []
         if req_blocks[0] is self._null_block:  # only windows null a head
-            return req_blocks[null_head_len(req_blocks, self._null_block):]
+            return req_blocks[null_prefix_len(req_blocks, self._null_block):]
         return req_blocks
 
     def free(self, request_id: str) -> None:
@@ -342,7 +354,7 @@ class SingleTypeKVCacheManager:
             return
         null_block = self._null_block
         # Only windows null a head, released before: one reversed slice leaves it out.
-        num_nulls = null_head_len(blocks, null_block) if blocks[0] is null_block else 0
+        num_nulls = null_prefix_len(blocks, null_block) if blocks[0] is null_block else 0
         if num_nulls < len(blocks):  # this pool's blocks, as a list
             self.block_pool.release(blocks[:num_nulls - 1:-1] if num_nulls else blocks[::-1])
 
@@ -351,7 +363,7 @@ class SingleTypeKVCacheManager:
     ) -> None:
         """Null and release the blocks no future token attends to.
 
-        Nulls only ever fill a prefix of these tables (`null_head_len`), so the newly skipped
+        Nulls only ever fill a prefix of these tables (`null_prefix_len`), so the newly skipped
         blocks run from the end of that prefix to the last skipped block: released from the
         last one down, and nulled, by slices.
         """
@@ -367,7 +379,7 @@ class SingleTypeKVCacheManager:
         null_block = self._null_block
         if last < 0 or blocks[last] is null_block:  # most steps: nothing newly skipped
             return
-        first = null_head_len(blocks, null_block)
+        first = null_prefix_len(blocks, null_block)
         removed = blocks[last:first - 1:-1] if first else blocks[last::-1]
         blocks[first:last + 1] = [null_block] * (last + 1 - first)
         self.block_pool.release(removed)
@@ -378,6 +390,11 @@ class SingleTypeKVCacheManager:
 
     def new_step_starts(self) -> None:
         """Hook at the start of each scheduling step; nothing to do for attention kinds."""
+
+    @property
+    def records_new_block_ids(self) -> bool:
+        """Whether this manager's new blocks are recorded for the worker to zero."""
+        return self._record_new_block_ids
 
     def take_new_block_ids(self) -> list[int]:
         ids = self.new_block_ids
@@ -532,7 +549,6 @@ class CircularBufferManager(FullAttentionManager):
 
     def __init__(self, kv_cache_spec: CircularBufferSpec, **kwargs: object) -> None:
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
-        self._record_new_block_ids = False  # vLLM never zeroes a ring
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, *args: Any, **kwargs: Any
@@ -1329,7 +1345,7 @@ class MambaManager(SingleTypeKVCacheManager):
                              len(req_blocks))
             return req_blocks[num_nulls:] if num_nulls else req_blocks
         if req_blocks[0] is null_block:  # the released head, counted only when there
-            return req_blocks[null_head_len(req_blocks, null_block):]
+            return req_blocks[null_prefix_len(req_blocks, null_block):]
         return req_blocks
 
     def free(self, request_id: str) -> None:

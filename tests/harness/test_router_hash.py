@@ -15,6 +15,7 @@ REQUESTS = [  # (salt, extras): plain, salted, LoRA + salt, multimodal across bl
     (None, None),
     ("tenant", None),
     ("tenant", Extras("adapter", 3)),
+    ("tenant", Extras("adapter", 1, "/kvfuzz/lora/2")),
     (None, Extras(mm_inputs=((0, 2, 5), (1, 9, 3)))),
     (None, Extras(prompt_embeds=(-1, 0, 0, -1, 2, 0, -1, -1, -1, -1, -1, -1, -1, -1))),
 ]
@@ -22,6 +23,7 @@ REQUESTS = [  # (salt, extras): plain, salted, LoRA + salt, multimodal across bl
 
 def _kvcache_hashes(salt, extras, hbs):
     from kvfuzz.kvcache.kv_cache_utils import get_request_block_hasher
+    from kvfuzz.core.extra_keys import lora_path
     from kvfuzz.kvcache.request import LoRARequest, MultiModalFeature, Request
 
     embeds = extras and extras.prompt_embeds
@@ -29,7 +31,8 @@ def _kvcache_hashes(salt, extras, hbs):
     request = Request(
         "r", tokens, max_tokens=1, cache_salt=salt,
         block_hasher=get_request_block_hasher(hbs, none_hash_seed="seed"),
-        lora_request=LoRARequest(extras.lora_name, extras.lora_id)
+        lora_request=LoRARequest(extras.lora_name, extras.lora_id,
+                                 lora_path(extras.lora_id, extras.lora_path))
         if extras and extras.lora_name else None,
         mm_features=[MultiModalFeature(f"mm-{i}", o, n) for i, o, n in
                      (extras.mm_inputs if extras else ())],
@@ -71,6 +74,8 @@ def test_vllm_hashes_are_the_documented_ones_per_hash_function(name, salt, extra
     written from its documentation."""
     from vllm import SamplingParams
     from vllm.lora.request import LoRARequest
+
+    from kvfuzz.core.extra_keys import lora_path
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from vllm.utils import hashing
     from vllm.v1.core import kv_cache_utils
@@ -86,7 +91,7 @@ def test_vllm_hashes_are_the_documented_ones_per_hash_function(name, salt, extra
             "r", list(TOKENS), SamplingParams(max_tokens=1), None, arrival_time=0.0,
             cache_salt=salt, block_hasher=kv_cache_utils.get_request_block_hasher(4, fn),
             lora_request=LoRARequest(extras.lora_name, extras.lora_id,
-                                     f"/kvfuzz/lora/{extras.lora_id}")
+                                     lora_path(extras.lora_id, extras.lora_path))
             if extras and extras.lora_name else None,
             mm_features=[MultiModalFeatureSpec(data=None, modality="image",
                                                identifier=f"mm-{i}",

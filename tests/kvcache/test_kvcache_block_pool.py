@@ -268,13 +268,17 @@ def test_evict_blocks_strips_keys_in_place():
 
 def test_reset_prefix_cache():
     pool = _pool(6)
-    _, blocks = _cached(pool, list(range(8)), 2)
+    request, blocks = _cached(pool, list(range(8)), 2)
     assert pool.reset_prefix_cache() is False
     assert len(pool.cached_block_hash_to_block) == 2
     pool.free_blocks(reversed(blocks))
     queue = free_ids(pool)
+    cache_map = pool.cached_block_hash_to_block
     assert pool.reset_prefix_cache() is True
-    assert len(pool.cached_block_hash_to_block) == 0
+    # Emptied in place, as vLLM does: whoever holds the map sees it empty.
+    assert pool.cached_block_hash_to_block is cache_map and len(cache_map) == 0
+    assert not list(cache_map.items())
+    assert cache_map.get_one_block_run(request.block_hashes, 0, 2, 1, 0) == []
     assert all(b.block_hash is None for b in pool.blocks) and free_ids(pool) == queue
 
 
@@ -311,5 +315,10 @@ def test_null_head_len_counts_exactly_the_leading_nulls():
         ([null, b7, b1, b4], 1),
         ([null, null, b1, b7], 2),
         ([null, null, null, b4, b1], 3),
+        # vLLM counts the leading run only: nulls after a held block are not in it.
+        ([null, b1, null], 1),
+        ([null, b1, null, null, b7], 1),
+        ([b1, null, null], 0),
     ]:
         assert null_head_len(table, null) == expected, table
+        assert null_head_len(table) == expected, table  # vLLM's signature

@@ -14,10 +14,14 @@ from kvfuzz.kvcache import (
     BlockPool,
     ChunkedLocalAttentionManager,
     ChunkedLocalAttentionSpec,
+    CircularBufferManager,
+    CircularBufferSpec,
     CrossAttentionManager,
     CrossAttentionSpec,
     FullAttentionManager,
     FullAttentionSpec,
+    MambaManager,
+    MambaSpec,
     SlidingWindowManager,
     SlidingWindowSpec,
 )
@@ -145,10 +149,24 @@ def test_partial_hit_reserves_and_takes_a_cow_block():
 def test_new_block_ids_recorded_only_when_asked():
     quiet = _manager(FullAttentionManager, FULL)
     quiet.allocate_new_blocks("r", 8, 8)
-    assert quiet.new_block_ids == []
-    loud = _manager(FullAttentionManager, FULL, record_new_block_ids=True)
+    assert quiet.new_block_ids == [] and not quiet.records_new_block_ids
+    loud = _manager(FullAttentionManager, FULL, needs_kv_cache_zeroing=True)
     loud.allocate_new_blocks("r", 8, 8)
-    assert loud.new_block_ids == [1, 2]
+    assert loud.new_block_ids == [1, 2] and loud.records_new_block_ids
+
+
+def test_zeroing_records_attention_blocks_only_and_context_parallelism_is_refused():
+    """vLLM's rule: a ring's and a state group's blocks are never zeroed."""
+    ring = CircularBufferSpec(block_size=4)
+    state = MambaSpec(block_size=8)
+    for cls, spec in ((CircularBufferManager, ring), (MambaManager, state)):
+        manager = cls(spec, block_pool=BlockPool(16, False, 4), enable_caching=False,
+                      kv_cache_group_id=0, scheduler_block_size=8, needs_kv_cache_zeroing=True)
+        manager.allocate_new_blocks("r", 8, 8)
+        assert manager.new_block_ids == [] and not manager.records_new_block_ids, cls
+    for sizes in (dict(dcp_world_size=2), dict(pcp_world_size=2)):
+        with pytest.raises(ValueError, match="context parallelism"):
+            _manager(FullAttentionManager, FULL, **sizes)
 
 
 # ----- frees -----

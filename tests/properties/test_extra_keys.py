@@ -29,6 +29,8 @@ def _trace(first: dict, second: dict) -> Trace:
 LORA_A1 = dict(lora_name="a", lora_id=1)
 PLANTS = {
     "lora-name-only": (LORA_A1, dict(lora_name="a", lora_id=2)),
+    # vLLM 0.34 keys by name and path: the same name and id from another path is another key.
+    "lora-keys-by-id": (LORA_A1, dict(lora_name="a", lora_id=1, lora_path="/elsewhere")),
     "lora-salt-untagged": (LORA_A1, dict(cache_salt="a")),
     "embeds-mask-dropped": (dict(prompt_embeds=[-1] * 5), dict(prompt_embeds=[0, 0, 0, 0, -1])),
 }
@@ -51,6 +53,15 @@ def test_distinct_extra_keys_isolate_and_the_plant_shares(name):
     assert found is not None and found.check == "H1", found
 
 
+def test_a_lora_adapter_is_keyed_by_name_and_path_not_id():
+    """Another id loaded from the same path shares; the model agrees (no H1 or DIFF)."""
+    trace = _trace(LORA_A1, dict(lora_name="a", lora_id=2, lora_path="/kvfuzz/lora/1"))
+    assert _second_hit(trace) == 4
+    assert run_trace(trace, ["kvcache"]).finding is None
+    found = run_trace(trace, ["bug:lora-keys-by-id"]).finding
+    assert found is not None, "keying by id misses the hit the model finds"
+
+
 def test_equal_extra_keys_share_blocks():
     same = dict(lora_name="a", lora_id=1, mm_inputs=[[0, 1, 2]], prompt_embeds=[-1] * 5)
     assert _second_hit(_trace(same, same)) == 4
@@ -66,6 +77,8 @@ def test_multimodal_offset_identifier_and_salt_isolate(second):
 @pytest.mark.parametrize("fields, words", [
     (dict(lora_name="a"), "lora_name and lora_id"),
     (dict(lora_name="a", lora_id=0), "lora_id must be >= 1"),
+    (dict(lora_name="a", lora_id=1, lora_path=""), "lora_path needs"),
+    (dict(lora_path="/p"), "lora_path needs"),
     (dict(prompt_embeds=[-1]), "prompt_embeds has 1 values"),
     (dict(prompt_embeds=[0, -1, -1, -1, 0]), "placeholder 0"),
     (dict(mm_inputs=[[0, 4, 2]]), "inside the 5-token prompt"),
@@ -77,7 +90,9 @@ def test_invalid_extras_are_invalid_traces(fields, words):
 
 def test_kvcache_request_rejects_bad_extras():
     with pytest.raises(ValueError, match="lora_int_id"):
-        Request("r", [1, 2], lora_request=LoRARequest("a", 0))
+        Request("r", [1, 2], lora_request=LoRARequest("a", 0, "/p"))
+    with pytest.raises(ValueError, match="lora_path cannot be empty"):
+        Request("r", [1, 2], lora_request=LoRARequest("a", 1))
     with pytest.raises(ValueError, match="prompt_embeds has 1 entries"):
         Request("r", [1, 2], prompt_embeds=[0])
 

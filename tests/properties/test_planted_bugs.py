@@ -40,6 +40,7 @@ EXPECTED = {
     "watermark-ignored": {"I8", "DIFF-probe", "DIFF-result"},
     "cow-unretained": {"P2"},
     "lora-name-only": {"H1", "H2"},
+    "lora-keys-by-id": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "lora-salt-untagged": {"H1", "H2"},
     "embeds-mask-dropped": {"H1", "H2"},
     "removed-while-held": {"EV2", "EV4"},

@@ -1,0 +1,82 @@
+"""The harness of test_vllm_suite.py, without vLLM: the strict comparison reports every surprise,
+the checked-in lists agree with each other, and a stand-in for a name kvcache lacks fails
+wherever it is used."""
+
+from __future__ import annotations
+
+import pytest
+import suite_plugin
+from test_vllm_suite import CATEGORIES, HERE, compare, expected_failures, table
+
+A, B, C = ("tests/v1/core/test_a.py::test_one", "tests/v1/core/test_a.py::test_two",
+           "tests/v1/core/prefix_cache/test_b.py::test_three[x y]")
+LISTED = {B: ("lacking", "kvcache lacks X")}
+
+
+def _report(**outcomes: str) -> dict:
+    tests = {test: {"outcome": outcome, "why": "E"} for test, outcome in outcomes.items()}
+    return {"tests": tests, "collection_errors": {}}
+
+
+def test_as_expected_is_no_surprise_and_counts_per_file():
+    surprises, counts = compare([A, B, C], _report(**{A: "passed", B: "failed", C: "passed"}),
+                                LISTED)
+    assert surprises == []
+    assert counts["tests/v1/core/test_a.py"] == {"vllm": 2, "kvcache": 1, "lacking": 1}
+    assert "prefix_cache/test_b.py" in table(counts)
+
+
+@pytest.mark.parametrize("outcomes, words", [
+    ({A: "failed", B: "failed", C: "passed"}, "failed: " + A),  # an unlisted failure
+    ({A: "passed", B: "passed", C: "passed"}, "passes, but listed as lacking"),  # planted pass
+    ({A: "passed", B: "failed"}, "not run: " + C),  # its file did not import
+])
+def test_each_surprise_is_reported(outcomes, words):
+    surprises, _ = compare([A, B, C], _report(**outcomes), LISTED)
+    assert len(surprises) == 1 and words in surprises[0], surprises
+
+
+def test_a_listed_test_vllm_does_not_pass_is_a_surprise():
+    surprises, _ = compare([A, C], _report(**{A: "passed", C: "passed"}), LISTED)
+    assert surprises == [f"listed but not passing on vLLM: {B}"]
+
+
+def test_the_checked_in_lists_agree():
+    for path in HERE.glob("expected-failures-*.toml"):
+        version = path.stem.removeprefix("expected-failures-")
+        passing = (HERE / f"vllm-{version}-passing.txt").read_text().splitlines()
+        assert len(passing) == len(set(passing))
+        expected = expected_failures(version)
+        assert set(expected) <= set(passing)
+        assert {category for category, _ in expected.values()} <= set(CATEGORIES)
+        assert all(reason for _, reason in expected.values())
+
+
+def test_a_stand_in_fails_where_it_is_used(monkeypatch):
+    missing = suite_plugin.lacking("vllm.v1.core.kv_cache_utils.init_none_hash")
+    for use in (lambda: missing(print), lambda: isinstance(1, missing), lambda: list(missing)):
+        with pytest.raises(LookupError, match="kvcache lacks vllm.v1.core.kv_cache_utils.init"):
+            use()
+    assert missing[int] is missing and (missing | None) is missing  # in annotations
+    monkeypatch.setattr(suite_plugin, "_collecting", True)
+    assert missing.LBNHC.__qualname__.endswith("init_none_hash.LBNHC")
+    monkeypatch.setattr(suite_plugin, "_collecting", False)
+    with pytest.raises(AttributeError, match="kvcache lacks"):
+        missing.LBNHC  # noqa: B018
+
+
+def test_a_lenient_module_reads_and_writes_the_module_and_stands_in_only_while_collecting(
+        monkeypatch):
+    import types
+
+    module = types.ModuleType("kvfuzz.kvcache.fake")
+    module.present = 1
+    lenient = suite_plugin._Lenient("vllm.v1.core.fake", module)
+    assert lenient.present == 1
+    lenient.present = 2
+    assert module.present == 2
+    monkeypatch.setattr(suite_plugin, "_collecting", True)
+    assert lenient.absent.__qualname__ == "vllm.v1.core.fake.absent"
+    monkeypatch.setattr(suite_plugin, "_collecting", False)
+    with pytest.raises(AttributeError):
+        lenient.absent  # noqa: B018
