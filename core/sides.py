@@ -104,6 +104,9 @@ class Observations:
     kv_events: list[KvEvent] = field(default_factory=list)
     """The KV cache events the op made a target emit, in content form, in order (configs with
     kv_events). The reference model reports none."""
+    events_reported: bool = False
+    """Whether the side reports its KV cache events (a target on a config with kv_events; the
+    reference model does not), so that an empty `kv_events` means no event (EV4)."""
     hash_mismatches: list[str] = field(default_factory=list)
     """Requests whose block hashes differ from the target's documented hash function applied
     to their tokens and extra keys (a router's view, harness/router_hash.py; H2). The

@@ -219,6 +219,7 @@ class ManagerSide:
                 group_taken=a.group_taken and tuple(self.per_config_group(a.group_taken, 0)),
             ) for a in obs.allocations]
         obs.kv_events, self._op_events = self._op_events, []
+        obs.events_reported = self.config.kv_events
         if self.hash_audit is not None:
             obs.hash_mismatches = self._audit_hashes(self.hash_audit)
         return obs

@@ -81,7 +81,7 @@ def stored_events_chain(before: Snapshot, after: Snapshot, ctx: CheckContext) ->
 )
 def events_match_cache_changes(before: Snapshot, after: Snapshot,
                                ctx: CheckContext) -> str | None:
-    if not ctx.config.kv_events:
+    if not ctx.observations.events_reported:
         return None
     events = ctx.observations.kv_events
     if not events and before.cache == after.cache:

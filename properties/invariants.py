@@ -701,7 +701,7 @@ def state_blocks_held(s: Snapshot, ctx: CheckContext) -> str | None:
             continue
         for rid, view in s.requests.items():
             n = view.num_computed_tokens
-            if view.status != "RUNNING" or n <= 0:  # a negative count (misuse) is I-checks'
+            if view.status != "RUNNING" or not n:
                 continue
             if n < 0:
                 return f"{rid} is running with {n} computed tokens"

@@ -167,7 +167,8 @@ def _event_cases(execution, s):
         "EV3": (s, s, _ctx(execution, observations=Observations(kv_events=[stored]))),
         # A cached key re-announced as stored, though no block newly holds it.
         "EV4": (s, s, _ctx(execution, config=dataclasses.replace(FULL, kv_events=True),
-                           observations=Observations(kv_events=[_stored_again(key)]))),
+                           observations=Observations(kv_events=[_stored_again(key)],
+                                                     events_reported=True))),
     }
 
 
@@ -184,7 +185,8 @@ def test_ev4_wants_each_change_of_the_cache_map_announced_once(base):
     events_on = dataclasses.replace(FULL, kv_events=True)
 
     def check(before, after, events):
-        ctx = _ctx(execution, config=events_on, observations=Observations(kv_events=events))
+        ctx = _ctx(execution, config=events_on,
+                   observations=Observations(kv_events=events, events_reported=True))
         return REGISTRY.get("EV4").fn(before, after, ctx)
 
     gone = _with(s, cache={k: v for k, v in s.cache.items() if k != key})
