@@ -8,7 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvfuzz.kvcache.block_math import chunked_local_admission_cap, sliding_window_admission_cap
+from kvfuzz.kvcache.block_math import (  # the Mamba checkpoint rules: where vLLM 0.34 has them
+    chunked_local_admission_cap,
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+    sliding_window_admission_cap,
+)
 from kvfuzz.kvcache.kv_cache_utils import check_positive_int
 
 

@@ -219,6 +219,12 @@ class Request:
         return bound if bound is not None and bound < limit else limit
 
     @property
+    def skip_reading_external_kv(self) -> bool:
+        """vLLM 0.34's (request.py:358-362): a request whose prefix-cache hits are bounded reads
+        no KV from a connector, whose hits the bound does not limit."""
+        return self.prefix_cache_hit_limit is not None
+
+    @property
     def num_tokens_with_spec(self) -> int:
         """Tokens including draft tokens, which are never hashed."""
         return len(self._all_token_ids) + len(self.spec_token_ids)

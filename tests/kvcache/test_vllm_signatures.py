@@ -76,6 +76,7 @@ def test_without_a_hash_function_kvcache_refuses_lookahead():
 def test_vllms_parameters_decide_tokens_and_hit_limit(sampling, pooling, want):
     request = Request("r", [1, 2], sampling, pooling)
     assert (request.max_tokens, request.prefix_cache_hit_limit) == want
+    assert request.skip_reading_external_kv is (want[1] is not None)
 
 
 def test_vllms_layout_fields_are_taken():
