@@ -8,7 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvfuzz.kvcache.block_math import chunked_local_admission_cap, sliding_window_admission_cap
+from kvfuzz.kvcache.block_math import (  # the Mamba checkpoint rules: where vLLM 0.34 has them
+    chunked_local_admission_cap,
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+    sliding_window_admission_cap,
+)
 from kvfuzz.kvcache.kv_cache_utils import check_positive_int
 
 
@@ -70,23 +75,30 @@ class MLAAttentionSpec(FullAttentionSpec):
     """Multi-head latent attention: one latent vector per token, managed as full attention.
 
     A different spec from FullAttentionSpec, so a hybrid looks its groups up separately.
+    The other fields are vLLM 0.34's layout fields (kv_cache_interface.py:741-755), taken so
+    that vLLM-written code builds the spec; the manager does not read them.
     """
+
+    cache_dtype_str: str | None = None
+    topk_buffer_width: int | None = None
+    alignment: int | None = None
+    model_version: str | None = None
+    cache_role: Any = None
+    is_index_group_leader: bool = False
+    non_causal_multi_token_decode: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class SinkFullAttentionSpec(FullAttentionSpec):
-    """Full attention with `sink_len` attention-sink tokens, a whole number of blocks; the
-    manager is full attention's."""
+    """Full attention with `sink_len` attention-sink tokens; the manager is full attention's,
+    and building it refuses a `sink_len` that is not a whole number of blocks (the spec itself
+    is built as vLLM builds it)."""
 
     sink_len: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive_int("sink_len", self.sink_len)
-        if self.sink_len % self.block_size:
-            raise ValueError(
-                f"sink_len {self.sink_len} must be a multiple of block_size {self.block_size}"
-            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,6 +211,16 @@ class MambaSpec(KVCacheSpec):
     num_speculative_blocks: int = 0
     num_prefill_checkpoint_blocks: int = 0
     prefill_checkpoint_alignment: int | None = None
+    # vLLM 0.34's layout fields (kv_cache_interface.py:1121-1136), taken so that vLLM-written
+    # code builds the spec; the manager does not read them.
+    shapes: tuple[tuple[int, ...], ...] = ()
+    dtypes: tuple[Any, ...] = ()
+    state_alignment: int = 1
+    page_size_padded: int | None = None
+    mamba_type: Any = None
+    num_heads: int = 1
+    tokens_per_state: int = -1
+    tp_replicated: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -6,7 +6,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, overload
 
 from kvfuzz.kvcache.kv_cache_coordinator import get_kv_cache_coordinator
 from kvfuzz.kvcache.kv_cache_interface import (
@@ -18,11 +18,8 @@ from kvfuzz.kvcache.kv_cache_interface import (
 )
 from kvfuzz.kvcache.kv_events import EventfulBlockPool, KVCacheEvent
 from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
-from kvfuzz.kvcache.request import RequestStatus
+from kvfuzz.kvcache.request import Request, RequestStatus  # Request: vLLM's tests import it here
 from kvfuzz.kvcache.stats import PrefixCacheStats
-
-if TYPE_CHECKING:
-    from kvfuzz.kvcache.request import Request
 
 # Statuses measured against the watermark: admitting costs more than continuing to serve.
 _ADMITTED_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)

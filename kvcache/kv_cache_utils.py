@@ -9,7 +9,7 @@ import os
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, NamedTuple, NewType, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, NewType, overload
 
 if TYPE_CHECKING:
     from kvfuzz.kvcache.kv_cache_interface import KVCacheConfig
@@ -306,6 +306,141 @@ def none_hash(seed: str | None = None) -> BlockHash:
     return BlockHash(hashlib.sha256(resolve_none_hash_seed(seed).encode()).digest())
 
 
+# ----- vLLM's block hashing, for hashers built with one of vLLM's hash functions -----
+
+VLLM_DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+"""vLLM 0.34's seed of its none hash for a collision-resistant hash function
+(vllm/v1/core/kv_cache_utils.py:112)."""
+
+NONE_HASH: BlockHash | None = None
+"""The parent of block 0 for hashers built with a hash function: `init_none_hash` sets it."""
+_NONE_HASH_SEED: str | None = None
+
+
+def init_none_hash(hash_fn: Callable[[Any], bytes]) -> None:
+    """vLLM's: NONE_HASH = hash_fn(seed), the seed being PYTHONHASHSEED if set, else vLLM's
+    fixed seed, or fresh random bytes for its non-cryptographic xxhash functions, whose
+    collision resistance depends on a secret seed (kv_cache_utils.py:121-161)."""
+    global NONE_HASH, _NONE_HASH_SEED
+    seed = os.environ.get("PYTHONHASHSEED")
+    if seed is None:
+        crypto = getattr(hash_fn, "__name__", "") not in ("xxhash", "xxhash_cbor")
+        seed = VLLM_DEFAULT_NONE_HASH_SEED if crypto else os.urandom(32).hex()
+    _NONE_HASH_SEED = seed
+    NONE_HASH = BlockHash(hash_fn(seed))
+
+
+def get_none_hash_seed() -> str:
+    """The seed `init_none_hash` used (vLLM's fixed seed before it ran)."""
+    return VLLM_DEFAULT_NONE_HASH_SEED if _NONE_HASH_SEED is None else _NONE_HASH_SEED
+
+
+def hash_block_tokens(
+    hash_function: Callable[[Any], bytes],
+    parent_block_hash: BlockHash | None,
+    curr_block_token_ids: Sequence[int],
+    extra_keys: tuple[Any, ...] | None = None,
+) -> BlockHash:
+    """vLLM's block hash: `hash_function((parent, tokens as a tuple, extra_keys))`, the parent
+    of block 0 being NONE_HASH."""
+    if not parent_block_hash:
+        if NONE_HASH is None:
+            raise RuntimeError("init_none_hash(hash_fn) has not been called")
+        parent_block_hash = NONE_HASH
+    return BlockHash(
+        hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))
+    )
+
+
+def _mm_span(feature: Any) -> tuple[int, int]:
+    """(offset, length) of a multimodal input: kvcache's MultiModalFeature or vLLM's
+    MultiModalFeatureSpec (whose `mm_position` holds them)."""
+    position = getattr(feature, "mm_position", feature)
+    return position.offset, position.length
+
+
+def _embeds_bytes(values: Any) -> bytes:
+    """The raw bytes of a block's prompt embeddings: kvcache's int per position, or a tensor's
+    data (vLLM's `tensor_data`)."""
+    if isinstance(values, list):
+        return array("q", values).tobytes()
+    import torch  # only a tensor gets here, so torch is installed
+
+    return values.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
+
+
+def generate_block_hash_extra_keys(
+    request: Request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[tuple[Any, ...] | None, int]:
+    """vLLM's extra keys of block [start, end) and the next multimodal index: the LoRA
+    adapter's `("lora", name, path)`, `("mm", identifier, offset from start)` for each input
+    overlapping the block from `start_mm_idx` on (-1: the last), `("cache_salt", salt)` on block 0,
+    `("prompt_embeds", SHA-256 of the block's embeddings)`; None when there are none.
+
+    Unlike vLLM 0.34 (docs/findings/010), a mixed prompt's token-id mask is keyed too, as
+    `("prompt_is_token_ids", mask bytes)` after the embeddings' key.
+    """
+    keys: list[Any] = []
+    lora = request.lora_request
+    if lora:
+        keys.append(("lora", lora.lora_name, lora.lora_path))
+    mm_idx = start_mm_idx
+    features = request.mm_features
+    if features and sum(_mm_span(features[-1])) > start_token_idx:
+        if mm_idx < 0:
+            mm_idx += len(features)
+        while mm_idx < len(features):
+            offset, length = _mm_span(features[mm_idx])
+            if offset >= end_token_idx:
+                break
+            if offset + length > start_token_idx:
+                keys.append(("mm", features[mm_idx].identifier, offset - start_token_idx))
+                if offset + length > end_token_idx:
+                    break
+            mm_idx += 1
+    if start_token_idx == 0 and request.cache_salt:
+        keys.append(("cache_salt", request.cache_salt))
+    embeds = request.prompt_embeds
+    if embeds is not None:
+        block = _embeds_bytes(embeds[start_token_idx:end_token_idx])
+        keys.append(("prompt_embeds", hashlib.sha256(block).digest()))
+        mask = request.prompt_is_token_ids
+        if mask is not None:
+            keys.append(("prompt_is_token_ids", bytes(mask[start_token_idx:end_token_idx])))
+    return (tuple(keys) if keys else None), mm_idx
+
+
+def _vllm_block_hasher(
+    hash_block_size: int, hash_fn: Callable[[Any], bytes], num_hash_lookahead_tokens: int
+) -> Callable[[Request], list[BlockHash]]:
+    """vLLM 0.34's hasher (kv_cache_utils.py:949-1020): `hash_block_tokens` over each full block
+    with `generate_block_hash_extra_keys`; with a lookahead L, a block is hashed once the L
+    tokens after it exist, its extra keys becoming `(keys of block + L tokens, *those tokens)`."""
+    lookahead = num_hash_lookahead_tokens
+
+    def request_block_hasher(request: Request) -> list[BlockHash]:
+        block_hashes = request.block_hashes
+        start = len(block_hashes) * hash_block_size
+        last = request.num_tokens - lookahead
+        tokens = request.all_token_ids
+        parent = block_hashes[-1] if block_hashes else None
+        new_hashes: list[BlockHash] = []
+        while start + hash_block_size <= last:
+            end = start + hash_block_size
+            if lookahead:
+                keys, _ = generate_block_hash_extra_keys(request, start, end + lookahead, 0)
+                extra: tuple[Any, ...] | None = (keys, *tokens[end : end + lookahead])
+            else:
+                extra, _ = generate_block_hash_extra_keys(request, start, end, 0)
+            parent = hash_block_tokens(hash_fn, parent, tokens[start:end], extra)
+            new_hashes.append(parent)
+            start = end
+        return new_hashes
+
+    request_block_hasher.hash_block_size = hash_block_size  # type: ignore[attr-defined]
+    return request_block_hasher
+
+
 def _salt_extra(cache_salt: str) -> bytes:
     encoded = cache_salt.encode()
     return _SALT_TAG + _TOKEN_COUNT.pack(len(encoded)) + encoded
@@ -326,8 +461,9 @@ def block_extra_keys(request: Request, start: int, end: int) -> bytes:
     if lora is not None:
         parts += (_LORA_TAG, _text(lora.lora_name), _text(lora.lora_path))
     for mm in request.mm_features:
-        if mm.offset < end and start < mm.offset + mm.length:
-            parts += (_MM_TAG, _text(mm.identifier), _I64.pack(mm.offset - start))
+        offset, length = _mm_span(mm)
+        if offset < end and start < offset + length:
+            parts += (_MM_TAG, _text(mm.identifier), _I64.pack(offset - start))
     if start == 0 and request.cache_salt:
         parts.append(_salt_extra(request.cache_salt))
     embeds = request.prompt_embeds
@@ -349,9 +485,18 @@ def has_extra_keys(request: Request) -> bool:
 
 
 def get_request_block_hasher(
-    hash_block_size: int, none_hash_seed: str | None = None
+    hash_block_size: int,
+    caching_hash_fn: Callable[[Any], bytes] | str | None = None,
+    num_hash_lookahead_tokens: int = 0,
+    *,
+    none_hash_seed: str | None = None,
 ) -> Callable[[Request], list[BlockHash]]:
     """A callback returning the hashes of the request's newly completed hash blocks.
+
+    Given one of vLLM's hash functions (`vllm.utils.hashing.sha256`, ...) as vLLM's callers
+    pass it, it hashes as vLLM 0.34 does (`_vllm_block_hasher`, after `init_none_hash`), with
+    `num_hash_lookahead_tokens`. Without one it hashes as follows, from `none_hash_seed` (or a
+    string in the second place), with no lookahead.
 
     Block k hashes `parent || u32 token count || tokens as u64 LE || extras` with SHA-256,
     where parent is hash k-1 (the none hash for k = 0): fixed-width fields make the encoding
@@ -361,6 +506,17 @@ def get_request_block_hasher(
     `block_extra_keys` to every block.
     """
     check_positive_int("hash_block_size", hash_block_size)
+    if type(num_hash_lookahead_tokens) is not int or num_hash_lookahead_tokens < 0:
+        raise ValueError(f"num_hash_lookahead_tokens must be an int >= 0, "
+                         f"got {num_hash_lookahead_tokens!r}")
+    if isinstance(caching_hash_fn, str):  # kvcache's older positional seed
+        caching_hash_fn, none_hash_seed = None, caching_hash_fn
+    if caching_hash_fn is not None:
+        if not callable(caching_hash_fn):
+            raise ValueError(f"caching_hash_fn must be callable, got {caching_hash_fn!r}")
+        return _vllm_block_hasher(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
+    if num_hash_lookahead_tokens:
+        raise ValueError("lookahead hashing needs one of vLLM's hash functions as caching_hash_fn")
     root = none_hash(none_hash_seed)
     header = _TOKEN_COUNT.pack(hash_block_size)
     stride = 8 * hash_block_size

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
 from kvfuzz.kvcache.kv_cache_utils import BLOCK_HASH_LEN, BlockHash
 
@@ -112,21 +113,43 @@ class Request:
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        *,
-        max_tokens: int = 16,
+        sampling_params: Any = None,
+        pooling_params: Any = None,
+        client_index: int = 0,
+        arrival_time: float | None = 0.0,
+        prompt_embeds: Any = None,
+        prompt_is_token_ids: list[bool] | None = None,
+        mm_features: list[Any] | None = None,
+        lora_request: Any = None,
         cache_salt: str | None = None,
         priority: int = 0,
-        arrival_time: float = 0.0,
+        trace_headers: Any = None,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
+        resumable: bool = False,
+        session_id: str | None = None,
+        reasoning_ended: bool | None = None,
+        reasoning_parser_kwargs: Any = None,
+        abort_immediately: bool = False,
+        kv_hints: Any = None,
+        block_hashes: list[BlockHash] | None = None,
+        *,
+        max_tokens: int = 16,
         skip_reading_prefix_cache: bool = False,
         num_encoder_tokens: int = 0,
         prefix_cache_hit_limit: int | None = None,
-        lora_request: LoRARequest | None = None,
-        mm_features: list[MultiModalFeature] | None = None,
-        prompt_embeds: list[int] | None = None,
-        prompt_is_token_ids: list[bool] | None = None,
-        block_hashes: list[BlockHash] | None = None,
     ) -> None:
+        """vLLM 0.34's parameters, in its order (vllm/v1/request.py:64-87), then kvcache's own
+        keyword-only ones. Given vLLM's `sampling_params` or `pooling_params`, those decide
+        `max_tokens`, `skip_reading_prefix_cache` and `prefix_cache_hit_limit` as in vLLM; the
+        engine's own parameters (`client_index`, `trace_headers`, `resumable`, `session_id`,
+        `reasoning_*`, `abort_immediately`, `kv_hints`) are taken and not read. `arrival_time`
+        None is now, as in vLLM; kvcache's default is 0.0, for determinism.
+        """
+        if sampling_params is not None or pooling_params is not None:
+            max_tokens, skip_reading_prefix_cache, prefix_cache_hit_limit = _from_vllm_params(
+                sampling_params, pooling_params)
+        if arrival_time is None:
+            arrival_time = time.time()
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         if not isinstance(num_encoder_tokens, int) or num_encoder_tokens < 0:
@@ -196,6 +219,12 @@ class Request:
         return bound if bound is not None and bound < limit else limit
 
     @property
+    def skip_reading_external_kv(self) -> bool:
+        """vLLM 0.34's (request.py:358-362): a request whose prefix-cache hits are bounded reads
+        no KV from a connector, whose hits the bound does not limit."""
+        return self.prefix_cache_hit_limit is not None
+
+    @property
     def num_tokens_with_spec(self) -> int:
         """Tokens including draft tokens, which are never hashed."""
         return len(self._all_token_ids) + len(self.spec_token_ids)
@@ -245,6 +274,25 @@ class Request:
             f"Request({self.request_id!r}, status={self.status}, "
             f"computed={self.num_computed_tokens}/{self.num_tokens})"
         )
+
+
+def _from_vllm_params(sampling_params: Any, pooling_params: Any) -> tuple[int, bool, int | None]:
+    """(max_tokens, skip_reading_prefix_cache, prefix_cache_hit_limit) from vLLM's parameters,
+    as vLLM 0.34 derives them (vllm/v1/request.py:113-136, 364-377): a pooling request makes
+    one token, prompt log-probs bound the prefix cache's hits to their first scored row."""
+    params = sampling_params if sampling_params is not None else pooling_params
+    skip = bool(getattr(params, "skip_reading_prefix_cache", False))
+    limit = None
+    if sampling_params is not None and (
+        getattr(sampling_params, "prompt_logprobs", None) is not None
+        or getattr(sampling_params, "prompt_logprob_token_ids", None) is not None
+    ):
+        limit = getattr(sampling_params, "prompt_logprob_start", 0) or 0
+    if pooling_params is not None:
+        return 1, skip, limit
+    if sampling_params.max_tokens is None:
+        raise ValueError("sampling_params.max_tokens must be set")
+    return sampling_params.max_tokens, skip, limit
 
 
 def _checked_hashes(request_id: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:

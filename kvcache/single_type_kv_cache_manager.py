@@ -1480,6 +1480,11 @@ def get_manager_for_kv_cache_spec(
     """The manager for the spec's kind; recycling kinds get the admission cap the pool sizer
     uses, so admission and sizing cannot disagree (vLLM #39734).
     """
+    if isinstance(kv_cache_spec, SinkFullAttentionSpec) and (
+        kv_cache_spec.sink_len % kv_cache_spec.block_size
+    ):
+        raise ValueError(f"sink_len {kv_cache_spec.sink_len} must be a multiple of block_size "
+                         f"{kv_cache_spec.block_size}")
     if isinstance(kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec):
         kwargs["max_admission_blocks_per_request"] = (
             kv_cache_spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)

@@ -4,9 +4,11 @@ kvcache through the drop-in.
 On vLLM a test must fail where the finding's release range includes the install (decided from
 what the install offers, `kvfuzz.fuzz.finding_tests.expected_outcome`), skip itself where the
 install lacks the API it needs, and pass elsewhere. Through the drop-in (`kvfuzz.dropin`),
-where the same `vllm.v1.core` imports reach kvcache, every test must pass (an expected
-failure until kvcache takes every vLLM signature the tests call; the mark says which). Each side runs all
-tests in one pytest subprocess, so each module imports a fresh vLLM.
+where the same `vllm.v1.core` imports reach kvcache, every test must pass: kvcache takes the
+vLLM signatures they call (`init_none_hash`, `get_request_block_hasher(size, sha256)`,
+`Request(request_id, prompt_token_ids, sampling_params, pooling_params, ...)` with prompt
+embeddings as a tensor, `MambaSpec(shapes=, dtypes=)`). Each side runs all tests in one pytest
+subprocess, so each module imports a fresh vLLM.
 """
 
 from __future__ import annotations
@@ -73,12 +75,6 @@ def test_each_finding_test_fails_exactly_where_vllm_has_the_bug(tmp_path):
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kvcache does not take vLLM's signatures the tests call: kv_cache_utils.init_none_hash, "
-    "get_request_block_hasher(hash_block_size, caching_hash_fn), Request(request_id, "
-    "prompt_token_ids, sampling_params, pooling_params, ...) with prompt_embeds as a tensor, "
-    "MambaSpec(shapes=, dtypes=); with those bridged by hand 17 of the 18 pass (010 needs the "
-    "tensor). Remove this mark when kvcache takes them (strict: an unexpected pass fails)"))
 def test_each_finding_test_passes_on_kvcache_through_the_drop_in(tmp_path):
     outcomes = _outcomes(tmp_path, prelude="from kvfuzz.dropin import install\ninstall()")
     wrong = [f"{stem}: {got}: {message[:300]}" for stem, (got, message) in outcomes.items()

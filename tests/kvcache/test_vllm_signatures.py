@@ -1,0 +1,85 @@
+"""kvcache takes vLLM 0.34's signatures for hashing, requests and specs (docs/vllm.md, "kvcache
+as a drop-in"), checked here without vLLM; tests/vllm_suite runs vLLM's own tests on them."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+from kvfuzz.kvcache import kv_cache_utils as utils
+from kvfuzz.kvcache.kv_cache_interface import MambaSpec, MLAAttentionSpec
+from kvfuzz.kvcache.request import LoRARequest, Request
+
+
+def sha256(value: object) -> bytes:
+    """A hash function of vLLM's kind: any picklable value to 32 bytes."""
+    return hashlib.sha256(pickle.dumps(value)).digest()
+
+
+@pytest.fixture(autouse=True)
+def none_hash(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    monkeypatch.setattr(utils, "NONE_HASH", None)
+    monkeypatch.setattr(utils, "_NONE_HASH_SEED", None)
+    utils.init_none_hash(sha256)
+
+
+def test_init_none_hash_hashes_vllms_seed():
+    assert utils.NONE_HASH == sha256("vllm-none-hash")
+    assert utils.get_none_hash_seed() == "vllm-none-hash"
+
+
+def test_a_hasher_given_a_hash_function_chains_vllms_tuples():
+    hasher = utils.get_request_block_hasher(2, sha256)
+    request = Request("r", [1, 2, 3, 4, 5], block_hasher=hasher, cache_salt="s",
+                      lora_request=LoRARequest("a", 1, "/p"))
+    first = sha256((utils.NONE_HASH, (1, 2), (("lora", "a", "/p"), ("cache_salt", "s"))))
+    assert request.block_hashes == [first, sha256((first, (3, 4), (("lora", "a", "/p"),)))]
+
+
+def test_lookahead_hashes_a_block_once_the_tokens_after_it_exist():
+    request = Request("r", [1, 2, 3], block_hasher=utils.get_request_block_hasher(2, sha256, 2))
+    assert request.block_hashes == []
+    request.append_output_token_ids(9)
+    assert request.block_hashes == [sha256((utils.NONE_HASH, (1, 2), (None, 3, 9)))]
+
+
+def test_a_mixed_prompts_mask_is_keyed():
+    hasher = utils.get_request_block_hasher(2, sha256)
+    a, b = (Request("r", [0, 0], block_hasher=hasher, prompt_embeds=[5, 5],
+                    prompt_is_token_ids=mask) for mask in ([True, False], [False, True]))
+    assert a.block_hashes != b.block_hashes
+
+
+def test_multimodal_keys_and_next_index_as_vllm():
+    feature = SimpleNamespace(identifier="img", mm_position=SimpleNamespace(offset=3, length=4))
+    request = Request("r", list(range(12)), mm_features=[feature])
+    assert utils.generate_block_hash_extra_keys(request, 0, 4, 0) == ((("mm", "img", 3),), 0)
+    assert utils.generate_block_hash_extra_keys(request, 4, 8, 0) == ((("mm", "img", -1),), 1)
+    assert utils.generate_block_hash_extra_keys(request, 8, 12, 1) == (None, 1)
+
+
+def test_without_a_hash_function_kvcache_refuses_lookahead():
+    with pytest.raises(ValueError, match="lookahead hashing needs"):
+        utils.get_request_block_hasher(2, None, 1)
+
+
+@pytest.mark.parametrize("sampling, pooling, want", [
+    (SimpleNamespace(max_tokens=3), None, (3, None)),
+    (None, SimpleNamespace(), (1, None)),
+    (SimpleNamespace(max_tokens=3, prompt_logprobs=1, prompt_logprob_start=2), None, (3, 2)),
+    (SimpleNamespace(max_tokens=3, skip_reading_prefix_cache=True), None, (3, 0)),
+])
+def test_vllms_parameters_decide_tokens_and_hit_limit(sampling, pooling, want):
+    request = Request("r", [1, 2], sampling, pooling)
+    assert (request.max_tokens, request.prefix_cache_hit_limit) == want
+    assert request.skip_reading_external_kv is (want[1] is not None)
+
+
+def test_vllms_layout_fields_are_taken():
+    spec = MambaSpec(block_size=4, shapes=((8,),), dtypes=("float16",))
+    assert spec.shapes == ((8,),)
+    assert MLAAttentionSpec(block_size=4, cache_dtype_str="auto").cache_dtype_str == "auto"
