@@ -11,27 +11,18 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import tempfile
-from pathlib import Path
 
+from common import first_counterexample
 
-from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
+from kvfuzz.fuzz.campaign import CampaignOptions
 from kvfuzz.harness.mutants import MUTANTS, REQUIRED
 
 
 def hunt(name: str, seed: int, budget: float) -> tuple[float | None, int | None, str]:
     mutant = MUTANTS[name]
-    with tempfile.TemporaryDirectory() as corpus:
-        options = CampaignOptions(
-            target=f"bug:{name}", seconds=budget, seed=seed, corpus=Path(corpus),
-            configs=mutant.configs or CampaignOptions().configs, max_findings=1,
-            data="cpu" if mutant.needs_data else None,
-        )
-        stats = Campaign(options).run()
-    if not stats.findings:
-        return None, None, "-"
-    first = stats.findings[0]
-    return first.found_after_s, first.ops, first.check
+    return first_counterexample(target=f"bug:{name}", seconds=budget, seed=seed,
+                                configs=mutant.configs or CampaignOptions().configs,
+                                data="cpu" if mutant.needs_data else None)
 
 
 def main() -> None:

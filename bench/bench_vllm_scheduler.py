@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-from common import generated_traces
+from common import first_counterexample, generated_traces
 
 from kvfuzz.core.trace import Trace
-from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.vllm_scheduler_plants import PLANTS
@@ -57,15 +54,8 @@ def checked_steps_per_second(traces: list[Trace], repeats: int) -> float:
 
 
 def hunt(name: str, seed: int, budget: float) -> tuple[float | None, int | None, str]:
-    with tempfile.TemporaryDirectory() as corpus:
-        options = CampaignOptions(
-            target=f"vllm-scheduler-bug:{name}", seconds=budget, seed=seed,
-            corpus=Path(corpus), configs=PLANTS[name][2], levels=("scheduler",), max_findings=1)
-        stats = Campaign(options).run()
-    if not stats.findings:
-        return None, None, "-"
-    first = stats.findings[0]
-    return first.found_after_s, first.ops, first.check
+    return first_counterexample(target=f"vllm-scheduler-bug:{name}", seconds=budget, seed=seed,
+                                configs=PLANTS[name][2], levels=("scheduler",))
 
 
 def main() -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 
+from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.core.trace import Trace
 from kvfuzz.fuzz.machines import machine_for
@@ -40,3 +43,14 @@ def ops_per_second(traces: list[Trace], repeats: int, **run_options: Any) -> flo
             assert result.passed, result.finding and result.finding.report()
         rates.append(ops / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def first_counterexample(**options: Any) -> tuple[float | None, int | None, str]:
+    """A campaign of `options` stopped at its first finding, in a corpus thrown away: seconds to
+    that finding, its shrunk length and its check, or (None, None, "-") within the budget."""
+    with tempfile.TemporaryDirectory() as corpus:
+        stats = Campaign(CampaignOptions(corpus=Path(corpus), max_findings=1, **options)).run()
+    if not stats.findings:
+        return None, None, "-"
+    first = stats.findings[0]
+    return first.found_after_s, first.ops, first.check
