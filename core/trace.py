@@ -80,7 +80,8 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
     },
     "scheduler": {
         "add_request": _REQUEST_FIELDS,
-        "step": {"sample": (_INT, 0), "in_flight": (_BOOL, False)},
+        "step": {"sample": (_INT, 0), "in_flight": (_BOOL, False), "accept": (_OPT_INT, None),
+                 "draft": (_INT, 0)},
         "complete_step": {},
         "abort": {"request_id": (_STR, None)},
         "finish": {"request_id": (_STR, None)},

@@ -49,6 +49,10 @@ CONNECTOR_FEATURES = frozenset({"external", "load_remote", "finish_load", "short
 """Rules and knobs of KV connector configs only (docs/spec.md §13)."""
 IN_FLIGHT_FEATURES = frozenset({"step_in_flight", "complete_step"})
 """Rules of configs with deferred frees only: steps left in flight (docs/spec.md §7.1)."""
+SPEC_FEATURES = frozenset({"step_spec"})
+"""Rules of configs with a drafter only: steps that verify and propose drafts (spec decode)."""
+MAX_DRAFTS = 4
+"""Drafts a request proposes per step, at most."""
 MAX_STEPS_IN_FLIGHT = 2
 """As vLLM's async scheduling keeps at most two batches in flight."""
 
@@ -86,6 +90,8 @@ class Rules:
         off = (frozenset() if config is not None and config.kv_connector else CONNECTOR_FEATURES)
         if config is None or not config.deferred_frees:
             off |= IN_FLIGHT_FEATURES
+        if config is None or not has_drafter(config):
+            off |= SPEC_FEATURES
         return tuple(f for f in features if f not in off)
 
     @classmethod
@@ -396,7 +402,7 @@ class SchedulerRules(Rules):
 
     level = "scheduler"
     RULES = ("add_request", "step", "step_again", "abort", "load_remote", "finish_load",
-             "step_in_flight", "complete_step")
+             "step_in_flight", "complete_step", "step_spec")
     """Two step rules: steps dominate the runs."""
     CORE = frozenset({"add_request", "step", "step_again"})
     KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load")
@@ -416,6 +422,8 @@ class SchedulerRules(Rules):
                     and len(self.execution.state.in_flight) < MAX_STEPS_IN_FLIGHT)
         if rule == "complete_step":
             return bool(self.execution.state.in_flight)
+        if rule == "step_spec":
+            return has_drafter(self.config) and self.execution.offers("draft")
         return True
 
     def _loadable(self) -> Views:
@@ -456,6 +464,13 @@ class SchedulerRules(Rules):
     def complete_step(self) -> None:
         self.apply(op="complete_step")
 
+    def step_spec(self) -> None:
+        """A step of spec decode: the drafts it verifies are all kept, all rejected or the
+        first few kept; each request that sampled proposes up to MAX_DRAFTS new ones."""
+        c = self.choices
+        self.apply(op="step", sample=c.below(TOKEN_VOCAB), draft=between(c, 0, MAX_DRAFTS),
+                   accept=pick(c, (None, 0, between(c, 0, MAX_DRAFTS))))
+
     def abort(self) -> None:
         c = self.choices
         rid, _ = pick(c, self.views("WAITING", "PREEMPTED", "RUNNING", "WAITING_FOR_REMOTE_KVS"))
@@ -476,7 +491,7 @@ FOCUS_OPS: dict[str, tuple[str, ...]] = {
     "take_new_block_ids": ("housekeeping", "take_copies"),
     "release_copies": ("housekeeping", "release_copies"),
     "new_step_starts": ("housekeeping",),
-    "step": ("step", "step_again", "step_in_flight"),
+    "step": ("step", "step_again", "step_in_flight", "step_spec"),
     "complete_step": ("complete_step",),
     "abort": ("abort",),
     "finish": ("abort",),
@@ -484,6 +499,14 @@ FOCUS_OPS: dict[str, tuple[str, ...]] = {
     "finish_load": ("finish_load",),
 }
 """`--focus` op names (the trace's, docs/traces.md) and the rules and knobs that make them."""
+
+
+def has_drafter(config: Config) -> bool:
+    """Whether the generators propose and verify drafts on the config: its model drafts (EAGLE
+    or lookahead slots) and it has no state group (a state group keeps one state per draft
+    position in its speculative blocks, which the data checks do not model: docs/traces.md)."""
+    return bool(config.use_eagle or config.scheduler.num_lookahead_tokens) and not any(
+        g.kind == "mamba" for g in config.groups)
 
 
 def focus_features(ops: Iterable[str]) -> frozenset[str]:

@@ -165,6 +165,7 @@ class SchedulerMachine(_TraceMachine):
     finish_load = _rule("finish_load")
     step_in_flight = _rule("step_in_flight")
     complete_step = _rule("complete_step")
+    step_spec = _rule("step_spec")
 
 
 def machine_for(

@@ -508,6 +508,7 @@ class ManagerSide:
 
     def _step(self, op: Op) -> Any:
         sample, vocab = op["sample"], self.config.scheduler.vocab_size
+        draft, accept = op["draft"], op["accept"]
         def run_model(scheduled: list[tuple[Any, int, int]], copies: Any) -> None:
             for request, n, _ in scheduled:
                 start = request.num_computed_tokens
@@ -515,10 +516,18 @@ class ManagerSide:
 
         if op["in_flight"]:
             self.require("in_flight")
+        if not 0 <= draft <= self.config.max_model_len or (accept or 0) < 0:
+            raise InvalidTrace(f"step: draft {draft} must be 0 to max_model_len "
+                               f"({self.config.max_model_len}), accept {accept} null or >= 0")
+        if draft or accept is not None:
+            self.require("draft")
+        spec = {"accept": accept, "propose": lambda request: [
+            (sample + 1 + request.num_tokens + j) % vocab for j in range(draft)]} if (
+            draft or accept is not None) else {}
         ok, out = self._call(
             lambda: self.scheduler.step(
-                lambda request: (sample + request.num_tokens) % vocab, run_model,
-                in_flight=op["in_flight"],
+                lambda request, ahead=0: (sample + request.num_tokens + ahead) % vocab,
+                run_model, in_flight=op["in_flight"], **spec,
             )
         )
         if not ok:

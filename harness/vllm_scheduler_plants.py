@@ -52,6 +52,22 @@ def _hit_not_adopted(scheduler: Any) -> None:
     scheduler._get_local_prefix_cache_hit = get_local_prefix_cache_hit
 
 
+def _rejection_keeps_computed(scheduler: Any) -> None:
+    """Rejected drafts stay computed: `update_from_output` never sees which drafts the step
+    verified, so it does not roll `num_computed_tokens` back."""
+    update = scheduler.update_from_output
+
+    def update_from_output(scheduler_output: Any, model_runner_output: Any) -> Any:
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        scheduler_output.scheduled_spec_decode_tokens = {}
+        try:
+            return update(scheduler_output, model_runner_output)
+        finally:
+            scheduler_output.scheduled_spec_decode_tokens = spec
+
+    scheduler.update_from_output = update_from_output
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -61,6 +77,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                               _mamba_split_unaligned, ("mamba_align",)),
     "hit-not-adopted": ("admission drops the prefix-cache hit", _hit_not_adopted,
                         ("full",)),
+    "rejection-keeps-computed": ("rejected spec-decode drafts are not rolled back",
+                                 _rejection_keeps_computed, ("eagle",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

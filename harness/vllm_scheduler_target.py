@@ -21,6 +21,7 @@ scheduler") is refused with the reason, and a campaign leaves it out.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -29,9 +30,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvfuzz.core.config import Config
+from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
 from kvfuzz.harness.vllm_target import (
+    KNOWN_DEVIATIONS,
+    KnownDeviation,
     VllmSide,
     _partial_hits_forced,
     build_kv_cache_config,
@@ -40,6 +44,42 @@ from kvfuzz.kvcache.scheduler import StepOutput
 
 _UNDRIVEN = ("in_flight", "complete_step", "load_remote", "finish_load")
 """Ops and fields the target does not drive yet: generators leave them out (docs/vllm.md)."""
+
+
+def _trim_stopped_drafts(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    """A finished request reads as computed up to its last token: vLLM 0.32's Scheduler leaves
+    the accepted drafts after a stop counted (docs/findings/025)."""
+    changed = {rid: dataclasses.replace(view, num_computed_tokens=view.num_tokens - 1)
+               for rid, view in snapshot.requests.items()
+               if view.status.startswith("FINISHED")
+               and view.num_computed_tokens >= view.num_tokens}
+    if not changed:
+        return snapshot, []
+    return dataclasses.replace(snapshot, requests={**snapshot.requests, **changed}), list(changed)
+
+
+@functools.cache
+def _stop_keeps_drafts_computed() -> bool:
+    """Whether the Scheduler's `_update_request_with_output` drops the tokens after a stop
+    without uncomputing them (read from its source; unreadable: nothing to tolerate)."""
+    try:
+        scheduler = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler
+        source = inspect.getsource(scheduler._update_request_with_output)
+    except Exception:  # noqa: BLE001 - no such scheduler or source: not this release
+        return False
+    return "num_computed_tokens" not in source
+
+
+SCHEDULER_DEVIATIONS = (
+    KnownDeviation(
+        "stopped-drafts-stay-computed",
+        "docs/findings/025-stopped-drafts-stay-computed.md",
+        _trim_stopped_drafts,
+        releases="0.32",
+        applies=lambda api: _stop_keeps_drafts_computed(),
+    ),
+)
+"""Deviations only vLLM's own Scheduler shows (kvfuzz's driver plays its part for `vllm`)."""
 
 
 class SchedulerCannotTake(VllmUnsupported):
@@ -86,7 +126,15 @@ def _vllm_scheduler_api() -> SimpleNamespace:
         AsyncScheduler=find("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
         StructuredOutputManager=find("vllm.v1.structured_output", "StructuredOutputManager"),
         ModelRunnerOutput=_model_runner_output(find("vllm.v1.outputs", "ModelRunnerOutput")),
+        DraftTokenIds=getattr(importlib.import_module("vllm.v1.outputs"), "DraftTokenIds", None),
     )
+
+
+def drafts_driven(scheduler_cls: type) -> bool:
+    """Whether this vLLM takes a drafter's proposals (`Scheduler.update_draft_token_ids` with
+    `vllm.v1.outputs.DraftTokenIds`), as its engine hands them over after each step."""
+    return (_vllm_scheduler_api().DraftTokenIds is not None
+            and hasattr(scheduler_cls, "update_draft_token_ids"))
 
 
 def _model_runner_output(cls: Any) -> Callable[..., Any]:
@@ -204,9 +252,11 @@ class VllmSchedulerDriver:
     in_flight: tuple[Any, ...] = ()
     deferred_frees: tuple[tuple[int, ...], ...] = ()
 
-    def __init__(self, scheduler: Any, model_runner_output: Callable[..., Any]) -> None:
+    def __init__(self, scheduler: Any, model_runner_output: Callable[..., Any],
+                 draft_token_ids: Callable[..., Any] | None = None) -> None:
         self.vllm = scheduler
         self._output = model_runner_output
+        self._drafts = draft_token_ids
         self._requests: dict[str, Any] = {}
         self.preempted: list[str] = []
         """Request ids vLLM's Scheduler preempted this step, in order (`_preempt_request`)."""
@@ -233,11 +283,16 @@ class VllmSchedulerDriver:
     def finish_request(self, request_id: str, status: Any) -> None:
         self.vllm.finish_requests(request_id, status)
 
-    def step(self, sample_token: Callable[[Any], int],
+    def step(self, sample_token: Callable[..., int],
              run_model: Callable[[list[tuple[Any, int, int]], list[tuple[int, int]]], None]
-             | None = None, *, in_flight: bool = False) -> StepOutput:
+             | None = None, *, in_flight: bool = False, accept: int | None = None,
+             propose: Callable[[Any], list[int]] | None = None) -> StepOutput:
         """One `schedule()`; the model plays the step; the requests whose tokens are then all
-        computed sample `sample_token(request)`; `update_from_output()` takes them."""
+        computed return the first `accept` (None: all) of the drafts vLLM scheduled for them
+        (`scheduled_spec_decode_tokens`) and the token `sample_token(request, accepted)`;
+        `update_from_output()` takes them (and rolls back the rejected drafts). With `propose`,
+        the drafter then proposes `propose(request)` for every request of the batch
+        (`update_draft_token_ids`, which keeps those of requests that sampled and run)."""
         if in_flight:
             raise ValueError("vllm-scheduler does not leave steps in flight")
         self.preempted = []
@@ -253,10 +308,20 @@ class VllmSchedulerDriver:
         if run_model is not None:
             run_model([(_At(r, r.num_computed_tokens - n), n, hit) for r, n, hit in scheduled],
                       copies)
-        sampled = [[sample_token(r)] if r.num_computed_tokens >= r.num_tokens else []
-                   for r, _, _ in scheduled]
+        spec = scheduler_output.scheduled_spec_decode_tokens or {}
+        sampled = []
+        for r, _, _ in scheduled:
+            drafts = list(spec.get(r.request_id, ()))
+            kept = drafts if accept is None else drafts[:accept]
+            sampled.append([*kept, sample_token(r, len(kept))]
+                           if r.num_computed_tokens >= r.num_tokens else [])
         self.vllm.update_from_output(scheduler_output,
                                      self._output(req_ids=ids, sampled_token_ids=sampled))
+        if propose is not None and ids:
+            if self._drafts is None:
+                raise ValueError("this vLLM's Scheduler takes no drafts")
+            self.vllm.update_draft_token_ids(self._drafts(
+                req_ids=ids, draft_token_ids=[propose(self._requests[rid]) for rid in ids]))
         return StepOutput(
             scheduled=[(r.request_id, n, hit) for r, n, hit in scheduled],
             preempted=list(self.preempted),
@@ -271,19 +336,34 @@ class VllmSchedulerSide(VllmSide):
 
     name = "vllm-scheduler"
     async_scheduling = False
+    known_deviations = KNOWN_DEVIATIONS + SCHEDULER_DEVIATIONS
+
+    @staticmethod
+    def deviation_catalogue() -> tuple[KnownDeviation, ...]:
+        return KNOWN_DEVIATIONS + SCHEDULER_DEVIATIONS
 
     def new_manager(self, config: Config) -> Any:
         self.vllm_scheduler = build_vllm_scheduler(config, self.async_scheduling)
         return self.vllm_scheduler.kv_cache_manager
 
     def build_scheduler(self, config: Config) -> Any:
-        return VllmSchedulerDriver(self.vllm_scheduler,
-                                   _vllm_scheduler_api().ModelRunnerOutput)
+        api = _vllm_scheduler_api()
+        return VllmSchedulerDriver(self.vllm_scheduler, api.ModelRunnerOutput,
+                                   api.DraftTokenIds if self._takes_drafts() else None)
+
+    def _takes_drafts(self) -> bool:
+        return not self.async_scheduling and drafts_driven(type(self.vllm_scheduler))
 
     def offers(self, name: str) -> bool:
+        if name == "draft":
+            return self._takes_drafts()
         return name not in _UNDRIVEN and super().offers(name)
 
     def require(self, name: str) -> None:
+        if name == "draft" and not self._takes_drafts():
+            raise VllmUnsupported(
+                f"the trace uses spec-decode drafts (step draft/accept), which target "
+                f"{self.name} does not drive (docs/vllm.md, \"vLLM's own scheduler\")")
         if name in _UNDRIVEN:
             raise VllmUnsupported(
                 f"the trace uses {name}, which target {self.name} does not drive (vLLM's "

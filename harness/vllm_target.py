@@ -427,8 +427,8 @@ class VllmSide(ManagerSide):
 
     def __init__(self, config: Config, level: str, tolerance: Tolerance | None = None) -> None:
         self.api = load_vllm()
-        chosen = (tolerance.select(self.known_deviations, KNOWN_DEVIATIONS) if tolerance
-                  else self.known_deviations)
+        chosen = (tolerance.select(self.known_deviations, self.deviation_catalogue())
+                  if tolerance else self.known_deviations)
         self.deviations = tuple(d for d in chosen if d.applies(self.api))
         self.tolerated: dict[str, set[str]] = {d.name: set() for d in self.deviations}
         self._holders: dict[bytes, int] = {}

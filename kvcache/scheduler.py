@@ -348,11 +348,19 @@ class Scheduler:
         run_model: Callable[[list[tuple[Any, int, int]], list[tuple[int, int]]], None] | None = None,
         *,
         in_flight: bool = False,
+        accept: int | None = None,
+        propose: Callable[[Any], list[int]] | None = None,
     ) -> StepOutput:
         """Schedule running requests (preempting on shortage), then admit waiting ones, then
         play the model: `run_model(scheduled, copies)` (if given) sees the step's requests and
         pending copies after the copies are taken and before any request advances; requests
         whose tokens are then all computed get `sample_token(request)`.
+
+        Spec decode: a running request's drafts (`spec_token_ids`) are scheduled with it as far
+        as the budget lets; the step keeps the first `accept` of those (None: all), appended
+        before the sampled token, and rejects the rest, whose tokens are computed no more (the
+        blocks allocated for them stay). Each request that sampled and still runs then proposes
+        `propose(request)` as its drafts for the next step.
 
         `in_flight`: the step's bookkeeping is done at once, but it stays in flight (reading
         its requests' blocks, running its copies) until `complete_step`. A step that does not
@@ -365,6 +373,8 @@ class Scheduler:
         manager.new_step_starts()
         budget = self.token_budget
         scheduled: list[tuple[Any, int, int]] = []
+        verified: dict[str, list[int]] = {}
+        """Request id -> the drafts this step scheduled for it."""
         out = StepOutput()
 
         i = 0
@@ -402,6 +412,7 @@ class Scheduler:
                             scheduled.remove(entry)
                             budget += entry[1]
                             break
+                verified.pop(victim.request_id, None)
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
                 if victim is request:
@@ -412,6 +423,10 @@ class Scheduler:
                     continue
                 break
             scheduled.append((request, num_new_tokens, 0))
+            if request.spec_token_ids:
+                verified[request.request_id] = request.spec_token_ids[
+                    :max(request.num_computed_tokens + num_new_tokens - request.num_tokens, 0)]
+                request.spec_token_ids = []
             budget -= num_new_tokens
             i += 1
 
@@ -430,20 +445,39 @@ class Scheduler:
         else:
             manager.block_pool.free_blocks(retained)
 
+        sampled = []
         for request, num_new_tokens, num_cached_tokens in scheduled:
             out.scheduled.append((request.request_id, num_new_tokens, num_cached_tokens))
             request.num_computed_tokens += num_new_tokens
-            if request.num_computed_tokens == request.num_tokens:
-                request.append_output_token_ids(sample_token(request))
-                if (
-                    request.num_output_tokens >= request.max_tokens
-                    or request.num_tokens >= self.max_model_len
-                ):
+            if request.num_computed_tokens >= request.num_tokens:
+                sampled.append(request)
+                if self._append_verified(request, verified.pop(request.request_id, []),
+                                         accept, sample_token):
                     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                     self._running.remove(request)
                     self._free(request)
                     out.finished.append(request.request_id)
+        if propose is not None:
+            for request in sampled:
+                if not RequestStatus.is_finished(request.status):
+                    request.spec_token_ids = list(propose(request))
         return out
+
+    def _append_verified(self, request: Any, drafts: list[int], accept: int | None,
+                         sample_token: Callable[[Any], int]) -> bool:
+        """Roll back the rejected drafts, then append the kept ones and the sampled token up to
+        the first that ends the request (its successors dropped and uncomputed). True when it
+        ended (max_tokens or max_model_len)."""
+        kept = drafts if accept is None else drafts[:accept]
+        request.num_computed_tokens -= len(drafts) - len(kept)
+        new: list[int | None] = [*kept, None]
+        for j, token in enumerate(new, 1):
+            request.append_output_token_ids(sample_token(request) if token is None else token)
+            if (request.num_output_tokens >= request.max_tokens
+                    or request.num_tokens >= self.max_model_len):
+                request.num_computed_tokens -= len(new) - j
+                return True
+        return False
 
     def _admit_waiting(self, budget: int, scheduled: list[tuple[Any, int, int]]) -> None:
         manager = self.manager

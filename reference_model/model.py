@@ -354,7 +354,12 @@ class ReferenceModel:
     # ----- scheduler level -----
 
     def _op_step(self, op: Op) -> dict[str, Any]:
-        return self.driver.step(op["sample"], op["in_flight"])
+        draft, accept = op["draft"], op["accept"]
+        if not 0 <= draft <= self.manager.layout.max_model_len or (accept or 0) < 0:
+            raise InvalidTrace(f"step: draft {draft} must be 0 to max_model_len "
+                               f"({self.manager.layout.max_model_len}), accept {accept} null "
+                               "or >= 0")
+        return self.driver.step(op["sample"], op["in_flight"], draft, accept)
 
     def _op_complete_step(self, op: Op) -> list[int]:
         if not self.driver.in_flight:

@@ -39,6 +39,8 @@ class Request:
     num_preemptions: int = 0
     num_in_flight_tokens: int = 0
     """Tokens scheduled by steps still in flight (docs/spec.md §7.1)."""
+    spec: list[int] = field(default_factory=list)
+    """Draft tokens proposed after its last step, verified by its next one (spec decode)."""
     shared_prefix_boundary: int = 0
     """The junction of the driver's last lookup for it (docs/spec.md §6.3, §7); 0 at the api
     level, where no driver writes it."""

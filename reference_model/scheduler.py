@@ -202,13 +202,17 @@ class Driver:
         self.free(victim)
         victim.status = "PREEMPTED"
         victim.num_computed_tokens = 0
+        victim.spec = []
         victim.num_preemptions += 1
         self.waiting.insert(0, victim)
         self._order_waiting()
 
-    def step(self, sample: int, in_flight: bool = False) -> dict[str, Any]:
+    def step(self, sample: int, in_flight: bool = False, draft: int = 0,
+             accept: int | None = None) -> dict[str, Any]:
         """One step; `in_flight`: it stays in flight until `complete` (docs/spec.md §7.1),
-        else every step still in flight completes first."""
+        else every step still in flight completes first. Spec decode: a request verifies the
+        drafts the step scheduled and keeps the first `accept` (None: all); each request that
+        sampled and still runs then proposes `draft` new ones."""
         while not in_flight and self.in_flight:
             self.complete()
         mgr, cfg, M = self.manager, self.cfg, self.max_model_len
@@ -217,14 +221,15 @@ class Driver:
         budget = cfg.token_budget
         scheduled: list[tuple[Request, int, int]] = []
         preempted: list[str] = []
+        verified: dict[str, list[int]] = {}
+        """Request id -> the drafts this step scheduled for it."""
 
         # 2. Running loop.
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
-            n = min(
-                r.num_tokens - r.num_computed_tokens, budget, M - r.num_computed_tokens - 1
-            )
+            n = min(r.num_tokens + len(r.spec) - r.num_computed_tokens, budget,
+                    M - r.num_computed_tokens - 1)
             if n > 0 and self.aligned:
                 n = self.state_aligned(r, n, 0)
             if n <= 0:
@@ -244,6 +249,7 @@ class Driver:
                         scheduled.remove(entry)
                         budget += entry[1]
                         break
+                verified.pop(victim.request_id, None)
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is r:
@@ -253,6 +259,9 @@ class Driver:
                     continue
                 break
             scheduled.append((r, n, 0))
+            if r.spec:  # the drafts that fit are verified; new ones come after the step
+                verified[r.request_id] = r.spec[:max(r.num_computed_tokens + n - r.num_tokens, 0)]
+                r.spec = []
             budget -= n
             i += 1
 
@@ -320,21 +329,42 @@ class Driver:
         else:
             mgr.release_copies()
         finished: list[str] = []
+        sampled: list[Request] = []
         for r, n, _ in scheduled:
             r.num_computed_tokens += n
-            if r.num_computed_tokens == r.num_tokens:
-                r.tokens.append((sample + r.num_tokens) % cfg.vocab_size)
+            if r.num_computed_tokens >= r.num_tokens:
+                self._sample(r, sample, verified.pop(r.request_id, []), accept)
+                sampled.append(r)
             if r.num_output_tokens >= r.max_tokens or r.num_tokens >= M:
                 r.status = "FINISHED_LENGTH_CAPPED"
                 self.running.remove(r)
                 self.free(r)
                 finished.append(r.request_id)
+        for r in sampled:
+            if not r.is_finished:
+                r.spec = [(sample + 1 + r.num_tokens + j) % cfg.vocab_size for j in range(draft)]
         return {
             "scheduled": [[r.request_id, n, hit] for r, n, hit in scheduled],
             "preempted": preempted,
             "finished": finished,
             "copies": [[src, dst] for src, dst in copies],
         }
+
+
+    def _sample(self, r: Request, sample: int, drafts: list[int], accept: int | None) -> None:
+        """The step's verdict on `r`: the first `accept` drafts (None: all) are kept, the rest
+        rejected and uncomputed again; the kept ones and a sampled token are appended up to the
+        first that ends the request (max_tokens or max_model_len), whose successors are dropped
+        and uncomputed too."""
+        kept = drafts if accept is None else drafts[:accept]
+        r.num_computed_tokens -= len(drafts) - len(kept)
+        new: list[int | None] = [*kept, None]
+        for j, token in enumerate(new, 1):
+            r.tokens.append((sample + r.num_tokens) % self.cfg.vocab_size if token is None
+                            else token)
+            if r.num_output_tokens >= r.max_tokens or r.num_tokens >= self.max_model_len:
+                r.num_computed_tokens -= len(new) - j
+                return
 
 
 def _stop_at_junction(start: int, end: int, junction: int, bs: int) -> int:

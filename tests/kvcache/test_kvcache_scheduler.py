@@ -234,10 +234,11 @@ def test_running_tokens_are_capped_below_max_model_len():
     r = add(s, "r", 12)
     s.step(sample)
     r.spec_token_ids = [1, 1, 1, 1, 1]
-    # n = min(18 - 12, 32, 16 - 12 - 1) = 3; drafts are not settled, so nothing is sampled.
-    assert s.step(sample).scheduled == [("r", 3, 0)]
-    assert (r.num_computed_tokens, r.num_tokens) == (15, 13)
-    assert s.step(sample).scheduled == []
+    # n = min(18 - 12, 32, 16 - 12 - 1) = 3: 1 + 2 of the drafts, both kept, then the sampled
+    # token: 16 tokens reach max_model_len.
+    out = s.step(sample)
+    assert out.scheduled == [("r", 3, 0)] and out.finished == ["r"]
+    assert (r.num_computed_tokens, r.num_tokens) == (15, 16)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from kvfuzz.fuzz.machines import machine_for
 from kvfuzz.harness.executor import Execution, run_trace
 from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.vllm_api import VllmUnsupported
+from kvfuzz.harness.vllm_scheduler_target import _stop_keeps_drafts_computed
 from kvfuzz.harness.vllm_target import vllm_available
 
 pytestmark = [
@@ -36,9 +37,10 @@ pytestmark = [
 FINDINGS = Path(__file__).resolve().parents[2] / "docs" / "findings"
 THREE_WAY = ("kvcache", "vllm-scheduler")
 CONFIGS = ("full", "hybrid", "partial_hits", "priority", "qwen3_5_align", "qwen3_5_checkpoint",
-           "qwen3_next_eagle", "sliding_window", "mamba")
+           "qwen3_next_eagle", "sliding_window", "mamba", "eagle")
 """Shapes whose scheduling differs: prefix hits, windows, copy-on-write, the priority policy,
-Mamba state (mode "none" and "align" chunking, prefill checkpoints) and EAGLE."""
+Mamba state (mode "none" and "align" chunking, prefill checkpoints), EAGLE and spec-decode
+drafts."""
 
 
 def _add(rid: str, prompt: list[int], **fields: Any) -> dict[str, Any]:
@@ -74,10 +76,61 @@ def test_priority_preemption_and_aborts_on_vllm_scheduler():
     assert ex.apply({"op": "step"})["scheduled"] == [["other", 10, 0]]
 
 
+def test_spec_decode_drafts_are_verified_and_rolled_back_as_the_driver_does():
+    """Drafts proposed after a step (`update_draft_token_ids`), scheduled with the request
+    (`scheduled_spec_decode_tokens`), some accepted (sampled tokens = kept drafts + 1), the
+    rest rolled back by `update_from_output`; a stop among the kept ones: three-way."""
+    ex = Execution(BUILTIN["eagle"][1], "scheduler", THREE_WAY)
+    ex.apply(_add("a", list(range(6)), max_tokens=9))
+    ex.apply(_add("b", list(range(50, 59)), max_tokens=3))
+    ex.apply({"op": "step", "draft": 3})
+    out = ex.apply({"op": "step", "accept": 1, "draft": 4, "sample": 5})
+    assert out["scheduled"] == [["a", 4, 0], ["b", 4, 0]] and out["finished"] == ["b"]
+    scheduler = ex.targets[1].side.vllm_scheduler
+    a = scheduler.requests["a"]
+    assert (a.num_computed_tokens, a.num_tokens, len(a.spec_token_ids)) == (8, 9, 4)
+    ex.apply({"op": "step", "accept": 0, "draft": 2})
+    assert (a.num_computed_tokens, a.num_tokens) == (9, 10)  # 4 rejected: 13 - 4
+    for op in ({"op": "step", "draft": 4}, {"op": "step", "accept": 2}):
+        ex.apply(op)
+    assert ex.state.requests["a"].status == "FINISHED_LENGTH_CAPPED"
+
+
+def test_drafts_on_the_async_scheduler_are_a_usage_error(tmp_path, capsys):
+    trace = Trace(BUILTIN["eagle"][1], "scheduler",
+                  [_add("r", list(range(8))), {"op": "step", "draft": 2}], {})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace.to_dict()))
+    assert kvfuzz(["replay", str(path), "--target", "vllm-async-scheduler"]) == 2
+    assert "draft" in capsys.readouterr().err
+
+
+def test_finding_025_shows_on_vllm_scheduler_where_documented():
+    """A stop among accepted drafts: vLLM 0.32 leaves the dropped drafts computed; the strict
+    target fails at the last step where the deviation applies, `vllm-scheduler` passes."""
+    path = FINDINGS / "025-stopped-drafts-stay-computed.json"
+    doc = path.with_suffix(".md").read_text()
+    assert f"kvfuzz replay docs/findings/{path.name}" in doc
+    trace = Trace.load(path)
+    sides: list[Any] = []
+
+    def tolerant(config: Any, level: str) -> Any:
+        sides.append(get_target("vllm-scheduler").build(config, level))
+        return sides[-1]
+
+    assert run_trace(trace, ("kvcache", tolerant)).passed
+    strict = run_trace(trace, ("vllm-scheduler-strict",)).finding
+    if not _stop_keeps_drafts_computed():
+        assert strict is None and "stopped-drafts-stay-computed" not in sides[0].tolerated
+        return
+    assert (strict.check, strict.step) == (trace.meta["check"], len(trace.ops) - 1)
+    assert sides[0].tolerated["stopped-drafts-stay-computed"] == {"r4"}
+
+
 @pytest.mark.parametrize("target", ["vllm-scheduler", "vllm-async-scheduler"])
 def test_a_clean_campaign_exits_0(target, tmp_path, capsys):
     code = kvfuzz(["run", "--target", target, "--level", "scheduler", "--examples", "40",
-                   "--config", "full", "hybrid", "qwen3_5_align", "--corpus",
+                   "--config", "full", "hybrid", "qwen3_5_align", "eagle", "--corpus",
                    str(tmp_path / "corpus")])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -114,6 +167,7 @@ for _name in CONFIGS:
     ("finish-keeps-blocks", "full", "I16"),
     ("hit-not-adopted", "full", "DIFF-result"),
     ("mamba-split-unaligned", "mamba_align", "DIFF-result"),
+    ("rejection-keeps-computed", "eagle", "DIFF-state"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
