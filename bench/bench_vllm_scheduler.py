@@ -60,7 +60,8 @@ def hunt(name: str, seed: int, budget: float) -> tuple[float | None, int | None,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", default=["full", "hybrid", "qwen3_5_align"])
+    parser.add_argument("--configs", nargs="+",
+                        default=["full", "hybrid", "qwen3_5_align", "eagle"])
     parser.add_argument("--examples", type=int, default=40, help="traces per config")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=5)

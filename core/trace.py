@@ -91,6 +91,10 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
 }
 
 
+# Fields added to an op after trace digests were first written: left out of the digest at their
+# default, so that a trace that does not use them keeps the digest (and file name) it had.
+_LATER_FIELDS = {"step": ("accept", "draft")}
+
 # Fields whose schema default is None but which must be given.
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids",
               "num_external_tokens"}
@@ -287,7 +291,9 @@ class Trace:
     def digest(self) -> str:
         """A short digest of what the trace runs (config, level, ops), its meta left out: the
         same trace found under another seed or run has the same digest."""
-        content = json.dumps([self.config.to_dict(), self.level, self.ops], sort_keys=True)
+        ops = [{k: v for k, v in op.items() if k not in _LATER_FIELDS.get(op["op"], ())
+                or v != OP_SCHEMAS[self.level][op["op"]][k][1]} for op in self.ops]
+        content = json.dumps([self.config.to_dict(), self.level, ops], sort_keys=True)
         return hashlib.sha256(content.encode()).hexdigest()[:10]
 
 
