@@ -171,6 +171,8 @@ class Rules:
             sizes = {self.config.resolved_hash_block_size}
             sizes.update(g.block_size for g in self.config.groups)
             extra = {**extra_keys(c, tokens_in, tuple(sorted(sizes))), **extra}
+            if not self.execution.offers("mm_inputs"):
+                extra.pop("mm_inputs", None)
         self.apply(
             op="add_request",
             request_id=rid,

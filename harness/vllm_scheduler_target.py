@@ -42,7 +42,7 @@ from kvfuzz.harness.vllm_target import (
 )
 from kvfuzz.kvcache.scheduler import StepOutput
 
-_UNDRIVEN = ("in_flight", "complete_step", "load_remote", "finish_load")
+_UNDRIVEN = ("in_flight", "complete_step", "load_remote", "finish_load", "mm_inputs")
 """Ops and fields the target does not drive yet: generators leave them out (docs/vllm.md)."""
 
 
@@ -97,7 +97,6 @@ def unsupported_reason(config: Config) -> str | None:
                                 "KV loads)"),
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
-        (config.extra_keys, "LoRA, multimodal and prompt-embedding requests"),
         (config.kv_events, "KV events"),
     )
     named = [why for on, why in reasons if on]
@@ -366,9 +365,14 @@ class VllmSchedulerSide(VllmSide):
                 f"{self.name} does not drive (docs/vllm.md, \"vLLM's own scheduler\")")
         if name in _UNDRIVEN:
             raise VllmUnsupported(
-                f"the trace uses {name}, which target {self.name} does not drive (vLLM's "
-                "Scheduler frees and loads through its own connector; docs/vllm.md)")
+                f"the trace uses {name}, which target {self.name} does not drive (docs/vllm.md, "
+                "\"vLLM's own scheduler\", \"Not driven yet\")")
         super().require(name)
+
+    def make_request(self, op: Op, arrival_time: float) -> Any:
+        if op["mm_inputs"]:
+            self.require("mm_inputs")
+        return super().make_request(op, arrival_time)
 
     def _step(self, op: Op) -> Any:
         if op["in_flight"]:

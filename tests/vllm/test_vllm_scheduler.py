@@ -96,6 +96,26 @@ def test_spec_decode_drafts_are_verified_and_rolled_back_as_the_driver_does():
     assert ex.state.requests["a"].status == "FINISHED_LENGTH_CAPPED"
 
 
+@pytest.mark.parametrize("target", ["vllm-scheduler", "vllm-async-scheduler"])
+def test_lora_embeds_and_salts_campaign_exits_0(target, tmp_path, capsys):
+    """Config `tenants`: LoRA adapters, prompt embeddings and cache salts through vLLM's
+    Scheduler (multimodal inputs left out: the target does not drive encoder inputs)."""
+    code = kvfuzz(["run", "--target", target, "--level", "scheduler", "--examples", "40",
+                   "--config", "tenants", "--corpus", str(tmp_path / "corpus")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "left out" not in out and "findings           0" in out
+
+
+def test_a_multimodal_request_is_a_usage_error(tmp_path, capsys):
+    trace = Trace(BUILTIN["tenants"][1], "scheduler",
+                  [_add("r", list(range(8)), mm_inputs=[[1, 0, 4]])], {})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace.to_dict()))
+    assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 2
+    assert "mm_inputs" in capsys.readouterr().err
+
+
 def test_drafts_on_the_async_scheduler_are_a_usage_error(tmp_path, capsys):
     trace = Trace(BUILTIN["eagle"][1], "scheduler",
                   [_add("r", list(range(8))), {"op": "step", "draft": 2}], {})
