@@ -40,7 +40,8 @@ How an op updates the mirror, in this order:
    one group's tables at a time (I3), and in the other groups it only moves dead slots.
 2. **Writes**: every `ctx.observations.forward` pass writes positions start..end-1 of its
    request through the tables it carries, in order, whatever happens to the request later in
-   the op. Requests finished and freed within a step have written their KV, and later hits on
+   the op (up to the request's token count after the op: positions of spec-decode drafts the
+   step rejected held tokens it never took, and the next pass rewrites them). Requests finished and freed within a step have written their KV, and later hits on
    their cached blocks read it; a block handed out again is overwritten, and lost its key.
 3. **Reads** (D1, D2) after all of the op's writes: within a step's forward pass every KV write
    precedes the attention reads, so a same-step hit on blocks hashed at scheduling time is fine
@@ -211,7 +212,10 @@ class KVMirror:
 
     def write(self, fp: ForwardPass, after: Snapshot, ctx: CheckContext) -> str | None:
         view = after.requests[fp.request_id]
-        if fp.end <= fp.start or len(view.tokens) < fp.end:
+        # A pass over drafts the step rejected wrote their positions with tokens the request
+        # never took; the next pass rewrites them: only the positions of its tokens count.
+        fp = dataclasses.replace(fp, end=min(fp.end, len(view.tokens)))
+        if fp.end <= fp.start:
             return None
         expected = self.expected(fp.request_id, view.tokens, ctx)
         base = self._index.setdefault(fp.request_id, len(self._index)) * self.config.max_model_len
