@@ -21,10 +21,18 @@ worker's copies) fails on every release that has it and passes where it is fixed
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from kvfuzz.core.trace import Trace, normalize_op
-from kvfuzz.fuzz.vllm_test_export import SPEC_CLASSES, VllmTestUnsupported, _ident, _spec
+from kvfuzz.fuzz.vllm_test_export import (
+    SPEC_CLASSES,
+    VllmTestUnsupported,
+    _finding_doc,
+    _ident,
+    _spec,
+    _title,
+)
 from kvfuzz.harness.executor import Counterexample, Execution
 
 CHECKS = {
@@ -72,6 +80,9 @@ def _refuse_config(trace: Trace) -> None:
         raise VllmTestUnsupported(
             f"check {check or '(none)'!r}: a scheduler-level vLLM test asserts "
             f"{' or '.join(CHECKS)}")
+    if check == "D1" and not any(g.kind == "full" for g in config.groups):
+        raise VllmTestUnsupported("check D1 on a config without a full-attention group (the "
+                                  "test reads positions through full-attention blocks)")
 
 
 class _SchedulerWriter:
@@ -190,7 +201,8 @@ def create_scheduler(model_dir, monkeypatch) -> Scheduler:
         watermark={watermark},
         scheduler_reserve_full_isl={full_isl},
     ){chunked_prefill}
-    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching={enable_caching}{cache_extra})
+    cache_config = CacheConfig(block_size=BLOCK_SIZE,
+                               enable_prefix_caching={enable_caching}{cache_extra})
     cache_config.num_gpu_blocks = NUM_BLOCKS
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"))
@@ -296,13 +308,7 @@ def step(scheduler: Scheduler{forward_arg}, sample: int = 0) -> None:
 '''
 
 
-def _title(trace: Trace, source: Any) -> tuple[str, str]:
-    from kvfuzz.fuzz.vllm_test_export import _finding_doc, _title as title
-
-    return title(trace, _finding_doc(trace, source))
-
-
-def render_scheduler_test(trace: Trace, source: Any) -> str:
+def render_scheduler_test(trace: Trace, source: Path) -> str:
     """The text of the vLLM regression test for scheduler-level `trace`, read from `source`."""
     _refuse_config(trace)
     config = trace.config
@@ -330,8 +336,9 @@ def render_scheduler_test(trace: Trace, source: Any) -> str:
                  "        *args, **{**kwargs, \"use_eagle\": True}))")
         after += "\n    scheduler.use_eagle_block_drop = True  # the Mamba chunk split drops it too"
     model = dict(TINY_MODEL, vocab_size=s.vocab_size, max_position_embeddings=config.max_model_len)
+    title, finding = _title(trace, _finding_doc(trace, source))
     text = _HEADER.format(
-        title=_title(trace, source)[0], finding=_title(trace, source)[1],
+        title=title, finding=finding,
         source=source.as_posix(), property=CHECKS[check],
         specs=", ".join(["KVCacheConfig", "KVCacheGroupSpec", *specs]),
         block_size=config.scheduler_block_size, hash_block_size=config.resolved_hash_block_size,
@@ -349,8 +356,6 @@ def render_scheduler_test(trace: Trace, source: Any) -> str:
         groups=groups, eagle=eagle, after=after)
     if check == "D1":
         full = [(i, g.block_size) for i, g in enumerate(config.groups) if g.kind == "full"]
-        if not full:
-            raise VllmTestUnsupported("check D1 on a config without a full-attention group")
         text += _DATA_HELPERS.format(full_groups=full)
         text += _STEP.format(forward_arg=", forward: ForwardPass",
                              forward="\n    forward.run(scheduler, output)")
@@ -362,8 +367,7 @@ def render_scheduler_test(trace: Trace, source: Any) -> str:
                             "def create_scheduler(model_dir)")
     if not writer.finishes:
         text = text.replace("import Request, RequestStatus", "import Request")
-    name = _title(trace, source)[1]
-    test_name = "test_" + re.sub(r"\W", "_", name if name != "(no finding doc)"
+    test_name = "test_" + re.sub(r"\W", "_", finding if finding != "(no finding doc)"
                                  else "exported_trace").lower().lstrip("0123456789_")
     fixtures = "tmp_path, monkeypatch" if config.use_eagle else "tmp_path"
     body = [f"def {test_name}({fixtures}):", f"    scheduler = create_scheduler({fixtures})"]
@@ -374,7 +378,8 @@ def render_scheduler_test(trace: Trace, source: Any) -> str:
     body += writer.lines
     if check == "DIFF-state":
         keyed = [i for i, key in enumerate(state.block_keys) if key is not None]
-        body += ["    keyed = [block.block_id for block in scheduler.kv_cache_manager.block_pool.blocks",
+        body += ["    keyed = [block.block_id",
+                 "             for block in scheduler.kv_cache_manager.block_pool.blocks",
                  "             if block.block_hash is not None]",
                  f"    assert keyed == {keyed!r}, (",
                  f"        f\"blocks {{keyed}} carry a cache key, but blocks {keyed} hold what "

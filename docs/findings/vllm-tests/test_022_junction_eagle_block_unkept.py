@@ -53,7 +53,8 @@ def create_scheduler(model_dir, monkeypatch) -> Scheduler:
         watermark=0.0,
         scheduler_reserve_full_isl=False,
     )
-    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True, mamba_cache_mode="align")
+    cache_config = CacheConfig(block_size=BLOCK_SIZE,
+                               enable_prefix_caching=True, mamba_cache_mode="align")
     cache_config.num_gpu_blocks = NUM_BLOCKS
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"))
@@ -121,7 +122,8 @@ def test_junction_eagle_block_unkept(tmp_path, monkeypatch):
     scheduler.add_request(make_request('r0', [0, 1, 3, 1, 1, 0, 3, 1, 3, 3, 1, 2, 3, 2, 3, 0, 0, 0, 0, 0, 1, 2, 1, 3, 0, 0, 2, 1, 1, 0, 0, 2], arrival_time=0))
     scheduler.add_request(make_request('r1', [0, 1, 3, 1, 1, 0, 3, 1, 3, 3, 1, 2, 3, 2, 3, 0, 0, 0, 0, 0, 1, 2, 1, 3, 0], arrival_time=1))
     step(scheduler)
-    keyed = [block.block_id for block in scheduler.kv_cache_manager.block_pool.blocks
+    keyed = [block.block_id
+             for block in scheduler.kv_cache_manager.block_pool.blocks
              if block.block_hash is not None]
     assert keyed == [1, 2, 3, 4, 6, 8, 10, 11, 13, 15], (
         f"blocks {keyed} carry a cache key, but blocks [1, 2, 3, 4, 6, 8, 10, 11, 13, 15] hold what their keys name: a later request with the same prefix misses or is served the wrong blocks")

@@ -52,7 +52,8 @@ def create_scheduler(model_dir) -> Scheduler:
         watermark=0.0,
         scheduler_reserve_full_isl=False,
     )
-    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    cache_config = CacheConfig(block_size=BLOCK_SIZE,
+                               enable_prefix_caching=True)
     cache_config.num_gpu_blocks = NUM_BLOCKS
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"))
