@@ -152,3 +152,17 @@ def test_a_scheduler_test_drives_vllms_scheduler_and_asserts_its_check():
     eagle = vllm_test_path("022").read_text(encoding="utf-8")
     assert '"use_eagle": True' in eagle and "ForwardPass" not in eagle
     assert "assert keyed == [1, 2, 3, 4, 6, 8, 10, 11, 13, 15], (" in eagle
+
+
+def test_each_finding_shown_passing_with_its_fix_has_one_in_the_checker():
+    """tests/vllm/proposed_fixes.py patches exactly the findings PROPOSED_FIXES names."""
+    import importlib.util
+
+    from kvfuzz.fuzz.finding_tests import PROPOSED_FIXES
+
+    path = Path(__file__).resolve().parents[1] / "vllm" / "proposed_fixes.py"
+    spec = importlib.util.spec_from_file_location("proposed_fixes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.FIXES) == set(PROPOSED_FIXES)
+    assert all(vllm_test_path(n).name.startswith(f"test_{n}_") for n in PROPOSED_FIXES)
