@@ -52,10 +52,11 @@ TEST_STEMS: dict[str, str] = {
 }
 """The finding a test is named for, where its trace file is named otherwise."""
 
-PROPOSED_FIXES = frozenset({"023", "024"})
-"""Findings whose bug lives in vLLM's scheduler or worker, not in the KV cache core, so that
-kvcache dropped in does not remove it: their tests are shown to pass with the finding doc's
-proposed fix applied to vLLM (tests/vllm/proposed_fixes.py), not through the drop-in."""
+PROPOSED_FIXES = frozenset({"022", "023", "024"})
+"""Findings whose tests drive vLLM's own Scheduler, under which kvcache cannot be dropped in
+(and 023's and 024's bugs live in the scheduler and worker, which kvcache shares): their tests
+are shown to pass with the finding doc's fix applied to vLLM (tests/vllm/proposed_fixes.py),
+not through the drop-in."""
 
 SKIPS: dict[str, str] = {
     "008": "cached_tokens_probe",

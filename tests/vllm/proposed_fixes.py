@@ -1,11 +1,11 @@
-"""The fixes that findings 023 and 024 propose, applied while their vLLM tests run.
+"""The fixes that findings 022, 023 and 024 propose, applied while their vLLM tests run.
 
 A pytest plugin (`-p proposed_fixes`, this folder on the path) for the subprocess of
 tests/vllm/test_finding_vllm_tests.py that shows each test of `PROPOSED_FIXES`
-(kvfuzz.fuzz.finding_tests) passing once its bug is fixed. The bugs live in vLLM's scheduler and
-worker, which kvcache dropped in does not replace, so the fix is patched into vLLM's Scheduler
-(023) or into the test module's stand-in for vLLM's worker copy (024), never into the generated
-file's text.
+(kvfuzz.fuzz.finding_tests) passing once its bug is fixed. The tests drive vLLM's own Scheduler,
+which kvcache dropped in cannot stand under, so the fix is patched into vLLM's manager (022, the
+rule 0.33 added), its Scheduler (023) or the test module's stand-in for vLLM's worker copy
+(024), never into the generated file's text.
 """
 
 from __future__ import annotations
@@ -19,6 +19,47 @@ def _keyed(manager: Any, request_id: str) -> set[int]:
     """The ids of the blocks in the request's tables that carry a cache key."""
     return {block.block_id for group in manager.coordinator.single_type_managers
             for block in group.req_to_blocks.get(request_id, ()) if block.block_hash is not None}
+
+
+def _keep_block_below_junction(single: Any) -> None:
+    """Under EAGLE the group's retention mask also keeps the block ending one block below the
+    caching request's shared-prefix junction (`cache_blocks` lends the mask its request)."""
+    cache, mask = single.cache_blocks, single.reachable_block_mask
+    caching: list[Any] = []
+
+    def cache_blocks(request: Any, *args: Any, **kwargs: Any) -> Any:
+        caching.append(request)
+        try:
+            return cache(request, *args, **kwargs)
+        finally:
+            caching.pop()
+
+    def reachable_block_mask(*args: Any, **kwargs: Any) -> Any:
+        boundaries = kwargs.get("reachable_boundaries")
+        if caching and boundaries is not None and caching[-1].shared_prefix_boundary:
+            below = caching[-1].shared_prefix_boundary - single.block_size
+            kwargs["reachable_boundaries"] = [*boundaries, below]
+        return mask(*args, **kwargs)
+
+    single.cache_blocks = cache_blocks
+    single.reachable_block_mask = reachable_block_mask
+
+
+def fix_022(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """022's fix, 0.33's rule (`single_type_kv_cache_manager.py:514-520` there): a group whose
+    manager has `use_eagle` also keeps `shared_prefix_boundary - block_size` (a duplicate
+    boundary where the release already keeps it)."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    init = KVCacheManager.__init__
+
+    def init_and_keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        for single in self.coordinator.single_type_managers:
+            if single.use_eagle:
+                _keep_block_below_junction(single)
+
+    monkeypatch.setattr(KVCacheManager, "__init__", init_and_keep)
 
 
 def fix_023(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,7 +112,7 @@ def fix_024(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(module, "apply_copies", apply_copies)
 
 
-FIXES = {"023": fix_023, "024": fix_024}
+FIXES = {"022": fix_022, "023": fix_023, "024": fix_024}
 """Finding number -> its proposed fix."""
 
 
