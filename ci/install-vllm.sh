@@ -12,9 +12,12 @@
 #      - PATH: the newest release's dependencies, setuptools' build helpers at CI's versions,
 #        then the checkout editable, without dependencies or kernels:
 #        VLLM_TARGET_DEVICE=empty pip install --no-deps --no-build-isolation -e PATH
-#        (vLLM's setup.py builds no extension for the "empty" device). Reused when the venv
-#        imports vllm from PATH; an editable install follows the checkout's edits, so only a
-#        checkout that needs a new dependency needs a fresh venv.
+#        (vLLM's setup.py builds no extension for the "empty" device). PATH may be a git
+#        checkout or an unpacked release sdist (ci/fetch-vllm-sdist.sh; its version comes from
+#        PKG-INFO). Reused when the venv imports vllm from PATH; an editable install follows the
+#        checkout's edits, so only a checkout that needs a new dependency needs a fresh venv. A
+#        venv that already has CI's torch (a copy of a release's venv) keeps it and its
+#        dependencies: only vllm is replaced by PATH.
 #   2. kvfuzz: this checkout with `pip install --no-deps -e`, plus pyproject.toml's
 #      [project] dependencies and its [test] extra, at CI's versions (ci/constraints.txt).
 #      Reused when an import probe finds this checkout and every requirement satisfied, so a
@@ -64,6 +67,14 @@ assert vllm.__version__ == '$version', vllm.__version__"
 fi
 if [ -x "$py" ] && (cd / && "$py" -c "$probe") 2>/dev/null; then
   echo "$what venv reused: $venv" >&2
+elif [ -n "$checkout" ] && [ -x "$py" ] \
+    && (cd / && "$py" -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0'") \
+       2>/dev/null; then
+  echo "installing $what into $venv, keeping its torch and dependencies" >&2
+  "$py" -m pip uninstall -q -y vllm 2>/dev/null || true
+  "${pip[@]}" -c "$here/constraints.txt" setuptools setuptools-scm setuptools-rust wheel
+  VLLM_TARGET_DEVICE=empty "${pip[@]}" --no-deps --no-build-isolation -e "$checkout"
+  (cd / && "$py" -c "$probe")
 else
   echo "installing $what (CPU, --no-deps) into $venv (a few minutes the first time, 2.1 GB)" >&2
   rm -rf "$venv"

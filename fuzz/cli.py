@@ -182,8 +182,9 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--pytest", type=Path, metavar="OUT.py",
                      help="the test module to write (replays on kvfuzz's harness)")
     out.add_argument("--vllm-test", type=Path, metavar="OUT.py",
-                     help="a plain vLLM test (imports only vllm, torch, pytest) of an api-level "
-                          "trace: fails while vLLM has the bug (docs/findings/README.md)")
+                     help="a plain vLLM test (imports only vllm, torch, pytest) of an api or "
+                          "scheduler-level trace: fails while vLLM has the bug "
+                          "(docs/findings/README.md)")
     export.add_argument("--target", help="target the test replays on (default: the trace's)")
     export.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help=_FILE_PLUGIN_HELP + " (the exported test imports the same)")

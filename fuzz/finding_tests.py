@@ -35,11 +35,28 @@ FINDING_TESTS: dict[str, str] = {
     "019": "019-checkpoint-record-kept.json",
     "020": "vllm-tests/020-checkpoint-chunk-keys-start-state-api.json",
     "021": "vllm-tests/021-junction-chunk-keys-start-state-api.json",
+    "022": "022-junction-eagle-block-unkept.json",
+    "023": "hazard-preempted-after-scheduled.json",
+    "024": "hazard-copy-of-a-copy.json",
 }
 """Finding number -> the trace its vLLM test comes from. 009's own trace forces sub-block
 hits inside vLLM, so its test comes from the same steps on full attention alone; 020's and 021's
 traces are scheduler level, so theirs come from the same steps as manager calls (the chunk
-vLLM's scheduler issues). Those traces are kept beside the tests, not as finding traces."""
+vLLM's scheduler issues). Those traces are kept beside the tests, not as finding traces. 022-024 are
+scheduler level: their tests drive vLLM's own Scheduler (fuzz/vllm_scheduler_test_export.py);
+023's and 024's traces are the hazards they were promoted from (docs/findings/hazards.md)."""
+
+TEST_STEMS: dict[str, str] = {
+    "023": "023-preempted-after-scheduled",
+    "024": "024-copy-of-a-copy",
+}
+"""The finding a test is named for, where its trace file is named otherwise."""
+
+PROPOSED_FIXES = frozenset({"022", "023", "024"})
+"""Findings whose tests drive vLLM's own Scheduler, under which kvcache cannot be dropped in
+(and 023's and 024's bugs live in the scheduler and worker, which kvcache shares): their tests
+are shown to pass with the finding doc's fix applied to vLLM (tests/vllm/proposed_fixes.py),
+not through the drop-in."""
 
 SKIPS: dict[str, str] = {
     "008": "cached_tokens_probe",
@@ -58,8 +75,11 @@ test skips itself (its skipif names what is missing)."""
 
 def vllm_test_path(number: str) -> Path:
     """The checked-in vLLM test of finding `number`."""
-    stem = Path(FINDING_TESTS[number]).stem
-    return VLLM_TESTS_DIR / f"test_{stem.replace('-', '_')}.py"
+    return VLLM_TESTS_DIR / f"test_{_stem(number).replace('-', '_')}.py"
+
+
+def _stem(number: str) -> str:
+    return TEST_STEMS.get(number) or Path(FINDING_TESTS[number]).stem
 
 
 def _sink_manager_rejects_kwargs() -> bool:
@@ -81,11 +101,11 @@ def expected_outcome(number: str, api: Any) -> str:
     feature = SKIPS.get(number)
     if feature is not None and not api.has(feature):
         return "skipped"
-    stem = Path(FINDING_TESTS[number]).stem.removesuffix("-full").removesuffix("-api")
+    stem = _stem(number).removesuffix("-full").removesuffix("-api")
     doc = f"docs/findings/{stem}.md"
     deviations = [d for d in KNOWN_DEVIATIONS if d.finding == doc]
     if deviations:
         return "failed" if any(d.applies(api) for d in deviations) else "passed"
     if number == "012":
         return "failed" if _sink_manager_rejects_kwargs() else "passed"
-    return "failed"  # misuse findings 002, 003, 005, 006, 015: no release checks them
+    return "failed"  # misuse findings 002, 003, 005, 006, 015 and 023, 024: in every release

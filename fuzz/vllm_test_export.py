@@ -419,11 +419,12 @@ def _title(trace: Trace, finding_doc: Path | None) -> tuple[str, str]:
 
 
 def render_vllm_test(trace: Trace, source: Path) -> str:
-    """The text of the vLLM regression test for `trace` (api level), read from `source`."""
-    if trace.level != "api":
-        raise VllmTestUnsupported(
-            f"level {trace.level!r}: a plain vLLM test drives the manager API (level 'api'); "
-            "scheduler-level traces run kvfuzz's own driver, which vLLM does not ship")
+    """The text of the vLLM regression test for `trace`, read from `source` (a scheduler-level
+    trace: `fuzz/vllm_scheduler_test_export.py`)."""
+    if trace.level == "scheduler":
+        from kvfuzz.fuzz.vllm_scheduler_test_export import render_scheduler_test
+
+        return render_scheduler_test(trace, source)
     config = trace.config
     if config.partial_hits:
         raise VllmTestUnsupported("config option partial_hits forces vLLM internals; not exported")

@@ -1,4 +1,5 @@
-"""`kvfuzz export FILE --vllm-test OUT.py`: plain vLLM tests from manager-level traces.
+"""`kvfuzz export FILE --vllm-test OUT.py`: plain vLLM tests from manager- and scheduler-level
+traces.
 
 Whether a generated test fails on vLLM and passes on kvcache is checked where vLLM is installed
 (tests/vllm/test_finding_vllm_tests.py); here: the checked-in tests are what the exporter writes
@@ -35,7 +36,7 @@ def test_vllm_test_imports_only_vllm_torch_and_pytest(number):
              for alias in node.names}
     roots |= {node.module.split(".")[0] for node in ast.walk(tree)
               if isinstance(node, ast.ImportFrom) and node.module}
-    assert roots <= {"vllm", "torch", "pytest", "inspect"}, roots
+    assert roots <= {"vllm", "torch", "pytest", "inspect", "json"}, roots
 
 
 def test_a_refused_call_becomes_pytest_raises_and_the_bookkeeping_is_written_out():
@@ -57,7 +58,7 @@ def test_cli_writes_the_test(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("trace_file, says", [
-    ("020-checkpoint-chunk-keys-start-state.json", "level 'scheduler'"),
+    ("plant-016-short-load-window.json", "not set up with a KV connector"),
     ("009-lookup-bound-raises-ceiling.json", "partial_hits"),
 ])
 def test_what_a_vllm_test_cannot_express_is_exit_2_and_nothing_written(tmp_path, capsys,
@@ -117,3 +118,51 @@ def test_a_trace_kvcache_fails_is_refused(tmp_path, monkeypatch, capsys):
     assert main(["export", str(path), "--vllm-test", str(out)]) == 2
     assert "fails on kvcache or the reference model" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _scheduler_trace(tmp_path: Path, check: str, step: dict) -> Path:
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["023"]).read_text(encoding="utf-8"))
+    trace["meta"]["check"] = check
+    trace["ops"][1] = step
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("check, step, says", [
+    ("P2", {"op": "step"}, "asserts D1 or DIFF-state"),
+    ("D1", {"op": "step", "in_flight": True}, "left in flight"),
+])
+def test_a_scheduler_trace_a_vllm_test_cannot_express_is_exit_2(tmp_path, capsys, check, step,
+                                                                 says):
+    path = _scheduler_trace(tmp_path, check, step)
+    assert main(["export", str(path), "--vllm-test", str(tmp_path / "t.py")]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "t.py").exists()
+
+
+def test_a_scheduler_test_drives_vllms_scheduler_and_asserts_its_check():
+    """023 (D1): a forward pass that keeps the KV written, priority policy, lookahead; 022
+    (DIFF-state, EAGLE): the manager built with use_eagle, the keyed blocks asserted."""
+    text = vllm_test_path("023").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "policy='priority'" in text and "scheduler.num_lookahead_tokens = 1" in text
+    assert body.count("step(scheduler, forward)") == 4
+    assert "not the KV of its own prefix" in text
+    eagle = vllm_test_path("022").read_text(encoding="utf-8")
+    assert '"use_eagle": True' in eagle and "ForwardPass" not in eagle
+    assert "assert keyed == [1, 2, 3, 4, 6, 8, 10, 11, 13, 15], (" in eagle
+
+
+def test_each_finding_shown_passing_with_its_fix_has_one_in_the_checker():
+    """tests/vllm/proposed_fixes.py patches exactly the findings PROPOSED_FIXES names."""
+    import importlib.util
+
+    from kvfuzz.fuzz.finding_tests import PROPOSED_FIXES
+
+    path = Path(__file__).resolve().parents[1] / "vllm" / "proposed_fixes.py"
+    spec = importlib.util.spec_from_file_location("proposed_fixes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.FIXES) == set(PROPOSED_FIXES)
+    assert all(vllm_test_path(n).name.startswith(f"test_{n}_") for n in PROPOSED_FIXES)

@@ -1,0 +1,125 @@
+"""The fixes that findings 022, 023 and 024 propose, applied while their vLLM tests run.
+
+A pytest plugin (`-p proposed_fixes`, this folder on the path) for the subprocess of
+tests/vllm/test_finding_vllm_tests.py that shows each test of `PROPOSED_FIXES`
+(kvfuzz.fuzz.finding_tests) passing once its bug is fixed. The tests drive vLLM's own Scheduler,
+which kvcache dropped in cannot stand under, so the fix is patched into vLLM's manager (022, the
+rule 0.33 added), its Scheduler (023) or the test module's stand-in for vLLM's worker copy
+(024), never into the generated file's text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def _keyed(manager: Any, request_id: str) -> set[int]:
+    """The ids of the blocks in the request's tables that carry a cache key."""
+    return {block.block_id for group in manager.coordinator.single_type_managers
+            for block in group.req_to_blocks.get(request_id, ()) if block.block_hash is not None}
+
+
+def _keep_block_below_junction(single: Any) -> None:
+    """Under EAGLE the group's retention mask also keeps the block ending one block below the
+    caching request's shared-prefix junction (`cache_blocks` lends the mask its request)."""
+    cache, mask = single.cache_blocks, single.reachable_block_mask
+    caching: list[Any] = []
+
+    def cache_blocks(request: Any, *args: Any, **kwargs: Any) -> Any:
+        caching.append(request)
+        try:
+            return cache(request, *args, **kwargs)
+        finally:
+            caching.pop()
+
+    def reachable_block_mask(*args: Any, **kwargs: Any) -> Any:
+        boundaries = kwargs.get("reachable_boundaries")
+        if caching and boundaries is not None and caching[-1].shared_prefix_boundary:
+            below = caching[-1].shared_prefix_boundary - single.block_size
+            kwargs["reachable_boundaries"] = [*boundaries, below]
+        return mask(*args, **kwargs)
+
+    single.cache_blocks = cache_blocks
+    single.reachable_block_mask = reachable_block_mask
+
+
+def fix_022(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """022's fix, 0.33's rule (`single_type_kv_cache_manager.py:514-520` there): a group whose
+    manager has `use_eagle` also keeps `shared_prefix_boundary - block_size` (a duplicate
+    boundary where the release already keeps it)."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    init = KVCacheManager.__init__
+
+    def init_and_keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        for single in self.coordinator.single_type_managers:
+            if single.use_eagle:
+                _keep_block_below_junction(single)
+
+    monkeypatch.setattr(KVCacheManager, "__init__", init_and_keep)
+
+
+def fix_023(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """023's fix (PR #43569's rollback): a request preempted in the `schedule()` that keyed
+    blocks for it loses those keys before its blocks are freed."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    schedule, preempt = Scheduler.schedule, Scheduler._preempt_request
+
+    def schedule_and_record(self: Any, *args: Any, **kwargs: Any) -> Any:
+        manager, self.keyed_this_pass = self.kv_cache_manager, {}
+        allocate = manager.allocate_slots
+
+        def allocate_and_record(request: Any, *a: Any, **kw: Any) -> Any:
+            before = _keyed(manager, request.request_id)
+            out = allocate(request, *a, **kw)
+            fresh = _keyed(manager, request.request_id) - before
+            self.keyed_this_pass.setdefault(request.request_id, set()).update(fresh)
+            return out
+
+        manager.allocate_slots = allocate_and_record
+        try:
+            return schedule(self, *args, **kwargs)
+        finally:
+            del manager.allocate_slots
+
+    def preempt_and_roll_back(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        fresh = getattr(self, "keyed_this_pass", {}).pop(request.request_id, set())
+        if fresh:
+            self.kv_cache_manager.evict_blocks(fresh)
+        return preempt(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "schedule", schedule_and_record)
+    monkeypatch.setattr(Scheduler, "_preempt_request", preempt_and_roll_back)
+
+
+def fix_024(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """024's fix in vLLM's worker (the doc's diff): when a copy's source is an earlier copy's
+    destination, the step's copies are applied in order."""
+    gather_scatter = module.apply_copies
+
+    def apply_copies(kv: Any, copies: Any) -> None:
+        pairs = [(int(c[0]), int(c[1])) for c in copies or ()]
+        if {d for _, d in pairs} & {s for s, _ in pairs}:
+            for src, dst in pairs:
+                kv[dst] = kv[src]
+        else:
+            gather_scatter(kv, pairs)
+
+    monkeypatch.setattr(module, "apply_copies", apply_copies)
+
+
+FIXES = {"022": fix_022, "023": fix_023, "024": fix_024}
+"""Finding number -> its proposed fix."""
+
+
+@pytest.fixture(autouse=True)
+def proposed_fix(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apply the fix of the finding the test module is named for (test_NNN_...)."""
+    fix = FIXES.get(request.module.__name__.removeprefix("test_")[:3])
+    if fix is None:
+        raise LookupError(f"{request.module.__name__}: no proposed fix for its finding")
+    fix(request.module, monkeypatch)
