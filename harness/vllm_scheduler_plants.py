@@ -52,6 +52,13 @@ def _hit_not_adopted(scheduler: Any) -> None:
     scheduler._get_local_prefix_cache_hit = get_local_prefix_cache_hit
 
 
+def _failed_load_kept(scheduler: Any) -> None:
+    """A connector's short or failed load is not rolled back: the request keeps every token
+    the load promised (its invalid blocks and failed requests are ignored)."""
+    scheduler._handle_invalid_blocks = lambda *args, **kwargs: set()
+    scheduler._handle_failed_recving = lambda *args, **kwargs: set()
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -61,6 +68,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                               _mamba_split_unaligned, ("mamba_align",)),
     "hit-not-adopted": ("admission drops the prefix-cache hit", _hit_not_adopted,
                         ("full",)),
+    "failed-load-kept": ("a connector's short or failed KV load is not rolled back",
+                         _failed_load_kept, ("connector",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

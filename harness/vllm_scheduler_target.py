@@ -38,7 +38,7 @@ from kvfuzz.harness.vllm_target import (
 )
 from kvfuzz.kvcache.scheduler import StepOutput
 
-_UNDRIVEN = ("in_flight", "complete_step", "load_remote", "finish_load")
+_UNDRIVEN = ("in_flight", "complete_step")
 """Ops and fields the target does not drive yet: generators leave them out (docs/vllm.md)."""
 
 
@@ -51,8 +51,6 @@ def unsupported_reason(config: Config) -> str | None:
     """Why vLLM's own Scheduler cannot run `config` as kvfuzz's driver would, or None."""
     s = config.scheduler
     reasons = (
-        (config.kv_connector, "a KV connector (load_remote/finish_load are played by kvfuzz's "
-                              "driver, not by a vLLM connector)"),
         (s.reserved_blocks > 0, "reserved_blocks (vLLM's Scheduler reserves only for async "
                                 "KV loads)"),
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
@@ -168,8 +166,13 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
         **({"mamba_cache_mode": "align"} if align else {}),
     )
     cache_config.num_gpu_blocks = config.num_blocks
+    connector = {}
+    if config.kv_connector:
+        from kvfuzz.harness.vllm_connector import kv_transfer_config
+
+        connector = {"kv_transfer_config": kv_transfer_config()}
     vllm_config = api.VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
-                                 device_config=api.DeviceConfig(device="cpu"))
+                                 device_config=api.DeviceConfig(device="cpu"), **connector)
     object.__setattr__(vllm_config, "model_config", _model_stand_in(config))
     cls = scheduler_cls or (api.AsyncScheduler if async_scheduling else api.Scheduler)
     with _partial_hits_forced(load_vllm(), config.partial_hits), _derived_settings(
@@ -241,12 +244,13 @@ class VllmSchedulerDriver:
         if in_flight:
             raise ValueError("vllm-scheduler does not leave steps in flight")
         self.preempted = []
-        waiting = {request.request_id for request in self.vllm.waiting}
+        # Waiting requests that hold nothing (a landed KV load holds its tokens: no lookup).
+        fresh = {r.request_id for r in self.waiting if not r.num_computed_tokens}
         scheduler_output = self.vllm.schedule()
         ids = list(scheduler_output.num_scheduled_tokens)
         # An admitted request's hit: what it had computed before its first chunk (vLLM 0.32
         # sends a resumed request as cached data, without its computed tokens).
-        scheduled = [(request, n, request.num_computed_tokens - n if rid in waiting else 0)
+        scheduled = [(request, n, request.num_computed_tokens - n if rid in fresh else 0)
                      for rid, n in scheduler_output.num_scheduled_tokens.items()
                      for request in (self._requests[rid],)]
         copies = [(int(c[0]), int(c[1])) for c in scheduler_output.kv_cache_block_copies or ()]
@@ -277,8 +281,18 @@ class VllmSchedulerSide(VllmSide):
         return self.vllm_scheduler.kv_cache_manager
 
     def build_scheduler(self, config: Config) -> Any:
-        return VllmSchedulerDriver(self.vllm_scheduler,
-                                   _vllm_scheduler_api().ModelRunnerOutput)
+        output = _vllm_scheduler_api().ModelRunnerOutput
+        if not config.kv_connector:
+            return VllmSchedulerDriver(self.vllm_scheduler, output)
+        from kvfuzz.harness.vllm_connector import ConnectorLoads
+
+        class Driver(ConnectorLoads, VllmSchedulerDriver):
+            """vLLM's Scheduler with kvfuzz's connector (harness/vllm_connector.py)."""
+
+        driver = Driver(self.vllm_scheduler, output)
+        driver._init_loads(any(g.kind == "mamba" for g in config.groups),
+                           len(self.group_ids) == 1, bool(self.known_deviations))
+        return driver
 
     def offers(self, name: str) -> bool:
         return name not in _UNDRIVEN and super().offers(name)

@@ -85,9 +85,10 @@ def test_a_clean_campaign_exits_0(target, tmp_path, capsys):
 
 
 def test_a_config_the_scheduler_cannot_take_is_left_out_with_its_reason():
-    with pytest.raises(VllmUnsupported, match="KV connector"):
-        get_target("vllm-scheduler").cannot_build(BUILTIN["connector"][1])
+    with pytest.raises(VllmUnsupported, match="reserved_blocks"):
+        get_target("vllm-scheduler").cannot_build(BUILTIN["watermark"][1])
     assert get_target("vllm-scheduler").cannot_build(BUILTIN["full"][1]) is None
+    assert get_target("vllm-scheduler").cannot_build(BUILTIN["connector"][1]) is None
 
 
 def test_an_op_the_target_does_not_drive_is_a_usage_error(tmp_path, capsys):
@@ -97,6 +98,68 @@ def test_an_op_the_target_does_not_drive_is_a_usage_error(tmp_path, capsys):
     path.write_text(json.dumps(trace.to_dict()))
     assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 2
     assert "in_flight" in capsys.readouterr().err
+
+
+# ----- KV connectors: kvfuzz's connector on vLLM's Scheduler (harness/vllm_connector.py) -----
+
+def test_kv_loads_whole_short_failed_and_aborted_on_vllm_scheduler():
+    """Every way a load ends, three-way, on one full-attention group (block-level failures)
+    and on a hybrid (the request reported failed): vLLM's Scheduler starts the loads through
+    kvfuzz's connector and takes their ends as a worker reports them."""
+    for name in ("connector", "gpt_oss_connector"):
+        ex = Execution(BUILTIN[name][1], "scheduler", THREE_WAY)
+        for rid, base in (("whole", 0), ("short", 20), ("failed", 40), ("aborted", 60)):
+            ex.apply(_add(rid, list(range(base, base + 11)), max_tokens=2))
+            assert ex.apply({"op": "load_remote", "request_id": rid,
+                             "num_external_tokens": 11})["external"] == 11
+        assert ex.state.requests["short"].status == "WAITING_FOR_REMOTE_KVS"
+        ex.apply({"op": "abort", "request_id": "aborted"})
+        ended = [ex.apply({"op": "finish_load", "request_id": rid, "num_loaded_tokens": n})
+                 for rid, n in (("whole", None), ("short", 6), ("failed", 0), ("aborted", None))]
+        assert ended == ([10, 4, 0, 0] if name == "connector" else [10, 0, 0, 0])
+        for i in range(6):
+            ex.apply({"op": "step", "sample": i})
+        assert all(ex.state.requests[rid].status.startswith("FINISHED")
+                   for rid in ("whole", "short", "failed", "aborted"))
+        scheduler = ex.targets[1].side.vllm_scheduler
+        assert type(scheduler.connector).__name__ == "TraceConnector"
+        assert scheduler.recompute_kv_load_failures
+
+
+def test_a_connector_campaign_on_vllm_scheduler_exits_0(tmp_path, capsys):
+    code = kvfuzz(["run", "--target", "vllm-scheduler", "--level", "scheduler", "--examples",
+                   "30", "--config", "connector", "gpt_oss_connector", "nemotron_h_connector",
+                   "--corpus", str(tmp_path / "corpus")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "findings           0" in out
+
+
+def test_the_strict_target_shows_the_load_reservation_the_other_tolerates():
+    """vLLM reserves the blocks an in-flight load's prefill still needs when it admits another
+    load (DEVIATIONS["load-reservation"]); kvfuzz's driver does not."""
+    trace = Trace(BUILTIN["connector"][1].replace(num_blocks=5), "scheduler", [
+        _add("r4", [2, 3, 0, 1, 2], max_tokens=1),
+        {"op": "load_remote", "request_id": "r4", "num_external_tokens": 2},
+        _add("r7", [2, 3, 0, 1, 2, 3, 2, 2, 1], max_tokens=1),
+        {"op": "load_remote", "request_id": "r7", "num_external_tokens": 11}], {})
+    strict = run_trace(trace, ("vllm-scheduler-strict",)).finding
+    assert strict is not None and (strict.check, strict.step) == ("DIFF-result", 3)
+    assert run_trace(trace, ("vllm-scheduler",)).passed
+
+
+def test_finding_016_is_reached_by_vllm_scheduler(capsys):
+    """A short load on a lone sliding-window group: vLLM's Scheduler keeps the prefix up to
+    the first invalid block, and the next chunk reads the window through the null block."""
+    path = FINDINGS / "016-short-load-window-unloaded.json"
+    trace = Trace.load(path)
+    checks = _checks_of(trace)
+    found = run_trace(trace, ("vllm-scheduler-strict",), model=False, checks=checks).finding
+    assert found is not None and (found.check, found.step) == ("D1", 3), found
+    assert run_trace(trace, ("kvcache",), model=False, checks=checks).passed
+    assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler-strict",
+                   "--no-model"]) == 1
+    assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 1
 
 
 # ----- the state machines, three-way, over the shapes above -----
@@ -114,6 +177,7 @@ for _name in CONFIGS:
     ("finish-keeps-blocks", "full", "I16"),
     ("hit-not-adopted", "full", "DIFF-result"),
     ("mamba-split-unaligned", "mamba_align", "DIFF-result"),
+    ("failed-load-kept", "connector", "DIFF-result"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
