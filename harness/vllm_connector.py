@@ -275,7 +275,9 @@ class ConnectorLoads:
         if (request not in self.waiting or request.num_computed_tokens
                 or request_id in self._landed):
             return None
-        if (self._driver_rules and request.prefix_cache_hit_limit is not None
+        bounded = (getattr(request, "prefix_cache_hit_limit", None) is not None
+                   or getattr(request, "skip_reading_prefix_cache", False))
+        if (self._driver_rules and bounded
                 and not hasattr(request, "skip_reading_external_kv")):
             return None  # DEVIATIONS["bounded-load"]
         first: list[Any] = []
