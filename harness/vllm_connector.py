@@ -155,8 +155,8 @@ def _alone(scheduler: Any, request: Any, queue: str, unreserved: bool = False
     """While it runs, vLLM's Scheduler sees no running request and `request` alone, in its
     waiting queue `queue` (None: no request), and refuses every allocation but an async
     load's (`delay_cache_blocks`; `unreserved`: with no blocks reserved for other loads); the
-    allocator is told whether requests run, as in a real step, and new blocks to zero are left
-    for the next real step. Afterwards the real queues are back; the caller moves `request`
+    allocator is told whether requests run, as in a real step; the manager sees no new step
+    (`new_step_starts`, `take_new_block_ids` wait for the next real one). Afterwards the real queues are back; the caller moves `request`
     where it went."""
     manager = scheduler.kv_cache_manager
     saved = {name: getattr(scheduler, name) for name in ("running", *_QUEUES)
@@ -178,9 +178,11 @@ def _alone(scheduler: Any, request: Any, queue: str, unreserved: bool = False
         return allocate(*args, **kwargs)
 
     try:
-        # The blocks to zero stay pending for the next real step, whose worker zeroes them.
+        # Not a step for the manager (as kvfuzz's driver's loads are not): its per-step state
+        # goes on, and the blocks to zero stay pending for the next real step's worker.
         with _patched(manager, "allocate_slots", allocate_slots), _patched(
-                manager, "take_new_block_ids", lambda: []):
+                manager, "take_new_block_ids", lambda: []), _patched(
+                manager, "new_step_starts", lambda: None):
             yield
     finally:
         for name, value in saved.items():
@@ -328,7 +330,11 @@ class ConnectorLoads:
         self._quiet_step(None, "waiting", report)
         # The promotion, where vLLM's Scheduler does it; the request keeps its place in the
         # real queue (the one `_alone` shows is a copy holding it alone).
+        boundary = request.shared_prefix_boundary
         self._quiet_step(request, "kv_holding_waiting")
+        # The admission that follows a promotion in the same `schedule()` was refused; its
+        # lookup's junction is redone when the request is admitted.
+        request.shared_prefix_boundary = boundary
         if self._driver_rules:  # DEVIATIONS["landed-load-order"]
             self.vllm.kv_holding_waiting.remove_request(request)
             self.vllm.kv_holding_waiting.prepend_request(request)
