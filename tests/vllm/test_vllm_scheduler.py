@@ -162,6 +162,43 @@ def test_finding_016_is_reached_by_vllm_scheduler(capsys):
     assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 1
 
 
+def _groups_released_in_order(target: str, in_flight: bool) -> bool:
+    """A hybrid request (full attention + sliding window) aborted after a step, or while its
+    next step is in flight: whether its cached blocks reach vLLM's free queue group after
+    group (group 0's before group 1's), as `KVCacheManager.free` releases them."""
+    from vllm.v1.request import RequestStatus
+
+    from kvfuzz.harness.vllm_scheduler_target import _vllm_scheduler_api
+
+    ex = Execution(BUILTIN["gpt_oss_connector"][1], "scheduler", (target,), model=False)
+    ex.apply(_add("r", list(range(13)), max_tokens=8))
+    ex.apply({"op": "step"})
+    scheduler = ex.targets[0].side.vllm_scheduler
+    output = scheduler.schedule() if in_flight else None
+    groups = [{b.block_id for b in g if b.block_hash is not None}
+              for g in scheduler.kv_cache_manager.get_blocks("r").blocks]
+    scheduler.finish_requests("r", RequestStatus.FINISHED_ABORTED)
+    if output is not None:
+        assert scheduler.defer_block_free and scheduler.deferred_frees
+        scheduler.update_from_output(output, _vllm_scheduler_api().ModelRunnerOutput(
+            req_ids=list(output.num_scheduled_tokens), sampled_token_ids=[[1]]))
+        scheduler.schedule()  # drains the deferred free
+        assert not scheduler.deferred_frees
+    queue = [b.block_id for b in
+             scheduler.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()]
+    assert all(groups) and all(b in queue for g in groups for b in g)
+    return max(map(queue.index, groups[0])) < min(map(queue.index, groups[1]))
+
+
+def test_finding_018_is_reached_by_vllm_async_scheduler():
+    """With a KV-consumer connector and async scheduling (two batches), vLLM's AsyncScheduler
+    defers the free of a request aborted while a step that read it is in flight, and the drain
+    releases the window group's blocks before the full-attention group's: the reverse of the
+    order the same abort frees them in with no step in flight."""
+    assert _groups_released_in_order("vllm-scheduler", in_flight=False)
+    assert not _groups_released_in_order("vllm-async-scheduler", in_flight=True)
+
+
 # ----- the state machines, three-way, over the shapes above -----
 
 for _name in CONFIGS:
