@@ -224,6 +224,8 @@ class ConnectorLoads:
         self._loads: dict[str, int] = {}
         """Loads in flight: request id -> its local hit."""
         self._landed: set[str] = set()
+        self.window_unloaded: set[str] = set()
+        """Requests whose short load finding 016 was tolerated for (`_window_unloaded`)."""
 
     def _preempted_first(self) -> None:
         """DEVIATIONS["landed-load-order"]: a preempted request goes first in line, ahead of
@@ -323,8 +325,10 @@ class ConnectorLoads:
             self._quiet_step(None, "waiting", report)
             return 0
         if num_loaded_tokens is not None and num_loaded_tokens < promised:
-            if self._block_failures:
-                report.invalid_block_ids = self._unfilled_blocks(request, hit + num_loaded_tokens)
+            end = hit + num_loaded_tokens
+            if self._block_failures and not (self._driver_rules
+                                             and self._window_unloaded(request, end)):
+                report.invalid_block_ids = self._unfilled_blocks(request, end)
             else:
                 report.failed_recving = {request_id}
         self._quiet_step(None, "waiting", report)
@@ -341,6 +345,19 @@ class ConnectorLoads:
         if request.num_computed_tokens:
             self._landed.add(request_id)
         return request.num_computed_tokens
+
+    def _window_unloaded(self, request: Any, end: int) -> bool:
+        """Finding 016, tolerated: whether vLLM's rollback point for a load ending at `end`
+        (the first real block it did not fill) would attend to null blocks nothing loaded. The
+        connector then reports the request failed, as kvfuzz's driver rolls it back (0)."""
+        single = self.vllm.kv_cache_manager.coordinator.single_type_managers[0]
+        (blocks,) = self.vllm.kv_cache_manager.get_blocks(request.request_id).blocks
+        nulls = next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks))
+        start = max(end // single.block_size, nulls) * single.block_size
+        unloaded = start > 0 and single.get_num_skipped_tokens(start) < nulls * single.block_size
+        if unloaded:
+            self.window_unloaded.add(request.request_id)
+        return unloaded
 
     def _unfilled_blocks(self, request: Any, end: int) -> set[int]:
         """The blocks a worker reports invalid when a load ends at token `end`: those it was

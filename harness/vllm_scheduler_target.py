@@ -294,6 +294,13 @@ class VllmSchedulerSide(VllmSide):
                            len(self.group_ids) == 1, bool(self.known_deviations))
         return driver
 
+    def tolerated_labels(self) -> list[str]:
+        """Target `vllm`'s, and finding 016 where kvfuzz's connector reported a short load
+        whose rollback window reads nulls as failed (harness/vllm_connector.py)."""
+        unloaded = getattr(self.scheduler, "window_unloaded", ())
+        return super().tolerated_labels() + (["016 short-load-window-unloaded"] if unloaded
+                                             else [])
+
     def offers(self, name: str) -> bool:
         return name not in _UNDRIVEN and super().offers(name)
 

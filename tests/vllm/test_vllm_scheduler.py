@@ -129,6 +129,7 @@ def test_kv_loads_whole_short_failed_and_aborted_on_vllm_scheduler():
 def test_a_connector_campaign_on_vllm_scheduler_exits_0(tmp_path, capsys):
     code = kvfuzz(["run", "--target", "vllm-scheduler", "--level", "scheduler", "--examples",
                    "30", "--config", "connector", "gpt_oss_connector", "nemotron_h_connector",
+                   "mistral_connector",
                    "--corpus", str(tmp_path / "corpus")])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -150,7 +151,9 @@ def test_the_strict_target_shows_the_load_reservation_the_other_tolerates():
 
 def test_finding_016_is_reached_by_vllm_scheduler(capsys):
     """A short load on a lone sliding-window group: vLLM's Scheduler keeps the prefix up to
-    the first invalid block, and the next chunk reads the window through the null block."""
+    the first invalid block, and the next chunk reads the window through the null block.
+    `vllm-scheduler` tolerates it (its connector reports such a load failed, as the driver
+    rolls it back)."""
     path = FINDINGS / "016-short-load-window-unloaded.json"
     trace = Trace.load(path)
     checks = _checks_of(trace)
@@ -159,7 +162,7 @@ def test_finding_016_is_reached_by_vllm_scheduler(capsys):
     assert run_trace(trace, ("kvcache",), model=False, checks=checks).passed
     assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler-strict",
                    "--no-model"]) == 1
-    assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 1
+    assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 0  # tolerated
 
 
 def _groups_released_in_order(target: str, in_flight: bool) -> bool:
