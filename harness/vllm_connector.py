@@ -332,6 +332,8 @@ class ConnectorLoads:
             else:
                 report.failed_recving = {request_id}
         self._quiet_step(None, "waiting", report)
+        if request.is_finished():  # the "fail" policy failed it (FINISHED_ERROR)
+            return 0
         # The promotion, where vLLM's Scheduler does it; the request keeps its place in the
         # real queue (the one `_alone` shows is a copy holding it alone).
         boundary = request.shared_prefix_boundary

@@ -137,8 +137,10 @@ def _derived_settings(vllm_config_cls: Any, scheduler_module: Any, config: Confi
 
 
 def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
-                         scheduler_cls: type | None = None) -> Any:
-    """vLLM's own Scheduler (or AsyncScheduler) for a harness config, on the CPU, offline."""
+                         scheduler_cls: type | None = None,
+                         kv_load_failure_policy: str = "recompute") -> Any:
+    """vLLM's own Scheduler (or AsyncScheduler) for a harness config, on the CPU, offline
+    (with a KV connector: kvfuzz's, under `kv_load_failure_policy`)."""
     reason = unsupported_reason(config)
     if reason is not None:
         raise SchedulerCannotTake(f"vLLM's Scheduler is not driven with {reason}")
@@ -170,7 +172,7 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
     if config.kv_connector:
         from kvfuzz.harness.vllm_connector import kv_transfer_config
 
-        connector = {"kv_transfer_config": kv_transfer_config()}
+        connector = {"kv_transfer_config": kv_transfer_config(kv_load_failure_policy)}
     vllm_config = api.VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
                                  device_config=api.DeviceConfig(device="cpu"), **connector)
     object.__setattr__(vllm_config, "model_config", _model_stand_in(config))
@@ -275,9 +277,12 @@ class VllmSchedulerSide(VllmSide):
 
     name = "vllm-scheduler"
     async_scheduling = False
+    kv_load_failure_policy = "recompute"
+    """kvfuzz's driver and model roll short loads back as vLLM's "recompute" policy does."""
 
     def new_manager(self, config: Config) -> Any:
-        self.vllm_scheduler = build_vllm_scheduler(config, self.async_scheduling)
+        self.vllm_scheduler = build_vllm_scheduler(
+            config, self.async_scheduling, kv_load_failure_policy=self.kv_load_failure_policy)
         return self.vllm_scheduler.kv_cache_manager
 
     def build_scheduler(self, config: Config) -> Any:
