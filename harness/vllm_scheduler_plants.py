@@ -68,6 +68,13 @@ def _rejection_keeps_computed(scheduler: Any) -> None:
     scheduler.update_from_output = update_from_output
 
 
+def _failed_load_kept(scheduler: Any) -> None:
+    """A connector's short or failed load is not rolled back: the request keeps every token
+    the load promised (its invalid blocks and failed requests are ignored)."""
+    scheduler._handle_invalid_blocks = lambda *args, **kwargs: set()
+    scheduler._handle_failed_recving = lambda *args, **kwargs: set()
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -79,6 +86,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                         ("full",)),
     "rejection-keeps-computed": ("rejected spec-decode drafts are not rolled back",
                                  _rejection_keeps_computed, ("eagle",)),
+    "failed-load-kept": ("a connector's short or failed KV load is not rolled back",
+                         _failed_load_kept, ("connector",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

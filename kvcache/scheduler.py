@@ -197,6 +197,10 @@ class Scheduler:
             num_external_tokens,
             request.num_tokens - self.state_groups - (num_hit_tokens - partial_tail),
         )
+        # A request whose hits are bounded (a hit limit, or no cache reads) reads no external
+        # KV: the bound does not limit a connector's hits (vLLM 0.34 `skip_reading_external_kv`).
+        if getattr(request, "prefix_cache_hit_limit", None) is not None:
+            external = 0
         if external <= partial_tail:
             return None
         if partial_tail:

@@ -138,6 +138,8 @@ class Driver:
         layout = self.manager.layout
         tail = hit % layout.sbs  # counted from the hit's last block boundary
         external = min(offered, req.num_tokens - (1 if self.states else 0) - (hit - tail))
+        if req.skip_reading_prefix_cache or req.prefix_cache_hit_limit is not None:
+            external = 0  # bounded hits read no external KV
         if external <= tail:
             return None
         if tail:  # the load covers the sub-block tail: the hits stop at the boundary

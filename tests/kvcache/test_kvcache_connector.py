@@ -289,3 +289,18 @@ def test_with_state_groups_a_load_leaves_the_last_token_and_a_short_one_fails_wh
     assert s.finish_load("S", 3) == 0 and not m.coordinator.tracks("S")  # short: all lost
     assert free(m) == free_before
 
+
+
+def test_a_request_whose_hits_are_bounded_reads_no_external_kv():
+    """A hit limit (prompt logprobs) or no cache reads: the connector's hits are not bounded,
+    so the driver and the model load nothing for it (vLLM 0.34 `skip_reading_external_kv`)."""
+    from kvfuzz.core.configs import BUILTIN
+    from kvfuzz.harness.executor import Execution
+
+    ex = Execution(BUILTIN["connector"][1], "scheduler", ("kvcache",))
+    for rid, field in (("limited", {"prefix_cache_hit_limit": 4}),
+                       ("skipping", {"skip_reading_prefix_cache": True}), ("free", {})):
+        ex.apply({"op": "add_request", "request_id": rid, "prompt": list(range(9)), **field})
+    loads = [ex.apply({"op": "load_remote", "request_id": rid, "num_external_tokens": 9})
+             for rid in ("limited", "skipping", "free")]
+    assert loads[:2] == [None, None] and loads[2]["external"] == 9

@@ -158,9 +158,10 @@ def test_a_clean_campaign_exits_0(target, tmp_path, capsys):
 
 
 def test_a_config_the_scheduler_cannot_take_is_left_out_with_its_reason():
-    with pytest.raises(VllmUnsupported, match="KV connector"):
-        get_target("vllm-scheduler").cannot_build(BUILTIN["connector"][1])
+    with pytest.raises(VllmUnsupported, match="reserved_blocks"):
+        get_target("vllm-scheduler").cannot_build(BUILTIN["watermark"][1])
     assert get_target("vllm-scheduler").cannot_build(BUILTIN["full"][1]) is None
+    assert get_target("vllm-scheduler").cannot_build(BUILTIN["connector"][1]) is None
 
 
 def test_an_op_the_target_does_not_drive_is_a_usage_error(tmp_path, capsys):
@@ -170,6 +171,135 @@ def test_an_op_the_target_does_not_drive_is_a_usage_error(tmp_path, capsys):
     path.write_text(json.dumps(trace.to_dict()))
     assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 2
     assert "in_flight" in capsys.readouterr().err
+
+
+# ----- KV connectors: kvfuzz's connector on vLLM's Scheduler (harness/vllm_connector.py) -----
+
+def test_kv_loads_whole_short_failed_and_aborted_on_vllm_scheduler():
+    """Every way a load ends, three-way, on one full-attention group (block-level failures)
+    and on a hybrid (the request reported failed): vLLM's Scheduler starts the loads through
+    kvfuzz's connector and takes their ends as a worker reports them."""
+    for name in ("connector", "gpt_oss_connector"):
+        ex = Execution(BUILTIN[name][1], "scheduler", THREE_WAY)
+        for rid, base in (("whole", 0), ("short", 20), ("failed", 40), ("aborted", 60)):
+            ex.apply(_add(rid, list(range(base, base + 11)), max_tokens=2))
+            assert ex.apply({"op": "load_remote", "request_id": rid,
+                             "num_external_tokens": 11})["external"] == 11
+        assert ex.state.requests["short"].status == "WAITING_FOR_REMOTE_KVS"
+        ex.apply({"op": "abort", "request_id": "aborted"})
+        ended = [ex.apply({"op": "finish_load", "request_id": rid, "num_loaded_tokens": n})
+                 for rid, n in (("whole", None), ("short", 6), ("failed", 0), ("aborted", None))]
+        assert ended == ([10, 4, 0, 0] if name == "connector" else [10, 0, 0, 0])
+        for i in range(6):
+            ex.apply({"op": "step", "sample": i})
+        assert all(ex.state.requests[rid].status.startswith("FINISHED")
+                   for rid in ("whole", "short", "failed", "aborted"))
+        scheduler = ex.targets[1].side.vllm_scheduler
+        assert type(scheduler.connector).__name__ == "TraceConnector"
+        assert scheduler.recompute_kv_load_failures
+
+
+def test_the_fail_policy_fails_a_short_load_on_vllm_scheduler():
+    """vLLM's other `kv_load_failure_policy`, set through KVTransferConfig: a short load fails
+    the request (FINISHED_ERROR) and frees its blocks; a whole one lands as under "recompute".
+    vLLM's Scheduler alone (kvfuzz's driver and model play "recompute")."""
+    from kvfuzz.harness.vllm_scheduler_target import VllmSchedulerSide
+
+    class FailPolicy(VllmSchedulerSide):  # tolerates 007 (0.32.0 frees the null block)
+        kv_load_failure_policy = "fail"
+
+    for name in ("connector", "gpt_oss_connector"):
+        ex = Execution(BUILTIN[name][1], "scheduler", (FailPolicy,), model=False)
+        for rid, base in (("whole", 0), ("short", 20)):
+            ex.apply(_add(rid, list(range(base, base + 11)), max_tokens=2))
+            ex.apply({"op": "load_remote", "request_id": rid, "num_external_tokens": 11})
+        assert ex.apply({"op": "finish_load", "request_id": "whole"}) == 10
+        assert ex.apply({"op": "finish_load", "request_id": "short",
+                         "num_loaded_tokens": 6}) == 0
+        scheduler = ex.targets[0].side.vllm_scheduler
+        assert not scheduler.recompute_kv_load_failures
+        assert ex.state.requests["short"].status == "FINISHED_ERROR"
+        assert ex.state.requests["whole"].status == "WAITING"
+        held = {b.block_id for g in scheduler.kv_cache_manager.get_blocks("whole").blocks
+                for b in g if not b.is_null}
+        free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        assert free == BUILTIN[name][1].num_blocks - 1 - len(held)  # "short" holds nothing
+
+
+def test_a_connector_campaign_on_vllm_scheduler_exits_0(tmp_path, capsys):
+    code = kvfuzz(["run", "--target", "vllm-scheduler", "--level", "scheduler", "--examples",
+                   "30", "--config", "connector", "gpt_oss_connector", "nemotron_h_connector",
+                   "mistral_connector",
+                   "--corpus", str(tmp_path / "corpus")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "findings           0" in out
+
+
+def test_the_strict_target_shows_the_load_reservation_the_other_tolerates():
+    """vLLM reserves the blocks an in-flight load's prefill still needs when it admits another
+    load (DEVIATIONS["load-reservation"]); kvfuzz's driver does not."""
+    trace = Trace(BUILTIN["connector"][1].replace(num_blocks=5), "scheduler", [
+        _add("r4", [2, 3, 0, 1, 2], max_tokens=1),
+        {"op": "load_remote", "request_id": "r4", "num_external_tokens": 2},
+        _add("r7", [2, 3, 0, 1, 2, 3, 2, 2, 1], max_tokens=1),
+        {"op": "load_remote", "request_id": "r7", "num_external_tokens": 11}], {})
+    strict = run_trace(trace, ("vllm-scheduler-strict",)).finding
+    assert strict is not None and (strict.check, strict.step) == ("DIFF-result", 3)
+    assert run_trace(trace, ("vllm-scheduler",)).passed
+
+
+def test_finding_016_is_reached_by_vllm_scheduler(capsys):
+    """A short load on a lone sliding-window group: vLLM's Scheduler keeps the prefix up to
+    the first invalid block, and the next chunk reads the window through the null block.
+    `vllm-scheduler` tolerates it (its connector reports such a load failed, as the driver
+    rolls it back)."""
+    path = FINDINGS / "016-short-load-window-unloaded.json"
+    trace = Trace.load(path)
+    checks = _checks_of(trace)
+    found = run_trace(trace, ("vllm-scheduler-strict",), model=False, checks=checks).finding
+    assert found is not None and (found.check, found.step) == ("D1", 3), found
+    assert run_trace(trace, ("kvcache",), model=False, checks=checks).passed
+    assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler-strict",
+                   "--no-model"]) == 1
+    assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 0  # tolerated
+
+
+def _groups_released_in_order(target: str, in_flight: bool) -> bool:
+    """A hybrid request (full attention + sliding window) aborted after a step, or while its
+    next step is in flight: whether its cached blocks reach vLLM's free queue group after
+    group (group 0's before group 1's), as `KVCacheManager.free` releases them."""
+    from vllm.v1.request import RequestStatus
+
+    from kvfuzz.harness.vllm_scheduler_target import _vllm_scheduler_api
+
+    ex = Execution(BUILTIN["gpt_oss_connector"][1], "scheduler", (target,), model=False)
+    ex.apply(_add("r", list(range(13)), max_tokens=8))
+    ex.apply({"op": "step"})
+    scheduler = ex.targets[0].side.vllm_scheduler
+    output = scheduler.schedule() if in_flight else None
+    groups = [{b.block_id for b in g if b.block_hash is not None}
+              for g in scheduler.kv_cache_manager.get_blocks("r").blocks]
+    scheduler.finish_requests("r", RequestStatus.FINISHED_ABORTED)
+    if output is not None:
+        assert scheduler.defer_block_free and scheduler.deferred_frees
+        scheduler.update_from_output(output, _vllm_scheduler_api().ModelRunnerOutput(
+            req_ids=list(output.num_scheduled_tokens), sampled_token_ids=[[1]]))
+        scheduler.schedule()  # drains the deferred free
+        assert not scheduler.deferred_frees
+    queue = [b.block_id for b in
+             scheduler.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()]
+    assert all(groups) and all(b in queue for g in groups for b in g)
+    return max(map(queue.index, groups[0])) < min(map(queue.index, groups[1]))
+
+
+def test_finding_018_is_reached_by_vllm_async_scheduler():
+    """With a KV-consumer connector and async scheduling (two batches), vLLM's AsyncScheduler
+    defers the free of a request aborted while a step that read it is in flight, and the drain
+    releases the window group's blocks before the full-attention group's: the reverse of the
+    order the same abort frees them in with no step in flight."""
+    assert _groups_released_in_order("vllm-scheduler", in_flight=False)
+    assert not _groups_released_in_order("vllm-async-scheduler", in_flight=True)
 
 
 # ----- the state machines, three-way, over the shapes above -----
@@ -188,6 +318,7 @@ for _name in CONFIGS:
     ("hit-not-adopted", "full", "DIFF-result"),
     ("mamba-split-unaligned", "mamba_align", "DIFF-result"),
     ("rejection-keeps-computed", "eagle", "DIFF-state"),
+    ("failed-load-kept", "connector", "DIFF-result"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
