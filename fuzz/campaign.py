@@ -1,9 +1,10 @@
 """A fuzzing campaign: generate traces until time or examples run out, keep every finding.
 
 The campaign is a stream of (level, config, seed) batches from `kvfuzz.fuzz.schedule.Schedule`,
-which shares the budget out so that every pair is reached first; after that, pairs whose
-behaviour coverage still grew in their latest batch weigh up to 20 % more (`weighting`), and
-the configs named by `--focus` three times as much. A backend runs each batch with a `BatchRunner` (in this process for
+which shares the budget out so that every pair is reached first; after that, a pair weighs
+1 + log2(1 + the target's code its latest batch reached first: lines and branches of the
+target's own source, `kvfuzz.fuzz.code_coverage`), plus up to 20 % when its behaviour coverage
+still grew (`weighting`), and the configs named by `--focus` three times as much. A backend runs each batch with a `BatchRunner` (in this process for
 `--workers 1`, in worker processes for `--workers K`, see `kvfuzz.fuzz.workers`); `Campaign`
 takes the results in batch order, so the same seed and options give the same examples and
 findings whatever the number of workers. An example is `kvfuzz.fuzz.generator.run_example` on
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import random
 import threading
 import time
@@ -38,6 +40,8 @@ from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.tolerance import Tolerance
+from kvfuzz.fuzz.code_coverage import (CodeRecorder, Site, count_lines, package_roots,
+                                       target_packages)
 from kvfuzz.fuzz.coverage import StateProbe, behaviour_features
 from kvfuzz.fuzz.database import open_database, quiet, warn
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
@@ -56,6 +60,12 @@ GROWTH_GAIN = 0.2
 (and a bug only it shows) then gets at least 1/1.2 of its even share. Weights of 1 + the new
 features (up to 30 times the share) delayed the pairs that grew little: watermark-ignored took
 twice the ops over every config (docs/engines.md)."""
+CODE_GAIN = "1 + log2(1 + new sites)"
+"""How a pair's weight grows with the target's code (lines and branches) its latest batch
+reached first (`code_weight`): without a cap, so a pair still reaching new code gets several
+times its share (300 examples over 92 pairs left each 2-4 under the capped gain), on a log
+scale, so that the first pair's first batch, which meets most of the common code, does not
+take the budget from the rest for LAG batches."""
 GROWTH_FULL = 10
 """New features in a batch that earn the whole gain (fewer: a proportional part)."""
 POLL_S = 0.1
@@ -82,6 +92,9 @@ class CampaignOptions:
     of the optional rules and knobs."""
     weighting: bool = True
     """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
+    code_coverage: bool = True
+    """Record the target's own code coverage per batch (summary, JSON) and, with weighting,
+    weigh pairs by the code they newly reach (`kvfuzz.fuzz.code_coverage`)."""
     focus: tuple[str, ...] = ()
     """Config and op names to favour (`check_focus`)."""
     lag: int = LAG
@@ -134,6 +147,10 @@ class Stats:
     """The campaign was ended by Ctrl-C or SIGTERM before its budget was spent."""
     tolerated: dict[str, int] = field(default_factory=dict)
     """Per known deviation (`id name`), the examples in which the target tolerated it."""
+    code: dict[Pair, set[Site]] = field(default_factory=dict)
+    """Per pair, the target's code sites (lines, branches) its batches ran."""
+    code_total: set[Site] = field(default_factory=set)
+    """Every pair's code sites together."""
 
     def pair(self, level: str, config: str) -> PairStats:
         return self.pairs.setdefault((level, config), PairStats())
@@ -152,6 +169,9 @@ class Stats:
             mine.operations += counts.operations
         self.interrupted = self.interrupted or other.interrupted
         count_into(self.tolerated, other.tolerated)
+        for pair, sites in other.code.items():
+            self.code.setdefault(pair, set()).update(sites)
+        self.code_total |= other.code_total
 
     def add(self, result: BatchResult) -> None:
         """Count a batch's examples, operations, checks and features."""
@@ -164,6 +184,9 @@ class Stats:
         self.features |= result.features
         self.interrupted = self.interrupted or result.interrupted
         count_into(self.tolerated, result.tolerated)
+        if result.code:
+            self.code.setdefault(result.batch.pair, set()).update(result.code)
+            self.code_total |= result.code
 
     def pairs_done(self) -> int:
         return sum(1 for counts in self.pairs.values() if counts.examples)
@@ -177,10 +200,13 @@ class Stats:
         return [pair for pair, c in self.pairs.items() if 0 < c.examples < FEW_EXAMPLES]
 
     def by_config(self) -> list[dict[str, Any]]:
-        """One row per (level, config) pair: examples, operations, findings."""
+        """One row per (level, config) pair: examples, operations, findings, the lines and
+        branches of the target's code it ran."""
         return [
             {"level": level, "config": config, **asdict(counts),
-             "findings": sum(f.level == level and f.config == config for f in self.findings)}
+             "findings": sum(f.level == level and f.config == config for f in self.findings),
+             **dict(zip(("code_lines", "code_branches"),
+                        count_lines(self.code.get((level, config), set()))))}
             for (level, config), counts in self.pairs.items()
         ]
 
@@ -190,6 +216,7 @@ class Stats:
             "operations": self.operations,
             "invariant_checks": self.checks,
             "coverage": len(self.features),
+            **dict(zip(("code_lines", "code_branches"), count_lines(self.code_total))),
             "edges": self.edges,
             "seconds": round(self.elapsed, 2),
             "interrupted": self.interrupted,
@@ -270,11 +297,22 @@ def check_focus(names: tuple[str, ...], configs: tuple[str, ...]) -> None:
                              f"({', '.join(configs)}) nor an op ({', '.join(FOCUS_OPS)})")
 
 
-def pair_weight(options: CampaignOptions, pair: Pair, growth: int) -> float:
-    """A pair's weight in the schedule: 1, plus up to GROWTH_GAIN for the new behaviour
-    features of its latest batch (with weighting), times FOCUS_WEIGHT for a focused config."""
-    gain = GROWTH_GAIN * min(growth, GROWTH_FULL) / GROWTH_FULL if options.weighting else 0.0
+def pair_weight(options: CampaignOptions, pair: Pair, growth: int, code_growth: int = 0) -> float:
+    """A pair's weight in the schedule: 1, plus (with weighting) `code_weight` of the target's
+    code sites its latest batch reached first and up to GROWTH_GAIN for its new behaviour
+    features, times FOCUS_WEIGHT for a focused config."""
+    gain = 0.0
+    if options.weighting:
+        gain = GROWTH_GAIN * min(growth, GROWTH_FULL) / GROWTH_FULL
+        if options.code_coverage:
+            gain += code_weight(code_growth)
     return (1 + gain) * (FOCUS_WEIGHT if pair[1] in options.focus else 1)
+
+
+def code_weight(new_sites: int) -> float:
+    """The weight a batch earns its pair by the target's code sites it reached first
+    (CODE_GAIN, less the 1 every pair has)."""
+    return math.log2(1 + new_sites)
 
 
 def failure_of(exc: Counterexample) -> Failure:
@@ -317,6 +355,10 @@ class BatchRunner:
         """Also called with each execution (a benchmark keeps their traces)."""
         self._executions: list[Execution] = []
         self.probe = StateProbe()
+        self.code: CodeRecorder | None = None
+        if options.code_coverage and options.engine == "hypothesis":  # atheris: libFuzzer's
+            info = get_target(options.target)
+            self.code = CodeRecorder(package_roots(target_packages(info.name, info.locate())))
 
     def example(self, level: str, name: str, data: bytes, swarm: bool = True) -> None:
         """Run one example of pair (level, name) from its bytes (both engines call this);
@@ -343,6 +385,9 @@ class BatchRunner:
             raise OutOfTime
 
     def _executed(self, execution: Execution) -> None:
+        if self.code is not None:
+            for tracked in execution.targets:
+                self.code.watch(tracked.side)
         self._executions.append(execution)
         if self.on_execution is not None:
             self.on_execution(execution)
@@ -398,6 +443,8 @@ class BatchRunner:
         logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
         result = BatchResult(batch)
         start = time.monotonic()
+        if self.code is not None:
+            self.code.batch(batch.examples, batch.first)
         try:
             self.hypothesis_batch(batch)
             result.examples = batch.examples
@@ -413,6 +460,9 @@ class BatchRunner:
             if not STOP_REQUESTED.is_set():
                 raise
             result.interrupted = True
+        finally:
+            if self.code is not None:
+                result.code = self.code.take()
         account(result, self.take_executions(), self.probe.take())
         count_into(result.tolerated, self.take_tolerated_builds())
         result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
@@ -548,7 +598,9 @@ class Campaign:
         if result.database_lost:
             self._warn_database(result.database_lost)
         growth = len(result.features - self.stats.features)
-        self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth))
+        code_growth = len(result.code - self.stats.code_total)
+        self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth,
+                                                 code_growth))
         self.stats.add(result)
         self.stats.elapsed = time.monotonic() - self._start
         if result.failure is not None:

@@ -118,6 +118,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="hypothesis (default) or atheris (coverage-guided libFuzzer)")
     run.add_argument("--no-model", action="store_true",
                      help="check invariants only, without the reference model in lockstep")
+    run.add_argument("--no-code-coverage", action="store_true",
+                     help="do not record the target's own code coverage (lines and branches of "
+                     "kvcache/ or vLLM's v1/core), nor weigh the pairs by the code they newly "
+                     "reach: behaviour features alone (docs/engines.md)")
     run.add_argument("--steps", type=int, default=40,
                      help="max ops per generated trace (default: 40)")
     run.add_argument("--focus", nargs="+", default=[], metavar="NAME",
@@ -486,7 +490,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
         data=args.data, database=databases, focus=tuple(args.focus), config_files=config_files,
         max_findings=args.max_findings,
-        tolerance=tolerance,
+        tolerance=tolerance, code_coverage=not args.no_code_coverage,
     )
     check_focus(options.focus, configs)
     backend = _ray_backend(args, options)
@@ -666,11 +670,15 @@ def _secs(seconds: float) -> str:
 
 
 def _summary(stats: Any, report: dict[str, Any]) -> None:
+    from kvfuzz.fuzz.code_coverage import count_lines
+
     rows = [("elapsed", f"{stats.elapsed:.1f} s"), ("examples", stats.examples),
             ("operations", stats.operations),
             ("ops/s", f"{stats.operations / max(stats.elapsed, 1e-9):.0f}"),
             ("invariant checks", stats.checks), ("distinct coverage", len(stats.features)),
             *([("libFuzzer edges", stats.edges)] if stats.edges else []),
+            *([("target code", "{} lines, {} branches".format(*count_lines(stats.code_total)))]
+              if stats.code_total else []),
             ("findings", len(stats.findings))]
     if stats.interrupted:
         rows.append(("interrupted", "yes: stopped by Ctrl-C or SIGTERM, findings so far kept"))

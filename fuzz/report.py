@@ -190,15 +190,20 @@ def summary_lines(rows: list[dict[str, Any]], warned: list[str]) -> list[str]:
     if clean:
         names.append(f"{len(clean)} clean pairs")
     width = max(map(len, names), default=9)
-    out = [f"  {'by config':<{width}}  {'examples':>9}  {'operations':>11}  findings  behaviours"]
+    code = any(r.get("code_lines") for r in rows)
+    out = [f"  {'by config':<{width}}  {'examples':>9}  {'operations':>11}  findings  behaviours"
+           + ("  code lines" if code else "")]
     for name, r in zip(names, shown):
         out.append(f"  {name:<{width}}  {r['examples']:>9}  {r['operations']:>11}  "
-                   f"{r['findings']:>8}  {len(r['reached'])}/{len(r['applies'])}")
+                   f"{r['findings']:>8}  {len(r['reached'])}/{len(r['applies']):<8}"
+                   + (f"  {r.get('code_lines', 0):>10}" if code else "").rstrip())
     if clean:
         got = [len(r["reached"]) for r in clean]
+        lines = [r.get("code_lines", 0) for r in clean]
         out.append(f"  {names[-1]:<{width}}  {sum(r['examples'] for r in clean):>9}  "
                    f"{sum(r['operations'] for r in clean):>11}  {0:>8}  "
-                   f"{min(got)}-{max(got)} each")
+                   f"{min(got)}-{max(got)} each"
+                   + (f"  {min(lines)}-{max(lines)} each" if code else ""))
     missed = {b.name: [f"{r['level']}/{r['config']}" for r in rows
                        if r["examples"] and b.name in r["never"]] for b in BEHAVIOURS}
     if any(missed.values()):
