@@ -40,6 +40,8 @@ from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.tolerance import Tolerance
+from kvfuzz.fuzz.config_space import (GENERATED, TRIES, NoConfig, cross_features,
+                                      generated_config)
 from kvfuzz.fuzz.code_coverage import (CodeRecorder, Site, count_lines, package_roots,
                                        target_packages)
 from kvfuzz.fuzz.coverage import StateProbe, behaviour_features
@@ -92,6 +94,9 @@ class CampaignOptions:
     of the optional rules and knobs."""
     weighting: bool = True
     """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
+    generated: bool = False
+    """Add a pair `generated` per level whose every batch runs a config drawn from the batch's
+    seed over the knob space (`kvfuzz.fuzz.config_space`), one the target can build."""
     code_coverage: bool = True
     """Record the target's own code coverage per batch (summary, JSON) and, with weighting,
     weigh pairs by the code they newly reach (`kvfuzz.fuzz.code_coverage`)."""
@@ -151,6 +156,8 @@ class Stats:
     """Per pair, the target's code sites (lines, branches) its batches ran."""
     code_total: set[Site] = field(default_factory=set)
     """Every pair's code sites together."""
+    generated: dict[str, list[str]] = field(default_factory=dict)
+    """Per generated config run (by name), the cross-feature combinations it has."""
 
     def pair(self, level: str, config: str) -> PairStats:
         return self.pairs.setdefault((level, config), PairStats())
@@ -172,6 +179,7 @@ class Stats:
         for pair, sites in other.code.items():
             self.code.setdefault(pair, set()).update(sites)
         self.code_total |= other.code_total
+        self.generated.update(other.generated)
 
     def add(self, result: BatchResult) -> None:
         """Count a batch's examples, operations, checks and features."""
@@ -187,6 +195,9 @@ class Stats:
         if result.code:
             self.code.setdefault(result.batch.pair, set()).update(result.code)
             self.code_total |= result.code
+        if result.generated is not None:
+            name, features = result.generated
+            self.generated[name] = list(features)
 
     def pairs_done(self) -> int:
         return sum(1 for counts in self.pairs.values() if counts.examples)
@@ -227,6 +238,7 @@ class Stats:
             "by_config": self.by_config(),
             "by_check": by_check(self.findings),
             "tolerated": dict(sorted(self.tolerated.items())),
+            "generated_configs": self.generated,
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -281,8 +293,9 @@ def selected_checks(data: str | None) -> list[Any] | None:
 
 
 def campaign_pairs(options: CampaignOptions) -> list[Pair]:
-    """The (level, config) pairs of a campaign, in its order."""
-    return [(level, name) for name in options.configs for level in options.levels]
+    """The (level, config) pairs of a campaign, in its order (the generated pairs last)."""
+    names = options.configs + ((GENERATED,) if options.generated else ())
+    return [(level, name) for name in names for level in options.levels]
 
 
 class FocusError(KvfuzzError):
@@ -355,6 +368,8 @@ class BatchRunner:
         """Also called with each execution (a benchmark keeps their traces)."""
         self._executions: list[Execution] = []
         self.probe = StateProbe()
+        self.generated: Config | None = None
+        """The config of the running batch of a generated pair."""
         self.code: CodeRecorder | None = None
         if options.code_coverage and options.engine == "hypothesis":  # atheris: libFuzzer's
             info = get_target(options.target)
@@ -366,12 +381,14 @@ class BatchRunner:
         stop_point()
         opts = self.options
         try:
+            config = self.generated if name == GENERATED else campaign_config(opts, name)
             run_example(
-                data, campaign_config(opts, name), level, steps=opts.steps,
+                data, config, level, steps=opts.steps,
                 targets=(self.target,), model=opts.model, checks=self.checks,
                 allow_misuse=not opts.target.startswith("vllm"), swarm=opts.swarm and swarm,
                 focus=self.focus_rules, on_execution=self._executed,
-                vary=name not in {c.name for c in opts.config_files}, on_op=self.probe.observe,
+                vary=name not in {c.name for c in opts.config_files} and name != GENERATED,
+                on_op=self.probe.observe,
                 stop=self._stop,
             )
         except ToleratedBuild as exc:  # a varied config the target documents it cannot build
@@ -391,6 +408,18 @@ class BatchRunner:
         self._executions.append(execution)
         if self.on_execution is not None:
             self.on_execution(execution)
+
+    def buildable_config(self, seed: int) -> Config:
+        """The generated config of `seed` the target can build: the first of the seeds drawn
+        from `seed` whose config it builds (vLLM refuses some combinations at startup)."""
+        info = get_target(self.options.target)
+        rng = random.Random(seed)
+        for _ in range(TRIES):
+            config = generated_config(seed)
+            if info.cannot_build(config) is None:
+                return config
+            seed = rng.getrandbits(64)
+        raise NoConfig(f"target {info.name} built none of {TRIES} generated configs")
 
     def take_executions(self) -> list[Execution]:
         """The executions run since the last call."""
@@ -445,6 +474,9 @@ class BatchRunner:
         start = time.monotonic()
         if self.code is not None:
             self.code.batch(batch.examples, batch.first)
+        if batch.config == GENERATED:
+            self.generated = self.buildable_config(batch.seed)
+            result.generated = (self.generated.name, sorted(cross_features(self.generated)))
         try:
             self.hypothesis_batch(batch)
             result.examples = batch.examples
@@ -613,7 +645,10 @@ class Campaign:
 
 
 def campaign_config(options: CampaignOptions, name: str) -> Config:
-    """The config named `name`: one of the user's config files, else a built-in one."""
+    """The config named `name`: one of the user's config files, else a built-in one (for
+    GENERATED, the generated config of seed 0, which stands for them)."""
+    if name == GENERATED:
+        return generated_config(0)
     for config in options.config_files:
         if config.name == name:
             return config

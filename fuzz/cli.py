@@ -118,6 +118,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="hypothesis (default) or atheris (coverage-guided libFuzzer)")
     run.add_argument("--no-model", action="store_true",
                      help="check invariants only, without the reference model in lockstep")
+    run.add_argument("--generated-configs", action="store_true",
+                     help="also run a pair `generated` per level: each batch a config drawn "
+                     "from its seed over every knob, validated like --config-file, one the "
+                     "target builds (docs/configs.md)")
     run.add_argument("--no-code-coverage", action="store_true",
                      help="do not record the target's own code coverage (lines and branches of "
                      "kvcache/ or vLLM's v1/core), nor weigh the pairs by the code they newly "
@@ -480,6 +484,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
     _check_ray(args)
+    if args.generated_configs and args.engine != "hypothesis":
+        raise UsageError("--generated-configs needs --engine hypothesis")
     _writable("--corpus", args.corpus, folder=True)
     for option, path in (("--json", args.json), ("--html", args.html)):
         if path is not None:
@@ -491,6 +497,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         data=args.data, database=databases, focus=tuple(args.focus), config_files=config_files,
         max_findings=args.max_findings,
         tolerance=tolerance, code_coverage=not args.no_code_coverage,
+        generated=args.generated_configs,
     )
     check_focus(options.focus, configs)
     backend = _ray_backend(args, options)
@@ -679,6 +686,7 @@ def _summary(stats: Any, report: dict[str, Any]) -> None:
             *([("libFuzzer edges", stats.edges)] if stats.edges else []),
             *([("target code", "{} lines, {} branches".format(*count_lines(stats.code_total)))]
               if stats.code_total else []),
+            *([("generated configs", _generated(stats.generated))] if stats.generated else []),
             ("findings", len(stats.findings))]
     if stats.interrupted:
         rows.append(("interrupted", "yes: stopped by Ctrl-C or SIGTERM, findings so far kept"))
@@ -693,6 +701,16 @@ def _summary(stats: Any, report: dict[str, Any]) -> None:
     _reach(stats)
     if stats.findings:
         _findings(stats.findings)
+
+
+def _generated(configs: dict[str, list[str]]) -> str:
+    """How many generated configs ran, and how many had each cross-feature combination."""
+    counts: dict[str, int] = {}
+    for features in configs.values():
+        for name in features:
+            counts[name] = counts.get(name, 0) + 1
+    return f"{len(configs)}" + (" (" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                                + ")" if counts else "")
 
 
 def _after_totals(stats: Any, buildable: Any, target: str) -> None:

@@ -130,6 +130,7 @@ def pair_rows(stats: Any, options: Any) -> list[dict[str, Any]]:
     """One row per (level, config) pair: its counts, the behaviours that apply to it, those it
     reached and those it never reached."""
     from kvfuzz.fuzz.campaign import campaign_config
+    from kvfuzz.fuzz.config_space import GENERATED
 
     reached = reached_by_pair(stats.features)
     coverage: dict[tuple[str, str], int] = {}
@@ -139,7 +140,8 @@ def pair_rows(stats: Any, options: Any) -> list[dict[str, Any]]:
     for row in stats.by_config():
         pair = (row["level"], row["config"])
         config = campaign_config(options, row["config"])
-        apply = [b.name for b in BEHAVIOURS if b.applies(config, row["level"])]
+        apply = ([] if row["config"] == GENERATED  # a config per batch: no one applies
+                 else [b.name for b in BEHAVIOURS if b.applies(config, row["level"])])
         got = reached.get(pair, set())
         rows.append({**row, "coverage": coverage.get(pair, 0), "applies": apply,
                      "reached": [n for n in apply if n in got],

@@ -97,6 +97,8 @@ class BatchResult:
     """Per known deviation (`id name`), the examples in which the target tolerated it."""
     code: set[tuple[Any, ...]] = field(default_factory=set)
     """The target's code sites the batch ran (`kvfuzz.fuzz.code_coverage`)."""
+    generated: tuple[str, tuple[str, ...] | list[str]] | None = None
+    """A generated pair's batch: its config's name and cross-feature combinations."""
 
 
 def batch_seed(campaign_seed: int, index: int) -> int:
