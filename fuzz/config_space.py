@@ -17,6 +17,7 @@ groups with EAGLE on one, a 1-token checkpoint alignment with hash block size 1)
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -165,6 +166,55 @@ def cross_features(config: Config) -> set[str]:
             for g in mamba):
         found.add("one_token_checkpoint_hbs_1")
     return found
+
+
+FLAGS = ("use_eagle", "partial_hits", "extra_keys", "deferred_frees", "kv_events",
+         "kv_connector")
+"""The config's feature switches a shrink turns off."""
+GROUP_DEFAULTS = {"eagle": False, "extra_retained_tokens": 0, "num_speculative_blocks": 0,
+                  "num_prefill_checkpoint_blocks": 0, "prefill_checkpoint_alignment": None}
+"""Group fields a shrink sets back (a checkpoint alignment goes with its blocks)."""
+
+
+def is_generated(config: Config) -> bool:
+    """A config drawn by `generated_config` (its name says so)."""
+    return config.name.startswith("gen-")
+
+
+def config_features(config: Config) -> int:
+    """How much a config has beyond the plainest: groups past the first, features switched
+    on, group fields off their defaults (the shrinker's order on configs)."""
+    return (len(config.groups) - 1 + sum(bool(getattr(config, f)) for f in FLAGS)
+            + (config.watermark > 0) + (config.prefix_cache_retention_interval is not None)
+            + (config.hash_block_size is not None)
+            + sum(getattr(g, k) != v for g in config.groups for k, v in GROUP_DEFAULTS.items()))
+
+
+def generated_variants(config: Config) -> list[dict[str, Any]]:
+    """Smaller versions of a generated config, as `Config.replace` changes: a group dropped,
+    a feature off, a group field back to its default (the caller skips those that do not
+    validate)."""
+    changes: list[dict[str, Any]] = []
+    groups = config.groups
+    if len(groups) > 1:
+        changes += [{"groups": groups[:i] + groups[i + 1:]} for i in range(len(groups))]
+    changes += [{flag: False} for flag in FLAGS if getattr(config, flag)]
+    if config.watermark > 0:
+        changes.append({"watermark": 0.0})
+    if config.prefix_cache_retention_interval is not None:
+        changes.append({"prefix_cache_retention_interval": None})
+    if config.hash_block_size is not None:
+        changes.append({"hash_block_size": None})
+    for i, group in enumerate(groups):
+        fields = {k: v for k, v in GROUP_DEFAULTS.items() if getattr(group, k) != v}
+        if "num_prefill_checkpoint_blocks" in fields:
+            fields["num_prefill_checkpoint_blocks"] = {"num_prefill_checkpoint_blocks": 0,
+                                                       "prefill_checkpoint_alignment": None}
+        for key, value in fields.items():
+            change = value if isinstance(value, dict) else {key: value}
+            replaced = dataclasses.replace(group, **change)
+            changes.append({"groups": groups[:i] + (replaced,) + groups[i + 1:]})
+    return changes
 
 
 CROSS_FEATURES = ("eagle_window_below_alignment", "retention_eagle", "events_partial_entries",

@@ -9,8 +9,9 @@ from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.core.trace import Trace
 from kvfuzz.fuzz.campaign import Campaign, CampaignOptions
 from kvfuzz.fuzz.cli import main
-from kvfuzz.fuzz.config_space import (CROSS_FEATURES, GENERATED, cross_features,
-                                      generated_config)
+from kvfuzz.fuzz.config_space import (CROSS_FEATURES, GENERATED, config_features,
+                                      cross_features, generated_config, generated_variants,
+                                      is_generated)
 from kvfuzz.harness.executor import run_trace
 
 
@@ -78,3 +79,25 @@ def test_the_summary_and_json_list_the_generated_configs(tmp_path, capsys):
     assert main(["run", "--engine", "atheris", "--generated-configs", "--examples", "5",
                  "--corpus", str(tmp_path / "c")]) == 2
     assert "--generated-configs needs --engine hypothesis" in capsys.readouterr().err
+
+
+def test_a_finding_on_a_generated_config_names_the_smallest_config_that_still_fails(tmp_path):
+    options = CampaignOptions(target="bug:free-forgets-decrement", seconds=None, examples=40,
+                              seed=5, configs=(), generated=True, corpus=tmp_path / "c",
+                              max_findings=1, shrink_seconds=20)
+    stats = Campaign(options).run()
+    trace = Trace.load(stats.findings[0].file)
+    assert trace.config.name in stats.generated and stats.generated[trace.config.name]
+    assert is_generated(trace.config) and config_features(trace.config) == 0
+    assert not run_trace(trace, ["bug:free-forgets-decrement"]).passed
+
+
+def test_generated_variants_drop_groups_and_features():
+    config = Config(16, (GroupConfig("full", 4), GroupConfig("full", 4, eagle=True)),
+                    name="gen-00000001", use_eagle=True, kv_events=True, watermark=0.1)
+    assert config_features(config) == 5
+    variants = generated_variants(config)
+    assert {"use_eagle": False} in variants and {"kv_events": False} in variants
+    assert {"watermark": 0.0} in variants
+    assert {"groups": (GroupConfig("full", 4),)} in variants
+    assert not is_generated(builtin_config("full"))
