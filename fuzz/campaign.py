@@ -66,8 +66,9 @@ CODE_GAIN = "1 + log2(1 + new sites)"
 """How a pair's weight grows with the target's code (lines and branches) its latest batch
 reached first (`code_weight`): without a cap, so a pair still reaching new code gets several
 times its share (300 examples over 92 pairs left each 2-4 under the capped gain), on a log
-scale, so that the first pair's first batch, which meets most of the common code, does not
-take the budget from the rest for LAG batches."""
+scale. The first batch that records any code meets the code every pair runs (about 900 of
+kvcache's sites): it earns nothing, or that pair would take the budget from the rest for LAG
+batches."""
 GROWTH_FULL = 10
 """New features in a batch that earn the whole gain (fewer: a proportional part)."""
 POLL_S = 0.1
@@ -630,7 +631,8 @@ class Campaign:
         if result.database_lost:
             self._warn_database(result.database_lost)
         growth = len(result.features - self.stats.features)
-        code_growth = len(result.code - self.stats.code_total)
+        # The campaign's first code is the common code every pair runs: no pair's own.
+        code_growth = len(result.code - self.stats.code_total) if self.stats.code_total else 0
         self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth,
                                                  code_growth))
         self.stats.add(result)
