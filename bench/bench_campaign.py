@@ -4,7 +4,8 @@ counterexample with and without swarm testing and weighting; everything measured
 Throughput, per built-in config and engine (both levels, model and every check on): the
 Hypothesis engine runs a seeded campaign and keeps the traces it generated; replaying those
 same traces with `run_trace` gives the executor's ops/s on exactly those ops; the ratio is
-campaign / replay (goal >= 0.5), each the median of rounds that run one then the other. The
+campaign / replay (goal >= 0.5, with the target's code coverage recorded: `code cov`, and
+without it: `no code cov`), each the median of rounds that run one then the other. The
 atheris engine runs as `kvfuzz run --engine atheris` does (a libFuzzer subprocess, kvcache
 instrumented), less the worker's start-up (Python imports and instrumentation, timed with a
 1-example run of the same config just before); its ratio is against the same replay figure,
@@ -43,7 +44,7 @@ PLANTS = (*REQUIRED, "lookup-ignores-bound", "watermark-ignored", "reset-while-h
           "no-eviction-on-pop", "window-never-freed")
 
 
-def hypothesis_rate(config: str, examples: int) -> tuple[float, float]:
+def hypothesis_rate(config: str, examples: int, code_coverage: bool = True) -> tuple[float, float]:
     """(campaign ops/s, replay ops/s of the same traces): medians of REPLAYS rounds, each a
     seeded campaign (the same examples every round) then a replay of its traces, so that both
     sides of the ratio see the same load on a shared machine."""
@@ -51,7 +52,8 @@ def hypothesis_rate(config: str, examples: int) -> tuple[float, float]:
     for _ in range(REPLAYS):
         with tempfile.TemporaryDirectory() as corpus:
             campaign = Campaign(CampaignOptions(seconds=None, examples=examples, seed=7,
-                                                configs=(config,), corpus=Path(corpus)))
+                                                configs=(config,), corpus=Path(corpus),
+                                                code_coverage=code_coverage))
             traces: list = []
             campaign.runner.on_execution = lambda execution: traces.append(execution.trace)
             start = time.perf_counter()
@@ -80,7 +82,7 @@ def atheris_run(config: str, examples: int) -> tuple[int, float]:
     return stats.operations, stats.elapsed
 
 
-def throughput(examples: int) -> None:
+def throughput(examples: int, configs: list[str] | None = None) -> None:
     try:
         import atheris  # noqa: F401
     except ImportError:
@@ -91,10 +93,11 @@ def throughput(examples: int) -> None:
           f"Hypothesis campaign and replay of its traces: medians of {REPLAYS} rounds of both, "
           f"interleaved; atheris: {ATHERIS_SCALE} times the examples, less its worker's start-up "
           "(a 1-example run of the same config just before)")
-    print(f"{'config':18} {'replay ops/s':>12} {'hypothesis':>11} {'ratio':>6} "
-          f"{'atheris':>8} {'ratio':>6}")
+    print(f"{'config':18} {'replay ops/s':>12} {'no code cov':>11} {'ratio':>6} "
+          f"{'code cov':>11} {'ratio':>6} {'atheris':>8} {'ratio':>6}")
     hypothesis_rate("full", 5)  # warm-up: imports, first-use caches
-    for name in BUILTIN:
+    for name in configs or BUILTIN:
+        plain, plain_replay = hypothesis_rate(name, examples, code_coverage=False)
         rate, replay = hypothesis_rate(name, examples)
         ath_text = "       -      -"
         if has_atheris:
@@ -102,8 +105,8 @@ def throughput(examples: int) -> None:
             ops, seconds = atheris_run(name, examples * ATHERIS_SCALE)
             ath = ops / max(seconds - startup, 1e-9)
             ath_text = f"{ath:8.0f} {ath / replay:6.2f}"
-        print(f"{name:18} {replay:12.0f} {rate:11.0f} {rate / replay:6.2f} {ath_text}",
-              flush=True)
+        print(f"{name:18} {replay:12.0f} {plain:11.0f} {plain / plain_replay:6.2f} "
+              f"{rate:11.0f} {rate / replay:6.2f} {ath_text}", flush=True)
 
 
 def rss_mb() -> float:
@@ -188,10 +191,11 @@ def main() -> None:
     parser.add_argument("--every-config", action="store_true",
                         help="hunt each bug over every built-in config (default: its own)")
     parser.add_argument("--only", choices=("throughput", "memory", "ttc"))
+    parser.add_argument("--config", nargs="+", choices=BUILTIN, help="throughput: only these")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     if args.only in (None, "throughput"):
-        throughput(args.examples)
+        throughput(args.examples, args.config)
     if args.only in (None, "memory"):
         memory(args.rss_seconds)
     if args.only in (None, "ttc"):

@@ -4,6 +4,10 @@ One core, the default campaign (Hypothesis engine, every built-in config in turn
 reference model on), five seeds per plant. Goal: under 5 s and at most 10 ops for each of the
 six plants of the checker issue. `--all` also times the other plants of harness/mutants.py,
 with the data checks on CPU for the plants only they can see (`Mutant.needs_data`).
+
+Each hunt runs twice, seed by seed: before (the schedule weighed by behaviour features alone,
+`code_coverage=False`) and after (the target's own code coverage recorded and weighing the
+pairs, the default); the last line gives the median over the plants of each.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from kvfuzz.fuzz.campaign import CampaignOptions
 from kvfuzz.harness.mutants import MUTANTS, REQUIRED
 
 
-def hunt(name: str, seed: int, budget: float) -> tuple[float | None, int | None, str]:
+def hunt(name: str, seed: int, budget: float,
+         code_coverage: bool = True) -> tuple[float | None, int | None, str]:
     mutant = MUTANTS[name]
     return first_counterexample(target=f"bug:{name}", seconds=budget, seed=seed,
                                 configs=mutant.configs or CampaignOptions().configs,
-                                data="cpu" if mutant.needs_data else None)
+                                data="cpu" if mutant.needs_data else None,
+                                code_coverage=code_coverage)
 
 
 def main() -> None:
@@ -34,19 +40,29 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     names = args.plant or (list(MUTANTS) if args.all else list(REQUIRED))
-    print(f"{'planted bug':26} {'median s':>9} {'max s':>7} {'median ops':>11} {'max ops':>8} "
-          f"{'found':>6}  checks")
+    print(f"{'planted bug':26} {'code cov':>8} {'median s':>9} {'max s':>7} {'median ops':>11} "
+          f"{'max ops':>8} {'found':>6}  checks")
+    medians: dict[bool, list[float]] = {False: [], True: []}
     for name in names:
-        runs = [hunt(name, seed, args.budget) for seed in range(args.seeds)]
-        times = [t for t, _, _ in runs if t is not None]
-        lengths = [n for _, n, _ in runs if n is not None]
-        checks = sorted({c for _, _, c in runs if c != "-"})
-        if times:
-            print(f"{name:26} {statistics.median(times):9.2f} {max(times):7.2f} "
-                  f"{statistics.median(lengths):11.0f} {max(lengths):8d} "
-                  f"{len(times):3d}/{len(runs):<2d}  {', '.join(checks)}")
-        else:
-            print(f"{name:26} {'not found in budget':>40}")
+        runs: dict[bool, list] = {False: [], True: []}
+        for seed in range(args.seeds):
+            for code in (False, True):
+                runs[code].append(hunt(name, seed, args.budget, code))
+        for code in (False, True):
+            times = [t if t is not None else args.budget for t, _, _ in runs[code]]
+            lengths = [n for _, n, _ in runs[code] if n is not None]
+            checks = sorted({c for _, _, c in runs[code] if c != "-"})
+            medians[code].append(statistics.median(times))
+            label = "after" if code else "before"
+            if lengths:
+                print(f"{name:26} {label:>8} {statistics.median(times):9.2f} {max(times):7.2f} "
+                      f"{statistics.median(lengths):11.0f} {max(lengths):8d} "
+                      f"{len(lengths):3d}/{len(times):<2d}  {', '.join(checks)}", flush=True)
+            else:
+                print(f"{name:26} {label:>8} {'not found in budget':>40}", flush=True)
+    before, after = (statistics.median(medians[c]) for c in (False, True))
+    print(f"{'median over the plants':26} before {before:.2f} s, after {after:.2f} s "
+          "(a hunt not found counts as the budget)")
 
 
 if __name__ == "__main__":

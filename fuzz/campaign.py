@@ -1,9 +1,10 @@
 """A fuzzing campaign: generate traces until time or examples run out, keep every finding.
 
 The campaign is a stream of (level, config, seed) batches from `kvfuzz.fuzz.schedule.Schedule`,
-which shares the budget out so that every pair is reached first; after that, pairs whose
-behaviour coverage still grew in their latest batch weigh up to 20 % more (`weighting`), and
-the configs named by `--focus` three times as much. A backend runs each batch with a `BatchRunner` (in this process for
+which shares the budget out so that every pair is reached first; after that, a pair weighs
+1 + log2(1 + the target's code its latest batch reached first: lines and branches of the
+target's own source, `kvfuzz.fuzz.code_coverage`), plus up to 20 % when its behaviour coverage
+still grew (`weighting`), and the configs named by `--focus` three times as much. A backend runs each batch with a `BatchRunner` (in this process for
 `--workers 1`, in worker processes for `--workers K`, see `kvfuzz.fuzz.workers`); `Campaign`
 takes the results in batch order, so the same seed and options give the same examples and
 findings whatever the number of workers. An example is `kvfuzz.fuzz.generator.run_example` on
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import random
 import threading
 import time
@@ -38,6 +40,10 @@ from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Counterexample, Execution
 from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.tolerance import Tolerance
+from kvfuzz.fuzz.config_space import (GENERATED, TRIES, NoConfig, cross_features,
+                                      generated_config)
+from kvfuzz.fuzz.code_coverage import (CodeRecorder, Site, count_lines, package_roots,
+                                       target_packages)
 from kvfuzz.fuzz.coverage import StateProbe, behaviour_features
 from kvfuzz.fuzz.database import open_database, quiet, warn
 from kvfuzz.fuzz.findings import FindingRecord, Findings, by_check
@@ -56,6 +62,13 @@ GROWTH_GAIN = 0.2
 (and a bug only it shows) then gets at least 1/1.2 of its even share. Weights of 1 + the new
 features (up to 30 times the share) delayed the pairs that grew little: watermark-ignored took
 twice the ops over every config (docs/engines.md)."""
+CODE_GAIN = "1 + log2(1 + new sites)"
+"""How a pair's weight grows with the target's code (lines and branches) its latest batch
+reached first (`code_weight`): without a cap, so a pair still reaching new code gets several
+times its share (300 examples over 92 pairs left each 2-4 under the capped gain), on a log
+scale. The first batch that records any code meets the code every pair runs (about 900 of
+kvcache's sites): it earns nothing, or that pair would take the budget from the rest for LAG
+batches."""
 GROWTH_FULL = 10
 """New features in a batch that earn the whole gain (fewer: a proportional part)."""
 POLL_S = 0.1
@@ -82,6 +95,12 @@ class CampaignOptions:
     of the optional rules and knobs."""
     weighting: bool = True
     """After one batch of every pair, pairs whose behaviour coverage still grows get more."""
+    generated: bool = False
+    """Add a pair `generated` per level whose every batch runs a config drawn from the batch's
+    seed over the knob space (`kvfuzz.fuzz.config_space`), one the target can build."""
+    code_coverage: bool = True
+    """Record the target's own code coverage per batch (summary, JSON) and, with weighting,
+    weigh pairs by the code they newly reach (`kvfuzz.fuzz.code_coverage`)."""
     focus: tuple[str, ...] = ()
     """Config and op names to favour (`check_focus`)."""
     lag: int = LAG
@@ -134,6 +153,12 @@ class Stats:
     """The campaign was ended by Ctrl-C or SIGTERM before its budget was spent."""
     tolerated: dict[str, int] = field(default_factory=dict)
     """Per known deviation (`id name`), the examples in which the target tolerated it."""
+    code: dict[Pair, set[Site]] = field(default_factory=dict)
+    """Per pair, the target's code sites (lines, branches) its batches ran."""
+    code_total: set[Site] = field(default_factory=set)
+    """Every pair's code sites together."""
+    generated: dict[str, list[str]] = field(default_factory=dict)
+    """Per generated config run (by name), the cross-feature combinations it has."""
 
     def pair(self, level: str, config: str) -> PairStats:
         return self.pairs.setdefault((level, config), PairStats())
@@ -152,6 +177,10 @@ class Stats:
             mine.operations += counts.operations
         self.interrupted = self.interrupted or other.interrupted
         count_into(self.tolerated, other.tolerated)
+        for pair, sites in other.code.items():
+            self.code.setdefault(pair, set()).update(sites)
+        self.code_total |= other.code_total
+        self.generated.update(other.generated)
 
     def add(self, result: BatchResult) -> None:
         """Count a batch's examples, operations, checks and features."""
@@ -164,6 +193,12 @@ class Stats:
         self.features |= result.features
         self.interrupted = self.interrupted or result.interrupted
         count_into(self.tolerated, result.tolerated)
+        if result.code:
+            self.code.setdefault(result.batch.pair, set()).update(result.code)
+            self.code_total |= result.code
+        if result.generated is not None:
+            name, features = result.generated
+            self.generated[name] = list(features)
 
     def pairs_done(self) -> int:
         return sum(1 for counts in self.pairs.values() if counts.examples)
@@ -177,10 +212,13 @@ class Stats:
         return [pair for pair, c in self.pairs.items() if 0 < c.examples < FEW_EXAMPLES]
 
     def by_config(self) -> list[dict[str, Any]]:
-        """One row per (level, config) pair: examples, operations, findings."""
+        """One row per (level, config) pair: examples, operations, findings, the lines and
+        branches of the target's code it ran."""
         return [
             {"level": level, "config": config, **asdict(counts),
-             "findings": sum(f.level == level and f.config == config for f in self.findings)}
+             "findings": sum(f.level == level and f.config == config for f in self.findings),
+             **dict(zip(("code_lines", "code_branches"),
+                        count_lines(self.code.get((level, config), set()))))}
             for (level, config), counts in self.pairs.items()
         ]
 
@@ -190,6 +228,7 @@ class Stats:
             "operations": self.operations,
             "invariant_checks": self.checks,
             "coverage": len(self.features),
+            **dict(zip(("code_lines", "code_branches"), count_lines(self.code_total))),
             "edges": self.edges,
             "seconds": round(self.elapsed, 2),
             "interrupted": self.interrupted,
@@ -200,6 +239,7 @@ class Stats:
             "by_config": self.by_config(),
             "by_check": by_check(self.findings),
             "tolerated": dict(sorted(self.tolerated.items())),
+            "generated_configs": self.generated,
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -254,8 +294,9 @@ def selected_checks(data: str | None) -> list[Any] | None:
 
 
 def campaign_pairs(options: CampaignOptions) -> list[Pair]:
-    """The (level, config) pairs of a campaign, in its order."""
-    return [(level, name) for name in options.configs for level in options.levels]
+    """The (level, config) pairs of a campaign, in its order (the generated pairs last)."""
+    names = options.configs + ((GENERATED,) if options.generated else ())
+    return [(level, name) for name in names for level in options.levels]
 
 
 class FocusError(KvfuzzError):
@@ -270,11 +311,22 @@ def check_focus(names: tuple[str, ...], configs: tuple[str, ...]) -> None:
                              f"({', '.join(configs)}) nor an op ({', '.join(FOCUS_OPS)})")
 
 
-def pair_weight(options: CampaignOptions, pair: Pair, growth: int) -> float:
-    """A pair's weight in the schedule: 1, plus up to GROWTH_GAIN for the new behaviour
-    features of its latest batch (with weighting), times FOCUS_WEIGHT for a focused config."""
-    gain = GROWTH_GAIN * min(growth, GROWTH_FULL) / GROWTH_FULL if options.weighting else 0.0
+def pair_weight(options: CampaignOptions, pair: Pair, growth: int, code_growth: int = 0) -> float:
+    """A pair's weight in the schedule: 1, plus (with weighting) `code_weight` of the target's
+    code sites its latest batch reached first and up to GROWTH_GAIN for its new behaviour
+    features, times FOCUS_WEIGHT for a focused config."""
+    gain = 0.0
+    if options.weighting:
+        gain = GROWTH_GAIN * min(growth, GROWTH_FULL) / GROWTH_FULL
+        if options.code_coverage:
+            gain += code_weight(code_growth)
     return (1 + gain) * (FOCUS_WEIGHT if pair[1] in options.focus else 1)
+
+
+def code_weight(new_sites: int) -> float:
+    """The weight a batch earns its pair by the target's code sites it reached first
+    (CODE_GAIN, less the 1 every pair has)."""
+    return math.log2(1 + new_sites)
 
 
 def failure_of(exc: Counterexample) -> Failure:
@@ -317,6 +369,12 @@ class BatchRunner:
         """Also called with each execution (a benchmark keeps their traces)."""
         self._executions: list[Execution] = []
         self.probe = StateProbe()
+        self.generated: Config | None = None
+        """The config of the running batch of a generated pair."""
+        self.code: CodeRecorder | None = None
+        if options.code_coverage and options.engine == "hypothesis":  # atheris: libFuzzer's
+            info = get_target(options.target)
+            self.code = CodeRecorder(package_roots(target_packages(info.name, info.locate())))
 
     def example(self, level: str, name: str, data: bytes, swarm: bool = True) -> None:
         """Run one example of pair (level, name) from its bytes (both engines call this);
@@ -324,12 +382,14 @@ class BatchRunner:
         stop_point()
         opts = self.options
         try:
+            config = self.generated if name == GENERATED else campaign_config(opts, name)
             run_example(
-                data, campaign_config(opts, name), level, steps=opts.steps,
+                data, config, level, steps=opts.steps,
                 targets=(self.target,), model=opts.model, checks=self.checks,
                 allow_misuse=not opts.target.startswith("vllm"), swarm=opts.swarm and swarm,
                 focus=self.focus_rules, on_execution=self._executed,
-                vary=name not in {c.name for c in opts.config_files}, on_op=self.probe.observe,
+                vary=name not in {c.name for c in opts.config_files} and name != GENERATED,
+                on_op=self.probe.observe,
                 stop=self._stop,
             )
         except ToleratedBuild as exc:  # a varied config the target documents it cannot build
@@ -343,9 +403,24 @@ class BatchRunner:
             raise OutOfTime
 
     def _executed(self, execution: Execution) -> None:
+        if self.code is not None:
+            for tracked in execution.targets:
+                self.code.watch(tracked.side)
         self._executions.append(execution)
         if self.on_execution is not None:
             self.on_execution(execution)
+
+    def buildable_config(self, seed: int) -> Config:
+        """The generated config of `seed` the target can build: the first of the seeds drawn
+        from `seed` whose config it builds (vLLM refuses some combinations at startup)."""
+        info = get_target(self.options.target)
+        rng = random.Random(seed)
+        for _ in range(TRIES):
+            config = generated_config(seed)
+            if info.cannot_build(config) is None:
+                return config
+            seed = rng.getrandbits(64)
+        raise NoConfig(f"target {info.name} built none of {TRIES} generated configs")
 
     def take_executions(self) -> list[Execution]:
         """The executions run since the last call."""
@@ -398,6 +473,11 @@ class BatchRunner:
         logging.getLogger("kvfuzz.kvcache").setLevel(logging.ERROR)
         result = BatchResult(batch)
         start = time.monotonic()
+        if self.code is not None:
+            self.code.batch(batch.examples, batch.first)
+        if batch.config == GENERATED:
+            self.generated = self.buildable_config(batch.seed)
+            result.generated = (self.generated.name, sorted(cross_features(self.generated)))
         try:
             self.hypothesis_batch(batch)
             result.examples = batch.examples
@@ -413,6 +493,9 @@ class BatchRunner:
             if not STOP_REQUESTED.is_set():
                 raise
             result.interrupted = True
+        finally:
+            if self.code is not None:
+                result.code = self.code.take()
         account(result, self.take_executions(), self.probe.take())
         count_into(result.tolerated, self.take_tolerated_builds())
         result.interrupted = result.interrupted or STOP_REQUESTED.is_set()
@@ -548,7 +631,10 @@ class Campaign:
         if result.database_lost:
             self._warn_database(result.database_lost)
         growth = len(result.features - self.stats.features)
-        self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth))
+        # The campaign's first code is the common code every pair runs: no pair's own.
+        code_growth = len(result.code - self.stats.code_total) if self.stats.code_total else 0
+        self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth,
+                                                 code_growth))
         self.stats.add(result)
         self.stats.elapsed = time.monotonic() - self._start
         if result.failure is not None:
@@ -561,7 +647,10 @@ class Campaign:
 
 
 def campaign_config(options: CampaignOptions, name: str) -> Config:
-    """The config named `name`: one of the user's config files, else a built-in one."""
+    """The config named `name`: one of the user's config files, else a built-in one (for
+    GENERATED, the generated config of seed 0, which stands for them)."""
+    if name == GENERATED:
+        return generated_config(0)
     for config in options.config_files:
         if config.name == name:
             return config

@@ -118,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="hypothesis (default) or atheris (coverage-guided libFuzzer)")
     run.add_argument("--no-model", action="store_true",
                      help="check invariants only, without the reference model in lockstep")
+    run.add_argument("--generated-configs", action="store_true",
+                     help="also run a pair `generated` per level: each batch a config drawn "
+                     "from its seed over every knob, validated like --config-file, one the "
+                     "target builds (docs/configs.md)")
+    run.add_argument("--no-code-coverage", action="store_true",
+                     help="do not record the target's own code coverage (lines and branches of "
+                     "kvcache/ or vLLM's v1/core), nor weigh the pairs by the code they newly "
+                     "reach: behaviour features alone (docs/engines.md)")
     run.add_argument("--steps", type=int, default=40,
                      help="max ops per generated trace (default: 40)")
     run.add_argument("--focus", nargs="+", default=[], metavar="NAME",
@@ -477,6 +485,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     databases = tuple(args.database or ())
     _check_databases(databases, args.engine)
     _check_ray(args)
+    if args.generated_configs and args.engine != "hypothesis":
+        raise UsageError("--generated-configs needs --engine hypothesis")
     _writable("--corpus", args.corpus, folder=True)
     for option, path in (("--json", args.json), ("--html", args.html)):
         if path is not None:
@@ -487,7 +497,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         model=not args.no_model, levels=tuple(args.level), steps=args.steps, engine=args.engine,
         data=args.data, database=databases, focus=tuple(args.focus), config_files=config_files,
         max_findings=args.max_findings,
-        tolerance=tolerance,
+        tolerance=tolerance, code_coverage=not args.no_code_coverage,
+        generated=args.generated_configs,
     )
     check_focus(options.focus, configs)
     backend = _ray_backend(args, options)
@@ -667,11 +678,16 @@ def _secs(seconds: float) -> str:
 
 
 def _summary(stats: Any, report: dict[str, Any]) -> None:
+    from kvfuzz.fuzz.code_coverage import count_lines
+
     rows = [("elapsed", f"{stats.elapsed:.1f} s"), ("examples", stats.examples),
             ("operations", stats.operations),
             ("ops/s", f"{stats.operations / max(stats.elapsed, 1e-9):.0f}"),
             ("invariant checks", stats.checks), ("distinct coverage", len(stats.features)),
             *([("libFuzzer edges", stats.edges)] if stats.edges else []),
+            *([("target code", "{} lines, {} branches".format(*count_lines(stats.code_total)))]
+              if stats.code_total else []),
+            *([("generated configs", _generated(stats.generated))] if stats.generated else []),
             ("findings", len(stats.findings))]
     if stats.interrupted:
         rows.append(("interrupted", "yes: stopped by Ctrl-C or SIGTERM, findings so far kept"))
@@ -686,6 +702,16 @@ def _summary(stats: Any, report: dict[str, Any]) -> None:
     _reach(stats)
     if stats.findings:
         _findings(stats.findings)
+
+
+def _generated(configs: dict[str, list[str]]) -> str:
+    """How many generated configs ran, and how many had each cross-feature combination."""
+    counts: dict[str, int] = {}
+    for features in configs.values():
+        for name in features:
+            counts[name] = counts.get(name, 0) + 1
+    return f"{len(configs)}" + (" (" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                                + ")" if counts else "")
 
 
 def _after_totals(stats: Any, buildable: Any, target: str) -> None:

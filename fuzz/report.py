@@ -130,6 +130,7 @@ def pair_rows(stats: Any, options: Any) -> list[dict[str, Any]]:
     """One row per (level, config) pair: its counts, the behaviours that apply to it, those it
     reached and those it never reached."""
     from kvfuzz.fuzz.campaign import campaign_config
+    from kvfuzz.fuzz.config_space import GENERATED
 
     reached = reached_by_pair(stats.features)
     coverage: dict[tuple[str, str], int] = {}
@@ -139,7 +140,8 @@ def pair_rows(stats: Any, options: Any) -> list[dict[str, Any]]:
     for row in stats.by_config():
         pair = (row["level"], row["config"])
         config = campaign_config(options, row["config"])
-        apply = [b.name for b in BEHAVIOURS if b.applies(config, row["level"])]
+        apply = ([] if row["config"] == GENERATED  # a config per batch: no one applies
+                 else [b.name for b in BEHAVIOURS if b.applies(config, row["level"])])
         got = reached.get(pair, set())
         rows.append({**row, "coverage": coverage.get(pair, 0), "applies": apply,
                      "reached": [n for n in apply if n in got],
@@ -190,15 +192,20 @@ def summary_lines(rows: list[dict[str, Any]], warned: list[str]) -> list[str]:
     if clean:
         names.append(f"{len(clean)} clean pairs")
     width = max(map(len, names), default=9)
-    out = [f"  {'by config':<{width}}  {'examples':>9}  {'operations':>11}  findings  behaviours"]
+    code = any(r.get("code_lines") for r in rows)
+    out = [f"  {'by config':<{width}}  {'examples':>9}  {'operations':>11}  findings  behaviours"
+           + ("  code lines" if code else "")]
     for name, r in zip(names, shown):
         out.append(f"  {name:<{width}}  {r['examples']:>9}  {r['operations']:>11}  "
-                   f"{r['findings']:>8}  {len(r['reached'])}/{len(r['applies'])}")
+                   f"{r['findings']:>8}  {len(r['reached'])}/{len(r['applies']):<8}"
+                   + (f"  {r.get('code_lines', 0):>10}" if code else "").rstrip())
     if clean:
         got = [len(r["reached"]) for r in clean]
+        lines = [r.get("code_lines", 0) for r in clean]
         out.append(f"  {names[-1]:<{width}}  {sum(r['examples'] for r in clean):>9}  "
                    f"{sum(r['operations'] for r in clean):>11}  {0:>8}  "
-                   f"{min(got)}-{max(got)} each")
+                   f"{min(got)}-{max(got)} each"
+                   + (f"  {min(lines)}-{max(lines)} each" if code else ""))
     missed = {b.name: [f"{r['level']}/{r['config']}" for r in rows
                        if r["examples"] and b.name in r["never"]] for b in BEHAVIOURS}
     if any(missed.values()):

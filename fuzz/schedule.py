@@ -95,6 +95,10 @@ class BatchResult:
     warns once per campaign)."""
     tolerated: dict[str, int] = field(default_factory=dict)
     """Per known deviation (`id name`), the examples in which the target tolerated it."""
+    code: set[tuple[Any, ...]] = field(default_factory=set)
+    """The target's code sites the batch ran (`kvfuzz.fuzz.code_coverage`)."""
+    generated: tuple[str, tuple[str, ...] | list[str]] | None = None
+    """A generated pair's batch: its config's name and cross-feature combinations."""
 
 
 def batch_seed(campaign_seed: int, index: int) -> int:
@@ -123,18 +127,22 @@ class Schedule:
         self._pending: dict[int, tuple[Pair, float]] = {}
 
     def quota(self, pair: Pair) -> int | None:
-        """The examples `pair` gets out of an examples budget (None: no such budget)."""
+        """The examples `pair` gets out of an examples budget (None: no such budget): a first
+        batch each when the budget has room for every pair's, and the rest by weight (so a
+        heavy pair never shrinks another's first batch)."""
         if self.examples is None:
             return None
+        first = FIRST_BATCH if self.examples >= FIRST_BATCH * len(self.pairs) else 0
+        rest = self.examples - first * len(self.pairs)
         total = sum(self.weights.values())
-        shares = [(self.examples * self.weights[p] / total, -i) for i, p in enumerate(self.pairs)]
+        shares = [(rest * self.weights[p] / total, -i) for i, p in enumerate(self.pairs)]
         floors = [int(share) for share, _ in shares]
         # Largest remainders first, earlier pairs on ties, so the quotas add up to the budget.
         order = sorted(range(len(shares)), key=lambda i: (shares[i][0] - floors[i], shares[i][1]),
                        reverse=True)
-        for i in order[: self.examples - sum(floors)]:
+        for i in order[: rest - sum(floors)]:
             floors[i] += 1
-        return floors[self.pairs.index(pair)]
+        return first + floors[self.pairs.index(pair)]
 
     def next_batch(self, seconds_left: float | None = None, parallel: int = 1) -> Batch | None:
         """The next batch, or None when the examples budget is all assigned. `seconds_left`

@@ -5,7 +5,8 @@ candidates are replayed through the one executor, and a candidate counts only if
 trace that fails the same way: the same check and the same `Finding.signature` (for a DIFF the
 op kind and the differing field, for a CRASH the exception type and place), so a shrink cannot
 slip into another, already known failure. Passes, repeated until none helps: shrink the config (fewer
-blocks, default driver knobs), drop a whole request, drop chunks of ops (delta debugging,
+blocks, default driver knobs; a generated config, `kvfuzz.fuzz.config_space`, also loses
+groups and features), drop a whole request, drop chunks of ops (delta debugging,
 halving the chunk size), simplify single ops (shorter prompts and token lists, smaller counts,
 fields back to their defaults).
 """
@@ -22,6 +23,7 @@ from kvfuzz.core.errors import ConfigError
 from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Finding, RunResult, TargetSpec, run_trace
 from kvfuzz.core.trace import OP_SCHEMAS, Op, Trace
+from kvfuzz.fuzz.config_space import config_features, generated_variants, is_generated
 
 
 @dataclasses.dataclass
@@ -190,7 +192,7 @@ def _size(trace: Trace) -> tuple[int, int, int]:
     knobs = sum(
         getattr(cfg.scheduler, f.name) != f.default for f in dataclasses.fields(SchedulerConfig)
     )
-    return (len(trace.ops), weight, cfg.num_blocks + knobs)
+    return (len(trace.ops), weight, cfg.num_blocks + knobs + config_features(cfg))
 
 
 def _with_ops(trace: Trace, ops: list[Op]) -> Trace:
@@ -236,6 +238,8 @@ def _config_variants(trace: Trace) -> Iterator[Trace]:
                 changes.append(
                     {"scheduler": dataclasses.replace(cfg.scheduler, **{f.name: f.default})}
                 )
+    if is_generated(cfg):
+        changes += generated_variants(cfg)
     for change in changes:
         try:
             yield Trace(cfg.replace(**change), trace.level, list(trace.ops), dict(trace.meta))

@@ -1,0 +1,45 @@
+"""EV3 on the events of finding 026 (docs/findings/026-stored-event-spans-null-blocks.md): a
+Mamba "align" step of two blocks, [null, block 1], caches block 1 under the key of [0, 0]."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from kvfuzz.core.sides import KvEvent, Observations
+from kvfuzz.core.trace import Trace
+from kvfuzz.harness.executor import run_trace
+from kvfuzz.properties.events import stored_events_chain
+
+STATE = (0, None, (0, 0))  # the key of block 1: group 0, prefix [0, 0]
+START = (0, None, (0,))    # the key of the null position before it, never stored
+
+
+def _ev3(event: KvEvent) -> str | None:
+    ctx = SimpleNamespace(observations=Observations(kv_events=[event]))
+    return stored_events_chain(None, None, ctx)  # type: ignore[arg-type]
+
+
+def test_ev3_fails_a_hash_sent_with_the_token_ids_of_a_null_block_before_it():
+    """vLLM's event: the range from token 0, one hash for two blocks of token ids."""
+    vllm_event = KvEvent("stored", 0, (STATE,), None, (0, 0), 1)
+    assert _ev3(vllm_event) == "BlockStored of 1 block(s) of 1 tokens carries 2 token ids"
+
+
+def test_ev3_fails_token_ids_sent_with_no_hash_at_all():
+    """vLLM's event for a range of nulls only (a hybrid's Mamba group before its state block)."""
+    assert _ev3(KvEvent("stored", 0, (), None, (1, 2, 3, 4, 5, 6, 7, 8), 4)) is not None
+
+
+def test_ev3_passes_the_event_started_at_the_first_real_block():
+    """kvcache's event: chained on the null position's key, the token ids of block 1 alone."""
+    assert _ev3(KvEvent("stored", 0, (STATE,), START, (0,), 1)) is None
+
+
+def test_the_finding_trace_passes_on_kvcache():
+    """kvcache sends the second shape on the finding's own trace (vLLM fails it: -m vllm,
+    tests/vllm/test_vllm_conformance.py)."""
+    trace = Trace.load(Path(__file__).resolve().parents[2] / "docs" / "findings"
+                       / "026-stored-event-spans-null-blocks.json")
+    assert trace.meta["check"] == "EV3" and trace.config.kv_events
+    assert run_trace(trace, ["kvcache"]).passed
