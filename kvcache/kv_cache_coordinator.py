@@ -88,9 +88,9 @@ class KVCacheCoordinator(ABC):
                     f"scheduler_block_size {scheduler_block_size} is not a multiple of "
                     f"group {i}'s block_size {block_size}"
                 )
+        self.retention_interval = kv_cache_config.prefix_cache_retention_interval
         validate_prefix_cache_retention_interval(
-            kv_cache_config.prefix_cache_retention_interval, scheduler_block_size,
-            kv_cache_config,
+            self.retention_interval, scheduler_block_size, kv_cache_config,
         )
         if enable_caching:
             if not groups:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,11 +16,15 @@ from kvfuzz.kvcache.kv_cache_interface import (
     CrossAttentionSpec,
     KVCacheConfig,
     MambaSpec,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
 )
-from kvfuzz.kvcache.kv_events import EventfulBlockPool, KVCacheEvent
+from kvfuzz.kvcache.kv_events import BlockStored, EventfulBlockPool, KVCacheEvent
 from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
 from kvfuzz.kvcache.request import Request, RequestStatus  # Request: vLLM's tests import it here
 from kvfuzz.kvcache.stats import PrefixCacheStats
+
+logger = logging.getLogger(__name__)
 
 # Statuses measured against the watermark: admitting costs more than continuing to serve.
 _ADMITTED_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -163,6 +168,12 @@ class KVCacheManager:
         self.enable_kv_cache_events = enable_kv_cache_events
         if enable_kv_cache_events:
             EventfulBlockPool.enable_on(self.coordinator.block_pool)
+        # Per group, what its BlockStored events name: its spec's kind and window.
+        self.kv_cache_event_metadata = tuple(
+            (get_kv_cache_spec_kind(group.kv_cache_spec).value,
+             get_kv_cache_spec_sliding_window(group.kv_cache_spec))
+            for group in kv_cache_config.kv_cache_groups
+        )
         # Layer 1 reads the free count directly, skipping layer 2.
         self.block_pool = self.coordinator.block_pool
         # Counted on N including the null block, as vLLM does.
@@ -695,10 +706,22 @@ class KVCacheManager:
                 self.block_pool.free_blocks(blocks[::-1], evict_first)
 
     def take_events(self) -> list[KVCacheEvent]:
-        """The KV events queued since the last call; ValueError when events are off."""
+        """The KV events queued since the last call, each BlockStored given its group's spec
+        kind and window (vLLM's; a group the config lacks is logged and left unnamed);
+        ValueError when events are off."""
         if not self.enable_kv_cache_events:
             raise ValueError("take_events(): this manager was built with KV cache events off")
-        return self.block_pool.take_events()  # type: ignore[attr-defined]
+        events: list[KVCacheEvent] = self.block_pool.take_events()  # type: ignore[attr-defined]
+        metadata = self.kv_cache_event_metadata
+        for event in events:
+            if type(event) is not BlockStored or event.group_idx is None:
+                continue
+            if not 0 <= event.group_idx < len(metadata):
+                logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+                continue
+            event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
+                metadata[event.group_idx])
+        return events
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()

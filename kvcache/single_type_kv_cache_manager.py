@@ -99,6 +99,7 @@ class SingleTypeKVCacheManager:
         # group's), and only when the config needs zeroing.
         self._record_new_block_ids = (
             needs_kv_cache_zeroing and isinstance(kv_cache_spec, AttentionSpec)
+            and not isinstance(kv_cache_spec, CircularBufferSpec)
         )
         self.new_block_ids: list[int] = []
         # A plain dict: inspecting a request must never create its entry.
@@ -795,7 +796,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         start_block = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
         computed = tuple([block_pool.null_block] * start_block for _ in kv_cache_group_ids)
         for i in range(start_block, min(max_length // block_size, len(hashes))):
-            cached = block_pool.get_cached_block(hashes, block_size, i, kv_cache_group_ids)
+            cached = block_pool.get_cached_block_at(hashes, block_size, i, kv_cache_group_ids)
             if cached is None:
                 break
             for blocks, block in zip(computed, cached):
@@ -882,14 +883,14 @@ class MambaManager(SingleTypeKVCacheManager):
             self.align and kv_cache_spec.num_prefill_checkpoint_blocks > 0
         )
         self._prefill_checkpoint_alignment = kv_cache_spec.prefill_checkpoint_alignment
-        # Prefill checkpoints (§11.6): request -> (checkpoint position, reserved table index,
-        # the step's start) of its last allocation, for `cache_blocks` ...
-        self._checkpoints: dict[str, tuple[int, int, int]] = {}
+        # Prefill checkpoints (§11.6): request -> (checkpoint position, reserved table index)
+        # of its last allocation, for `cache_blocks` (vLLM's record shape) ...
+        self._checkpoints: dict[str, tuple[int, int]] = {}
         # ... the start of its last allocated step, checkpoint or not ...
         self._step_starts: dict[str, int] = {}
         # ... and the per-step count's (request, record or None, start), which the allocation
         # that follows commits: a refused allocate_slots leaves both as they were.
-        self._counted_checkpoint: tuple[str, tuple[int, int, int] | None, int] | None = None
+        self._counted_checkpoint: tuple[str, tuple[int, int] | None, int] | None = None
 
     def get_num_blocks_to_allocate(
         self,
@@ -956,7 +957,7 @@ class MambaManager(SingleTypeKVCacheManager):
         )
         if not apply_admission_cap:
             self._counted_checkpoint = (request_id, (
-                checkpoint_position, -(-num_tokens // self.block_size) - 2, num_computed_tokens
+                checkpoint_position, -(-num_tokens // self.block_size) - 2
             ) if needed else None, num_computed_tokens)
         return int(needed)
 
