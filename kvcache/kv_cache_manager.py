@@ -160,11 +160,6 @@ class KVCacheManager:
             enable_partial_hash_hits,
         )
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
-        # Under retention 0 only the chunk reaching the prefill end reserves a Mamba prefill
-        # checkpoint; otherwise every chunk may (vLLM's coordinator passes a prefill end of 0).
-        self._checkpoint_at_prefill_end_only = (
-            kv_cache_config.prefix_cache_retention_interval == 0
-        )
         self.enable_kv_cache_events = enable_kv_cache_events
         if enable_kv_cache_events:
             EventfulBlockPool.enable_on(self.coordinator.block_pool)
@@ -438,8 +433,10 @@ class KVCacheManager:
         ):
             watermark_blocks = 0
         # Where the prefill ends, as the driver splits chunks (resumed requests replay outputs).
+        # Under retention 0 only the chunk reaching the prefill end reserves a Mamba prefill
+        # checkpoint; otherwise every chunk may (vLLM's coordinator passes a prefill end of 0).
         prefill_end = 0
-        if self._checkpoint_at_prefill_end_only:
+        if self.coordinator.retention_interval == 0:
             prefill_end = request.num_prompt_tokens
             if request.num_tokens - 1 > prefill_end:
                 prefill_end = request.num_tokens - 1
@@ -732,6 +729,28 @@ class KVCacheManager:
         for manager in self.coordinator.single_type_managers:
             ids.extend(manager.take_new_block_ids())
         return ids
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """vLLM's: drain the boundary states offered to a KV connector, request ->
+        [(group, block id, tokens its state covers)] (Mamba 'align' groups only)."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for manager in self.coordinator.single_type_managers:
+            for request_id, group_id, block, num_tokens in (
+                    manager.take_pending_boundary_state_offloads()):
+                offloads.setdefault(request_id, []).append((group_id, block.block_id, num_tokens))
+        return offloads
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """vLLM's: as the request finishes, each group's boundary state still in its table
+        that nothing later was forwarded over, (group, block id, tokens)."""
+        offloads = []
+        for manager in self.coordinator.single_type_managers:
+            finalized = manager.finalize_partial_tail_offload(
+                request.request_id, request.num_computed_tokens, request.num_in_flight_tokens)
+            if finalized is not None:
+                group_id, block, num_tokens = finalized
+                offloads.append((group_id, block.block_id, num_tokens))
+        return offloads
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
         """Drain pending CoW copies and their retained endpoints (src, dst per copy).

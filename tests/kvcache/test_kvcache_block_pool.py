@@ -17,6 +17,39 @@ OTHER = make_block_hash_with_group_id(b"h" * 32, 1)
 # ----- hash map -----
 
 
+def test_vllms_map_methods_find_a_key_in_any_segment():
+    import copy
+
+    fine = [i.to_bytes(32, "big") for i in range(SEGMENT_LEN + 2)]
+    blocks = [KVCacheBlock(i) for i in range(len(fine) + 1)]
+    m = BlockHashToBlockMap(blocks)
+    for i in range(len(fine)):
+        m.insert_in(segment_head(fine, i), fine[i], blocks[i])
+    late = fine[SEGMENT_LEN + 1]  # in the second segment
+    assert m.get_one_block(late) is blocks[SEGMENT_LEN + 1] and m.get_one_block(b"x" * 32) is None
+    assert m.contain(late, SEGMENT_LEN + 1) and not m.contain(late, 0)
+    m.insert(late, blocks[-1])  # a copy joins the key where it is
+    assert m.segment_of(late) is m._segments[fine[SEGMENT_LEN]] and m.contain(late, len(fine))
+    assert m.pop(late, 7) is None and m.pop(late, SEGMENT_LEN + 1) is blocks[SEGMENT_LEN + 1]
+    assert m._cache[late] == len(fine)
+    saved = copy.copy(m._cache)
+    assert type(saved) is dict and len(saved) == len(m) == len(fine)
+    del m._cache[fine[0]]
+    assert m.get_one_block(fine[0]) is None
+    m._cache[fine[0]] = 0
+    assert m.get_one_block(fine[0]) is blocks[0] and m.segment_of(fine[0]) is m.root
+
+
+def test_vllms_get_cached_block_takes_the_hash_and_groups():
+    pool = _pool(6)
+    request, (block,) = _cached(pool, [1, 2, 3, 4], 1)
+    (other,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(request, [other], 0, 1, 4, 1)
+    block_hash = request.block_hashes[0]
+    assert ids(pool.get_cached_block(block_hash, [0, 1])) == ids([block, other])
+    assert pool.get_cached_block(block_hash, [0, 2]) is None
+
+
 def test_map_single_then_duplicates_keep_insertion_order():
     m = BlockHashToBlockMap([])
     b1, b2, b3 = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
