@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from collections import Counter
@@ -34,6 +35,14 @@ from test_vllm_suite import (
 NEW = "to-categorise"
 """The category of a test that fails and was not listed: a person's to decide."""
 
+_VARYING = re.compile(r" at 0x[0-9a-f]+|-?\b\d{10,}\b")
+"""What differs from run to run in an error's text: object addresses, hash values."""
+
+
+def stable(why: str) -> str:
+    """An error's text without what differs from run to run (so a test keeps its group)."""
+    return _VARYING.sub(lambda m: "" if m.group().startswith(" at") else "<int>", why)
+
 HEADER = """\
 # vLLM {version}'s own KV-core tests that pass on vLLM {version} but not on kvcache, grouped by
 # category (tests/vllm_suite/test_vllm_suite.py, CATEGORIES) and by the error each fails
@@ -51,7 +60,7 @@ def regenerate(passing_on_vllm: list[str], report: dict,
                                             "why": _collection_error(report, test)})
         if result["outcome"] == "passed":
             continue
-        why = result.get("why") or result["outcome"]
+        why = stable(result.get("why") or result["outcome"])
         category, reason = old.get(test, (NEW, why))
         if category == "lacking" and not reason.startswith(why):
             reason = why

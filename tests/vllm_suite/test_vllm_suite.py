@@ -9,6 +9,8 @@ test must fail. Either surprise fails this test, naming each one. The per-file c
 printed (`pytest -s` shows them).
 
     "$py" -m pytest -m vllm tests/vllm_suite -s       # $py: the venv of ci/install-vllm.sh
+
+`regenerate.py` rewrites the expected failures from a run (new ones for a person to categorise).
 """
 
 from __future__ import annotations
