@@ -85,6 +85,11 @@ class KVCacheBlocks:
             raise ValueError(f"get_unhashed_block_ids needs one group, got {len(self.blocks)}")
         return [block.block_id for block in self.blocks[0] if block.block_hash is None]
 
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        """vLLM's: per group, the ids of real (not null) blocks without a cache key."""
+        return [[block.block_id for block in group
+                 if block.block_hash is None and not block.is_null] for group in self.blocks]
+
     def new_empty(self) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in self.blocks))
 
