@@ -300,7 +300,7 @@ def _removed_while_held(side: KvcacheSide) -> None:
     def removed(keys):
         for key, _segment in keys:
             block_hash, group = _split(key)
-            pool.kv_event_queue.append(BlockRemoved([block_hash], group))
+            pool.kv_event_queue.append(BlockRemoved([block_hash], group_idx=group))
 
     pool._removed = removed
 
@@ -428,7 +428,7 @@ def _stored_on_every_hit(side: KvcacheSide) -> None:
             hashes = resolve_block_hashes(request.block_hashes, pool.hash_block_size, bs)
             pool.kv_event_queue.append(BlockStored(
                 list(hashes[:len(hit)]), None, list(request.all_token_ids[:len(hit) * bs]), bs,
-                g))
+                group_idx=g))
         return out
 
     _around(manager, "get_computed_blocks", around)
@@ -503,7 +503,7 @@ def _stale_hash_on_evict(side: KvcacheSide) -> None:
         segment = block._segment
         entry = segment.get(block.block_hash) if segment is not None else None
         if isinstance(entry, dict) and len(entry) > 1:
-            pool.cached_block_hash_to_block.pop(segment, block.block_hash, block.block_id)
+            pool.cached_block_hash_to_block.pop_in(segment, block.block_hash, block.block_id)
             return
         original(block)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from itertools import compress, islice, repeat
 from operator import add, length_hint
 from typing import TYPE_CHECKING, NoReturn
@@ -21,6 +21,7 @@ from kvfuzz.kvcache.kv_cache_utils import (
 )
 
 if TYPE_CHECKING:
+    from kvfuzz.kvcache.kv_events import KVCacheEvent
     from kvfuzz.kvcache.request import Request
 
 logger = logging.getLogger(__name__)
@@ -68,12 +69,73 @@ class BlockHashToBlockMap:
     Identical content cached twice is kept twice (no de-duplication), so block ids already
     handed out never change. The single-block form avoids an inner dict per key. A block
     records the segment of its primary key (`_segment`), so removing a key needs no head.
+
+    vLLM's methods (`get_one_block`, `contain`, `insert`, `pop` by key alone, and `_cache`, key
+    -> block id) find a key's segment by looking in each: the managers use the segment-aware
+    ones (`get_one_block_run`, `insert_in`, `pop_in`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self._blocks = blocks
+        """The pool's blocks, by id (what `_cache`'s block ids name)."""
         self.root: Segment = {None: ROOT}
         """The segment of every request's first `SEGMENT_LEN` hashes: most requests fit in it."""
         self._segments: dict[BlockHash, Segment] = {ROOT: self.root}
+
+    def segment_of(self, key: BlockHashWithGroupId) -> Segment | None:
+        """The segment holding `key`, if any: the root first, then every other (a key alone
+        does not name its segment)."""
+        if key in self.root:
+            return self.root
+        for segment in self._segments.values():
+            if key in segment:
+                return segment
+        return None
+
+    def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
+        """vLLM's: the earliest inserted block still under `key`, or None."""
+        segment = self.segment_of(key)
+        if segment is None:
+            return None
+        blocks = segment[key]
+        if type(blocks) is dict:
+            for blocks in blocks.values():
+                break
+        return blocks  # type: ignore[no-any-return]
+
+    def contain(self, key: BlockHashWithGroupId, block_id: int) -> bool:
+        """vLLM's: `block_id` is one of the blocks under `key`."""
+        segment = self.segment_of(key)
+        if segment is None:
+            return False
+        blocks = segment[key]
+        return block_id in blocks if type(blocks) is dict else blocks.block_id == block_id
+
+    def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
+        """vLLM's: add `block` under `key`, in the segment that holds `key`, else in the one its
+        block records for it (its primary key), else in the root. A block whose primary key
+        this is and that records no segment records this one, so evicting it drops the key."""
+        segment = self.segment_of(key)
+        primary = block._block_hash == key
+        if segment is None:
+            own = block._segment
+            segment = own if primary and own is not None and (
+                self._segments.get(own[None]) is own) else self.root
+        self.insert_in(segment[None], key, block)
+        if primary and block._segment is None:
+            block._segment = segment
+
+    def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
+        """vLLM's: remove `block_id` from the blocks under `key`; the block, or None if it is
+        not there."""
+        segment = self.segment_of(key)
+        return None if segment is None else self.pop_in(segment, key, block_id)
+
+    @property
+    def _cache(self) -> BlockIdView:
+        """vLLM's view of the map: key -> the id of its earliest inserted block (read, set,
+        delete; `copy.copy` gives a dict)."""
+        return BlockIdView(self)
 
     def get_one_block_run(
         self, fine_hashes: Sequence[BlockHash], start: int, stop: int, step: int, group_id: int
@@ -126,8 +188,8 @@ class BlockHashToBlockMap:
             if self._segments.get(head) is segment:
                 del self._segments[head]
 
-    def insert(self, head: BlockHash, key: BlockHashWithGroupId, block: KVCacheBlock) -> Segment:
-        """Add `block` under key; the segment it went into."""
+    def insert_in(self, head: BlockHash, key: BlockHashWithGroupId, block: KVCacheBlock) -> Segment:
+        """Add `block` under key in the segment named `head`; the segment it went into."""
         segment = self.open(head)
         # A new key (the common case) costs one dict operation.
         blocks = segment.setdefault(key, block)
@@ -146,8 +208,11 @@ class BlockHashToBlockMap:
         else:
             segment[key] = {blocks.block_id: blocks, block.block_id: block}  # type: ignore[union-attr]
 
-    def pop(self, segment: Segment, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
-        """Remove only `block_id` under key; another single block under key is left alone."""
+    def pop_in(
+        self, segment: Segment, key: BlockHashWithGroupId, block_id: int
+    ) -> KVCacheBlock | None:
+        """Remove only `block_id` under key in `segment`; another single block under key is
+        left alone."""
         blocks = segment.get(key)
         if blocks is None:
             return None
@@ -181,12 +246,50 @@ class BlockHashToBlockMap:
         return sum(map(len, self._segments.values())) - len(self._segments)
 
 
+class BlockIdView(MutableMapping[BlockHashWithGroupId, int]):
+    """`BlockHashToBlockMap._cache` as vLLM keeps it: key -> one block id. Setting a key puts
+    that block alone under it (as `insert`); deleting one drops every block under it."""
+
+    def __init__(self, cache_map: BlockHashToBlockMap) -> None:
+        self._map = cache_map
+
+    def __getitem__(self, key: BlockHashWithGroupId) -> int:
+        block = self._map.get_one_block(key)
+        if block is None:
+            raise KeyError(key)
+        return block.block_id
+
+    def __setitem__(self, key: BlockHashWithGroupId, block_id: int) -> None:
+        if key in self:
+            del self[key]
+        self._map.insert(key, self._map._blocks[block_id])
+
+    def __delitem__(self, key: BlockHashWithGroupId) -> None:
+        segment = self._map.segment_of(key)
+        if segment is None:
+            raise KeyError(key)
+        del segment[key]
+        self._map.close(segment)
+
+    def __iter__(self) -> Iterator[BlockHashWithGroupId]:
+        return (key for key, _ in self._map.items())
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __copy__(self) -> dict[BlockHashWithGroupId, int]:
+        return dict(self)
+
+
 class BlockPool:
     """All blocks of one pool. Block 0 is the null block: a placeholder for table positions that
     hold no KV (tokens outside a window); it is never queued, cached, counted or handed out.
     """
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int) -> None:
+    def __init__(
+        self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+    ) -> None:
         check_positive_int("num_gpu_blocks", num_gpu_blocks)
         check_positive_int("hash_block_size", hash_block_size)
         self.num_gpu_blocks = num_gpu_blocks
@@ -200,7 +303,7 @@ class BlockPool:
         )
         self.blocks: list[KVCacheBlock] = [self.block_type(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hash_to_block = BlockHashToBlockMap(self.blocks)
         # Keys beyond the primary one (partial entries), per block id, with their segments.
         self.cached_block_hashes_by_block: dict[int, dict[BlockHashWithGroupId, Segment]] = {}
         self.null_block = self.free_block_queue.popleft()
@@ -212,6 +315,10 @@ class BlockPool:
         # counts that keys record are these shared ints, so registering a block allocates none
         # and evicting one releases none (an int last touched when the block was registered).
         self._hash_block_ends: list[int] = [0]
+        if enable_kv_cache_events:  # the pool becomes an EventfulBlockPool (kv_events.py)
+            from kvfuzz.kvcache.kv_events import EventfulBlockPool
+
+            EventfulBlockPool.enable_on(self)
 
     def fine_hashes(
         self, block_hashes: BlockHashList, block_size: int
@@ -223,6 +330,21 @@ class BlockPool:
         return block_hashes, block_size // self.hash_block_size
 
     def get_cached_block(
+        self, block_hash: BlockHash, kv_cache_group_ids: list[int]
+    ) -> list[KVCacheBlock] | None:
+        """vLLM's: the earliest inserted block under `block_hash` in each group, or None if any
+        group misses. Pure read; the managers use `get_cached_block_at`, which knows the key's
+        segment."""
+        cached_blocks = []
+        get_one_block = self.cached_block_hash_to_block.get_one_block
+        for group_id in kv_cache_group_ids:
+            block = get_one_block(make_block_hash_with_group_id(block_hash, group_id))
+            if block is None:
+                return None
+            cached_blocks.append(block)
+        return cached_blocks
+
+    def get_cached_block_at(
         self, block_hashes: BlockHashList, block_size: int, index: int,
         kv_cache_group_ids: Sequence[int],
     ) -> list[KVCacheBlock] | None:
@@ -239,7 +361,7 @@ class BlockPool:
     def _cached_in(
         segment: Segment, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
-        """`get_cached_block` of the key at `block_hash`, whose segment is `segment`."""
+        """`get_cached_block_at` of the key at `block_hash`, whose segment is `segment`."""
         cached_blocks = []
         for group_id in kv_cache_group_ids:
             # Keys are built by plain concatenation here (calling the NewType costs a call),
@@ -257,8 +379,8 @@ class BlockPool:
         self, block_hashes: BlockHashList, block_size: int, indices: Iterable[int],
         kv_cache_group_ids: Sequence[int],
     ) -> tuple[int, list[KVCacheBlock]] | None:
-        """The first of `indices` (blocks of `block_hashes`, as in `get_cached_block`) that
-        `get_cached_block` hits, with its blocks; None if none does. Pure read (a state
+        """The first of `indices` (blocks of `block_hashes`, as in `get_cached_block_at`) that
+        `get_cached_block_at` hits, with its blocks; None if none does. Pure read (a state
         group's right-to-left search)."""
         fine, scale = self.fine_hashes(block_hashes, block_size)
         cache_map = self.cached_block_hash_to_block
@@ -286,7 +408,7 @@ class BlockPool:
         kv_cache_group_ids: Sequence[int],
     ) -> tuple[list[KVCacheBlock], ...]:
         """The longest run of blocks `start`, `start + 1`, ... before `stop` of `block_hashes`
-        (as in `get_cached_block`) that `get_cached_block` hits, one block list per group;
+        (as in `get_cached_block_at`) that `get_cached_block_at` hits, one block list per group;
         the same blocks as calling it block by block until the first miss. Pure read.
         """
         if type(block_hashes) is BlockHashListWithBlockSize:  # `fine_hashes`, inlined
@@ -503,7 +625,7 @@ class BlockPool:
             head = fine_hashes[hash_index - hash_index % SEGMENT_LEN]
             segment = cache_map._segments.get(head)
         if segment is None or segment.setdefault(key, block) is not block:
-            segment = cache_map.insert(head, key, block)
+            segment = cache_map.insert_in(head, key, block)
         block._segment = segment
         return True
 
@@ -617,11 +739,11 @@ class BlockPool:
             # `set_block_hash` after its check, and the insertion.
             block._block_hash = key
             block._block_hash_num_tokens = num_tokens
-            block._segment = self.cached_block_hash_to_block.insert(head, key, block)
+            block._segment = self.cached_block_hash_to_block.insert_in(head, key, block)
             return
         if self.carries_key(block, key):
             return
-        segment = self.cached_block_hash_to_block.insert(head, key, block)
+        segment = self.cached_block_hash_to_block.insert_in(head, key, block)
         self.cached_block_hashes_by_block.setdefault(block.block_id, {})[key] = segment
 
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
@@ -634,10 +756,10 @@ class BlockPool:
         cache = self.cached_block_hash_to_block
         segment = block._segment
         if key is not None and segment is not None:
-            cache.pop(segment, key, block.block_id)
+            cache.pop_in(segment, key, block.block_id)
         if extras:
             for extra, extra_segment in extras.items():
-                cache.pop(extra_segment, extra, block.block_id)
+                cache.pop_in(extra_segment, extra, block.block_id)
         block.reset_hash()
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -701,7 +823,7 @@ class BlockPool:
                     if entry is not block and entry is not None:
                         # Several blocks under the key: put them back, drop only this one.
                         segment[key] = entry
-                        cache_map.pop(segment, key, block.block_id)
+                        cache_map.pop_in(segment, key, block.block_id)
                     block._block_hash = block._block_hash_num_tokens = block._segment = None
             block.ref_cnt = 1
             block = nxt
@@ -926,6 +1048,16 @@ class BlockPool:
         if not total:
             return 0.0
         return 1.0 - self.get_num_free_blocks() / total
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """vLLM's: the events queued since the last call; a pool without events queues none."""
+        return []
+
+    def emit_cached_block_events(
+        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+    ) -> None:
+        """vLLM's: announce the blocks a prefix hit reused; a pool without events has none to
+        queue (EventfulBlockPool's does)."""
 
     def is_block_writable(self, block: KVCacheBlock) -> bool:
         """Only a sole, unhashed owner may write: hashed content is a function of its key."""

@@ -88,9 +88,9 @@ class KVCacheCoordinator(ABC):
                     f"scheduler_block_size {scheduler_block_size} is not a multiple of "
                     f"group {i}'s block_size {block_size}"
                 )
+        self._retention_interval = kv_cache_config.prefix_cache_retention_interval
         validate_prefix_cache_retention_interval(
-            kv_cache_config.prefix_cache_retention_interval, scheduler_block_size,
-            kv_cache_config,
+            self._retention_interval, scheduler_block_size, kv_cache_config,
         )
         if enable_caching:
             if not groups:
@@ -144,7 +144,7 @@ class KVCacheCoordinator(ABC):
         for manager in self.single_type_managers:
             if use_eagle and isinstance(manager.kv_cache_spec, MambaSpec):
                 manager.drop_eagle_checkpoint_block = True
-            manager.retention_interval = kv_cache_config.prefix_cache_retention_interval
+            manager.retention_interval = self._retention_interval
             manager.replay_use_eagle = bool(self.drop_eagle_group_ids)
         # Only these can have blocks fall out of the window: the rest never skip a token.
         self._recycling_managers = tuple(
@@ -161,6 +161,18 @@ class KVCacheCoordinator(ABC):
             )
             else None
         )
+
+    @property
+    def retention_interval(self) -> int | None:
+        """vLLM's: the prefix-cache retention interval (None: dense)."""
+        return self._retention_interval
+
+    @retention_interval.setter
+    def retention_interval(self, retention_interval: int | None) -> None:
+        """Set for every group too: vLLM's coordinator passes its own to each call."""
+        self._retention_interval = retention_interval
+        for manager in self.single_type_managers:
+            manager.retention_interval = retention_interval
 
     def get_num_blocks_to_allocate(
         self,

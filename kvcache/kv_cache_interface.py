@@ -6,6 +6,7 @@ No tensors here: the manager only needs block sizes and attention windows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from kvfuzz.kvcache.block_math import (  # the Mamba checkpoint rules: where vLLM 0.34 has them
@@ -182,7 +183,7 @@ class EncoderOnlyAttentionSpec(AttentionSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CircularBufferSpec(KVCacheSpec):
+class CircularBufferSpec(AttentionSpec):
     """A per-request ring of `block_size` slots (e.g. a compressor's open group): one block for
     the request's whole life, never prefix-cached."""
 
@@ -247,6 +248,47 @@ class MambaSpec(KVCacheSpec):
     @property
     def prefix_cacheable(self) -> bool:
         return self.mamba_cache_mode == "align"
+
+
+class KVCacheSpecKind(StrEnum):
+    """What a group's layers are, as KV events name it (vLLM 0.34's values)."""
+
+    FULL_ATTENTION = "full_attention"
+    MLA_ATTENTION = "mla_attention"
+    SLIDING_WINDOW = "sliding_window"
+    SLIDING_WINDOW_MLA = "sliding_window_mla"
+    MAMBA = "mamba"
+    CHUNKED_LOCAL_ATTENTION = "chunked_local_attention"
+    SINK_FULL_ATTENTION = "sink_full_attention"
+    ENCODER_ONLY_ATTENTION = "encoder_only_attention"
+    CROSS_ATTENTION = "cross_attention"
+    UNKNOWN = "unknown"
+
+
+_KINDS: tuple[tuple[type[KVCacheSpec], KVCacheSpecKind], ...] = (
+    # A subclass before its base, so that it keeps its own kind.
+    (MLAAttentionSpec, KVCacheSpecKind.MLA_ATTENTION),
+    (SinkFullAttentionSpec, KVCacheSpecKind.SINK_FULL_ATTENTION),
+    (FullAttentionSpec, KVCacheSpecKind.FULL_ATTENTION),
+    (ChunkedLocalAttentionSpec, KVCacheSpecKind.CHUNKED_LOCAL_ATTENTION),
+    (SlidingWindowSpec, KVCacheSpecKind.SLIDING_WINDOW),
+    (MambaSpec, KVCacheSpecKind.MAMBA),
+    (EncoderOnlyAttentionSpec, KVCacheSpecKind.ENCODER_ONLY_ATTENTION),
+    (CrossAttentionSpec, KVCacheSpecKind.CROSS_ATTENTION),
+)
+
+
+def get_kv_cache_spec_kind(kv_cache_spec: KVCacheSpec) -> KVCacheSpecKind:
+    """The kind of a spec (UNKNOWN for one of no listed kind, e.g. a circular buffer)."""
+    for spec_type, kind in _KINDS:
+        if isinstance(kv_cache_spec, spec_type):
+            return kind
+    return KVCacheSpecKind.UNKNOWN
+
+
+def get_kv_cache_spec_sliding_window(kv_cache_spec: KVCacheSpec) -> int | None:
+    """A sliding-window spec's window; None for any other."""
+    return kv_cache_spec.sliding_window if isinstance(kv_cache_spec, SlidingWindowSpec) else None
 
 
 @dataclass

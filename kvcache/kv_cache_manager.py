@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,11 +16,15 @@ from kvfuzz.kvcache.kv_cache_interface import (
     CrossAttentionSpec,
     KVCacheConfig,
     MambaSpec,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
 )
-from kvfuzz.kvcache.kv_events import EventfulBlockPool, KVCacheEvent
+from kvfuzz.kvcache.kv_events import BlockStored, EventfulBlockPool, KVCacheEvent
 from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
 from kvfuzz.kvcache.request import Request, RequestStatus  # Request: vLLM's tests import it here
 from kvfuzz.kvcache.stats import PrefixCacheStats
+
+logger = logging.getLogger(__name__)
 
 # Statuses measured against the watermark: admitting costs more than continuing to serve.
 _ADMITTED_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -79,6 +84,11 @@ class KVCacheBlocks:
         if len(self.blocks) != 1:
             raise ValueError(f"get_unhashed_block_ids needs one group, got {len(self.blocks)}")
         return [block.block_id for block in self.blocks[0] if block.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        """vLLM's: per group, the ids of real (not null) blocks without a cache key."""
+        return [[block.block_id for block in group
+                 if block.block_hash is None and not block.is_null] for group in self.blocks]
 
     def new_empty(self) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in self.blocks))
@@ -155,14 +165,15 @@ class KVCacheManager:
             enable_partial_hash_hits,
         )
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
-        # Under retention 0 only the chunk reaching the prefill end reserves a Mamba prefill
-        # checkpoint; otherwise every chunk may (vLLM's coordinator passes a prefill end of 0).
-        self._checkpoint_at_prefill_end_only = (
-            kv_cache_config.prefix_cache_retention_interval == 0
-        )
         self.enable_kv_cache_events = enable_kv_cache_events
         if enable_kv_cache_events:
             EventfulBlockPool.enable_on(self.coordinator.block_pool)
+        # Per group, what its BlockStored events name: its spec's kind and window.
+        self.kv_cache_event_metadata = tuple(
+            (get_kv_cache_spec_kind(group.kv_cache_spec).value,
+             get_kv_cache_spec_sliding_window(group.kv_cache_spec))
+            for group in kv_cache_config.kv_cache_groups
+        )
         # Layer 1 reads the free count directly, skipping layer 2.
         self.block_pool = self.coordinator.block_pool
         # Counted on N including the null block, as vLLM does.
@@ -427,8 +438,10 @@ class KVCacheManager:
         ):
             watermark_blocks = 0
         # Where the prefill ends, as the driver splits chunks (resumed requests replay outputs).
+        # Under retention 0 only the chunk reaching the prefill end reserves a Mamba prefill
+        # checkpoint; otherwise every chunk may (vLLM's coordinator passes a prefill end of 0).
         prefill_end = 0
-        if self._checkpoint_at_prefill_end_only:
+        if self.coordinator.retention_interval == 0:
             prefill_end = request.num_prompt_tokens
             if request.num_tokens - 1 > prefill_end:
                 prefill_end = request.num_tokens - 1
@@ -695,10 +708,22 @@ class KVCacheManager:
                 self.block_pool.free_blocks(blocks[::-1], evict_first)
 
     def take_events(self) -> list[KVCacheEvent]:
-        """The KV events queued since the last call; ValueError when events are off."""
+        """The KV events queued since the last call, each BlockStored given its group's spec
+        kind and window (vLLM's; a group the config lacks is logged and left unnamed);
+        ValueError when events are off."""
         if not self.enable_kv_cache_events:
             raise ValueError("take_events(): this manager was built with KV cache events off")
-        return self.block_pool.take_events()  # type: ignore[attr-defined]
+        events: list[KVCacheEvent] = self.block_pool.take_events()  # type: ignore[attr-defined]
+        metadata = self.kv_cache_event_metadata
+        for event in events:
+            if type(event) is not BlockStored or event.group_idx is None:
+                continue
+            if not 0 <= event.group_idx < len(metadata):
+                logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+                continue
+            event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
+                metadata[event.group_idx])
+        return events
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
@@ -709,6 +734,28 @@ class KVCacheManager:
         for manager in self.coordinator.single_type_managers:
             ids.extend(manager.take_new_block_ids())
         return ids
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """vLLM's: drain the boundary states offered to a KV connector, request ->
+        [(group, block id, tokens its state covers)] (Mamba 'align' groups only)."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for manager in self.coordinator.single_type_managers:
+            for request_id, group_id, block, num_tokens in (
+                    manager.take_pending_boundary_state_offloads()):
+                offloads.setdefault(request_id, []).append((group_id, block.block_id, num_tokens))
+        return offloads
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """vLLM's: as the request finishes, each group's boundary state still in its table
+        that nothing later was forwarded over, (group, block id, tokens)."""
+        offloads = []
+        for manager in self.coordinator.single_type_managers:
+            finalized = manager.finalize_partial_tail_offload(
+                request.request_id, request.num_computed_tokens, request.num_in_flight_tokens)
+            if finalized is not None:
+                group_id, block, num_tokens = finalized
+                offloads.append((group_id, block.block_id, num_tokens))
+        return offloads
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
         """Drain pending CoW copies and their retained endpoints (src, dst per copy).

@@ -81,9 +81,10 @@ class KVCacheBlock:
         "_block_hash_num_tokens",
     )
 
-    def __init__(self, block_id: int) -> None:
+    def __init__(self, block_id: int, ref_cnt: int = 0, *, is_null: bool = False) -> None:
+        """vLLM's `block_id`, `ref_cnt` and `is_null`; the key and links start unset."""
         self.block_id = block_id
-        self.ref_cnt = 0
+        self.ref_cnt = ref_cnt
         self._block_hash: BlockHashWithGroupId | None = None
         self._block_hash_num_tokens: int | None = None
         # The hash map's segment that holds the primary key (owned by BlockPool), None without
@@ -93,7 +94,7 @@ class KVCacheBlock:
         # Owned by FreeKVCacheBlockQueue: both set iff the block is linked in it.
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
-        self.is_null = False
+        self.is_null = is_null
 
     @property
     def block_hash(self) -> BlockHashWithGroupId | None:

@@ -5,13 +5,20 @@
 `BlockRemoved` a key no block holds any more, `AllBlocksCleared` a successful reset. A pool
 with events on is an `EventfulBlockPool`: the plain `BlockPool` with each mutating method
 wrapped, so pools without events pay nothing.
+
+The events carry vLLM 0.34's fields in its order (vllm/distributed/kv_events.py:55-119);
+kvcache fills `lora_id`, `medium` (always `MEDIUM_GPU`), `lora_name`, `group_idx` and
+`session_id`, the manager's `take_events` the group's `kv_cache_spec_kind` and
+`kv_cache_spec_sliding_window`, and leaves None what it does not model (`extra_keys`,
+`locality`, `ownership`, `lookahead_token_ids`). Unlike vLLM's, `lora_id`, `medium` and
+`lora_name` default to None.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvfuzz.kvcache.block_pool import BlockPool, Segment
 from kvfuzz.kvcache.kv_cache_utils import (
@@ -27,7 +34,12 @@ if TYPE_CHECKING:
     from kvfuzz.kvcache.request import Request
 
 
-@dataclass(frozen=True)
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+MEDIUM_STORAGE = "STORAGE"
+
+
+@dataclass
 class BlockStored:
     """Consecutive blocks of one group cached under `block_hashes`, chained on
     `parent_block_hash` (None: the chain starts at token 0); `token_ids` are the tokens of the
@@ -37,19 +49,31 @@ class BlockStored:
     parent_block_hash: BlockHash | None
     token_ids: list[int]
     block_size: int
-    group_idx: int
+    lora_id: int | None = None
+    medium: str | None = None
     lora_name: str | None = None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class BlockRemoved:
     """No block of the group holds these hashes any more."""
 
     block_hashes: list[BlockHash]
-    group_idx: int
+    medium: str | None = None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class AllBlocksCleared:
     """The prefix cache was reset."""
 
@@ -80,9 +104,32 @@ class EventfulBlockPool(BlockPool):
         events, self.kv_event_queue = self.kv_event_queue, []
         return events
 
-    def _lora_name(self, request: Request) -> str | None:
+    def _stored(
+        self, request: Request, block_hashes: list[BlockHash], parent: BlockHash | None,
+        token_ids: list[int], block_size: int, group_idx: int,
+    ) -> BlockStored:
+        """A BlockStored of `request`'s blocks, with its adapter and session."""
         lora = getattr(request, "lora_request", None)
-        return lora.lora_name if lora is not None else None
+        return BlockStored(
+            block_hashes, parent, token_ids, block_size,
+            lora_id=lora.lora_int_id if lora is not None else None, medium=MEDIUM_GPU,
+            lora_name=lora.lora_name if lora is not None else None, group_idx=group_idx,
+            session_id=getattr(request, "session_id", None),
+        )
+
+    def emit_cached_block_events(
+        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+    ) -> None:
+        """vLLM's: a BlockStored of the request's first `num_cached_blocks` blocks (a prefix
+        hit reused them), chained from token 0; the cache is left as it is."""
+        if not num_cached_blocks:
+            return
+        hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        self.kv_event_queue.append(self._stored(
+            request, list(hashes[:num_cached_blocks]), None,
+            list(request.all_token_ids[:num_cached_blocks * block_size]), block_size,
+            kv_cache_group_id,
+        ))
 
     def register_full_blocks(
         self,
@@ -104,14 +151,14 @@ class EventfulBlockPool(BlockPool):
             if not blocks[i].is_null
             and (block_mask is None or block_mask[i - num_cached_blocks])
         ]
-        self.kv_event_queue.append(BlockStored(
+        self.kv_event_queue.append(self._stored(
+            request,
             stored,
             hashes[num_cached_blocks - 1] if num_cached_blocks else None,
             list(request.all_token_ids[num_cached_blocks * block_size:
                                        num_full_blocks * block_size]),
             block_size,
             kv_cache_group_id,
-            self._lora_name(request),
         ))
 
     def register_partial_block(
@@ -127,13 +174,13 @@ class EventfulBlockPool(BlockPool):
         if not known:
             hbs = self.hash_block_size
             n = num_tokens // hbs
-            self.kv_event_queue.append(BlockStored(
+            self.kv_event_queue.append(self._stored(
+                request,
                 [request.block_hashes[n - 1]],
                 request.block_hashes[n - 2] if n > 1 else None,
                 list(request.all_token_ids[(n - 1) * hbs: n * hbs]),
                 hbs,
                 get_group_id(key),
-                self._lora_name(request),
             ))
         return key
 
@@ -142,7 +189,7 @@ class EventfulBlockPool(BlockPool):
         for key, segment in keys:
             if key not in segment:  # a segment dropped once emptied stays empty
                 block_hash, group = _split(key)
-                self.kv_event_queue.append(BlockRemoved([block_hash], group))
+                self.kv_event_queue.append(BlockRemoved([block_hash], MEDIUM_GPU, group))
 
     def _keys_of(self, block: KVCacheBlock) -> list[tuple[BlockHashWithGroupId, Segment]]:
         """The block's keys (primary first), each with its segment."""

@@ -141,8 +141,9 @@ class Request:
         """vLLM 0.34's parameters, in its order (vllm/v1/request.py:64-87), then kvcache's own
         keyword-only ones. Given vLLM's `sampling_params` or `pooling_params`, those decide
         `max_tokens`, `skip_reading_prefix_cache` and `prefix_cache_hit_limit` as in vLLM; the
-        engine's own parameters (`client_index`, `trace_headers`, `resumable`, `session_id`,
-        `reasoning_*`, `abort_immediately`, `kv_hints`) are taken and not read. `arrival_time`
+        engine's own parameters (`client_index`, `trace_headers`, `resumable`,
+        `reasoning_*`, `abort_immediately`, `kv_hints`) are taken and not read; `session_id`
+        is kept for the KV events to name. `arrival_time`
         None is now, as in vLLM; kvcache's default is 0.0, for determinism.
         """
         if sampling_params is not None or pooling_params is not None:
@@ -164,6 +165,7 @@ class Request:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens
         self.cache_salt = cache_salt
+        self.session_id = session_id
         self.priority = priority
         self.arrival_time = arrival_time
         self.skip_reading_prefix_cache = skip_reading_prefix_cache

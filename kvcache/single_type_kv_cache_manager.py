@@ -99,6 +99,7 @@ class SingleTypeKVCacheManager:
         # group's), and only when the config needs zeroing.
         self._record_new_block_ids = (
             needs_kv_cache_zeroing and isinstance(kv_cache_spec, AttentionSpec)
+            and not isinstance(kv_cache_spec, CircularBufferSpec)
         )
         self.new_block_ids: list[int] = []
         # A plain dict: inspecting a request must never create its entry.
@@ -113,10 +114,16 @@ class SingleTypeKVCacheManager:
         # boundaries follow EAGLE's (any group drops the last matched block).
         self.retention_interval: int | None = None
         self.replay_use_eagle = False
+        # The reachable boundaries of a vLLM caller's `cache_blocks`, during that call.
+        self._call_boundaries: tuple[int, ...] | None = None
         # Tier B copy-on-write: request -> (table index, shared source block) ...
         self._partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
         # ... and (source, private copy) pairs waiting for the worker.
         self._pending_cow_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        # Boundary states for a KV connector to offload, (request, group, block, the tokens
+        # its state covers): an align-mode table is not append-only, so a connector is told
+        # the exact block (Mamba 'align' only; drained by take_pending_boundary_state_offloads).
+        self._pending_boundary_state_offloads: list[tuple[str, int, KVCacheBlock, int]] = []
 
     def get_num_blocks_to_allocate(
         self,
@@ -275,8 +282,16 @@ class SingleTypeKVCacheManager:
         self._pending_cow_copies.append((source_block, cow_block))
         cow_block.ref_cnt += 1
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Register the request's full blocks up to `num_tokens` (and not beyond its hashes)."""
+    def cache_blocks(
+        self, request: Request, num_tokens: int, retention_interval: int | None = None, *,
+        replay_boundaries: Sequence[int] | None = None,
+    ) -> None:
+        """Register the request's full blocks up to `num_tokens` (and not beyond its hashes).
+        Given `replay_boundaries` (vLLM's callers), this call's `retention_interval` and
+        boundaries stand in for the coordinator's."""
+        if replay_boundaries is not None:
+            return self._cache_blocks_with(request, num_tokens, retention_interval,
+                                           replay_boundaries)
         if not self._prefix_cacheable:
             return
         request_id = request.request_id
@@ -315,9 +330,26 @@ class SingleTypeKVCacheManager:
         under a retention interval); None caches them all."""
         return None
 
+    def _cache_blocks_with(
+        self, request: Request, num_tokens: int, retention_interval: int | None,
+        replay_boundaries: Sequence[int],
+    ) -> None:
+        """`cache_blocks` under vLLM's per-call retention interval and reachable boundaries
+        (its caller's replay boundaries and junction), the manager's own restored after."""
+        own = self.retention_interval, self._call_boundaries
+        self.retention_interval, self._call_boundaries = retention_interval, tuple(
+            replay_boundaries)
+        try:
+            self.cache_blocks(request, num_tokens)
+        finally:
+            self.retention_interval, self._call_boundaries = own
+
     def _reachable_boundaries(self, request: Request) -> tuple[int, ...]:
         """Positions whose blocks a retention mask keeps for `request`: its replay boundaries
-        and its shared-prefix junction (§6.3; with EAGLE also one block below it)."""
+        and its shared-prefix junction (§6.3; with EAGLE also one block below it), or those a
+        vLLM caller gave `cache_blocks`."""
+        if self._call_boundaries is not None:
+            return self._call_boundaries
         boundaries = replay_boundaries(
             request.num_prompt_tokens, self.scheduler_block_size, self.replay_use_eagle
         )
@@ -405,6 +437,19 @@ class SingleTypeKVCacheManager:
         copies = self._pending_cow_copies
         self._pending_cow_copies = []
         return copies
+
+    def take_pending_boundary_state_offloads(self) -> list[tuple[str, int, KVCacheBlock, int]]:
+        """vLLM's: drain the boundary states offered to a connector since the last call."""
+        pending = self._pending_boundary_state_offloads
+        self._pending_boundary_state_offloads = []
+        return pending
+
+    def finalize_partial_tail_offload(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> tuple[int, KVCacheBlock, int] | None:
+        """vLLM's: a finishing request's boundary state still in its table; none but Mamba
+        'align' keeps one."""
+        return None
 
     @classmethod
     def find_longest_cache_hit(
@@ -577,7 +622,10 @@ class CircularBufferManager(FullAttentionManager):
         """External tokens claim the ring, whatever their count (it is never zeroed)."""
         self._claim_ring_block(request_id)
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(
+        self, request: Request, num_tokens: int, retention_interval: int | None = None, *,
+        replay_boundaries: Sequence[int] | None = None,
+    ) -> None:
         """Scratch: never registered."""
 
     @classmethod
@@ -610,7 +658,10 @@ class EncoderOnlyAttentionManager(SingleTypeKVCacheManager):
                                           ) -> None:
         """Nothing to load: the group keeps no KV."""
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(
+        self, request: Request, num_tokens: int, retention_interval: int | None = None, *,
+        replay_boundaries: Sequence[int] | None = None,
+    ) -> None:
         raise ValueError("encoder-only attention keeps no KV; prefix caching must be off")
 
     @classmethod
@@ -795,7 +846,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         start_block = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
         computed = tuple([block_pool.null_block] * start_block for _ in kv_cache_group_ids)
         for i in range(start_block, min(max_length // block_size, len(hashes))):
-            cached = block_pool.get_cached_block(hashes, block_size, i, kv_cache_group_ids)
+            cached = block_pool.get_cached_block_at(hashes, block_size, i, kv_cache_group_ids)
             if cached is None:
                 break
             for blocks, block in zip(computed, cached):
@@ -823,7 +874,10 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
                                           ) -> None:
         """Encoder KV is never loaded: external tokens take no block here."""
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(
+        self, request: Request, num_tokens: int, retention_interval: int | None = None, *,
+        replay_boundaries: Sequence[int] | None = None,
+    ) -> None:
         raise ValueError("cross-attention blocks are never cached; prefix caching must be off")
 
     @classmethod
@@ -882,14 +936,17 @@ class MambaManager(SingleTypeKVCacheManager):
             self.align and kv_cache_spec.num_prefill_checkpoint_blocks > 0
         )
         self._prefill_checkpoint_alignment = kv_cache_spec.prefill_checkpoint_alignment
-        # Prefill checkpoints (§11.6): request -> (checkpoint position, reserved table index,
-        # the step's start) of its last allocation, for `cache_blocks` ...
-        self._checkpoints: dict[str, tuple[int, int, int]] = {}
+        # Prefill checkpoints (§11.6): request -> (checkpoint position, reserved table index)
+        # of its last allocation, for `cache_blocks` (vLLM's record shape) ...
+        self._checkpoints: dict[str, tuple[int, int]] = {}
         # ... the start of its last allocated step, checkpoint or not ...
         self._step_starts: dict[str, int] = {}
         # ... and the per-step count's (request, record or None, start), which the allocation
         # that follows commits: a refused allocate_slots leaves both as they were.
-        self._counted_checkpoint: tuple[str, tuple[int, int, int] | None, int] | None = None
+        self._counted_checkpoint: tuple[str, tuple[int, int] | None, int] | None = None
+        # A request whose prompt state it cached inside a block (its producer): that block and
+        # the boundary, until the copy that preserves the state is offered to a connector.
+        self._producer_partial_tail_reqs: dict[str, tuple[KVCacheBlock, int]] = {}
 
     def get_num_blocks_to_allocate(
         self,
@@ -956,7 +1013,7 @@ class MambaManager(SingleTypeKVCacheManager):
         )
         if not apply_admission_cap:
             self._counted_checkpoint = (request_id, (
-                checkpoint_position, -(-num_tokens // self.block_size) - 2, num_computed_tokens
+                checkpoint_position, -(-num_tokens // self.block_size) - 2
             ) if needed else None, num_computed_tokens)
         return int(needed)
 
@@ -1130,7 +1187,8 @@ class MambaManager(SingleTypeKVCacheManager):
             block_idx, source_block = partial_hit
             cow_block = new_blocks.pop(0)
             if blocks_allocated:
-                self._move_cached_state(req_blocks, block_idx, source_block, cow_block)
+                self._move_cached_state(request_id, req_blocks, block_idx, source_block,
+                                        cow_block)
             else:
                 self._apply_cow(request_id, block_idx, source_block, cow_block)
                 returned_blocks.insert(0, cow_block)
@@ -1142,16 +1200,22 @@ class MambaManager(SingleTypeKVCacheManager):
         return returned_blocks
 
     def _move_cached_state(
-        self, req_blocks: list[KVCacheBlock], block_idx: int, source_block: KVCacheBlock,
-        cow_block: KVCacheBlock,
+        self, request_id: str, req_blocks: list[KVCacheBlock], block_idx: int,
+        source_block: KVCacheBlock, cow_block: KVCacheBlock,
     ) -> None:
         """A running request keeps writing its state block, which is cached at a sub-block
         boundary: the cache entry moves to the copy, which the pending copy fills before the
-        forward pass overwrites the source. The copy is held only by the pending pair."""
+        forward pass overwrites the source. The copy is held only by the pending pair; the
+        producer's copy is offered to a connector."""
         assert req_blocks[block_idx] is source_block
         self.block_pool.move_block_hashes(source_block, cow_block)
         self._pending_cow_copies.append((source_block, cow_block))
         source_block.ref_cnt += 1
+        producer_tail = self._producer_partial_tail_reqs.pop(request_id, None)
+        if producer_tail is not None:
+            assert producer_tail[0] is source_block
+            self._pending_boundary_state_offloads.append(
+                (request_id, self.kv_cache_group_id, cow_block, producer_tail[1]))
         if cow_block._block_hash is not None:
             self.cached_blocks_this_step.add(cow_block._block_hash)
 
@@ -1163,9 +1227,16 @@ class MambaManager(SingleTypeKVCacheManager):
         req_blocks.append(block)
         req_blocks[block_idx] = self._null_block
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(
+        self, request: Request, num_tokens: int, retention_interval: int | None = None, *,
+        replay_boundaries: Sequence[int] | None = None,
+    ) -> None:
         """Register full state blocks, then (align) the step's prefill checkpoint or else the
-        prompt's last hash boundary; every key registered is remembered for this step."""
+        prompt's last hash boundary; every key registered is remembered for this step. As
+        the base with `replay_boundaries`."""
+        if replay_boundaries is not None:
+            return self._cache_blocks_with(request, num_tokens, retention_interval,
+                                           replay_boundaries)
         request_id = request.request_id
         num_cached_before = self.num_cached_block.get(request_id, 0)
         checkpoint = self._checkpoints.get(request_id) if self._checkpoints else None
@@ -1210,9 +1281,13 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.cached_blocks_this_step.add(partial_key)
         if num_cached_after > num_cached_before:
             null_block = self._null_block
+            offloads = self._pending_boundary_state_offloads if self.align else None
             for block in blocks[num_cached_before:num_cached_after]:
                 if block is not null_block and block._block_hash is not None:
                     self.cached_blocks_this_step.add(block._block_hash)
+                    if offloads is not None:  # every retained state, with its exact block
+                        offloads.append((request_id, self.kv_cache_group_id, block,
+                                         block._block_hash_num_tokens))
 
     def reachable_block_mask(
         self, start_block: int, end_block: int, request: Request | None = None
@@ -1322,7 +1397,23 @@ class MambaManager(SingleTypeKVCacheManager):
         if num_tokens % self.block_size:
             self._partial_hit_reqs[request.request_id] = (block_idx, source_block)
             self.num_cached_block[request.request_id] = block_idx
+            # The next step's forward overwrites this state: the copy that preserves it is
+            # offered to a connector then (`_move_cached_state`).
+            self._producer_partial_tail_reqs[request.request_id] = (source_block, num_tokens)
         return key
+
+    def finalize_partial_tail_offload(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> tuple[int, KVCacheBlock, int] | None:
+        """The producer's boundary state, when the request finishes exactly there (nothing
+        later was forwarded over it): (group, block, boundary)."""
+        producer_tail = self._producer_partial_tail_reqs.pop(request_id, None)
+        if producer_tail is None:
+            return None
+        source_block, boundary_tokens = producer_tail
+        if num_in_flight_tokens or num_computed_tokens != boundary_tokens:
+            return None
+        return self.kv_cache_group_id, source_block, boundary_tokens
 
     def _forget(self, request_id: str) -> list[KVCacheBlock] | None:
         """As the base, and the state bookkeeping of align mode."""
@@ -1332,6 +1423,13 @@ class MambaManager(SingleTypeKVCacheManager):
             self._num_retired_blocks.pop(request_id, None)
             self._checkpoints.pop(request_id, None)
             self._step_starts.pop(request_id, None)
+            self._producer_partial_tail_reqs.pop(request_id, None)
+            if self._pending_boundary_state_offloads:
+                # Its blocks go back to the pool: offers not yet taken are withdrawn.
+                self._pending_boundary_state_offloads = [
+                    entry for entry in self._pending_boundary_state_offloads
+                    if entry[0] != request_id
+                ]
         return SingleTypeKVCacheManager._forget(self, request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:

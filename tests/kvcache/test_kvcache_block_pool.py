@@ -17,53 +17,86 @@ OTHER = make_block_hash_with_group_id(b"h" * 32, 1)
 # ----- hash map -----
 
 
+def test_vllms_map_methods_find_a_key_in_any_segment():
+    import copy
+
+    fine = [i.to_bytes(32, "big") for i in range(SEGMENT_LEN + 2)]
+    blocks = [KVCacheBlock(i) for i in range(len(fine) + 1)]
+    m = BlockHashToBlockMap(blocks)
+    for i in range(len(fine)):
+        m.insert_in(segment_head(fine, i), fine[i], blocks[i])
+    late = fine[SEGMENT_LEN + 1]  # in the second segment
+    assert m.get_one_block(late) is blocks[SEGMENT_LEN + 1] and m.get_one_block(b"x" * 32) is None
+    assert m.contain(late, SEGMENT_LEN + 1) and not m.contain(late, 0)
+    m.insert(late, blocks[-1])  # a copy joins the key where it is
+    assert m.segment_of(late) is m._segments[fine[SEGMENT_LEN]] and m.contain(late, len(fine))
+    assert m.pop(late, 7) is None and m.pop(late, SEGMENT_LEN + 1) is blocks[SEGMENT_LEN + 1]
+    assert m._cache[late] == len(fine)
+    saved = copy.copy(m._cache)
+    assert type(saved) is dict and len(saved) == len(m) == len(fine)
+    del m._cache[fine[0]]
+    assert m.get_one_block(fine[0]) is None
+    m._cache[fine[0]] = 0
+    assert m.get_one_block(fine[0]) is blocks[0] and m.segment_of(fine[0]) is m.root
+
+
+def test_vllms_get_cached_block_takes_the_hash_and_groups():
+    pool = _pool(6)
+    request, (block,) = _cached(pool, [1, 2, 3, 4], 1)
+    (other,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(request, [other], 0, 1, 4, 1)
+    block_hash = request.block_hashes[0]
+    assert ids(pool.get_cached_block(block_hash, [0, 1])) == ids([block, other])
+    assert pool.get_cached_block(block_hash, [0, 2]) is None
+
+
 def test_map_single_then_duplicates_keep_insertion_order():
-    m = BlockHashToBlockMap()
+    m = BlockHashToBlockMap([])
     b1, b2, b3 = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
-    segment = m.insert(HEAD, KEY, b2)
+    segment = m.insert_in(HEAD, KEY, b2)
     assert segment[None] == HEAD and segment[KEY] is b2
-    assert m.insert(HEAD, KEY, b1) is segment and m.insert(HEAD, KEY, b3) is segment
+    assert m.insert_in(HEAD, KEY, b1) is segment and m.insert_in(HEAD, KEY, b3) is segment
     assert list(segment[KEY]) == [2, 1, 3]
     assert dict(m.items()) == {KEY: {2: b2, 1: b1, 3: b3}}
     assert len(m) == 1
 
 
 def test_map_pop_specific_block_id():
-    m = BlockHashToBlockMap()
+    m = BlockHashToBlockMap([])
     b1, b2 = KVCacheBlock(1), KVCacheBlock(2)
-    segment = m.insert(HEAD, KEY, b1)
-    m.insert(HEAD, KEY, b2)
-    assert m.pop(segment, KEY, 1) is b1
+    segment = m.insert_in(HEAD, KEY, b1)
+    m.insert_in(HEAD, KEY, b2)
+    assert m.pop_in(segment, KEY, 1) is b1
     assert segment[KEY] == {2: b2}
-    assert m.pop(segment, KEY, 1) is None
-    assert m.pop(segment, KEY, 2) is b2
+    assert m.pop_in(segment, KEY, 1) is None
+    assert m.pop_in(segment, KEY, 2) is b2
     # The emptied segment is dropped (the root stays).
     assert len(m) == 0 and m._segments == {ROOT: m.root}
 
 
 def test_map_pop_leaves_a_different_single_block():
-    m = BlockHashToBlockMap()
+    m = BlockHashToBlockMap([])
     b1 = KVCacheBlock(1)
-    segment = m.insert(HEAD, KEY, b1)
-    assert m.pop(segment, KEY, 7) is None
+    segment = m.insert_in(HEAD, KEY, b1)
+    assert m.pop_in(segment, KEY, 7) is None
     assert segment[KEY] is b1
-    assert m.pop(segment, OTHER, 1) is None
-    assert m.pop(segment, KEY, 1) is b1 and len(m) == 0
+    assert m.pop_in(segment, OTHER, 1) is None
+    assert m.pop_in(segment, KEY, 1) is b1 and len(m) == 0
 
 
 def test_same_hash_different_groups_are_different_keys():
-    m = BlockHashToBlockMap()
-    m.insert(HEAD, KEY, KVCacheBlock(1))
-    m.insert(HEAD, OTHER, KVCacheBlock(2))
+    m = BlockHashToBlockMap([])
+    m.insert_in(HEAD, KEY, KVCacheBlock(1))
+    m.insert_in(HEAD, OTHER, KVCacheBlock(2))
     assert len(m) == 2
     assert OTHER[-4:] == (1).to_bytes(4, "big") and OTHER[:-4] == b"h" * 32
 
 
 def test_map_files_keys_by_segment_and_runs_cross_segments():
     fine = [i.to_bytes(32, "big") for i in range(2 * SEGMENT_LEN + 2)]
-    m = BlockHashToBlockMap()
+    m = BlockHashToBlockMap([])
     blocks = [KVCacheBlock(i) for i in range(len(fine))]
-    segments = [m.insert(segment_head(fine, i), fine[i], blocks[i]) for i in range(len(fine))]
+    segments = [m.insert_in(segment_head(fine, i), fine[i], blocks[i]) for i in range(len(fine))]
     # Every request's first segment is the shared root.
     assert [segments[i][None] for i in (0, SEGMENT_LEN - 1, SEGMENT_LEN, len(fine) - 1)] == [
         ROOT, ROOT, fine[SEGMENT_LEN], fine[2 * SEGMENT_LEN]]
@@ -72,10 +105,10 @@ def test_map_files_keys_by_segment_and_runs_cross_segments():
     assert m.get_one_block_run(fine, 3, len(fine), 4, 0) == blocks[3::4]
     assert m.get_one_block_run(fine, 0, len(fine), 1, 1) == []
     # A miss ends the run, in whichever segment it falls.
-    m.pop(segments[SEGMENT_LEN + 5], fine[SEGMENT_LEN + 5], SEGMENT_LEN + 5)
+    m.pop_in(segments[SEGMENT_LEN + 5], fine[SEGMENT_LEN + 5], SEGMENT_LEN + 5)
     assert m.get_one_block_run(fine, 0, len(fine), 1, 0) == blocks[:SEGMENT_LEN + 5]
     for i in (2 * SEGMENT_LEN, 2 * SEGMENT_LEN + 1):
-        m.pop(segments[i], fine[i], i)
+        m.pop_in(segments[i], fine[i], i)
     assert len(m._segments) == 2 and fine[2 * SEGMENT_LEN] not in m._segments
 
 
@@ -245,7 +278,7 @@ def test_partial_entry_below_the_primary_becomes_an_extra_key():
     low = pool.cache_partial_block(request, block, 4, 0, 8)
     assert block.block_hash == high and block.block_hash_num_tokens == 6
     assert {b: list(keys) for b, keys in pool.cached_block_hashes_by_block.items()} == {1: [low]}
-    assert pool.get_cached_block(request.block_hashes, 2, 1, [0]) == [block]
+    assert pool.get_cached_block_at(request.block_hashes, 2, 1, [0]) == [block]
     dump_pool(pool)
     replaced = pool.cache_partial_block(request, block, 2, 0, 8, replace_existing_hashes=True)
     assert block.block_hash == replaced and block.block_hash_num_tokens == 2
@@ -287,8 +320,8 @@ def test_get_cached_block_needs_every_group():
     request, (block,) = _cached(pool, [1, 2, 3, 4], 1)
     (other,) = pool.get_new_blocks(1)
     pool.cache_full_blocks(request, [other], 0, 1, 4, 1)
-    assert ids(pool.get_cached_block(request.block_hashes, 4, 0, [0, 1])) == [1, 2]
-    assert pool.get_cached_block(request.block_hashes, 4, 0, [0, 2]) is None
+    assert ids(pool.get_cached_block_at(request.block_hashes, 4, 0, [0, 1])) == [1, 2]
+    assert pool.get_cached_block_at(request.block_hashes, 4, 0, [0, 2]) is None
 
 
 def test_get_rightmost_cached_block_searches_the_groups_it_is_given():

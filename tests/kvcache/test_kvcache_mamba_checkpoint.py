@@ -47,7 +47,7 @@ def test_a_last_chunk_keeps_its_checkpoint_and_a_second_request_resumes_there():
     predictions = record_predictions(manager)
     assert _ids(manager.allocate_slots(a, 13)) == [[1, 2], [3, 4]]
     assert predictions == [4]
-    assert state._checkpoints == {"a": (12, 0, 0)}
+    assert state._checkpoints == {"a": (12, 0)}
     a.num_computed_tokens = 13
     checkpoint_block = pool.blocks[3]
     assert checkpoint_block.block_hash == a.block_hashes[5] + b"\x00\x00\x00\x01"
@@ -82,7 +82,7 @@ def test_a_running_request_exports_its_checkpoint_into_its_draft_block():
     assert predictions == [2, 2]
     assert table_ids(manager, "r") == [[1, 2, 3, 4]]
     state = manager.coordinator.single_type_managers[0]
-    assert state._checkpoints == {"r": (8, 1, 4)}
+    assert state._checkpoints == {"r": (8, 1)} and state._step_starts == {"r": 4}
 
 
 def _steps_taking_what_they_predict(manager, steps) -> list[int]:

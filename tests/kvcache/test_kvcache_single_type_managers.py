@@ -347,7 +347,7 @@ def _scan_right_to_left(hashes, max_length, group_ids, pool, block_size, window,
     found = [[pool.null_block] * num for _ in group_ids]
     run = 0
     for i in range(num - 1, -1, -1):
-        cached = pool.get_cached_block(hashes, block_size, i, group_ids)
+        cached = pool.get_cached_block_at(hashes, block_size, i, group_ids)
         if cached is None:
             run = 0
             continue

@@ -141,8 +141,8 @@ def test_e3_sliding_window_hit_and_adoption():
 def test_e4_chunked_local_null_prefix_hit():
     m = make_manager(10, ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8))
     probes = []
-    original = m.block_pool.get_cached_block
-    m.block_pool.get_cached_block = lambda *a: probes.append(a) or original(*a)
+    original = m.block_pool.get_cached_block_at
+    m.block_pool.get_cached_block_at = lambda *a: probes.append(a) or original(*a)
     r = make_request("R", list(range(17)), 4)
     blocks, hit, _ = m.get_computed_blocks(r)
     assert (ids(blocks.blocks[0]), hit) == ([0, 0, 0, 0], 16)

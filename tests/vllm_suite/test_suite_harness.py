@@ -80,3 +80,45 @@ def test_a_lenient_module_reads_and_writes_the_module_and_stands_in_only_while_c
     monkeypatch.setattr(suite_plugin, "_collecting", False)
     with pytest.raises(AttributeError):
         lenient.absent  # noqa: B018
+
+
+def test_regeneration_keeps_categories_and_marks_new_failures():
+    from regenerate import NEW, regenerate
+
+    old = {A: ("misuse", "refused on purpose"), B: ("lacking", "TypeError: f() lacks x"),
+           C: ("lacking", "E")}
+    report = _report(**{A: "failed", B: "failed", C: "passed"})
+    report["tests"][B]["why"] = "AttributeError: g"
+    assert regenerate([A, B, C], report, old) == {
+        A: ("misuse", "refused on purpose"),  # a reason in words is kept
+        B: ("lacking", "AttributeError: g"),  # a lacking test now stopped by another error
+    }  # C passes: no longer listed
+    assert regenerate([A], _report(**{A: "failed"}), {}) == {A: (NEW, "E")}
+    # A lacking reason that names the error and says more is kept.
+    old = {A: ("lacking", "E: the test reads X")}
+    assert regenerate([A], _report(**{A: "failed"}), old) == {A: ("lacking", "E: the test reads X")}
+
+
+def test_a_regenerated_list_reads_back_and_a_new_entry_must_be_categorised(monkeypatch, tmp_path):
+    import test_vllm_suite
+    import tomllib
+    from regenerate import NEW, render
+
+    entries = {A: ("lacking", 'KeyError: "x"'), B: (NEW, "E"), C: ("hisparse", "HiSparse")}
+    text = render("9.9.9", entries)
+    groups = tomllib.loads(text)["group"]
+    assert [g["category"] for g in groups] == ["hisparse", "lacking", NEW]
+    monkeypatch.setattr(test_vllm_suite, "HERE", tmp_path)
+    (tmp_path / "expected-failures-9.9.9.toml").write_text(text)
+    assert test_vllm_suite.listed("9.9.9") == entries
+    with pytest.raises(AssertionError, match="categorise it"):
+        expected_failures("9.9.9")
+
+
+def test_a_regenerated_reason_leaves_out_what_differs_between_runs():
+    from regenerate import stable
+
+    assert stable("assert <X object at 0x7f0e72d3c6d0> == 1") == "assert <X object> == 1"
+    assert stable("block hash -8549660974541118228 is not 32 bytes") == (
+        "block hash <int> is not 32 bytes")
+    assert stable("got 16 blocks") == "got 16 blocks"
