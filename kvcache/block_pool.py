@@ -186,6 +186,9 @@ class BlockPool:
     hold no KV (tokens outside a window); it is never queued, cached, counted or handed out.
     """
 
+    num_hash_lookahead_tokens = 0
+    """Tokens after each block its hash covers (MTP / draft lookahead; the coordinator sets it)."""
+
     def __init__(self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int) -> None:
         check_positive_int("num_gpu_blocks", num_gpu_blocks)
         check_positive_int("hash_block_size", hash_block_size)
