@@ -502,6 +502,7 @@ class Scheduler:
             self.use_eagle,
             self.prefill_checkpoint_alignment,
             request.shared_prefix_boundary,
+            self.manager.block_pool.num_hash_lookahead_tokens,
         )
 
     def _preempt(self, request: Any) -> None:
@@ -532,6 +533,7 @@ def mamba_block_aligned_split(
     drop_eagle_block: bool = False,
     checkpoint_alignment: int | None = None,
     junction: int = 0,
+    num_hash_lookahead_tokens: int = 0,
 ) -> int:
     """vLLM's chunk clip for Mamba "align" (docs/spec.md §11.3): a prefill chunk from `start`
     ends on a block boundary (a state is written only at a chunk's end), stops at the next
@@ -542,7 +544,8 @@ def mamba_block_aligned_split(
     export the prefill checkpoint mid-chunk (`checkpoint_alignment` set: every state group has
     checkpoint blocks, §11.6) is exempt from all of these. Every prefill chunk stops at the
     request's shared-prefix `junction` (§6.3), floored to a whole number of blocks from
-    `start`, when it lies inside the chunk. May return 0 (nothing fits this step)."""
+    `start`, when it lies inside the chunk. The checkpoints leave a hash lookahead's tokens to
+    come (§5.7). May return 0 (nothing fits this step)."""
     prefill_end = max(num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
         return num_new_tokens
@@ -551,18 +554,19 @@ def mamba_block_aligned_split(
     if checkpoint_alignment is not None and end >= prefill_end:
         checkpoint_unit = hash_block_size if partial_hits else block_size
         checkpoint = get_mamba_prefill_checkpoint_position(
-            prefill_end, checkpoint_unit, drop_eagle_block)
+            prefill_end, checkpoint_unit, drop_eagle_block, num_hash_lookahead_tokens)
         exported = is_mamba_prefill_checkpoint_valid(
             start, end, checkpoint, hash_block_size, block_size, checkpoint_alignment)
     last_cache_position = 0 if exported else get_mamba_prefill_checkpoint_position(
-        num_tokens, block_size, drop_eagle_block)
+        num_tokens, block_size, drop_eagle_block, num_hash_lookahead_tokens)
     if end < prefill_end:
         aligned_end = end // block_size * block_size
         if aligned_end > start or block_size <= max_prefill_tokens:
             end = aligned_end
     next_block_boundary = (start // block_size + 1) * block_size
     tail_boundary = (
-        get_mamba_prefill_checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle_block)
+        get_mamba_prefill_checkpoint_position(num_prompt_tokens, hash_block_size,
+                                              drop_eagle_block, num_hash_lookahead_tokens)
         if partial_hits and not exported else 0
     )
     stops = (

@@ -57,17 +57,17 @@ class Driver:
         junction = r.shared_prefix_boundary
         if layout.checkpoint_alignment is not None and end >= prefill_end:
             unit = layout.hbs if layout.partial_hits else bs
-            checkpoint = state_checkpoint(prefill_end, unit, layout.replay_eagle)
+            checkpoint = state_checkpoint(prefill_end, unit, layout.replay_eagle, layout.lookahead)
             if checkpoint_exportable(start, end, checkpoint, layout.hbs, bs,
                                      layout.checkpoint_alignment):
                 return _stop_at_junction(start, end, junction, bs) - start
         if end < prefill_end and (end // bs * bs > start or bs <= self.cfg.token_budget):
             end = end // bs * bs
         end = _stop_at_junction(start, end, junction, bs)
-        candidates = [state_checkpoint(T, bs, layout.replay_eagle)]
+        candidates = [state_checkpoint(T, bs, layout.replay_eagle, layout.lookahead)]
         if start % bs:
             candidates.append(cdiv(start, bs) * bs)
-        tail = state_checkpoint(P, layout.hbs, layout.replay_eagle)
+        tail = state_checkpoint(P, layout.hbs, layout.replay_eagle, layout.lookahead)
         if layout.partial_hits and candidates[0] < tail < P:
             candidates.append(tail)
         inside = [c for c in candidates if start < c < end]
