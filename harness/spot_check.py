@@ -91,7 +91,8 @@ _SIMPLE_KINDS = {"MLAAttentionSpec": "mla", "CrossAttentionSpec": "cross",
 
 def _config_of(manager: Any) -> Config:
     """A harness Config describing a live manager (what the state checks read of it)."""
-    flagged = [getattr(g, "is_eagle_group", False) for g in manager.kv_cache_config.kv_cache_groups]
+    flagged = [getattr(group, "is_eagle_group", False)
+               for group in manager.kv_cache_config.kv_cache_groups]
     groups = tuple(dataclasses.replace(_group_of(single.kv_cache_spec), eagle=bool(flag))
                    for single, flag in zip(manager.coordinator.single_type_managers, flagged))
     # Caching off keeps Config's size checks out of the way: the state checks read only the
