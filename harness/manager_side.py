@@ -157,6 +157,7 @@ class ManagerSide:
             prefill_checkpoint_alignment=config.prefill_checkpoint_alignment,
             use_eagle=config.use_eagle,
             state_groups=any(g.kind == "mamba" for g in config.groups),
+            num_prefill_lookahead=config.num_prefill_lookahead,
         )
 
     # ----- Side -----

@@ -62,6 +62,7 @@ class Scheduler:
         prefill_checkpoint_alignment: int | None = None,
         use_eagle: bool = False,
         state_groups: bool = False,
+        num_prefill_lookahead: int = 0,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -97,6 +98,8 @@ class Scheduler:
         # Recurrent-state groups: the connector leaves the last token to compute (NIXL's
         # backoff), and a load that ends short fails whole (docs/spec.md §13.2).
         self.state_groups = state_groups
+        # Multi-module MTP: no prefill chunk ends within this many tokens of the end (§5.7).
+        self.num_prefill_lookahead = num_prefill_lookahead
         self._running: list[Any] = []
         self._waiting: deque[Any] = deque()
         self._requests: dict[str, Any] = {}
@@ -377,6 +380,10 @@ class Scheduler:
             )
             if num_new_tokens > 0 and self.mamba_block_aligned_split:
                 num_new_tokens = self._mamba_aligned(request, num_new_tokens, 0)
+            if self.num_prefill_lookahead:
+                num_new_tokens = reserve_prefill_lookahead(
+                    request.num_tokens, request.num_computed_tokens, num_new_tokens,
+                    self.num_prefill_lookahead)
             if num_new_tokens <= 0:
                 i += 1
                 continue
@@ -466,6 +473,12 @@ class Scheduler:
                 num_new_tokens = self._mamba_aligned(request, num_new_tokens, num_hit_tokens)
                 if num_new_tokens == 0:
                     break
+            if self.num_prefill_lookahead:
+                num_new_tokens = reserve_prefill_lookahead(
+                    request.num_tokens, request.num_computed_tokens + num_hit_tokens,
+                    num_new_tokens, self.num_prefill_lookahead)
+                if num_new_tokens == 0:
+                    break
             new_blocks = manager.allocate_slots(
                 request,
                 num_new_tokens,
@@ -519,6 +532,18 @@ class Scheduler:
         """Priority order, smallest (priority, arrival) first; stable, so FCFS among equals."""
         if self.policy == "priority":
             self._waiting = deque(sorted(self._waiting, key=_priority_key))
+
+
+def reserve_prefill_lookahead(
+    num_tokens: int, num_computed_tokens: int, num_new_tokens: int, num_prefill_lookahead: int
+) -> int:
+    """vLLM 0.34's `Scheduler._reserve_prefill_lookahead` (sched/scheduler.py:695-714): a chunk
+    that would stop fewer than `num_prefill_lookahead` tokens short of the end stops that much
+    earlier, so a multi-module MTP drafter has its known next tokens (docs/spec.md §5.7)."""
+    remaining = num_tokens - num_computed_tokens - num_new_tokens
+    if 0 < remaining < num_prefill_lookahead:
+        num_new_tokens -= num_prefill_lookahead - remaining
+    return max(num_new_tokens, 0)
 
 
 def mamba_block_aligned_split(

@@ -124,6 +124,8 @@ class Layout:
     """num_hash_lookahead_tokens: tokens after a hash block its key covers (§5.7)."""
     reprefillable: int = 0
     """max(0, num_prefill_lookahead − 1): computed tokens not yet final, never cached (§5.7)."""
+    prefill_lookahead: int = 0
+    """num_prefill_lookahead: no prefill chunk ends fewer tokens than this short of the end."""
 
     @classmethod
     def from_config(cls, config: Config) -> Layout:
@@ -185,4 +187,5 @@ class Layout:
             checkpoint_alignment=config.prefill_checkpoint_alignment,
             lookahead=config.num_hash_lookahead_tokens,
             reprefillable=max(config.num_prefill_lookahead - 1, 0),
+            prefill_lookahead=config.num_prefill_lookahead,
         )

@@ -42,6 +42,15 @@ class Driver:
         self.states = any(g.kind == "mamba" for g in manager.layout.groups)
         """State groups: loads leave the last token and fail whole when short (§13.2)."""
 
+    def _short_of_lookahead(self, r: Request, computed: int, n: int) -> int:
+        """docs/spec.md §5.7: a chunk that would end fewer than P (num_prefill_lookahead)
+        tokens before the request's end ends P tokens before it (0 if that is no token)."""
+        left = r.num_tokens - computed - n
+        lookahead = self.manager.layout.prefill_lookahead
+        if 0 < left < lookahead:
+            return max(n - (lookahead - left), 0)
+        return n
+
     def state_aligned(self, r: Request, n: int, hit: int) -> int:
         """docs/spec.md §11.3's chunk rule: the tokens of a chunk of at most n from
         `r.num_computed_tokens + hit` that ends where a state may be written, and not past
@@ -227,6 +236,7 @@ class Driver:
             )
             if n > 0 and self.aligned:
                 n = self.state_aligned(r, n, 0)
+            n = self._short_of_lookahead(r, r.num_computed_tokens, n)
             if n <= 0:
                 i += 1
                 continue
@@ -273,6 +283,9 @@ class Driver:
                     n = self.state_aligned(r, n, hit)
                     if n == 0:
                         break
+                n = self._short_of_lookahead(r, r.num_computed_tokens + hit, n)
+                if n == 0:
+                    break
                 blocks = mgr.allocate_slots(
                     r,
                     n,

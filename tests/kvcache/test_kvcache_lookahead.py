@@ -58,3 +58,16 @@ def test_the_mamba_checkpoint_leaves_the_hash_lookahead_to_come():
     assert manager.block_pool.num_hash_lookahead_tokens == 3
     assert get_mamba_prefill_checkpoint_position(18, 4, False, 3) == 12
     assert get_mamba_prefill_checkpoint_position(18, 4, False) == 16
+
+
+@pytest.mark.parametrize("computed, new, want", [
+    (0, 9, 7),    # would leave 1 < 3: stops 3 short
+    (0, 8, 7),    # would leave 2 < 3
+    (0, 7, 7),    # leaves exactly 3
+    (0, 10, 10),  # finishes the prefill
+    (8, 1, 0),    # nothing fits
+])
+def test_a_prefill_chunk_stops_clear_of_the_prefill_lookahead(computed, new, want):
+    from kvfuzz.kvcache.scheduler import reserve_prefill_lookahead
+
+    assert reserve_prefill_lookahead(10, computed, new, 3) == want

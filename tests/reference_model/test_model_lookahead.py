@@ -41,3 +41,10 @@ def test_multi_module_mtp_needs_a_scheduler_block_as_large_as_its_lookahead():
     config(8, full(4), num_prefill_lookahead=5)  # no EAGLE group: no rule
     with pytest.raises(ConfigError, match="num_hash_lookahead_tokens must be an int"):
         config(8, full(4), num_hash_lookahead_tokens=-1)
+
+
+def test_the_driver_ends_no_chunk_inside_the_prefill_lookahead():
+    m = Runner(config(16, full(4), num_prefill_lookahead=3,
+                      scheduler={"token_budget": 9}), "scheduler")
+    m.add("A", list(range(10)), max_tokens=1)
+    assert m.run("step")["scheduled"] == [["A", 7, 0]]
