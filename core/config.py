@@ -194,6 +194,12 @@ class Config:
     replay boundaries."""
     kv_connector: bool = False
     """Generators load some requests' KV from a simulated connector (docs/spec.md §13)."""
+    num_hash_lookahead_tokens: int = 0
+    """MTP / draft lookahead: each block hash also covers this many tokens after the block
+    (docs/spec.md §5.7)."""
+    num_prefill_lookahead: int = 0
+    """Prefill tokens a multi-module MTP drafter reads past the computed ones: the last
+    `num_prefill_lookahead − 1` computed tokens are never cached (docs/spec.md §5.7)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -296,6 +302,8 @@ class Config:
             _positive_int("hash_block_size", self.hash_block_size)
         if self.max_in_flight_tokens is not None:
             _positive_int("max_in_flight_tokens", self.max_in_flight_tokens)
+        _non_negative_int("num_hash_lookahead_tokens", self.num_hash_lookahead_tokens)
+        _non_negative_int("num_prefill_lookahead", self.num_prefill_lookahead)
         if self.prefix_cache_retention_interval is not None:
             _int_in("prefix_cache_retention_interval", self.prefix_cache_retention_interval,
                     -MAX_SIZE)
@@ -367,6 +375,14 @@ class Config:
                         f"modelled on {', '.join(_CONNECTOR_KINDS)} groups only "
                         "(docs/spec.md §13.1)"
                     )
+        if (self.enable_caching and (self.use_eagle or any(g.eagle for g in self.groups))
+                and self.scheduler_block_size < self.num_prefill_lookahead):
+            raise ConfigError(
+                f"num_prefill_lookahead {self.num_prefill_lookahead} with EAGLE groups and "
+                f"caching on: Multi-module MTP with prefix caching requires "
+                f"scheduler_block_size (={self.scheduler_block_size}) >= "
+                f"num_speculative_tokens (={self.num_prefill_lookahead})."
+            )
         if self.use_eagle and "chunked_local" in kinds:
             raise ConfigError("use_eagle is not supported with a chunked_local group")
         if self.enable_caching and self.is_hybrid:

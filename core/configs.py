@@ -332,6 +332,30 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_model_len=64, use_eagle=True, partial_hits=True),
         ),
         (
+            "DeepSeek-V3-shaped with its MTP module: one MLA group (bs 4) holding the drafter's "
+            "layer too (an EAGLE group), block hashes covering the next token "
+            "(num_hash_lookahead_tokens 1, num_prefill_lookahead 1, docs/spec.md §5.7)",
+            Config(16, (GroupConfig("mla", 4, eagle=True),), name="deepseek_v3_mtp",
+                   max_model_len=64, num_hash_lookahead_tokens=1, num_prefill_lookahead=1),
+        ),
+        (
+            "DeepSeek-V3-shaped with 3 chained MTP modules (multi-module MTP): one MLA group "
+            "(bs 4, an EAGLE group), hashes covering the next 3 tokens, the last 2 computed "
+            "tokens re-prefillable and never cached",
+            Config(16, (GroupConfig("mla", 4, eagle=True),), name="deepseek_v3_mtp3",
+                   max_model_len=64, num_hash_lookahead_tokens=3, num_prefill_lookahead=3),
+        ),
+        (
+            "Qwen3-Next-shaped with 2-token MTP, Mamba align mode: 1 gated attention (bs 8, "
+            "the MTP layer's EAGLE group) : 3 Gated DeltaNet (bs 8, 2 speculative blocks), hash "
+            "blocks of 2 covering the next 2 tokens; state checkpoints leave them to come",
+            replace(_attention_mamba_align("qwen3_next_mtp", 60, 3, 8, 2, speculative=2),
+                    groups=(GroupConfig("full", 8, eagle=True),) + tuple(
+                        GroupConfig("mamba", 8, mamba_cache_mode="align",
+                                    num_speculative_blocks=2) for _ in range(3)),
+                    num_hash_lookahead_tokens=2, num_prefill_lookahead=2),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),

@@ -12,6 +12,7 @@ are equal. Nothing here hashes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,19 +66,32 @@ def lora_path(lora_id: int | None, path: str | None) -> str:
     return path if path is not None else f"/kvfuzz/lora/{lora_id}"
 
 
-def prefix_identity(salt: str | None, extras: Extras | None, num_tokens: int, hbs: int) -> Any:
+def prefix_identity(salt: str | None, extras: Extras | None, num_tokens: int, hbs: int,
+                    lookahead: int = 0) -> Any:
     """What a prefix of num_tokens tokens (a multiple of hbs) stands for besides its tokens:
     the salt alone (None for none) when no block of it has another extra key (a plain request
     and one whose adapter, inputs or embeddings lie beyond the prefix look alike), else every
-    hash block's extra keys."""
+    hash block's extra keys (of the block and the `lookahead` tokens after it, §5.7)."""
     if extras is None:
         return salt or None
     blocks = tuple(
-        extras.block_keys(salt, s, s + hbs) for s in range(0, num_tokens - num_tokens % hbs, hbs)
+        extras.block_keys(salt, s, s + hbs + lookahead)
+        for s in range(0, num_tokens - num_tokens % hbs, hbs)
     )
     if all(key[0] == "cache_salt" for keys in blocks for key in keys):
         return salt or None
     return ("extras",) + blocks
+
+
+def key_identity(salt: str | None, extras: Extras | None, tokens: Sequence[int],
+                 num_tokens: int, hbs: int, lookahead: int) -> Any:
+    """The identity of a content key (core/snapshot.py) for the prefix of num_tokens of
+    `tokens`: `prefix_identity`, and with a hash lookahead L (docs/spec.md §5.7)
+    `("ahead", that, the L tokens after the prefix)`, which its hash covers too."""
+    ident = prefix_identity(salt, extras, num_tokens, hbs, lookahead)
+    if not lookahead:
+        return ident
+    return ("ahead", ident, tuple(tokens[num_tokens:num_tokens + lookahead]))
 
 
 def extras_problem(extras: Extras | None, prompt: list[int], mm_lengths: dict[int, int]) -> str | None:

@@ -16,6 +16,8 @@ salt or None for a plain request, else the prefix's extra keys by value (core/ex
 
 def format_key(key: CacheKey) -> str:
     group, salt, tokens = key
+    if isinstance(salt, tuple) and salt[0] == "ahead":
+        return format_key((group, salt[1], tokens)) + f" ahead={list(salt[2])}"
     if isinstance(salt, tuple):
         salt_part = f" extras={salt[-1]!r}" if len(salt) > 1 else ""
     else:

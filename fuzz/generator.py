@@ -286,9 +286,10 @@ class ApiRules(Rules):
                  self.config.partial_hash_hits, self.config.max_model_len, self.config.use_eagle,
                  self.config.prefill_checkpoint_alignment)
         prompt = len(self.execution.requests[rid].prompt)
-        return (mamba_block_aligned_split(start, n, prompt, view.num_tokens, *sizes)
+        lookahead = {"num_hash_lookahead_tokens": self.config.num_hash_lookahead_tokens}
+        return (mamba_block_aligned_split(start, n, prompt, view.num_tokens, *sizes, **lookahead)
                 or mamba_block_aligned_split(start, view.num_tokens - start, prompt,
-                                             view.num_tokens, *sizes))
+                                             view.num_tokens, *sizes, **lookahead))
 
     def _running(self, computing: bool) -> Views:
         max_len = self.config.max_model_len

@@ -82,6 +82,8 @@ def build_kvcache_manager(config: Config) -> Any:
         use_eagle=config.use_eagle,
         watermark=config.watermark,
         enable_partial_hash_hits=config.partial_hits,
+        num_hash_lookahead_tokens=config.num_hash_lookahead_tokens,
+        num_prefill_lookahead=config.num_prefill_lookahead,
         **({"enable_kv_cache_events": True} if config.kv_events else {}),
     )
 
@@ -97,12 +99,13 @@ class KvcacheSide(ManagerSide):
 
         self.request_status = RequestStatus
         self._hasher = get_request_block_hasher(
-            config.resolved_hash_block_size, none_hash_seed=config.none_hash_seed
+            config.resolved_hash_block_size, None, config.num_hash_lookahead_tokens,
+            none_hash_seed=config.none_hash_seed,
         )
         return build_kvcache_manager(config)
 
     def router_chain(self, config: Config) -> BlockChain | None:
-        return kvcache_chain(config.none_hash_seed)
+        return kvcache_chain(config.none_hash_seed, config.num_hash_lookahead_tokens)
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
         from kvfuzz.kvcache.request import LoRARequest, MultiModalFeature, Request

@@ -49,7 +49,8 @@ class ManagerSide:
         self._groups_missing = len(self.group_ids) != len(config.groups)
         self.manager = self._build(config)
         self.probes = ManagerProbes(self.manager, self.request_status)
-        self.keys = KeyTranslator(config.resolved_hash_block_size)
+        self.keys = KeyTranslator(config.resolved_hash_block_size,
+                                  lookahead=config.num_hash_lookahead_tokens)
         self._mm_lengths: dict[int, int] = {}
         self.requests: dict[str, Any] = {}
         self.lookups: dict[str, tuple[Any, int]] = {}
@@ -88,8 +89,8 @@ class ManagerSide:
         self._event_replay = EventReplay()
         self._op_events: list[KvEvent] = []
         chain = self.router_chain(config)
-        self.hash_audit = None if chain is None else HashAudit(chain,
-                                                               config.resolved_hash_block_size)
+        self.hash_audit = None if chain is None else HashAudit(
+            chain, config.resolved_hash_block_size, config.num_hash_lookahead_tokens)
         """H2's router view of the hashes, where the target documents its hash function."""
 
     def _build(self, config: Config) -> Any:
@@ -156,6 +157,7 @@ class ManagerSide:
             prefill_checkpoint_alignment=config.prefill_checkpoint_alignment,
             use_eagle=config.use_eagle,
             state_groups=any(g.kind == "mamba" for g in config.groups),
+            num_prefill_lookahead=config.num_prefill_lookahead,
         )
 
     # ----- Side -----

@@ -935,3 +935,32 @@ def _load_rollback_into_window(side: KvcacheSide) -> None:
         return scheduler
 
     side.build_scheduler = build_scheduler
+
+
+_MTP_CONFIGS = ("deepseek_v3_mtp", "deepseek_v3_mtp3", "qwen3_next_mtp")
+
+
+@mutant("lookahead-unhashed", "block hashes leave out the tokens after the block an MTP "
+        "drafter's KV depends on (still hashed only once those tokens exist): a block is "
+        "shared with a prompt that goes on differently", bug="docs/spec.md §5.7",
+        configs=_MTP_CONFIGS)
+def _lookahead_unhashed(side: KvcacheSide) -> None:
+    from kvfuzz.kvcache.kv_cache_utils import get_request_block_hasher
+
+    config = side.config
+    hbs, lookahead = config.resolved_hash_block_size, config.num_hash_lookahead_tokens
+    plain = get_request_block_hasher(hbs, None, 0, none_hash_seed=config.none_hash_seed)
+
+    def hasher(request):
+        ready = max(request.num_tokens - lookahead, 0) // hbs - len(request.block_hashes)
+        return plain(request)[:max(ready, 0)]
+
+    hasher.yields_digests = True
+    side._hasher = hasher
+
+
+@mutant("reprefillable-cached", "the tokens a multi-module MTP drafter may re-prefill "
+        "(num_prefill_lookahead − 1) are cached as if final", bug="docs/spec.md §5.7",
+        configs=("deepseek_v3_mtp3",))
+def _reprefillable_cached(side: KvcacheSide) -> None:
+    side.manager.coordinator.num_reprefillable_tokens = 0

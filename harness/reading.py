@@ -15,7 +15,7 @@ from enum import Enum
 from operator import attrgetter
 from typing import Any
 
-from kvfuzz.core.extra_keys import Extras, prefix_identity
+from kvfuzz.core.extra_keys import Extras, key_identity
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
 
 
@@ -27,8 +27,10 @@ class KeyTranslator:
     kvcache keys it) back to prefix content, and keeps each request's tokens as a tuple
     (re-read only when the request grows)."""
 
-    def __init__(self, hash_block_size: int, strict: bool = True) -> None:
+    def __init__(self, hash_block_size: int, strict: bool = True, lookahead: int = 0) -> None:
         self._hbs = hash_block_size
+        self._lookahead = lookahead
+        """num_hash_lookahead_tokens: a key also stands for the tokens after its prefix."""
         self._strict = strict
         self._prefix_of: dict[bytes, tuple[Any, tuple[int, ...]]] = {}
         self._hash_len = _SHA256_LEN
@@ -89,9 +91,11 @@ class KeyTranslator:
         salt = request.cache_salt or None
         tokens = self.tokens(request)
         extras = self.extras.get(request.request_id)
+        lookahead = self._lookahead
         for k in range(start, len(hashes)):
             end = (k + 1) * self._hbs
-            ident = salt if extras is None else prefix_identity(salt, extras, end, self._hbs)
+            ident = salt if extras is None and not lookahead else key_identity(
+                salt, extras, tokens, end, self._hbs, lookahead)
             prefix = (ident, tokens[:end])
             known = self._prefix_of.setdefault(hashes[k], prefix)
             if known != prefix:

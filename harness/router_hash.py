@@ -14,9 +14,12 @@ Two documented schemes:
   NONE_HASH = `H(seed)`, with H one of vLLM's `prefix_caching_hash_algo` functions (SHA-256 or
   xxHash-128 over pickle or canonical CBOR). Extra keys, in order: `("lora", name, path)`,
   `("mm", identifier, offset - start)` per overlapping input, `("cache_salt", salt)` on block
-  0, `("prompt_embeds", SHA-256 of the block's rows)`; None when there are none.
+  0, `("prompt_embeds", SHA-256 of the block's rows)`; None when there are none. With a hash
+  lookahead L (docs/spec.md §5.7) the extra keys become `(keys of the block and the L tokens
+  after it, *those tokens)`.
 - `kvcache_chain`: SHA-256 of `parent || u32 hbs || tokens as u64 LE || extras`, the extras
-  tagged and length-prefixed as kvcache documents (`get_request_block_hasher`).
+  tagged and length-prefixed as kvcache documents (`get_request_block_hasher`), with a
+  lookahead L over the block and the L tokens after it, then `0x05 || u32 L || those tokens`.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from typing import Any
 
 from kvfuzz.core.extra_keys import Extras, lora_path
 
-BlockChain = Callable[[bytes | None, Sequence[int], int, "str | None", "Extras | None"], bytes]
-"""(parent hash or None for block 0, the block's tokens, its start, salt, extras) -> hash."""
+BlockChain = Callable[..., bytes]
+"""(parent hash or None for block 0, the block's tokens, its start, salt, extras, the tokens
+after the block its hash covers: `ahead`, empty without a lookahead) -> hash."""
 
 
 def _pickled(value: Any) -> bytes:
@@ -67,9 +71,10 @@ class Unverifiable(Exception):
 
 
 def vllm_chain(seed: str, hash_function: str = "sha256",
-               embeds_rows: Callable[[Extras, int, int], bytes] | None = None) -> BlockChain:
+               embeds_rows: Callable[[Extras, int, int], bytes] | None = None,
+               lookahead: int = 0) -> BlockChain:
     """vLLM's documented chain; `embeds_rows` gives the bytes of a block's prompt-embedding rows
-    (None: unverifiable)."""
+    (None: unverifiable); `lookahead`: num_hash_lookahead_tokens."""
     fn = VLLM_HASH_FUNCTIONS[hash_function]
     root = fn(seed)
 
@@ -90,9 +95,12 @@ def vllm_chain(seed: str, hash_function: str = "sha256",
         return tuple(keys) or None
 
     def chain(parent: bytes | None, tokens: Sequence[int], start: int, salt: str | None,
-              extras: Extras | None) -> bytes:
-        return fn((parent or root, tuple(tokens),
-                   extra_keys(salt, extras, start, start + len(tokens))))
+              extras: Extras | None, ahead: Sequence[int] = ()) -> bytes:
+        end = start + len(tokens)
+        if lookahead:
+            return fn((parent or root, tuple(tokens),
+                       (extra_keys(salt, extras, start, end + lookahead), *ahead)))
+        return fn((parent or root, tuple(tokens), extra_keys(salt, extras, start, end)))
 
     return chain
 
@@ -105,8 +113,9 @@ def _text(value: str) -> bytes:
     return _U32.pack(len(data)) + data
 
 
-def kvcache_chain(seed: str) -> BlockChain:
-    """kvcache's documented chain (kv_cache_utils.get_request_block_hasher's docstring)."""
+def kvcache_chain(seed: str, lookahead: int = 0) -> BlockChain:
+    """kvcache's documented chain (kv_cache_utils.get_request_block_hasher's docstring);
+    `lookahead`: num_hash_lookahead_tokens."""
     root = _sha256(seed.encode())
 
     def extras_bytes(salt: str | None, extras: Extras | None, start: int, end: int) -> bytes:
@@ -129,10 +138,12 @@ def kvcache_chain(seed: str) -> BlockChain:
         return out
 
     def chain(parent: bytes | None, tokens: Sequence[int], start: int, salt: str | None,
-              extras: Extras | None) -> bytes:
+              extras: Extras | None, ahead: Sequence[int] = ()) -> bytes:
         body = _U32.pack(len(tokens)) + struct.pack(f"<{len(tokens)}Q", *tokens)
-        return _sha256((parent or root) + body + extras_bytes(salt, extras, start,
-                                                             start + len(tokens)))
+        end = start + len(tokens) + lookahead
+        tail = (b"\x05" + _U32.pack(lookahead) + struct.pack(f"<{len(ahead)}Q", *ahead)
+                if lookahead else b"")
+        return _sha256((parent or root) + body + extras_bytes(salt, extras, start, end) + tail)
 
     return chain
 
@@ -141,9 +152,10 @@ class HashAudit:
     """Each request's hashes, recomputed block by block as the request grows (the router's own
     chain, never the target's hashes), compared with what the target's Request holds."""
 
-    def __init__(self, chain: BlockChain, hash_block_size: int) -> None:
+    def __init__(self, chain: BlockChain, hash_block_size: int, lookahead: int = 0) -> None:
         self._chain = chain
         self._hbs = hash_block_size
+        self._lookahead = lookahead
         self._expected: dict[str, list[bytes]] = {}
         self._skipped: set[str] = set()
         self._audited: dict[str, int] = {}
@@ -160,12 +172,15 @@ class HashAudit:
         expected = self._expected.setdefault(request_id, [])
         if request_id in self._skipped:
             return None
-        hbs = self._hbs
+        hbs, lookahead = self._hbs, self._lookahead
         try:
-            while len(expected) < len(hashes) and (len(expected) + 1) * hbs <= len(tokens):
+            while len(expected) < len(hashes) and (len(expected) + 1) * hbs + lookahead <= len(
+                    tokens):
                 k = len(expected)
+                end = (k + 1) * hbs
                 expected.append(self._chain(expected[-1] if expected else None,
-                                            tokens[k * hbs:(k + 1) * hbs], k * hbs, salt, extras))
+                                            tokens[k * hbs:end], k * hbs, salt, extras,
+                                            tokens[end:end + lookahead]))
         except Unverifiable:
             self._skipped.add(request_id)
             return None

@@ -8,6 +8,8 @@ only their structure is checked.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterable, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -89,8 +91,10 @@ _SIMPLE_KINDS = {"MLAAttentionSpec": "mla", "CrossAttentionSpec": "cross",
 
 def _config_of(manager: Any) -> Config:
     """A harness Config describing a live manager (what the state checks read of it)."""
-    groups = tuple(_group_of(single.kv_cache_spec)
-                   for single in manager.coordinator.single_type_managers)
+    flagged = [getattr(group, "is_eagle_group", False)
+               for group in manager.kv_cache_config.kv_cache_groups]
+    groups = tuple(dataclasses.replace(_group_of(single.kv_cache_spec), eagle=bool(flag))
+                   for single, flag in zip(manager.coordinator.single_type_managers, flagged))
     # Caching off keeps Config's size checks out of the way: the state checks read only the
     # groups, the pool size and the model length.
     return Config(

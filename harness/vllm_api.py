@@ -80,6 +80,10 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "KVCacheManager(num_hash_lookahead_tokens=)",
         _takes("KVCacheManager", "__init__", "num_hash_lookahead_tokens"),
     ),
+    "prefill_lookahead": (
+        "KVCacheManager(num_prefill_lookahead=)",
+        _takes("KVCacheManager", "__init__", "num_prefill_lookahead"),
+    ),
     "cached_tokens_probe": (
         "KVCacheManager.get_num_cached_tokens(request)",
         lambda api: callable(getattr(api.objects["KVCacheManager"], "get_num_cached_tokens",

@@ -96,6 +96,9 @@ def unsupported_reason(config: Config) -> str | None:
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
         (config.kv_events, "KV events"),
+        (bool(config.num_hash_lookahead_tokens or config.num_prefill_lookahead),
+         "MTP / draft lookahead (vLLM's Scheduler derives it from a drafter's "
+         "SpeculativeConfig and keeps prefill chunks clear of it)"),
     )
     named = [why for on, why in reasons if on]
     return "; ".join(named) if named else None

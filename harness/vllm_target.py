@@ -159,7 +159,16 @@ def build_vllm_manager(config: Config) -> Any:
             use_eagle=config.use_eagle,
             watermark=config.watermark,
             **({"enable_kv_cache_events": True} if config.kv_events else {}),
+            **_lookahead_arguments(config),
         )
+
+
+def _lookahead_arguments(config: Config) -> dict[str, int]:
+    """The MTP / draft lookahead arguments the config sets (docs/spec.md §5.7), passed only
+    when set: a release without them is never asked (`VllmSide.build_manager` refuses)."""
+    return {name: getattr(config, name)
+            for name in ("num_hash_lookahead_tokens", "num_prefill_lookahead")
+            if getattr(config, name)}
 
 
 @dataclass(frozen=True)
@@ -529,6 +538,10 @@ class VllmSide(ManagerSide):
         if any(g.num_prefill_checkpoint_blocks or g.prefill_checkpoint_alignment is not None
                for g in config.groups):
             self._require_option("num_prefill_checkpoint_blocks", "prefill_checkpoints")
+        if config.num_hash_lookahead_tokens:
+            self._require_option("num_hash_lookahead_tokens", "hash_lookahead")
+        if config.num_prefill_lookahead:
+            self._require_option("num_prefill_lookahead", "prefill_lookahead")
         if config.kv_events:
             self.require("take_events")
             # Events then carry the block hashes themselves, which the harness reads as content.
@@ -537,7 +550,9 @@ class VllmSide(ManagerSide):
         utils = v["utils"]
         # vLLM keeps its none hash in a module global, read whenever a request hashes.
         utils.NONE_HASH = v["sha256"](config.none_hash_seed)
-        self._hasher = utils.get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
+        self._hasher = utils.get_request_block_hasher(
+            config.resolved_hash_block_size, v["sha256"],
+            *((config.num_hash_lookahead_tokens,) if config.num_hash_lookahead_tokens else ()))
         manager = self.new_manager(config)
         for single in manager.coordinator.single_type_managers:
             if JUNCTION_EAGLE_UNKEPT in self.tolerated:
@@ -730,7 +745,8 @@ class VllmSide(ManagerSide):
     def router_chain(self, config: Config) -> BlockChain | None:
         """vLLM's documented chain over SHA-256 of pickle, the function the harness gives it,
         with the adapter paths and embedding tensors `_extra_key_args` makes."""
-        return vllm_chain(config.none_hash_seed, "sha256", embeds_rows=self._embeds_rows)
+        return vllm_chain(config.none_hash_seed, "sha256", embeds_rows=self._embeds_rows,
+                          lookahead=config.num_hash_lookahead_tokens)
 
     def _embeds_rows(self, extras: Extras, start: int, end: int) -> bytes:
         """The raw float32 rows [start, end) of the embedding tensor `_extra_key_args` builds."""

@@ -286,6 +286,9 @@ class BlockPool:
     hold no KV (tokens outside a window); it is never queued, cached, counted or handed out.
     """
 
+    num_hash_lookahead_tokens = 0
+    """Tokens after each block its hash covers (MTP / draft lookahead; the coordinator sets it)."""
+
     def __init__(
         self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int,
         enable_kv_cache_events: bool = False,

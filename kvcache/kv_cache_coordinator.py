@@ -270,9 +270,32 @@ class KVCacheCoordinator(ABC):
             for manager in self.single_type_managers
         ])
 
+    num_reprefillable_tokens = 0
+    """Trailing computed tokens a multi-module MTP drafter may re-prefill: never cached."""
+
+    def set_lookahead(self, num_hash_lookahead_tokens: int, num_prefill_lookahead: int) -> None:
+        """MTP / draft lookahead (docs/spec.md §5.7), as vLLM 0.34's coordinator takes it
+        (kv_cache_coordinator.py:118-159): each block hash covers the `num_hash_lookahead_tokens`
+        tokens after its block (the pool keeps the count for the Mamba checkpoints), and the
+        last `num_prefill_lookahead - 1` computed tokens stay uncached. With caching, EAGLE
+        groups and a scheduler block smaller than the prefill lookahead, ValueError."""
+        for name, value in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
+                            ("num_prefill_lookahead", num_prefill_lookahead)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if (self.enable_caching and self.eagle_group_ids
+                and self.scheduler_block_size < num_prefill_lookahead):
+            raise ValueError(
+                f"Multi-module MTP with prefix caching requires scheduler_block_size"
+                f" (={self.scheduler_block_size}) >= num_speculative_tokens"
+                f" (={num_prefill_lookahead})."
+            )
+        self.block_pool.num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)
+        self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
+
     def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
-        """Prefix eligible for hashing in a group."""
-        return num_computed_tokens
+        """Prefix eligible for hashing in a group: the finalized tokens."""
+        return max(0, num_computed_tokens - self.num_reprefillable_tokens)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         for group_id, manager in enumerate(self.single_type_managers):
@@ -499,8 +522,11 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         )
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        # Every computed token is cacheable, and caching is on.
-        self.single_type_managers[0].cache_blocks(request, num_computed_tokens)
+        # Every finalized token is cacheable, and caching is on.
+        self.single_type_managers[0].cache_blocks(
+            request, num_computed_tokens - self.num_reprefillable_tokens
+            if num_computed_tokens > self.num_reprefillable_tokens else 0
+        )
 
     def free(self, request_id: str) -> None:
         self.single_type_managers[0].free(request_id)
@@ -654,13 +680,17 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
 
     def _cacheable_tokens(self, num_computed_tokens: int) -> list[int]:
         """Per group: round down to the hit alignment, as a later hit cannot use the part past
-        it. EAGLE groups keep one block more, which their lookups match and then drop.
+        it. EAGLE groups keep one block more of the finalized tokens (all but the
+        re-prefillable ones), which their lookups match and then drop; the other groups do not
+        hold the re-prefillable tokens back (vLLM 0.34, kv_cache_coordinator.py:787-803).
         """
         cacheable = self._align_cacheable(num_computed_tokens)
         if cacheable <= 0 or not self._has_eagle_groups:
             return [cacheable] * len(self.single_type_managers)
+        finalized = max(0, num_computed_tokens - self.num_reprefillable_tokens)
+        aligned_finalized = self._align_cacheable(finalized)
         return [
-            min(num_computed_tokens, cacheable + manager.block_size)
+            min(finalized, aligned_finalized + manager.block_size)
             if manager.use_eagle
             else cacheable
             for manager in self.single_type_managers
@@ -868,8 +898,12 @@ def get_kv_cache_coordinator(
     hash_block_size: int,
     record_new_block_ids: bool = False,
     enable_partial_hash_hits: bool = False,
+    *,
+    num_hash_lookahead_tokens: int = 0,
+    num_prefill_lookahead: int = 0,
 ) -> KVCacheCoordinator:
-    """Caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid."""
+    """Caching off -> NoPrefixCache; one group -> Unitary; otherwise Hybrid; then the MTP /
+    draft lookahead (`KVCacheCoordinator.set_lookahead`)."""
     if enable_partial_hash_hits and (
         not enable_caching or len(kv_cache_config.kv_cache_groups) < 2
     ):
@@ -884,19 +918,23 @@ def get_kv_cache_coordinator(
         max_in_flight_tokens,
         use_eagle,
     )
+    coordinator: KVCacheCoordinator
     if not enable_caching:
-        return KVCacheCoordinatorNoPrefixCache(
+        coordinator = KVCacheCoordinatorNoPrefixCache(
             *common, scheduler_block_size, hash_block_size, record_new_block_ids
         )
-    if len(kv_cache_config.kv_cache_groups) == 1:
-        return UnitaryKVCacheCoordinator(
+    elif len(kv_cache_config.kv_cache_groups) == 1:
+        coordinator = UnitaryKVCacheCoordinator(
             *common, True, scheduler_block_size, hash_block_size, record_new_block_ids
         )
-    return HybridKVCacheCoordinator(
-        *common,
-        True,
-        scheduler_block_size,
-        hash_block_size,
-        record_new_block_ids,
-        enable_partial_hash_hits,
-    )
+    else:
+        coordinator = HybridKVCacheCoordinator(
+            *common,
+            True,
+            scheduler_block_size,
+            hash_block_size,
+            record_new_block_ids,
+            enable_partial_hash_hits,
+        )
+    coordinator.set_lookahead(num_hash_lookahead_tokens, num_prefill_lookahead)
+    return coordinator

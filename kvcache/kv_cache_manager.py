@@ -122,15 +122,15 @@ class KVCacheManager:
         record_new_block_ids: bool = False,
     ) -> None:
         """vLLM's arguments, in vLLM's order; those kvcache does not implement are accepted
-        with their neutral value (no lookahead hashing, one DCP/PCP rank, no metrics
-        collector, no shared-prefix Mamba checkpoints) and refused with ValueError otherwise.
+        with their neutral value (one DCP/PCP rank, no metrics collector, no shared-prefix
+        Mamba checkpoints) and refused with ValueError otherwise. `num_hash_lookahead_tokens`
+        and `num_prefill_lookahead` are MTP / draft lookahead (docs/spec.md §5.7): the
+        requests' hasher must cover the same lookahead (`get_request_block_hasher`).
         `enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
         `record_new_block_ids` records fresh blocks for a worker that zeroes them;
         `enable_kv_cache_events` queues KV events for `take_events` (kvcache/kv_events.py).
         """
         _require_neutral(
-            num_hash_lookahead_tokens=(num_hash_lookahead_tokens, 0),
-            num_prefill_lookahead=(num_prefill_lookahead, 0),
             dcp_world_size=(dcp_world_size, 1),
             pcp_world_size=(pcp_world_size, 1),
             metrics_collector=(metrics_collector, None),
@@ -163,6 +163,8 @@ class KVCacheManager:
             hash_block_size,
             record_new_block_ids,
             enable_partial_hash_hits,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+            num_prefill_lookahead=num_prefill_lookahead,
         )
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.enable_kv_cache_events = enable_kv_cache_events

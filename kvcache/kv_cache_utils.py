@@ -292,6 +292,7 @@ lets separate processes agree. Isolation between tenants is the cache salt's job
 
 _TOKEN_COUNT = struct.Struct("<I")
 _SALT_TAG, _LORA_TAG, _MM_TAG, _EMBEDS_TAG = b"\x01", b"\x02", b"\x03", b"\x04"
+_LOOKAHEAD_TAG = b"\x05"
 _I64 = struct.Struct("<q")
 
 
@@ -411,6 +412,32 @@ def generate_block_hash_extra_keys(
     return (tuple(keys) if keys else None), mm_idx
 
 
+BlockHashOf = Callable[["Request", Any, int, int], Any]
+"""(request, parent hash or None, block start, block end) -> the block's hash."""
+
+
+def _chained_hasher(
+    hash_block_size: int, lookahead: int, hash_block: BlockHashOf
+) -> Callable[[Request], list[BlockHash]]:
+    """A request block hasher: `hash_block` over each block whose `lookahead` tokens after it
+    exist, each chained on the one before."""
+
+    def request_block_hasher(request: Request) -> list[BlockHash]:
+        block_hashes = request.block_hashes
+        start = len(block_hashes) * hash_block_size
+        last = request.num_tokens - lookahead
+        parent = block_hashes[-1] if block_hashes else None
+        new_hashes: list[BlockHash] = []
+        while start + hash_block_size <= last:
+            parent = hash_block(request, parent, start, start + hash_block_size)
+            new_hashes.append(parent)
+            start += hash_block_size
+        return new_hashes
+
+    request_block_hasher.hash_block_size = hash_block_size  # type: ignore[attr-defined]
+    return request_block_hasher
+
+
 def _vllm_block_hasher(
     hash_block_size: int, hash_fn: Callable[[Any], bytes], num_hash_lookahead_tokens: int
 ) -> Callable[[Request], list[BlockHash]]:
@@ -419,27 +446,16 @@ def _vllm_block_hasher(
     tokens after it exist, its extra keys becoming `(keys of block + L tokens, *those tokens)`."""
     lookahead = num_hash_lookahead_tokens
 
-    def request_block_hasher(request: Request) -> list[BlockHash]:
-        block_hashes = request.block_hashes
-        start = len(block_hashes) * hash_block_size
-        last = request.num_tokens - lookahead
+    def hash_block(request: Request, parent: Any, start: int, end: int) -> BlockHash:
         tokens = request.all_token_ids
-        parent = block_hashes[-1] if block_hashes else None
-        new_hashes: list[BlockHash] = []
-        while start + hash_block_size <= last:
-            end = start + hash_block_size
-            if lookahead:
-                keys, _ = generate_block_hash_extra_keys(request, start, end + lookahead, 0)
-                extra: tuple[Any, ...] | None = (keys, *tokens[end : end + lookahead])
-            else:
-                extra, _ = generate_block_hash_extra_keys(request, start, end, 0)
-            parent = hash_block_tokens(hash_fn, parent, tokens[start:end], extra)
-            new_hashes.append(parent)
-            start = end
-        return new_hashes
+        if lookahead:
+            keys, _ = generate_block_hash_extra_keys(request, start, end + lookahead, 0)
+            extra: tuple[Any, ...] | None = (keys, *tokens[end : end + lookahead])
+        else:
+            extra, _ = generate_block_hash_extra_keys(request, start, end, 0)
+        return hash_block_tokens(hash_fn, parent, tokens[start:end], extra)
 
-    request_block_hasher.hash_block_size = hash_block_size  # type: ignore[attr-defined]
-    return request_block_hasher
+    return _chained_hasher(hash_block_size, lookahead, hash_block)
 
 
 def _salt_extra(cache_salt: str) -> bytes:
@@ -497,19 +513,23 @@ def get_request_block_hasher(
     Given one of vLLM's hash functions (`vllm.utils.hashing.sha256`, ...) as vLLM's callers
     pass it, it hashes as vLLM 0.34 does (`_vllm_block_hasher`, after `init_none_hash`), with
     `num_hash_lookahead_tokens`. Without one it hashes as follows, from `none_hash_seed` (or a
-    string in the second place), with no lookahead.
+    string in the second place).
 
     Block k hashes `parent || u32 token count || tokens as u64 LE || extras` with SHA-256,
     where parent is hash k-1 (the none hash for k = 0): fixed-width fields make the encoding
     unambiguous, and chaining makes each hash fingerprint the whole prefix. A plain request's
     only extra key is the cache salt, tagged and length-prefixed, on block 0 only, when
     non-empty; a request with a LoRA adapter, multimodal inputs or prompt embeddings appends
-    `block_extra_keys` to every block.
+    `block_extra_keys` to every block. With a lookahead L (MTP / draft, docs/spec.md §5.7) a
+    block is hashed once the L tokens after it exist, and both its extras and a tagged tail
+    cover them: `parent || u32 count || tokens || block_extra_keys(block + L tokens) || 0x05
+    || u32 L || the L tokens as u64 LE` (the extras' salt too, as for a plain request).
     """
     check_positive_int("hash_block_size", hash_block_size)
-    if type(num_hash_lookahead_tokens) is not int or num_hash_lookahead_tokens < 0:
+    if not isinstance(num_hash_lookahead_tokens, int) or num_hash_lookahead_tokens < 0:
         raise ValueError(f"num_hash_lookahead_tokens must be an int >= 0, "
                          f"got {num_hash_lookahead_tokens!r}")
+    num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)  # vLLM's tests pass bools
     if isinstance(caching_hash_fn, str):  # kvcache's older positional seed
         caching_hash_fn, none_hash_seed = None, caching_hash_fn
     if caching_hash_fn is not None:
@@ -517,7 +537,8 @@ def get_request_block_hasher(
             raise ValueError(f"caching_hash_fn must be callable, got {caching_hash_fn!r}")
         return _vllm_block_hasher(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
     if num_hash_lookahead_tokens:
-        raise ValueError("lookahead hashing needs one of vLLM's hash functions as caching_hash_fn")
+        return _lookahead_block_hasher(hash_block_size, none_hash(none_hash_seed),
+                                       num_hash_lookahead_tokens)
     root = none_hash(none_hash_seed)
     header = _TOKEN_COUNT.pack(hash_block_size)
     stride = 8 * hash_block_size
@@ -554,6 +575,26 @@ def get_request_block_hasher(
     # Request calls it only once a block of this many tokens has completed.
     request_block_hasher.hash_block_size = hash_block_size  # type: ignore[attr-defined]
     return request_block_hasher
+
+
+def _lookahead_block_hasher(
+    hash_block_size: int, root: bytes, lookahead: int
+) -> Callable[[Request], list[BlockHash]]:
+    """kvcache's chain with a lookahead (`get_request_block_hasher`'s docstring)."""
+    header = _TOKEN_COUNT.pack(hash_block_size)
+    tail_header = _LOOKAHEAD_TAG + _TOKEN_COUNT.pack(lookahead)
+
+    def hash_block(request: Request, parent: Any, start: int, end: int) -> BlockHash:
+        tokens = request.all_token_ids
+        return hashlib.sha256(b"".join((  # type: ignore[return-value]
+            parent or root, header, array("Q", tokens[start:end]).tobytes(),
+            block_extra_keys(request, start, end + lookahead), tail_header,
+            array("Q", tokens[end : end + lookahead]).tobytes(),
+        ))).digest()
+
+    hasher = _chained_hasher(hash_block_size, lookahead, hash_block)
+    hasher.yields_digests = True  # type: ignore[attr-defined]
+    return hasher
 
 
 class BlockHashListWithBlockSize:

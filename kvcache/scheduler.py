@@ -62,6 +62,7 @@ class Scheduler:
         prefill_checkpoint_alignment: int | None = None,
         use_eagle: bool = False,
         state_groups: bool = False,
+        num_prefill_lookahead: int = 0,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -97,6 +98,8 @@ class Scheduler:
         # Recurrent-state groups: the connector leaves the last token to compute (NIXL's
         # backoff), and a load that ends short fails whole (docs/spec.md §13.2).
         self.state_groups = state_groups
+        # Multi-module MTP: no prefill chunk ends within this many tokens of the end (§5.7).
+        self.num_prefill_lookahead = num_prefill_lookahead
         self._running: list[Any] = []
         self._waiting: deque[Any] = deque()
         self._requests: dict[str, Any] = {}
@@ -391,6 +394,10 @@ class Scheduler:
             )
             if num_new_tokens > 0 and self.mamba_block_aligned_split:
                 num_new_tokens = self._mamba_aligned(request, num_new_tokens, 0)
+            if self.num_prefill_lookahead:
+                num_new_tokens = reserve_prefill_lookahead(
+                    request.num_tokens, request.num_computed_tokens, num_new_tokens,
+                    self.num_prefill_lookahead)
             if num_new_tokens <= 0:
                 i += 1
                 continue
@@ -504,6 +511,12 @@ class Scheduler:
                 num_new_tokens = self._mamba_aligned(request, num_new_tokens, num_hit_tokens)
                 if num_new_tokens == 0:
                     break
+            if self.num_prefill_lookahead:
+                num_new_tokens = reserve_prefill_lookahead(
+                    request.num_tokens, request.num_computed_tokens + num_hit_tokens,
+                    num_new_tokens, self.num_prefill_lookahead)
+                if num_new_tokens == 0:
+                    break
             new_blocks = manager.allocate_slots(
                 request,
                 num_new_tokens,
@@ -540,6 +553,7 @@ class Scheduler:
             self.use_eagle,
             self.prefill_checkpoint_alignment,
             request.shared_prefix_boundary,
+            self.manager.block_pool.num_hash_lookahead_tokens,
         )
 
     def _preempt(self, request: Any) -> None:
@@ -558,6 +572,18 @@ class Scheduler:
             self._waiting = deque(sorted(self._waiting, key=_priority_key))
 
 
+def reserve_prefill_lookahead(
+    num_tokens: int, num_computed_tokens: int, num_new_tokens: int, num_prefill_lookahead: int
+) -> int:
+    """vLLM 0.34's `Scheduler._reserve_prefill_lookahead` (sched/scheduler.py:695-714): a chunk
+    that would stop fewer than `num_prefill_lookahead` tokens short of the end stops that much
+    earlier, so a multi-module MTP drafter has its known next tokens (docs/spec.md §5.7)."""
+    remaining = num_tokens - num_computed_tokens - num_new_tokens
+    if 0 < remaining < num_prefill_lookahead:
+        num_new_tokens -= num_prefill_lookahead - remaining
+    return max(num_new_tokens, 0)
+
+
 def mamba_block_aligned_split(
     start: int,
     num_new_tokens: int,
@@ -570,6 +596,7 @@ def mamba_block_aligned_split(
     drop_eagle_block: bool = False,
     checkpoint_alignment: int | None = None,
     junction: int = 0,
+    num_hash_lookahead_tokens: int = 0,
 ) -> int:
     """vLLM's chunk clip for Mamba "align" (docs/spec.md §11.3): a prefill chunk from `start`
     ends on a block boundary (a state is written only at a chunk's end), stops at the next
@@ -580,7 +607,8 @@ def mamba_block_aligned_split(
     export the prefill checkpoint mid-chunk (`checkpoint_alignment` set: every state group has
     checkpoint blocks, §11.6) is exempt from all of these. Every prefill chunk stops at the
     request's shared-prefix `junction` (§6.3), floored to a whole number of blocks from
-    `start`, when it lies inside the chunk. May return 0 (nothing fits this step)."""
+    `start`, when it lies inside the chunk. The checkpoints leave a hash lookahead's tokens to
+    come (§5.7). May return 0 (nothing fits this step)."""
     prefill_end = max(num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
         return num_new_tokens
@@ -589,18 +617,19 @@ def mamba_block_aligned_split(
     if checkpoint_alignment is not None and end >= prefill_end:
         checkpoint_unit = hash_block_size if partial_hits else block_size
         checkpoint = get_mamba_prefill_checkpoint_position(
-            prefill_end, checkpoint_unit, drop_eagle_block)
+            prefill_end, checkpoint_unit, drop_eagle_block, num_hash_lookahead_tokens)
         exported = is_mamba_prefill_checkpoint_valid(
             start, end, checkpoint, hash_block_size, block_size, checkpoint_alignment)
     last_cache_position = 0 if exported else get_mamba_prefill_checkpoint_position(
-        num_tokens, block_size, drop_eagle_block)
+        num_tokens, block_size, drop_eagle_block, num_hash_lookahead_tokens)
     if end < prefill_end:
         aligned_end = end // block_size * block_size
         if aligned_end > start or block_size <= max_prefill_tokens:
             end = aligned_end
     next_block_boundary = (start // block_size + 1) * block_size
     tail_boundary = (
-        get_mamba_prefill_checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle_block)
+        get_mamba_prefill_checkpoint_position(num_prompt_tokens, hash_block_size,
+                                              drop_eagle_block, num_hash_lookahead_tokens)
         if partial_hits and not exported else 0
     )
     stops = (

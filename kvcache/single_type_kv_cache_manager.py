@@ -1006,7 +1006,8 @@ class MambaManager(SingleTypeKVCacheManager):
         into a block of its own (§11.6), else 0; the per-step count (not the full-sequence
         gate) leaves the record for the allocation to commit."""
         checkpoint_position = get_mamba_prefill_checkpoint_position(
-            num_tokens, self.cache_hit_alignment_tokens, self.drop_eagle_checkpoint_block
+            num_tokens, self.cache_hit_alignment_tokens, self.drop_eagle_checkpoint_block,
+            self.block_pool.num_hash_lookahead_tokens,
         )
         needed = self._needs_internal_checkpoint(
             request_id, num_computed_tokens, num_tokens, checkpoint_position, prefill_end
@@ -1343,7 +1344,7 @@ class MambaManager(SingleTypeKVCacheManager):
         block = self.req_to_blocks[request.request_id][checkpoint_idx]
         if checkpoint_position != get_mamba_prefill_checkpoint_position(
             request.num_prompt_tokens, self.cache_hit_alignment_tokens,
-            self.drop_eagle_checkpoint_block,
+            self.drop_eagle_checkpoint_block, self.block_pool.num_hash_lookahead_tokens,
         ) and not self._is_retained_block_end(checkpoint_position) and (
             checkpoint_position != request.shared_prefix_boundary
         ):
@@ -1380,7 +1381,8 @@ class MambaManager(SingleTypeKVCacheManager):
         ):
             return None
         if num_tokens != get_mamba_prefill_checkpoint_position(
-            request.num_prompt_tokens, hash_block_size, self.drop_eagle_checkpoint_block
+            request.num_prompt_tokens, hash_block_size, self.drop_eagle_checkpoint_block,
+            self.block_pool.num_hash_lookahead_tokens,
         ):
             return None
         blocks = self.req_to_blocks[request.request_id]

@@ -6,11 +6,12 @@ an implementation, so the same checks judge kvcache, vLLM and the reference mode
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import compress
 from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
-from kvfuzz.core.extra_keys import prefix_identity
+from kvfuzz.core.extra_keys import key_identity
 from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
@@ -36,11 +37,13 @@ def skipped_tokens(group: GroupConfig, n: int) -> int:
     return 0
 
 
-def _identity(ctx: CheckContext, rid: str, num_tokens: int) -> Any:
-    """What rid's prefix of num_tokens tokens stands for besides them (core/extra_keys.py)."""
+def _identity(ctx: CheckContext, rid: str, num_tokens: int, tokens: Sequence[int]) -> Any:
+    """What rid's prefix of num_tokens of its `tokens` stands for besides them, the tokens
+    after it that a hash lookahead covers included (core/extra_keys.py)."""
     meta = ctx.requests[rid]
-    return prefix_identity(meta.cache_salt, meta.extras, num_tokens,
-                           ctx.config.resolved_hash_block_size)
+    config = ctx.config
+    return key_identity(meta.cache_salt, meta.extras, tokens, num_tokens,
+                        config.resolved_hash_block_size, config.num_hash_lookahead_tokens)
 
 
 def _keys_of(s: Snapshot, block: int) -> set[CacheKey]:
@@ -564,7 +567,7 @@ def hits_match_prefix(before: Snapshot, after: Snapshot, ctx: CheckContext) -> s
             if not any(
                 key[0] == g and end <= len(key[2]) <= (j + 1) * bs
                 and key[2] == tokens[: len(key[2])]
-                and key[1] == _identity(ctx, rid, len(key[2]))
+                and key[1] == _identity(ctx, rid, len(key[2]), tokens)
                 for key in _keys_of(after, b)
             ):
                 return (

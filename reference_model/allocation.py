@@ -143,7 +143,8 @@ def checkpoint_position(
     if not g.checkpoints:
         return 0
     prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1) if layout.retention == 0 else 0
-    position = state_checkpoint(end, layout.alignment, layout.replay_eagle)
+    position = state_checkpoint(end, layout.alignment, layout.replay_eagle,
+                                layout.lookahead)
     index = cdiv(end, g.bs) - 2
     if end < prefill_end or index < 0 or not checkpoint_exportable(
             start, end, position, layout.hbs, g.bs, g.checkpoint_alignment):

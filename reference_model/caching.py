@@ -22,14 +22,18 @@ def cache_request(layout: Layout, state: State, req: Request, num_tokens: int) -
 
 
 def cacheable(layout: Layout, g: Group, n: int) -> int:
-    """cacheable(n, g): n itself, except in the hybrid coordinator (docs/spec.md §5.5): rounded down to
-    a multiple of sbs (not under partial hits), plus one block for a group whose manager has
-    use_eagle set (vLLM reads the manager's flag, which only a dropping spec group sets)."""
+    """cacheable(n, g): the finalized tokens (all but the re-prefillable ones, §5.7), except in
+    the hybrid coordinator (docs/spec.md §5.5): n rounded down to a multiple of sbs (not under
+    partial hits), or, for a group whose manager has use_eagle set (vLLM reads the manager's
+    flag, which only a dropping spec group sets) and a positive rounding, one block more than
+    the finalized tokens' rounding, but no more than them."""
+    finalized = max(n - layout.reprefillable, 0)
     if not layout.hybrid:
-        return n
+        return finalized
     rounded = n if layout.partial_hits else (n // layout.sbs) * layout.sbs
     if g.use_eagle and rounded > 0:
-        return min(n, rounded + g.bs)
+        base = finalized if layout.partial_hits else finalized // layout.sbs * layout.sbs
+        return min(finalized, base + g.bs)
     return rounded
 
 
@@ -84,7 +88,7 @@ def _cache_state_tail(
     (a partial-hit record on itself). Returns the key registered."""
     hbs = layout.hbs
     if num_tokens <= 0 or num_tokens % hbs or num_tokens != state_checkpoint(
-            req.num_prompt_tokens, hbs, layout.replay_eagle):
+            req.num_prompt_tokens, hbs, layout.replay_eagle, layout.lookahead):
         return None
     index = cdiv(num_tokens, g.bs) - 1
     if index >= len(table) or table[index] == NULL:
@@ -112,7 +116,7 @@ def _cache_checkpoint(
     position, index, _ = state.checkpoints[g.gid][req.request_id]
     block = table[index]
     prompt_checkpoint = state_checkpoint(req.num_prompt_tokens, layout.alignment,
-                                         layout.replay_eagle)
+                                         layout.replay_eagle, layout.lookahead)
     retained = position % g.bs == 0 and segment_end_kept(layout, g, position // g.bs - 1)
     if position not in (prompt_checkpoint, req.shared_prefix_boundary) and not retained:
         if block != NULL:
@@ -236,12 +240,13 @@ def cache_full_block(state: State, req: Request, g: Group, i: int, block: int) -
     state.add_key(block, req.key(g.gid, num_tokens), num_tokens)
 
 
-def state_checkpoint(num_tokens: int, unit: int, eagle: bool) -> int:
+def state_checkpoint(num_tokens: int, unit: int, eagle: bool, lookahead: int = 0) -> int:
     """docs/spec.md §11.3: the last multiple of `unit` whose state a prefill of `num_tokens`
-    caches: below `num_tokens − 1`, or with EAGLE one unit below `num_tokens`."""
+    caches: at most `num_tokens − max(1, lookahead)` (the hash lookahead must exist, §5.7), or
+    with EAGLE one unit below `num_tokens`."""
     if eagle:
         return max(num_tokens // unit - 1, 0) * unit
-    return max((num_tokens - 1) // unit, 0) * unit
+    return max((num_tokens - max(1, lookahead)) // unit, 0) * unit
 
 
 def _cache_prompt_tail(

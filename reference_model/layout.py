@@ -120,6 +120,12 @@ class Layout:
     checkpoint_alignment: int | None = None
     """The driver's prefill checkpoint alignment (Config.prefill_checkpoint_alignment): set
     only when every state group is "align" with checkpoint blocks (§11.6)."""
+    lookahead: int = 0
+    """num_hash_lookahead_tokens: tokens after a hash block its key covers (§5.7)."""
+    reprefillable: int = 0
+    """max(0, num_prefill_lookahead − 1): computed tokens not yet final, never cached (§5.7)."""
+    prefill_lookahead: int = 0
+    """num_prefill_lookahead: no prefill chunk ends fewer tokens than this short of the end."""
 
     @classmethod
     def from_config(cls, config: Config) -> Layout:
@@ -179,4 +185,7 @@ class Layout:
             retention=config.prefix_cache_retention_interval,
             replay_eagle=config.use_eagle,
             checkpoint_alignment=config.prefill_checkpoint_alignment,
+            lookahead=config.num_hash_lookahead_tokens,
+            reprefillable=max(config.num_prefill_lookahead - 1, 0),
+            prefill_lookahead=config.num_prefill_lookahead,
         )

@@ -175,6 +175,7 @@ class ReferenceModel:
             prompt=list(prompt),
             salt=op["cache_salt"] or None,
             hbs=self.layout.hbs,
+            lookahead=self.layout.lookahead,
             extras=extras,
             priority=op["priority"],
             arrival_time=float(len(self.requests)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvfuzz.core.extra_keys import Extras, prefix_identity
+from kvfuzz.core.extra_keys import Extras, key_identity
 from kvfuzz.core.snapshot import CacheKey
 
 WAITING_STATES = ("WAITING", "PREEMPTED")
@@ -27,6 +27,8 @@ class Request:
     num_encoder_tokens: int
     hbs: int = 1
     """The hash block size: extra keys are per hash block."""
+    lookahead: int = 0
+    """num_hash_lookahead_tokens: the tokens after a hash block its key covers too (§5.7)."""
     extras: Extras | None = None
     """LoRA adapter, multimodal inputs, prompt embeddings (docs/spec.md §2.3); None for none."""
     tokens: list[int] = field(default_factory=list)
@@ -62,12 +64,14 @@ class Request:
         return self.status.startswith("FINISHED")
 
     def hashed_tokens(self, hbs: int) -> int:
-        """len(block_hashes) · hbs: tokens covered by full hash blocks (docs/spec.md §2.3)."""
-        return (len(self.tokens) // hbs) * hbs
+        """len(block_hashes) · hbs: tokens covered by full hash blocks whose lookahead tokens
+        exist too (docs/spec.md §2.3, §5.7)."""
+        return max(len(self.tokens) - self.lookahead, 0) // hbs * hbs
 
     def key(self, group_id: int, num_tokens: int) -> CacheKey:
         """The content key of this request's prefix of num_tokens tokens in a group."""
-        if self.extras is None:
+        if self.extras is None and not self.lookahead:
             return (group_id, self.salt, tuple(self.tokens[:num_tokens]))
-        ident = prefix_identity(self.salt, self.extras, num_tokens, self.hbs)
+        ident = key_identity(self.salt, self.extras, self.tokens, num_tokens, self.hbs,
+                             self.lookahead)
         return (group_id, ident, tuple(self.tokens[:num_tokens]))

@@ -42,6 +42,15 @@ class Driver:
         self.states = any(g.kind == "mamba" for g in manager.layout.groups)
         """State groups: loads leave the last token and fail whole when short (§13.2)."""
 
+    def _short_of_lookahead(self, r: Request, computed: int, n: int) -> int:
+        """docs/spec.md §5.7: a chunk that would end fewer than P (num_prefill_lookahead)
+        tokens before the request's end ends P tokens before it (0 if that is no token)."""
+        left = r.num_tokens - computed - n
+        lookahead = self.manager.layout.prefill_lookahead
+        if 0 < left < lookahead:
+            return max(n - (lookahead - left), 0)
+        return n
+
     def state_aligned(self, r: Request, n: int, hit: int) -> int:
         """docs/spec.md §11.3's chunk rule: the tokens of a chunk of at most n from
         `r.num_computed_tokens + hit` that ends where a state may be written, and not past
@@ -57,17 +66,17 @@ class Driver:
         junction = r.shared_prefix_boundary
         if layout.checkpoint_alignment is not None and end >= prefill_end:
             unit = layout.hbs if layout.partial_hits else bs
-            checkpoint = state_checkpoint(prefill_end, unit, layout.replay_eagle)
+            checkpoint = state_checkpoint(prefill_end, unit, layout.replay_eagle, layout.lookahead)
             if checkpoint_exportable(start, end, checkpoint, layout.hbs, bs,
                                      layout.checkpoint_alignment):
                 return _stop_at_junction(start, end, junction, bs) - start
         if end < prefill_end and (end // bs * bs > start or bs <= self.cfg.token_budget):
             end = end // bs * bs
         end = _stop_at_junction(start, end, junction, bs)
-        candidates = [state_checkpoint(T, bs, layout.replay_eagle)]
+        candidates = [state_checkpoint(T, bs, layout.replay_eagle, layout.lookahead)]
         if start % bs:
             candidates.append(cdiv(start, bs) * bs)
-        tail = state_checkpoint(P, layout.hbs, layout.replay_eagle)
+        tail = state_checkpoint(P, layout.hbs, layout.replay_eagle, layout.lookahead)
         if layout.partial_hits and candidates[0] < tail < P:
             candidates.append(tail)
         inside = [c for c in candidates if start < c < end]
@@ -234,6 +243,7 @@ class Driver:
                     M - r.num_computed_tokens - 1)
             if n > 0 and self.aligned:
                 n = self.state_aligned(r, n, 0)
+            n = self._short_of_lookahead(r, r.num_computed_tokens, n)
             if n <= 0:
                 i += 1
                 continue
@@ -284,6 +294,9 @@ class Driver:
                     n = self.state_aligned(r, n, hit)
                     if n == 0:
                         break
+                n = self._short_of_lookahead(r, r.num_computed_tokens + hit, n)
+                if n == 0:
+                    break
                 blocks = mgr.allocate_slots(
                     r,
                     n,

@@ -62,9 +62,26 @@ def test_multimodal_keys_and_next_index_as_vllm():
     assert utils.generate_block_hash_extra_keys(request, 8, 12, 1) == (None, 1)
 
 
-def test_without_a_hash_function_kvcache_refuses_lookahead():
-    with pytest.raises(ValueError, match="lookahead hashing needs"):
-        utils.get_request_block_hasher(2, None, 1)
+def test_kvcaches_own_chain_covers_the_lookahead_tokens():
+    hasher = utils.get_request_block_hasher(2, None, 2, none_hash_seed="seed")
+    request = Request("r", [1, 2, 3], block_hasher=hasher, cache_salt="s")
+    assert request.block_hashes == []
+    request.append_output_token_ids(9)
+    tokens = b"".join(t.to_bytes(8, "little") for t in (1, 2))
+    tail = b"".join(t.to_bytes(8, "little") for t in (3, 9))
+    salt = b"\x01" + (1).to_bytes(4, "little") + b"s"
+    message = (utils.none_hash("seed") + (2).to_bytes(4, "little") + tokens + salt
+               + b"\x05" + (2).to_bytes(4, "little") + tail)
+    assert request.block_hashes == [hashlib.sha256(message).digest()]
+    other = Request("o", [1, 2, 3, 8], block_hasher=hasher, cache_salt="s")
+    assert other.block_hashes != request.block_hashes  # the next tokens are part of the key
+
+
+def test_lookahead_accepts_vllms_bools():
+    hasher = utils.get_request_block_hasher(2, sha256, True)
+    assert Request("r", [1, 2, 3], block_hasher=hasher).block_hashes == [
+        sha256((utils.NONE_HASH, (1, 2), (None, 3)))
+    ]
 
 
 @pytest.mark.parametrize("sampling, pooling, want", [

@@ -73,6 +73,8 @@ EXPECTED = {
     "inflight-fence-one-late": {"IF2", "DIFF-state"},
     "inflight-drain-whole-list": {"DIFF-state"},
     "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
+    "lookahead-unhashed": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
+    "reprefillable-cached": {"DIFF-state", "DIFF-result", "DIFF-probe"},
 }
 
 
@@ -123,7 +125,8 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("IF1", "inflight-freed-at-once", "scheduler"),
      ("IF2", "inflight-fence-one-late", "scheduler"),
      ("EV4", "stored-on-every-hit", "api"), ("H2", "plain-extras-empty", "api"),
-     ("H1", "weak-hash", "api"), ("EV4", "promoted-partial-unannounced", "scheduler")],
+     ("H1", "weak-hash", "api"), ("EV4", "promoted-partial-unannounced", "scheduler"),
+     ("H2", "lookahead-unhashed", "api")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""

@@ -513,6 +513,34 @@ def test_state_retention_on_a_vllm_without_it_exits_2_naming_option_and_target(
     assert f"target vllm (vLLM {api.version}) lacks it" in err
 
 
+# ----- MTP / draft lookahead on a vLLM without it -----
+
+@pytest.mark.parametrize("feature, option, name", [
+    ("hash_lookahead", "num_hash_lookahead_tokens", "deepseek_v3_mtp"),
+    ("prefill_lookahead", "num_prefill_lookahead", "deepseek_v3_mtp3"),
+])
+def test_lookahead_on_a_vllm_without_it_exits_2_or_is_left_out(
+        monkeypatch, tmp_path, capsys, feature, option, name):
+    import kvfuzz.harness.vllm_api as vllm_api
+
+    api = load_vllm()
+    monkeypatch.setattr(vllm_api, "_API", dataclasses.replace(
+        api, features=api.features - {feature}))
+    path = tmp_path / "t.json"
+    Trace(BUILTIN[name][1], "api", [_add("a", PROMPT10)]).save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert f"the config sets {option}," in err
+    assert f"target vllm (vLLM {api.version}) lacks it" in err
+    # Left out where not named (fuzz/buildable.py), the probe's answer is what decides it.
+    from kvfuzz.fuzz.buildable import probe_configs
+    from kvfuzz.harness.targets import get_target
+
+    kept = probe_configs(lambda config: get_target("vllm").build(config, "api"),
+                         (name, "full"), lambda n: BUILTIN[n][1], set())
+    assert kept.kept == ("full",) and option in kept.left_out[name]
+
+
 # ----- Mamba prefill checkpoint settings (read by vLLM only in "align" mode) -----
 
 _CHECKPOINTED = Config(8, (GroupConfig("full", 4),
