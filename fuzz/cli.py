@@ -308,13 +308,13 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         if args.report:  # so far: a run cut short keeps what it measured
             _write_json(args.report, {"versions": versions(), **report.as_json()})
 
-    everything = mutate.mutants(paths)
-    def measure() -> tuple[str | None, dict[str, set[int]]]:
-        return mutate.baseline(args.target, args.examples, args.seed, paths,
-                               3 * args.timeout, tuple(args.config))  # coverage.py slows it
+    def measure() -> mutate.Measured:
+        return mutate.mutants(paths), *mutate.baseline(
+            args.target, args.examples, args.seed, paths, 3 * args.timeout,  # coverage.py: slow
+            tuple(args.config))
 
     try:
-        check, lines = measure() if args.baseline is None else mutate.saved_baseline(
+        everything, check, lines = measure() if args.baseline is None else mutate.saved_baseline(
             args.baseline, mutate.baseline_key(args.target, args.examples, args.seed, paths,
                                                tuple(args.config)), measure)
     except RuntimeError as exc:

@@ -210,19 +210,25 @@ def baseline(target: str, examples: int, seed: int, paths: list[Path], timeout: 
         return json.loads(out.read_text())["check"], lines
 
 
-def saved_baseline(file: Path, key: dict[str, Any],
-                   compute: Callable[[], tuple[str | None, dict[str, set[int]]]]
-                   ) -> tuple[str | None, dict[str, set[int]]]:
-    """The baseline saved in `file` when it was measured under `key` (the campaign's options
-    and the SHA-256 of each file mutated), else `compute()`'s, saved there for the next slice."""
+Measured = tuple[list[Mutant], str | None, dict[str, set[int]]]
+"""The mutants of the files, the check the baseline fails (None: it passes), its lines run."""
+
+
+def saved_baseline(file: Path, key: dict[str, Any], compute: Callable[[], Measured]) -> Measured:
+    """The mutant list and baseline saved in `file` when measured under `key` (the campaign's
+    options and the SHA-256 of each file mutated), else `compute()`'s, saved there for the
+    next slice: listing the mutants of large files and the baseline under coverage.py each
+    take minutes."""
     if file.exists():
         saved = json.loads(file.read_text())
         if saved.get("key") == key:
-            return saved["check"], {p: set(lines) for p, lines in saved["lines"].items()}
-    check, lines = compute()
-    file.write_text(json.dumps({"key": key, "check": check,
+            return ([Mutant(**m) for m in saved["mutants"]], saved["check"],
+                    {p: set(lines) for p, lines in saved["lines"].items()})
+    found, check, lines = compute()
+    file.write_text(json.dumps({"key": key, "mutants": [asdict(m) for m in found],
+                                "check": check,
                                 "lines": {p: sorted(ls) for p, ls in lines.items()}}))
-    return check, lines
+    return found, check, lines
 
 
 def baseline_key(target: str, examples: int, seed: int, paths: list[Path],

@@ -127,14 +127,15 @@ def test_every_mutant_names_the_class_and_function_around_it():
 def test_a_saved_baseline_is_reused_only_under_the_same_key(tmp_path):
     (path,) = mutate.resolve("kvcache", ["block_pool.py"])
     file, calls = tmp_path / "baseline.json", []
+    found = mutate.mutants([path])[:3]
 
     def compute():
         calls.append(1)
-        return None, {str(path): {3, 1, 2}}
+        return found, None, {str(path): {3, 1, 2}}
 
     key = mutate.baseline_key("kvcache", 300, 37, [path], ())
-    assert mutate.saved_baseline(file, key, compute) == (None, {str(path): {1, 2, 3}})
-    assert mutate.saved_baseline(file, key, compute) == (None, {str(path): {1, 2, 3}})
+    assert mutate.saved_baseline(file, key, compute) == (found, None, {str(path): {1, 2, 3}})
+    assert mutate.saved_baseline(file, key, compute) == (found, None, {str(path): {1, 2, 3}})
     assert len(calls) == 1
     other = mutate.baseline_key("kvcache", 300, 38, [path], ())
     mutate.saved_baseline(file, other, compute)
