@@ -238,16 +238,29 @@ def baseline_key(target: str, examples: int, seed: int, paths: list[Path],
             "sources": {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}}
 
 
-def annotation(m: Mutant, tree: ast.Module) -> bool:
-    """Whether `m` lies in a type annotation, which the runtime never evaluates here."""
-    where = (m.line, m.column)
-    for node in ast.walk(tree):
-        notes = ([node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 else [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) else [])
-        if any(n is not None and (n.lineno, n.col_offset) <= where
-               < (n.end_lineno or n.lineno, n.end_col_offset or 0) for n in notes):
-            return True
-    return False
+Span = tuple[tuple[int, int], tuple[int, int]]
+
+
+def annotation_spans(tree: ast.Module) -> list[Span]:
+    """Where the type annotations lie ((line, column) from, to), which the runtime never
+    evaluates here."""
+    notes = [n for node in ast.walk(tree) for n in (
+        [node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        else [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) else [])
+        if n is not None]
+    return [((n.lineno, n.col_offset), (n.end_lineno or n.lineno, n.end_col_offset or 0))
+            for n in notes]
+
+
+def innermost_statements(tree: ast.Module) -> dict[int, int]:
+    """Each line inside a statement -> the first line of the innermost statement around it."""
+    spans = sorted(((n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+                    if isinstance(n, ast.stmt)), key=lambda s: (s[0], -s[1]))
+    inner: dict[int, int] = {}
+    for first, last in spans:  # inner statements come later and overwrite
+        for line in range(first, last + 1):
+            inner[line] = first
+    return inner
 
 
 def eligible(found: list[Mutant], lines: dict[str, set[int]]) -> list[Mutant]:
@@ -255,14 +268,16 @@ def eligible(found: list[Mutant], lines: dict[str, set[int]]) -> list[Mutant]:
     names a statement by its first line, so a mutant counts by the innermost statement around
     it."""
     trees = {path: ast.parse(Path(path).read_text()) for path in lines}
-    spans = {path: [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
-                    if isinstance(n, ast.stmt)] for path, tree in trees.items()}
+    inner = {path: innermost_statements(tree) for path, tree in trees.items()}
+    notes = {path: annotation_spans(tree) for path, tree in trees.items()}
 
-    def ran(m: Mutant) -> bool:
-        around = [(first, last) for first, last in spans[m.path] if first <= m.line <= last]
-        return bool(around) and max(around, key=lambda s: (s[0], -s[1]))[0] in lines[m.path]
+    def keep(m: Mutant) -> bool:
+        first = inner[m.path].get(m.line)
+        where = (m.line, m.column)
+        return (first is not None and first in lines[m.path]
+                and not any(a <= where < b for a, b in notes[m.path]))
 
-    return [m for m in found if ran(m) and not annotation(m, trees[m.path])]
+    return [m for m in found if keep(m)]
 
 
 def sample(found: list[Mutant], k: int | None, seed: int) -> list[Mutant]:
