@@ -308,6 +308,10 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         if args.report:  # so far: a run cut short keeps what it measured
             _write_json(args.report, {"versions": versions(), **report.as_json()})
 
+    prior = mutate.resumed(mutate.Report(args.target, args.examples, args.seed, 0,
+                                         tuple(args.config), args.slice), args.report
+                           ) if args.resume and args.report.exists() else []
+
     def measure() -> mutate.Measured:
         return mutate.mutants(paths), *mutate.baseline(
             args.target, args.examples, args.seed, paths, 3 * args.timeout,  # coverage.py: slow
@@ -336,8 +340,8 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         print(f"slice {args.slice[0]}/{args.slice[1]}: {len(chosen)} of the {drawn} drawn mutants")
     report = mutate.Report(args.target, args.examples, args.seed, len(found),
                            tuple(args.config), args.slice)
-    if args.resume and args.report.exists():
-        report.results = [r for r in mutate.resumed(report, args.report) if r.mutant in chosen]
+    if prior:
+        report.results = [r for r in prior if r.mutant in chosen]
         measured = {r.mutant for r in report.results}
         chosen = [m for m in chosen if m not in measured]
         print(f"resumed: {len(measured)} measured in {args.report}, {len(chosen)} to run")

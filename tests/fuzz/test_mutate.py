@@ -163,3 +163,12 @@ def test_a_report_cut_short_resumes_with_its_measured_mutants(tmp_path):
 def test_bad_slices_and_a_resume_without_report_exit_two(capsys, argv, needle):
     assert main(["mutate", *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_resuming_another_runs_report_exits_two_before_any_campaign(tmp_path, capsys, monkeypatch):
+    file = tmp_path / "report.json"
+    file.write_text(json.dumps(mutate.Report("kvcache", 300, 1, 0).as_json()))
+    monkeypatch.setattr(mutate, "baseline", lambda *a, **k: pytest.fail("a campaign ran"))
+    argv = ["mutate", "--paths", "block_pool.py", "--seed", "2", "--report", str(file), "--resume"]
+    assert main(argv) == 2
+    assert "seed" in capsys.readouterr().err
