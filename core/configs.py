@@ -317,6 +317,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_in_flight_tokens=16, prefix_cache_retention_interval=0),
         ),
         (
+            "sliding window (bs 4, window 8) alone with EAGLE, retention 0: the replay "
+            "boundaries an EAGLE lookup needs (the block below each) keep their keys",
+            Config(16, (_swa(4, 8),), name="swa_eagle_replay", max_model_len=64,
+                   use_eagle=True, prefix_cache_retention_interval=0),
+        ),
+        (
             "Qwen3.5-shaped, Mamba align mode with prefix-cache retention 16: 1 gated "
             "attention : 3 Gated DeltaNet with MTP -> full (bs 8) + 3 state groups (bs 8, 2 "
             "speculative blocks), hash blocks of 2; a state block keeps its key only at a "

@@ -266,6 +266,15 @@ def _mutate_parser(sub: Any) -> None:
     m.add_argument("--sample", type=int, metavar="K", help="run K mutants drawn with --seed "
                    "(default: all)")
     m.add_argument("--seed", type=int, default=0, help="sample and campaign seed (default: 0)")
+    m.add_argument("--slice", type=_slice, default=(1, 1), metavar="I/N",
+                   help="run only the I-th of N disjoint parts of the drawn sample (every N-th "
+                   "mutant), so a long measure runs as N shorter commands (default: 1/1)")
+    m.add_argument("--baseline", type=Path, metavar="FILE.json",
+                   help="keep the baseline's covered lines in FILE and reuse them while the "
+                   "sources and campaign options match (the slices of one measure share it)")
+    m.add_argument("--resume", action="store_true",
+                   help="keep the mutants already measured in --report's file (a run cut "
+                   "short) and run only the rest")
     m.add_argument("--timeout", type=float, default=300.0,
                    help="seconds per mutant before it counts as timed out (default: 300)")
     m.add_argument("--config", nargs="+", metavar="NAME", default=[],
@@ -287,8 +296,11 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
     for option, value in (("--examples", args.examples), ("--sample", args.sample),
                           ("--timeout", args.timeout)):
         _positive(option, value)
-    if args.report is not None:
-        _writable("--report", args.report)
+    if args.resume and args.report is None:
+        raise UsageError("--resume needs --report FILE.json, the report to resume")
+    for option, path in (("--report", args.report), ("--baseline", args.baseline)):
+        if path is not None:
+            _writable(option, path)
     _check_target(args.target)
     for name in args.config:
         builtin_config(name)
@@ -300,14 +312,24 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         r = report.results[-1]
         by = f" by {r.check}" if r.check else ""
         print(f"[{i}/{n}] {r.outcome}{by}  {Path(r.mutant.path).name}:{r.mutant.line} "
-              f"{r.mutant.operator} #{r.mutant.occurrence}  ({r.seconds:.1f} s)", flush=True)
+              f"{r.mutant.operator} #{r.mutant.occurrence} {r.mutant.scope}  ({r.seconds:.1f} s)",
+              flush=True)
         if args.report:  # so far: a run cut short keeps what it measured
             _write_json(args.report, {"versions": versions(), **report.as_json()})
 
-    everything = mutate.mutants(paths)
-    try:  # coverage.py slows it: three mutants' time
-        check, lines = mutate.baseline(args.target, args.examples, args.seed, paths,
-                                       3 * args.timeout, tuple(args.config))
+    prior = mutate.resumed(mutate.Report(args.target, args.examples, args.seed, 0,
+                                         tuple(args.config), args.slice), args.report
+                           ) if args.resume and args.report.exists() else []
+
+    def measure() -> mutate.Measured:
+        return mutate.mutants(paths), *mutate.baseline(
+            args.target, args.examples, args.seed, paths, 3 * args.timeout,  # coverage.py: slow
+            tuple(args.config))
+
+    try:
+        everything, check, lines = measure() if args.baseline is None else mutate.saved_baseline(
+            args.baseline, mutate.baseline_key(args.target, args.examples, args.seed, paths,
+                                               tuple(args.config)), measure)
     except RuntimeError as exc:
         print(f"kvfuzz mutate: {exc}", file=sys.stderr)
         return 3
@@ -322,8 +344,17 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
           "type annotations")
     found = everything if args.all_lines else ran
     chosen = mutate.sample(found, args.sample, args.seed)
-    report = mutate.run(mutate.Report(args.target, args.examples, args.seed, len(found),
-                                      tuple(args.config)), chosen, args.timeout, show)
+    if args.slice != (1, 1):
+        drawn, chosen = len(chosen), mutate.part(chosen, *args.slice)
+        print(f"slice {args.slice[0]}/{args.slice[1]}: {len(chosen)} of the {drawn} drawn mutants")
+    report = mutate.Report(args.target, args.examples, args.seed, len(found),
+                           tuple(args.config), args.slice)
+    if prior:
+        report.results = [r for r in prior if r.mutant in chosen]
+        measured = {r.mutant for r in report.results}
+        chosen = [m for m in chosen if m not in measured]
+        print(f"resumed: {len(measured)} measured in {args.report}, {len(chosen)} to run")
+    report = mutate.run(report, chosen, args.timeout, show)
     data = report.as_json()
     print(f"\n{data['run']} of {data['total_mutants']} mutants"
           + (" (interrupted; sources restored)" if report.interrupted else "") + ": "
@@ -371,6 +402,14 @@ def _plugins(plugins: list[str]) -> None:
             raise UsageError(f"cannot import plugin {exc.name!r}: no module named "
                              f"{cause.name!r}") from None
         raise PluginFault(f"plugin {exc.name!r} (while importing it)", cause or exc) from cause
+
+
+def _slice(text: str) -> tuple[int, int]:
+    """`--slice I/N` with 1 <= I <= N."""
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise argparse.ArgumentTypeError(f"{text!r}: want I/N with 1 <= I <= N, e.g. 2/5")
+    return int(index), int(count)
 
 
 def _positive(option: str, value: float | None) -> None:

@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,9 @@ class Mutant:
     occurrence: int
     line: int
     column: int
+    scope: str = ""
+    """The class and function around it (`BlockPool.cache_full_blocks`): what the report's
+    areas are counted by."""
 
 
 @dataclass
@@ -74,6 +77,8 @@ class Report:
     total_mutants: int
     configs: tuple[str, ...] = ()
     """The built-in configs the campaign runs (empty: all)."""
+    part: tuple[int, int] = (1, 1)
+    """`--slice I/N`: this run holds the I-th of N disjoint parts of the drawn sample."""
     results: list[Result] = field(default_factory=list)
     interrupted: bool = False
 
@@ -92,7 +97,7 @@ class Report:
                    for p in dict.fromkeys(r.mutant.path for r in self.results)}
         return {
             "target": self.target, "examples": self.examples, "seed": self.seed,
-            "configs": list(self.configs),
+            "configs": list(self.configs), "slice": list(self.part),
             "total_mutants": self.total_mutants, "run": len(self.results),
             "interrupted": self.interrupted,
             "counts": self.counts(), "score": self.score(),
@@ -102,6 +107,20 @@ class Report:
             "results": [{**asdict(r.mutant), **{k: v for k, v in asdict(r).items()
                                                 if k != "mutant"}} for r in self.results],
         }
+
+
+def resumed(report: Report, file: Path) -> list[Result]:
+    """The results in `file`, a report that an earlier run with the same target, examples,
+    seed, configs and slice wrote (cut short, say): the mutants already measured."""
+    data = json.loads(file.read_text())
+    same = {"target": report.target, "examples": report.examples, "seed": report.seed,
+            "configs": list(report.configs), "slice": list(report.part)}
+    differs = [k for k, v in same.items() if data.get(k, [1, 1] if k == "slice" else None) != v]
+    if differs:
+        raise MutateError(f"--resume {file}: its {', '.join(differs)} differ from this run's")
+    fields = {f for f in Mutant.__dataclass_fields__}
+    return [Result(Mutant(**{k: v for k, v in r.items() if k in fields}),
+                   **{k: v for k, v in r.items() if k not in fields}) for r in data["results"]]
 
 
 def resolve(target: str, names: list[str]) -> list[Path]:
@@ -139,7 +158,28 @@ def mutants(paths: list[Path]) -> list[Mutant]:
             init(paths, db, {})
             found = [Mutant(str(m.module_path), m.operator_name, m.occurrence, *m.start_pos)
                      for item in db.work_items for m in item.mutations]
+    scoped = {path: scopes(Path(path)) for path in {m.path for m in found}}
+    found = [replace(m, scope=scoped[m.path].get(m.line, "")) for m in found]
     return sorted(set(found), key=lambda m: (m.path, m.operator, m.occurrence))
+
+
+def scopes(path: Path) -> dict[int, str]:
+    """Each line of `path` inside a class or function: the innermost class and function
+    around it, dotted (`Outer.method`, `helper`)."""
+    named: dict[int, str] = {}
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}.{child.name}" if prefix else child.name
+                for line in range(child.lineno, (child.end_lineno or child.lineno) + 1):
+                    named[line] = name
+                walk(child, name)
+            else:
+                walk(child, prefix)
+
+    walk(ast.parse(path.read_text()), "")
+    return named
 
 
 def baseline(target: str, examples: int, seed: int, paths: list[Path], timeout: float,
@@ -170,16 +210,57 @@ def baseline(target: str, examples: int, seed: int, paths: list[Path], timeout: 
         return json.loads(out.read_text())["check"], lines
 
 
-def annotation(m: Mutant, tree: ast.Module) -> bool:
-    """Whether `m` lies in a type annotation, which the runtime never evaluates here."""
-    where = (m.line, m.column)
-    for node in ast.walk(tree):
-        notes = ([node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 else [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) else [])
-        if any(n is not None and (n.lineno, n.col_offset) <= where
-               < (n.end_lineno or n.lineno, n.end_col_offset or 0) for n in notes):
-            return True
-    return False
+Measured = tuple[list[Mutant], str | None, dict[str, set[int]]]
+"""The mutants of the files, the check the baseline fails (None: it passes), its lines run."""
+
+
+def saved_baseline(file: Path, key: dict[str, Any], compute: Callable[[], Measured]) -> Measured:
+    """The mutant list and baseline saved in `file` when measured under `key` (the campaign's
+    options and the SHA-256 of each file mutated), else `compute()`'s, saved there for the
+    next slice: listing the mutants of large files and the baseline under coverage.py each
+    take minutes."""
+    if file.exists():
+        saved = json.loads(file.read_text())
+        if saved.get("key") == key:
+            return ([Mutant(**m) for m in saved["mutants"]], saved["check"],
+                    {p: set(lines) for p, lines in saved["lines"].items()})
+    found, check, lines = compute()
+    file.write_text(json.dumps({"key": key, "mutants": [asdict(m) for m in found],
+                                "check": check,
+                                "lines": {p: sorted(ls) for p, ls in lines.items()}}))
+    return found, check, lines
+
+
+def baseline_key(target: str, examples: int, seed: int, paths: list[Path],
+                 configs: tuple[str, ...]) -> dict[str, Any]:
+    """What a saved baseline must match to be reused."""
+    return {"target": target, "examples": examples, "seed": seed, "configs": list(configs),
+            "sources": {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}}
+
+
+Span = tuple[tuple[int, int], tuple[int, int]]
+
+
+def annotation_spans(tree: ast.Module) -> list[Span]:
+    """Where the type annotations lie ((line, column) from, to), which the runtime never
+    evaluates here."""
+    notes = [n for node in ast.walk(tree) for n in (
+        [node.returns] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        else [node.annotation] if isinstance(node, (ast.arg, ast.AnnAssign)) else [])
+        if n is not None]
+    return [((n.lineno, n.col_offset), (n.end_lineno or n.lineno, n.end_col_offset or 0))
+            for n in notes]
+
+
+def innermost_statements(tree: ast.Module) -> dict[int, int]:
+    """Each line inside a statement -> the first line of the innermost statement around it."""
+    spans = sorted(((n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+                    if isinstance(n, ast.stmt)), key=lambda s: (s[0], -s[1]))
+    inner: dict[int, int] = {}
+    for first, last in spans:  # inner statements come later and overwrite
+        for line in range(first, last + 1):
+            inner[line] = first
+    return inner
 
 
 def eligible(found: list[Mutant], lines: dict[str, set[int]]) -> list[Mutant]:
@@ -187,20 +268,28 @@ def eligible(found: list[Mutant], lines: dict[str, set[int]]) -> list[Mutant]:
     names a statement by its first line, so a mutant counts by the innermost statement around
     it."""
     trees = {path: ast.parse(Path(path).read_text()) for path in lines}
-    spans = {path: [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
-                    if isinstance(n, ast.stmt)] for path, tree in trees.items()}
+    inner = {path: innermost_statements(tree) for path, tree in trees.items()}
+    notes = {path: annotation_spans(tree) for path, tree in trees.items()}
 
-    def ran(m: Mutant) -> bool:
-        around = [(first, last) for first, last in spans[m.path] if first <= m.line <= last]
-        return bool(around) and max(around, key=lambda s: (s[0], -s[1]))[0] in lines[m.path]
+    def keep(m: Mutant) -> bool:
+        first = inner[m.path].get(m.line)
+        where = (m.line, m.column)
+        return (first is not None and first in lines[m.path]
+                and not any(a <= where < b for a, b in notes[m.path]))
 
-    return [m for m in found if ran(m) and not annotation(m, trees[m.path])]
+    return [m for m in found if keep(m)]
 
 
 def sample(found: list[Mutant], k: int | None, seed: int) -> list[Mutant]:
     """`k` of `found` drawn with `seed` (all when k is None), in file and line order."""
     chosen = found if k is None or k >= len(found) else random.Random(seed).sample(found, k)
     return sorted(chosen, key=lambda m: (m.path, m.line, m.operator, m.occurrence))
+
+
+def part(chosen: list[Mutant], index: int, count: int) -> list[Mutant]:
+    """The `index`-th (from 1) of `count` disjoint parts of `chosen`, every count-th mutant, so
+    each part spans every file; the parts together are `chosen`."""
+    return chosen[index - 1::count]
 
 
 class Originals:
@@ -292,8 +381,10 @@ def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Resu
             # that cannot be built, say): detected, though by no check.
             return Result(mutant, KILLED, ERROR, seconds, diff,
                           detail=f"exit {proc.returncode}: {_exception(proc.stderr)}")
-        check = json.loads(out.read_text())["check"]
-    return Result(mutant, KILLED if check else SURVIVED, check, seconds, diff)
+        found = json.loads(out.read_text())
+    check = found["check"]
+    return Result(mutant, KILLED if check else SURVIVED, check, seconds, diff,
+                  detail=found.get("message") or "")
 
 
 def _exception(stderr: str) -> str:
@@ -335,8 +426,10 @@ def _campaign(spec: dict[str, Any]) -> None:
     if spec["configs"]:
         options.configs = tuple(spec["configs"])
     stats = run_campaign(options, lambda stats: None)
-    check = stats.findings[0].check if stats.findings else None
-    Path(spec["out"]).write_text(json.dumps({"check": check, "examples": stats.examples}))
+    first = stats.findings[0] if stats.findings else None
+    Path(spec["out"]).write_text(json.dumps({
+        "check": first and first.check, "message": first and f"{first.level}/{first.config}: {first.message}",
+        "examples": stats.examples}))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ byte for byte, and the usage errors."""
 
 import hashlib
 import importlib.util
+import json
 
 import pytest
 
@@ -104,3 +105,70 @@ def test_without_cosmic_ray_exit_two_with_the_install_line(capsys, monkeypatch):
                         lambda name, *a: None if name == "cosmic_ray" else real(name, *a))
     assert main(["mutate", "--paths", "block_pool.py"]) == 2
     assert "pip install 'kvfuzz[mutate]'" in capsys.readouterr().err
+
+
+def test_slices_are_disjoint_and_together_the_sample():
+    (path,) = mutate.resolve("kvcache", ["block_pool.py"])
+    drawn = mutate.sample(mutate.mutants([path]), 23, 5)
+    parts = [mutate.part(drawn, i, 4) for i in range(1, 5)]
+    assert sorted(len(p) for p in parts) == [5, 6, 6, 6]
+    assert sorted((m for p in parts for m in p), key=drawn.index) == drawn
+    assert mutate.part(drawn, 1, 1) == drawn
+
+
+def test_every_mutant_names_the_class_and_function_around_it():
+    (path,) = mutate.resolve("kvcache", ["block_pool.py"])
+    lines = path.read_text().splitlines()
+    first = 1 + lines.index("        first = (num_cached_blocks + 1) * scale - 1")
+    (m, *_) = [m for m in mutate.mutants([path]) if m.line == first]
+    assert m.scope.startswith("BlockPool.") and m.scope.count(".") == 1, m.scope
+
+
+def test_a_saved_baseline_is_reused_only_under_the_same_key(tmp_path):
+    (path,) = mutate.resolve("kvcache", ["block_pool.py"])
+    file, calls = tmp_path / "baseline.json", []
+    found = mutate.mutants([path])[:3]
+
+    def compute():
+        calls.append(1)
+        return found, None, {str(path): {3, 1, 2}}
+
+    key = mutate.baseline_key("kvcache", 300, 37, [path], ())
+    assert mutate.saved_baseline(file, key, compute) == (found, None, {str(path): {1, 2, 3}})
+    assert mutate.saved_baseline(file, key, compute) == (found, None, {str(path): {1, 2, 3}})
+    assert len(calls) == 1
+    other = mutate.baseline_key("kvcache", 300, 38, [path], ())
+    mutate.saved_baseline(file, other, compute)
+    assert len(calls) == 2
+
+
+def test_a_report_cut_short_resumes_with_its_measured_mutants(tmp_path):
+    (path,) = mutate.resolve("kvcache", ["block_pool.py"])
+    first, second = mutate.sample(mutate.mutants([path]), 2, 1)
+    report = mutate.Report("kvcache", 300, 37, 2, ("full",), (2, 5))
+    report.results = [mutate.Result(first, mutate.KILLED, "I10", 1.5, "diff", "detail")]
+    file = tmp_path / "report.json"
+    file.write_text(json.dumps(report.as_json()))
+    assert mutate.resumed(mutate.Report("kvcache", 300, 37, 2, ("full",), (2, 5)),
+                          file) == report.results
+    with pytest.raises(mutate.MutateError, match="seed, slice"):
+        mutate.resumed(mutate.Report("kvcache", 300, 1, 2, ("full",), (1, 5)), file)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--paths", "block_pool.py", "--slice", "3/2"], "3/2"),
+    (["--paths", "block_pool.py", "--slice", "x"], "'x'"),
+    (["--paths", "block_pool.py", "--resume"], "--resume"),
+])
+def test_bad_slices_and_a_resume_without_report_exit_two(capsys, argv, needle):
+    assert main(["mutate", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_resuming_another_runs_report_exits_two_before_any_campaign(tmp_path, capsys, monkeypatch):
+    file = tmp_path / "report.json"
+    file.write_text(json.dumps(mutate.Report("kvcache", 300, 1, 0).as_json()))
+    monkeypatch.setattr(mutate, "baseline", lambda *a, **k: pytest.fail("a campaign ran"))
+    argv = ["mutate", "--paths", "block_pool.py", "--seed", "2", "--report", str(file), "--resume"]
+    assert main(argv) == 2
+    assert "seed" in capsys.readouterr().err
