@@ -24,13 +24,13 @@ def test_a_seed_gives_one_config_valid_as_a_config_file():
     assert len({generated_config(s).to_dict().__repr__() for s in range(50)}) == 50
 
 
-def test_every_cross_feature_combination_is_generated_and_most_are_not_built_in():
+def test_every_cross_feature_combination_is_generated_and_half_are_not_built_in():
     reached = set()
     for seed in range(2000):
         reached |= cross_features(generated_config(seed))
     assert reached == set(CROSS_FEATURES)
     built_in = set().union(*(cross_features(builtin_config(n)) for n in BUILTIN))
-    assert len(set(CROSS_FEATURES) - built_in) >= 4
+    assert len(set(CROSS_FEATURES) - built_in) >= len(CROSS_FEATURES) // 2
 
 
 def test_cross_features_name_what_a_config_has():
