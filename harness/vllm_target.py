@@ -299,10 +299,11 @@ cache_blocks reads (docs/findings/019): `vllm` restores the record a refused all
 changed."""
 
 STORED_SPANS_NULLS = "stored-event-spans-null-blocks"
-"""vLLM's BlockStored of a Mamba "align" group keys only its range's real blocks but sends the
-token ids of the whole range, null blocks included, chained on the position before the range
-(docs/findings/026): `vllm` splits such an event into one per run of keyed blocks, each with
-its own parent and token ids, and drops one of nulls only, as kvcache sends them."""
+"""vLLM's BlockStored keys only its range's real, unmasked blocks but sends the token ids of
+the whole range, chained on the position before it (docs/findings/026: a Mamba "align" group's
+nulls, a retention mask's unkept blocks): `vllm` splits such an event into one per run of keyed
+blocks, each with its own parent and token ids, and drops one that keys nothing, as kvcache
+sends them."""
 
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
@@ -399,7 +400,7 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         releases="0.32–0.34",
         applies=lambda api: api.has("prefill_checkpoints"),
     ),
-    # An event, not a snapshot: `VllmSide._split_stored_at_null_blocks` undoes it (see there).
+    # An event, not a snapshot: `VllmSide._split_stored_at_unkeyed_blocks` undoes it (see there).
     KnownDeviation(
         STORED_SPANS_NULLS,
         "docs/findings/026-stored-event-spans-null-blocks.md",
@@ -582,7 +583,7 @@ class VllmSide(ManagerSide):
         if CHECKPOINT_RECORD_KEPT in self.tolerated:
             self._keep_checkpoint_records(manager)
         if STORED_SPANS_NULLS in self.tolerated and config.kv_events:
-            self._split_stored_at_null_blocks(manager)
+            self._split_stored_at_unkeyed_blocks(manager)
         return manager
 
     def new_manager(self, config: Config) -> Any:
@@ -617,18 +618,15 @@ class VllmSide(ManagerSide):
 
         manager.allocate_slots = allocate_slots
 
-    def _split_stored_at_null_blocks(self, manager: Any) -> None:
-        """A Mamba "align" group's BlockStored whose range holds null (or masked) blocks becomes
-        one event per run of the blocks it keys, each chained on the position before the run
-        with that run's token ids, and none for nulls only: kvcache's events (finding 026).
+    def _split_stored_at_unkeyed_blocks(self, manager: Any) -> None:
+        """A BlockStored whose range holds null or masked blocks (a Mamba "align" group's
+        nulls, a retention mask's unkept blocks) becomes one event per run of the blocks it
+        keys, each chained on the position before the run with that run's token ids, and none
+        for unkeyed blocks only: kvcache's events (finding 026).
         Only vLLM's own event of the range is changed: its keys, parent and token ids must be
         the request's (vLLM's shape, unkeyed blocks skipped), else EV3 judges it as it is."""
         pool = manager.block_pool
         original = pool.cache_full_blocks
-        align = {single.kv_cache_group_id for single in manager.coordinator.single_type_managers
-                 if getattr(single, "mamba_cache_mode", None) == "align"}
-        if not align:
-            return
         tolerated = self.tolerated[STORED_SPANS_NULLS]
         hbs = self.config.resolved_hash_block_size
 
@@ -639,7 +637,7 @@ class VllmSide(ManagerSide):
             queued = len(queue)
             result = original(request, blocks, num_cached_blocks, num_full_blocks, block_size,
                               kv_cache_group_id, *args, **kwargs)
-            if kv_cache_group_id not in align or len(queue) == queued:
+            if len(queue) == queued:
                 return result
             mask = kwargs.get("block_mask", args[0] if args else None)
             keyed = [i for i in range(num_cached_blocks, num_full_blocks)

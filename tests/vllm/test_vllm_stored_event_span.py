@@ -1,5 +1,5 @@
-"""Finding 026 on the installed vLLM: target `vllm` splits a Mamba "align" BlockStored that
-spans null blocks into kvcache's events (`stored-event-spans-null-blocks`), `vllm-strict`
+"""Finding 026 on the installed vLLM: target `vllm` splits a BlockStored whose range holds null
+or masked blocks into kvcache's events (`stored-event-spans-null-blocks`), `vllm-strict`
 reports it (EV3), and an EV3 bug planted in vLLM's events is still caught under `vllm`.
 
 Run with the venv of ci/install-vllm.sh:  "$py" -m pytest -m vllm tests/vllm -q
@@ -39,7 +39,25 @@ BETWEEN = Trace(Config.from_dict(ALIGN_EVENTS), "api", [
      "delay_cache_blocks": True},
     {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 2},
 ])
-TRACES = {"leading-nulls": Trace.load(FINDING), "null-between": BETWEEN}
+# A sliding window with retention: the mask leaves the step's one full block unkept, and
+# vLLM's event keys nothing but carries its 8 token ids (`kvfuzz run --target vllm --config
+# full --generated-configs --seconds 45 --seed 2`, shrunk).
+MASKED = Trace(Config.from_dict({
+    "num_blocks": 3, "max_model_len": 32, "kv_events": True,
+    "prefix_cache_retention_interval": 32,
+    "groups": [{"kind": "sliding_window", "block_size": 8, "sliding_window": 4}]}), "api", [
+    {"op": "add_request", "request_id": "r0", "prompt": [3, 3, 2, 1, 3, 0, 2, 1, 3, 0, 2, 0, 2, 1],
+     "max_tokens": 1},
+    {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 10,
+     "has_scheduled_reqs": False},
+    {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 2},
+    {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 1},
+    {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 1},
+    {"op": "append_tokens", "request_id": "r0", "tokens": [0, 3]},
+    {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 1},
+    {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 1},
+])
+TRACES = {"leading-nulls": Trace.load(FINDING), "null-between": BETWEEN, "masked": MASKED}
 
 
 def _vllm(sides: list[VllmSide]) -> Any:
@@ -100,10 +118,12 @@ def _fixed_but_parentless(event: Any, request: Any, blocks: Any, num_cached: int
                                    token_ids=event.token_ids[skip:])
 
 
-@pytest.mark.parametrize("rewrite", [_last_token_changed, _fixed_but_parentless],
-                         ids=["last-token-changed", "fixed-but-parentless"])
-@pytest.mark.parametrize("name", TRACES)
-def test_an_ev3_bug_planted_in_vllm_is_still_caught_under_vllm(monkeypatch, rewrite, name):
+@pytest.mark.parametrize("name, rewrite", [
+    ("leading-nulls", _last_token_changed), ("null-between", _last_token_changed),
+    ("masked", _last_token_changed), ("leading-nulls", _fixed_but_parentless),
+    ("null-between", _fixed_but_parentless),
+], ids=lambda p: p if isinstance(p, str) else p.__name__.strip("_"))
+def test_an_ev3_bug_planted_in_vllm_is_still_caught_under_vllm(monkeypatch, name, rewrite):
     """The tolerance changes only vLLM's own event of the range (its keys, parent and token
     ids the request's): any other BlockStored reaches EV3 as it is."""
     _plant(monkeypatch, rewrite)
