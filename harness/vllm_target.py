@@ -298,6 +298,13 @@ capacity check, so a refused allocate_slots leaves a record no step allocated, w
 cache_blocks reads (docs/findings/019): `vllm` restores the record a refused allocation
 changed."""
 
+STORED_SPANS_NULLS = "stored-event-spans-null-blocks"
+"""vLLM's BlockStored keys only its range's real, unmasked blocks but sends the token ids of
+the whole range, chained on the position before it (docs/findings/026: a Mamba "align" group's
+nulls, a retention mask's unkept blocks): `vllm` splits such an event into one per run of keyed
+blocks, each with its own parent and token ids, and drops one that keys nothing, as kvcache
+sends them."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
@@ -392,6 +399,13 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         _no_snapshot_change,
         releases="0.32–0.34",
         applies=lambda api: api.has("prefill_checkpoints"),
+    ),
+    # An event, not a snapshot: `VllmSide._split_stored_at_unkeyed_blocks` undoes it (see there).
+    KnownDeviation(
+        STORED_SPANS_NULLS,
+        "docs/findings/026-stored-event-spans-null-blocks.md",
+        _no_snapshot_change,
+        applies=lambda api: api.has("kv_events"),
     ),
     # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
     KnownDeviation(
@@ -568,6 +582,8 @@ class VllmSide(ManagerSide):
                 self._count_external_state_blocks(single)
         if CHECKPOINT_RECORD_KEPT in self.tolerated:
             self._keep_checkpoint_records(manager)
+        if STORED_SPANS_NULLS in self.tolerated and config.kv_events:
+            self._split_stored_at_unkeyed_blocks(manager)
         return manager
 
     def new_manager(self, config: Config) -> Any:
@@ -601,6 +617,70 @@ class VllmSide(ManagerSide):
             return result
 
         manager.allocate_slots = allocate_slots
+
+    def _split_stored_at_unkeyed_blocks(self, manager: Any) -> None:
+        """A BlockStored whose range holds null or masked blocks (a Mamba "align" group's
+        nulls, a retention mask's unkept blocks) becomes one event per run of the blocks it
+        keys, each chained on the position before the run with that run's token ids, and none
+        for unkeyed blocks only: kvcache's events (finding 026).
+        Only vLLM's own event of the range is changed: its keys, parent and token ids must be
+        the request's (vLLM's shape, unkeyed blocks skipped), else EV3 judges it as it is."""
+        pool = manager.block_pool
+        original = pool.cache_full_blocks
+        tolerated = self.tolerated[STORED_SPANS_NULLS]
+        hbs = self.config.resolved_hash_block_size
+
+        def cache_full_blocks(request: Any, blocks: Any, num_cached_blocks: int,
+                              num_full_blocks: int, block_size: int, kv_cache_group_id: int,
+                              *args: Any, **kwargs: Any) -> Any:
+            queue = pool.kv_event_queue
+            queued = len(queue)
+            result = original(request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                              kv_cache_group_id, *args, **kwargs)
+            if len(queue) == queued:
+                return result
+            mask = kwargs.get("block_mask", args[0] if args else None)
+            keyed = [i for i in range(num_cached_blocks, num_full_blocks)
+                     if not blocks[i].is_null
+                     and (mask is None or mask[i - num_cached_blocks])]
+            if len(keyed) == num_full_blocks - num_cached_blocks:
+                return result
+            scale = block_size // hbs
+
+            def block_hash(i: int) -> Any:
+                return None if i < 0 else request.block_hashes[(i + 1) * scale - 1]
+
+            event, start = queue[-1], num_cached_blocks * block_size
+            tokens = list(request.all_token_ids[start:num_full_blocks * block_size])
+            if (type(event).__name__ != "BlockStored"
+                    or event.parent_block_hash != block_hash(num_cached_blocks - 1)
+                    or list(event.token_ids) != tokens
+                    or [bytes(h) for h in event.block_hashes]
+                    != [bytes(block_hash(i)) for i in keyed]):
+                return result
+            import msgspec  # vLLM's events are msgspec structs
+
+            tolerated.add(request.request_id)
+            runs: list[list[int]] = []  # positions in `keyed` of each run of consecutive blocks
+            for n, i in enumerate(keyed):
+                if runs and keyed[runs[-1][-1]] == i - 1:
+                    runs[-1].append(n)
+                else:
+                    runs.append([n])
+            del queue[-1]
+            for run in runs:
+                first, last = keyed[run[0]], keyed[run[-1]] + 1
+                part = slice(run[0], run[-1] + 1)
+                queue.append(msgspec.structs.replace(
+                    event, block_hashes=event.block_hashes[part],
+                    parent_block_hash=block_hash(first - 1),
+                    token_ids=tokens[first * block_size - start:last * block_size - start],
+                    **{field: getattr(event, field)[part]
+                       for field in ("extra_keys", "lookahead_token_ids")
+                       if getattr(event, field, None) is not None}))
+            return result
+
+        pool.cache_full_blocks = cache_full_blocks
 
     def _count_external_state_blocks(self, single: Any) -> None:
         """A first allocation with external tokens is predicted as it happens (kvcache's

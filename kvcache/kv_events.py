@@ -1,8 +1,9 @@
 """KV cache events: what an external router learns about the prefix cache (docs/spec.md §3.10).
 
 `BlockStored` announces keys a `cache_full_blocks` (`register_full_blocks`) or
-`cache_partial_block` (`register_partial_block`) call registered,
-`BlockRemoved` a key no block holds any more, `AllBlocksCleared` a successful reset. A pool
+`cache_partial_block` (`register_partial_block`) call registered (one event per run of
+consecutive registered blocks: vLLM's one event per call also carries the token ids of the null
+and masked blocks between, docs/findings/026), `BlockRemoved` a key no block holds any more, `AllBlocksCleared` a successful reset. A pool
 with events on is an `EventfulBlockPool`: the plain `BlockPool` with each mutating method
 wrapped, so pools without events pay nothing.
 
@@ -145,21 +146,25 @@ class EventfulBlockPool(BlockPool):
                                      block_size, kv_cache_group_id, block_mask)
         if num_cached_blocks >= num_full_blocks:
             return
+        # One event per run of registered blocks, chained on the position before it: null and
+        # masked blocks get no key, and an event's token ids cover exactly its keys' blocks.
         hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
-        stored = [
-            hashes[i] for i in range(num_cached_blocks, num_full_blocks)
-            if not blocks[i].is_null
-            and (block_mask is None or block_mask[i - num_cached_blocks])
-        ]
-        self.kv_event_queue.append(self._stored(
-            request,
-            stored,
-            hashes[num_cached_blocks - 1] if num_cached_blocks else None,
-            list(request.all_token_ids[num_cached_blocks * block_size:
-                                       num_full_blocks * block_size]),
-            block_size,
-            kv_cache_group_id,
-        ))
+        run_start: int | None = None
+        for i in range(num_cached_blocks, num_full_blocks + 1):
+            registered = i < num_full_blocks and not blocks[i].is_null and (
+                block_mask is None or block_mask[i - num_cached_blocks])
+            if registered and run_start is None:
+                run_start = i
+            elif not registered and run_start is not None:
+                self.kv_event_queue.append(self._stored(
+                    request,
+                    list(hashes[run_start:i]),
+                    hashes[run_start - 1] if run_start else None,
+                    list(request.all_token_ids[run_start * block_size:i * block_size]),
+                    block_size,
+                    kv_cache_group_id,
+                ))
+                run_start = None
 
     def register_partial_block(
         self,
