@@ -71,7 +71,9 @@ class CachedTokensProbe(NamedTuple):
 class KvEvent:
     """One KV cache event with its hashes read as content keys (docs/spec.md §3.10): `kind` is
     "stored", "removed" or "cleared"; stored events also carry the parent key (None: the chain
-    starts at token 0), the token ids and the block size."""
+    starts at token 0), the token ids, the block size and `extra_keys`: None when the event
+    carries none, else per key the LoRA name, `(mm identifier, offset)` pairs and salt it names,
+    in order (harness/events.py reads them; the embeddings' digest and other bytes are left out)."""
 
     kind: str
     group: int = 0
@@ -79,6 +81,7 @@ class KvEvent:
     parent: CacheKey | None = None
     token_ids: tuple[int, ...] = ()
     block_size: int = 0
+    extra_keys: tuple[tuple[Any, ...], ...] | None = None
 
 
 def take_events_result(keys: Any) -> dict[str, list[str]]:

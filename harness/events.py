@@ -2,7 +2,8 @@
 
 kvcache and vLLM name their events and fields alike (`BlockStored.block_hashes`,
 `parent_block_hash`, `token_ids`, `block_size`, `group_idx`; `BlockRemoved`;
-`AllBlocksCleared`). Hashes are read as content keys through the side's `KeyTranslator`.
+`AllBlocksCleared`; `extra_keys`, read by value). Hashes are read as content keys through the
+side's `KeyTranslator`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,19 @@ def _key(keys: KeyTranslator, block_hash: Any, group: int) -> CacheKey:
     return keys.key(bytes(block_hash) + group.to_bytes(4, "big"))
 
 
+def _by_value(entry: Any) -> tuple[Any, ...]:
+    """One block's untagged extra keys as the checks compare them: digests and masks (bytes)
+    dropped, a multimodal identifier `mm-i` (as both targets name input i) read back as i."""
+    kept: list[Any] = []
+    for key in entry or ():
+        if isinstance(key, (bytes, bytearray)):
+            continue
+        if isinstance(key, tuple) and isinstance(key[0], str) and key[0].startswith("mm-"):
+            key = (int(key[0][3:]), *key[1:])
+        kept.append(tuple(key) if isinstance(key, (tuple, list)) else key)
+    return tuple(kept)
+
+
 def read_event(event: Any, keys: KeyTranslator) -> KvEvent:
     """One event of either implementation as a `KvEvent`."""
     kind = type(event).__name__
@@ -31,6 +45,7 @@ def read_event(event: Any, keys: KeyTranslator) -> KvEvent:
     return KvEvent(
         "stored", group, hashes, None if parent is None else _key(keys, parent, group),
         tuple(event.token_ids), event.block_size,
+        None if event.extra_keys is None else tuple(_by_value(e) for e in event.extra_keys),
     )
 
 

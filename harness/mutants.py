@@ -407,6 +407,27 @@ def _stored_parent_dropped(side: KvcacheSide) -> None:
     _around(pool, "register_full_blocks", around)
 
 
+@mutant("stored-extra-keys-at-start", "each BlockStored names every block's extra keys as "
+        "block 0's (its start read as token 0), as vLLM mutants of block_pool.py:306 do: a "
+        "salted request's later blocks name the salt", bug="docs/mutation.md events misses",
+        configs=("events",))
+def _stored_extra_keys_at_start(side: KvcacheSide) -> None:
+    from kvfuzz.kvcache import kv_events
+
+    pool = side.manager.block_pool
+    keys_of = kv_events.event_extra_keys
+
+    def around(original, *args, **kwargs):
+        kv_events.event_extra_keys = (
+            lambda request, start, end, lookahead: keys_of(request, 0, end - start, lookahead))
+        try:
+            return original(*args, **kwargs)
+        finally:
+            kv_events.event_extra_keys = keys_of
+
+    _around(pool, "register_full_blocks", around)
+
+
 @mutant("stored-on-every-hit", "a prefix-cache hit re-announces the blocks it reuses as "
         "BlockStored, as vLLM's kv_cache_report_mode \"full\" does, for every request",
         bug="vLLM emit_cached_block_events without the mode", configs=("events",))

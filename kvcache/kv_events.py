@@ -10,9 +10,12 @@ wrapped, so pools without events pay nothing.
 The events carry vLLM 0.34's fields in its order (vllm/distributed/kv_events.py:55-119);
 kvcache fills `lora_id`, `medium` (always `MEDIUM_GPU`), `lora_name`, `group_idx` and
 `session_id`, the manager's `take_events` the group's `kv_cache_spec_kind` and
-`kv_cache_spec_sliding_window`, and leaves None what it does not model (`extra_keys`,
-`locality`, `ownership`, `lookahead_token_ids`). Unlike vLLM's, `lora_id`, `medium` and
-`lora_name` default to None.
+`kv_cache_spec_sliding_window`, and leaves None what it does not model (`locality`,
+`ownership`, `lookahead_token_ids`). `extra_keys` holds one entry per stored block, as vLLM's
+(block_pool.py:293-311, kv_cache_utils.py:674-700): the block's extra keys over the window its
+hash covers (the block and its lookahead tokens), tags stripped (the LoRA name, `(mm identifier,
+offset)`, the salt, the embeddings' digest, and kvcache's token-id mask bytes), None for none.
+Unlike vLLM's, `lora_id`, `medium` and `lora_name` default to None.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
     BlockHashWithGroupId,
     KVCacheBlock,
+    generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
     resolve_block_hashes,
@@ -81,6 +85,17 @@ class AllBlocksCleared:
 
 KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
+def event_extra_keys(
+    request: Request, start: int, end: int, lookahead: int
+) -> tuple[Any, ...] | None:
+    """A BlockStored entry for block [start, end): its extra keys over [start, end + lookahead),
+    each without its tag (a multimodal key keeps `(identifier, offset)`), or None."""
+    keys, _ = generate_block_hash_extra_keys(request, start, end + lookahead, 0)
+    if keys is None:
+        return None
+    return tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
+
+
 def _split(key: BlockHashWithGroupId) -> tuple[BlockHash, int]:
     return get_block_hash(key), get_group_id(key)
 
@@ -107,14 +122,21 @@ class EventfulBlockPool(BlockPool):
 
     def _stored(
         self, request: Request, block_hashes: list[BlockHash], parent: BlockHash | None,
-        token_ids: list[int], block_size: int, group_idx: int,
+        token_ids: list[int], block_size: int, group_idx: int, first_block: int,
     ) -> BlockStored:
-        """A BlockStored of `request`'s blocks, with its adapter and session."""
+        """A BlockStored of `request`'s blocks (the first at `first_block` blocks of
+        `block_size`), with its adapter, session and each block's extra keys."""
         lora = getattr(request, "lora_request", None)
+        extra = [
+            event_extra_keys(request, start, start + block_size, self.num_hash_lookahead_tokens)
+            for start in range(first_block * block_size,
+                               (first_block + len(block_hashes)) * block_size, block_size)
+        ]
         return BlockStored(
             block_hashes, parent, token_ids, block_size,
             lora_id=lora.lora_int_id if lora is not None else None, medium=MEDIUM_GPU,
-            lora_name=lora.lora_name if lora is not None else None, group_idx=group_idx,
+            lora_name=lora.lora_name if lora is not None else None, extra_keys=extra or None,
+            group_idx=group_idx,
             session_id=getattr(request, "session_id", None),
         )
 
@@ -129,7 +151,7 @@ class EventfulBlockPool(BlockPool):
         self.kv_event_queue.append(self._stored(
             request, list(hashes[:num_cached_blocks]), None,
             list(request.all_token_ids[:num_cached_blocks * block_size]), block_size,
-            kv_cache_group_id,
+            kv_cache_group_id, 0,
         ))
 
     def register_full_blocks(
@@ -163,6 +185,7 @@ class EventfulBlockPool(BlockPool):
                     list(request.all_token_ids[run_start * block_size:i * block_size]),
                     block_size,
                     kv_cache_group_id,
+                    run_start,
                 ))
                 run_start = None
 
@@ -186,6 +209,7 @@ class EventfulBlockPool(BlockPool):
                 list(request.all_token_ids[(n - 1) * hbs: n * hbs]),
                 hbs,
                 get_group_id(key),
+                n - 1,
             ))
         return key
 

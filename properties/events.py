@@ -6,6 +6,8 @@ events, and the replay a take_events op reports, against the target's own cache 
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvfuzz.core.sides import take_events_result
 from kvfuzz.core.snapshot import CacheKey, Snapshot, format_key
 from kvfuzz.properties.registry import CheckContext, transition
@@ -154,4 +156,55 @@ def _holder_problem(key: CacheKey, replayed: int, before: Snapshot, after: Snaps
         return (f"{format_key(key)} is announced as stored {replayed - len(new)} time(s) more "
                 f"than blocks newly hold it, with no BlockRemoved between (held by "
                 f"{sorted(old)} before, {sorted(new)} after)")
+    return None
+
+
+def expected_extra_keys(key: CacheKey, block_size: int) -> tuple[Any, ...]:
+    """What a BlockStored's extra keys must name for `key`'s last `block_size` tokens, read
+    from the key's identity (core/extra_keys.py): the LoRA name, each multimodal input the
+    window its hash covers overlaps as `(identifier, offset from the block's start)`, the salt
+    on block 0; the embeddings' digest is left out (each target renders its own)."""
+    ident, tokens = key[1], key[2]
+    if isinstance(ident, tuple) and ident[0] == "ahead":
+        ident = ident[1]
+    start = len(tokens) - block_size
+    if not isinstance(ident, tuple):
+        return (ident,) if ident and start == 0 else ()
+    blocks = ident[1:]
+    hbs = len(tokens) // len(blocks)
+    lora: list[Any] = []
+    mm: list[Any] = []
+    salt: list[Any] = []
+    for j in range(start // hbs, len(blocks)):
+        for extra in blocks[j]:
+            if extra[0] == "lora" and not lora:
+                lora.append(extra[1])
+            elif extra[0] == "mm" and (extra[1], j * hbs + extra[2] - start) not in mm:
+                mm.append((extra[1], j * hbs + extra[2] - start))
+            elif extra[0] == "cache_salt" and start == 0:
+                salt = [extra[1]]
+    return (*lora, *mm, *salt)
+
+
+@transition(
+    "EV5",
+    "each BlockStored names, per key, the extra keys of the block it covers (with its hash "
+    "lookahead): the LoRA name, each multimodal input it overlaps with its offset in the "
+    "block, the salt on block 0",
+    covers=("spec §3.10",),
+)
+def stored_events_extra_keys(before: Snapshot, after: Snapshot,
+                             ctx: CheckContext) -> str | None:
+    for event in ctx.observations.kv_events:
+        if event.kind != "stored" or not event.keys:
+            continue
+        got = event.extra_keys or ((),) * len(event.keys)
+        if len(got) != len(event.keys):
+            return (f"BlockStored of {len(event.keys)} key(s) carries {len(got)} extra-key "
+                    "entries")
+        for i, key in enumerate(event.keys):
+            want = expected_extra_keys(key, event.block_size)
+            if got[i] != want:
+                return (f"BlockStored key {i} ({format_key(key)}) names extra keys "
+                        f"{list(got[i])}, its block's are {list(want)}")
     return None

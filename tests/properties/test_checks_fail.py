@@ -154,7 +154,8 @@ def _cases(execution, snaps):
 
 def _event_cases(execution, s):
     """EV1: a replay missing a cached key; EV2: a removal of a key a block still holds; EV3:
-    a stored event whose second key skips its tokens."""
+    a stored event whose second key skips its tokens; EV5: a stored event naming a salt its
+    key does not stand for."""
     key = next(iter(s.cache))
     short = take_events_result(set(s.cache) - {key})
     parent = (key[0], key[1], key[2][:4]) if len(key[2]) > 4 else None
@@ -169,6 +170,8 @@ def _event_cases(execution, s):
         "EV4": (s, s, _ctx(execution, config=dataclasses.replace(FULL, kv_events=True),
                            observations=Observations(kv_events=[_stored_again(key)],
                                                      events_reported=True))),
+        "EV5": (s, s, _ctx(execution, observations=Observations(kv_events=[dataclasses.replace(
+            _stored_again(key), extra_keys=(("not-its-salt",),))]))),
     }
 
 

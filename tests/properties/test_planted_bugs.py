@@ -49,6 +49,7 @@ EXPECTED = {
     "reset-not-announced": {"EV1", "EV4"},
     "stored-parent-dropped": {"EV3"},
     "stored-on-every-hit": {"EV4"},
+    "stored-extra-keys-at-start": {"EV5"},
     "plain-extras-empty": {"H2"},
     "mm-later-input-unkeyed": {"H1", "H2"},
     "promoted-partial-unannounced": {"EV4"},
@@ -126,7 +127,7 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("IF2", "inflight-fence-one-late", "scheduler"),
      ("EV4", "stored-on-every-hit", "api"), ("H2", "plain-extras-empty", "api"),
      ("H1", "weak-hash", "api"), ("EV4", "promoted-partial-unannounced", "scheduler"),
-     ("H2", "lookahead-unhashed", "api")],
+     ("H2", "lookahead-unhashed", "api"), ("EV5", "stored-extra-keys-at-start", "api")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""
