@@ -8,15 +8,15 @@ its requests held at launch; `deferred_frees` the blocks popped for frees not ye
 
 from __future__ import annotations
 
-from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
 
 @transition(
     "IF1",
     "in-flight reads: every block a step still in flight reads stays held (never back in the "
-    "free queue, so never handed to another request) and keeps the cache key it had, until "
-    "the step completes",
+    "free queue, so never handed to another request) and keeps the cache key it had (or one "
+    "its own request grew over more of the same tokens), until the step completes",
     covers=("spec §7.1",),
 )
 def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
@@ -28,11 +28,21 @@ def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -
                 return (f"block {b}, read by step {step} still in flight, was released (ref_cnt "
                         f"{after.ref_cnt[b]}{', in the free queue' if b in free else ''}) "
                         f"after {ctx.op['op']}")
-            if step in steps_before and before.block_keys[b] is not None \
-                    and after.block_keys[b] != before.block_keys[b]:
+            if step in steps_before and not _same_or_grown(before.block_keys[b],
+                                                           after.block_keys[b]):
                 return (f"block {b}, read by step {step} still in flight, was re-keyed by "
                         f"{ctx.op['op']}")
     return None
+
+
+def _same_or_grown(before: CacheKey | None, after: CacheKey | None) -> bool:
+    """Whether a block kept its key: unkeyed before, the same key, or a partial entry promoted
+    (spec §7.1, §10.13): the key of the same group and extra keys over more of the same
+    tokens, its own request having filled the block further."""
+    if before is None or after == before:
+        return True
+    return (after is not None and after[:2] == before[:2]
+            and after[2][:len(before[2])] == before[2])
 
 
 @invariant(
