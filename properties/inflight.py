@@ -16,7 +16,8 @@ from kvfuzz.properties.registry import CheckContext, invariant, transition
     "IF1",
     "in-flight reads: every block a step still in flight reads stays held (never back in the "
     "free queue, so never handed to another request) and keeps the cache key it had (or one "
-    "its own request grew over more of the same tokens), until the step completes",
+    "its own request grew over more of the same tokens, or hands it to a copy of the block "
+    "the step makes), until the step completes",
     covers=("spec §7.1",),
 )
 def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
@@ -28,8 +29,9 @@ def in_flight_reads_held(before: Snapshot, after: Snapshot, ctx: CheckContext) -
                 return (f"block {b}, read by step {step} still in flight, was released (ref_cnt "
                         f"{after.ref_cnt[b]}{', in the free queue' if b in free else ''}) "
                         f"after {ctx.op['op']}")
-            if step in steps_before and not _same_or_grown(before.block_keys[b],
-                                                           after.block_keys[b]):
+            key = before.block_keys[b]
+            if step in steps_before and not _same_or_grown(key, after.block_keys[b]) \
+                    and not _moved_to_copy(key, b, after, ctx):
                 return (f"block {b}, read by step {step} still in flight, was re-keyed by "
                         f"{ctx.op['op']}")
     return None
@@ -43,6 +45,15 @@ def _same_or_grown(before: CacheKey | None, after: CacheKey | None) -> bool:
         return True
     return (after is not None and after[:2] == before[:2]
             and after[2][:len(before[2])] == before[2])
+
+
+def _moved_to_copy(key: CacheKey | None, block: int, after: Snapshot,
+                   ctx: CheckContext) -> bool:
+    """Whether the op moved the block's key to a copy of the block it made: a running Mamba
+    'align' request that keeps writing into its partial-hit block leaves the cached state to
+    the copy (vLLM 0.34 `move_block_hashes`, spec §7.1)."""
+    copies = ctx.result.get("copies") or () if isinstance(ctx.result, dict) else ()
+    return any(src == block and after.block_keys[dst] == key for src, dst in copies)
 
 
 @invariant(

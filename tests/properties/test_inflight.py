@@ -110,3 +110,53 @@ def test_if1_still_flags_a_key_that_is_not_a_promotion():
         keys[1] = planted
         bad = dataclasses.replace(after, block_keys=tuple(keys), _derived={})
         assert "re-keyed" in check.fn(before, bad, ctx)
+
+
+# Mamba "align" with block 32: step 1 (in flight) keys state block 2 at 8 tokens; step 2 (in
+# flight too) goes on writing block 2, so its key moves to the copy 2 -> 4 the step makes.
+MOVED = {"num_blocks": 5, "groups": [{"kind": "mamba", "block_size": 8,
+                                      "mamba_cache_mode": "align"},
+                                     {"kind": "mamba", "block_size": 32,
+                                      "mamba_cache_mode": "align"}],
+         "max_model_len": 64}
+MOVED_OPS = [{"op": "add_request", "request_id": "r0", "prompt": [1, 2, 1, 2, 2, 1, 3, 1, 3],
+              "max_tokens": 1},
+             {"op": "step", "in_flight": True}, {"op": "step", "in_flight": True}]
+
+
+def test_a_key_moved_to_the_steps_copy_under_a_step_in_flight_is_no_re_key():
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": MOVED, "ops": MOVED_OPS})
+    result = run_trace(trace, ["kvcache"])
+    assert result.passed, result.finding
+
+
+def test_if1_flags_a_key_dropped_without_a_copy_that_holds_it():
+    """The same step without its copy (or with the copy unkeyed) re-keys block 2."""
+    import dataclasses
+
+    from kvfuzz.core.sides import Observations
+    from kvfuzz.harness.executor import Execution
+    from kvfuzz.properties import REGISTRY, CheckContext
+
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": MOVED, "ops": MOVED_OPS})
+    execution = Execution(trace.config, "scheduler", ("kvcache",))
+    for op in MOVED_OPS[:-1]:
+        execution.apply(op)
+    before = execution.state
+    result = execution.apply(MOVED_OPS[-1])
+    after = execution.state
+    assert result["copies"] == [[2, 4]] and after.block_keys[4] == before.block_keys[2]
+    check = REGISTRY.get("IF1")
+
+    def ctx(result):
+        return CheckContext(trace.config, "scheduler", 0, {"op": "step"}, result,
+                            Observations(), execution.requests, {})
+
+    assert check.fn(before, after, ctx(result)) is None
+    assert "re-keyed" in check.fn(before, after, ctx({**result, "copies": []}))
+    keys = list(after.block_keys)
+    keys[4] = None
+    unkeyed = dataclasses.replace(after, block_keys=tuple(keys), _derived={})
+    assert "re-keyed" in check.fn(before, unkeyed, ctx(result))
