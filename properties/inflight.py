@@ -8,6 +8,8 @@ its requests held at launch; `deferred_frees` the blocks popped for frees not ye
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvfuzz.core.snapshot import CacheKey, Snapshot
 from kvfuzz.properties.registry import CheckContext, invariant, transition
 
@@ -43,8 +45,23 @@ def _same_or_grown(before: CacheKey | None, after: CacheKey | None) -> bool:
     tokens, its own request having filled the block further."""
     if before is None or after == before:
         return True
-    return (after is not None and after[:2] == before[:2]
+    return (after is not None and after[0] == before[0] and _identity_grown(before[1], after[1])
             and after[2][:len(before[2])] == before[2])
+
+
+def _identity_grown(before: Any, after: Any) -> bool:
+    """Whether a key's identity (core/extra_keys.py `key_identity`) over a longer prefix of the
+    same request extends `before`: more hash blocks' extra keys, or extra keys appearing
+    beyond a prefix that had none (a plain or salted prefix)."""
+    if before == after:
+        return True
+    if not isinstance(after, tuple):
+        return False
+    if before is None or isinstance(before, str):
+        return after[0] in ("extras", "ahead")
+    if before[0] == "ahead":
+        return after[0] == "ahead" and _identity_grown(before[1], after[1])
+    return after[0] == "extras" and after[:len(before)] == before
 
 
 def _moved_to_copy(key: CacheKey | None, block: int, after: Snapshot,

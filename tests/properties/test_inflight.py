@@ -85,7 +85,8 @@ def test_a_partial_entry_promoted_under_a_step_in_flight_is_no_re_key():
 
 
 def test_if1_still_flags_a_key_that_is_not_a_promotion():
-    """The same step with block 1's new key over other tokens (or dropped) is a re-key."""
+    """The same step with block 1's new key over other tokens, of another identity (a salt),
+    or dropped is a re-key."""
     import dataclasses
 
     from kvfuzz.core.sides import Observations
@@ -105,7 +106,7 @@ def test_if1_still_flags_a_key_that_is_not_a_promotion():
     ctx = CheckContext(trace.config, "scheduler", 0, {"op": "step"}, None, Observations(),
                        execution.requests, {})
     assert check.fn(before, after, ctx) is None
-    for planted in ((new[0], new[1], (7,) + new[2][1:]), None):
+    for planted in ((new[0], new[1], (7,) + new[2][1:]), (new[0], "salt", new[2]), None):
         keys = list(after.block_keys)
         keys[1] = planted
         bad = dataclasses.replace(after, block_keys=tuple(keys), _derived={})
@@ -160,3 +161,13 @@ def test_if1_flags_a_key_dropped_without_a_copy_that_holds_it():
     keys[4] = None
     unkeyed = dataclasses.replace(after, block_keys=tuple(keys), _derived={})
     assert "re-keyed" in check.fn(before, unkeyed, ctx(result))
+
+
+def test_a_promotion_whose_key_gains_extra_keys_is_no_re_key():
+    """PROMOTED with prompt embeddings: the promoted key's identity carries one more hash
+    block's extra keys than the partial entry's."""
+    ops = [dict(PROMOTED_OPS[0], prompt_embeds=[0] * 29)] + PROMOTED_OPS[1:]
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": PROMOTED, "ops": ops})
+    result = run_trace(trace, ["kvcache"])
+    assert result.passed, result.finding
