@@ -323,7 +323,9 @@ class Scheduler:
         reads: set[int] = set()
         for single, blocks in zip(self.manager.coordinator.single_type_managers,
                                   self.manager.get_blocks(request.request_id).blocks):
-            skip = single.get_num_skipped_tokens(start) // single.block_size
+            # Mamba skips `computed - 1`: -1 at 0 computed reads from block 0 (never index
+            # the table from its end).
+            skip = max(single.get_num_skipped_tokens(start), 0) // single.block_size
             reads.update(b.block_id for b in blocks[skip:] if not b.is_null)
         return reads
 

@@ -11,6 +11,7 @@ import pytest
 from kvfuzz.kvcache import (
     FullAttentionSpec,
     KVCacheManager,
+    MambaSpec,
     Request,
     RequestStatus,
     Scheduler,
@@ -361,6 +362,21 @@ def test_a_free_during_a_step_in_flight_waits_for_it():
     assert r.num_in_flight_tokens == 0 and not s.in_flight and not s.deferred_frees
     assert m.block_pool.get_num_free_blocks() == free_before + len(held)
     assert_invariants(m)
+
+
+def test_a_mamba_step_from_zero_computed_reads_the_whole_table():
+    """A Mamba 'align' group skips `computed - 1` tokens: -1 at 0 computed, which must read
+    from block 0, not index the table from its end. r (9 tokens, block 8, one checkpoint
+    block) holds [1, 2]; its first step writes the checkpoint in 1 and the state in 2, so it
+    reads both (found by a generated-config campaign, seed 2: kvcache read only [2])."""
+    m = make_manager(4, MambaSpec(block_size=8, mamba_cache_mode="align",
+                                  num_prefill_checkpoint_blocks=1,
+                                  prefill_checkpoint_alignment=8), max_model_len=64)
+    s = Scheduler(m, max_model_len=64, token_budget=64, max_running=4)
+    s.add_request(make_request("r", [1, 2, 1, 2, 2, 1, 3, 1, 3], 8, max_tokens=1))
+    s.step(lambda request: 0, in_flight=True)
+    (_, reads, _), = s.in_flight
+    assert reads == (1, 2)
 
 
 def test_a_plain_step_completes_the_steps_in_flight_first():

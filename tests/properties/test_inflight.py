@@ -60,3 +60,114 @@ def test_plant_is_caught(plant):
 def test_complete_step_with_nothing_in_flight_is_invalid():
     result = run_trace(_trace(OPS[:2] + [{"op": "complete_step"}]), ["kvcache"])
     assert result.invalid is not None and "no step is in flight" in str(result.invalid)
+
+
+# A generated config (campaign seed 2): r6's full-attention block 1 is keyed at a 24-token
+# partial entry; step 4 is left in flight reading it, and step 5 (in flight too) fills the
+# block, promoting the entry to its 32-token key.
+PROMOTED = {"num_blocks": 4, "groups": [{"kind": "full", "block_size": 32},
+                                        {"kind": "mamba", "block_size": 16,
+                                         "mamba_cache_mode": "align"}],
+            "max_model_len": 64, "hash_block_size": 8}
+PROMOTED_OPS = [{"op": "add_request", "request_id": "r6", "prompt": [0] * 29, "max_tokens": 4},
+                {"op": "step"}, {"op": "step"}, {"op": "step"},
+                {"op": "step", "in_flight": True}, {"op": "step", "in_flight": True}]
+
+
+def _promoted_trace() -> Trace:
+    return Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                            "config": PROMOTED, "ops": PROMOTED_OPS})
+
+
+def test_a_partial_entry_promoted_under_a_step_in_flight_is_no_re_key():
+    result = run_trace(_promoted_trace(), ["kvcache"])
+    assert result.passed, result.finding
+
+
+def test_if1_still_flags_a_key_that_is_not_a_promotion():
+    """The same step with block 1's new key over other tokens, of another identity (a salt),
+    or dropped is a re-key."""
+    import dataclasses
+
+    from kvfuzz.core.sides import Observations
+    from kvfuzz.harness.executor import Execution
+    from kvfuzz.properties import REGISTRY, CheckContext
+
+    trace = _promoted_trace()
+    execution = Execution(trace.config, "scheduler", ("kvcache",))
+    for op in PROMOTED_OPS[:-1]:
+        execution.apply(op)
+    before = execution.state
+    execution.apply(PROMOTED_OPS[-1])
+    after = execution.state
+    old, new = before.block_keys[1], after.block_keys[1]
+    assert old != new and new[2][:len(old[2])] == old[2]  # the promotion the trace plays
+    check = REGISTRY.get("IF1")
+    ctx = CheckContext(trace.config, "scheduler", 0, {"op": "step"}, None, Observations(),
+                       execution.requests, {})
+    assert check.fn(before, after, ctx) is None
+    for planted in ((new[0], new[1], (7,) + new[2][1:]), (new[0], "salt", new[2]), None):
+        keys = list(after.block_keys)
+        keys[1] = planted
+        bad = dataclasses.replace(after, block_keys=tuple(keys), _derived={})
+        assert "re-keyed" in check.fn(before, bad, ctx)
+
+
+# Mamba "align" with block 32: step 1 (in flight) keys state block 2 at 8 tokens; step 2 (in
+# flight too) goes on writing block 2, so its key moves to the copy 2 -> 4 the step makes.
+MOVED = {"num_blocks": 5, "groups": [{"kind": "mamba", "block_size": 8,
+                                      "mamba_cache_mode": "align"},
+                                     {"kind": "mamba", "block_size": 32,
+                                      "mamba_cache_mode": "align"}],
+         "max_model_len": 64}
+MOVED_OPS = [{"op": "add_request", "request_id": "r0", "prompt": [1, 2, 1, 2, 2, 1, 3, 1, 3],
+              "max_tokens": 1},
+             {"op": "step", "in_flight": True}, {"op": "step", "in_flight": True}]
+
+
+def test_a_key_moved_to_the_steps_copy_under_a_step_in_flight_is_no_re_key():
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": MOVED, "ops": MOVED_OPS})
+    result = run_trace(trace, ["kvcache"])
+    assert result.passed, result.finding
+
+
+def test_if1_flags_a_key_dropped_without_a_copy_that_holds_it():
+    """The same step without its copy (or with the copy unkeyed) re-keys block 2."""
+    import dataclasses
+
+    from kvfuzz.core.sides import Observations
+    from kvfuzz.harness.executor import Execution
+    from kvfuzz.properties import REGISTRY, CheckContext
+
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": MOVED, "ops": MOVED_OPS})
+    execution = Execution(trace.config, "scheduler", ("kvcache",))
+    for op in MOVED_OPS[:-1]:
+        execution.apply(op)
+    before = execution.state
+    result = execution.apply(MOVED_OPS[-1])
+    after = execution.state
+    assert result["copies"] == [[2, 4]] and after.block_keys[4] == before.block_keys[2]
+    check = REGISTRY.get("IF1")
+
+    def ctx(result):
+        return CheckContext(trace.config, "scheduler", 0, {"op": "step"}, result,
+                            Observations(), execution.requests, {})
+
+    assert check.fn(before, after, ctx(result)) is None
+    assert "re-keyed" in check.fn(before, after, ctx({**result, "copies": []}))
+    keys = list(after.block_keys)
+    keys[4] = None
+    unkeyed = dataclasses.replace(after, block_keys=tuple(keys), _derived={})
+    assert "re-keyed" in check.fn(before, unkeyed, ctx(result))
+
+
+def test_a_promotion_whose_key_gains_extra_keys_is_no_re_key():
+    """PROMOTED with prompt embeddings: the promoted key's identity carries one more hash
+    block's extra keys than the partial entry's."""
+    ops = [dict(PROMOTED_OPS[0], prompt_embeds=[0] * 29)] + PROMOTED_OPS[1:]
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": PROMOTED, "ops": ops})
+    result = run_trace(trace, ["kvcache"])
+    assert result.passed, result.finding

@@ -478,6 +478,20 @@ def test_steps_in_flight_three_way():
     assert not ex.state.in_flight and not ex.state.deferred_frees
 
 
+@pytest.mark.parametrize("name", ["PROMOTED", "MOVED"])
+def test_in_flight_promotion_and_state_key_move_three_way(name):
+    """A partial entry promoted, and a Mamba state block's keys moved to its copy, under a step
+    in flight: vLLM does both as kvcache and the model do, and IF1 holds (generated-config
+    campaign, seed 2; tests/properties/test_inflight.py)."""
+    from tests.properties import test_inflight
+
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": getattr(test_inflight, name),
+                             "ops": getattr(test_inflight, f"{name}_OPS")})
+    result = run_trace(trace, THREE_WAY)
+    assert result.passed, result.finding
+
+
 def test_steps_in_flight_on_a_vllm_without_deferred_frees_exit_2(monkeypatch, tmp_path, capsys):
     import kvfuzz.harness.vllm_api as vllm_api
 
