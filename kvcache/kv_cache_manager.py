@@ -21,6 +21,7 @@ from kvfuzz.kvcache.kv_cache_interface import (
 )
 from kvfuzz.kvcache.kv_events import BlockStored, EventfulBlockPool, KVCacheEvent
 from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
+from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.kvcache.request import Request, RequestStatus  # Request: vLLM's tests import it here
 from kvfuzz.kvcache.stats import PrefixCacheStats
 
@@ -122,8 +123,10 @@ class KVCacheManager:
         record_new_block_ids: bool = False,
     ) -> None:
         """vLLM's arguments, in vLLM's order; those kvcache does not implement are accepted
-        with their neutral value (one DCP/PCP rank, no metrics collector, no shared-prefix
-        Mamba checkpoints) and refused with ValueError otherwise. `num_hash_lookahead_tokens`
+        with their neutral value (one DCP/PCP rank, no metrics collector) and refused with
+        ValueError otherwise. `enable_mamba_shared_prefix_checkpoint` also registers Mamba
+        'align' state at a request's shared-prefix junction (docs/spec.md §11.3) where
+        `mamba_shared_prefix_checkpoint` says it applies. `num_hash_lookahead_tokens`
         and `num_prefill_lookahead` are MTP / draft lookahead (docs/spec.md §5.7): the
         requests' hasher must cover the same lookahead (`get_request_block_hasher`).
         `enable_partial_hash_hits` (Tier B) forces sub-block hits in hybrid configs;
@@ -134,7 +137,6 @@ class KVCacheManager:
             dcp_world_size=(dcp_world_size, 1),
             pcp_world_size=(pcp_world_size, 1),
             metrics_collector=(metrics_collector, None),
-            enable_mamba_shared_prefix_checkpoint=(enable_mamba_shared_prefix_checkpoint, False),
         )
         check_positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
@@ -166,6 +168,17 @@ class KVCacheManager:
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             num_prefill_lookahead=num_prefill_lookahead,
         )
+        # Both sides of the feature read this one predicate (vLLM's Scheduler too), so a chunk
+        # never ends at a junction the manager would not register: EAGLE groups, sub-block
+        # hits, and no multi-module MTP (which caches short of the chunk end).
+        self.mamba_shared_prefix_checkpoint = bool(
+            enable_mamba_shared_prefix_checkpoint and self.coordinator.eagle_group_ids
+            and self.coordinator.enable_partial_hash_hits
+            and not self.coordinator.num_reprefillable_tokens
+        )
+        for manager in self.coordinator.single_type_managers:
+            if isinstance(manager, MambaManager):
+                manager.shared_prefix_checkpoint = self.mamba_shared_prefix_checkpoint
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.enable_kv_cache_events = enable_kv_cache_events
         if enable_kv_cache_events:

@@ -110,6 +110,9 @@ class SingleTypeKVCacheManager:
         self._null_block = block_pool.null_block
         # Set by the coordinator for groups that take the EAGLE last-block drop.
         self.use_eagle = False
+        # Set by KVCacheManager (enable_mamba_shared_prefix_checkpoint, narrowed): a Mamba
+        # 'align' group also registers the state at the request's junction (docs/spec.md §11.3).
+        self.shared_prefix_checkpoint = False
         # Set by the coordinator: sparse prefix-cache retention (§4.9.2) and whether replay
         # boundaries follow EAGLE's (any group drops the last matched block).
         self.retention_interval: int | None = None
@@ -1369,20 +1372,39 @@ class MambaManager(SingleTypeKVCacheManager):
         return bool(retention) and (per_segment <= 1 or num_tokens // self.block_size
                                     % per_segment == 0)
 
+    def _cache_partial_tail_block(
+        self, request: Request, num_tokens: int, retention_interval: int | None
+    ) -> bytes | None:
+        """vLLM's: the step's checkpoint block re-keyed, or else the state tail at
+        `num_tokens` registered, under this call's `retention_interval`."""
+        own = self.retention_interval
+        self.retention_interval = retention_interval
+        try:
+            checkpoint = self._checkpoints.get(request.request_id)
+            if checkpoint is not None:
+                return self._cache_checkpoint_block(request, *checkpoint)
+            return self._cache_state_tail_block(request, num_tokens)
+        finally:
+            self.retention_interval = own
+
     def _cache_state_tail_block(self, request: Request, num_tokens: int) -> bytes | None:
         """Register the state at the prompt's checkpoint (`(P - 1) // hbs * hbs`; with EAGLE
-        `P // hbs * hbs - hbs`), when `num_tokens` is exactly there; inside a block, the
-        request must copy it on its next allocation before writing on (its own partial-hit
-        record)."""
+        `P // hbs * hbs - hbs`), or, with `shared_prefix_checkpoint`, at the request's
+        junction when this prompt chunk ends exactly there, when `num_tokens` is exactly at
+        one; inside a block, the request must copy it on its next allocation before writing
+        on (its own partial-hit record)."""
         hash_block_size = self._hash_block_size
-        # The checkpoint lies below the prompt's end: later counts (decode) never reach it.
+        # Both lie within the prompt: later counts (decode) never reach them.
         if num_tokens <= 0 or num_tokens % hash_block_size or (
-            num_tokens >= request.num_prompt_tokens
+            num_tokens > request.num_prompt_tokens
         ):
             return None
         if num_tokens != get_mamba_prefill_checkpoint_position(
             request.num_prompt_tokens, hash_block_size, self.drop_eagle_checkpoint_block,
             self.block_pool.num_hash_lookahead_tokens,
+        ) and not (
+            self.shared_prefix_checkpoint and num_tokens == request.shared_prefix_boundary
+            and request.num_computed_tokens < num_tokens
         ):
             return None
         blocks = self.req_to_blocks[request.request_id]
