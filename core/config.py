@@ -200,6 +200,11 @@ class Config:
     num_prefill_lookahead: int = 0
     """Prefill tokens a multi-module MTP drafter reads past the computed ones: the last
     `num_prefill_lookahead − 1` computed tokens are never cached (docs/spec.md §5.7)."""
+    enable_mamba_shared_prefix_checkpoint: bool = False
+    """Mamba "align" groups also register the state at a request's shared-prefix junction,
+    and the scheduler stops a prefill chunk at the junction itself (vLLM 0.34's option of the
+    same name; it applies only with EAGLE groups, sub-block hits and no multi-module MTP,
+    docs/spec.md §11.3)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -235,6 +240,15 @@ class Config:
         if self.enable_caching:
             return math.gcd(*self.cacheable_block_sizes)
         return self.scheduler_block_size
+
+    @property
+    def shared_prefix_checkpoints(self) -> bool:
+        """`enable_mamba_shared_prefix_checkpoint` in effect: also EAGLE groups (`use_eagle` or
+        an `eagle` group), sub-block hits and no multi-module MTP (`num_prefill_lookahead` at
+        most 1), as vLLM 0.34 narrows it (docs/spec.md §11.3)."""
+        return (self.enable_mamba_shared_prefix_checkpoint and self.partial_hash_hits
+                and (self.use_eagle or any(g.eagle for g in self.groups))
+                and self.num_prefill_lookahead <= 1)
 
     @property
     def partial_hash_hits(self) -> bool:
@@ -296,7 +310,7 @@ class Config:
                 raise ConfigError(f"groups[{i}] must be a group object, got {group!r}")
             group.validate(f"groups[{i}]")
         for flag in ("enable_caching", "use_eagle", "partial_hits", "extra_keys", "kv_events",
-                     "deferred_frees", "kv_connector"):
+                     "deferred_frees", "kv_connector", "enable_mamba_shared_prefix_checkpoint"):
             _bool(flag, getattr(self, flag))
         if self.hash_block_size is not None:
             _positive_int("hash_block_size", self.hash_block_size)

@@ -362,6 +362,15 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                     num_hash_lookahead_tokens=2, num_prefill_lookahead=2),
         ),
         (
+            "Qwen3-Next-shaped with its MTP drafter and shared-prefix junction checkpoints: "
+            "qwen3_next_eagle's groups (full bs 8 + 3 align state groups, hbs 2, EAGLE) with "
+            "enable_mamba_shared_prefix_checkpoint: a chunk stops at a request's junction and "
+            "the state there is registered (docs/spec.md §11.3)",
+            replace(_attention_mamba_align("qwen3_next_junction", 60, 3, 8, 2, speculative=1,
+                                           use_eagle=True),
+                    enable_mamba_shared_prefix_checkpoint=True),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),

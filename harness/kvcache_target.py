@@ -84,6 +84,7 @@ def build_kvcache_manager(config: Config) -> Any:
         enable_partial_hash_hits=config.partial_hits,
         num_hash_lookahead_tokens=config.num_hash_lookahead_tokens,
         num_prefill_lookahead=config.num_prefill_lookahead,
+        enable_mamba_shared_prefix_checkpoint=config.enable_mamba_shared_prefix_checkpoint,
         **({"enable_kv_cache_events": True} if config.kv_events else {}),
     )
 

@@ -84,6 +84,10 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "KVCacheManager(num_prefill_lookahead=)",
         _takes("KVCacheManager", "__init__", "num_prefill_lookahead"),
     ),
+    "shared_prefix_checkpoint": (
+        "KVCacheManager(enable_mamba_shared_prefix_checkpoint=)",
+        _takes("KVCacheManager", "__init__", "enable_mamba_shared_prefix_checkpoint"),
+    ),
     "cached_tokens_probe": (
         "KVCacheManager.get_num_cached_tokens(request)",
         lambda api: callable(getattr(api.objects["KVCacheManager"], "get_num_cached_tokens",

@@ -160,6 +160,8 @@ def build_vllm_manager(config: Config) -> Any:
             watermark=config.watermark,
             **({"enable_kv_cache_events": True} if config.kv_events else {}),
             **_lookahead_arguments(config),
+            **({"enable_mamba_shared_prefix_checkpoint": True}
+               if config.enable_mamba_shared_prefix_checkpoint else {}),
         )
 
 
@@ -556,6 +558,9 @@ class VllmSide(ManagerSide):
             self._require_option("num_hash_lookahead_tokens", "hash_lookahead")
         if config.num_prefill_lookahead:
             self._require_option("num_prefill_lookahead", "prefill_lookahead")
+        if config.enable_mamba_shared_prefix_checkpoint:
+            self._require_option("enable_mamba_shared_prefix_checkpoint",
+                                 "shared_prefix_checkpoint")
         if config.kv_events:
             self.require("take_events")
             # Events then carry the block hashes themselves, which the harness reads as content.

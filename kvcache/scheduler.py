@@ -100,6 +100,14 @@ class Scheduler:
         self.state_groups = state_groups
         # Multi-module MTP: no prefill chunk ends within this many tokens of the end (§5.7).
         self.num_prefill_lookahead = num_prefill_lookahead
+        # A chunk stops at the junction itself where the manager registers the state there
+        # (vLLM's Scheduler reads the same predicate off its manager, under sub-block hits).
+        coordinator = kv_cache_manager.coordinator
+        self._exact_junction = bool(
+            getattr(kv_cache_manager, "mamba_shared_prefix_checkpoint", False)
+            and getattr(coordinator, "enable_partial_hash_hits", False)
+            and kv_cache_manager.block_pool.hash_block_size < coordinator.scheduler_block_size
+        )
         self._running: list[Any] = []
         self._waiting: deque[Any] = deque()
         self._requests: dict[str, Any] = {}
@@ -556,6 +564,7 @@ class Scheduler:
             self.prefill_checkpoint_alignment,
             request.shared_prefix_boundary,
             self.manager.block_pool.num_hash_lookahead_tokens,
+            self._exact_junction,
         )
 
     def _preempt(self, request: Any) -> None:
@@ -599,6 +608,7 @@ def mamba_block_aligned_split(
     checkpoint_alignment: int | None = None,
     junction: int = 0,
     num_hash_lookahead_tokens: int = 0,
+    exact_junction: bool = False,
 ) -> int:
     """vLLM's chunk clip for Mamba "align" (docs/spec.md §11.3): a prefill chunk from `start`
     ends on a block boundary (a state is written only at a chunk's end), stops at the next
@@ -609,8 +619,9 @@ def mamba_block_aligned_split(
     export the prefill checkpoint mid-chunk (`checkpoint_alignment` set: every state group has
     checkpoint blocks, §11.6) is exempt from all of these. Every prefill chunk stops at the
     request's shared-prefix `junction` (§6.3), floored to a whole number of blocks from
-    `start`, when it lies inside the chunk. The checkpoints leave a hash lookahead's tokens to
-    come (§5.7). May return 0 (nothing fits this step)."""
+    `start`, when it lies inside the chunk; at the junction itself with `exact_junction` (the
+    manager registers the state there) when it lies within the prompt. The checkpoints leave a
+    hash lookahead's tokens to come (§5.7). May return 0 (nothing fits this step)."""
     prefill_end = max(num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
         return num_new_tokens
@@ -638,7 +649,9 @@ def mamba_block_aligned_split(
         next_block_boundary if start % block_size and not exported else 0,
         last_cache_position,
         tail_boundary if last_cache_position < tail_boundary < num_prompt_tokens else 0,
-        start + (junction - start) // block_size * block_size if start < junction < end else 0,
+        (junction if exact_junction and junction <= num_prompt_tokens
+         else start + (junction - start) // block_size * block_size)
+        if start < junction < end else 0,
     )
     end = min((s for s in stops if start < s < end), default=end)
     return max(end - start, 0)

@@ -83,11 +83,16 @@ def _cache_state_tail(
     layout: Layout, state: State, g: Group, req: Request, num_tokens: int, table: list[int]
 ) -> CacheKey | None:
     """docs/spec.md §11.3: the state at the prompt's checkpoint, its last hash boundary
-    `(P − 1) // hbs · hbs` (with EAGLE one hash block below `P // hbs · hbs`), registered when
-    num_tokens is exactly there; inside a block, the owner must copy it on its next allocation
-    (a partial-hit record on itself). Returns the key registered."""
+    `(P − 1) // hbs · hbs` (with EAGLE one hash block below `P // hbs · hbs`), or, with junction
+    states, at the request's junction J when a prompt chunk ends there (computed < J ≤ P),
+    registered when num_tokens is exactly there; inside a block, the owner must copy it on its
+    next allocation (a partial-hit record on itself). Returns the key registered."""
     hbs = layout.hbs
-    if num_tokens <= 0 or num_tokens % hbs or num_tokens != state_checkpoint(
+    if num_tokens <= 0 or num_tokens % hbs:
+        return None
+    at_junction = (layout.junction_states and num_tokens == req.shared_prefix_boundary
+                   and req.num_computed_tokens < num_tokens <= req.num_prompt_tokens)
+    if not at_junction and num_tokens != state_checkpoint(
             req.num_prompt_tokens, hbs, layout.replay_eagle, layout.lookahead):
         return None
     index = cdiv(num_tokens, g.bs) - 1

@@ -126,6 +126,9 @@ class Layout:
     """max(0, num_prefill_lookahead − 1): computed tokens not yet final, never cached (§5.7)."""
     prefill_lookahead: int = 0
     """num_prefill_lookahead: no prefill chunk ends fewer tokens than this short of the end."""
+    junction_states: bool = False
+    """Config.shared_prefix_checkpoints: state groups also key the state at a request's
+    junction, and a prompt chunk stops at the junction itself (§11.3)."""
 
     @classmethod
     def from_config(cls, config: Config) -> Layout:
@@ -188,4 +191,5 @@ class Layout:
             lookahead=config.num_hash_lookahead_tokens,
             reprefillable=max(config.num_prefill_lookahead - 1, 0),
             prefill_lookahead=config.num_prefill_lookahead,
+            junction_states=config.shared_prefix_checkpoints,
         )

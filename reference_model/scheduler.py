@@ -54,7 +54,8 @@ class Driver:
     def state_aligned(self, r: Request, n: int, hit: int) -> int:
         """docs/spec.md §11.3's chunk rule: the tokens of a chunk of at most n from
         `r.num_computed_tokens + hit` that ends where a state may be written, and not past
-        the request's junction J (§6.3) floored to whole blocks from the start. A chunk that
+        the request's junction J (§6.3) floored to whole blocks from the start (with junction
+        states, J itself when it lies within the prompt). A chunk that
         reaches the prefill's end and can export the prefill's checkpoint mid-chunk (every
         state group has checkpoint blocks, §11.6) is cut only at J."""
         layout = self.manager.layout
@@ -64,15 +65,18 @@ class Driver:
             return n
         end = start + n
         junction = r.shared_prefix_boundary
+        # With junction states a prompt's junction is itself a stop (§11.3), under sub-block
+        # hits only: the scheduler's own condition.
+        exact = layout.junction_states and layout.hbs < bs and junction <= P
         if layout.checkpoint_alignment is not None and end >= prefill_end:
             unit = layout.hbs if layout.partial_hits else bs
             checkpoint = state_checkpoint(prefill_end, unit, layout.replay_eagle, layout.lookahead)
             if checkpoint_exportable(start, end, checkpoint, layout.hbs, bs,
                                      layout.checkpoint_alignment):
-                return _stop_at_junction(start, end, junction, bs) - start
+                return _stop_at_junction(start, end, junction, bs, exact) - start
         if end < prefill_end and (end // bs * bs > start or bs <= self.cfg.token_budget):
             end = end // bs * bs
-        end = _stop_at_junction(start, end, junction, bs)
+        end = _stop_at_junction(start, end, junction, bs, exact)
         candidates = [state_checkpoint(T, bs, layout.replay_eagle, layout.lookahead)]
         if start % bs:
             candidates.append(cdiv(start, bs) * bs)
@@ -382,9 +386,14 @@ class Driver:
                 return
 
 
-def _stop_at_junction(start: int, end: int, junction: int, bs: int) -> int:
-    """The end of a chunk [start, end) cut at a `junction` strictly inside it: the last
-    position a whole number of blocks (at least one) from the start not past it."""
-    if start < junction < end and junction - start >= bs:
+def _stop_at_junction(start: int, end: int, junction: int, bs: int, exact: bool) -> int:
+    """The end of a chunk [start, end) cut at a `junction` strictly inside it: the junction
+    itself when `exact`, else the last position a whole number of blocks (at least one) from
+    the start not past it."""
+    if not start < junction < end:
+        return end
+    if exact:
+        return junction
+    if junction - start >= bs:
         return start + (junction - start) // bs * bs
     return end

@@ -76,6 +76,7 @@ EXPECTED = {
     "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
     "lookahead-unhashed": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "reprefillable-cached": {"DIFF-state", "DIFF-result", "DIFF-probe"},
+    "junction-state-unkeyed": {"DIFF-state", "DIFF-result", "DIFF-probe"},
 }
 
 
