@@ -216,6 +216,8 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
         block_size=config.scheduler_block_size,
         enable_prefix_caching=config.enable_caching,
         **({"mamba_cache_mode": "align"} if align else {}),
+        **({"enable_mamba_shared_prefix_checkpoint": True}
+           if config.enable_mamba_shared_prefix_checkpoint else {}),
     )
     cache_config.num_gpu_blocks = config.num_blocks
     connector = {}
