@@ -352,7 +352,9 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         chunked_prefill=("" if s.chunked_prefill else
                          "\n    scheduler_config.enable_chunked_prefill = False"),
         enable_caching=config.enable_caching,
-        cache_extra=", mamba_cache_mode=\"align\"" if align else "",
+        cache_extra=(", mamba_cache_mode=\"align\"" if align else "") + (
+            ", enable_mamba_shared_prefix_checkpoint=True"
+            if config.enable_mamba_shared_prefix_checkpoint else ""),
         config_extra=("" if config.prefix_cache_retention_interval is None else
                       f"\n        prefix_cache_retention_interval="
                       f"{config.prefix_cache_retention_interval},"),
