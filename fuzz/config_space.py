@@ -79,6 +79,8 @@ def draw(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.3:
         sbs = _lcm([g["block_size"] for g in groups])
         data["prefix_cache_retention_interval"] = rng.choice((0, sbs, 2 * sbs))
+    if any(g.get("mamba_cache_mode") == "align" for g in groups) and rng.random() < 0.5:
+        data["enable_mamba_shared_prefix_checkpoint"] = True
     return data
 
 
@@ -169,7 +171,7 @@ def cross_features(config: Config) -> set[str]:
 
 
 FLAGS = ("use_eagle", "partial_hits", "extra_keys", "deferred_frees", "kv_events",
-         "kv_connector")
+         "kv_connector", "enable_mamba_shared_prefix_checkpoint")
 """The config's feature switches a shrink turns off."""
 GROUP_DEFAULTS = {"eagle": False, "extra_retained_tokens": 0, "num_speculative_blocks": 0,
                   "num_prefill_checkpoint_blocks": 0, "prefill_checkpoint_alignment": None}
