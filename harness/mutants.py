@@ -990,7 +990,7 @@ def _reprefillable_cached(side: KvcacheSide) -> None:
 @mutant("junction-state-unkeyed", "with enable_mamba_shared_prefix_checkpoint the scheduler "
         "stops a prompt chunk at the junction, but the Mamba groups never register the state "
         "there: the chunk stop is spent and a sibling resumes lower",
-        bug="docs/spec.md §11.3", configs=("qwen3_next_junction",))
+        bug="docs/bugs.md #29", configs=("qwen3_next_junction",))
 def _junction_state_unkeyed(side: KvcacheSide) -> None:
     for single in _state_managers(side):
         single.shared_prefix_checkpoint = False
