@@ -105,3 +105,19 @@ def test_the_split_stops_at_the_junction_within_the_prompt():
     assert mamba_block_aligned_split(*split, junction=22, exact_junction=True) == 22
     resumed = (0, 32, 20, 40, 8, 2, True, 32)  # 20 prompt tokens, 20 outputs to replay
     assert mamba_block_aligned_split(*resumed, junction=22, exact_junction=True) == 16
+
+
+def test_the_junction_is_keyed_only_inside_the_prompt_chunk_being_computed():
+    """A chunk from 0 ending at the junction J = 22 keys the state there (inside block 2) when
+    J ≤ P; with the option off, or with J past the prompt (a resumed request replaying its
+    outputs), block 2 holds no key of 22. vLLM's `_cache_partial_tail_block` then has nothing
+    more to key at 22."""
+    for flag, prompt_len, keyed in ((True, 40, True), (False, 40, False), (True, 20, False)):
+        manager = _manager(flag, retention=None)
+        request = make_request("r", list(range(40)), 2, max_tokens=1)
+        request.num_prompt_tokens = prompt_len
+        request.shared_prefix_boundary = 22
+        assert manager.allocate_slots(request, 22) is not None
+        mamba = manager.coordinator.single_type_managers[1]
+        assert (mamba.req_to_blocks["r"][2].block_hash_num_tokens == 22) is keyed
+        assert mamba._cache_partial_tail_block(request, 22, retention_interval=None) is None
