@@ -38,6 +38,7 @@ FINDING_TESTS: dict[str, str] = {
     "022": "022-junction-eagle-block-unkept.json",
     "023": "hazard-preempted-after-scheduled.json",
     "024": "hazard-copy-of-a-copy.json",
+    "026": "026-stored-event-spans-null-blocks.json",
 }
 """Finding number -> the trace its vLLM test comes from. 009's own trace forces sub-block
 hits inside vLLM, so its test comes from the same steps on full attention alone; 020's and 021's
@@ -68,6 +69,7 @@ SKIPS: dict[str, str] = {
     "019": "prefill_checkpoints",
     "020": "prefill_checkpoints",
     "021": "prefill_checkpoints",
+    "026": "kv_events",
 }
 """The adapter feature (harness/vllm_api.FEATURES) a test needs; where the install lacks it the
 test skips itself (its skipif names what is missing)."""

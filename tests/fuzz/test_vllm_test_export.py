@@ -96,6 +96,16 @@ def test_ev2_expects_the_removals_kvcache_announces(tmp_path):
     assert "assert len(removed) == 0, (" in full
 
 
+def test_ev3_asserts_each_stored_event_carries_block_size_token_ids_per_hash():
+    """026: vLLM's BlockStored spans null blocks it names no hash for; the test reads every
+    stored event the calls sent."""
+    text = vllm_test_path("026").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "enable_kv_cache_events=True" in text
+    assert "for event in manager.take_events():" in body
+    assert "assert tokens == hashes * event.block_size, (" in body
+
+
 def test_a_trace_kvcache_fails_is_refused(tmp_path, monkeypatch, capsys):
     """The expected outcomes come from kvcache and the model; where they are the ones failing,
     a planted bug here, there is nothing to expect of vLLM."""
