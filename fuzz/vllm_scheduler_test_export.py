@@ -12,7 +12,13 @@ trace's check:
   vLLM's worker applies them) and asserts that every position a scheduled request reads holds
   the KV of its own prefix;
 - `DIFF-state`: after the last op, which blocks carry a cache key (the reference model's
-  answer, replayed at export time).
+  answer, replayed at export time); where the finding's difference is in the requests
+  (its `dedup_key` ends in `/requests`), each request's `num_computed_tokens` instead.
+
+A step with spec-decode drafts (`step {draft, accept}`) is played as the `vllm-scheduler`
+target plays it: the requests that sample return the first `accept` of the drafts vLLM
+scheduled for them (`scheduled_spec_decode_tokens`) and one sampled token, and then every
+request of the batch is handed `draft` proposals (`update_draft_token_ids`).
 
 The test runs on vLLM's own scheduler, so a finding whose bug lives in the scheduler (or in the
 worker's copies) fails on every release that has it and passes where it is fixed.
@@ -42,6 +48,10 @@ CHECKS = {
     "DIFF-state": "It asserts which blocks carry a cache key after the steps.",
 }
 """The checks a scheduler-level vLLM test asserts, and what it asserts for each."""
+
+_REQUESTS_PROPERTY = ("It asserts each request's num_computed_tokens after the steps: every "
+                      "token whose KV the steps computed, no more.")
+"""What a DIFF-state test whose difference is in the requests asserts."""
 
 _RESERVED = {"scheduler", "kv", "contents", "model_dir", "keyed", "step", "add", "pytest",
              "torch", "json", "inspect", "sha256", "tmp_path", "monkeypatch"}
@@ -96,6 +106,8 @@ class _SchedulerWriter:
         self.names: dict[str, str] = {}
         self.lines: list[str] = []
         self.finishes = False
+        self.drafts = False
+        self.keep_requests = _diff_in_requests(trace)
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -118,8 +130,12 @@ class _SchedulerWriter:
                 if op["in_flight"]:
                     raise VllmTestUnsupported(f"step {step}: a step left in flight is not "
                                               "exported")
-                sample = f", sample={op['sample']}" if op["sample"] else ""
-                self.emit(f"step(scheduler{sample})")
+                args = [f"sample={op['sample']}"] if op["sample"] else []
+                if op["draft"] or op["accept"] is not None:
+                    self.drafts = True
+                    args += [f"draft={op['draft']}"] if op["draft"] else []
+                    args += [] if op["accept"] is None else [f"accept={op['accept']}"]
+                self.emit(f"step({', '.join(['scheduler', *args])})")
             elif kind in ("abort", "finish"):
                 status = "FINISHED_ABORTED" if kind == "abort" else "FINISHED_STOPPED"
                 self.finishes = True
@@ -146,7 +162,31 @@ class _SchedulerWriter:
             args.append(f"priority={op['priority']}")
         if op["cache_salt"] is not None:
             args.append(f"cache_salt={op['cache_salt']!r}")
-        self.emit(f"scheduler.add_request(make_request({', '.join(args)}))")
+        if self.keep_requests:
+            self.emit(f"{name} = make_request({', '.join(args)})")
+            self.emit(f"scheduler.add_request({name})")
+        else:
+            self.emit(f"scheduler.add_request(make_request({', '.join(args)}))")
+
+    def assert_requests(self, state: Any) -> list[str]:
+        """Each request's num_computed_tokens after the steps, as the reference model has it
+        (a finished request has left the Scheduler: the test holds it)."""
+        lines = []
+        for rid, name in self.names.items():
+            view = state.requests[rid]
+            lines += [f"    assert {name}.num_computed_tokens == {view.num_computed_tokens}, (",
+                      f"        f\"{name} ends {view.status} with {{{name}.num_tokens}} tokens, "
+                      f"so num_computed_tokens must be {view.num_computed_tokens}, but it says "
+                      f"{{{name}.num_computed_tokens}}: it counts tokens the request does not "
+                      "have (a request resumed from it skips them)\")"]
+        return lines
+
+
+def _diff_in_requests(trace: Trace) -> bool:
+    """Whether a DIFF-state finding's difference is in the requests (its meta `dedup_key`,
+    check/op/snapshot field, names `requests`), not in the cache keys."""
+    key = str(trace.meta.get("dedup_key") or "")
+    return trace.meta.get("check") == "DIFF-state" and key.endswith("/requests")
 
 
 _HEADER = '''"""{title}
@@ -310,6 +350,32 @@ def step(scheduler: Scheduler{forward_arg}, sample: int = 0) -> None:
     scheduler.update_from_output(output, model_output(req_ids, sampled))
 '''
 
+_STEP_DRAFTS = '''
+
+def step(scheduler: Scheduler{forward_arg}, sample: int = 0, draft: int = 0,
+         accept: int | None = None) -> None:
+    """One engine step with speculative decoding: schedule(), the forward pass, then
+    update_from_output() where a request that has computed all its tokens accepts the first
+    `accept` (None: all) of the drafts scheduled for it and samples (sample + its token count
+    + accepted) mod VOCAB_SIZE; then the drafter proposes `draft` tokens for every request of
+    the batch, the i-th (sample + 1 + its token count + i) mod VOCAB_SIZE."""
+    output = scheduler.schedule(){forward}
+    req_ids = list(output.num_scheduled_tokens)
+    requests = [scheduler.requests[req_id] for req_id in req_ids]
+    spec = output.scheduled_spec_decode_tokens or {{}}
+    sampled = []
+    for request in requests:
+        accepted = list(spec.get(request.request_id, ()))[:accept]
+        done = request.num_computed_tokens >= request.num_tokens
+        token = (sample + request.num_tokens + len(accepted)) % VOCAB_SIZE
+        sampled.append([*accepted, token] if done else [])
+    scheduler.update_from_output(output, model_output(req_ids, sampled))
+    if draft:
+        proposals = [[(sample + 1 + request.num_tokens + i) % VOCAB_SIZE for i in range(draft)]
+                     for request in requests]
+        scheduler.update_draft_token_ids(DraftTokenIds(req_ids, proposals))
+'''
+
 
 def render_scheduler_test(trace: Trace, source: Path) -> str:
     """The text of the vLLM regression test for scheduler-level `trace`, read from `source`."""
@@ -342,7 +408,8 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
     title, finding = _title(trace, _finding_doc(trace, source))
     text = _HEADER.format(
         title=title, finding=finding,
-        source=source.as_posix(), property=CHECKS[check],
+        source=source.as_posix(),
+        property=(_REQUESTS_PROPERTY if writer.keep_requests else CHECKS[check]),
         specs=", ".join(["KVCacheConfig", "KVCacheGroupSpec", *specs]),
         block_size=config.scheduler_block_size, hash_block_size=config.resolved_hash_block_size,
         num_blocks=config.num_blocks, max_model_len=config.max_model_len,
@@ -357,13 +424,17 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
                       f"\n        prefix_cache_retention_interval="
                       f"{config.prefix_cache_retention_interval},"),
         groups=groups, eagle=eagle, after=after)
+    step_text = _STEP_DRAFTS if writer.drafts else _STEP
     if check == "D1":
         full = [(i, g.block_size) for i, g in enumerate(config.groups) if g.kind == "full"]
         text += _DATA_HELPERS.format(full_groups=full)
-        text += _STEP.format(forward_arg=", forward: ForwardPass",
-                             forward="\n    forward.run(scheduler, output)")
+        text += step_text.format(forward_arg=", forward: ForwardPass",
+                                 forward="\n    forward.run(scheduler, output)")
     else:
-        text += _STEP.format(forward_arg="", forward="")
+        text += step_text.format(forward_arg="", forward="")
+    if writer.drafts:
+        text = text.replace("from vllm.v1.outputs import ModelRunnerOutput\n",
+                            "from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput\n")
     if not config.use_eagle:
         text = text.replace("from vllm.v1.core.sched import scheduler as scheduler_module\n", "")
         text = text.replace("def create_scheduler(model_dir, monkeypatch)",
@@ -379,7 +450,9 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         writer.lines = [line.replace("step(scheduler", "step(scheduler, forward")
                         for line in writer.lines]
     body += writer.lines
-    if check == "DIFF-state":
+    if writer.keep_requests:
+        body += writer.assert_requests(state)
+    elif check == "DIFF-state":
         keyed = [i for i, key in enumerate(state.block_keys) if key is not None]
         body += ["    keyed = [block.block_id",
                  "             for block in scheduler.kv_cache_manager.block_pool.blocks",

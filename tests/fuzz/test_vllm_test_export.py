@@ -164,6 +164,20 @@ def test_a_scheduler_test_drives_vllms_scheduler_and_asserts_its_check():
     assert "assert keyed == [1, 2, 3, 4, 6, 8, 10, 11, 13, 15], (" in eagle
 
 
+def test_a_scheduler_test_plays_drafts_and_asserts_the_requests_the_diff_names():
+    """025 (DIFF-state on requests, drafts): the drafter's proposals go in by
+    update_draft_token_ids, the accepted drafts come back with the sampled token, and the
+    request's count is asserted, not the keyed blocks; 022 keeps the plain step."""
+    text = vllm_test_path("025").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "scheduler.update_draft_token_ids(DraftTokenIds(req_ids, proposals))" in text
+    assert "accepted = list(spec.get(request.request_id, ()))[:accept]" in text
+    assert "step(scheduler, draft=3)" in body and "scheduler.add_request(r4)" in body
+    assert "assert r4.num_computed_tokens == 2, (" in body and "keyed" not in body
+    eagle = vllm_test_path("022").read_text(encoding="utf-8")
+    assert "DraftTokenIds" not in eagle and "def step(scheduler: Scheduler, sample" in eagle
+
+
 def test_each_finding_shown_passing_with_its_fix_has_one_in_the_checker():
     """tests/vllm/proposed_fixes.py patches exactly the findings PROPOSED_FIXES names."""
     import importlib.util
