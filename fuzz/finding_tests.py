@@ -31,6 +31,7 @@ FINDING_TESTS: dict[str, str] = {
     "013": "013-empty-state-entry.json",
     "014": "014-state-tail-rekeyed.json",
     "015": "015-external-counts-unchecked.json",
+    "016": "vllm-tests/016-short-load-window-unloaded-budget.json",
     "017": "017-external-state-block-uncounted.json",
     "019": "019-checkpoint-record-kept.json",
     "020": "vllm-tests/020-checkpoint-chunk-keys-start-state-api.json",
@@ -49,7 +50,8 @@ scheduler level: their tests drive vLLM's own Scheduler (fuzz/vllm_scheduler_tes
 023's and 024's traces are the hazards they were promoted from (docs/findings/hazards.md).
 025's trace forces sub-block hits and a budget below the in-flight tokens, which a vLLM test
 cannot set, so its test comes from the same steps without them (on vLLM's own Scheduler, with
-its drafts)."""
+its drafts); 016's keeps its steps with the in-flight tokens at the budget, as vLLM's Scheduler
+derives them (its test writes a KV connector on vLLM's base class)."""
 
 TEST_STEMS: dict[str, str] = {
     "023": "023-preempted-after-scheduled",
@@ -57,7 +59,7 @@ TEST_STEMS: dict[str, str] = {
 }
 """The finding a test is named for, where its trace file is named otherwise."""
 
-PROPOSED_FIXES = frozenset({"022", "023", "024"})
+PROPOSED_FIXES = frozenset({"016", "022", "023", "024"})
 """Findings whose tests drive vLLM's own Scheduler, under which kvcache cannot be dropped in
 (and 023's and 024's bugs live in the scheduler and worker, which kvcache shares): their tests
 are shown to pass with the finding doc's fix applied to vLLM (tests/vllm/proposed_fixes.py),
@@ -109,7 +111,7 @@ def expected_outcome(number: str, api: Any) -> str:
     if feature is not None and not api.has(feature):
         return "skipped"
     stem = _stem(number)
-    for suffix in ("-full", "-api", "-no-partial-hits"):
+    for suffix in ("-full", "-api", "-no-partial-hits", "-budget"):
         stem = stem.removesuffix(suffix)
     doc = f"docs/findings/{stem}.md"
     deviations = [d for d in (*KNOWN_DEVIATIONS, *SCHEDULER_DEVIATIONS) if d.finding == doc]

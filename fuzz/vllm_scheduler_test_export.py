@@ -15,6 +15,14 @@ trace's check:
   answer, replayed at export time); where the finding's difference is in the requests
   (its `dedup_key` ends in `/requests`), each request's `num_computed_tokens` instead.
 
+A trace with a KV connector (`load_remote`, `finish_load`; check `D1`) gets a small connector
+class written into the test on vLLM's `KVConnectorBase_V1`, set up through `KVTransferConfig`
+(policy "recompute") as a user sets up an external connector: it offers the request the
+trace's external tokens as an asynchronous load, and the test reports the load's end as a
+worker does (`finished_recving`; a short load names the blocks it did not fill,
+`invalid_block_ids`), writing the KV the load landed into the blocks that hold it. A window
+group's reads are the window behind each position.
+
 A step with spec-decode drafts (`step {draft, accept}`) is played as the `vllm-scheduler`
 target plays it: the requests that sample return the first `accept` of the drafts vLLM
 scheduled for them (`scheduled_spec_decode_tokens`) and one sampled token, and then every
@@ -73,9 +81,10 @@ def _refuse_config(trace: Trace) -> None:
     reason = unsupported_reason(config)
     if reason is not None:
         raise VllmTestUnsupported(f"vLLM's Scheduler is not set up with {reason}")
-    if config.kv_connector:  # target vllm-scheduler plays it with kvfuzz's own connector
-        raise VllmTestUnsupported("a generated test's Scheduler is not set up with a KV "
-                                  "connector (kvfuzz's connector is not written into tests)")
+    check = str(trace.meta.get("check") or "")
+    if config.kv_connector and (check != "D1" or len(config.groups) != 1):
+        raise VllmTestUnsupported("a trace with a KV connector is exported with check D1 on "
+                                  "one KV cache group (a short load names its blocks there)")
     if config.partial_hits:
         raise VllmTestUnsupported("config option partial_hits forces vLLM internals; not exported")
     for group in config.groups:
@@ -88,14 +97,19 @@ def _refuse_config(trace: Trace) -> None:
         if group.kind not in SPEC_CLASSES:
             raise VllmTestUnsupported(f"group kind {group.kind!r}: a vLLM test builds "
                                       f"{', '.join(SPEC_CLASSES)} groups")
-    check = str(trace.meta.get("check") or "")
     if check not in CHECKS:
         raise VllmTestUnsupported(
             f"check {check or '(none)'!r}: a scheduler-level vLLM test asserts "
             f"{' or '.join(CHECKS)}")
-    if check == "D1" and not any(g.kind == "full" for g in config.groups):
-        raise VllmTestUnsupported("check D1 on a config without a full-attention group (the "
-                                  "test reads positions through full-attention blocks)")
+    if check == "D1" and not any(g.kind in _READ_KINDS for g in config.groups):
+        raise VllmTestUnsupported("check D1 on a config without a full or sliding-window "
+                                  "attention group (the test reads positions through their "
+                                  "blocks)")
+
+
+_READ_KINDS = ("full", "sliding_window")
+"""The groups through which a D1 test reads positions: all of them before a position (full),
+the window behind it (sliding window); other groups are not read."""
 
 
 class _SchedulerWriter:
@@ -119,7 +133,7 @@ class _SchedulerWriter:
             op = normalize_op(raw, "scheduler", f"step {step}")
             kind = op["op"]
             try:
-                execution.apply(raw)
+                result = execution.apply(raw)
             except Counterexample as exc:
                 raise VllmTestUnsupported(
                     f"the trace fails on the reference model, so no outcome can be expected "
@@ -136,6 +150,8 @@ class _SchedulerWriter:
                     args += [f"draft={op['draft']}"] if op["draft"] else []
                     args += [] if op["accept"] is None else [f"accept={op['accept']}"]
                 self.emit(f"step({', '.join(['scheduler', *args])})")
+            elif kind in ("load_remote", "finish_load"):
+                self._load(op, step, execution, result)
             elif kind in ("abort", "finish"):
                 status = "FINISHED_ABORTED" if kind == "abort" else "FINISHED_STOPPED"
                 self.finishes = True
@@ -144,8 +160,27 @@ class _SchedulerWriter:
             else:
                 raise VllmTestUnsupported(
                     f"step {step}: op {kind!r}; a scheduler-level vLLM test plays add_request, "
-                    "step, abort and finish")
+                    "step, abort, finish, load_remote and finish_load")
         return execution.state
+
+    def _load(self, op: dict[str, Any], step: int, execution: Execution, result: Any) -> None:
+        """A KV load's start or end, played with the request alone: vLLM's Scheduler would
+        schedule any other request in the same step, which the trace's op does not."""
+        rid = op["request_id"]
+        if op["op"] == "load_remote" and result is None:
+            raise VllmTestUnsupported(f"step {step}: a load_remote that starts no load is not "
+                                      "exported (vLLM's Scheduler would schedule the request)")
+        others = [r for r, view in execution.state.requests.items()
+                  if r != rid and not view.status.startswith("FINISHED")]
+        if others:
+            raise VllmTestUnsupported(f"step {step}: {op['op']} beside other unfinished "
+                                      f"requests ({', '.join(others)}) is not exported")
+        if op["op"] == "load_remote":
+            self.emit(f"load_remote(scheduler, {rid!r}, {op['num_external_tokens']})")
+            return
+        loaded = op["num_loaded_tokens"]
+        self.emit(f"finish_load(scheduler, forward, {rid!r}"
+                  f"{'' if loaded is None else f', {loaded}'})")
 
     def _add_request(self, op: dict[str, Any], step: int) -> None:
         for field in ("lora_name", "mm_inputs", "prompt_embeds", "skip_reading_prefix_cache",
@@ -287,8 +322,7 @@ def model_output(req_ids: list[str], sampled: list[list[int]]) -> ModelRunnerOut
 
 _DATA_HELPERS = '''
 
-FULL_ATTENTION_GROUPS = {full_groups}
-"""(group index, block size) of each full-attention group: the positions a request reads."""
+{groups_decl}
 
 
 def apply_copies(kv: torch.Tensor, copies) -> None:
@@ -320,9 +354,9 @@ class ForwardPass:
             request = scheduler.requests[req_id]
             start = request.num_computed_tokens - n  # schedule() has already advanced it
             tables = scheduler.kv_cache_manager.get_block_ids(req_id)
-            for group, size in FULL_ATTENTION_GROUPS:
+            {groups_loop}
                 table = tables[group]
-                for position in range(start):
+                for position in range({read_from}start):
                     block, slot = table[position // size], position % size
                     held = self.contents[int(self.kv[block, slot])]
                     assert held == self.contents[self.prefix(request, position)], (
@@ -334,6 +368,99 @@ class ForwardPass:
                     block, slot = table[position // size], position % size
                     self.kv[block, slot] = self.prefix(request, position)
 '''
+
+_FULL_GROUPS = ('''FULL_ATTENTION_GROUPS = {groups}
+"""(group index, block size) of each full-attention group: the positions a request reads."""''',
+                "for group, size in FULL_ATTENTION_GROUPS:", "")
+_WINDOW_GROUPS = ('''ATTENTION_GROUPS = {groups}
+"""(group index, block size, sliding window or None) of each attention group: a position reads
+the window behind it (None: every position before it)."""''',
+                  "for group, size, window in ATTENTION_GROUPS:",
+                  "max(start - window + 1, 0) if window else 0, ")
+"""The D1 helpers' group list, its loop and the first position a chunk starting at `start`
+reads: full attention alone, or with window groups."""
+
+_LOAD = '''
+    def load(self, scheduler: Scheduler, request: Request, start: int, end: int) -> None:
+        """The KV a connector's load writes: positions start..end-1 of the request, into the
+        blocks its tables hold for them (a null block is written by no one)."""
+        null = scheduler.kv_cache_manager.block_pool.null_block.block_id
+        tables = scheduler.kv_cache_manager.get_block_ids(request.request_id)
+        for group, size, _ in ATTENTION_GROUPS:
+            for position in range(start, end):
+                block = tables[group][position // size]
+                if block != null:
+                    self.kv[block, position % size] = self.prefix(request, position)
+'''
+
+_CONNECTOR = '''
+
+class TraceConnector(KVConnectorBase_V1):
+    """A scheduler-side KV connector on vLLM's base class: it offers a request the external
+    tokens the test names, as an asynchronous load; the test reports the load's end as a
+    worker does (finish_load). Its worker side never runs."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.offers: dict[str, int] = {}  # request id -> external tokens at its next lookup
+        self.loading: dict[str, int] = {}  # request id -> external tokens of its load
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int):
+        offered = self.offers.pop(request.request_id, 0)
+        n = min(offered, request.num_tokens - num_computed_tokens)
+        return (n, True) if n > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int):
+        if num_external_tokens:
+            self.loading[request.request_id] = num_external_tokens
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return KVConnectorMetadata()
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        raise NotImplementedError("scheduler side only")
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        raise NotImplementedError("scheduler side only")
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        raise NotImplementedError("scheduler side only")
+
+    def wait_for_save(self) -> None:
+        raise NotImplementedError("scheduler side only")
+
+
+def load_remote(scheduler: Scheduler, request_id: str, num_external_tokens: int) -> None:
+    """The connector offers the request num_external_tokens; the engine's next schedule()
+    looks it up and starts the load, computing nothing."""
+    scheduler.connector.offers[request_id] = num_external_tokens
+    output = scheduler.schedule()
+    assert not output.num_scheduled_tokens, "a load's step computes nothing"
+    scheduler.update_from_output(output, model_output([], []))
+
+
+def finish_load(scheduler: Scheduler, forward: ForwardPass, request_id: str,
+                num_loaded_tokens: int | None = None) -> None:
+    """The worker reports the request's load done with its first num_loaded_tokens external
+    tokens landed (None: all); a short load names the blocks it did not fill
+    (invalid_block_ids), never the null block, as a worker reports what it was asked to fill."""
+    request = scheduler.requests[request_id]
+    external = scheduler.connector.loading.pop(request_id)
+    hit = request.num_computed_tokens - external
+    loaded = external if num_loaded_tokens is None else num_loaded_tokens
+    forward.load(scheduler, request, hit, hit + loaded)
+    report = KVConnectorOutput(finished_recving={request_id})
+    if loaded < external:
+        (blocks,) = scheduler.kv_cache_manager.get_blocks(request_id).blocks
+        unfilled = blocks[(hit + loaded) // BLOCK_SIZE:]
+        report.invalid_block_ids = {block.block_id for block in unfilled if not block.is_null}
+    output = scheduler.schedule()
+    assert not output.num_scheduled_tokens, "the load's end computes nothing"
+    runner_output = model_output([], [])
+    runner_output.kv_connector_output = report
+    scheduler.update_from_output(output, runner_output)
+'''
+"""What a test with a KV connector adds: the connector and the two load ops."""
 
 _STEP = '''
 
@@ -375,6 +502,29 @@ def step(scheduler: Scheduler{forward_arg}, sample: int = 0, draft: int = 0,
                      for request in requests]
         scheduler.update_draft_token_ids(DraftTokenIds(req_ids, proposals))
 '''
+
+
+def _with_connector_imports(text: str) -> str:
+    """The test's imports and VllmConfig with the connector set up (policy "recompute")."""
+    for old, new in (
+            ("from vllm.config import CacheConfig, DeviceConfig, ModelConfig,",
+             "from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,"),
+            ("from vllm.sampling_params import SamplingParams\n",
+             "from vllm.distributed.kv_transfer.kv_connector.v1.base import (\n"
+             "    KVConnectorBase_V1,\n    KVConnectorMetadata,\n)\n"
+             "from vllm.sampling_params import SamplingParams\n"),
+            ("from vllm.v1.outputs import ModelRunnerOutput\n",
+             "from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput\n"),
+            ("cache_config=cache_config, device_config=DeviceConfig(device=\"cpu\"))",
+             "cache_config=cache_config, device_config=DeviceConfig(device=\"cpu\"),\n"
+             "                             kv_transfer_config=KVTransferConfig(\n"
+             "                                 kv_connector=\"TraceConnector\", "
+             "kv_connector_module_path=__name__,\n"
+             "                                 kv_role=\"kv_consumer\", "
+             "kv_load_failure_policy=\"recompute\"))")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
 
 
 def render_scheduler_test(trace: Trace, source: Path) -> str:
@@ -426,10 +576,23 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         groups=groups, eagle=eagle, after=after)
     step_text = _STEP_DRAFTS if writer.drafts else _STEP
     if check == "D1":
-        full = [(i, g.block_size) for i, g in enumerate(config.groups) if g.kind == "full"]
-        text += _DATA_HELPERS.format(full_groups=full)
+        if config.kv_connector or any(g.kind == "sliding_window" for g in config.groups):
+            text = text.replace("into the full-attention blocks", "into the attention blocks")
+            decl, loop, read_from = _WINDOW_GROUPS
+            groups = [(i, g.block_size, g.sliding_window) for i, g in enumerate(config.groups)
+                      if g.kind in _READ_KINDS]
+        else:
+            decl, loop, read_from = _FULL_GROUPS
+            groups = [(i, g.block_size) for i, g in enumerate(config.groups) if g.kind == "full"]
+        text += _DATA_HELPERS.format(groups_decl=decl.format(groups=groups), groups_loop=loop,
+                                     read_from=read_from)
+        if config.kv_connector:
+            text += _LOAD
         text += step_text.format(forward_arg=", forward: ForwardPass",
                                  forward="\n    forward.run(scheduler, output)")
+        if config.kv_connector:
+            text += _CONNECTOR
+            text = _with_connector_imports(text)
     else:
         text += step_text.format(forward_arg="", forward="")
     if writer.drafts:

@@ -58,7 +58,7 @@ def test_cli_writes_the_test(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("trace_file, says", [
-    ("plant-016-short-load-window.json", "not set up with a KV connector"),
+    ("016-short-load-window-unloaded.json", "max_in_flight_tokens other than the token budget"),
     ("009-lookup-bound-raises-ceiling.json", "partial_hits"),
 ])
 def test_what_a_vllm_test_cannot_express_is_exit_2_and_nothing_written(tmp_path, capsys,
@@ -176,6 +176,37 @@ def test_a_scheduler_test_plays_drafts_and_asserts_the_requests_the_diff_names()
     assert "assert r4.num_computed_tokens == 2, (" in body and "keyed" not in body
     eagle = vllm_test_path("022").read_text(encoding="utf-8")
     assert "DraftTokenIds" not in eagle and "def step(scheduler: Scheduler, sample" in eagle
+
+
+def test_a_connector_trace_writes_its_connector_into_the_test():
+    """016 (D1, a KV connector, one window group): a connector class on vLLM's base class in
+    the test's own code, the load's start and short end played, the window read."""
+    text = vllm_test_path("016").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "class TraceConnector(KVConnectorBase_V1):" in text and "kvfuzz" not in body
+    assert 'kv_connector_module_path=__name__' in text
+    assert 'kv_load_failure_policy="recompute"' in text
+    assert "report.invalid_block_ids = " in text
+    assert "ATTENTION_GROUPS = [(0, 4, 8)]" in text
+    assert "range(max(start - window + 1, 0) if window else 0, start)" in text
+    assert ("load_remote(scheduler, 'r', 12)\n    finish_load(scheduler, forward, 'r', 4)\n"
+            "    step(scheduler, forward)") in body
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"meta": {"check": "DIFF-state"}}, "exported with check D1 on one KV cache group"),
+    ({"ops": [{"op": "add_request", "request_id": "q", "prompt": [5, 6]}]},
+     "beside other unfinished requests"),
+])
+def test_a_connector_trace_a_vllm_test_cannot_express_is_exit_2(tmp_path, capsys, change, says):
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["016"]).read_text(encoding="utf-8"))
+    trace["meta"].update(change.get("meta", {}))
+    trace["ops"][1:1] = change.get("ops", [])
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(tmp_path / "t.py")]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "t.py").exists()
 
 
 def test_each_finding_shown_passing_with_its_fix_has_one_in_the_checker():
