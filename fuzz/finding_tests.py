@@ -59,7 +59,7 @@ TEST_STEMS: dict[str, str] = {
 }
 """The finding a test is named for, where its trace file is named otherwise."""
 
-PROPOSED_FIXES = frozenset({"016", "022", "023", "024"})
+PROPOSED_FIXES = frozenset({"016", "022", "023", "024", "025"})
 """Findings whose tests drive vLLM's own Scheduler, under which kvcache cannot be dropped in
 (and 023's and 024's bugs live in the scheduler and worker, which kvcache shares): their tests
 are shown to pass with the finding doc's fix applied to vLLM (tests/vllm/proposed_fixes.py),
