@@ -31,6 +31,7 @@ FINDING_TESTS: dict[str, str] = {
     "013": "013-empty-state-entry.json",
     "014": "014-state-tail-rekeyed.json",
     "015": "015-external-counts-unchecked.json",
+    "016": "vllm-tests/016-short-load-window-unloaded-budget.json",
     "017": "017-external-state-block-uncounted.json",
     "019": "019-checkpoint-record-kept.json",
     "020": "vllm-tests/020-checkpoint-chunk-keys-start-state-api.json",
@@ -38,13 +39,19 @@ FINDING_TESTS: dict[str, str] = {
     "022": "022-junction-eagle-block-unkept.json",
     "023": "hazard-preempted-after-scheduled.json",
     "024": "hazard-copy-of-a-copy.json",
+    "025": "vllm-tests/025-stopped-drafts-stay-computed-no-partial-hits.json",
+    "026": "026-stored-event-spans-null-blocks.json",
 }
 """Finding number -> the trace its vLLM test comes from. 009's own trace forces sub-block
 hits inside vLLM, so its test comes from the same steps on full attention alone; 020's and 021's
 traces are scheduler level, so theirs come from the same steps as manager calls (the chunk
 vLLM's scheduler issues). Those traces are kept beside the tests, not as finding traces. 022-024 are
 scheduler level: their tests drive vLLM's own Scheduler (fuzz/vllm_scheduler_test_export.py);
-023's and 024's traces are the hazards they were promoted from (docs/findings/hazards.md)."""
+023's and 024's traces are the hazards they were promoted from (docs/findings/hazards.md).
+025's trace forces sub-block hits and a budget below the in-flight tokens, which a vLLM test
+cannot set, so its test comes from the same steps without them (on vLLM's own Scheduler, with
+its drafts); 016's keeps its steps with the in-flight tokens at the budget, as vLLM's Scheduler
+derives them (its test writes a KV connector on vLLM's base class)."""
 
 TEST_STEMS: dict[str, str] = {
     "023": "023-preempted-after-scheduled",
@@ -52,7 +59,7 @@ TEST_STEMS: dict[str, str] = {
 }
 """The finding a test is named for, where its trace file is named otherwise."""
 
-PROPOSED_FIXES = frozenset({"022", "023", "024"})
+PROPOSED_FIXES = frozenset({"016", "022", "023", "024", "025"})
 """Findings whose tests drive vLLM's own Scheduler, under which kvcache cannot be dropped in
 (and 023's and 024's bugs live in the scheduler and worker, which kvcache shares): their tests
 are shown to pass with the finding doc's fix applied to vLLM (tests/vllm/proposed_fixes.py),
@@ -68,6 +75,7 @@ SKIPS: dict[str, str] = {
     "019": "prefill_checkpoints",
     "020": "prefill_checkpoints",
     "021": "prefill_checkpoints",
+    "026": "kv_events",
 }
 """The adapter feature (harness/vllm_api.FEATURES) a test needs; where the install lacks it the
 test skips itself (its skipif names what is missing)."""
@@ -96,14 +104,17 @@ def _sink_manager_rejects_kwargs() -> bool:
 
 def expected_outcome(number: str, api: Any) -> str:
     """'failed', 'skipped' or 'passed': what finding `number`'s vLLM test does on `api`."""
+    from kvfuzz.harness.vllm_scheduler_target import SCHEDULER_DEVIATIONS
     from kvfuzz.harness.vllm_target import KNOWN_DEVIATIONS
 
     feature = SKIPS.get(number)
     if feature is not None and not api.has(feature):
         return "skipped"
-    stem = _stem(number).removesuffix("-full").removesuffix("-api")
+    stem = _stem(number)
+    for suffix in ("-full", "-api", "-no-partial-hits", "-budget"):
+        stem = stem.removesuffix(suffix)
     doc = f"docs/findings/{stem}.md"
-    deviations = [d for d in KNOWN_DEVIATIONS if d.finding == doc]
+    deviations = [d for d in (*KNOWN_DEVIATIONS, *SCHEDULER_DEVIATIONS) if d.finding == doc]
     if deviations:
         return "failed" if any(d.applies(api) for d in deviations) else "passed"
     if number == "012":

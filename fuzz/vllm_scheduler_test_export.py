@@ -12,7 +12,21 @@ trace's check:
   vLLM's worker applies them) and asserts that every position a scheduled request reads holds
   the KV of its own prefix;
 - `DIFF-state`: after the last op, which blocks carry a cache key (the reference model's
-  answer, replayed at export time).
+  answer, replayed at export time); where the finding's difference is in the requests
+  (its `dedup_key` ends in `/requests`), each request's `num_computed_tokens` instead.
+
+A trace with a KV connector (`load_remote`, `finish_load`; check `D1`) gets a small connector
+class written into the test on vLLM's `KVConnectorBase_V1`, set up through `KVTransferConfig`
+(policy "recompute") as a user sets up an external connector: it offers the request the
+trace's external tokens as an asynchronous load, and the test reports the load's end as a
+worker does (`finished_recving`; a short load names the blocks it did not fill,
+`invalid_block_ids`), writing the KV the load landed into the blocks that hold it. A window
+group's reads are the window behind each position.
+
+A step with spec-decode drafts (`step {draft, accept}`) is played as the `vllm-scheduler`
+target plays it: the requests that sample return the first `accept` of the drafts vLLM
+scheduled for them (`scheduled_spec_decode_tokens`) and one sampled token, and then every
+request of the batch is handed `draft` proposals (`update_draft_token_ids`).
 
 The test runs on vLLM's own scheduler, so a finding whose bug lives in the scheduler (or in the
 worker's copies) fails on every release that has it and passes where it is fixed.
@@ -43,6 +57,10 @@ CHECKS = {
 }
 """The checks a scheduler-level vLLM test asserts, and what it asserts for each."""
 
+_REQUESTS_PROPERTY = ("It asserts each request's num_computed_tokens after the steps: every "
+                      "token whose KV the steps computed, no more.")
+"""What a DIFF-state test whose difference is in the requests asserts."""
+
 _RESERVED = {"scheduler", "kv", "contents", "model_dir", "keyed", "step", "add", "pytest",
              "torch", "json", "inspect", "sha256", "tmp_path", "monkeypatch"}
 """Names a generated test uses itself, which a request id must not take."""
@@ -63,9 +81,10 @@ def _refuse_config(trace: Trace) -> None:
     reason = unsupported_reason(config)
     if reason is not None:
         raise VllmTestUnsupported(f"vLLM's Scheduler is not set up with {reason}")
-    if config.kv_connector:  # target vllm-scheduler plays it with kvfuzz's own connector
-        raise VllmTestUnsupported("a generated test's Scheduler is not set up with a KV "
-                                  "connector (kvfuzz's connector is not written into tests)")
+    check = str(trace.meta.get("check") or "")
+    if config.kv_connector and (check != "D1" or len(config.groups) != 1):
+        raise VllmTestUnsupported("a trace with a KV connector is exported with check D1 on "
+                                  "one KV cache group (a short load names its blocks there)")
     if config.partial_hits:
         raise VllmTestUnsupported("config option partial_hits forces vLLM internals; not exported")
     for group in config.groups:
@@ -78,14 +97,19 @@ def _refuse_config(trace: Trace) -> None:
         if group.kind not in SPEC_CLASSES:
             raise VllmTestUnsupported(f"group kind {group.kind!r}: a vLLM test builds "
                                       f"{', '.join(SPEC_CLASSES)} groups")
-    check = str(trace.meta.get("check") or "")
     if check not in CHECKS:
         raise VllmTestUnsupported(
             f"check {check or '(none)'!r}: a scheduler-level vLLM test asserts "
             f"{' or '.join(CHECKS)}")
-    if check == "D1" and not any(g.kind == "full" for g in config.groups):
-        raise VllmTestUnsupported("check D1 on a config without a full-attention group (the "
-                                  "test reads positions through full-attention blocks)")
+    if check == "D1" and not any(g.kind in _READ_KINDS for g in config.groups):
+        raise VllmTestUnsupported("check D1 on a config without a full or sliding-window "
+                                  "attention group (the test reads positions through their "
+                                  "blocks)")
+
+
+_READ_KINDS = ("full", "sliding_window")
+"""The groups through which a D1 test reads positions: all of them before a position (full),
+the window behind it (sliding window); other groups are not read."""
 
 
 class _SchedulerWriter:
@@ -96,6 +120,8 @@ class _SchedulerWriter:
         self.names: dict[str, str] = {}
         self.lines: list[str] = []
         self.finishes = False
+        self.drafts = False
+        self.keep_requests = _diff_in_requests(trace)
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -107,7 +133,7 @@ class _SchedulerWriter:
             op = normalize_op(raw, "scheduler", f"step {step}")
             kind = op["op"]
             try:
-                execution.apply(raw)
+                result = execution.apply(raw)
             except Counterexample as exc:
                 raise VllmTestUnsupported(
                     f"the trace fails on the reference model, so no outcome can be expected "
@@ -118,8 +144,14 @@ class _SchedulerWriter:
                 if op["in_flight"]:
                     raise VllmTestUnsupported(f"step {step}: a step left in flight is not "
                                               "exported")
-                sample = f", sample={op['sample']}" if op["sample"] else ""
-                self.emit(f"step(scheduler{sample})")
+                args = [f"sample={op['sample']}"] if op["sample"] else []
+                if op["draft"] or op["accept"] is not None:
+                    self.drafts = True
+                    args += [f"draft={op['draft']}"] if op["draft"] else []
+                    args += [] if op["accept"] is None else [f"accept={op['accept']}"]
+                self.emit(f"step({', '.join(['scheduler', *args])})")
+            elif kind in ("load_remote", "finish_load"):
+                self._load(op, step, execution, result)
             elif kind in ("abort", "finish"):
                 status = "FINISHED_ABORTED" if kind == "abort" else "FINISHED_STOPPED"
                 self.finishes = True
@@ -128,8 +160,27 @@ class _SchedulerWriter:
             else:
                 raise VllmTestUnsupported(
                     f"step {step}: op {kind!r}; a scheduler-level vLLM test plays add_request, "
-                    "step, abort and finish")
+                    "step, abort, finish, load_remote and finish_load")
         return execution.state
+
+    def _load(self, op: dict[str, Any], step: int, execution: Execution, result: Any) -> None:
+        """A KV load's start or end, played with the request alone: vLLM's Scheduler would
+        schedule any other request in the same step, which the trace's op does not."""
+        rid = op["request_id"]
+        if op["op"] == "load_remote" and result is None:
+            raise VllmTestUnsupported(f"step {step}: a load_remote that starts no load is not "
+                                      "exported (vLLM's Scheduler would schedule the request)")
+        others = [r for r, view in execution.state.requests.items()
+                  if r != rid and not view.status.startswith("FINISHED")]
+        if others:
+            raise VllmTestUnsupported(f"step {step}: {op['op']} beside other unfinished "
+                                      f"requests ({', '.join(others)}) is not exported")
+        if op["op"] == "load_remote":
+            self.emit(f"load_remote(scheduler, {rid!r}, {op['num_external_tokens']})")
+            return
+        loaded = op["num_loaded_tokens"]
+        self.emit(f"finish_load(scheduler, forward, {rid!r}"
+                  f"{'' if loaded is None else f', {loaded}'})")
 
     def _add_request(self, op: dict[str, Any], step: int) -> None:
         for field in ("lora_name", "mm_inputs", "prompt_embeds", "skip_reading_prefix_cache",
@@ -146,7 +197,31 @@ class _SchedulerWriter:
             args.append(f"priority={op['priority']}")
         if op["cache_salt"] is not None:
             args.append(f"cache_salt={op['cache_salt']!r}")
-        self.emit(f"scheduler.add_request(make_request({', '.join(args)}))")
+        if self.keep_requests:
+            self.emit(f"{name} = make_request({', '.join(args)})")
+            self.emit(f"scheduler.add_request({name})")
+        else:
+            self.emit(f"scheduler.add_request(make_request({', '.join(args)}))")
+
+    def assert_requests(self, state: Any) -> list[str]:
+        """Each request's num_computed_tokens after the steps, as the reference model has it
+        (a finished request has left the Scheduler: the test holds it)."""
+        lines = []
+        for rid, name in self.names.items():
+            view = state.requests[rid]
+            lines += [f"    assert {name}.num_computed_tokens == {view.num_computed_tokens}, (",
+                      f"        f\"{name} ends {view.status} with {{{name}.num_tokens}} tokens, "
+                      f"so num_computed_tokens must be {view.num_computed_tokens}, but it says "
+                      f"{{{name}.num_computed_tokens}}: it counts tokens the request does not "
+                      "have (a request resumed from it skips them)\")"]
+        return lines
+
+
+def _diff_in_requests(trace: Trace) -> bool:
+    """Whether a DIFF-state finding's difference is in the requests (its meta `dedup_key`,
+    check/op/snapshot field, names `requests`), not in the cache keys."""
+    key = str(trace.meta.get("dedup_key") or "")
+    return trace.meta.get("check") == "DIFF-state" and key.endswith("/requests")
 
 
 _HEADER = '''"""{title}
@@ -247,8 +322,7 @@ def model_output(req_ids: list[str], sampled: list[list[int]]) -> ModelRunnerOut
 
 _DATA_HELPERS = '''
 
-FULL_ATTENTION_GROUPS = {full_groups}
-"""(group index, block size) of each full-attention group: the positions a request reads."""
+{groups_decl}
 
 
 def apply_copies(kv: torch.Tensor, copies) -> None:
@@ -280,9 +354,9 @@ class ForwardPass:
             request = scheduler.requests[req_id]
             start = request.num_computed_tokens - n  # schedule() has already advanced it
             tables = scheduler.kv_cache_manager.get_block_ids(req_id)
-            for group, size in FULL_ATTENTION_GROUPS:
+            {groups_loop}
                 table = tables[group]
-                for position in range(start):
+                for position in range({read_from}start):
                     block, slot = table[position // size], position % size
                     held = self.contents[int(self.kv[block, slot])]
                     assert held == self.contents[self.prefix(request, position)], (
@@ -294,6 +368,99 @@ class ForwardPass:
                     block, slot = table[position // size], position % size
                     self.kv[block, slot] = self.prefix(request, position)
 '''
+
+_FULL_GROUPS = ('''FULL_ATTENTION_GROUPS = {groups}
+"""(group index, block size) of each full-attention group: the positions a request reads."""''',
+                "for group, size in FULL_ATTENTION_GROUPS:", "")
+_WINDOW_GROUPS = ('''ATTENTION_GROUPS = {groups}
+"""(group index, block size, sliding window or None) of each attention group: a position reads
+the window behind it (None: every position before it)."""''',
+                  "for group, size, window in ATTENTION_GROUPS:",
+                  "max(start - window + 1, 0) if window else 0, ")
+"""The D1 helpers' group list, its loop and the first position a chunk starting at `start`
+reads: full attention alone, or with window groups."""
+
+_LOAD = '''
+    def load(self, scheduler: Scheduler, request: Request, start: int, end: int) -> None:
+        """The KV a connector's load writes: positions start..end-1 of the request, into the
+        blocks its tables hold for them (a null block is written by no one)."""
+        null = scheduler.kv_cache_manager.block_pool.null_block.block_id
+        tables = scheduler.kv_cache_manager.get_block_ids(request.request_id)
+        for group, size, _ in ATTENTION_GROUPS:
+            for position in range(start, end):
+                block = tables[group][position // size]
+                if block != null:
+                    self.kv[block, position % size] = self.prefix(request, position)
+'''
+
+_CONNECTOR = '''
+
+class TraceConnector(KVConnectorBase_V1):
+    """A scheduler-side KV connector on vLLM's base class: it offers a request the external
+    tokens the test names, as an asynchronous load; the test reports the load's end as a
+    worker does (finish_load). Its worker side never runs."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.offers: dict[str, int] = {}  # request id -> external tokens at its next lookup
+        self.loading: dict[str, int] = {}  # request id -> external tokens of its load
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int):
+        offered = self.offers.pop(request.request_id, 0)
+        n = min(offered, request.num_tokens - num_computed_tokens)
+        return (n, True) if n > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int):
+        if num_external_tokens:
+            self.loading[request.request_id] = num_external_tokens
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return KVConnectorMetadata()
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        raise NotImplementedError("scheduler side only")
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        raise NotImplementedError("scheduler side only")
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        raise NotImplementedError("scheduler side only")
+
+    def wait_for_save(self) -> None:
+        raise NotImplementedError("scheduler side only")
+
+
+def load_remote(scheduler: Scheduler, request_id: str, num_external_tokens: int) -> None:
+    """The connector offers the request num_external_tokens; the engine's next schedule()
+    looks it up and starts the load, computing nothing."""
+    scheduler.connector.offers[request_id] = num_external_tokens
+    output = scheduler.schedule()
+    assert not output.num_scheduled_tokens, "a load's step computes nothing"
+    scheduler.update_from_output(output, model_output([], []))
+
+
+def finish_load(scheduler: Scheduler, forward: ForwardPass, request_id: str,
+                num_loaded_tokens: int | None = None) -> None:
+    """The worker reports the request's load done with its first num_loaded_tokens external
+    tokens landed (None: all); a short load names the blocks it did not fill
+    (invalid_block_ids), never the null block, as a worker reports what it was asked to fill."""
+    request = scheduler.requests[request_id]
+    external = scheduler.connector.loading.pop(request_id)
+    hit = request.num_computed_tokens - external
+    loaded = external if num_loaded_tokens is None else num_loaded_tokens
+    forward.load(scheduler, request, hit, hit + loaded)
+    report = KVConnectorOutput(finished_recving={request_id})
+    if loaded < external:
+        (blocks,) = scheduler.kv_cache_manager.get_blocks(request_id).blocks
+        unfilled = blocks[(hit + loaded) // BLOCK_SIZE:]
+        report.invalid_block_ids = {block.block_id for block in unfilled if not block.is_null}
+    output = scheduler.schedule()
+    assert not output.num_scheduled_tokens, "the load's end computes nothing"
+    runner_output = model_output([], [])
+    runner_output.kv_connector_output = report
+    scheduler.update_from_output(output, runner_output)
+'''
+"""What a test with a KV connector adds: the connector and the two load ops."""
 
 _STEP = '''
 
@@ -309,6 +476,55 @@ def step(scheduler: Scheduler{forward_arg}, sample: int = 0) -> None:
         sampled.append([(sample + request.num_tokens) % VOCAB_SIZE] if done else [])
     scheduler.update_from_output(output, model_output(req_ids, sampled))
 '''
+
+_STEP_DRAFTS = '''
+
+def step(scheduler: Scheduler{forward_arg}, sample: int = 0, draft: int = 0,
+         accept: int | None = None) -> None:
+    """One engine step with speculative decoding: schedule(), the forward pass, then
+    update_from_output() where a request that has computed all its tokens accepts the first
+    `accept` (None: all) of the drafts scheduled for it and samples (sample + its token count
+    + accepted) mod VOCAB_SIZE; then the drafter proposes `draft` tokens for every request of
+    the batch, the i-th (sample + 1 + its token count + i) mod VOCAB_SIZE."""
+    output = scheduler.schedule(){forward}
+    req_ids = list(output.num_scheduled_tokens)
+    requests = [scheduler.requests[req_id] for req_id in req_ids]
+    spec = output.scheduled_spec_decode_tokens or {{}}
+    sampled = []
+    for request in requests:
+        accepted = list(spec.get(request.request_id, ()))[:accept]
+        done = request.num_computed_tokens >= request.num_tokens
+        token = (sample + request.num_tokens + len(accepted)) % VOCAB_SIZE
+        sampled.append([*accepted, token] if done else [])
+    scheduler.update_from_output(output, model_output(req_ids, sampled))
+    if draft:
+        proposals = [[(sample + 1 + request.num_tokens + i) % VOCAB_SIZE for i in range(draft)]
+                     for request in requests]
+        scheduler.update_draft_token_ids(DraftTokenIds(req_ids, proposals))
+'''
+
+
+def _with_connector_imports(text: str) -> str:
+    """The test's imports and VllmConfig with the connector set up (policy "recompute")."""
+    for old, new in (
+            ("from vllm.config import CacheConfig, DeviceConfig, ModelConfig,",
+             "from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,"),
+            ("from vllm.sampling_params import SamplingParams\n",
+             "from vllm.distributed.kv_transfer.kv_connector.v1.base import (\n"
+             "    KVConnectorBase_V1,\n    KVConnectorMetadata,\n)\n"
+             "from vllm.sampling_params import SamplingParams\n"),
+            ("from vllm.v1.outputs import ModelRunnerOutput\n",
+             "from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput\n"),
+            ("cache_config=cache_config, device_config=DeviceConfig(device=\"cpu\"))",
+             "cache_config=cache_config, device_config=DeviceConfig(device=\"cpu\"),\n"
+             "                             kv_transfer_config=KVTransferConfig(\n"
+             "                                 kv_connector=\"TraceConnector\", "
+             "kv_connector_module_path=__name__,\n"
+             "                                 kv_role=\"kv_consumer\", "
+             "kv_load_failure_policy=\"recompute\"))")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
 
 
 def render_scheduler_test(trace: Trace, source: Path) -> str:
@@ -342,7 +558,8 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
     title, finding = _title(trace, _finding_doc(trace, source))
     text = _HEADER.format(
         title=title, finding=finding,
-        source=source.as_posix(), property=CHECKS[check],
+        source=source.as_posix(),
+        property=(_REQUESTS_PROPERTY if writer.keep_requests else CHECKS[check]),
         specs=", ".join(["KVCacheConfig", "KVCacheGroupSpec", *specs]),
         block_size=config.scheduler_block_size, hash_block_size=config.resolved_hash_block_size,
         num_blocks=config.num_blocks, max_model_len=config.max_model_len,
@@ -359,13 +576,30 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
                       f"\n        prefix_cache_retention_interval="
                       f"{config.prefix_cache_retention_interval},"),
         groups=groups, eagle=eagle, after=after)
+    step_text = _STEP_DRAFTS if writer.drafts else _STEP
     if check == "D1":
-        full = [(i, g.block_size) for i, g in enumerate(config.groups) if g.kind == "full"]
-        text += _DATA_HELPERS.format(full_groups=full)
-        text += _STEP.format(forward_arg=", forward: ForwardPass",
-                             forward="\n    forward.run(scheduler, output)")
+        if config.kv_connector or any(g.kind == "sliding_window" for g in config.groups):
+            text = text.replace("into the full-attention blocks", "into the attention blocks")
+            decl, loop, read_from = _WINDOW_GROUPS
+            groups = [(i, g.block_size, g.sliding_window) for i, g in enumerate(config.groups)
+                      if g.kind in _READ_KINDS]
+        else:
+            decl, loop, read_from = _FULL_GROUPS
+            groups = [(i, g.block_size) for i, g in enumerate(config.groups) if g.kind == "full"]
+        text += _DATA_HELPERS.format(groups_decl=decl.format(groups=groups), groups_loop=loop,
+                                     read_from=read_from)
+        if config.kv_connector:
+            text += _LOAD
+        text += step_text.format(forward_arg=", forward: ForwardPass",
+                                 forward="\n    forward.run(scheduler, output)")
+        if config.kv_connector:
+            text += _CONNECTOR
+            text = _with_connector_imports(text)
     else:
-        text += _STEP.format(forward_arg="", forward="")
+        text += step_text.format(forward_arg="", forward="")
+    if writer.drafts:
+        text = text.replace("from vllm.v1.outputs import ModelRunnerOutput\n",
+                            "from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput\n")
     if not config.use_eagle:
         text = text.replace("from vllm.v1.core.sched import scheduler as scheduler_module\n", "")
         text = text.replace("def create_scheduler(model_dir, monkeypatch)",
@@ -381,7 +615,9 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         writer.lines = [line.replace("step(scheduler", "step(scheduler, forward")
                         for line in writer.lines]
     body += writer.lines
-    if check == "DIFF-state":
+    if writer.keep_requests:
+        body += writer.assert_requests(state)
+    elif check == "DIFF-state":
         keyed = [i for i, key in enumerate(state.block_keys) if key is not None]
         body += ["    keyed = [block.block_id",
                  "             for block in scheduler.kv_cache_manager.block_pool.blocks",

@@ -269,6 +269,16 @@ class _Writer:
             self.emit("    f\"BlockRemoved announced {len(removed)} key(s), but another block "
                       "still holds every key that lost a copy: a KV-event consumer now misses "
                       "a cached prefix\")")
+        elif self.check == "EV3":
+            self.emit("for event in manager.take_events():")
+            self.emit("    if type(event).__name__ != \"BlockStored\":")
+            self.emit("        continue")
+            self.emit("    hashes, tokens = len(event.block_hashes), len(event.token_ids)")
+            self.emit("    assert tokens == hashes * event.block_size, (")
+            self.emit("        f\"a BlockStored names {hashes} block hash(es) of {event.block_size} "
+                      "tokens but carries {tokens} token ids: a KV-event consumer that pairs "
+                      "each hash with its block_size slice of the token ids keys a cached "
+                      "block under the wrong prefix\")")
         elif self.check == "DIFF-state":
             keyed = [i for i, key in enumerate(state.block_keys) if key is not None]
             self.emit("keyed = [block.block_id for block in manager.block_pool.blocks")
@@ -488,6 +498,8 @@ _PROPERTY = {
     "H1": "It asserts that blocks holding different model inputs get different keys.",
     "EV2": "It asserts that BlockRemoved is announced only when no block holds the key any more.",
     "DIFF-state": "It asserts which blocks carry a cache key after the calls.",
+    "EV3": "It asserts that each BlockStored carries block_size token ids per block hash it "
+           "names, no more and no fewer.",
     "": "It builds the manager and plays the calls; each must do what the spec says (a trace "
         "without a check records a manager vLLM cannot build).",
 }

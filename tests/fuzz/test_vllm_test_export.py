@@ -58,7 +58,7 @@ def test_cli_writes_the_test(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("trace_file, says", [
-    ("plant-016-short-load-window.json", "not set up with a KV connector"),
+    ("016-short-load-window-unloaded.json", "max_in_flight_tokens other than the token budget"),
     ("009-lookup-bound-raises-ceiling.json", "partial_hits"),
 ])
 def test_what_a_vllm_test_cannot_express_is_exit_2_and_nothing_written(tmp_path, capsys,
@@ -94,6 +94,16 @@ def test_ev2_expects_the_removals_kvcache_announces(tmp_path):
     assert "assert len(removed) == 1, (" in text
     full = vllm_test_path("011").read_text(encoding="utf-8")
     assert "assert len(removed) == 0, (" in full
+
+
+def test_ev3_asserts_each_stored_event_carries_block_size_token_ids_per_hash():
+    """026: vLLM's BlockStored spans null blocks it names no hash for; the test reads every
+    stored event the calls sent."""
+    text = vllm_test_path("026").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "enable_kv_cache_events=True" in text
+    assert "for event in manager.take_events():" in body
+    assert "assert tokens == hashes * event.block_size, (" in body
 
 
 def test_a_trace_kvcache_fails_is_refused(tmp_path, monkeypatch, capsys):
@@ -152,6 +162,51 @@ def test_a_scheduler_test_drives_vllms_scheduler_and_asserts_its_check():
     eagle = vllm_test_path("022").read_text(encoding="utf-8")
     assert '"use_eagle": True' in eagle and "ForwardPass" not in eagle
     assert "assert keyed == [1, 2, 3, 4, 6, 8, 10, 11, 13, 15], (" in eagle
+
+
+def test_a_scheduler_test_plays_drafts_and_asserts_the_requests_the_diff_names():
+    """025 (DIFF-state on requests, drafts): the drafter's proposals go in by
+    update_draft_token_ids, the accepted drafts come back with the sampled token, and the
+    request's count is asserted, not the keyed blocks; 022 keeps the plain step."""
+    text = vllm_test_path("025").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "scheduler.update_draft_token_ids(DraftTokenIds(req_ids, proposals))" in text
+    assert "accepted = list(spec.get(request.request_id, ()))[:accept]" in text
+    assert "step(scheduler, draft=3)" in body and "scheduler.add_request(r4)" in body
+    assert "assert r4.num_computed_tokens == 2, (" in body and "keyed" not in body
+    eagle = vllm_test_path("022").read_text(encoding="utf-8")
+    assert "DraftTokenIds" not in eagle and "def step(scheduler: Scheduler, sample" in eagle
+
+
+def test_a_connector_trace_writes_its_connector_into_the_test():
+    """016 (D1, a KV connector, one window group): a connector class on vLLM's base class in
+    the test's own code, the load's start and short end played, the window read."""
+    text = vllm_test_path("016").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "class TraceConnector(KVConnectorBase_V1):" in text and "kvfuzz" not in body
+    assert 'kv_connector_module_path=__name__' in text
+    assert 'kv_load_failure_policy="recompute"' in text
+    assert "report.invalid_block_ids = " in text
+    assert "ATTENTION_GROUPS = [(0, 4, 8)]" in text
+    assert "range(max(start - window + 1, 0) if window else 0, start)" in text
+    assert ("load_remote(scheduler, 'r', 12)\n    finish_load(scheduler, forward, 'r', 4)\n"
+            "    step(scheduler, forward)") in body
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"meta": {"check": "DIFF-state"}}, "exported with check D1 on one KV cache group"),
+    ({"ops": [{"op": "add_request", "request_id": "q", "prompt": [5, 6]}]},
+     "beside other unfinished requests"),
+])
+def test_a_connector_trace_a_vllm_test_cannot_express_is_exit_2(tmp_path, capsys, change, says):
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["016"]).read_text(encoding="utf-8"))
+    trace["meta"].update(change.get("meta", {}))
+    trace["ops"][1:1] = change.get("ops", [])
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(tmp_path / "t.py")]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "t.py").exists()
 
 
 def test_each_finding_shown_passing_with_its_fix_has_one_in_the_checker():

@@ -1,10 +1,10 @@
-"""The fixes that findings 022, 023 and 024 propose, applied while their vLLM tests run.
+"""The fixes that findings 016 and 022-025 propose, applied while their vLLM tests run.
 
 A pytest plugin (`-p proposed_fixes`, this folder on the path) for the subprocess of
 tests/vllm/test_finding_vllm_tests.py that shows each test of `PROPOSED_FIXES`
 (kvfuzz.fuzz.finding_tests) passing once its bug is fixed. The tests drive vLLM's own Scheduler,
 which kvcache dropped in cannot stand under, so the fix is patched into vLLM's manager (022, the
-rule 0.33 added), its Scheduler (023) or the test module's stand-in for vLLM's worker copy
+rule 0.33 added), its Scheduler (016, 023; 025, the rule 0.33 added) or the test module's stand-in for vLLM's worker copy
 (024), never into the generated file's text.
 """
 
@@ -43,6 +43,32 @@ def _keep_block_below_junction(single: Any) -> None:
 
     single.cache_blocks = cache_blocks
     single.reachable_block_mask = reachable_block_mask
+
+
+def fix_016(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """016's fix (the doc's proposal): in `_update_requests_with_invalid_blocks`, a request of a
+    window group whose rollback point's window reaches back into null blocks (nothing loaded
+    them) rolls back to 0, a failed load, as multi-group models already are."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    update = Scheduler._update_requests_with_invalid_blocks
+
+    def update_and_check_window(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
+        requests = list(requests)
+        out = update(self, requests, *args, **kwargs)
+        (single,) = self.kv_cache_manager.coordinator.single_type_managers
+        for request in requests:
+            if request.request_id not in out[0] or not request.num_computed_tokens:
+                continue
+            (blocks,) = self.kv_cache_manager.get_blocks(request.request_id).blocks
+            nulls = next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks))
+            skipped = single.get_num_skipped_tokens(request.num_computed_tokens)
+            if skipped < nulls * single.block_size:
+                request.num_computed_tokens = 0
+        return out
+
+    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks",
+                        update_and_check_window)
 
 
 def fix_022(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,7 +138,26 @@ def fix_024(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(module, "apply_copies", apply_copies)
 
 
-FIXES = {"022": fix_022, "023": fix_023, "024": fix_024}
+def fix_025(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """025's fix, 0.33's rule (`scheduler.py:2759-2762` there): the tokens
+    `_update_request_with_output` drops after a stop are taken off `num_computed_tokens` too
+    (nothing more where the release already takes them off)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    update = Scheduler._update_request_with_output
+
+    def update_and_uncompute(self: Any, request: Any, new_token_ids: list[int], *args: Any,
+                             **kwargs: Any) -> Any:
+        offered, before = len(new_token_ids), request.num_computed_tokens
+        out = update(self, request, new_token_ids, *args, **kwargs)
+        if request.num_computed_tokens == before:
+            request.num_computed_tokens -= offered - len(out[0])
+        return out
+
+    monkeypatch.setattr(Scheduler, "_update_request_with_output", update_and_uncompute)
+
+
+FIXES = {"016": fix_016, "022": fix_022, "023": fix_023, "024": fix_024, "025": fix_025}
 """Finding number -> its proposed fix."""
 
 
