@@ -33,6 +33,7 @@ from kvfuzz.kvcache.kv_cache_utils import (
     get_block_hash,
     get_group_id,
     resolve_block_hashes,
+    untag_extra_keys,
 )
 
 if TYPE_CHECKING:
@@ -90,10 +91,7 @@ def event_extra_keys(
 ) -> tuple[Any, ...] | None:
     """A BlockStored entry for block [start, end): its extra keys over [start, end + lookahead),
     each without its tag (a multimodal key keeps `(identifier, offset)`), or None."""
-    keys, _ = generate_block_hash_extra_keys(request, start, end + lookahead, 0)
-    if keys is None:
-        return None
-    return tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
+    return untag_extra_keys(generate_block_hash_extra_keys(request, start, end + lookahead, 0)[0])
 
 
 def _split(key: BlockHashWithGroupId) -> tuple[BlockHash, int]:
