@@ -64,6 +64,19 @@ def get_group_id(key: BlockHashWithGroupId) -> int:
     return int.from_bytes(key[BLOCK_HASH_LEN:], "big", signed=False)
 
 
+ExternalBlockHash = bytes | int
+"""A block hash as KV events publish it: its bytes, or an int (`maybe_convert_block_hash`)."""
+
+
+def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
+    """vLLM's (kv_cache_utils.py:86-89): the hash's last 8 bytes as an unsigned big-endian
+    int, or the bytes themselves where VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is "0" (its
+    default is "1")."""
+    if not int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")):
+        return hash_bytes
+    return int.from_bytes(hash_bytes, byteorder="big") & ((1 << 64) - 1)
+
+
 def check_cache_keys(request: Request) -> None:
     """ValueError unless the request's first and last block hashes are SHA-256 digests, the
     only hashes the pool keys blocks with (a request's hashes come from one hasher): a key

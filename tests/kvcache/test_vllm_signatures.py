@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvfuzz.kvcache import kv_cache_utils as utils
-from kvfuzz.kvcache.kv_cache_interface import MambaSpec, MLAAttentionSpec
+from kvcache_testkit import make_manager
+from kvfuzz.kvcache.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec
 from kvfuzz.kvcache.request import LoRARequest, Request
 
 
@@ -153,3 +154,24 @@ def test_a_frontends_hashes_are_kept_only_when_they_count_the_prompts_blocks(
     config = SimpleNamespace(hash_block_size=3, num_lookahead_tokens=lookahead)
     assert utils.frontend_block_hashes(request, config) == (hashes if kept else None)
     assert utils.frontend_block_hashes(request, None) is None
+
+
+@pytest.mark.parametrize("setting, want", [(None, "int"), ("1", "int"), ("0", "bytes")])
+def test_events_publish_hashes_as_vllms_maybe_convert_block_hash(monkeypatch, setting, want):
+    if setting is None:
+        monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", setting)
+    digest = bytes(range(32))
+    converted = utils.maybe_convert_block_hash(digest)
+    assert converted == (int.from_bytes(digest[24:], "big") if want == "int" else digest)
+    m = make_manager(16, FullAttentionSpec(block_size=2), enable_kv_cache_events=True,
+                     num_hash_lookahead_tokens=1)
+    request = Request("r", [1, 2, 3, 4, 5],
+                      block_hasher=utils.get_request_block_hasher(2, sha256, 1))
+    assert m.allocate_slots(request, 5) is not None
+    (stored,) = m.take_events()
+    assert stored.block_hashes == [utils.maybe_convert_block_hash(h)
+                                   for h in request.block_hashes]
+    assert type(stored.block_hashes[0]).__name__ == want
+    assert stored.lookahead_token_ids == [[3], [5]]
