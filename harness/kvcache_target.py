@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kvfuzz.core.config import Config, GroupConfig
@@ -72,6 +73,9 @@ def build_kvcache_manager(config: Config) -> Any:
             for i, g in enumerate(config.groups)
         ],
     )
+    if config.kv_events:
+        # Events then carry the block hashes themselves, which the harness reads as content.
+        os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "0"
     return KVCacheManager(
         kv_cache_config,
         max_model_len=config.max_model_len,

@@ -20,7 +20,12 @@ from kvfuzz.kvcache.kv_cache_interface import (
     get_kv_cache_spec_sliding_window,
 )
 from kvfuzz.kvcache.kv_events import BlockStored, EventfulBlockPool, KVCacheEvent
-from kvfuzz.kvcache.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy, check_positive_int
+from kvfuzz.kvcache.kv_cache_utils import (
+    KVCacheBlock,
+    KVCacheBlockCopy,
+    check_cache_keys,
+    check_positive_int,
+)
 from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.kvcache.request import Request, RequestStatus  # Request: vLLM's tests import it here
 from kvfuzz.kvcache.stats import PrefixCacheStats
@@ -426,6 +431,8 @@ class KVCacheManager:
             )
         if skip_zeroing_group_ids != ():
             self._check_group_ids(request_id, skip_zeroing_group_ids)
+        if self.enable_caching and not delay_cache_blocks:
+            check_cache_keys(request)
         empty_blocks = self.empty_kv_cache_blocks.blocks
         if new_computed_blocks is None:
             hit_blocks = empty_blocks
@@ -687,6 +694,7 @@ class KVCacheManager:
                     f"{num_slots} slots of group {group_id}"
                 )
         if self.enable_caching:
+            check_cache_keys(request)
             self.coordinator.cache_blocks(request, num_computed_tokens)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:

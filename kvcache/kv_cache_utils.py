@@ -64,6 +64,34 @@ def get_group_id(key: BlockHashWithGroupId) -> int:
     return int.from_bytes(key[BLOCK_HASH_LEN:], "big", signed=False)
 
 
+ExternalBlockHash = bytes | int
+"""A block hash as KV events publish it: its bytes, or an int (`maybe_convert_block_hash`)."""
+
+
+def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
+    """vLLM's (kv_cache_utils.py:86-89): the hash's last 8 bytes as an unsigned big-endian
+    int, or the bytes themselves where VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is "0" (its
+    default is "1")."""
+    if not int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")):
+        return hash_bytes
+    return int.from_bytes(hash_bytes, byteorder="big") & ((1 << 64) - 1)
+
+
+def check_cache_keys(request: Request) -> None:
+    """ValueError unless the request's first and last block hashes are SHA-256 digests, the
+    only hashes the pool keys blocks with (a request's hashes come from one hasher): a key
+    is told from a key of another group by the hash's length (`group_id_suffix`)."""
+    hashes = request.block_hashes
+    if hashes:
+        for block_hash in (hashes[0], hashes[-1]):
+            if type(block_hash) is not bytes or len(block_hash) != BLOCK_HASH_LEN:
+                raise ValueError(
+                    f"request {request.request_id!r}: block hash {block_hash!r} is not "
+                    f"{BLOCK_HASH_LEN} bytes: kvcache caches blocks under SHA-256 digests "
+                    "(vLLM's sha256 or sha256_cbor)"
+                )
+
+
 class KVCacheBlock:
     """Metadata of one physical block; the free-queue links live on the block itself."""
 
@@ -286,9 +314,10 @@ class FreeKVCacheBlockQueue:
 
 # ----- block hashing -----
 
-DEFAULT_NONE_HASH_SEED = "kvcache-none-hash"
-"""Fixed seed: SHA-256 collision resistance does not depend on a secret seed, and a fixed one
-lets separate processes agree. Isolation between tenants is the cache salt's job."""
+KVCACHE_NONE_HASH_SEED = "kvcache-none-hash"
+"""The fixed seed of kvcache's own chain (hashers built without a hash function): SHA-256
+collision resistance does not depend on a secret seed, and a fixed one lets separate processes
+agree. Isolation between tenants is the cache salt's job."""
 
 _TOKEN_COUNT = struct.Struct("<I")
 _SALT_TAG, _LORA_TAG, _MM_TAG, _EMBEDS_TAG = b"\x01", b"\x02", b"\x03", b"\x04"
@@ -296,45 +325,65 @@ _LOOKAHEAD_TAG = b"\x05"
 _I64 = struct.Struct("<q")
 
 
-def resolve_none_hash_seed(seed: str | None = None) -> str:
-    """An explicit seed wins, then PYTHONHASHSEED, then the fixed default."""
+def _kvcache_seed(seed: str | None = None) -> str:
+    """The seed of kvcache's own chain: an explicit one wins, then PYTHONHASHSEED, then
+    `KVCACHE_NONE_HASH_SEED`."""
     if seed is not None:
         return seed
-    return os.environ.get("PYTHONHASHSEED", DEFAULT_NONE_HASH_SEED)
+    return os.environ.get("PYTHONHASHSEED", KVCACHE_NONE_HASH_SEED)
 
 
 def none_hash(seed: str | None = None) -> BlockHash:
-    """The parent hash of block 0 of every chain."""
-    return BlockHash(hashlib.sha256(resolve_none_hash_seed(seed).encode()).digest())
+    """The parent hash of block 0 of every chain of kvcache's own hashers."""
+    return BlockHash(hashlib.sha256(_kvcache_seed(seed).encode()).digest())
 
 
 # ----- vLLM's block hashing, for hashers built with one of vLLM's hash functions -----
 
-VLLM_DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 """vLLM 0.34's seed of its none hash for a collision-resistant hash function
 (vllm/v1/core/kv_cache_utils.py:112)."""
+
+NON_CRYPTO_HASH_FUNCTIONS = frozenset({("vllm.utils.hashing", "xxhash"),
+                                       ("vllm.utils.hashing", "xxhash_cbor")})
+"""(module, name) of vLLM's hash functions that are not collision resistant, whose none hash
+must stay secret (vLLM's `_NON_CRYPTO_HASH_FUNCTIONS`, kv_cache_utils.py:115): named, not
+imported, so that kvcache runs without vLLM."""
 
 NONE_HASH: BlockHash | None = None
 """The parent of block 0 for hashers built with a hash function: `init_none_hash` sets it."""
 _NONE_HASH_SEED: str | None = None
 
 
-def init_none_hash(hash_fn: Callable[[Any], bytes]) -> None:
-    """vLLM's: NONE_HASH = hash_fn(seed), the seed being PYTHONHASHSEED if set, else vLLM's
-    fixed seed, or fresh random bytes for its non-cryptographic xxhash functions, whose
-    collision resistance depends on a secret seed (kv_cache_utils.py:121-161)."""
-    global NONE_HASH, _NONE_HASH_SEED
+def is_non_crypto_hash_function(hash_fn: Callable[[Any], bytes]) -> bool:
+    """Whether `hash_fn` is vLLM's xxhash or xxhash_cbor."""
+    key = (getattr(hash_fn, "__module__", None), getattr(hash_fn, "__name__", None))
+    return key in NON_CRYPTO_HASH_FUNCTIONS
+
+
+def resolve_none_hash_seed(hash_fn: Callable[[Any], bytes]) -> str:
+    """vLLM's (kv_cache_utils.py:121-134): PYTHONHASHSEED if set, else fresh random bytes for
+    a non-cryptographic hash function (its collision resistance depends on a secret seed),
+    else `DEFAULT_NONE_HASH_SEED`, which processes share."""
     seed = os.environ.get("PYTHONHASHSEED")
-    if seed is None:
-        crypto = getattr(hash_fn, "__name__", "") not in ("xxhash", "xxhash_cbor")
-        seed = VLLM_DEFAULT_NONE_HASH_SEED if crypto else os.urandom(32).hex()
-    _NONE_HASH_SEED = seed
-    NONE_HASH = BlockHash(hash_fn(seed))
+    if seed is not None:
+        return seed
+    if is_non_crypto_hash_function(hash_fn):
+        return os.urandom(32).hex()
+    return DEFAULT_NONE_HASH_SEED
+
+
+def init_none_hash(hash_fn: Callable[[Any], bytes]) -> None:
+    """vLLM's: NONE_HASH = hash_fn(seed), the seed from `resolve_none_hash_seed`
+    (kv_cache_utils.py:150-162)."""
+    global NONE_HASH, _NONE_HASH_SEED
+    _NONE_HASH_SEED = resolve_none_hash_seed(hash_fn)
+    NONE_HASH = BlockHash(hash_fn(_NONE_HASH_SEED))
 
 
 def get_none_hash_seed() -> str:
-    """The seed `init_none_hash` used (vLLM's fixed seed before it ran)."""
-    return VLLM_DEFAULT_NONE_HASH_SEED if _NONE_HASH_SEED is None else _NONE_HASH_SEED
+    """The seed `init_none_hash` used (`DEFAULT_NONE_HASH_SEED` before it ran)."""
+    return DEFAULT_NONE_HASH_SEED if _NONE_HASH_SEED is None else _NONE_HASH_SEED
 
 
 def hash_block_tokens(
@@ -361,14 +410,27 @@ def _mm_span(feature: Any) -> tuple[int, int]:
     return position.offset, position.length
 
 
-def _embeds_bytes(values: Any) -> bytes:
-    """The raw bytes of a block's prompt embeddings: kvcache's int per position, or a tensor's
-    data (vLLM's `tensor_data`)."""
-    if isinstance(values, list):
-        return array("q", values).tobytes()
+def tensor_data(tensor: Any) -> memoryview:
+    """A tensor's raw data as a uint8 memoryview, its elements in row-major order (vLLM's
+    vllm/v1/utils.py:794-814, which the prompt embeddings' digest hashes)."""
     import torch  # only a tensor gets here, so torch is installed
 
-    return values.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
+    flat = tensor.detach().flatten().cpu().contiguous().view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")
+
+
+def _embeds_digest(request: Request, start: int, end: int) -> bytes:
+    """SHA-256 of the prompt embeddings of positions [start, end): kvcache's int per position
+    as u64 LE, a tensor's `tensor_data`; memoized on the request per range, as vLLM's."""
+    memo = getattr(request, "_prompt_embeds_per_block_hashes", None)
+    digest = memo.get((start, end)) if memo is not None else None
+    if digest is None:
+        values = request.prompt_embeds[start:end]
+        data = array("q", values).tobytes() if isinstance(values, list) else tensor_data(values)
+        digest = hashlib.sha256(data).digest()
+        if memo is not None:
+            memo[(start, end)] = digest
+    return digest
 
 
 def generate_block_hash_extra_keys(
@@ -404,12 +466,45 @@ def generate_block_hash_extra_keys(
         keys.append(("cache_salt", request.cache_salt))
     embeds = request.prompt_embeds
     if embeds is not None:
-        block = _embeds_bytes(embeds[start_token_idx:end_token_idx])
-        keys.append(("prompt_embeds", hashlib.sha256(block).digest()))
+        keys.append(("prompt_embeds", _embeds_digest(request, start_token_idx, end_token_idx)))
         mask = request.prompt_is_token_ids
         if mask is not None:
             keys.append(("prompt_is_token_ids", bytes(mask[start_token_idx:end_token_idx])))
     return (tuple(keys) if keys else None), mm_idx
+
+
+def untag_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """One block's extra keys as KV events publish them: each without its tag, a multimodal
+    key keeping `(identifier, offset)`."""
+    if keys is None:
+        return None
+    return tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
+
+
+def to_event_extra_keys(
+    extra_keys: Iterable[tuple[Any, ...] | None] | None,
+) -> list[tuple[Any, ...] | None] | None:
+    """vLLM's (kv_cache_utils.py:674-700): each block's `untag_extra_keys`, None for no
+    blocks."""
+    if not extra_keys:
+        return None
+    return [untag_extra_keys(keys) for keys in extra_keys] or None
+
+
+def frontend_block_hashes(request: Any, prefix_hash_config: Any) -> list[BlockHash] | None:
+    """vLLM's (kv_cache_utils.py:1037-1057): the prompt block hashes a frontend sent with an
+    engine request, or None (the engine hashes the prompt) when it sent none, the engine does
+    not hash (no config), or their count is not the number of prompt blocks whose lookahead
+    tokens exist, `max(prompt tokens - lookahead, 0) // hash block size`."""
+    block_hashes = request.block_hashes
+    if block_hashes is None or prefix_hash_config is None:
+        return None
+    prompt = request.prompt_token_ids
+    hashed_tokens = max((0 if prompt is None else len(prompt))
+                        - prefix_hash_config.num_lookahead_tokens, 0)
+    if len(block_hashes) != hashed_tokens // prefix_hash_config.hash_block_size:
+        return None
+    return block_hashes
 
 
 BlockHashOf = Callable[["Request", Any, int, int], Any]

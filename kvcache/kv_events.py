@@ -9,13 +9,16 @@ wrapped, so pools without events pay nothing.
 
 The events carry vLLM 0.34's fields in its order (vllm/distributed/kv_events.py:55-119);
 kvcache fills `lora_id`, `medium` (always `MEDIUM_GPU`), `lora_name`, `group_idx` and
-`session_id`, the manager's `take_events` the group's `kv_cache_spec_kind` and
-`kv_cache_spec_sliding_window`, and leaves None what it does not model (`locality`,
-`ownership`, `lookahead_token_ids`). `extra_keys` holds one entry per stored block, as vLLM's
+`session_id`, with a hash lookahead `lookahead_token_ids` (each block's lookahead tokens), the
+manager's `take_events` the group's `kv_cache_spec_kind` and `kv_cache_spec_sliding_window`,
+and leaves None what it does not model (`locality`, `ownership`). `extra_keys` holds one entry per stored block, as vLLM's
 (block_pool.py:293-311, kv_cache_utils.py:674-700): the block's extra keys over the window its
 hash covers (the block and its lookahead tokens), tags stripped (the LoRA name, `(mm identifier,
 offset)`, the salt, the embeddings' digest, and kvcache's token-id mask bytes), None for none.
-Unlike vLLM's, `lora_id`, `medium` and `lora_name` default to None.
+Unlike vLLM's, `lora_id`, `medium` and `lora_name` default to None. Hashes are published as
+vLLM's are (`maybe_convert_block_hash`): the low 64 bits as an int, the bytes themselves where
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is "0" (kvfuzz's harness sets it: it reads hashes as
+content).
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ from kvfuzz.kvcache.block_pool import BlockPool, Segment
 from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
     BlockHashWithGroupId,
+    ExternalBlockHash,
     KVCacheBlock,
     generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
+    maybe_convert_block_hash,
     resolve_block_hashes,
+    untag_extra_keys,
 )
 
 if TYPE_CHECKING:
@@ -50,8 +56,8 @@ class BlockStored:
     `parent_block_hash` (None: the chain starts at token 0); `token_ids` are the tokens of the
     range those blocks cover, `block_size` per block."""
 
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None
+    block_hashes: list[ExternalBlockHash]
+    parent_block_hash: ExternalBlockHash | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None = None
@@ -71,7 +77,7 @@ class BlockStored:
 class BlockRemoved:
     """No block of the group holds these hashes any more."""
 
-    block_hashes: list[BlockHash]
+    block_hashes: list[ExternalBlockHash]
     medium: str | None = None
     group_idx: int | None = None
     locality: str | None = None
@@ -90,10 +96,7 @@ def event_extra_keys(
 ) -> tuple[Any, ...] | None:
     """A BlockStored entry for block [start, end): its extra keys over [start, end + lookahead),
     each without its tag (a multimodal key keeps `(identifier, offset)`), or None."""
-    keys, _ = generate_block_hash_extra_keys(request, start, end + lookahead, 0)
-    if keys is None:
-        return None
-    return tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
+    return untag_extra_keys(generate_block_hash_extra_keys(request, start, end + lookahead, 0)[0])
 
 
 def _split(key: BlockHashWithGroupId) -> tuple[BlockHash, int]:
@@ -127,17 +130,22 @@ class EventfulBlockPool(BlockPool):
         """A BlockStored of `request`'s blocks (the first at `first_block` blocks of
         `block_size`), with its adapter, session and each block's extra keys."""
         lora = getattr(request, "lora_request", None)
-        extra = [
-            event_extra_keys(request, start, start + block_size, self.num_hash_lookahead_tokens)
-            for start in range(first_block * block_size,
-                               (first_block + len(block_hashes)) * block_size, block_size)
-        ]
+        lookahead = self.num_hash_lookahead_tokens
+        starts = range(first_block * block_size,
+                       (first_block + len(block_hashes)) * block_size, block_size)
+        extra = [event_extra_keys(request, start, start + block_size, lookahead)
+                 for start in starts]
+        tokens = request.all_token_ids
+        # vLLM's (block_pool.py:297-315, 341-344): the tokens after each block its hash covers.
+        lookahead_ids = [list(tokens[start + block_size:start + block_size + lookahead])
+                         for start in starts] if lookahead else None
         return BlockStored(
-            block_hashes, parent, token_ids, block_size,
+            [maybe_convert_block_hash(h) for h in block_hashes],
+            None if parent is None else maybe_convert_block_hash(parent), token_ids, block_size,
             lora_id=lora.lora_int_id if lora is not None else None, medium=MEDIUM_GPU,
             lora_name=lora.lora_name if lora is not None else None, extra_keys=extra or None,
             group_idx=group_idx,
-            session_id=getattr(request, "session_id", None),
+            session_id=getattr(request, "session_id", None), lookahead_token_ids=lookahead_ids,
         )
 
     def emit_cached_block_events(
@@ -218,7 +226,8 @@ class EventfulBlockPool(BlockPool):
         for key, segment in keys:
             if key not in segment:  # a segment dropped once emptied stays empty
                 block_hash, group = _split(key)
-                self.kv_event_queue.append(BlockRemoved([block_hash], MEDIUM_GPU, group))
+                self.kv_event_queue.append(
+                    BlockRemoved([maybe_convert_block_hash(block_hash)], MEDIUM_GPU, group))
 
     def _keys_of(self, block: KVCacheBlock) -> list[tuple[BlockHashWithGroupId, Segment]]:
         """The block's keys (primary first), each with its segment."""

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from kvfuzz.kvcache.kv_cache_utils import BLOCK_HASH_LEN, BlockHash
+from kvfuzz.kvcache.kv_cache_utils import BlockHash
 
 
 class RequestStatus(enum.IntEnum):
@@ -112,7 +112,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt_token_ids: list[int] | None,
         sampling_params: Any = None,
         pooling_params: Any = None,
         client_index: int = 0,
@@ -155,14 +155,20 @@ class Request:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         if not isinstance(num_encoder_tokens, int) or num_encoder_tokens < 0:
             raise ValueError(f"num_encoder_tokens must be an int >= 0, got {num_encoder_tokens!r}")
+        if prompt_token_ids is None:  # vLLM's: the embeddings alone, each position's id 0
+            if prompt_embeds is None:
+                raise ValueError("neither prompt_token_ids nor prompt_embeds was given")
+            num_prompt_tokens = len(prompt_embeds)
+        else:
+            num_prompt_tokens = len(prompt_token_ids)
         if lora_request is not None or prompt_embeds is not None or (
             prompt_is_token_ids is not None
         ):
-            _check_extras(lora_request, len(prompt_token_ids),
+            _check_extras(lora_request, num_prompt_tokens,
                           prompt_embeds=prompt_embeds, prompt_is_token_ids=prompt_is_token_ids)
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
-        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_prompt_tokens = num_prompt_tokens
         self.max_tokens = max_tokens
         self.cache_salt = cache_salt
         self.session_id = session_id
@@ -185,6 +191,8 @@ class Request:
         """One value per prompt position standing in for its embedding vector, or None."""
         self.prompt_is_token_ids = prompt_is_token_ids
         """Per prompt position: it holds a token id, not an embedding (mixed prompts)."""
+        # Each hash block's embeddings digest, by (start, end), as vLLM memoizes them.
+        self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         # Scheduled but not yet settled; always 0 in a synchronous driver.
@@ -192,7 +200,9 @@ class Request:
         self.num_preemptions = 0
         self.spec_token_ids: list[int] = []
         self.shared_prefix_boundary = 0
-        self._all_token_ids = list(prompt_token_ids)
+        self._all_token_ids = (
+            [0] * num_prompt_tokens if prompt_token_ids is None else list(prompt_token_ids)
+        )
         self._output_token_ids: list[int] = []
         self.all_token_ids = ConstantList(self._all_token_ids)
         self.output_token_ids = ConstantList(self._output_token_ids)
@@ -267,6 +277,7 @@ class Request:
         """Drop the hashes of blocks no longer complete after tokens were taken off the end."""
         num_valid = max(0, self.num_tokens - num_hash_lookahead_tokens) // hash_block_size
         del self.block_hashes[num_valid:]
+        self._prompt_embeds_per_block_hashes.clear()
 
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)
@@ -298,13 +309,15 @@ def _from_vllm_params(sampling_params: Any, pooling_params: Any) -> tuple[int, b
 
 
 def _checked_hashes(request_id: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:
-    """`hashes` as a list, each checked to be BLOCK_HASH_LEN bytes: a cache key is a hash and
-    then its group id, told apart by the hash's length (kv_cache_utils.get_group_id)."""
+    """`hashes` as a list, each checked to be what vLLM's hash functions return (non-empty
+    bytes) or an int (Python's `hash`, which vLLM's tests hash with). The manager caches only
+    SHA-256 digests (`check_cache_keys`)."""
     hashes = list(hashes)
     for block_hash in hashes:
-        if type(block_hash) is not bytes or len(block_hash) != BLOCK_HASH_LEN:
+        kind = type(block_hash)
+        if not ((kind is bytes and block_hash) or kind is int):
             raise ValueError(
-                f"request {request_id!r}: block hash {block_hash!r} is not "
-                f"{BLOCK_HASH_LEN} bytes (a SHA-256 digest)"
+                f"request {request_id!r}: block hash {block_hash!r} is neither non-empty "
+                "bytes nor an int"
             )
     return hashes

@@ -715,15 +715,43 @@ def test_a_request_longer_than_max_model_len_caches_only_its_table(mamba: bool) 
     assert_invariants(m, requests=[request])
 
 
-@pytest.mark.parametrize("bad", [b"\x01" * 16, b"\x01" * 36, "0" * 32],
-                         ids=["16 bytes", "36 bytes", "str"])
-@pytest.mark.parametrize("where", ["hasher", "given"])
-def test_a_block_hash_that_is_not_a_sha256_digest_is_refused(bad: object, where: str) -> None:
-    """Group 0's cache key is the bare hash, the others' the hash and a group id, told apart by
-    the hash's length: a hash of another length would be split at the wrong byte."""
+def _hash_kwargs(value: object, where: str) -> dict[str, object]:
+    """A Request's block hashes all `value`: from its hasher, or given by a frontend."""
     def hasher(request: Request) -> list[object]:
-        return [bad] * (request.num_tokens // 4 - len(request.block_hashes))
+        return [value] * (request.num_tokens // 4 - len(request.block_hashes))
 
-    kwargs = {"block_hasher": hasher} if where == "hasher" else {"block_hashes": [bad]}
-    with pytest.raises(ValueError, match=re.escape(f"request 'r': block hash {bad!r} is not 32")):
-        Request("r", list(range(9)), **kwargs)
+    return {"block_hasher": hasher} if where == "hasher" else {"block_hashes": [value] * 2}
+
+
+@pytest.mark.parametrize("bad", ["0" * 32, b"", None, True], ids=["str", "empty", "None", "bool"])
+@pytest.mark.parametrize("where", ["hasher", "given"])
+def test_a_block_hash_that_is_neither_bytes_nor_an_int_is_refused(bad: object, where: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(
+            f"request 'r': block hash {bad!r} is neither non-empty bytes nor an int")):
+        Request("r", list(range(9)), **_hash_kwargs(bad, where))
+
+
+@pytest.mark.parametrize("other", [b"\x01" * 16, b"\x01" * 36, -8549660974541118228],
+                         ids=["16 bytes (xxhash)", "36 bytes", "int (Python's hash)"])
+@pytest.mark.parametrize("where", ["hasher", "given"])
+@pytest.mark.parametrize("call", ["allocate_slots", "cache_blocks"])
+def test_a_block_hash_that_is_not_a_sha256_digest_is_kept_but_never_cached(
+    other: object, where: str, call: str
+) -> None:
+    """vLLM's Request keeps what its hasher returns (its tests hash with Python's `hash`), so
+    kvcache's does; but group 0's cache key is the bare hash, the others' the hash and a group
+    id, told apart by the hash's length, so the manager refuses to cache under any other hash,
+    changing nothing."""
+    request = Request("r", list(range(9)), **_hash_kwargs(other, where))
+    assert request.block_hashes == [other, other]
+    m = make_manager(16, FullAttentionSpec(block_size=4))
+    if call == "cache_blocks":  # a KV connector's load: cached once it lands
+        assert m.allocate_slots(request, 9, delay_cache_blocks=True) is not None
+    before = dump_state(m, request)
+    message = f"request 'r': block hash {other!r} is not 32 bytes"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        if call == "allocate_slots":
+            m.allocate_slots(request, 9)
+        else:
+            m.cache_blocks(request, 8)
+    assert dump_state(m, request) == before

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvfuzz.kvcache import kv_cache_utils as utils
-from kvfuzz.kvcache.kv_cache_interface import MambaSpec, MLAAttentionSpec
+from kvcache_testkit import make_manager
+from kvfuzz.kvcache.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec
 from kvfuzz.kvcache.request import LoRARequest, Request
 
 
@@ -100,3 +101,77 @@ def test_vllms_layout_fields_are_taken():
     spec = MambaSpec(block_size=4, shapes=((8,),), dtypes=("float16",))
     assert spec.shapes == ((8,),)
     assert MLAAttentionSpec(block_size=4, cache_dtype_str="auto").cache_dtype_str == "auto"
+
+
+def xxhash(value: object) -> bytes:
+    """Stands in for vLLM's xxhash: only its module and name decide the none hash's seed."""
+    return hashlib.sha256(pickle.dumps(value)).digest()[:16]
+
+
+xxhash.__module__ = "vllm.utils.hashing"
+
+
+def test_the_none_hash_seed_is_vllms_fixed_one_for_a_crypto_hash_and_random_for_xxhash(
+    monkeypatch,
+):
+    assert utils.DEFAULT_NONE_HASH_SEED == "vllm-none-hash"
+    assert utils.resolve_none_hash_seed(sha256) == "vllm-none-hash"
+    seeds = {utils.resolve_none_hash_seed(xxhash) for _ in range(3)}
+    assert len(seeds) == 3 and "vllm-none-hash" not in seeds
+    utils.init_none_hash(xxhash)
+    assert utils.NONE_HASH == xxhash(utils.get_none_hash_seed())
+    monkeypatch.setenv("PYTHONHASHSEED", "12345")
+    assert utils.resolve_none_hash_seed(xxhash) == utils.resolve_none_hash_seed(sha256) == "12345"
+
+
+def test_a_tensors_embeddings_are_hashed_once_per_block_from_their_raw_bytes(monkeypatch):
+    torch = pytest.importorskip("torch")
+    embeds = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    request = Request("r", None, prompt_embeds=embeds)
+    assert request.all_token_ids == [0, 0, 0, 0] and request.num_prompt_tokens == 4
+    assert bytes(utils.tensor_data(embeds[2:4])) == embeds[2:4].numpy().tobytes()
+    assert bytes(utils.tensor_data(embeds.t())) == embeds.t().contiguous().numpy().tobytes()
+    calls = []
+    monkeypatch.setattr(utils, "tensor_data", lambda t: calls.append(t) or b"x")
+    keys = [utils.generate_block_hash_extra_keys(request, 0, 2, 0)[0] for _ in range(2)]
+    assert keys == [(("prompt_embeds", hashlib.sha256(b"x").digest()),)] * 2
+    assert len(calls) == 1
+
+
+def test_event_extra_keys_drop_their_tags():
+    keys = (("lora", "a", "/p"), ("mm", "img", 2), ("cache_salt", "s"))
+    assert utils.to_event_extra_keys([keys, None]) == [("a", ("img", 2), "s"), None]
+    assert utils.to_event_extra_keys([]) is None and utils.to_event_extra_keys(None) is None
+
+
+@pytest.mark.parametrize("num_hashes, lookahead, kept", [
+    (3, 0, True), (2, 0, False), (4, 0, False), (2, 2, True), (3, 2, False)])
+def test_a_frontends_hashes_are_kept_only_when_they_count_the_prompts_blocks(
+    num_hashes, lookahead, kept
+):
+    hashes = [bytes([i]) * 32 for i in range(num_hashes)]
+    request = SimpleNamespace(block_hashes=hashes, prompt_token_ids=list(range(10)))
+    config = SimpleNamespace(hash_block_size=3, num_lookahead_tokens=lookahead)
+    assert utils.frontend_block_hashes(request, config) == (hashes if kept else None)
+    assert utils.frontend_block_hashes(request, None) is None
+
+
+@pytest.mark.parametrize("setting, want", [(None, "int"), ("1", "int"), ("0", "bytes")])
+def test_events_publish_hashes_as_vllms_maybe_convert_block_hash(monkeypatch, setting, want):
+    if setting is None:
+        monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", setting)
+    digest = bytes(range(32))
+    converted = utils.maybe_convert_block_hash(digest)
+    assert converted == (int.from_bytes(digest[24:], "big") if want == "int" else digest)
+    m = make_manager(16, FullAttentionSpec(block_size=2), enable_kv_cache_events=True,
+                     num_hash_lookahead_tokens=1)
+    request = Request("r", [1, 2, 3, 4, 5],
+                      block_hasher=utils.get_request_block_hasher(2, sha256, 1))
+    assert m.allocate_slots(request, 5) is not None
+    (stored,) = m.take_events()
+    assert stored.block_hashes == [utils.maybe_convert_block_hash(h)
+                                   for h in request.block_hashes]
+    assert type(stored.block_hashes[0]).__name__ == want
+    assert stored.lookahead_token_ids == [[3], [5]]

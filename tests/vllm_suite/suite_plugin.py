@@ -5,6 +5,8 @@ unchanged, in place in the release's source distribution, with `--noconftest`:
 
 - unless KVFUZZ_SUITE_TARGET=vllm, `kvfuzz.dropin` is installed before any test file is
   imported, so `vllm.v1.core.*` (and the other names kvcache stands in for) are kvcache's;
+- `importlib.reload` of such a module (vLLM's tests reload kv_cache_utils to re-read the
+  environment) re-executes kvcache's module, whose classes keep their identity;
 - while the files are collected, a name that a kvcache module lacks imports as a stand-in
   that raises when it is called, read or tested against, so only the tests that use
   it fail, each with a message naming what kvcache lacks; once collection ends, a missing name is
@@ -17,6 +19,9 @@ unchanged, in place in the release's source distribution, with `--noconftest`:
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import signal
@@ -76,11 +81,42 @@ class _Lenient(types.ModuleType):
                 return lacking(f"{self.__name__}.{name}")
             raise
 
+    @property  # type: ignore[override]
+    def __dict__(self) -> dict[str, Any]:
+        """The module's namespace, where reads and writes go (pytest's monkeypatch restores
+        what it finds here)."""
+        return self._module.__dict__
+
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._module, name, value)
+        if name.startswith("__"):  # the import system's (__spec__, __loader__, ...)
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._module, name, value)
 
     def __delattr__(self, name: str) -> None:
         delattr(self._module, name)
+
+
+class _ReloadKvcache(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`importlib.reload` of a kvcache module under its vLLM name (vLLM's tests reload
+    kv_cache_utils) re-executes kvcache's module, not vLLM's source."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if isinstance(target, _Lenient):
+            return importlib.machinery.ModuleSpec(name, self)
+        return None
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Re-execute kvcache's module; its classes keep their identity, since kvcache's other
+        modules bound them at import and test them with `type(x) is`."""
+        target = module._module  # type: ignore[attr-defined]
+        classes = {name: value for name, value in vars(target).items()
+                   if isinstance(value, type) and value.__module__ == target.__name__}
+        importlib.reload(target)
+        vars(target).update(classes)
 
 
 def _make_lenient() -> None:
@@ -100,6 +136,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         dropin.install()
         _make_lenient()
+        sys.meta_path.insert(0, _ReloadKvcache())
     _collecting = True
 
 

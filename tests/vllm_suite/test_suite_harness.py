@@ -80,6 +80,31 @@ def test_a_lenient_module_reads_and_writes_the_module_and_stands_in_only_while_c
     monkeypatch.setattr(suite_plugin, "_collecting", False)
     with pytest.raises(AttributeError):
         lenient.absent  # noqa: B018
+    patch = pytest.MonkeyPatch()  # vLLM's tests monkeypatch module attributes
+    patch.setattr(lenient, "present", 5)
+    assert module.present == 5
+    patch.undo()
+    assert module.present == 2
+
+
+def test_reloading_a_lenient_module_re_executes_the_module_keeping_its_classes(
+        monkeypatch, tmp_path):
+    import importlib
+    import sys
+
+    (tmp_path / "kvcache_fake_mod.py").write_text(
+        "import os\nSEED = os.environ.get('FAKE_SEED')\nclass Block:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("kvcache_fake_mod")
+    lenient = suite_plugin._Lenient("vllm_fake_mod", module)
+    monkeypatch.setitem(sys.modules, "vllm_fake_mod", lenient)
+    monkeypatch.setattr(sys, "meta_path", [suite_plugin._ReloadKvcache(), *sys.meta_path])
+    block = module.Block
+    monkeypatch.setenv("FAKE_SEED", "reloaded")
+    assert importlib.reload(lenient) is lenient
+    assert module.SEED == lenient.SEED == "reloaded"  # the module ran again, not vLLM's source
+    assert module.Block is block
+    assert module.__name__ == "kvcache_fake_mod"
 
 
 def test_regeneration_keeps_categories_and_marks_new_failures():
