@@ -9,6 +9,9 @@ unchanged, in place in the release's source distribution, with `--noconftest`:
   that raises when it is called, read or tested against, so only the tests that use
   it fail, each with a message naming what kvcache lacks; once collection ends, a missing name is
   an AttributeError as usual;
+- `importlib.reload()` of such a module (vLLM's none-hash tests reload `kv_cache_utils`) re-runs
+  kvcache's module: reloaded by its vLLM name, it would otherwise run vLLM's own file of that
+  name in its place, and the tests after it would run vLLM's code;
 - a test that runs past KVFUZZ_SUITE_TIMEOUT seconds (default 20) is stopped with a
   SuiteTimeout (some of vLLM's connector tests wait on a network this run does not have);
 - every test's outcome (`passed`, `failed`, `error`, `skipped`) and, for a failure, its last
@@ -17,6 +20,8 @@ unchanged, in place in the release's source distribution, with `--noconftest`:
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -62,7 +67,8 @@ def lacking(qualname: str) -> type:
 
 class _Lenient(types.ModuleType):
     """A kvcache module under its vLLM name; reads and writes go to the module, and a missing
-    name is a stand-in while the files are being collected."""
+    name is a stand-in while the files are being collected. Its own import attributes
+    (`__spec__`, `__name__`, ... set by a reload) stay on it, so the module keeps its own."""
 
     def __init__(self, name: str, module: types.ModuleType) -> None:
         super().__init__(name, module.__doc__)
@@ -77,10 +83,29 @@ class _Lenient(types.ModuleType):
             raise
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._module, name, value)
+        if name.startswith("__"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._module, name, value)
 
     def __delattr__(self, name: str) -> None:
         delattr(self._module, name)
+
+
+class _ReloadKvcache:
+    """A meta path finder and loader for reloads only: `importlib.reload(lenient)` finds this
+    spec (reload passes the module as `target`) and reloads kvcache's module behind it."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if isinstance(target, _Lenient):
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: _Lenient) -> None:
+        importlib.reload(module._module)
 
 
 def _make_lenient() -> None:
@@ -100,6 +125,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         dropin.install()
         _make_lenient()
+        sys.meta_path.insert(0, _ReloadKvcache())
     _collecting = True
 
 
