@@ -21,7 +21,7 @@ from kvfuzz.kvcache.kv_cache_utils import check_positive_int
 
 
 class KVQuantMode(IntEnum):
-    """How a layer's KV is quantized (vLLM 0.34's values, kv_cache_interface.py:40-71); a layout
+    """How a layer's KV is quantized (vLLM 0.34's values, kv_cache_interface.py:40-69); a layout
     field the manager does not read, but two specs of different modes are different specs."""
 
     NONE = 0
@@ -138,7 +138,7 @@ class FullAttentionSpec(AttentionSpec):
 
     @classmethod
     def merge(cls, specs: list[Self]) -> Self:
-        """One spec for full-attention layers (vLLM's rule, kv_cache_interface.py:600-658): they
+        """One spec for full-attention layers (vLLM's rule, kv_cache_interface.py:673-728): they
         agree on every attention field; the group keeps the one window (or chunk) size its
         layers give, and is non-causal if any layer is. Not for MLA layers (their own merge)."""
         _require(all(isinstance(spec, FullAttentionSpec) for spec in specs),
@@ -178,7 +178,7 @@ class MLAAttentionSpec(FullAttentionSpec):
 
     @classmethod
     def merge(cls, specs: list[Self]) -> Self:
-        """One spec for MLA layers (kv_cache_interface.py:681-738): they agree on the attention
+        """One spec for MLA layers (kv_cache_interface.py:761-818): they agree on the attention
         fields and on the MLA ones below; non-causal multi-token decode if any layer has it."""
         _require(all(isinstance(spec, MLAAttentionSpec) for spec in specs),
                  "All attention layers in the same KV cache group must be MLAAttentionSpec.")
@@ -271,7 +271,7 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
     `bounded_replay` layers are not prefix-cached: vLLM recomputes their window from a replay
     of the last `sliding_window` tokens, which kvcache lacks, so building a manager from such a
     spec is refused. The other fields are vLLM 0.34's layout fields
-    (kv_cache_interface.py:1017-1033), taken so that vLLM-written code builds the spec.
+    (kv_cache_interface.py:1021-1034), taken so that vLLM-written code builds the spec.
     """
 
     cache_dtype_str: str | None = None
@@ -292,7 +292,7 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
 
     @classmethod
     def merge(cls, specs: list[Self]) -> Self:
-        """One spec for these layers (kv_cache_interface.py:1046-1102): they agree on the fields
+        """One spec for these layers (kv_cache_interface.py:1051-1107): they agree on the fields
         below, KV quantization included, and may differ in heads and head size."""
         _require(all(isinstance(spec, SlidingWindowMLASpec) for spec in specs),
                  "All attention layers in the same KV cache group must be SlidingWindowMLASpec.")
@@ -561,7 +561,7 @@ def get_kv_cache_spec_sliding_window(kv_cache_spec: KVCacheSpec) -> int | None:
 @dataclass
 class KVCacheTensor:
     """Where the worker places a set of same-shaped layers in its KV allocation (vLLM 0.34's
-    fields, kv_cache_interface.py:1525-1547): layer `layers[l]`'s page of block `b` starts
+    fields, kv_cache_interface.py:1509-1530): layer `layers[l]`'s page of block `b` starts
     `offset + l * layer_stride + b * block_stride` bytes into `size` bytes. The manager
     does not read it."""
 
@@ -594,7 +594,7 @@ class KVCacheConfig:
     are vLLM's worker-side fields after `prefix_cache_retention_interval` (accepted, not read;
     the manager's own `hash_block_size` argument decides hashing).
 
-    `needs_kv_cache_zeroing` (computed, settable, as in vLLM: kv_cache_interface.py:1610-1695):
+    `needs_kv_cache_zeroing` (computed, settable, as in vLLM: kv_cache_interface.py:1600-1606, 1675-1695):
     whether the worker zeroes new attention blocks, so that the managers record their ids;
     needed with a state (Mamba) layer, whose blocks are read before written, or with
     attention layers of more than one precision (dtype, quantization) outside host groups.
