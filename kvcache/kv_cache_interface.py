@@ -410,7 +410,7 @@ class MambaSpec(KVCacheSpec):
         return self.mamba_cache_mode == "align"
 
     @property
-    def page_layout(self) -> Any:
+    def _page_layout(self) -> Any:
         """What decides the page size: the padded size where given, else the state shapes and
         dtypes (kvcache computes no byte sizes, so unpadded states of other shapes but an equal
         size count as different, where vLLM compares bytes)."""
@@ -428,7 +428,7 @@ _UNIFORM_TYPES: tuple[tuple[type[KVCacheSpec], tuple[str, ...]], ...] = (
     (ChunkedLocalAttentionSpec, ("attention_chunk_size",)),
     (FullAttentionSpec, ()),
     (MambaSpec, ("num_speculative_blocks", "num_prefill_checkpoint_blocks",
-                 "prefill_checkpoint_alignment", "page_layout", "state_alignment",
+                 "prefill_checkpoint_alignment", "_page_layout", "state_alignment",
                  "tp_replicated")),
 )
 
