@@ -8,10 +8,10 @@ from itertools import compress, islice, repeat
 from operator import add, length_hint
 from typing import TYPE_CHECKING, NoReturn
 
+import kvfuzz.kvcache.kv_cache_utils as kv_cache_utils
 from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
     BlockHashList,
-    BlockHashListWithBlockSize,
     BlockHashWithGroupId,
     FreeKVCacheBlockQueue,
     KVCacheBlock,
@@ -327,8 +327,12 @@ class BlockPool:
         self, block_hashes: BlockHashList, block_size: int
     ) -> tuple[Sequence[BlockHash], int]:
         """The request's fine hashes behind `block_hashes` (its list, or a view of it) and how
-        many make a block of `block_size`: block i's key is fine hash (i + 1) * m - 1."""
-        if type(block_hashes) is BlockHashListWithBlockSize:
+        many make a block of `block_size`: block i's key is fine hash (i + 1) * m - 1.
+
+        The view's class is read from the module each time: vLLM's tests reload
+        kv_cache_utils, and the views `resolve_block_hashes` builds after that are of the
+        reloaded class."""
+        if type(block_hashes) is kv_cache_utils.BlockHashListWithBlockSize:
             block_hashes = block_hashes.block_hashes
         return block_hashes, block_size // self.hash_block_size
 
@@ -414,7 +418,7 @@ class BlockPool:
         (as in `get_cached_block_at`) that `get_cached_block_at` hits, one block list per group;
         the same blocks as calling it block by block until the first miss. Pure read.
         """
-        if type(block_hashes) is BlockHashListWithBlockSize:  # `fine_hashes`, inlined
+        if type(block_hashes) is kv_cache_utils.BlockHashListWithBlockSize:  # `fine_hashes`
             block_hashes = block_hashes.block_hashes
         scale = block_size // self.hash_block_size
         first = (start + 1) * scale - 1

@@ -121,11 +121,9 @@ class KVCacheCoordinator(ABC):
         # Groups whose lookups drop the last matched unit.
         self.drop_eagle_group_ids: set[int] = self.eagle_group_ids if use_eagle else set()
 
-        # Blocks of a state group are read before written, so with one in the pool vLLM zeroes
-        # every new attention block (its #35219): the worker needs their ids.
-        zeroing = record_new_block_ids or any(
-            isinstance(g.kv_cache_spec, MambaSpec) for g in groups
-        )
+        # Whether the worker zeroes new attention blocks (a state group's are read before
+        # written, vLLM's #35219; mixed precisions): the config decides, as in vLLM.
+        zeroing = record_new_block_ids or kv_cache_config.needs_kv_cache_zeroing
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(
                 group.kv_cache_spec,

@@ -33,6 +33,7 @@ from kvfuzz.kvcache.kv_cache_interface import (
     MLAAttentionSpec,
     RSWASpec,
     SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from kvfuzz.kvcache.kv_cache_utils import (
@@ -1576,6 +1577,7 @@ class MambaManager(SingleTypeKVCacheManager):
 _MANAGER_CLASSES: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
+    SlidingWindowMLASpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     CrossAttentionSpec: CrossAttentionManager,
     MambaSpec: MambaManager,
@@ -1607,6 +1609,9 @@ def get_manager_for_kv_cache_spec(
     ):
         raise ValueError(f"sink_len {kv_cache_spec.sink_len} must be a multiple of block_size "
                          f"{kv_cache_spec.block_size}")
+    if isinstance(kv_cache_spec, SlidingWindowMLASpec) and kv_cache_spec.bounded_replay:
+        raise ValueError("SlidingWindowMLASpec: bounded_replay=True is not supported by kvcache "
+                         "(only False)")
     if isinstance(kv_cache_spec, SlidingWindowSpec | ChunkedLocalAttentionSpec):
         kwargs["max_admission_blocks_per_request"] = (
             kv_cache_spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)

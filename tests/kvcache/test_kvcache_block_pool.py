@@ -355,3 +355,31 @@ def test_null_head_len_counts_exactly_the_leading_nulls():
     ]:
         assert null_head_len(table, null) == expected, table
         assert null_head_len(table) == expected, table  # vLLM's signature
+
+
+RELOAD_THEN_HIT = """
+import importlib
+import kvfuzz.kvcache.kv_cache_utils as utils
+from kvfuzz.kvcache import BlockPool
+from kvfuzz.kvcache.kv_cache_utils import make_block_hash_with_group_id
+
+importlib.reload(utils)
+pool = BlockPool(16, True, 2)
+hashes = [bytes([i]) * 32 for i in range(4)]
+for fine, block in zip((hashes[1], hashes[3]), pool.blocks[5:7]):
+    pool.cached_block_hash_to_block.insert(make_block_hash_with_group_id(fine, 0), block)
+view = utils.resolve_block_hashes(hashes, 2, 4)
+print([b.block_id for b in pool.get_cached_block_run(view, 4, 0, 2, [0])[0]])
+"""
+
+
+def test_the_pool_reads_views_of_a_reloaded_kv_cache_utils():
+    """vLLM's none-hash tests reload kv_cache_utils; the views built after that are of the
+    reloaded class and must still read as views (run apart: a reload here would leave this
+    process's other tests with two classes of each name)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", RELOAD_THEN_HIT], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["[5,", "6]"]

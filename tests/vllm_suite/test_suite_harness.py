@@ -107,6 +107,32 @@ def test_reloading_a_lenient_module_re_executes_the_module_keeping_its_classes(
     assert module.__name__ == "kvcache_fake_mod"
 
 
+def test_reloading_a_lenient_module_reruns_kvcaches_module(monkeypatch, tmp_path):
+    import importlib
+    import sys
+    import types
+
+    (tmp_path / "kvfake_utils.py").write_text("import os\nSEED = os.environ.get('KVFAKE')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("KVFAKE", "first")
+    module = importlib.import_module("kvfake_utils")
+    parent = types.ModuleType("vllmfake")
+    parent.__path__ = []
+    lenient = suite_plugin._Lenient("vllmfake.utils", module)
+    monkeypatch.setitem(sys.modules, "kvfake_utils", module)
+    monkeypatch.setitem(sys.modules, "vllmfake", parent)
+    monkeypatch.setitem(sys.modules, "vllmfake.utils", lenient)
+    monkeypatch.setenv("KVFAKE", "second")
+    # Without the finder the reload looks the vLLM name up: here nothing, on the suite vLLM's
+    # own file of that name.
+    with pytest.raises(ModuleNotFoundError):
+        importlib.reload(lenient)
+    monkeypatch.setattr(sys, "meta_path", [suite_plugin._ReloadKvcache(), *sys.meta_path])
+    assert importlib.reload(lenient) is lenient
+    assert lenient.SEED == module.SEED == "second"
+    assert module.__name__ == "kvfake_utils" and lenient.__name__ == "vllmfake.utils"
+
+
 def test_regeneration_keeps_categories_and_marks_new_failures():
     from regenerate import NEW, regenerate
 
