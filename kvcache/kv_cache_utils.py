@@ -242,8 +242,11 @@ class FreeKVCacheBlockQueue:
         self.append_n((block,))
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Link blocks at the tail, keeping their order."""
+        """Link blocks at the tail, keeping their order (nothing changed when the tail sentinel
+        has lost its link: an AssertionError, as vLLM's)."""
         if blocks:
+            assert self.fake_free_list_tail.prev_free_block is not None, (
+                "the tail sentinel of the free queue has no previous block")
             _link_run(blocks)
             self.append_chain(blocks[0], blocks[-1], len(blocks))
 
