@@ -9,6 +9,7 @@ from operator import add, length_hint
 from typing import TYPE_CHECKING, NoReturn
 
 import kvfuzz.kvcache.kv_cache_utils as kv_cache_utils
+from kvfuzz.kvcache.errors import PreconditionError
 from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
     BlockHashList,
@@ -665,9 +666,10 @@ class BlockPool:
             return None
         hbs = self.hash_block_size
         if block_size % hbs:
-            raise ValueError(f"block_size {block_size} is not a multiple of hash_block_size {hbs}")
+            raise PreconditionError(
+                f"block_size {block_size} is not a multiple of hash_block_size {hbs}")
         if num_tokens <= 0 or num_tokens % hbs or num_tokens // hbs > len(request.block_hashes):
-            raise ValueError(
+            raise PreconditionError(
                 f"num_tokens {num_tokens} is not a positive multiple of {hbs} within the "
                 f"{len(request.block_hashes)} hashes of request {request.request_id!r}"
             )

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
+from kvfuzz.kvcache.errors import PreconditionError
 from kvfuzz.kvcache.kv_cache_coordinator import get_kv_cache_coordinator
 from kvfuzz.kvcache.kv_cache_interface import (
     CircularBufferSpec,
@@ -335,7 +336,9 @@ class KVCacheManager:
         self, blocks: KVCacheBlocks, num_computed_tokens: int
     ) -> KVCacheBlocks:
         """A lookup result cut at a token count every group's block size divides: pure slicing
-        (no reference taken, `blocks` untouched). ValueError for an unaligned or too long cut."""
+        (no reference taken, `blocks` untouched). A Mamba group may end before the cut (an
+        external state then stands in for its hit); PreconditionError for a cut another group's
+        blocks do not end at, ValueError for a count that is not an int >= 0."""
         if type(num_computed_tokens) is not int or num_computed_tokens < 0:
             raise ValueError(
                 f"truncate_computed_blocks: num_computed_tokens={num_computed_tokens!r} is not "
@@ -353,7 +356,7 @@ class KVCacheManager:
             if isinstance(spec, MambaSpec):
                 num_blocks = min(num_blocks, len(group_blocks))
             if rest or num_blocks > len(group_blocks):
-                raise ValueError(
+                raise PreconditionError(
                     f"truncate_computed_blocks: {num_computed_tokens} tokens is not a cut of "
                     f"{len(group_blocks)} blocks of {manager.block_size} tokens"
                 )

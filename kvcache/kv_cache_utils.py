@@ -270,8 +270,11 @@ class FreeKVCacheBlockQueue:
         self.append_n((block,))
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Link blocks at the tail, keeping their order."""
+        """Link blocks at the tail, keeping their order (nothing changed when the tail sentinel
+        has lost its link: an AssertionError, as vLLM's)."""
         if blocks:
+            assert self.fake_free_list_tail.prev_free_block is not None, (
+                "the tail sentinel of the free queue has no previous block")
             _link_run(blocks)
             self.append_chain(blocks[0], blocks[-1], len(blocks))
 
@@ -743,13 +746,19 @@ BlockHashList = Sequence[BlockHash]
 
 
 def resolve_block_hashes(
-    block_hashes: BlockHashList, hash_block_size: int, block_size: int
+    block_hashes: BlockHashList, hash_block_size: int, block_size: int, *,
+    supports_fine_grained_hash_lookup: bool = False, alignment_tokens: int | None = None,
 ) -> BlockHashList:
-    """The hashes viewed at `block_size`; the raw list itself when sizes are equal."""
+    """The hashes viewed at `block_size`; the raw list itself when sizes are equal, or for a
+    manager with fine-grained lookups when hits align to a hash unit inside its blocks
+    (`alignment_tokens` below `block_size` and dividing it: partial hits on)."""
     if block_size == hash_block_size:
         return block_hashes
     if isinstance(block_hashes, BlockHashListWithBlockSize):
         assert block_hashes.scale_factor == block_size // hash_block_size
+        return block_hashes
+    if (supports_fine_grained_hash_lookup and alignment_tokens is not None
+            and alignment_tokens < block_size and not block_size % alignment_tokens):
         return block_hashes
     return BlockHashListWithBlockSize(block_hashes, hash_block_size, block_size)
 
@@ -776,3 +785,29 @@ def resolve_kv_cache_block_sizes(
     if hash_block_size is None:
         hash_block_size = default_hash
     return scheduler_block_size, hash_block_size
+
+
+def resolve_cache_hit_alignment_tokens(
+    kv_cache_config: KVCacheConfig, vllm_config: Any, scheduler_block_size: int,
+    hash_block_size: int,
+) -> int:
+    """Where prefix-cache hits land, as the hybrid coordinator decides it (vLLM's name, for the
+    workers that place Mamba checkpoints there): a hash block under fine-grained partial hits
+    (`partial_hash_hits_enabled`), else a scheduler block; a scheduler block with caching off
+    or one group. `vllm_config` is read for `cache_config.enable_prefix_caching` and
+    `parallel_config.decode_context_parallel_size`, which must be 1 (kvcache has no DCP)."""
+    # The rule sits with the coordinator, which imports this module.
+    from kvfuzz.kvcache.kv_cache_coordinator import partial_hash_hits_enabled
+
+    dcp_world_size = vllm_config.parallel_config.decode_context_parallel_size
+    if dcp_world_size != 1:
+        raise ValueError(
+            f"kvcache does not implement decode context parallelism: "
+            f"decode_context_parallel_size={dcp_world_size!r}"
+        )
+    groups = kv_cache_config.kv_cache_groups
+    if not vllm_config.cache_config.enable_prefix_caching or len(groups) <= 1:
+        return scheduler_block_size
+    if partial_hash_hits_enabled([group.kv_cache_spec for group in groups], hash_block_size):
+        return hash_block_size
+    return scheduler_block_size

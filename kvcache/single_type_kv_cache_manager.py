@@ -44,6 +44,11 @@ from kvfuzz.kvcache.kv_cache_utils import (
     null_prefix_len,
     resolve_block_hashes,
 )
+from kvfuzz.kvcache.reachable_blocks import (
+    every_block_reachable,
+    state_blocks_reachable,
+    window_blocks_reachable,
+)
 
 if TYPE_CHECKING:
     from kvfuzz.kvcache.request import Request
@@ -82,9 +87,7 @@ class SingleTypeKVCacheManager:
         # Specs are frozen: read once, not on every cache_blocks.
         self._prefix_cacheable = kv_cache_spec.prefix_cacheable
         # Whether this kind masks blocks out of registration: the call is left out otherwise.
-        self._masks_blocks = (
-            type(self).reachable_block_mask is not SingleTypeKVCacheManager.reachable_block_mask
-        )
+        self._masks_blocks = type(self).reachable_block_mask is not every_block_reachable
         self.block_pool = block_pool
         self._hash_block_size = block_pool.hash_block_size
         self.enable_caching = enable_caching
@@ -317,7 +320,7 @@ class SingleTypeKVCacheManager:
                 num_full_blocks,
                 self.block_size,
                 self.kv_cache_group_id,
-                self.reachable_block_mask(num_cached_blocks, num_full_blocks, request)
+                self._reachable_mask(num_cached_blocks, num_full_blocks, request)
                 if self._masks_blocks else None,
             )
             self.num_cached_block[request_id] = num_full_blocks
@@ -327,12 +330,20 @@ class SingleTypeKVCacheManager:
     def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
         """Tier B: register the prompt's last hash boundary inside a block (full attention)."""
 
-    def reachable_block_mask(
-        self, start_block: int, end_block: int, request: Request | None = None
+    # vLLM's class-level mask (reachable_blocks.py); callable without a manager.
+    reachable_block_mask = staticmethod(every_block_reachable)
+
+    def _reachable_mask(
+        self, start_block: int, end_block: int, request: Request
     ) -> list[bool] | None:
-        """Which of `request`'s blocks [start, end) can ever serve a hit (the request is needed
-        under a retention interval); None caches them all."""
-        return None
+        """`reachable_block_mask` for `request`'s blocks [start, end) under this group's
+        alignment, EAGLE drop and retention interval (with its reachable boundaries)."""
+        retention = self.retention_interval
+        return self.reachable_block_mask(
+            start_block, end_block, self.cache_hit_alignment_tokens, self.kv_cache_spec,
+            self.use_eagle, retention,
+            () if retention is None else self._reachable_boundaries(request),
+        )
 
     def _cache_blocks_with(
         self, request: Request, num_tokens: int, retention_interval: int | None,
@@ -683,11 +694,6 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         super().__init__(kv_cache_spec, **kwargs)  # type: ignore[arg-type]
         self.sliding_window = kv_cache_spec.sliding_window
         self.extra_retained_tokens = kv_cache_spec.extra_retained_tokens
-        # `need` of §4.9.2 without and with EAGLE, indexed by `use_eagle` (set after this).
-        self._hit_blocks = tuple(
-            sliding_window_hit_blocks(self.sliding_window, self.block_size, eagle)
-            for eagle in (False, True)
-        )
 
     @classmethod
     def find_longest_cache_hit(
@@ -773,43 +779,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         for blocks in computed:
             del blocks[num_blocks:]
 
-    def reachable_block_mask(
-        self, start_block: int, end_block: int, request: Request | None = None
-    ) -> list[bool] | None:
-        """Cache only blocks that can end a kept boundary's window run (§4.9.2).
-
-        With `per` blocks per segment (the hit alignment; the retention interval when one is
-        set; none when it is 0), block i is among the last `need` blocks before a segment end
-        iff `(i - shift) % per >= per - need`; EAGLE's extra block shifts the run right by one.
-        Under retention the `need` blocks before each replay boundary and the junction (aligned
-        down) are kept too. Dense when every block qualifies or the alignment is not a whole
-        number of blocks.
-        """
-        alignment = self.cache_hit_alignment_tokens
-        block_size = self.block_size
-        if alignment % block_size:
-            return None
-        use_eagle = self.use_eagle
-        need = self._hit_blocks[use_eagle]
-        retention = self.retention_interval
-        segment = alignment if retention is None else retention
-        per = segment // block_size
-        if segment and need >= per:  # every block qualifies (most configs): no list built
-            return None
-        shift = 1 if use_eagle else 0
-        mask = [False] * (end_block - start_block)
-        if segment:
-            mask = [
-                i >= shift and (i - shift) % per >= per - need
-                for i in range(start_block, end_block)
-            ]
-        if retention is not None:
-            assert request is not None, "a retention interval needs the caching request"
-            for boundary in self._reachable_boundaries(request):
-                end = boundary // alignment * alignment // block_size + shift
-                for j in range(max(start_block, end - need), min(end_block, end)):
-                    mask[j - start_block] = True
-        return mask
+    reachable_block_mask = staticmethod(window_blocks_reachable)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens before the window of the next token: with w = 4 and 7 computed, the next
@@ -1263,7 +1233,7 @@ class MambaManager(SingleTypeKVCacheManager):
             while first < num_full_blocks and blocks[first] is null_block:
                 first += 1
             if first < num_full_blocks:
-                mask = self.reachable_block_mask(first, num_full_blocks, request)
+                mask = self._reachable_mask(first, num_full_blocks, request)
                 start = self._step_starts.get(request_id) if self._step_starts else None
                 if start is not None:
                     mask = self._without_start_state(mask, start, first, num_full_blocks,
@@ -1294,33 +1264,7 @@ class MambaManager(SingleTypeKVCacheManager):
                         offloads.append((request_id, self.kv_cache_group_id, block,
                                          block._block_hash_num_tokens))
 
-    def reachable_block_mask(
-        self, start_block: int, end_block: int, request: Request | None = None
-    ) -> list[bool] | None:
-        """Sparse state checkpoints under a retention interval R (docs/spec.md §11.3): a hit
-        reads only the one state block ending at its boundary, so block i is kept when it ends
-        a segment (`(i + 1) % (R // bs) == 0`; every block when a segment is at most one
-        block; none when R is 0) or ends at a replay boundary or the junction of the caching
-        request, rounded down to the hit alignment and then to a block end. Dense (None)
-        without R."""
-        retention = self.retention_interval
-        if retention is None:
-            return None
-        assert request is not None, "a retention interval needs the caching request"
-        mask = [False] * (end_block - start_block)
-        if retention:
-            per_segment = retention // self.block_size
-            if per_segment <= 1:
-                return None
-            for i in range(-(-(start_block + 1) // per_segment) * per_segment - 1, end_block,
-                           per_segment):
-                mask[i - start_block] = True
-        alignment = self.cache_hit_alignment_tokens
-        for boundary in self._reachable_boundaries(request):
-            block_idx = boundary // alignment * alignment // self.block_size - 1
-            if start_block <= block_idx < end_block:
-                mask[block_idx - start_block] = True
-        return mask
+    reachable_block_mask = staticmethod(state_blocks_reachable)
 
     def _without_start_state(
         self, mask: list[bool] | None, start: int, first: int, end: int, num_tokens: int

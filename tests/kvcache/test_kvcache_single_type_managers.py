@@ -222,14 +222,15 @@ def test_cache_blocks_stops_at_hashed_tokens():
 def test_sliding_window_sparse_mask_in_hybrid_alignment():
     pool = BlockPool(8, True, 4)
     swa = _manager(SlidingWindowManager, SlidingWindowSpec(block_size=4, sliding_window=4), pool)
-    assert swa.reachable_block_mask(0, 6) is None
+    request = make_request("r", list(range(28)), 4)
+    assert swa._reachable_mask(0, 6, request) is None
     swa.cache_hit_alignment_tokens = 12  # need 1, per 3
-    assert swa.reachable_block_mask(0, 6) == [False, False, True, False, False, True]
-    assert swa.reachable_block_mask(4, 6) == [False, True]
+    assert swa._reachable_mask(0, 6, request) == [False, False, True, False, False, True]
+    assert swa._reachable_mask(4, 6, request) == [False, True]
     swa.use_eagle = True  # need 2, shifted right by one
-    assert swa.reachable_block_mask(0, 7) == [False, False, True, True, False, True, True]
+    assert swa._reachable_mask(0, 7, request) == [False, False, True, True, False, True, True]
     swa.cache_hit_alignment_tokens = 6
-    assert swa.reachable_block_mask(0, 4) is None
+    assert swa._reachable_mask(0, 4, request) is None
 
 
 def test_cross_attention_never_caches_or_looks_up():
