@@ -333,11 +333,6 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_in_flight_tokens=16, prefix_cache_retention_interval=0),
         ),
         (
-            "sliding window of 1 token (bs 4): a hit needs no block of the window, so the "
-            "longest run of cached blocks ends at the last one found",
-            Config(12, (_swa(4, 1),), name="swa_window1", max_model_len=64),
-        ),
-        (
             "sliding window (bs 4, window 8) alone with EAGLE, retention 0: the replay "
             "boundaries an EAGLE lookup needs (the block below each) keep their keys",
             Config(16, (_swa(4, 8),), name="swa_eagle_replay", max_model_len=64,

@@ -70,13 +70,16 @@ class CachedTokensProbe(NamedTuple):
 class CachedReport(NamedTuple):
     """What a `get_computed_blocks` of a request in kv_cache_report_mode "full" must
     re-announce for one group of its hit (docs/spec.md §3.10): one BlockStored of the group's
-    first `num_blocks` blocks of `block_size` tokens, from token 0 (`token_ids`)."""
+    first `num_blocks` blocks of `block_size` tokens, from token 0 (`token_ids`), naming the
+    keys the hit blocks hold (`keys`: a probe records their packed hashes, the side reads them
+    as content keys; None when a hit block is null and holds none)."""
 
     request_id: str
     group: int
     num_blocks: int
     block_size: int
     token_ids: tuple[int, ...]
+    keys: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -138,10 +138,14 @@ class ManagerProbes:
         result = original(request, *args, **kwargs)
         if getattr(request, "kv_cache_report_mode", "incremental") == "full" and result[1] > 0:
             tokens = request.all_token_ids
-            self.observations.cached_reports.extend(
-                CachedReport(request.request_id, group, len(blocks), self._block_sizes[group],
-                             tuple(tokens[:len(blocks) * self._block_sizes[group]]))
-                for group, blocks in enumerate(result[0].blocks) if blocks)
+            for group, blocks in enumerate(result[0].blocks):
+                if not blocks:
+                    continue
+                hashes = tuple(b.block_hash for b in blocks)
+                bs = self._block_sizes[group]
+                self.observations.cached_reports.append(CachedReport(
+                    request.request_id, group, len(blocks), bs, tuple(tokens[:len(blocks) * bs]),
+                    None if None in hashes else hashes))
         return result
 
     def _around_get_new_blocks(self, original: Callable[..., Any], *args: Any,

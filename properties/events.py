@@ -228,14 +228,15 @@ def split_reports(obs: Observations) -> tuple[list[KvEvent], list[CachedReport]]
 def _is_report(event: KvEvent, report: CachedReport) -> bool:
     return (event.kind == "stored" and event.parent is None and event.group == report.group
             and event.block_size == report.block_size and len(event.keys) == report.num_blocks
-            and event.token_ids == report.token_ids)
+            and event.token_ids == report.token_ids
+            and (report.keys is None or event.keys == report.keys))
 
 
 @transition(
     "EV6",
     "a lookup with a hit of a request in kv_cache_report_mode \"full\" re-announces the hit: "
-    "per group holding hit blocks, one BlockStored of exactly those blocks from token 0 (no "
-    "parent, the group's block size, the request's first tokens)",
+    "per group holding hit blocks, one BlockStored of exactly those blocks from token 0 (their "
+    "keys, no parent, the group's block size, the request's first tokens)",
     covers=("spec §3.10",),
 )
 def hit_reported_in_full_mode(before: Snapshot, after: Snapshot,
