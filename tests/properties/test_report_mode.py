@@ -63,8 +63,9 @@ def test_kvcache_reannounces_the_hit_from_token_0():
     assert manager.get_computed_blocks(plain)[1] == 8 and manager.take_events() == []
 
 
-def test_a_dropped_reannouncement_is_caught_by_ev6():
-    found = run_trace(_trace(), ["bug:cached-report-dropped"]).finding
+@pytest.mark.parametrize("level", ["api", "scheduler"])
+def test_a_dropped_reannouncement_is_caught_by_ev6(level):
+    found = run_trace(_trace(level), ["bug:cached-report-dropped"]).finding
     assert found is not None and found.check == "EV6", found
 
 

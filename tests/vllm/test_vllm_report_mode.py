@@ -20,27 +20,27 @@ pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="no vLLM this adapter drives is importable"),
 ]
 
-# Built-in `events_tenants` (blocks of 4): a caches 3 blocks and finishes; b shares its first
-# 9 tokens, so its lookup hits 2 blocks and re-announces them.
-OPS = [
-    {"op": "add_request", "request_id": "a", "prompt": list(range(1, 14))},
-    {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 13},
-    {"op": "free", "request_id": "a"},
-    {"op": "add_request", "request_id": "b", "prompt": list(range(1, 10)) + [40, 41]},
-    {"op": "get_computed_blocks", "request_id": "b"},
-    {"op": "allocate_slots", "request_id": "b", "num_new_tokens": 3, "use_lookup": True},
-    {"op": "take_events"},
-]
+# Built-in `events_tenants` (blocks of 4): a salted LoRA request with an input over [3, 9)
+# caches 3 blocks and finishes; b, with the same salt, adapter and input, shares its first 10
+# tokens, so its lookup hits 2 blocks and re-announces them with their extra keys (EV5).
+TENANT = {"cache_salt": "x", "lora_name": "l", "lora_id": 2, "mm_inputs": [[0, 3, 6]]}
+A = {"op": "add_request", "request_id": "a", "prompt": list(range(1, 14)), **TENANT}
+B = {"op": "add_request", "request_id": "b", "prompt": list(range(1, 11)) + [50], **TENANT}
+LEVELS = {
+    "api": [A, {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 13},
+            {"op": "free", "request_id": "a"}, B,
+            {"op": "get_computed_blocks", "request_id": "b"},
+            {"op": "allocate_slots", "request_id": "b", "num_new_tokens": 3, "use_lookup": True},
+            {"op": "take_events"}],
+    "scheduler": [A, {"op": "step"}, {"op": "step"}, {"op": "finish", "request_id": "a"}, B,
+                  {"op": "step"}, {"op": "step"}],
+}
 
 
 def _trace(level: str = "api") -> Trace:
-    ops = OPS if level == "api" else [
-        {"op": "add_request", "request_id": "a", "prompt": list(range(1, 14))},
-        {"op": "step"}, {"op": "step"}, {"op": "finish", "request_id": "a"},
-        {"op": "add_request", "request_id": "b", "prompt": list(range(1, 10)) + [40, 41]},
-        {"op": "step"}]
     return Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": level,
-                            "config": BUILTIN["events_tenants"][1].to_dict(), "ops": ops})
+                            "config": BUILTIN["events_tenants"][1].to_dict(),
+                            "ops": LEVELS[level]})
 
 
 @pytest.mark.parametrize("level", ["api", "scheduler"])
