@@ -27,6 +27,8 @@ FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
 MAMBA_CACHE_MODES: tuple[str, ...] = ("none", "align")
 MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='align'"
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
+# vLLM 0.34.0's Request.kv_cache_report_mode values (vllm/v1/request.py:130-134).
+REPORT_MODES: tuple[str, ...] = ("incremental", "full")
 # vLLM 0.34.0's reasons (ModelConfig.is_prefix_caching_supported / is_chunked_prefill_supported)
 # for a model with encoder-only (bidirectional) attention (docs/spec.md §12.4).
 ENCODER_ONLY_CACHING_REASON = (
@@ -188,6 +190,9 @@ class Config:
     """Generators free some requests in two steps: pop their blocks, release them later."""
     kv_events: bool = False
     """The manager queues KV cache events; `take_events` ops read them (docs/spec.md §3.10)."""
+    kv_cache_report_mode: str = "incremental"
+    """Every request's `kv_cache_report_mode`: "full" re-announces a prefix hit's blocks as
+    BlockStored (docs/spec.md §3.10)."""
     prefix_cache_retention_interval: int | None = None
     """Sparse prefix-cache retention of sliding-window and Mamba "align" groups (docs/spec.md
     §4.9.2, §11.3): None dense, 0 only replay boundaries, R a segment end every R tokens and
@@ -326,6 +331,9 @@ class Config:
         ):
             raise ConfigError(f"watermark must be a number in [0, 1], got {shown(self.watermark)}")
         _text("none_hash_seed", self.none_hash_seed)
+        if self.kv_cache_report_mode not in REPORT_MODES:
+            raise ConfigError(f"kv_cache_report_mode must be one of {', '.join(REPORT_MODES)}, "
+                              f"got {shown(self.kv_cache_report_mode)}")
         if not isinstance(self.scheduler, SchedulerConfig):
             raise ConfigError(f"scheduler must be a scheduler object, got {self.scheduler!r}")
         self.scheduler.validate()

@@ -132,6 +132,14 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    partial_hits=True, kv_events=True),
         ),
         (
+            "KV cache events with multi-tenant extra keys (LoRA adapters, multimodal inputs, "
+            "prompt embeddings, cache salts) and kv_cache_report_mode \"full\": each "
+            "BlockStored names its blocks' extra keys, and a prefix hit re-announces the "
+            "blocks it reuses",
+            Config(16, (_full(),), name="events_tenants", max_model_len=64, kv_events=True,
+                   extra_keys=True, kv_cache_report_mode="full"),
+        ),
+        (
             "KV connector: requests load remote KV (external tokens, uncached until the load "
             "lands, whole, short or failed); full attention (bs 4)",
             Config(16, (_full(),), name="connector", max_model_len=64, kv_connector=True),
@@ -207,6 +215,14 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "2), one checkpoint block each on the hash-block grid (alignment 2)",
             _attention_mamba_align("qwen3_5_checkpoint", 60, 3, 8, 2, speculative=2,
                                    checkpoint_alignment=2),
+        ),
+        (
+            "Qwen3.5-shaped with Gated DeltaNet prefill checkpoint blocks and retention 0: "
+            "qwen3_5_checkpoint's groups (full bs 8 + 3 align state groups, 2 speculative "
+            "blocks, hash blocks of 2, checkpoints on alignment 2); only the chunk reaching a "
+            "prompt's (or a resumed request's) prefill end reserves and keeps its checkpoint",
+            _attention_mamba_align("qwen3_5_checkpoint_replay", 60, 3, 8, 2, speculative=2,
+                                   retention=0, checkpoint_alignment=2),
         ),
         (
             "Qwen3-Next-shaped with its MTP drafter and Gated DeltaNet prefill checkpoint "

@@ -67,6 +67,21 @@ class CachedTokensProbe(NamedTuple):
     lookup_hit: int
 
 
+class CachedReport(NamedTuple):
+    """What a `get_computed_blocks` of a request in kv_cache_report_mode "full" must
+    re-announce for one group of its hit (docs/spec.md §3.10): one BlockStored of the group's
+    first `num_blocks` blocks of `block_size` tokens, from token 0 (`token_ids`), naming the
+    keys the hit blocks hold (`keys`: a probe records their packed hashes, the side reads them
+    as content keys; None when a hit block is null and holds none)."""
+
+    request_id: str
+    group: int
+    num_blocks: int
+    block_size: int
+    token_ids: tuple[int, ...]
+    keys: tuple[Any, ...] | None = None
+
+
 @dataclass(frozen=True)
 class KvEvent:
     """One KV cache event with its hashes read as content keys (docs/spec.md §3.10): `kind` is
@@ -107,6 +122,8 @@ class Observations:
     kv_events: list[KvEvent] = field(default_factory=list)
     """The KV cache events the op made a target emit, in content form, in order (configs with
     kv_events). The reference model reports none."""
+    cached_reports: list[CachedReport] = field(default_factory=list)
+    """The re-announcements the op's full-mode lookups with a hit owe (EV6), in call order."""
     events_reported: bool = False
     """Whether the side reports its KV cache events (a target on a config with kv_events; the
     reference model does not), so that an empty `kv_events` means no event (EV4)."""

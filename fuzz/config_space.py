@@ -4,9 +4,10 @@ A draw picks every knob of docs/configs.md at random: one to three groups of any
 sizes as multiples of a hash block size (1, 2, 4 or 8), per-group EAGLE and duplicated groups
 (two identical specs, EAGLE on one), Mamba "align" with speculative and checkpoint blocks and a
 checkpoint alignment of its own, windows, chunks, sinks, retention intervals, the KV
-connector, events, extra keys, partial hits, the watermark, hit-limit-carrying scheduler
-knobs. The config is then built with `Config.from_dict` on its JSON form, exactly as
-`--config-file` builds a file's (core/config_file.py), and a pool too small for one request of
+connector, events (with kv_cache_report_mode "full" where every group is full attention),
+extra keys, partial hits, the watermark, hit-limit-carrying scheduler knobs. The config is
+then built with `Config.from_dict` on its JSON form, exactly as `--config-file` builds a
+file's (core/config_file.py), and a pool too small for one request of
 max_model_len tokens is refused as vLLM refuses it at startup (`too_small_pool`); a draw
 either refuses is skipped and the next one taken, from the same seeded stream, so a seed
 always gives the same config. `cross_features` names which of the combinations the built-in
@@ -33,6 +34,11 @@ KINDS = ("full", "full", "sliding_window", "sliding_window", "mamba", "mamba", "
          "mla", "sink_full", "rswa", "circular_buffer")
 """The kinds of a hybrid config's later groups, the common ones twice (cross and encoder_only
 need caching off and come as whole-config draws, `_draw_groups`)."""
+
+REPORTED_KINDS = ("full", "mla")
+"""Kinds whose every hit block holds its key: kv_cache_report_mode "full" is drawn only for
+configs of these (a window's or state group's hit re-announces the keys of its null blocks,
+docs/spec.md §3.10)."""
 
 
 class NoConfig(ConfigError):
@@ -74,6 +80,9 @@ def draw(rng: random.Random) -> dict[str, Any]:
         "kv_connector": rng.random() < 0.2,
         "scheduler": _draw_scheduler(rng, groups),
     }
+    if data["kv_events"] and all(g["kind"] in REPORTED_KINDS for g in groups) and (
+            rng.random() < 0.5):
+        data["kv_cache_report_mode"] = "full"
     if hybrid or rng.random() < 0.5:
         data["hash_block_size"] = hbs if hybrid else groups[0]["block_size"]
     if rng.random() < 0.3:
@@ -188,6 +197,7 @@ def config_features(config: Config) -> int:
     on, group fields off their defaults (the shrinker's order on configs)."""
     return (len(config.groups) - 1 + sum(bool(getattr(config, f)) for f in FLAGS)
             + (config.watermark > 0) + (config.prefix_cache_retention_interval is not None)
+            + (config.kv_cache_report_mode != "incremental")
             + (config.hash_block_size is not None)
             + sum(getattr(g, k) != v for g in config.groups for k, v in GROUP_DEFAULTS.items()))
 
@@ -203,6 +213,8 @@ def generated_variants(config: Config) -> list[dict[str, Any]]:
     changes += [{flag: False} for flag in FLAGS if getattr(config, flag)]
     if config.watermark > 0:
         changes.append({"watermark": 0.0})
+    if config.kv_cache_report_mode != "incremental":
+        changes.append({"kv_cache_report_mode": "incremental"})
     if config.prefix_cache_retention_interval is not None:
         changes.append({"prefix_cache_retention_interval": None})
     if config.hash_block_size is not None:

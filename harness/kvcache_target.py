@@ -127,6 +127,7 @@ class KvcacheSide(ManagerSide):
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"],
             num_encoder_tokens=op["num_encoder_tokens"],
             prefix_cache_hit_limit=op["prefix_cache_hit_limit"],
+            kv_cache_report_mode=self.config.kv_cache_report_mode,
             lora_request=None if op["lora_name"] is None
             else LoRARequest(op["lora_name"], op["lora_id"],
                              lora_path(op["lora_id"], op["lora_path"])),

@@ -222,6 +222,10 @@ class ManagerSide:
             ) for a in obs.allocations]
         obs.kv_events, self._op_events = self._op_events, []
         obs.events_reported = self.config.kv_events
+        if obs.cached_reports:
+            self.keys.learn_all(self.requests.values())
+            obs.cached_reports = [r if r.keys is None else r._replace(
+                keys=tuple(self.keys.key(h) for h in r.keys)) for r in obs.cached_reports]
         if self.hash_audit is not None:
             obs.hash_mismatches = self._audit_hashes(self.hash_audit)
         return obs

@@ -455,6 +455,13 @@ def _stored_on_every_hit(side: KvcacheSide) -> None:
     _around(manager, "get_computed_blocks", around)
 
 
+@mutant("cached-report-dropped", "a lookup of a request in kv_cache_report_mode \"full\" "
+        "re-announces none of the blocks its hit reuses", bug="vLLM kv_cache_manager.py:331-339",
+        configs=("events_tenants",))
+def _cached_report_dropped(side: KvcacheSide) -> None:
+    side.manager.block_pool.emit_cached_block_events = lambda *args, **kwargs: None
+
+
 @mutant("promoted-partial-unannounced", "promoting a partial entry to a full block's key emits "
         "no BlockRemoved for the partial key it drops", bug="docs/spec.md §3.10",
         configs=("events_partial",))

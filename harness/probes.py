@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from kvfuzz.core.sides import AllocationProbe, Observations
+from kvfuzz.core.sides import AllocationProbe, CachedReport, Observations
 
 
 class _Call:
@@ -48,6 +48,9 @@ class ManagerProbes:
         _wrap(manager, "allocate_slots", self._around_allocate_slots)
         _wrap(manager.coordinator, "get_num_blocks_to_allocate", self._around_prediction)
         _wrap(self._pool, "get_new_blocks", self._around_get_new_blocks)
+        self._block_sizes = [single.block_size for single in managers]
+        if getattr(manager, "enable_kv_cache_events", False):
+            _wrap(manager, "get_computed_blocks", self._around_lookup)
         for group_id, single in enumerate(managers):
             _wrap(single, "get_num_blocks_to_allocate", self._group_prediction(group_id))
             for name in ("add_local_computed_blocks", "allocate_external_computed_blocks",
@@ -129,6 +132,21 @@ class ManagerProbes:
                     call.group_taken[group_id] += before - self._pool.get_num_free_blocks()
 
         return around
+
+    def _around_lookup(self, original: Callable[..., Any], request: Any, *args: Any,
+                       **kwargs: Any) -> Any:
+        result = original(request, *args, **kwargs)
+        if getattr(request, "kv_cache_report_mode", "incremental") == "full" and result[1] > 0:
+            tokens = request.all_token_ids
+            for group, blocks in enumerate(result[0].blocks):
+                if not blocks:
+                    continue
+                hashes = tuple(b.block_hash for b in blocks)
+                bs = self._block_sizes[group]
+                self.observations.cached_reports.append(CachedReport(
+                    request.request_id, group, len(blocks), bs, tuple(tokens[:len(blocks) * bs]),
+                    None if None in hashes else hashes))
+        return result
 
     def _around_get_new_blocks(self, original: Callable[..., Any], *args: Any,
                                **kwargs: Any) -> Any:

@@ -118,6 +118,12 @@ FEATURES: dict[str, tuple[str, Callable[["VllmApi"], bool]]] = {
         "KVCacheManager(enable_kv_cache_events=) and take_events()",
         _takes("KVCacheManager", "__init__", "enable_kv_cache_events"),
     ),
+    "report_mode": (
+        "Request.kv_cache_report_mode from SamplingParams.extra_args (\"full\": a prefix hit "
+        "re-announces its blocks, BlockPool.emit_cached_block_events)",
+        lambda api: callable(getattr(api.objects["BlockPool"], "emit_cached_block_events",
+                                     None)),
+    ),
     "prompt_embeds_mask": (
         "Request(prompt_is_token_ids=): prompts mixing token ids and embeddings",
         _takes("Request", "__init__", "prompt_is_token_ids"),

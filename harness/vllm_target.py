@@ -561,6 +561,8 @@ class VllmSide(ManagerSide):
         if config.enable_mamba_shared_prefix_checkpoint:
             self._require_option("enable_mamba_shared_prefix_checkpoint",
                                  "shared_prefix_checkpoint")
+        if config.kv_cache_report_mode != "incremental":
+            self._require_option("kv_cache_report_mode", "report_mode")
         if config.kv_events:
             self.require("take_events")
             # Events then carry the block hashes themselves, which the harness reads as content.
@@ -844,6 +846,8 @@ class VllmSide(ManagerSide):
         params = v["SamplingParams"](
             max_tokens=op["max_tokens"],
             skip_reading_prefix_cache=op["skip_reading_prefix_cache"] or None,
+            **({"extra_args": {"kv_cache_report_mode": self.config.kv_cache_report_mode}}
+               if self.config.kv_cache_report_mode != "incremental" else {}),
         )
         request = v["Request"](
             op["request_id"],

@@ -278,6 +278,9 @@ class KVCacheManager:
         blocks, num_hit_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )
+        if num_hit_tokens and self.enable_kv_cache_events and getattr(
+                request, "kv_cache_report_mode", "incremental") == "full":
+            self.coordinator.emit_cached_block_events(request, blocks)
         shared_prefix_boundary = num_hit_tokens + num_uncached if num_uncached else 0
         return self._lookup_result(blocks), num_hit_tokens, shared_prefix_boundary
 

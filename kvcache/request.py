@@ -137,6 +137,7 @@ class Request:
         skip_reading_prefix_cache: bool = False,
         num_encoder_tokens: int = 0,
         prefix_cache_hit_limit: int | None = None,
+        kv_cache_report_mode: str = "incremental",
     ) -> None:
         """vLLM 0.34's parameters, in its order (vllm/v1/request.py:64-87), then kvcache's own
         keyword-only ones. Given vLLM's `sampling_params` or `pooling_params`, those decide
@@ -172,6 +173,11 @@ class Request:
         self.max_tokens = max_tokens
         self.cache_salt = cache_salt
         self.session_id = session_id
+        # "full": a prefix hit re-announces the blocks it reuses (vllm/v1/request.py:130-134).
+        self.kv_cache_report_mode = (
+            (getattr(sampling_params, "extra_args", None) or {}).get(
+                "kv_cache_report_mode", "incremental")
+            if sampling_params is not None else kv_cache_report_mode)
         self.priority = priority
         self.arrival_time = arrival_time
         self.skip_reading_prefix_cache = skip_reading_prefix_cache

@@ -11,7 +11,7 @@ from kvfuzz.properties.registry import (
 )
 from kvfuzz.properties import mission as _mission  # noqa: F401  (registers P1-P4)
 from kvfuzz.properties import invariants as _invariants  # noqa: F401  (registers I1-I20, H1-H2)
-from kvfuzz.properties import events as _events  # noqa: F401  (registers EV1-EV5)
+from kvfuzz.properties import events as _events  # noqa: F401  (registers EV1-EV6)
 from kvfuzz.properties import states as _states  # noqa: F401  (registers S2-S3)
 from kvfuzz.properties import retention as _retention  # noqa: F401  (registers RT1)
 from kvfuzz.properties import inflight as _inflight  # noqa: F401  (registers IF1-IF2)

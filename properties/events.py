@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvfuzz.core.sides import take_events_result
+from kvfuzz.core.sides import CachedReport, KvEvent, Observations, take_events_result
 from kvfuzz.core.snapshot import CacheKey, Snapshot, format_key
 from kvfuzz.properties.registry import CheckContext, transition
 
@@ -85,7 +85,7 @@ def events_match_cache_changes(before: Snapshot, after: Snapshot,
                                ctx: CheckContext) -> str | None:
     if not ctx.observations.events_reported:
         return None
-    events = ctx.observations.kv_events
+    events = split_reports(ctx.observations)[0]
     if not events and before.cache == after.cache:
         return None
     count: dict[CacheKey, int] = {}
@@ -208,3 +208,45 @@ def stored_events_extra_keys(before: Snapshot, after: Snapshot,
                 return (f"BlockStored key {i} ({format_key(key)}) names extra keys "
                         f"{list(got[i])}, its block's are {list(want)}")
     return None
+
+
+def split_reports(obs: Observations) -> tuple[list[KvEvent], list[CachedReport]]:
+    """The op's events less the re-announcements its full-mode lookups owe (each report
+    matched, in order, to the first unmatched BlockStored it describes exactly), and the
+    reports no event matched."""
+    events = list(obs.kv_events)
+    missing = []
+    for report in obs.cached_reports:
+        match = next((i for i, e in enumerate(events) if _is_report(e, report)), None)
+        if match is None:
+            missing.append(report)
+        else:
+            del events[match]
+    return events, missing
+
+
+def _is_report(event: KvEvent, report: CachedReport) -> bool:
+    return (event.kind == "stored" and event.parent is None and event.group == report.group
+            and event.block_size == report.block_size and len(event.keys) == report.num_blocks
+            and event.token_ids == report.token_ids
+            and (report.keys is None or event.keys == report.keys))
+
+
+@transition(
+    "EV6",
+    "a lookup with a hit of a request in kv_cache_report_mode \"full\" re-announces the hit: "
+    "per group holding hit blocks, one BlockStored of exactly those blocks from token 0 (their "
+    "keys, no parent, the group's block size, the request's first tokens)",
+    covers=("spec §3.10",),
+)
+def hit_reported_in_full_mode(before: Snapshot, after: Snapshot,
+                              ctx: CheckContext) -> str | None:
+    if not ctx.observations.events_reported or not ctx.observations.cached_reports:
+        return None
+    missing = split_reports(ctx.observations)[1]
+    if not missing:
+        return None
+    r = missing[0]
+    return (f"request {r.request_id!r}'s lookup hit {r.num_blocks} block(s) of group "
+            f"{r.group} in kv_cache_report_mode \"full\", but no BlockStored of those blocks "
+            f"from token 0 ({r.num_blocks * r.block_size} tokens, no parent) follows")

@@ -11,7 +11,8 @@ import pytest
 from kvfuzz.core.config import Config, GroupConfig, SchedulerConfig
 from kvfuzz.harness.executor import Execution
 from kvfuzz.core.sides import (
-    AllocationProbe, CachedTokensProbe, ForwardPass, KvEvent, Observations, take_events_result,
+    AllocationProbe, CachedReport, CachedTokensProbe, ForwardPass, KvEvent, Observations,
+    take_events_result,
 )
 from kvfuzz.properties import REGISTRY, CheckContext
 
@@ -172,6 +173,10 @@ def _event_cases(execution, s):
                                                      events_reported=True))),
         "EV5": (s, s, _ctx(execution, observations=Observations(kv_events=[dataclasses.replace(
             _stored_again(key), extra_keys=(("not-its-salt",),))]))),
+        # A full-mode hit owed a re-announcement that no event makes.
+        "EV6": (s, s, _ctx(execution, observations=Observations(
+            cached_reports=[CachedReport("r0", key[0], 1, len(key[2]), key[2])],
+            events_reported=True))),
     }
 
 

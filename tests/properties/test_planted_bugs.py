@@ -50,6 +50,7 @@ EXPECTED = {
     "stored-parent-dropped": {"EV3"},
     "stored-on-every-hit": {"EV4"},
     "stored-extra-keys-at-start": {"EV5"},
+    "cached-report-dropped": {"EV6"},
     "plain-extras-empty": {"H2"},
     "mm-later-input-unkeyed": {"H1", "H2"},
     "promoted-partial-unannounced": {"EV4"},
@@ -128,7 +129,8 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("IF2", "inflight-fence-one-late", "scheduler"),
      ("EV4", "stored-on-every-hit", "api"), ("H2", "plain-extras-empty", "api"),
      ("H1", "weak-hash", "api"), ("EV4", "promoted-partial-unannounced", "scheduler"),
-     ("H2", "lookahead-unhashed", "api"), ("EV5", "stored-extra-keys-at-start", "api")],
+     ("H2", "lookahead-unhashed", "api"), ("EV5", "stored-extra-keys-at-start", "api"),
+     ("EV6", "cached-report-dropped", "api")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""

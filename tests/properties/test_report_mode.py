@@ -1,0 +1,80 @@
+"""kv_cache_report_mode "full" (docs/spec.md §3.10): a lookup with a hit re-announces the
+blocks it reuses as one BlockStored per group from token 0, EV6 holds the events to that, and
+EV4 replays the op's events less those re-announcements."""
+
+import pytest
+
+from kvfuzz.core.config import Config
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.core.errors import ConfigError
+from kvfuzz.core.trace import Trace
+from kvfuzz.harness.executor import run_trace
+from kvfuzz.harness.kvcache_target import build_kvcache_manager
+from kvfuzz.kvcache.kv_events import BlockStored
+from kvfuzz.kvcache.kv_cache_utils import get_request_block_hasher
+from kvfuzz.kvcache.request import Request
+
+CONFIG = BUILTIN["events_tenants"][1]
+
+# Blocks of 4: a caches 3 full blocks and finishes; b shares 9 tokens (a 2-block hit), looked
+# up, allocated on the hit, then its events taken; c (salted) shares no key.
+OPS = [
+    {"op": "add_request", "request_id": "a", "prompt": list(range(1, 14))},
+    {"op": "allocate_slots", "request_id": "a", "num_new_tokens": 13},
+    {"op": "free", "request_id": "a"},
+    {"op": "add_request", "request_id": "b", "prompt": list(range(1, 10)) + [40, 41]},
+    {"op": "get_computed_blocks", "request_id": "b"},
+    {"op": "allocate_slots", "request_id": "b", "num_new_tokens": 3, "use_lookup": True},
+    {"op": "add_request", "request_id": "c", "prompt": list(range(1, 10)), "cache_salt": "s"},
+    {"op": "get_computed_blocks", "request_id": "c"},
+    {"op": "take_events"},
+]
+
+
+def _trace(level: str = "api", **config) -> Trace:
+    ops = OPS if level == "api" else [
+        {"op": "add_request", "request_id": "a", "prompt": list(range(1, 14))},
+        {"op": "step"}, {"op": "step"}, {"op": "finish", "request_id": "a"},
+        {"op": "add_request", "request_id": "b", "prompt": list(range(1, 10)) + [40, 41]},
+        {"op": "step"}]
+    return Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": level,
+                            "config": {**CONFIG.to_dict(), **config}, "ops": ops})
+
+
+@pytest.mark.parametrize("level", ["api", "scheduler"])
+def test_kvcache_passes_in_full_mode(level):
+    assert run_trace(_trace(level), ["kvcache"]).passed
+
+
+def test_kvcache_reannounces_the_hit_from_token_0():
+    manager = build_kvcache_manager(CONFIG)
+    hasher = get_request_block_hasher(4, None)
+    a = Request("a", list(range(1, 14)), block_hasher=hasher)
+    manager.allocate_slots(a, 13)
+    manager.free(a)
+    manager.take_events()
+    b = Request("b", list(range(1, 12)), block_hasher=hasher, kv_cache_report_mode="full")
+    blocks, hit, _ = manager.get_computed_blocks(b)
+    [event] = manager.take_events()
+    assert hit == 8 and isinstance(event, BlockStored)
+    assert event.parent_block_hash is None and event.token_ids == list(range(1, 9))
+    assert event.block_hashes == list(b.block_hashes[:2]) and event.block_size == 4
+    plain = Request("p", list(range(1, 12)), block_hasher=hasher)
+    assert manager.get_computed_blocks(plain)[1] == 8 and manager.take_events() == []
+
+
+@pytest.mark.parametrize("level", ["api", "scheduler"])
+def test_a_dropped_reannouncement_is_caught_by_ev6(level):
+    found = run_trace(_trace(level), ["bug:cached-report-dropped"]).finding
+    assert found is not None and found.check == "EV6", found
+
+
+def test_reannouncing_without_the_mode_is_caught_by_ev4():
+    found = run_trace(_trace(kv_cache_report_mode="incremental"),
+                      ["bug:stored-on-every-hit"]).finding
+    assert found is not None and found.check == "EV4", found
+
+
+def test_a_report_mode_vllm_lacks_is_refused():
+    with pytest.raises(ConfigError, match="kv_cache_report_mode must be one of"):
+        Config.from_dict({**CONFIG.to_dict(), "kv_cache_report_mode": "partial"})
