@@ -94,13 +94,13 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                                  _rejection_keeps_computed, ("eagle",)),
     "failed-load-kept": ("a connector's short or failed KV load is not rolled back",
                          _failed_load_kept, ("connector",)),
-    "in-flight-free-not-deferred": ("a free while a step in flight reads the blocks is not "
+    "free-not-deferred": ("a free while a step in flight reads the blocks is not "
                                     "deferred", _in_flight_free_not_deferred,
                                     ("deferred_connector",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 
-_ASYNC = frozenset({"in-flight-free-not-deferred"})
+_ASYNC = frozenset({"free-not-deferred"})
 """Plants in vLLM's AsyncScheduler, where steps stay in flight (target vllm-async-scheduler)."""
 
 

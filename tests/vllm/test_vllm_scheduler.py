@@ -283,7 +283,7 @@ for _name in CONFIGS:
     ("mamba-split-unaligned", "mamba_align", "DIFF-result"),
     ("rejection-keeps-computed", "eagle", "DIFF-state"),
     ("failed-load-kept", "connector", "DIFF-result"),
-    ("in-flight-free-not-deferred", "deferred_connector", "IF1"),
+    ("free-not-deferred", "deferred_connector", "IF1"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     examples = "120" if config == "deferred_connector" else "60"  # steps in flight are rarer
