@@ -266,6 +266,72 @@ def test_finding_016_is_reached_by_vllm_scheduler(capsys):
     assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 0  # tolerated
 
 
+# ----- steps in flight: AsyncScheduler with a KV-consumer connector defers frees -----
+
+ASYNC_THREE_WAY = ("kvcache", "vllm-async-scheduler")
+
+
+def test_steps_in_flight_on_vllm_async_scheduler_three_way():
+    """Two prefill chunks left in flight, an abort while they are: vLLM's AsyncScheduler
+    holds the outputs and defers the free, kvfuzz's driver defers it; the in-flight steps,
+    their reads, the deferred frees and what `complete_step` releases agree three-way (018
+    tolerated: the free is drained group after group)."""
+    ex = Execution(BUILTIN["deferred_connector"][1], "scheduler", ASYNC_THREE_WAY)
+    ex.apply(_add("a", list(range(20)), max_tokens=2))
+    ex.apply(_add("b", list(range(40, 62)), max_tokens=2))
+    ex.apply({"op": "step"})
+    ex.apply({"op": "step", "in_flight": True})
+    ex.apply({"op": "step", "in_flight": True})
+    assert len(ex.state.in_flight) == 2
+    ex.apply({"op": "abort", "request_id": "a"})
+    assert ex.state.deferred_frees
+    assert ex.apply({"op": "complete_step"}) == []
+    released = ex.apply({"op": "complete_step"})
+    assert released and not ex.state.in_flight and not ex.state.deferred_frees
+    for i in range(8):
+        ex.apply({"op": "step", "sample": i})
+    assert ex.targets[1].side.scheduler.reordered == ["a"]
+
+
+def test_an_in_flight_step_that_samples_is_refused_where_outputs_are_taken_late(tmp_path,
+                                                                                 capsys):
+    """vLLM appends a step's tokens when its output is taken, kvfuzz's driver at launch: a
+    step left in flight that samples is not comparable, so the trace is refused (exit 2) and
+    the generators give such steps only where no request can sample."""
+    trace = Trace(BUILTIN["deferred_connector"][1], "scheduler",
+                  [_add("r", list(range(3))), {"op": "step", "in_flight": True}], {})
+    path = tmp_path / "t.json"
+    trace.save(path)
+    assert kvfuzz(["replay", str(path), "--target", "vllm-async-scheduler"]) == 2
+    assert "samples ['r']" in capsys.readouterr().err
+    assert kvfuzz(["replay", str(path), "--target", "kvcache"]) == 0
+
+
+def test_a_campaign_leaves_steps_in_flight_on_vllm_async_scheduler(tmp_path, capsys):
+    code = kvfuzz(["run", "--target", "vllm-async-scheduler", "--level", "scheduler",
+                   "--config", "deferred_connector", "--examples", "120",
+                   "--corpus", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "018 deferred-drain-group-order" in out
+
+
+def test_finding_018_trace_replays_on_vllm_async_scheduler():
+    """018's trace: a request aborted while its prefill chunk is in flight. vLLM's
+    AsyncScheduler (KV-consumer connector) defers the free and drains it in reverse over the
+    whole list, window group first: DIFF-state on the free queue at `complete_step` (the trace
+    records `no_tolerate: 018`); tolerated, the side drains group after group and it passes."""
+    path = FINDINGS / "018-deferred-drain-group-order.json"
+    trace = Trace.load(path)
+    found = run_trace(trace, (get_target("vllm-async-scheduler").spec(
+        Tolerance.of_meta(trace.meta)),)).finding
+    assert found is not None and (found.check, found.step) == ("DIFF-state", 3), found
+    assert "free_queue" in found.message
+    assert run_trace(trace, ("kvcache",)).passed
+    assert kvfuzz(["replay", str(path), "--target", "vllm-async-scheduler"]) == 1
+    assert run_trace(trace, (get_target("vllm-async-scheduler").spec(Tolerance()),)).passed
+
+
 # ----- the state machines, three-way, over the shapes above -----
 
 for _name in CONFIGS:
