@@ -112,9 +112,11 @@ def unsupported_reason(config: Config) -> str | None:
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
         (config.kv_events, "KV events"),
-        (bool(config.num_hash_lookahead_tokens or config.num_prefill_lookahead),
-         "MTP / draft lookahead (vLLM's Scheduler derives it from a drafter's "
-         "SpeculativeConfig and keeps prefill chunks clear of it)"),
+        (bool(config.num_hash_lookahead_tokens) and config.enable_caching
+         and any(g.kind == "mamba" for g in config.groups),
+         "MTP hash lookahead on a Mamba hybrid (vLLM's Scheduler publishes states after each "
+         "output, caching the hash block the sampled token completes; kvfuzz's driver does "
+         "not)"),
     )
     named = [why for on, why in reasons if on]
     return "; ".join(named) if named else None
@@ -184,10 +186,16 @@ def _derived_settings(vllm_config_cls: Any, scheduler_module: Any, config: Confi
     built: `VllmConfig.max_in_flight_tokens` (concurrent batches × budget) becomes the
     config's reserve (None: max_model_len, the manager's own default);
     `VllmConfig.num_lookahead_tokens` (a drafter's KV slots past the scheduled tokens) the
-    config's lookahead; and the manager it builds gets the config's EAGLE last-block drop
-    (vLLM reads it from a draft model's SpeculativeConfig, which needs the model)."""
+    config's lookahead; MTP's `num_hash_lookahead_tokens` and `num_prefill_lookahead_tokens`
+    (0.33+; a release without them never gets here, `VllmSide.build_manager` refuses) the
+    config's; and the manager it builds gets the config's EAGLE last-block drop (vLLM reads
+    them from a draft model's SpeculativeConfig, which needs the model)."""
     derived = {"max_in_flight_tokens": config.max_in_flight_tokens or config.max_model_len,
                "num_lookahead_tokens": config.scheduler.num_lookahead_tokens}
+    for name, value in (("num_hash_lookahead_tokens", config.num_hash_lookahead_tokens),
+                        ("num_prefill_lookahead_tokens", config.num_prefill_lookahead)):
+        if value:
+            derived[name] = value
     originals = {name: vllm_config_cls.__dict__[name] for name in derived}
     manager_cls = scheduler_module.KVCacheManager
     for name, value in derived.items():
