@@ -63,6 +63,9 @@ def _refuse_config(trace: Trace) -> None:
     reason = unsupported_reason(config)
     if reason is not None:
         raise VllmTestUnsupported(f"vLLM's Scheduler is not set up with {reason}")
+    if config.num_hash_lookahead_tokens or config.num_prefill_lookahead:
+        raise VllmTestUnsupported("MTP lookahead: a generated test's Scheduler would take it "
+                                  "from a drafter's SpeculativeConfig, which needs the model")
     if config.kv_connector:  # target vllm-scheduler plays it with kvfuzz's own connector
         raise VllmTestUnsupported("a generated test's Scheduler is not set up with a KV "
                                   "connector (kvfuzz's connector is not written into tests)")
