@@ -103,8 +103,9 @@ class SchedulerCannotTake(VllmUnsupported):
     leaves that config out and says why; naming it (`--config`) is a usage error (exit 2)."""
 
 
-def unsupported_reason(config: Config) -> str | None:
-    """Why vLLM's own Scheduler cannot run `config` as kvfuzz's driver would, or None."""
+def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | None:
+    """Why vLLM's own Scheduler (`AsyncScheduler` with `async_scheduling`) cannot run `config`
+    as kvfuzz's driver would, or None."""
     s = config.scheduler
     reasons = (
         (s.reserved_blocks > 0, "reserved_blocks (vLLM's Scheduler reserves only for async "
@@ -112,11 +113,11 @@ def unsupported_reason(config: Config) -> str | None:
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
         (config.kv_events, "KV events"),
-        (bool(config.num_hash_lookahead_tokens) and config.enable_caching
-         and any(g.kind == "mamba" for g in config.groups),
-         "MTP hash lookahead on a Mamba hybrid (vLLM's Scheduler publishes states after each "
-         "output, caching the hash block the sampled token completes; kvfuzz's driver does "
-         "not)"),
+        (bool(config.num_hash_lookahead_tokens) and config.enable_caching and (
+            async_scheduling or any(g.kind == "mamba" for g in config.groups)),
+         "MTP hash lookahead on a Mamba hybrid or with async scheduling (vLLM's Scheduler "
+         "publishes states after each output, caching the hash block the sampled token "
+         "completes; kvfuzz's driver does not)"),
     )
     named = [why for on, why in reasons if on]
     return "; ".join(named) if named else None
@@ -215,7 +216,7 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
                          kv_load_failure_policy: str = "recompute") -> Any:
     """vLLM's own Scheduler (or AsyncScheduler) for a harness config, on the CPU, offline
     (with a KV connector: kvfuzz's, under `kv_load_failure_policy`)."""
-    reason = unsupported_reason(config)
+    reason = unsupported_reason(config, async_scheduling)
     if reason is not None:
         raise SchedulerCannotTake(f"vLLM's Scheduler is not driven with {reason}")
     api = _vllm_scheduler_api()
@@ -310,8 +311,8 @@ class VllmSchedulerDriver:
         free = scheduler._free_request_blocks
 
         def free_request_blocks(request: Any) -> Any:
-            tables = [list(b) for b in scheduler.kv_cache_manager.get_blocks(
-                request.request_id).blocks] if request.request_id in self._requests else []
+            tables = [] if scheduler._request_blocks_can_be_freed(request) else [
+                list(b) for b in scheduler.kv_cache_manager.get_blocks(request.request_id).blocks]
             deferred = len(scheduler.deferred_frees)
             result = free(request)
             if len(scheduler.deferred_frees) > deferred:

@@ -350,13 +350,15 @@ def test_mtp_configs_run_on_vllm_scheduler_where_the_release_hashes_ahead(config
         assert code == 2 and "num_hash_lookahead_tokens" in err
 
 
-def test_mtp_on_a_mamba_hybrid_is_left_out_with_its_reason():
-    """vLLM's Scheduler publishes a Mamba hybrid's states after each output (`cache_blocks`
-    in `update_from_output`), which with hash lookahead caches the hash block the sampled
-    token completes; kvfuzz's driver does not, so the config is refused with that reason."""
+def test_mtp_on_a_mamba_hybrid_or_async_is_left_out_with_its_reason():
+    """vLLM's Scheduler publishes states after each output on a Mamba hybrid and under async
+    scheduling (`cache_blocks` in `update_from_output`), which with hash lookahead caches the
+    hash block the sampled token completes; kvfuzz's driver does not, so the config is
+    refused there with that reason."""
     assert "publishes states after each output" in unsupported_reason(
         BUILTIN["qwen3_next_mtp"][1])
     assert unsupported_reason(BUILTIN["deepseek_v3_mtp"][1]) is None
+    assert "async scheduling" in unsupported_reason(BUILTIN["deepseek_v3_mtp"][1], True)
     with pytest.raises(VllmUnsupported):  # on 0.32, for the lookahead it lacks first
         get_target("vllm-scheduler").cannot_build(BUILTIN["qwen3_next_mtp"][1])
 
