@@ -113,6 +113,9 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
         (config.kv_events, "KV events"),
+        (config.num_prefill_lookahead > 1,
+         "multi-module MTP prefill lookahead (vLLM's Scheduler skips a waiting request the "
+         "lookahead leaves no tokens and admits the next; kvfuzz's driver stops admitting)"),
         (bool(config.num_hash_lookahead_tokens) and config.enable_caching and (
             async_scheduling or any(g.kind == "mamba" for g in config.groups)),
          "MTP hash lookahead on a Mamba hybrid or with async scheduling (vLLM's Scheduler "
