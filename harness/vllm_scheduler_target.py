@@ -81,6 +81,19 @@ def _drained_in_drain(snapshot: Snapshot, config: Config) -> tuple[Snapshot, lis
     return snapshot, []
 
 
+def _publishes_after_output(async_scheduling: bool, mamba: bool) -> bool:
+    """Whether this vLLM's `update_from_output` caches a request's blocks after its output
+    (`cache_blocks`): under async scheduling (0.33+), and on a Mamba hybrid without it (0.34,
+    `has_mamba_layers`); read from its source (unreadable: no)."""
+    try:
+        scheduler = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler
+        source = inspect.getsource(scheduler.update_from_output)
+    except Exception:  # noqa: BLE001 - no such scheduler or source: not this release
+        return False
+    return "cache_blocks" in source and (async_scheduling
+                                         or mamba and "has_mamba_layers" in source)
+
+
 SCHEDULER_DEVIATIONS = (
     KnownDeviation(
         "stopped-drafts-stay-computed",
@@ -116,11 +129,12 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
         (config.num_prefill_lookahead > 1,
          "multi-module MTP prefill lookahead (vLLM's Scheduler skips a waiting request the "
          "lookahead leaves no tokens and admits the next; kvfuzz's driver stops admitting)"),
-        (bool(config.num_hash_lookahead_tokens) and config.enable_caching and (
-            async_scheduling or any(g.kind == "mamba" for g in config.groups)),
-         "MTP hash lookahead on a Mamba hybrid or with async scheduling (vLLM's Scheduler "
-         "publishes states after each output, caching the hash block the sampled token "
-         "completes; kvfuzz's driver does not)"),
+        (bool(config.num_hash_lookahead_tokens) and config.enable_caching
+         and _publishes_after_output(async_scheduling,
+                                     any(g.kind == "mamba" for g in config.groups)),
+         "MTP hash lookahead where vLLM's Scheduler publishes states after each output "
+         "(async scheduling; a Mamba hybrid, 0.34), caching the hash block the sampled token "
+         "completes; kvfuzz's driver does not"),
     )
     named = [why for on, why in reasons if on]
     return "; ".join(named) if named else None

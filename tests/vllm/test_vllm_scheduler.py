@@ -12,6 +12,7 @@ Run with the venv of ci/install-vllm.sh:  "$py" -m pytest -m vllm tests/vllm -q
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,11 @@ from kvfuzz.harness.executor import Execution, run_trace
 from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
-from kvfuzz.harness.vllm_scheduler_target import _stop_keeps_drafts_computed, unsupported_reason
+from kvfuzz.harness.vllm_scheduler_target import (
+    _publishes_after_output,
+    _stop_keeps_drafts_computed,
+    unsupported_reason,
+)
 from kvfuzz.harness.vllm_target import vllm_available
 
 pytestmark = [
@@ -348,18 +353,42 @@ def test_mtp_runs_on_vllm_scheduler_where_the_release_hashes_ahead(tmp_path, cap
         assert code == 2 and "num_hash_lookahead_tokens" in err
 
 
-def test_mtp_on_a_mamba_hybrid_or_async_is_left_out_with_its_reason():
-    """vLLM's Scheduler publishes states after each output on a Mamba hybrid and under async
-    scheduling (`cache_blocks` in `update_from_output`), which with hash lookahead caches the
-    hash block the sampled token completes; kvfuzz's driver does not, so the config is
-    refused there with that reason."""
-    assert "publishes states after each output" in unsupported_reason(
-        BUILTIN["qwen3_next_mtp"][1])
+def test_mtp_is_left_out_where_vllm_publishes_states_after_each_output():
+    """vLLM's Scheduler publishes states after each output under async scheduling (0.33+) and
+    on a Mamba hybrid (0.34; `cache_blocks` in `update_from_output`), which with hash lookahead
+    caches the hash block the sampled token completes; kvfuzz's driver does not, so the config
+    is refused there with that reason (and multi-module MTP for its admission skip)."""
     assert unsupported_reason(BUILTIN["deepseek_v3_mtp"][1]) is None
-    assert "async scheduling" in unsupported_reason(BUILTIN["deepseek_v3_mtp"][1], True)
     assert "skips a waiting request" in unsupported_reason(BUILTIN["deepseek_v3_mtp3"][1])
-    with pytest.raises(VllmUnsupported):  # on 0.32, for the lookahead it lacks first
-        get_target("vllm-scheduler").cannot_build(BUILTIN["qwen3_next_mtp"][1])
+    if load_vllm().has("hash_lookahead"):
+        assert "publishes states" in unsupported_reason(BUILTIN["deepseek_v3_mtp"][1], True)
+    mamba = unsupported_reason(BUILTIN["qwen3_next_mtp"][1]) or ""
+    assert ("publishes states" in mamba) == _publishes_after_output(False, True)
+
+
+@pytest.mark.parametrize("config, ops, check", [
+    ("deepseek_v3_mtp3", [_add("r0", [2, 1, 2, 3, 1, 2, 0, 2, 1, 3, 0, 0, 2, 3, 3], max_tokens=1),
+                          _add("r1", [2, 1], max_tokens=1), _add("r2", [2, 1, 0, 1], max_tokens=1),
+                          {"op": "step"}], "DIFF-result"),
+    ("qwen3_next_mtp", [_add("r5", [3, 2, 0], max_tokens=1), {"op": "step"}], "DIFF-state"),
+])
+def test_the_mtp_configs_left_out_differ_as_their_reasons_say(config, ops, check, monkeypatch):
+    """The traces behind the reasons: with the refusal lifted, vLLM's Scheduler admits past a
+    request the prefill lookahead leaves no tokens (deepseek_v3_mtp3), and caches the hash
+    block a sampled token completes (qwen3_next_mtp), where kvfuzz's driver does not."""
+    if not load_vllm().has("hash_lookahead"):
+        pytest.skip("this vLLM does not hash ahead")
+    if config == "qwen3_next_mtp" and not _publishes_after_output(False, True):
+        pytest.skip("this vLLM does not publish a Mamba hybrid's states after each output")
+    from kvfuzz.harness import vllm_scheduler_target
+
+    monkeypatch.setattr(vllm_scheduler_target, "unsupported_reason", lambda *args: None)
+    base = BUILTIN[config][1]
+    trace = Trace(base.replace(scheduler=dataclasses.replace(base.scheduler, token_budget=16)),
+                  "scheduler", ops, {})
+    found = run_trace(trace, ("vllm-scheduler-strict",)).finding
+    assert found is not None and (found.check, found.step) == (check, len(ops) - 1), found
+    assert run_trace(trace, ("kvcache",)).passed
 
 
 # ----- the state machines, three-way, over the shapes above -----
