@@ -144,6 +144,14 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    kv_connector=True),
         ),
         (
+            "deferred frees behind steps in flight with a KV connector: full (bs 8) + sliding "
+            "window (bs 4), a budget of 4 so that prompts take several chunks; vLLM's "
+            "AsyncScheduler defers frees with a consumer connector, as kvfuzz's driver does",
+            Config(20, (_full(8), _swa(4, 8)), name="deferred_connector", max_model_len=64,
+                   deferred_frees=True, kv_connector=True,
+                   scheduler=SchedulerConfig(token_budget=4)),
+        ),
+        (
             "KV connector on a Mistral-7B-v0.1-shaped model: every layer a sliding window "
             "(bs 4, window 8; Mistral's 4096), one group, so a short load keeps the blocks "
             "before the first it did not fill when their window was loaded",

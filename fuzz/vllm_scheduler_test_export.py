@@ -81,6 +81,9 @@ def _refuse_config(trace: Trace) -> None:
     reason = unsupported_reason(config)
     if reason is not None:
         raise VllmTestUnsupported(f"vLLM's Scheduler is not set up with {reason}")
+    if config.num_hash_lookahead_tokens or config.num_prefill_lookahead:
+        raise VllmTestUnsupported("MTP lookahead: a generated test's Scheduler would take it "
+                                  "from a drafter's SpeculativeConfig, which needs the model")
     check = str(trace.meta.get("check") or "")
     if config.kv_connector and (check != "D1" or len(config.groups) != 1):
         raise VllmTestUnsupported("a trace with a KV connector is exported with check D1 on "

@@ -75,6 +75,12 @@ def _failed_load_kept(scheduler: Any) -> None:
     scheduler._handle_failed_recving = lambda *args, **kwargs: set()
 
 
+def _in_flight_free_not_deferred(scheduler: Any) -> None:
+    """A request freed while a step in flight still reads its blocks returns them at once
+    (the `defer_block_free` fence ignored)."""
+    scheduler._request_blocks_can_be_freed = lambda request: True
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -88,8 +94,14 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                                  _rejection_keeps_computed, ("eagle",)),
     "failed-load-kept": ("a connector's short or failed KV load is not rolled back",
                          _failed_load_kept, ("connector",)),
+    "free-not-deferred": ("a free while a step in flight reads the blocks is not "
+                                    "deferred", _in_flight_free_not_deferred,
+                                    ("deferred_connector",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
+
+_ASYNC = frozenset({"free-not-deferred"})
+"""Plants in vLLM's AsyncScheduler, where steps stay in flight (target vllm-async-scheduler)."""
 
 
 def planted(name: str) -> Callable[[Config, str], Side]:
@@ -98,9 +110,14 @@ def planted(name: str) -> Callable[[Config, str], Side]:
     patch = PLANTS[name][1]
 
     def build(config: Config, level: str) -> Side:
-        from kvfuzz.harness.vllm_scheduler_target import VllmSchedulerSide
+        from kvfuzz.harness.vllm_scheduler_target import (
+            VllmAsyncSchedulerSide,
+            VllmSchedulerSide,
+        )
 
-        class Planted(VllmSchedulerSide):
+        base = VllmAsyncSchedulerSide if name in _ASYNC else VllmSchedulerSide
+
+        class Planted(base):  # type: ignore[valid-type,misc]
             def build_scheduler(self, config: Config) -> Any:
                 driver = super().build_scheduler(config)
                 patch(self.vllm_scheduler)

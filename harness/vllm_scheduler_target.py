@@ -25,11 +25,13 @@ import dataclasses
 import functools
 import importlib
 import inspect
+from collections import deque
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 from kvfuzz.core.config import Config
+from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
@@ -40,10 +42,13 @@ from kvfuzz.harness.vllm_target import (
     _partial_hits_forced,
     build_kv_cache_config,
 )
-from kvfuzz.kvcache.scheduler import StepOutput
+from kvfuzz.kvcache.scheduler import StepOutput, cut_per_group
 
-_UNDRIVEN = ("in_flight", "complete_step", "mm_inputs")
-"""Ops and fields the target does not drive yet: generators leave them out (docs/vllm.md)."""
+_UNDRIVEN = ("mm_inputs",)
+"""Fields the target does not drive yet: generators leave them out (docs/vllm.md)."""
+
+_IN_FLIGHT = ("in_flight", "complete_step")
+"""Driven where vLLM's Scheduler defers frees behind steps in flight (`defer_block_free`)."""
 
 
 def _trim_stopped_drafts(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
@@ -70,6 +75,12 @@ def _stop_keeps_drafts_computed() -> bool:
     return "num_computed_tokens" not in source
 
 
+def _drained_in_drain(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
+    """Nothing to undo in a snapshot: the side drains deferred frees group after group
+    (`VllmSchedulerDriver.drain_in_group_order`) and names the requests it did so for."""
+    return snapshot, []
+
+
 SCHEDULER_DEVIATIONS = (
     KnownDeviation(
         "stopped-drafts-stay-computed",
@@ -77,6 +88,11 @@ SCHEDULER_DEVIATIONS = (
         _trim_stopped_drafts,
         releases="0.32",
         applies=lambda api: _stop_keeps_drafts_computed(),
+    ),
+    KnownDeviation(
+        "deferred-drain-group-order",
+        "docs/findings/018-deferred-drain-group-order.md",
+        _drained_in_drain,
     ),
 )
 """Deviations only vLLM's own Scheduler shows (kvfuzz's driver plays its part for `vllm`)."""
@@ -87,8 +103,9 @@ class SchedulerCannotTake(VllmUnsupported):
     leaves that config out and says why; naming it (`--config`) is a usage error (exit 2)."""
 
 
-def unsupported_reason(config: Config) -> str | None:
-    """Why vLLM's own Scheduler cannot run `config` as kvfuzz's driver would, or None."""
+def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | None:
+    """Why vLLM's own Scheduler (`AsyncScheduler` with `async_scheduling`) cannot run `config`
+    as kvfuzz's driver would, or None."""
     s = config.scheduler
     reasons = (
         (s.reserved_blocks > 0, "reserved_blocks (vLLM's Scheduler reserves only for async "
@@ -96,9 +113,14 @@ def unsupported_reason(config: Config) -> str | None:
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
         (config.kv_events, "KV events"),
-        (bool(config.num_hash_lookahead_tokens or config.num_prefill_lookahead),
-         "MTP / draft lookahead (vLLM's Scheduler derives it from a drafter's "
-         "SpeculativeConfig and keeps prefill chunks clear of it)"),
+        (config.num_prefill_lookahead > 1,
+         "multi-module MTP prefill lookahead (vLLM's Scheduler skips a waiting request the "
+         "lookahead leaves no tokens and admits the next; kvfuzz's driver stops admitting)"),
+        (bool(config.num_hash_lookahead_tokens) and config.enable_caching and (
+            async_scheduling or any(g.kind == "mamba" for g in config.groups)),
+         "MTP hash lookahead on a Mamba hybrid or with async scheduling (vLLM's Scheduler "
+         "publishes states after each output, caching the hash block the sampled token "
+         "completes; kvfuzz's driver does not)"),
     )
     named = [why for on, why in reasons if on]
     return "; ".join(named) if named else None
@@ -168,10 +190,16 @@ def _derived_settings(vllm_config_cls: Any, scheduler_module: Any, config: Confi
     built: `VllmConfig.max_in_flight_tokens` (concurrent batches × budget) becomes the
     config's reserve (None: max_model_len, the manager's own default);
     `VllmConfig.num_lookahead_tokens` (a drafter's KV slots past the scheduled tokens) the
-    config's lookahead; and the manager it builds gets the config's EAGLE last-block drop
-    (vLLM reads it from a draft model's SpeculativeConfig, which needs the model)."""
+    config's lookahead; MTP's `num_hash_lookahead_tokens` and `num_prefill_lookahead_tokens`
+    (0.33+; a release without them never gets here, `VllmSide.build_manager` refuses) the
+    config's; and the manager it builds gets the config's EAGLE last-block drop (vLLM reads
+    them from a draft model's SpeculativeConfig, which needs the model)."""
     derived = {"max_in_flight_tokens": config.max_in_flight_tokens or config.max_model_len,
                "num_lookahead_tokens": config.scheduler.num_lookahead_tokens}
+    for name, value in (("num_hash_lookahead_tokens", config.num_hash_lookahead_tokens),
+                        ("num_prefill_lookahead_tokens", config.num_prefill_lookahead)):
+        if value:
+            derived[name] = value
     originals = {name: vllm_config_cls.__dict__[name] for name in derived}
     manager_cls = scheduler_module.KVCacheManager
     for name, value in derived.items():
@@ -191,7 +219,7 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
                          kv_load_failure_policy: str = "recompute") -> Any:
     """vLLM's own Scheduler (or AsyncScheduler) for a harness config, on the CPU, offline
     (with a KV connector: kvfuzz's, under `kv_load_failure_policy`)."""
-    reason = unsupported_reason(config)
+    reason = unsupported_reason(config, async_scheduling)
     if reason is not None:
         raise SchedulerCannotTake(f"vLLM's Scheduler is not driven with {reason}")
     api = _vllm_scheduler_api()
@@ -255,11 +283,10 @@ class _At:
 
 class VllmSchedulerDriver:
     """kvfuzz's driver interface (`kvcache.scheduler.Scheduler`), played by vLLM's Scheduler:
-    a trace's `step` is one `schedule()` and the `update_from_output()` of its model output."""
+    a trace's `step` is one `schedule()` and the `update_from_output()` of its model output;
+    a `step {in_flight: true}` holds its output until `complete_step` (docs/vllm.md)."""
 
     loads: tuple[str, ...] = ()
-    in_flight: tuple[Any, ...] = ()
-    deferred_frees: tuple[tuple[int, ...], ...] = ()
 
     def __init__(self, scheduler: Any, model_runner_output: Callable[..., Any],
                  draft_token_ids: Callable[..., Any] | None = None) -> None:
@@ -267,6 +294,16 @@ class VllmSchedulerDriver:
         self._output = model_runner_output
         self._drafts = draft_token_ids
         self._requests: dict[str, Any] = {}
+        self._held: deque[tuple[tuple[Any, ...], Any, Any]] = deque()
+        """Steps in flight, oldest first: (the driver's in-flight entry, the SchedulerOutput,
+        the model output `update_from_output` takes at `complete_step`)."""
+        self._popped: dict[int, tuple[list[Any], str, list[list[Any]]]] = {}
+        """id of a request's deferred free (its block list) -> (the list, kept so that the id
+        stays its own; the request id; the group tables it was popped from)."""
+        self.drain_in_group_order = False
+        """Release each deferred free group after group (finding 018 tolerated)."""
+        self.reordered: list[str] = []
+        """Requests whose deferred free vLLM's drain would have released in 018's order."""
         self.preempted: list[str] = []
         """Request ids vLLM's Scheduler preempted this step, in order (`_preempt_request`)."""
         preempt = scheduler._preempt_request
@@ -276,6 +313,75 @@ class VllmSchedulerDriver:
             return preempt(request, *args, **kwargs)
 
         scheduler._preempt_request = preempt_request
+        free = scheduler._free_request_blocks
+
+        def free_request_blocks(request: Any) -> Any:
+            tables = [] if scheduler._request_blocks_can_be_freed(request) else [
+                list(b) for b in scheduler.kv_cache_manager.get_blocks(request.request_id).blocks]
+            deferred = len(scheduler.deferred_frees)
+            result = free(request)
+            if len(scheduler.deferred_frees) > deferred:
+                blocks = scheduler.deferred_frees[-1][1]
+                self._popped[id(blocks)] = (blocks, request.request_id, tables)
+            return result
+
+        scheduler._free_request_blocks = free_request_blocks
+        drain = scheduler._drain_deferred_frees
+
+        def drain_deferred_frees() -> None:
+            if not self.drain_in_group_order:
+                return drain()
+            while scheduler.deferred_frees and (
+                    scheduler.deferred_frees[0][0] <= scheduler.processed_step_seq):
+                blocks = scheduler.deferred_frees.popleft()[1]
+                runs = self._runs(blocks)
+                if len(runs) > 1:
+                    self.reordered.append(self._popped[id(blocks)][1])
+                for run in runs:
+                    scheduler.kv_cache_manager.block_pool.free_blocks(run[::-1])
+            return None
+
+        scheduler._drain_deferred_frees = drain_deferred_frees
+
+    def _runs(self, blocks: list[Any]) -> list[list[Any]]:
+        """A deferred free's blocks, one run per group (a copy's retained blocks: one run)."""
+        popped = self._popped.get(id(blocks))
+        return [list(blocks)] if popped is None else cut_per_group(popped[2], list(blocks))
+
+    @property
+    def in_flight(self) -> tuple[tuple[Any, ...], ...]:
+        """Steps scheduled whose output is not taken yet, oldest first: (step, the block ids
+        it reads, (request id, tokens) it scheduled), as kvfuzz's driver reports them."""
+        return tuple(entry for entry, _, _ in self._held)
+
+    @property
+    def deferred_frees(self) -> tuple[tuple[int, ...], ...]:
+        """vLLM's deferred frees (`Scheduler.deferred_frees`), one run of block ids per group."""
+        return tuple(tuple(b.block_id for b in run) for _, blocks in self.vllm.deferred_frees
+                     for run in self._runs(blocks))
+
+    def complete_step(self) -> list[int]:
+        """The oldest step in flight completes: `update_from_output` takes its output, which
+        drains the deferred frees it fenced. Returns the block ids of the frees drained."""
+        if not self._held:
+            raise ValueError("complete_step(): no step is in flight")
+        _, scheduler_output, output = self._held.popleft()
+        before = list(self.vllm.deferred_frees)
+        self.vllm.update_from_output(scheduler_output, output)
+        left = {id(entry) for entry in self.vllm.deferred_frees}
+        return [b.block_id for entry in before if id(entry) not in left
+                for run in self._runs(entry[1]) for b in run]
+
+    def _reads(self, request: Any, start: int) -> tuple[int, ...]:
+        """The block ids a step starting at `start` computed tokens reads: each group's table
+        from the first block a token from there attends to (as kvfuzz's driver records)."""
+        manager = self.vllm.kv_cache_manager
+        reads: set[int] = set()
+        for single, blocks in zip(manager.coordinator.single_type_managers,
+                                  manager.get_blocks(request.request_id).blocks):
+            skip = max(single.get_num_skipped_tokens(start), 0) // single.block_size
+            reads.update(b.block_id for b in blocks[skip:] if not b.is_null)
+        return tuple(reads)
 
     @property
     def running(self) -> tuple[Any, ...]:
@@ -302,8 +408,12 @@ class VllmSchedulerDriver:
         `update_from_output()` takes them (and rolls back the rejected drafts). With `propose`,
         the drafter then proposes `propose(request)` for every request of the batch
         (`update_draft_token_ids`, which keeps those of requests that sampled and run)."""
-        if in_flight:
-            raise ValueError("vllm-scheduler does not leave steps in flight")
+        if not in_flight:
+            while self._held:
+                self.complete_step()
+        elif not self.vllm.defer_block_free:
+            raise ValueError("vLLM's Scheduler leaves steps in flight only where it defers "
+                             "frees (defer_block_free)")
         self.preempted = []
         # Waiting requests that hold nothing (a landed KV load holds its tokens: no lookup).
         fresh = {r.request_id for r in self.waiting if not r.num_computed_tokens}
@@ -325,8 +435,21 @@ class VllmSchedulerDriver:
             kept = drafts if accept is None else drafts[:accept]
             sampled.append([*kept, sample_token(r, len(kept))]
                            if r.num_computed_tokens >= r.num_tokens else [])
-        self.vllm.update_from_output(scheduler_output,
-                                     self._output(req_ids=ids, sampled_token_ids=sampled))
+        output = self._output(req_ids=ids, sampled_token_ids=sampled)
+        if in_flight and ids:
+            if any(sampled):
+                raise InvalidTrace(
+                    f"step {{in_flight: true}} on {type(self.vllm).__name__}: it samples "
+                    f"{[r.request_id for (r, _, _), s in zip(scheduled, sampled) if s]}: vLLM "
+                    "appends the tokens when the output is taken, kvfuzz's driver at launch "
+                    "(docs/vllm.md, \"Steps in flight\")")
+            reads = sorted({b for r, n, _ in scheduled
+                            for b in self._reads(r, r.num_computed_tokens - n)})
+            self._held.append(((self.vllm.sched_step_seq, tuple(reads),
+                                tuple((r.request_id, n) for r, n, _ in scheduled)),
+                               scheduler_output, output))
+        else:
+            self.vllm.update_from_output(scheduler_output, output)
         if propose is not None and ids:
             if self._drafts is None:
                 raise ValueError("this vLLM's Scheduler takes no drafts")
@@ -364,16 +487,23 @@ class VllmSchedulerSide(VllmSide):
         api = _vllm_scheduler_api()
         drafts = api.DraftTokenIds if self._takes_drafts() else None
         if not config.kv_connector:
-            return VllmSchedulerDriver(self.vllm_scheduler, api.ModelRunnerOutput, drafts)
-        from kvfuzz.harness.vllm_connector import ConnectorLoads
+            driver = VllmSchedulerDriver(self.vllm_scheduler, api.ModelRunnerOutput, drafts)
+        else:
+            from kvfuzz.harness.vllm_connector import ConnectorLoads
 
-        class Driver(ConnectorLoads, VllmSchedulerDriver):
-            """vLLM's Scheduler with kvfuzz's connector (harness/vllm_connector.py)."""
+            class Driver(ConnectorLoads, VllmSchedulerDriver):
+                """vLLM's Scheduler with kvfuzz's connector (harness/vllm_connector.py)."""
 
-        driver = Driver(self.vllm_scheduler, api.ModelRunnerOutput, drafts)
-        driver._init_loads(any(g.kind == "mamba" for g in config.groups),
-                           len(self.group_ids) == 1, bool(self.known_deviations))
+            driver = Driver(self.vllm_scheduler, api.ModelRunnerOutput, drafts)
+            driver._init_loads(any(g.kind == "mamba" for g in config.groups),
+                               len(self.group_ids) == 1, bool(self.known_deviations))
+        driver.drain_in_group_order = "deferred-drain-group-order" in self.tolerated
         return driver
+
+    def _defers_frees(self) -> bool:
+        """Whether vLLM's Scheduler defers frees behind steps in flight: a KV-consumer
+        connector and more than one batch in flight (`scheduler.py:191-193` in 0.34.0)."""
+        return bool(getattr(self.vllm_scheduler, "defer_block_free", False))
 
     def _takes_drafts(self) -> bool:
         return not self.async_scheduling and drafts_driven(type(self.vllm_scheduler))
@@ -382,12 +512,18 @@ class VllmSchedulerSide(VllmSide):
         """Target `vllm`'s, and finding 016 where kvfuzz's connector reported a short load
         whose rollback window reads nulls as failed (harness/vllm_connector.py)."""
         unloaded = getattr(self.scheduler, "window_unloaded", ())
-        return super().tolerated_labels() + (["016 short-load-window-unloaded"] if unloaded
-                                             else [])
+        reordered = getattr(self.scheduler, "reordered", ())
+        return super().tolerated_labels() + (
+            ["016 short-load-window-unloaded"] if unloaded else []) + (
+            ["018 deferred-drain-group-order"] if reordered else [])
 
     def offers(self, name: str) -> bool:
         if name == "draft":
             return self._takes_drafts()
+        if name in _IN_FLIGHT:
+            return self._defers_frees()
+        if name == "in_flight_sampling":
+            return False
         return name not in _UNDRIVEN and super().offers(name)
 
     def require(self, name: str) -> None:
@@ -395,6 +531,11 @@ class VllmSchedulerSide(VllmSide):
             raise VllmUnsupported(
                 f"the trace uses spec-decode drafts (step draft/accept), which target "
                 f"{self.name} does not drive (docs/vllm.md, \"vLLM's own scheduler\")")
+        if name in _IN_FLIGHT and not self._defers_frees():
+            raise VllmUnsupported(
+                f"the trace uses {name}, which target {self.name} drives only where vLLM's "
+                "Scheduler defers frees: async scheduling with a KV-consumer connector "
+                "(docs/vllm.md, \"Steps in flight\")")
         if name in _UNDRIVEN:
             raise VllmUnsupported(
                 f"the trace uses {name}, which target {self.name} does not drive (docs/vllm.md, "

@@ -666,7 +666,12 @@ def pop_blocks_per_group(manager: Any, request: Any) -> list[list[Any]]:
     if per_group is not None:
         return [run for run in per_group(request) if run]
     tables = [list(blocks) for blocks in manager.get_blocks(request.request_id).blocks]
-    popped = manager.pop_blocks_for_free(request)
+    return cut_per_group(tables, manager.pop_blocks_for_free(request))
+
+
+def cut_per_group(tables: list[list[Any]], popped: list[Any]) -> list[list[Any]]:
+    """`pop_blocks_for_free`'s concatenated list cut into one run per group by the group
+    tables read just before it (leading nulls trimmed, empty runs left out)."""
     whole = len(popped) == sum(map(len, tables))
     runs, start = [], 0
     for table in tables:

@@ -135,9 +135,10 @@ for _name in BUILTIN:
 
 def _finding_traces() -> list[Path]:
     """The findings of vLLM's manager (those only vLLM's own Scheduler shows, recorded on a
-    `vllm-scheduler` target, are tests/vllm/test_vllm_scheduler.py's)."""
+    `vllm-scheduler` or `vllm-async-scheduler` target, are tests/vllm/test_vllm_scheduler.py's)."""
     return sorted(p for p in FINDINGS.glob("[0-9][0-9][0-9]-*.json")
-                  if not Trace.load(p).meta.get("target", "").startswith("vllm-scheduler"))
+                  if not Trace.load(p).meta.get("target", "").startswith(
+                      ("vllm-scheduler", "vllm-async-scheduler")))
 
 
 def test_every_finding_has_its_document_and_replay_command():
