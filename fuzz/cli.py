@@ -852,10 +852,14 @@ def _check_registered(path: Path, check: Any, data: str | None, plugins: list[st
 
 
 def _target_spec(args: argparse.Namespace, trace: Any, target: str) -> Any:
-    """The target with `--tolerate`/`--no-tolerate`, else the trace's recorded tolerance."""
+    """The target with `--tolerate`/`--no-tolerate`, else the trace's recorded tolerance
+    (which a target documenting no deviation, e.g. kvcache, replays without)."""
     from kvfuzz.harness.targets import get_target
 
     tolerance = _tolerance(args, trace.meta)
+    recorded = args.tolerate is None and args.no_tolerate is None
+    if recorded and getattr(get_target(target).locate(), "deviation_catalogue", None) is None:
+        return get_target(target).spec()
     if tolerance:
         trace.meta.update(tolerance.meta())
     return get_target(target).spec(tolerance)

@@ -33,6 +33,7 @@ FINDING_TESTS: dict[str, str] = {
     "015": "015-external-counts-unchecked.json",
     "016": "vllm-tests/016-short-load-window-unloaded-budget.json",
     "017": "017-external-state-block-uncounted.json",
+    "018": "vllm-tests/018-deferred-drain-group-order.json",
     "019": "019-checkpoint-record-kept.json",
     "020": "vllm-tests/020-checkpoint-chunk-keys-start-state-api.json",
     "021": "vllm-tests/021-junction-chunk-keys-start-state-api.json",
@@ -51,7 +52,8 @@ scheduler level: their tests drive vLLM's own Scheduler (fuzz/vllm_scheduler_tes
 025's trace forces sub-block hits and a budget below the in-flight tokens, which a vLLM test
 cannot set, so its test comes from the same steps without them (on vLLM's own Scheduler, with
 its drafts); 016's keeps its steps with the in-flight tokens at the budget, as vLLM's Scheduler
-derives them (its test writes a KV connector on vLLM's base class)."""
+derives them (its test writes a KV connector on vLLM's base class); 018's with them at twice
+the budget, as vLLM's AsyncScheduler derives them (its test leaves a step in flight there)."""
 
 TEST_STEMS: dict[str, str] = {
     "023": "023-preempted-after-scheduled",
@@ -59,7 +61,7 @@ TEST_STEMS: dict[str, str] = {
 }
 """The finding a test is named for, where its trace file is named otherwise."""
 
-PROPOSED_FIXES = frozenset({"016", "022", "023", "024", "025"})
+PROPOSED_FIXES = frozenset({"016", "018", "022", "023", "024", "025"})
 """Findings whose tests drive vLLM's own Scheduler, under which kvcache cannot be dropped in
 (and 023's and 024's bugs live in the scheduler and worker, which kvcache shares): their tests
 are shown to pass with the finding doc's fix applied to vLLM (tests/vllm/proposed_fixes.py),

@@ -61,8 +61,13 @@ _REQUESTS_PROPERTY = ("It asserts each request's num_computed_tokens after the s
                       "token whose KV the steps computed, no more.")
 """What a DIFF-state test whose difference is in the requests asserts."""
 
+_FREE_QUEUE_PROPERTY = ("It asserts the order of the free queue after the steps: the order in "
+                        "which the freed blocks reached it, which is the order they are evicted.")
+"""What a DIFF-state test whose difference is in the free queue asserts."""
+
 _RESERVED = {"scheduler", "kv", "contents", "model_dir", "keyed", "step", "add", "pytest",
-             "torch", "json", "inspect", "sha256", "tmp_path", "monkeypatch"}
+             "torch", "json", "inspect", "sha256", "tmp_path", "monkeypatch", "in_flight",
+             "complete"}
 """Names a generated test uses itself, which a request id must not take."""
 
 TINY_MODEL = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 8,
@@ -85,18 +90,26 @@ def _refuse_config(trace: Trace) -> None:
         raise VllmTestUnsupported("MTP lookahead: a generated test's Scheduler would take it "
                                   "from a drafter's SpeculativeConfig, which needs the model")
     check = str(trace.meta.get("check") or "")
-    if config.kv_connector and (check != "D1" or len(config.groups) != 1):
-        raise VllmTestUnsupported("a trace with a KV connector is exported with check D1 on "
-                                  "one KV cache group (a short load names its blocks there)")
+    loads = any(op.get("op") in ("load_remote", "finish_load") for op in trace.ops)
+    if config.kv_connector and loads and (check != "D1" or len(config.groups) != 1):
+        raise VllmTestUnsupported("a trace with KV loads is exported with check D1 on one KV "
+                                  "cache group (a short load names its blocks there)")
+    in_flight = _in_flight(trace)
+    if in_flight and (check != "DIFF-state" or not config.kv_connector):
+        raise VllmTestUnsupported("a trace with steps in flight is exported with check "
+                                  "DIFF-state and a KV connector (vLLM defers frees behind "
+                                  "them only for a consumer connector)")
+    batches = 2 if in_flight else 1
     if config.partial_hits:
         raise VllmTestUnsupported("config option partial_hits forces vLLM internals; not exported")
     for group in config.groups:
         if group.kind in ("sliding_window", "chunked_local") and (
                 (config.max_in_flight_tokens or config.max_model_len)
-                != config.scheduler.token_budget):
+                != batches * config.scheduler.token_budget):
             raise VllmTestUnsupported(
-                "a windowed group with max_in_flight_tokens other than the token budget "
-                "(vLLM's Scheduler derives it from the budget)")
+                f"a windowed group with max_in_flight_tokens other than "
+                f"{'twice ' if batches == 2 else ''}the token budget (vLLM's Scheduler derives "
+                "it from the budget and the batches in flight: two with async scheduling)")
         if group.kind not in SPEC_CLASSES:
             raise VllmTestUnsupported(f"group kind {group.kind!r}: a vLLM test builds "
                                       f"{', '.join(SPEC_CLASSES)} groups")
@@ -108,6 +121,18 @@ def _refuse_config(trace: Trace) -> None:
         raise VllmTestUnsupported("check D1 on a config without a full or sliding-window "
                                   "attention group (the test reads positions through their "
                                   "blocks)")
+
+
+def _in_flight(trace: Trace) -> bool:
+    """Whether the trace leaves steps in flight (`step {in_flight: true}`, `complete_step`):
+    its test drives vLLM's AsyncScheduler."""
+    return any(op.get("op") == "complete_step" or op.get("in_flight") for op in trace.ops)
+
+
+def _diff_in_free_queue(trace: Trace) -> bool:
+    """Whether a DIFF-state finding's difference is in the free queue (its `dedup_key`)."""
+    key = str(trace.meta.get("dedup_key") or "")
+    return trace.meta.get("check") == "DIFF-state" and key.endswith("/free_queue")
 
 
 _READ_KINDS = ("full", "sliding_window")
@@ -124,6 +149,7 @@ class _SchedulerWriter:
         self.lines: list[str] = []
         self.finishes = False
         self.drafts = False
+        self.held = 0
         self.keep_requests = _diff_in_requests(trace)
 
     def emit(self, line: str) -> None:
@@ -144,15 +170,24 @@ class _SchedulerWriter:
             if kind == "add_request":
                 self._add_request(op, step)
             elif kind == "step":
-                if op["in_flight"]:
-                    raise VllmTestUnsupported(f"step {step}: a step left in flight is not "
-                                              "exported")
                 args = [f"sample={op['sample']}"] if op["sample"] else []
+                if op["in_flight"] and (op["draft"] or op["accept"] is not None):
+                    raise VllmTestUnsupported(f"step {step}: a step in flight with drafts is "
+                                              "not exported")
+                if op["in_flight"]:
+                    self.held += 1
+                    args.append("in_flight=in_flight")
+                for _ in range(0 if op["in_flight"] else self.held):
+                    self.emit("complete(scheduler, in_flight)")
+                self.held = self.held if op["in_flight"] else 0
                 if op["draft"] or op["accept"] is not None:
                     self.drafts = True
                     args += [f"draft={op['draft']}"] if op["draft"] else []
                     args += [] if op["accept"] is None else [f"accept={op['accept']}"]
                 self.emit(f"step({', '.join(['scheduler', *args])})")
+            elif kind == "complete_step":
+                self.held -= 1
+                self.emit("complete(scheduler, in_flight)")
             elif kind in ("load_remote", "finish_load"):
                 self._load(op, step, execution, result)
             elif kind in ("abort", "finish"):
@@ -163,7 +198,7 @@ class _SchedulerWriter:
             else:
                 raise VllmTestUnsupported(
                     f"step {step}: op {kind!r}; a scheduler-level vLLM test plays add_request, "
-                    "step, abort, finish, load_remote and finish_load")
+                    "step, complete_step, abort, finish, load_remote and finish_load")
         return execution.state
 
     def _load(self, op: dict[str, Any], step: int, execution: Execution, result: Any) -> None:
@@ -398,10 +433,11 @@ _LOAD = '''
 
 _CONNECTOR = '''
 
-class TraceConnector(KVConnectorBase_V1):
-    """A scheduler-side KV connector on vLLM's base class: it offers a request the external
-    tokens the test names, as an asynchronous load; the test reports the load's end as a
-    worker does (finish_load). Its worker side never runs."""
+class TraceConnector(KVConnectorBase_V1, SupportsHMA):
+    """A scheduler-side KV connector on vLLM's base class, in the consumer role: it offers a
+    request the external tokens the test names (if any), as an asynchronous load; the test
+    reports the load's end as a worker does (finish_load). It supports hybrid models (each
+    group's blocks); it never holds a finished request's blocks. Its worker side never runs."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
@@ -420,6 +456,9 @@ class TraceConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         return KVConnectorMetadata()
 
+    def request_finished_all_groups(self, request: Request, block_ids):
+        return False, None
+
     def start_load_kv(self, forward_context, **kwargs) -> None:
         raise NotImplementedError("scheduler side only")
 
@@ -431,7 +470,10 @@ class TraceConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         raise NotImplementedError("scheduler side only")
+'''
+"""What a test with a KV connector adds: the connector (a consumer)."""
 
+_LOAD_OPS = '''
 
 def load_remote(scheduler: Scheduler, request_id: str, num_external_tokens: int) -> None:
     """The connector offers the request num_external_tokens; the engine's next schedule()
@@ -463,7 +505,17 @@ def finish_load(scheduler: Scheduler, forward: ForwardPass, request_id: str,
     runner_output.kv_connector_output = report
     scheduler.update_from_output(output, runner_output)
 '''
-"""What a test with a KV connector adds: the connector and the two load ops."""
+"""What a test with KV loads adds: the two load ops."""
+
+_COMPLETE = '''
+
+def complete(scheduler: Scheduler, in_flight: list) -> None:
+    """The oldest step in flight completes: update_from_output() takes its output, and the
+    Scheduler returns to the free queue the blocks of requests freed while it ran (deferred
+    frees)."""
+    scheduler.update_from_output(*in_flight.pop(0))
+'''
+"""What a test with steps in flight adds: their completion."""
 
 _STEP = '''
 
@@ -507,17 +559,46 @@ def step(scheduler: Scheduler{forward_arg}, sample: int = 0, draft: int = 0,
 '''
 
 
-def _with_connector_imports(text: str) -> str:
-    """The test's imports and VllmConfig with the connector set up (policy "recompute")."""
+def _with_async_scheduler(text: str) -> str:
+    """The test's Scheduler made vLLM's AsyncScheduler (async scheduling on), whose step() can
+    leave its output in flight (held in a list until complete() takes it)."""
+    for old, new in (
+            ("from vllm.v1.core.sched.scheduler import Scheduler\n",
+             "from vllm.v1.core.sched.async_scheduler import AsyncScheduler\n"
+             "from vllm.v1.core.sched.scheduler import Scheduler\n"),
+            ("        scheduler_reserve_full_isl=", "        async_scheduling=True,\n"
+                                                  "        scheduler_reserve_full_isl="),
+            ("    scheduler = Scheduler(\n", "    scheduler = AsyncScheduler(\n"),
+            ("sample: int = 0) -> None:", "sample: int = 0,\n         in_flight: list | None = "
+                                          "None) -> None:"),
+            ("It drives vLLM's own Scheduler as", "It drives vLLM's own AsyncScheduler as"),
+            ("one sampled token per request that needs one.\n",
+             "one sampled token per request that needs one;\na step in flight leaves its "
+             "output held until the step's completion, as an engine\noverlapping batches "
+             "does, and vLLM defers the frees of requests it ran.\n"),
+            ("    scheduler.update_from_output(output, model_output(req_ids, sampled))\n",
+             "    if in_flight is None:\n"
+             "        scheduler.update_from_output(output, model_output(req_ids, sampled))\n"
+             "    else:\n"
+             "        in_flight.append((output, model_output(req_ids, sampled)))\n")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text + _COMPLETE
+
+
+def _with_connector_imports(text: str, loads: bool) -> str:
+    """The test's imports and VllmConfig with the connector set up (policy "recompute");
+    with `loads`, what reporting a load's end takes too."""
     for old, new in (
             ("from vllm.config import CacheConfig, DeviceConfig, ModelConfig,",
              "from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,"),
             ("from vllm.sampling_params import SamplingParams\n",
              "from vllm.distributed.kv_transfer.kv_connector.v1.base import (\n"
-             "    KVConnectorBase_V1,\n    KVConnectorMetadata,\n)\n"
+             "    KVConnectorBase_V1,\n    KVConnectorMetadata,\n    SupportsHMA,\n)\n"
              "from vllm.sampling_params import SamplingParams\n"),
             ("from vllm.v1.outputs import ModelRunnerOutput\n",
-             "from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput\n"),
+             "from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput\n"
+             if loads else "from vllm.v1.outputs import ModelRunnerOutput\n"),
             ("cache_config=cache_config, device_config=DeviceConfig(device=\"cpu\"))",
              "cache_config=cache_config, device_config=DeviceConfig(device=\"cpu\"),\n"
              "                             kv_transfer_config=KVTransferConfig(\n"
@@ -562,7 +643,8 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
     text = _HEADER.format(
         title=title, finding=finding,
         source=source.as_posix(),
-        property=(_REQUESTS_PROPERTY if writer.keep_requests else CHECKS[check]),
+        property=(_REQUESTS_PROPERTY if writer.keep_requests else _FREE_QUEUE_PROPERTY
+                  if _diff_in_free_queue(trace) else CHECKS[check]),
         specs=", ".join(["KVCacheConfig", "KVCacheGroupSpec", *specs]),
         block_size=config.scheduler_block_size, hash_block_size=config.resolved_hash_block_size,
         num_blocks=config.num_blocks, max_model_len=config.max_model_len,
@@ -596,10 +678,13 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         text += step_text.format(forward_arg=", forward: ForwardPass",
                                  forward="\n    forward.run(scheduler, output)")
         if config.kv_connector:
-            text += _CONNECTOR
-            text = _with_connector_imports(text)
+            text = _with_connector_imports(text + _CONNECTOR + _LOAD_OPS, loads=True)
     else:
         text += step_text.format(forward_arg="", forward="")
+        if config.kv_connector:
+            text = _with_connector_imports(text + _CONNECTOR, loads=False)
+    if _in_flight(trace):
+        text = _with_async_scheduler(text)
     if writer.drafts:
         text = text.replace("from vllm.v1.outputs import ModelRunnerOutput\n",
                             "from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput\n")
@@ -618,8 +703,20 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         writer.lines = [line.replace("step(scheduler", "step(scheduler, forward")
                         for line in writer.lines]
     body += writer.lines
+    if _in_flight(trace):
+        body.insert(2, "    in_flight = []  # outputs of steps in flight, oldest first")
     if writer.keep_requests:
         body += writer.assert_requests(state)
+    elif _diff_in_free_queue(trace):
+        free = list(state.free_queue)
+        body += ["    free = [block.block_id for block in",
+                 "            scheduler.kv_cache_manager.block_pool.free_block_queue"
+                 ".get_all_free_blocks()]",
+                 f"    assert free == {free!r}, (",
+                 f"        f\"the free queue is {{free}}, but freeing each KV cache group's blocks "
+                 f"tail first, group after group (as a request freed with no step in flight is), "
+                 f"leaves {free}: which cached prefix is evicted first depends on whether a step "
+                 "was in flight\")"]
     elif check == "DIFF-state":
         keyed = [i for i, key in enumerate(state.block_keys) if key is not None]
         body += ["    keyed = [block.block_id",

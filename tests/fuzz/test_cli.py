@@ -282,3 +282,13 @@ def test_data_checks_find_wrong_bytes_and_the_finding_replays_with_them(tmp_path
     test = tmp_path / "test_exported_d1.py"
     assert main(["export", str(files[0]), "--pytest", str(test)]) == 0
     assert "data='cpu'" in test.read_text() and "from kvfuzz.testing import replay_trace" in test.read_text()
+
+
+def test_a_trace_recording_no_tolerate_replays_on_kvcache(capsys):
+    """018's trace records `no_tolerate` for the vllm targets; kvcache, which documents no
+    deviation, replays it without (exit 0); naming `--no-tolerate` for kvcache stays exit 2."""
+    path = str(Path(__file__).resolve().parents[2] / "docs" / "findings"
+               / "018-deferred-drain-group-order.json")
+    assert main(["replay", path, "--target", "kvcache"]) == 0
+    assert main(["replay", path, "--target", "kvcache", "--no-tolerate", "018"]) == 2
+    assert "documents no deviation" in capsys.readouterr().err

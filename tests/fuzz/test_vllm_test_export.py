@@ -141,7 +141,10 @@ def _scheduler_trace(tmp_path: Path, check: str, step: dict) -> Path:
 
 @pytest.mark.parametrize("check, step, says", [
     ("P2", {"op": "step"}, "asserts D1 or DIFF-state"),
-    ("D1", {"op": "step", "in_flight": True}, "left in flight"),
+    ("D1", {"op": "step", "in_flight": True},
+     "exported with check DIFF-state and a KV connector"),
+    ("DIFF-state", {"op": "step", "in_flight": True},
+     "exported with check DIFF-state and a KV connector"),
 ])
 def test_a_scheduler_trace_a_vllm_test_cannot_express_is_exit_2(tmp_path, capsys, check, step,
                                                                  says):
@@ -183,7 +186,8 @@ def test_a_connector_trace_writes_its_connector_into_the_test():
     the test's own code, the load's start and short end played, the window read."""
     text = vllm_test_path("016").read_text(encoding="utf-8")
     body = text[text.index("def test_"):]
-    assert "class TraceConnector(KVConnectorBase_V1):" in text and "kvfuzz" not in body
+    assert "class TraceConnector(KVConnectorBase_V1, SupportsHMA):" in text
+    assert "kvfuzz" not in body
     assert 'kv_connector_module_path=__name__' in text
     assert 'kv_load_failure_policy="recompute"' in text
     assert "report.invalid_block_ids = " in text
@@ -191,6 +195,30 @@ def test_a_connector_trace_writes_its_connector_into_the_test():
     assert "range(max(start - window + 1, 0) if window else 0, start)" in text
     assert ("load_remote(scheduler, 'r', 12)\n    finish_load(scheduler, forward, 'r', 4)\n"
             "    step(scheduler, forward)") in body
+
+
+def test_a_trace_with_a_step_in_flight_drives_vllms_async_scheduler():
+    """018 (DIFF-state on the free queue, a consumer connector, two groups): AsyncScheduler
+    with async scheduling, the step's output held while the request is aborted, the free
+    queue's order asserted; no load ops are written."""
+    text = vllm_test_path("018").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "scheduler = AsyncScheduler(" in text and "async_scheduling=True," in text
+    assert 'kv_role="kv_consumer"' in text and "def load_remote" not in text
+    assert ("step(scheduler, in_flight=in_flight)\n"
+            "    scheduler.finish_requests('r4', RequestStatus.FINISHED_ABORTED)\n"
+            "    complete(scheduler, in_flight)\n") in body
+    assert "get_all_free_blocks()]\n    assert free == [1, 3, 2], (" in body
+    assert "keyed" not in body
+
+
+def test_a_windowed_trace_in_flight_needs_twice_the_budget_in_flight(tmp_path, capsys):
+    """AsyncScheduler derives max_in_flight_tokens as two batches' budget; the finding's own
+    trace (the manager's default, max_model_len) is refused, naming it."""
+    source = FINDINGS_DIR / "018-deferred-drain-group-order.json"
+    assert main(["export", str(source), "--vllm-test", str(tmp_path / "t.py")]) == 2
+    assert "max_in_flight_tokens other than twice the token budget" in capsys.readouterr().err
+    assert not (tmp_path / "t.py").exists()
 
 
 @pytest.mark.parametrize("change, says", [

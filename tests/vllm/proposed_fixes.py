@@ -1,11 +1,11 @@
-"""The fixes that findings 016 and 022-025 propose, applied while their vLLM tests run.
+"""The fixes that findings 016, 018 and 022-025 propose, applied while their vLLM tests run.
 
 A pytest plugin (`-p proposed_fixes`, this folder on the path) for the subprocess of
 tests/vllm/test_finding_vllm_tests.py that shows each test of `PROPOSED_FIXES`
 (kvfuzz.fuzz.finding_tests) passing once its bug is fixed. The tests drive vLLM's own Scheduler,
 which kvcache dropped in cannot stand under, so the fix is patched into vLLM's manager (022, the
-rule 0.33 added), its Scheduler (016, 023; 025, the rule 0.33 added) or the test module's stand-in for vLLM's worker copy
-(024), never into the generated file's text.
+rule 0.33 added), its Scheduler (016, 023; 025, the rule 0.33 added), its coordinator (018) or
+the test module's stand-in for vLLM's worker copy (024), never into the generated file's text.
 """
 
 from __future__ import annotations
@@ -69,6 +69,19 @@ def fix_016(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks",
                         update_and_check_window)
+
+
+def fix_018(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """018's fix (the doc's proposal, "store the already-ordered list when deferring"): the
+    coordinator pops a request's blocks last group first, so that the deferred drain, which
+    frees the list reversed, frees group after group, each tail first, as `free` does."""
+    from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
+
+    def pop_blocks_for_free(self: Any, request_id: str) -> list[Any]:
+        return [block for single in reversed(self.single_type_managers)
+                for block in single.pop_blocks_for_free(request_id)]
+
+    monkeypatch.setattr(KVCacheCoordinator, "pop_blocks_for_free", pop_blocks_for_free)
 
 
 def fix_022(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,7 +170,8 @@ def fix_025(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Scheduler, "_update_request_with_output", update_and_uncompute)
 
 
-FIXES = {"016": fix_016, "022": fix_022, "023": fix_023, "024": fix_024, "025": fix_025}
+FIXES = {"016": fix_016, "018": fix_018, "022": fix_022, "023": fix_023, "024": fix_024,
+         "025": fix_025}
 """Finding number -> its proposed fix."""
 
 

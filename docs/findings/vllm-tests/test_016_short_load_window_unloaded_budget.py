@@ -16,6 +16,7 @@ from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
+    SupportsHMA,
 )
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -174,10 +175,11 @@ def step(scheduler: Scheduler, forward: ForwardPass, sample: int = 0) -> None:
     scheduler.update_from_output(output, model_output(req_ids, sampled))
 
 
-class TraceConnector(KVConnectorBase_V1):
-    """A scheduler-side KV connector on vLLM's base class: it offers a request the external
-    tokens the test names, as an asynchronous load; the test reports the load's end as a
-    worker does (finish_load). Its worker side never runs."""
+class TraceConnector(KVConnectorBase_V1, SupportsHMA):
+    """A scheduler-side KV connector on vLLM's base class, in the consumer role: it offers a
+    request the external tokens the test names (if any), as an asynchronous load; the test
+    reports the load's end as a worker does (finish_load). It supports hybrid models (each
+    group's blocks); it never holds a finished request's blocks. Its worker side never runs."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
@@ -195,6 +197,9 @@ class TraceConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         return KVConnectorMetadata()
+
+    def request_finished_all_groups(self, request: Request, block_ids):
+        return False, None
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         raise NotImplementedError("scheduler side only")
