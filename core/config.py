@@ -27,6 +27,8 @@ FULL_ATTENTION_KINDS: tuple[str, ...] = ("full", "mla", "sink_full", "rswa")
 MAMBA_CACHE_MODES: tuple[str, ...] = ("none", "align")
 MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='align'"
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
+LOAD_FAILURE_POLICIES: tuple[str, ...] = ("recompute", "fail")
+"""What a KV connector load that ends short does (vLLM's `kv_load_failure_policy`)."""
 # vLLM 0.34.0's reasons (ModelConfig.is_prefix_caching_supported / is_chunked_prefill_supported)
 # for a model with encoder-only (bidirectional) attention (docs/spec.md §12.4).
 ENCODER_ONLY_CACHING_REASON = (
@@ -149,6 +151,9 @@ class SchedulerConfig:
     num_lookahead_tokens: int = 0
     reserved_blocks: int = 0
     vocab_size: int = 4
+    kv_load_failure_policy: Literal["recompute", "fail"] = "recompute"
+    """A KV load that ends short rolls back to its valid prefix ("recompute") or fails its
+    request, FINISHED_ERROR, its blocks freed ("fail"; docs/spec.md §13.2)."""
 
     def validate(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
@@ -160,6 +165,9 @@ class SchedulerConfig:
         _non_negative_int("scheduler.num_lookahead_tokens", self.num_lookahead_tokens)
         _non_negative_int("scheduler.reserved_blocks", self.reserved_blocks)
         _positive_int("scheduler.vocab_size", self.vocab_size)
+        if self.kv_load_failure_policy not in LOAD_FAILURE_POLICIES:
+            raise ConfigError(f"scheduler.kv_load_failure_policy must be one of "
+                              f"{LOAD_FAILURE_POLICIES}, got {shown(self.kv_load_failure_policy)}")
 
 
 # Kinds whose KV a connector may load (docs/spec.md §13.1).

@@ -75,6 +75,12 @@ def _failed_load_kept(scheduler: Any) -> None:
     scheduler._handle_failed_recving = lambda *args, **kwargs: set()
 
 
+def _failed_load_recomputed(scheduler: Any) -> None:
+    """Under the "fail" `kv_load_failure_policy` a short load is rolled back and recomputed
+    as under "recompute": the request is not failed."""
+    scheduler.recompute_kv_load_failures = True
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -88,6 +94,9 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                                  _rejection_keeps_computed, ("eagle",)),
     "failed-load-kept": ("a connector's short or failed KV load is not rolled back",
                          _failed_load_kept, ("connector",)),
+    "failed-load-recomputed": ("under the 'fail' policy a short KV load is recomputed, its "
+                               "request not failed", _failed_load_recomputed,
+                               ("nemotron_h_connector",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

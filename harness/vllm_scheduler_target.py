@@ -352,12 +352,10 @@ class VllmSchedulerSide(VllmSide):
     def deviation_catalogue() -> tuple[KnownDeviation, ...]:
         return KNOWN_DEVIATIONS + SCHEDULER_DEVIATIONS
 
-    kv_load_failure_policy = "recompute"
-    """kvfuzz's driver and model roll short loads back as vLLM's "recompute" policy does."""
-
     def new_manager(self, config: Config) -> Any:
         self.vllm_scheduler = build_vllm_scheduler(
-            config, self.async_scheduling, kv_load_failure_policy=self.kv_load_failure_policy)
+            config, self.async_scheduling,
+            kv_load_failure_policy=config.scheduler.kv_load_failure_policy)
         return self.vllm_scheduler.kv_cache_manager
 
     def build_scheduler(self, config: Config) -> Any:

@@ -12,6 +12,7 @@ Run with the venv of ci/install-vllm.sh:  "$py" -m pytest -m vllm tests/vllm -q
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -199,31 +200,33 @@ def test_kv_loads_whole_short_failed_and_aborted_on_vllm_scheduler():
         assert scheduler.recompute_kv_load_failures
 
 
-def test_the_fail_policy_fails_a_short_load_on_vllm_scheduler():
-    """vLLM's other `kv_load_failure_policy`, set through KVTransferConfig: a short load fails
-    the request (FINISHED_ERROR) and frees its blocks; a whole one lands as under "recompute".
-    vLLM's Scheduler alone (kvfuzz's driver and model play "recompute")."""
-    from kvfuzz.harness.vllm_scheduler_target import VllmSchedulerSide
-
-    class FailPolicy(VllmSchedulerSide):  # tolerates 007 (0.32.0 frees the null block)
-        kv_load_failure_policy = "fail"
-
+def test_the_fail_policy_fails_a_short_load_three_way():
+    """vLLM's other `kv_load_failure_policy` (`scheduler.kv_load_failure_policy = "fail"`,
+    set on vLLM through KVTransferConfig): a short load fails the request (FINISHED_ERROR) and
+    frees its blocks; a whole one lands as under "recompute". kvfuzz's driver, the model and
+    vLLM's Scheduler agree."""
     for name in ("connector", "gpt_oss_connector"):
-        ex = Execution(BUILTIN[name][1], "scheduler", (FailPolicy,), model=False)
+        config = BUILTIN[name][1]
+        config = config.replace(scheduler=dataclasses.replace(
+            config.scheduler, kv_load_failure_policy="fail"))
+        ex = Execution(config, "scheduler", THREE_WAY)
         for rid, base in (("whole", 0), ("short", 20)):
             ex.apply(_add(rid, list(range(base, base + 11)), max_tokens=2))
             ex.apply({"op": "load_remote", "request_id": rid, "num_external_tokens": 11})
         assert ex.apply({"op": "finish_load", "request_id": "whole"}) == 10
         assert ex.apply({"op": "finish_load", "request_id": "short",
                          "num_loaded_tokens": 6}) == 0
-        scheduler = ex.targets[0].side.vllm_scheduler
+        scheduler = ex.targets[1].side.vllm_scheduler
         assert not scheduler.recompute_kv_load_failures
         assert ex.state.requests["short"].status == "FINISHED_ERROR"
         assert ex.state.requests["whole"].status == "WAITING"
         held = {b.block_id for g in scheduler.kv_cache_manager.get_blocks("whole").blocks
                 for b in g if not b.is_null}
         free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
-        assert free == BUILTIN[name][1].num_blocks - 1 - len(held)  # "short" holds nothing
+        assert free == config.num_blocks - 1 - len(held)  # "short" holds nothing
+        for i in range(4):
+            ex.apply({"op": "step", "sample": i})
+        assert ex.state.requests["whole"].status.startswith("FINISHED")
 
 
 def test_a_connector_campaign_on_vllm_scheduler_exits_0(tmp_path, capsys):
@@ -319,6 +322,7 @@ for _name in CONFIGS:
     ("mamba-split-unaligned", "mamba_align", "DIFF-result"),
     ("rejection-keeps-computed", "eagle", "DIFF-state"),
     ("failed-load-kept", "connector", "DIFF-result"),
+    ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
