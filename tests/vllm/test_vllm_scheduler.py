@@ -363,3 +363,16 @@ def test_finding_020_harms_a_later_request_on_vllm_scheduler():
 def _checks_of(trace: Trace) -> Any:
     """The checks the finding was recorded with (the data checks for a hazard)."""
     return selected_checks(trace.meta.get("data"))
+
+
+def test_the_generated_pair_skips_configs_the_scheduler_cannot_take(tmp_path):
+    """A generated config vLLM's Scheduler cannot take (here `reserved_blocks`) is skipped for
+    the next seed's, as one vLLM refuses to build: not a usage error that stops the run."""
+    from kvfuzz.fuzz.campaign import BatchRunner, CampaignOptions
+    from kvfuzz.fuzz.config_space import generated_config
+
+    seed = next(s for s in range(200) if generated_config(s).scheduler.reserved_blocks)
+    runner = BatchRunner(CampaignOptions(target="vllm-scheduler", corpus=tmp_path))
+    config = runner.buildable_config(seed)
+    assert config.scheduler.reserved_blocks == 0
+    assert get_target("vllm-scheduler").cannot_build(config) is None
