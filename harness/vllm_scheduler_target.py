@@ -399,6 +399,13 @@ class VllmSchedulerSide(VllmSide):
                 "\"vLLM's own scheduler\", \"Not driven yet\")")
         super().require(name)
 
+    def _sampling_params(self, op: Op) -> tuple[dict[str, Any], bool]:
+        """A bounded request asks for prompt logprobs (`harness/vllm_prompt_logprobs.py`)."""
+        from kvfuzz.harness.vllm_prompt_logprobs import prompt_logprobs_params
+
+        params = prompt_logprobs_params(op, self.api["SamplingParams"])
+        return (params, True) if params is not None else super()._sampling_params(op)
+
     def make_request(self, op: Op, arrival_time: float) -> Any:
         if op["mm_inputs"]:
             self.require("mm_inputs")

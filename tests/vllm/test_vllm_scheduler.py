@@ -376,3 +376,29 @@ def test_the_generated_pair_skips_configs_the_scheduler_cannot_take(tmp_path):
     config = runner.buildable_config(seed)
     assert config.scheduler.reserved_blocks == 0
     assert get_target("vllm-scheduler").cannot_build(config) is None
+
+
+def test_a_bounded_request_asks_vllm_for_prompt_logprobs():
+    """The trace's hit bounds reach vLLM's Scheduler as `SamplingParams(prompt_logprobs=)`:
+    prompt scoring from row 4 bounds the hit at 4 tokens, plain prompt logprobs skip cache
+    reads; vLLM's Request derives both, three-way with the driver and the model."""
+    ex = Execution(BUILTIN["full"][1], "scheduler", THREE_WAY)
+    ex.apply(_add("a", list(range(12)), max_tokens=1))
+    for i in range(3):
+        ex.apply({"op": "step", "sample": i})
+    bounded = [("limit", {"prefix_cache_hit_limit": 4}),
+               ("skip", {"skip_reading_prefix_cache": True})]
+    if not get_target("vllm-scheduler").build(BUILTIN["full"][1], "scheduler").offers(
+            "prefix_cache_hit_limit"):
+        bounded = bounded[1:]  # releases before 0.34 bound no hit by a limit
+    for rid, bound in bounded:
+        ex.apply(_add(rid, list(range(12)), max_tokens=1, **bound))
+    out = ex.apply({"op": "step", "sample": 0})
+    hits = {rid: hit for rid, _, hit in out["scheduled"]}
+    requests = ex.targets[1].side.scheduler._requests
+    for rid, _ in bounded:
+        assert requests[rid].sampling_params.prompt_logprobs == 1
+        assert hits[rid] == (4 if rid == "limit" else 0)
+    if len(bounded) == 2:
+        assert requests["limit"].prefix_cache_hit_limit == 4
+        assert requests["skip"].prefix_cache_hit_limit == 0
