@@ -402,3 +402,34 @@ def test_a_bounded_request_asks_vllm_for_prompt_logprobs():
     if len(bounded) == 2:
         assert requests["limit"].prefix_cache_hit_limit == 4
         assert requests["skip"].prefix_cache_hit_limit == 0
+
+
+@pytest.mark.parametrize("num_blocks, raises", [(9, True), (14, True), (15, False)])
+def test_finding_017_is_reached_by_vllm_scheduler_with_a_synchronous_load(num_blocks, raises):
+    """Finding 017 end to end: kvfuzz's connector made synchronous (`load_kv_async=False`)
+    offers 8 of a 17-token prompt on `nemotron_h_connector`; vLLM's Scheduler admits the
+    request with 8 new tokens whenever its align predictor's count fits (from 8 free blocks)
+    and the allocation then raises mid-way until 14 are free (the engine dies)."""
+    import time
+
+    from kvfuzz.harness.vllm_api import load_vllm
+    from kvfuzz.harness.vllm_scheduler_target import build_vllm_scheduler
+
+    v = load_vllm()
+    if not v.has("kv_connector"):
+        pytest.skip("this vLLM has no KV connector API")
+    config = BUILTIN["nemotron_h_connector"][1]
+    v["utils"].NONE_HASH = v["sha256"](config.none_hash_seed)
+    hasher = v["utils"].get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
+    scheduler = build_vllm_scheduler(config.replace(num_blocks=num_blocks))
+    scheduler.connector.get_num_new_matched_tokens = lambda request, computed: (8, False)
+    request = v["Request"]("a", list(range(17)), v["SamplingParams"](max_tokens=1), None,
+                           arrival_time=time.time(), block_hasher=hasher)
+    scheduler.add_request(request)
+    if raises:
+        with pytest.raises(ValueError, match="Cannot get 1 free blocks from the pool"):
+            scheduler.schedule()
+    else:
+        assert scheduler.schedule().num_scheduled_tokens == {"a": 8}
+        assert request.num_computed_tokens == 16
+        assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 0
