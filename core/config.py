@@ -29,6 +29,8 @@ MAMBA_PREFIX_CACHING_REASON = "Mamba prefix caching requires mamba_cache_mode='a
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
 # vLLM 0.34.0's Request.kv_cache_report_mode values (vllm/v1/request.py:130-134).
 REPORT_MODES: tuple[str, ...] = ("incremental", "full")
+LOAD_FAILURE_POLICIES: tuple[str, ...] = ("recompute", "fail")
+"""What a KV connector load that ends short does (vLLM's `kv_load_failure_policy`)."""
 # vLLM 0.34.0's reasons (ModelConfig.is_prefix_caching_supported / is_chunked_prefill_supported)
 # for a model with encoder-only (bidirectional) attention (docs/spec.md §12.4).
 ENCODER_ONLY_CACHING_REASON = (
@@ -151,6 +153,9 @@ class SchedulerConfig:
     num_lookahead_tokens: int = 0
     reserved_blocks: int = 0
     vocab_size: int = 4
+    kv_load_failure_policy: Literal["recompute", "fail"] = "recompute"
+    """A KV load that ends short rolls back to its valid prefix ("recompute") or fails its
+    request, FINISHED_ERROR, its blocks freed ("fail"; docs/spec.md §13.2)."""
 
     def validate(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
@@ -162,6 +167,9 @@ class SchedulerConfig:
         _non_negative_int("scheduler.num_lookahead_tokens", self.num_lookahead_tokens)
         _non_negative_int("scheduler.reserved_blocks", self.reserved_blocks)
         _positive_int("scheduler.vocab_size", self.vocab_size)
+        if self.kv_load_failure_policy not in LOAD_FAILURE_POLICIES:
+            raise ConfigError(f"scheduler.kv_load_failure_policy must be one of "
+                              f"{LOAD_FAILURE_POLICIES}, got {shown(self.kv_load_failure_policy)}")
 
 
 # Kinds whose KV a connector may load (docs/spec.md §13.1).

@@ -243,9 +243,10 @@ BUILTIN: dict[str, tuple[str, Config]] = {
         (
             "Nemotron-H-shaped with a KV connector (NIXL-style disaggregated prefill), Mamba "
             "align mode: full (bs 8) + 6 state groups (bs 8), hash blocks of 4; loads pass "
-            "state hits and report diverging per-group hits",
+            "state hits and report diverging per-group hits; a short load fails its request "
+            "(kv_load_failure_policy fail, vLLM's default)",
             replace(_attention_mamba_align("nemotron_h_connector", 64, 6, 8, 4),
-                    kv_connector=True),
+                    kv_connector=True, scheduler=SchedulerConfig(kv_load_failure_policy="fail")),
         ),
         (
             "Qwen3-Next-shaped with its MTP drafter and a KV connector: qwen3_next_eagle's "

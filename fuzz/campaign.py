@@ -18,6 +18,7 @@ options. Hypothesis's own shrinking is off: a failure is deduplicated, saved raw
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -412,13 +413,15 @@ class BatchRunner:
 
     def buildable_config(self, seed: int) -> Config:
         """The generated config of `seed` the target can build: the first of the seeds drawn
-        from `seed` whose config it builds (vLLM refuses some combinations at startup)."""
+        from `seed` whose config it builds (vLLM refuses some combinations at startup, and
+        its Scheduler takes no `reserved_blocks`, say: a usage error for a named config)."""
         info = get_target(self.options.target)
         rng = random.Random(seed)
         for _ in range(TRIES):
             config = generated_config(seed)
-            if info.cannot_build(config) is None:
-                return config
+            with contextlib.suppress(KvfuzzError):
+                if info.cannot_build(config) is None:
+                    return config
             seed = rng.getrandbits(64)
         raise NoConfig(f"target {info.name} built none of {TRIES} generated configs")
 

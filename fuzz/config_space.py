@@ -4,10 +4,10 @@ A draw picks every knob of docs/configs.md at random: one to three groups of any
 sizes as multiples of a hash block size (1, 2, 4 or 8), per-group EAGLE and duplicated groups
 (two identical specs, EAGLE on one), Mamba "align" with speculative and checkpoint blocks and a
 checkpoint alignment of its own, windows, chunks, sinks, retention intervals, the KV
-connector, events (with kv_cache_report_mode "full" where every group is full attention),
-extra keys, partial hits, the watermark, hit-limit-carrying scheduler knobs. The config is
-then built with `Config.from_dict` on its JSON form, exactly as `--config-file` builds a
-file's (core/config_file.py), and a pool too small for one request of
+connector (and its load failure policy), events (with kv_cache_report_mode "full" where every
+group is full attention), extra keys, partial hits, the watermark, hit-limit-carrying scheduler
+knobs. The config is then built with `Config.from_dict` on its JSON form, exactly as
+`--config-file` builds a file's (core/config_file.py), and a pool too small for one request of
 max_model_len tokens is refused as vLLM refuses it at startup (`too_small_pool`); a draw
 either refuses is skipped and the next one taken, from the same seeded stream, so a seed
 always gives the same config. `cross_features` names which of the combinations the built-in
@@ -90,6 +90,8 @@ def draw(rng: random.Random) -> dict[str, Any]:
         data["prefix_cache_retention_interval"] = rng.choice((0, sbs, 2 * sbs))
     if any(g.get("mamba_cache_mode") == "align" for g in groups) and rng.random() < 0.5:
         data["enable_mamba_shared_prefix_checkpoint"] = True
+    if data["kv_connector"] and rng.random() < 0.5:
+        data["scheduler"]["kv_load_failure_policy"] = "fail"
     return data
 
 
@@ -199,6 +201,7 @@ def config_features(config: Config) -> int:
             + (config.watermark > 0) + (config.prefix_cache_retention_interval is not None)
             + (config.kv_cache_report_mode != "incremental")
             + (config.hash_block_size is not None)
+            + (config.scheduler.kv_load_failure_policy != "recompute")
             + sum(getattr(g, k) != v for g in config.groups for k, v in GROUP_DEFAULTS.items()))
 
 
@@ -219,6 +222,9 @@ def generated_variants(config: Config) -> list[dict[str, Any]]:
         changes.append({"prefix_cache_retention_interval": None})
     if config.hash_block_size is not None:
         changes.append({"hash_block_size": None})
+    if config.scheduler.kv_load_failure_policy != "recompute":
+        changes.append({"scheduler": dataclasses.replace(config.scheduler,
+                                                         kv_load_failure_policy="recompute")})
     for i, group in enumerate(groups):
         fields = {k: v for k, v in GROUP_DEFAULTS.items() if getattr(group, k) != v}
         if "num_prefill_checkpoint_blocks" in fields:

@@ -158,6 +158,7 @@ class ManagerSide:
             use_eagle=config.use_eagle,
             state_groups=any(g.kind == "mamba" for g in config.groups),
             num_prefill_lookahead=config.num_prefill_lookahead,
+            fail_short_loads=s.kv_load_failure_policy == "fail",
         )
 
     # ----- Side -----

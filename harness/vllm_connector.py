@@ -326,7 +326,9 @@ class ConnectorLoads:
             return 0
         if num_loaded_tokens is not None and num_loaded_tokens < promised:
             end = hit + num_loaded_tokens
-            if self._block_failures and not (self._driver_rules
+            # Finding 016 matters only where the request lives on ("recompute").
+            recomputed = getattr(self.vllm, "recompute_kv_load_failures", True)
+            if self._block_failures and not (self._driver_rules and recomputed
                                              and self._window_unloaded(request, end)):
                 report.invalid_block_ids = self._unfilled_blocks(request, end)
             else:

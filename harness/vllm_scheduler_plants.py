@@ -81,6 +81,12 @@ def _in_flight_free_not_deferred(scheduler: Any) -> None:
     scheduler._request_blocks_can_be_freed = lambda request: True
 
 
+def _failed_load_recomputed(scheduler: Any) -> None:
+    """Under the "fail" `kv_load_failure_policy` a short load is rolled back and recomputed
+    as under "recompute": the request is not failed."""
+    scheduler.recompute_kv_load_failures = True
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -97,6 +103,9 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "free-not-deferred": ("a free while a step in flight reads the blocks is not "
                                     "deferred", _in_flight_free_not_deferred,
                                     ("deferred_connector",)),
+    "failed-load-recomputed": ("under the 'fail' policy a short KV load is recomputed, its "
+                               "request not failed", _failed_load_recomputed,
+                               ("nemotron_h_connector",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

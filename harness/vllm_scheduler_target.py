@@ -489,12 +489,10 @@ class VllmSchedulerSide(VllmSide):
     def deviation_catalogue() -> tuple[KnownDeviation, ...]:
         return KNOWN_DEVIATIONS + SCHEDULER_DEVIATIONS
 
-    kv_load_failure_policy = "recompute"
-    """kvfuzz's driver and model roll short loads back as vLLM's "recompute" policy does."""
-
     def new_manager(self, config: Config) -> Any:
         self.vllm_scheduler = build_vllm_scheduler(
-            config, self.async_scheduling, kv_load_failure_policy=self.kv_load_failure_policy)
+            config, self.async_scheduling,
+            kv_load_failure_policy=config.scheduler.kv_load_failure_policy)
         return self.vllm_scheduler.kv_cache_manager
 
     def build_scheduler(self, config: Config) -> Any:
@@ -555,6 +553,13 @@ class VllmSchedulerSide(VllmSide):
                 f"the trace uses {name}, which target {self.name} does not drive (docs/vllm.md, "
                 "\"vLLM's own scheduler\", \"Not driven yet\")")
         super().require(name)
+
+    def _sampling_params(self, op: Op) -> tuple[dict[str, Any], bool]:
+        """A bounded request asks for prompt logprobs (`harness/vllm_prompt_logprobs.py`)."""
+        from kvfuzz.harness.vllm_prompt_logprobs import prompt_logprobs_params
+
+        params = prompt_logprobs_params(op, self.api["SamplingParams"])
+        return (params, True) if params is not None else super()._sampling_params(op)
 
     def make_request(self, op: Op, arrival_time: float) -> Any:
         if op["mm_inputs"]:

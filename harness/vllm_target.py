@@ -841,14 +841,18 @@ class VllmSide(ManagerSide):
         rows = [float(v) if v >= 0 else fill for v in (extras.prompt_embeds or ())[start:end]]
         return struct.pack(f"<{len(rows)}f", *rows)
 
+    def _sampling_params(self, op: Op) -> tuple[dict[str, Any], bool]:
+        """`SamplingParams` arguments for `op` beside max_tokens, and whether vLLM derives the
+        prompt-scoring hit limit from them (here not: `make_request` sets it)."""
+        return {"skip_reading_prefix_cache": op["skip_reading_prefix_cache"] or None}, False
+
     def make_request(self, op: Op, arrival_time: float) -> Any:
         v = self.api
-        params = v["SamplingParams"](
-            max_tokens=op["max_tokens"],
-            skip_reading_prefix_cache=op["skip_reading_prefix_cache"] or None,
-            **({"extra_args": {"kv_cache_report_mode": self.config.kv_cache_report_mode}}
-               if self.config.kv_cache_report_mode != "incremental" else {}),
-        )
+        kwargs, derived = self._sampling_params(op)
+        if self.config.kv_cache_report_mode != "incremental":
+            kwargs = {**kwargs, "extra_args": {"kv_cache_report_mode":
+                                               self.config.kv_cache_report_mode}}
+        params = v["SamplingParams"](max_tokens=op["max_tokens"], **kwargs)
         request = v["Request"](
             op["request_id"],
             list(op["prompt"]),
@@ -867,7 +871,7 @@ class VllmSide(ManagerSide):
             self.require("prefix_cache_hit_limit")
             # What vLLM derives from prompt-scoring parameters, set directly (0 stays 0 when
             # the request skips cache reads).
-            if request.prefix_cache_hit_limit != 0:
+            if not derived and request.prefix_cache_hit_limit != 0:
                 request.prefix_cache_hit_limit = limit
         return request
 

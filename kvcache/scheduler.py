@@ -63,6 +63,7 @@ class Scheduler:
         use_eagle: bool = False,
         state_groups: bool = False,
         num_prefill_lookahead: int = 0,
+        fail_short_loads: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -100,6 +101,8 @@ class Scheduler:
         self.state_groups = state_groups
         # Multi-module MTP: no prefill chunk ends within this many tokens of the end (§5.7).
         self.num_prefill_lookahead = num_prefill_lookahead
+        # vLLM's "fail" kv_load_failure_policy: a short load fails its request (§13.2).
+        self.fail_short_loads = fail_short_loads
         # A chunk stops at the junction itself where the manager registers the state there
         # (vLLM's Scheduler reads the same predicate off its manager, under sub-block hits).
         coordinator = kv_cache_manager.coordinator
@@ -256,6 +259,8 @@ class Scheduler:
             return 0
         promised = request.num_computed_tokens - num_hit_tokens
         if num_loaded_tokens is not None and num_loaded_tokens < promised:
+            if self.fail_short_loads:
+                return self._fail_load(request, num_hit_tokens + num_loaded_tokens)
             # With state groups no state holds a short load's end: all of it is lost.
             request.num_computed_tokens = 0 if self.state_groups else self._valid_prefix(
                 request_id, num_hit_tokens + num_loaded_tokens)
@@ -337,21 +342,41 @@ class Scheduler:
             reads.update(b.block_id for b in blocks[skip:] if not b.is_null)
         return reads
 
+    def _fail_load(self, request: Any, num_loaded_tokens: int) -> int:
+        """The "fail" policy: a short load fails its request (FINISHED_ERROR) and frees its
+        blocks, the local hit included; nothing is cached. On one attention group its computed
+        tokens stop at the first block the load did not fill (vLLM finds the failure by its
+        blocks); otherwise they stay as the load promised. Returns 0."""
+        if len(self.manager.coordinator.single_type_managers) == 1 and not self.state_groups:
+            request.num_computed_tokens = self._unfilled_start(
+                request.request_id, num_loaded_tokens)
+        self._free(request)
+        request.status = RequestStatus.FINISHED_ERROR
+        return 0
+
     def _valid_prefix(self, request_id: str, num_loaded_tokens: int) -> int:
         """The computed tokens a short or failed load leaves (docs/spec.md §13.2): with several
         groups the load failed as a whole (0); with one, the start of the first block it did
-        not fill (window nulls were never loaded, never wanted), or 0 when the window of that
-        point would read a null block."""
+        not fill (`_unfilled_start`), or 0 when the window of that point would read a null
+        block."""
         singles = self.manager.coordinator.single_type_managers
         if len(singles) > 1:
             return 0
         single = singles[0]
         table = single.req_to_blocks[request_id]
         nulls = next((i for i, block in enumerate(table) if not block.is_null), len(table))
-        valid = max(num_loaded_tokens // single.block_size, nulls) * single.block_size
+        valid = self._unfilled_start(request_id, num_loaded_tokens)
         if valid and single.get_num_skipped_tokens(valid) < nulls * single.block_size:
             return 0
         return valid
+
+    def _unfilled_start(self, request_id: str, num_loaded_tokens: int) -> int:
+        """On the lone group: the start of the first block a load valid up to
+        `num_loaded_tokens` did not fill (window nulls were never loaded, never wanted)."""
+        single = self.manager.coordinator.single_type_managers[0]
+        table = single.req_to_blocks[request_id]
+        nulls = len(table) - len(_without_leading_nulls(table))
+        return max(num_loaded_tokens // single.block_size, nulls) * single.block_size
 
     def _known(self, request_id: str, operation: str) -> Any:
         request = self._requests.get(request_id)

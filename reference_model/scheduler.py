@@ -176,6 +176,8 @@ class Driver:
             self.free(req)
             return 0
         if loaded is not None and hit + loaded < req.num_computed_tokens:
+            if self.cfg.kv_load_failure_policy == "fail":
+                return self._fail(req, hit + loaded)
             req.num_computed_tokens = 0 if self.states else self._valid_prefix(
                 req.request_id, hit + loaded)
         if req.num_computed_tokens > 0:
@@ -189,6 +191,19 @@ class Driver:
         self.waiting.insert(0, req)
         self._order_waiting()
         return req.num_computed_tokens
+
+    def _fail(self, req: Request, loaded: int) -> int:
+        """docs/spec.md §13.2, policy "fail": the request fails (FINISHED_ERROR), its blocks
+        freed. One attention group: its computed tokens drop to the first block not filled;
+        else they stay."""
+        groups = self.manager.layout.groups
+        if len(groups) == 1 and not self.states:
+            table = self.manager.state.tables[0][req.request_id]
+            nulls = next((i for i, b in enumerate(table) if b != NULL), len(table))
+            req.num_computed_tokens = max(loaded // groups[0].bs, nulls) * groups[0].bs
+        self.free(req)
+        req.status = "FINISHED_ERROR"
+        return 0
 
     def _valid_prefix(self, rid: str, loaded: int) -> int:
         """docs/spec.md §13.2: what a short load leaves. Several groups: nothing. One group: the

@@ -210,6 +210,30 @@ def test_a_short_load_on_one_window_group_keeps_only_a_prefix_whose_window_was_l
     assert s.finish_load("C", 21) == 20 and m.estimate_cached_tokens(s.waiting[0]) == 20
 
 
+def test_under_the_fail_policy_a_short_load_fails_its_request_and_frees_its_blocks():
+    """vLLM's "fail" kv_load_failure_policy (docs/spec.md §13.2): a short or failed load
+    finishes the request FINISHED_ERROR, frees every block (the local hit too), caches
+    nothing; its computed tokens stop at the first unfilled block. A whole load lands."""
+    m = _manager()
+    s = Scheduler(m, max_model_len=64, token_budget=32, max_running=4, fail_short_loads=True)
+    a = make_request("A", list(range(9)), BS)
+    s.add_request(a)
+    s.start_load("A", 8)
+    assert s.finish_load("A") == 8 and a.status == RequestStatus.WAITING
+    s.step(lambda request: 1)
+    before = free(m)
+    for rid, loaded in (("S", 5), ("F", 0)):
+        r = make_request(rid, list(range(16)), BS)
+        s.add_request(r)
+        assert s.start_load(rid, 16) == (8, 8, False)
+        assert s.finish_load(rid, loaded) == 0
+        assert r.status == RequestStatus.FINISHED_ERROR and table_ids(m, rid) == [[]]
+        assert r.num_computed_tokens == (12 if loaded else 8)
+        probe = make_request(f"P{rid}", list(range(16)), BS)
+        assert m.get_computed_blocks(probe)[1] == 8 and free(m) == before
+        assert rid not in {q.request_id for q in s.waiting}
+
+
 def test_an_aborted_load_holds_its_blocks_until_the_load_ends():
     m, s = _driver()
     r = make_request("R", list(range(8)), BS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from rm_support import Runner, config, full, swa
 
@@ -285,3 +287,24 @@ def test_the_model_floors_the_junction_to_blocks_from_the_chunk_start():
     assert driver.state_aligned(r, 36, 4) == 36
     r.shared_prefix_boundary = 30
     assert driver.state_aligned(r, 36, 4) == 24
+
+
+@pytest.mark.parametrize("name, computed", [("connector", 4), ("gpt_oss_connector", 11)])
+def test_the_fail_policy_fails_a_short_load_in_the_model_as_in_the_driver(name, computed):
+    """`scheduler.kv_load_failure_policy = "fail"` (docs/spec.md §13.2): the model and kvfuzz's
+    driver agree that a short load finishes its request FINISHED_ERROR, its blocks freed; its
+    computed tokens stop at the first unfilled block on one group, else stay."""
+    from kvfuzz.harness.executor import Execution
+
+    base = BUILTIN[name][1]
+    cfg = base.replace(scheduler=dataclasses.replace(base.scheduler,
+                                                     kv_load_failure_policy="fail"))
+    ex = Execution(cfg, "scheduler", ("kvcache",))
+    ex.apply({"op": "add_request", "request_id": "s", "prompt": list(range(20, 31)),
+              "max_tokens": 2})
+    ex.apply({"op": "load_remote", "request_id": "s", "num_external_tokens": 11})
+    assert ex.apply({"op": "finish_load", "request_id": "s", "num_loaded_tokens": 6}) == 0
+    view = ex.state.requests["s"]
+    assert view.status == "FINISHED_ERROR" and view.num_computed_tokens == computed
+    assert not any(view.tables)
+    ex.apply({"op": "step", "sample": 0})

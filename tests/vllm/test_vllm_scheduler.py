@@ -205,31 +205,33 @@ def test_kv_loads_whole_short_failed_and_aborted_on_vllm_scheduler():
         assert scheduler.recompute_kv_load_failures
 
 
-def test_the_fail_policy_fails_a_short_load_on_vllm_scheduler():
-    """vLLM's other `kv_load_failure_policy`, set through KVTransferConfig: a short load fails
-    the request (FINISHED_ERROR) and frees its blocks; a whole one lands as under "recompute".
-    vLLM's Scheduler alone (kvfuzz's driver and model play "recompute")."""
-    from kvfuzz.harness.vllm_scheduler_target import VllmSchedulerSide
-
-    class FailPolicy(VllmSchedulerSide):  # tolerates 007 (0.32.0 frees the null block)
-        kv_load_failure_policy = "fail"
-
+def test_the_fail_policy_fails_a_short_load_three_way():
+    """vLLM's other `kv_load_failure_policy` (`scheduler.kv_load_failure_policy = "fail"`,
+    set on vLLM through KVTransferConfig): a short load fails the request (FINISHED_ERROR) and
+    frees its blocks; a whole one lands as under "recompute". kvfuzz's driver, the model and
+    vLLM's Scheduler agree."""
     for name in ("connector", "gpt_oss_connector"):
-        ex = Execution(BUILTIN[name][1], "scheduler", (FailPolicy,), model=False)
+        config = BUILTIN[name][1]
+        config = config.replace(scheduler=dataclasses.replace(
+            config.scheduler, kv_load_failure_policy="fail"))
+        ex = Execution(config, "scheduler", THREE_WAY)
         for rid, base in (("whole", 0), ("short", 20)):
             ex.apply(_add(rid, list(range(base, base + 11)), max_tokens=2))
             ex.apply({"op": "load_remote", "request_id": rid, "num_external_tokens": 11})
         assert ex.apply({"op": "finish_load", "request_id": "whole"}) == 10
         assert ex.apply({"op": "finish_load", "request_id": "short",
                          "num_loaded_tokens": 6}) == 0
-        scheduler = ex.targets[0].side.vllm_scheduler
+        scheduler = ex.targets[1].side.vllm_scheduler
         assert not scheduler.recompute_kv_load_failures
         assert ex.state.requests["short"].status == "FINISHED_ERROR"
         assert ex.state.requests["whole"].status == "WAITING"
         held = {b.block_id for g in scheduler.kv_cache_manager.get_blocks("whole").blocks
                 for b in g if not b.is_null}
         free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
-        assert free == BUILTIN[name][1].num_blocks - 1 - len(held)  # "short" holds nothing
+        assert free == config.num_blocks - 1 - len(held)  # "short" holds nothing
+        for i in range(4):
+            ex.apply({"op": "step", "sample": i})
+        assert ex.state.requests["whole"].status.startswith("FINISHED")
 
 
 def test_a_connector_campaign_on_vllm_scheduler_exits_0(tmp_path, capsys):
@@ -409,6 +411,7 @@ for _name in CONFIGS:
     ("rejection-keeps-computed", "eagle", "DIFF-state"),
     ("failed-load-kept", "connector", "DIFF-result"),
     ("free-not-deferred", "deferred_connector", "IF1"),
+    ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     examples = "120" if config == "deferred_connector" else "60"  # steps in flight are rarer
@@ -450,3 +453,73 @@ def test_finding_020_harms_a_later_request_on_vllm_scheduler():
 def _checks_of(trace: Trace) -> Any:
     """The checks the finding was recorded with (the data checks for a hazard)."""
     return selected_checks(trace.meta.get("data"))
+
+
+def test_the_generated_pair_skips_configs_the_scheduler_cannot_take(tmp_path):
+    """A generated config vLLM's Scheduler cannot take (here `reserved_blocks`) is skipped for
+    the next seed's, as one vLLM refuses to build: not a usage error that stops the run."""
+    from kvfuzz.fuzz.campaign import BatchRunner, CampaignOptions
+    from kvfuzz.fuzz.config_space import generated_config
+
+    seed = next(s for s in range(200) if generated_config(s).scheduler.reserved_blocks)
+    runner = BatchRunner(CampaignOptions(target="vllm-scheduler", corpus=tmp_path))
+    config = runner.buildable_config(seed)
+    assert config.scheduler.reserved_blocks == 0
+    assert get_target("vllm-scheduler").cannot_build(config) is None
+
+
+def test_a_bounded_request_asks_vllm_for_prompt_logprobs():
+    """The trace's hit bounds reach vLLM's Scheduler as `SamplingParams(prompt_logprobs=)`:
+    prompt scoring from row 4 bounds the hit at 4 tokens, plain prompt logprobs skip cache
+    reads; vLLM's Request derives both, three-way with the driver and the model."""
+    ex = Execution(BUILTIN["full"][1], "scheduler", THREE_WAY)
+    ex.apply(_add("a", list(range(12)), max_tokens=1))
+    for i in range(3):
+        ex.apply({"op": "step", "sample": i})
+    bounded = [("limit", {"prefix_cache_hit_limit": 4}),
+               ("skip", {"skip_reading_prefix_cache": True})]
+    if not get_target("vllm-scheduler").build(BUILTIN["full"][1], "scheduler").offers(
+            "prefix_cache_hit_limit"):
+        bounded = bounded[1:]  # releases before 0.34 bound no hit by a limit
+    for rid, bound in bounded:
+        ex.apply(_add(rid, list(range(12)), max_tokens=1, **bound))
+    out = ex.apply({"op": "step", "sample": 0})
+    hits = {rid: hit for rid, _, hit in out["scheduled"]}
+    requests = ex.targets[1].side.scheduler._requests
+    for rid, _ in bounded:
+        assert requests[rid].sampling_params.prompt_logprobs == 1
+        assert hits[rid] == (4 if rid == "limit" else 0)
+    if len(bounded) == 2:
+        assert requests["limit"].prefix_cache_hit_limit == 4
+        assert requests["skip"].prefix_cache_hit_limit == 0
+
+
+@pytest.mark.parametrize("num_blocks, raises", [(9, True), (14, True), (15, False)])
+def test_finding_017_is_reached_by_vllm_scheduler_with_a_synchronous_load(num_blocks, raises):
+    """Finding 017 end to end: kvfuzz's connector made synchronous (`load_kv_async=False`)
+    offers 8 of a 17-token prompt on `nemotron_h_connector`; vLLM's Scheduler admits the
+    request with 8 new tokens whenever its align predictor's count fits (from 8 free blocks)
+    and the allocation then raises mid-way until 14 are free (the engine dies)."""
+    import time
+
+    from kvfuzz.harness.vllm_api import load_vllm
+    from kvfuzz.harness.vllm_scheduler_target import build_vllm_scheduler
+
+    v = load_vllm()
+    if not v.has("kv_connector"):
+        pytest.skip("this vLLM has no KV connector API")
+    config = BUILTIN["nemotron_h_connector"][1]
+    v["utils"].NONE_HASH = v["sha256"](config.none_hash_seed)
+    hasher = v["utils"].get_request_block_hasher(config.resolved_hash_block_size, v["sha256"])
+    scheduler = build_vllm_scheduler(config.replace(num_blocks=num_blocks))
+    scheduler.connector.get_num_new_matched_tokens = lambda request, computed: (8, False)
+    request = v["Request"]("a", list(range(17)), v["SamplingParams"](max_tokens=1), None,
+                           arrival_time=time.time(), block_hasher=hasher)
+    scheduler.add_request(request)
+    if raises:
+        with pytest.raises(ValueError, match="Cannot get 1 free blocks from the pool"):
+            scheduler.schedule()
+    else:
+        assert scheduler.schedule().num_scheduled_tokens == {"a": 8}
+        assert request.num_computed_tokens == 16
+        assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 0
