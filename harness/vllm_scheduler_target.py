@@ -26,7 +26,7 @@ import functools
 import importlib
 import inspect
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,12 +51,15 @@ _IN_FLIGHT = ("in_flight", "complete_step")
 """Driven where vLLM's Scheduler defers frees behind steps in flight (`defer_block_free`)."""
 
 
-def _trim_stopped_drafts(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
-    """A finished request reads as computed up to its last token: vLLM 0.32's Scheduler leaves
-    the accepted drafts after a stop counted (docs/findings/025)."""
+def _trim_stopped_drafts(snapshot: Snapshot, config: Config,
+                         sampled: Collection[str] = ()) -> tuple[Snapshot, list[str]]:
+    """A finished request that took a sampled token (`sampled`: only such a request stops on
+    its output) reads as computed up to its last token: vLLM 0.32's Scheduler leaves the
+    accepted drafts after a stop counted (docs/findings/025). A request that ends while a KV
+    load covering its whole prompt is in flight keeps every token computed, as in kvfuzz."""
     changed = {rid: dataclasses.replace(view, num_computed_tokens=view.num_tokens - 1)
                for rid, view in snapshot.requests.items()
-               if view.status.startswith("FINISHED")
+               if rid in sampled and view.status.startswith("FINISHED")
                and view.num_computed_tokens >= view.num_tokens}
     if not changed:
         return snapshot, []
@@ -320,6 +323,8 @@ class VllmSchedulerDriver:
         """Requests whose deferred free vLLM's drain would have released in 018's order."""
         self.preempted: list[str] = []
         """Request ids vLLM's Scheduler preempted this step, in order (`_preempt_request`)."""
+        self.sampled: set[str] = set()
+        """Request ids that took a sampled token (finding 025's shape needs one)."""
         preempt = scheduler._preempt_request
 
         def preempt_request(request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -449,6 +454,7 @@ class VllmSchedulerDriver:
             kept = drafts if accept is None else drafts[:accept]
             sampled.append([*kept, sample_token(r, len(kept))]
                            if r.num_computed_tokens >= r.num_tokens else [])
+        self.sampled.update(r.request_id for (r, _, _), s in zip(scheduled, sampled) if s)
         output = self._output(req_ids=ids, sampled_token_ids=sampled)
         if in_flight and ids:
             if any(sampled):
@@ -510,6 +516,10 @@ class VllmSchedulerSide(VllmSide):
             driver._init_loads(any(g.kind == "mamba" for g in config.groups),
                                len(self.group_ids) == 1, bool(self.known_deviations))
         driver.drain_in_group_order = "deferred-drain-group-order" in self.tolerated
+        self.deviations = tuple(
+            dataclasses.replace(d, tolerate=functools.partial(_trim_stopped_drafts,
+                                                              sampled=driver.sampled))
+            if d.name == "stopped-drafts-stay-computed" else d for d in self.deviations)
         return driver
 
     def _defers_frees(self) -> bool:

@@ -588,7 +588,8 @@ class Scheduler:
             self.use_eagle,
             self.prefill_checkpoint_alignment,
             request.shared_prefix_boundary,
-            self.manager.block_pool.num_hash_lookahead_tokens,
+            # A pool that does not hash ahead (vLLM 0.32's) has no such attribute.
+            getattr(self.manager.block_pool, "num_hash_lookahead_tokens", 0),
             self._exact_junction,
         )
 

@@ -189,6 +189,23 @@ def test_a_prefill_chunk_stops_at_the_junction_floored_to_a_block(junction, chun
     assert mamba_block_aligned_split(0, 32, 40, 40, 8, 2, True, 32, junction=junction) == chunk
 
 
+def test_the_driver_splits_on_a_pool_that_does_not_hash_ahead():
+    """vLLM 0.32's BlockPool has no `num_hash_lookahead_tokens`: kvcache's driver, run on that
+    manager (target `vllm`), splits a Mamba chunk as with no lookahead."""
+    from types import SimpleNamespace
+
+    from kvfuzz.kvcache.scheduler import Scheduler
+
+    driver = SimpleNamespace(
+        manager=SimpleNamespace(coordinator=SimpleNamespace(scheduler_block_size=8),
+                                block_pool=SimpleNamespace(hash_block_size=2)),
+        token_budget=32, use_eagle=False, prefill_checkpoint_alignment=None,
+        _exact_junction=False)
+    request = SimpleNamespace(num_computed_tokens=0, num_prompt_tokens=40, num_tokens=40,
+                              shared_prefix_boundary=28)
+    assert Scheduler._mamba_aligned(driver, request, 32, 0) == 24  # type: ignore[arg-type]
+
+
 def test_a_chunk_exporting_its_checkpoint_still_stops_at_the_junction():
     """bs 8, hash blocks of 4, checkpoint alignment 1 (nemotron_h_checkpoint): the whole
     40-token prompt in one chunk exports the state at 36 mid-chunk and is left whole, unless a

@@ -31,6 +31,7 @@ from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
 from kvfuzz.harness.vllm_scheduler_target import (
     _publishes_after_output,
     _stop_keeps_drafts_computed,
+    _trim_stopped_drafts,
     unsupported_reason,
 )
 from kvfuzz.harness.vllm_target import vllm_available
@@ -151,6 +152,21 @@ def test_finding_025_shows_on_vllm_scheduler_where_documented():
         return
     assert (strict.check, strict.step) == (trace.meta["check"], len(trace.ops) - 1)
     assert sides[0].tolerated["stopped-drafts-stay-computed"] == {"r4"}
+
+
+def test_finding_025_is_tolerated_only_for_a_request_that_sampled():
+    """025's shape needs a sampled token: a request ended while a KV load covering its whole
+    prompt is in flight keeps every token computed on every release, and is left as it is."""
+    config = BUILTIN["connector"][1]
+    ex = Execution(config, "scheduler", ("kvcache",))
+    ex.apply(_add("r", list(range(11)), max_tokens=2))
+    ex.apply({"op": "load_remote", "request_id": "r", "num_external_tokens": 11})
+    ex.apply({"op": "abort", "request_id": "r"})
+    view = ex.state.requests["r"]
+    assert (view.status, view.num_computed_tokens, view.num_tokens) == ("FINISHED_ABORTED", 11, 11)
+    assert _trim_stopped_drafts(ex.state, config) == (ex.state, [])
+    trimmed, rids = _trim_stopped_drafts(ex.state, config, sampled={"r"})
+    assert (trimmed.requests["r"].num_computed_tokens, rids) == (10, ["r"])
 
 
 @pytest.mark.parametrize("target", ["vllm-scheduler", "vllm-async-scheduler"])
