@@ -34,10 +34,12 @@ def dropped_fields(target: Any, config: Config | None = None) -> list[str]:
     offers = getattr(side, "offers", lambda _: True)
     dropped = []
     for i, (name, value) in enumerate(FIELDS):  # one field a request: they interact
+        if not offers(name):  # declined: the generator leaves it out (it may even refuse it)
+            continue
         raw = {"op": "add_request", "request_id": f"probe{i}", "prompt": [1, 2, 3, 4, 5],
                name: value}
         request = side.make_request(normalize_op(raw, "api"), float(i))
-        if offers(name) and _carried(request, name) != value:
+        if _carried(request, name) != value:
             dropped.append(name)
     return dropped
 
