@@ -19,12 +19,9 @@ from kvfuzz.core.extra_keys import Extras, key_identity
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
 
 
-_SHA256_LEN = 32
-
-
 class KeyTranslator:
-    """Maps packed keys (hash bytes + 4-byte big-endian group id, or a bare hash for group 0 as
-    kvcache keys it) back to prefix content, and keeps each request's tokens as a tuple
+    """Maps packed keys (hash bytes + 4-byte big-endian group id, as vLLM and kvcache key
+    blocks) back to prefix content, and keeps each request's tokens as a tuple
     (re-read only when the request grows)."""
 
     def __init__(self, hash_block_size: int, strict: bool = True, lookahead: int = 0) -> None:
@@ -33,10 +30,6 @@ class KeyTranslator:
         """num_hash_lookahead_tokens: a key also stands for the tokens after its prefix."""
         self._strict = strict
         self._prefix_of: dict[bytes, tuple[Any, tuple[int, ...]]] = {}
-        self._hash_len = _SHA256_LEN
-        """Bytes in a block hash (the first one learnt; before any, a SHA-256 digest's):
-        where a key's group id starts."""
-        self._hash_len_learnt = False
         self._seen: dict[str, int] = {}
         self._unknown: set[str] = set()
         self._memo: dict[bytes, CacheKey] = {}
@@ -86,8 +79,6 @@ class KeyTranslator:
         start = self._seen.get(request.request_id, 0)
         if start == len(hashes):
             return
-        if not self._hash_len_learnt:
-            self._hash_len, self._hash_len_learnt = len(hashes[start]), True
         salt = request.cache_salt or None
         tokens = self.tokens(request)
         extras = self.extras.get(request.request_id)
@@ -115,8 +106,8 @@ class KeyTranslator:
         return known
 
     def _translate(self, packed: bytes) -> CacheKey:
-        group = int.from_bytes(packed[self._hash_len:], "big")
-        raw = bytes(packed[: self._hash_len])
+        group = int.from_bytes(packed[-4:], "big")
+        raw = bytes(packed[:-4])
         known = self._prefix_of.get(raw)
         if known is None:
             label = f"<hash {raw[:6].hex()}>"

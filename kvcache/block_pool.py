@@ -8,11 +8,11 @@ from itertools import compress, islice, repeat
 from operator import add, length_hint
 from typing import TYPE_CHECKING, NoReturn
 
-import kvfuzz.kvcache.kv_cache_utils as kv_cache_utils
 from kvfuzz.kvcache.errors import PreconditionError
 from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
     BlockHashList,
+    BlockHashListWithBlockSize,
     BlockHashWithGroupId,
     FreeKVCacheBlockQueue,
     KVCacheBlock,
@@ -144,7 +144,7 @@ class BlockHashToBlockMap:
         """The earliest inserted block still under each key at indices `start`, `start + step`,
         ... before `stop` (within `fine_hashes`) in `group_id`, up to the first miss: one
         segment lookup per segment crossed."""
-        suffix = group_id_suffix(group_id) if group_id else None
+        suffix = group_id_suffix(group_id)
         segments = self._segments
         run: list[KVCacheBlock] = []
         append = run.append
@@ -158,13 +158,8 @@ class BlockHashToBlockMap:
                     break
                 end = end + SEGMENT_LEN if end + SEGMENT_LEN < stop else stop
             get = segment.get
-            # Group 0's keys are the hashes themselves (adding an empty suffix costs as much
-            # as the lookup); the others' are built in C.
-            keys: Iterable[BlockHashWithGroupId] = (  # type: ignore[assignment]
-                fine_hashes[start:end:step] if suffix is None
-                else map(add, fine_hashes[start:end:step], repeat(suffix))
-            )
-            for key in keys:
+            # The keys are built in C.
+            for key in map(add, fine_hashes[start:end:step], repeat(suffix)):
                 blocks = get(key)
                 if blocks is None:
                     return run
@@ -328,12 +323,8 @@ class BlockPool:
         self, block_hashes: BlockHashList, block_size: int
     ) -> tuple[Sequence[BlockHash], int]:
         """The request's fine hashes behind `block_hashes` (its list, or a view of it) and how
-        many make a block of `block_size`: block i's key is fine hash (i + 1) * m - 1.
-
-        The view's class is read from the module each time: vLLM's tests reload
-        kv_cache_utils, and the views `resolve_block_hashes` builds after that are of the
-        reloaded class."""
-        if type(block_hashes) is kv_cache_utils.BlockHashListWithBlockSize:
+        many make a block of `block_size`: block i's key is fine hash (i + 1) * m - 1."""
+        if type(block_hashes) is BlockHashListWithBlockSize:
             block_hashes = block_hashes.block_hashes
         return block_hashes, block_size // self.hash_block_size
 
@@ -372,9 +363,8 @@ class BlockPool:
         """`get_cached_block_at` of the key at `block_hash`, whose segment is `segment`."""
         cached_blocks = []
         for group_id in kv_cache_group_ids:
-            # Keys are built by plain concatenation here (calling the NewType costs a call),
-            # and group 0's is the hash itself.
-            blocks = segment.get(block_hash + group_id_suffix(group_id) if group_id else block_hash)
+            # Keys are built by plain concatenation here (calling the NewType costs a call).
+            blocks = segment.get(block_hash + group_id_suffix(group_id))
             if blocks is None:
                 return None
             if type(blocks) is dict:
@@ -393,8 +383,7 @@ class BlockPool:
         fine, scale = self.fine_hashes(block_hashes, block_size)
         cache_map = self.cached_block_hash_to_block
         segments, root = cache_map._segments, cache_map.root
-        first = kv_cache_group_ids[0]
-        suffix = group_id_suffix(first)
+        suffix = group_id_suffix(kv_cache_group_ids[0])
         for index in indices:
             fine_index = (index + 1) * scale - 1
             if fine_index < SEGMENT_LEN:  # `segment_head`, inlined
@@ -404,7 +393,7 @@ class BlockPool:
                 if segment is None:
                     continue
             block_hash = fine[fine_index]
-            if segment.get(block_hash + suffix if first else block_hash) is None:
+            if segment.get(block_hash + suffix) is None:
                 continue
             cached = self._cached_in(segment, block_hash, kv_cache_group_ids)
             if cached is not None:
@@ -419,7 +408,7 @@ class BlockPool:
         (as in `get_cached_block_at`) that `get_cached_block_at` hits, one block list per group;
         the same blocks as calling it block by block until the first miss. Pure read.
         """
-        if type(block_hashes) is kv_cache_utils.BlockHashListWithBlockSize:  # `fine_hashes`
+        if type(block_hashes) is BlockHashListWithBlockSize:  # `fine_hashes`, inlined
             block_hashes = block_hashes.block_hashes
         scale = block_size // self.hash_block_size
         first = (start + 1) * scale - 1
@@ -510,9 +499,9 @@ class BlockPool:
                 f"cache_full_blocks({request.request_id!r}): block_mask has {len(block_mask)} "
                 f"entries for {num_new_blocks} blocks"
             )
-        keys: list[BlockHashWithGroupId] = fine_hashes[first:last:scale]  # type: ignore[assignment]
-        if kv_cache_group_id:  # group 0's keys are the hashes themselves; the others' built in C
-            keys = list(map(add, keys, repeat(group_id_suffix(kv_cache_group_id))))
+        # The keys, built in C.
+        keys: list[BlockHashWithGroupId] = list(map(  # type: ignore[arg-type]
+            add, fine_hashes[first:last:scale], repeat(group_id_suffix(kv_cache_group_id))))
         ends = self._hash_block_ends
         if last >= len(ends):
             ends = self._ends_through(last)
@@ -616,9 +605,8 @@ class BlockPool:
         block = blocks[index]
         if block._block_hash is not None or block.is_null:
             return False
-        key: BlockHashWithGroupId = fine_hashes[hash_index]  # type: ignore[assignment]
-        if kv_cache_group_id:  # group 0's key is the hash itself
-            key = key + group_id_suffix(kv_cache_group_id)  # type: ignore[assignment]
+        key: BlockHashWithGroupId = (  # type: ignore[assignment]
+            fine_hashes[hash_index] + group_id_suffix(kv_cache_group_id))
         ends = self._hash_block_ends
         if hash_index + 1 >= len(ends):
             ends = self._ends_through(hash_index + 1)

@@ -16,14 +16,15 @@ if TYPE_CHECKING:
     from kvfuzz.kvcache.request import Request
 
 BlockHash = NewType("BlockHash", bytes)
-"""SHA-256 digest fingerprinting a whole token prefix (see `get_request_block_hasher`)."""
+"""A block hash: the bytes a hash function gave for a whole token prefix (a SHA-256 digest by
+default, see `get_request_block_hasher`; 16 bytes from vLLM's xxhash functions)."""
 
 BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
-"""A map key: the block hash bytes, then the group id as 4 big-endian bytes (vLLM's format),
-except in group 0, whose keys are the hashes themselves (see `group_id_suffix`)."""
+"""A map key, vLLM's format: the block hash bytes, then the group id as 4 big-endian bytes.
+The suffix has one length, so a key splits the same way whatever the hash's length."""
 
-BLOCK_HASH_LEN = 32
-"""Bytes in a block hash (a SHA-256 digest): where a key's group id starts."""
+GROUP_ID_LEN = 4
+"""Bytes of a key's group-id suffix."""
 
 
 def cdiv(a: int, b: int) -> int:
@@ -39,15 +40,9 @@ def check_positive_int(name: str, value: object) -> None:
 
 @functools.cache
 def group_id_suffix(group_id: int) -> bytes:
-    """The bytes a key appends to a block hash: the group id, 4 bytes big-endian, or none for
-    group 0 (memoized: there are only a few groups and every lookup needs them).
-
-    Group 0, the only group of most models and the full-attention group of hybrid ones, takes
-    the hash itself as its key: its lookups and registrations build no new bytes object and
-    hash none (a hash object caches its own hash). Block hashes have one length, so a key's
-    length tells the two forms apart and keys of different groups never collide.
-    """
-    return group_id.to_bytes(4, "big", signed=False) if group_id else b""
+    """The bytes a key appends to a block hash: the group id, 4 bytes big-endian (memoized:
+    there are only a few groups and every key needs them)."""
+    return group_id.to_bytes(GROUP_ID_LEN, "big", signed=False)
 
 
 def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
@@ -56,12 +51,11 @@ def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> Block
 
 
 def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
-    return BlockHash(key[:BLOCK_HASH_LEN])
+    return BlockHash(key[:-GROUP_ID_LEN])
 
 
 def get_group_id(key: BlockHashWithGroupId) -> int:
-    """The group of a key: 0 for a bare hash (`int.from_bytes` of no bytes is 0)."""
-    return int.from_bytes(key[BLOCK_HASH_LEN:], "big", signed=False)
+    return int.from_bytes(key[-GROUP_ID_LEN:], "big", signed=False)
 
 
 ExternalBlockHash = bytes | int
@@ -78,17 +72,18 @@ def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
 
 
 def check_cache_keys(request: Request) -> None:
-    """ValueError unless the request's first and last block hashes are SHA-256 digests, the
-    only hashes the pool keys blocks with (a request's hashes come from one hasher): a key
-    is told from a key of another group by the hash's length (`group_id_suffix`)."""
+    """ValueError unless the request's first and last block hashes are bytes (a request's
+    hashes come from one hasher), the only hashes a key can be made of: an int hash (Python's
+    `hash`) cannot key a block in vLLM either, whose `make_block_hash_with_group_id` raises
+    TypeError on it (vllm/v1/core/kv_cache_utils.py:73)."""
     hashes = request.block_hashes
     if hashes:
         for block_hash in (hashes[0], hashes[-1]):
-            if type(block_hash) is not bytes or len(block_hash) != BLOCK_HASH_LEN:
+            if type(block_hash) is not bytes:
                 raise ValueError(
-                    f"request {request.request_id!r}: block hash {block_hash!r} is not "
-                    f"{BLOCK_HASH_LEN} bytes: kvcache caches blocks under SHA-256 digests "
-                    "(vLLM's sha256 or sha256_cbor)"
+                    f"request {request.request_id!r}: block hash {block_hash!r} is not bytes: "
+                    "kvcache caches blocks under the bytes of a hash function (as vLLM's "
+                    "keys, which cannot be made of an int)"
                 )
 
 

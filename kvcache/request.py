@@ -317,7 +317,7 @@ def _from_vllm_params(sampling_params: Any, pooling_params: Any) -> tuple[int, b
 def _checked_hashes(request_id: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:
     """`hashes` as a list, each checked to be what vLLM's hash functions return (non-empty
     bytes) or an int (Python's `hash`, which vLLM's tests hash with). The manager caches only
-    SHA-256 digests (`check_cache_keys`)."""
+    under bytes (`check_cache_keys`)."""
     hashes = list(hashes)
     for block_hash in hashes:
         kind = type(block_hash)

@@ -558,9 +558,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         block = blocks[block_idx]
         if block.is_null:
             return
-        key = request.block_hashes[boundary // hash_block_size - 1]
-        if self.kv_cache_group_id:  # group 0's key is the hash itself
-            key = key + self._group_suffix
+        key = request.block_hashes[boundary // hash_block_size - 1] + self._group_suffix
         if self.block_pool.carries_key(block, key):
             return  # every step after the first: already registered
         self.block_pool.register_partial_block(request, block, boundary, key)
