@@ -232,6 +232,7 @@ class KVCacheManager:
         _request_id("get_num_cached_tokens", request)
         if not self.prefix_cache_lookup_enabled(request):
             return 0
+        check_cache_keys(request)
         return self.coordinator.find_longest_cache_hit(
             request.block_hashes, request.get_max_cache_hit_length()
         )[1]
@@ -274,6 +275,7 @@ class KVCacheManager:
             raise ValueError(f"max_cache_hit_length must be >= 0, got {max_cache_hit_length!r}")
         if not self.enable_caching or request.prefix_cache_hit_limit == 0:
             return self.empty_kv_cache_blocks, 0, 0
+        check_cache_keys(request)
         max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, num_hit_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
@@ -309,6 +311,7 @@ class KVCacheManager:
             raise ValueError(f"max_cache_hit_length must be >= 0, got {max_cache_hit_length!r}")
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0, False
+        check_cache_keys(request)
         blocks, hit_lengths = coordinator.find_longest_cache_hit_per_group(
             request.block_hashes, request.get_max_cache_hit_length(max_cache_hit_length)
         )

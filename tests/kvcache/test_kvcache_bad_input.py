@@ -732,12 +732,13 @@ def test_a_block_hash_that_is_neither_bytes_nor_an_int_is_refused(bad: object, w
 
 
 @pytest.mark.parametrize("where", ["hasher", "given"])
-@pytest.mark.parametrize("call", ["allocate_slots", "cache_blocks"])
+@pytest.mark.parametrize("call", ["allocate_slots", "cache_blocks", "get_computed_blocks",
+                                  "get_num_cached_tokens"])
 def test_an_int_block_hash_is_kept_but_never_cached(where: str, call: str) -> None:
     """vLLM's Request keeps what its hasher returns (its tests hash with Python's `hash`), so
     kvcache's does; but a key is the hash's bytes and a group id, and vLLM's
     `make_block_hash_with_group_id` raises TypeError on an int (kv_cache_utils.py:73), so the
-    manager refuses to cache under one, changing nothing."""
+    manager refuses to cache or look up under one, changing nothing."""
     other = -8549660974541118228
     request = Request("r", list(range(9)), **_hash_kwargs(other, where))
     assert request.block_hashes == [other, other]
@@ -749,6 +750,8 @@ def test_an_int_block_hash_is_kept_but_never_cached(where: str, call: str) -> No
     with pytest.raises(ValueError, match=re.escape(message)):
         if call == "allocate_slots":
             m.allocate_slots(request, 9)
-        else:
+        elif call == "cache_blocks":
             m.cache_blocks(request, 8)
+        else:
+            getattr(m, call)(request)
     assert dump_state(m, request) == before
