@@ -35,7 +35,8 @@ OPS = ("add_request", "get_computed_blocks", "allocate_slots", "cache_blocks", "
 
 _RESERVED = {"manager", "out", "hit", "blocks", "cached", "removed", "keyed", "taken", "count",
              "counted", "free_before", "group", "request", "lookup", "schedule", "make_manager",
-             "make_request", "pytest", "torch", "inspect", "sha256"}
+             "make_request", "pytest", "torch", "inspect", "sha256", "held", "stored", "event",
+             "hashes", "tokens"}
 """Names a generated test uses itself, which a request id must not take."""
 
 
