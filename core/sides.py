@@ -69,10 +69,11 @@ class CachedTokensProbe(NamedTuple):
 
 class CachedReport(NamedTuple):
     """What a `get_computed_blocks` of a request in kv_cache_report_mode "full" must
-    re-announce for one group of its hit (docs/spec.md §3.10): one BlockStored of the group's
-    first `num_blocks` blocks of `block_size` tokens, from token 0 (`token_ids`), naming the
-    keys the hit blocks hold (`keys`: a probe records their packed hashes, the side reads them
-    as content keys; None when a hit block is null and holds none)."""
+    re-announce for one run of real blocks in one group's hit (docs/spec.md §3.10): one
+    BlockStored of `num_blocks` blocks of `block_size` tokens from block `first_block` (the
+    null placeholders before it skipped), chained on the position before it (no parent at
+    block 0), with their `token_ids`, naming the keys those blocks hold (`keys`: a probe records
+    their packed hashes, the side reads them as content keys)."""
 
     request_id: str
     group: int
@@ -80,6 +81,7 @@ class CachedReport(NamedTuple):
     block_size: int
     token_ids: tuple[int, ...]
     keys: tuple[Any, ...] | None = None
+    first_block: int = 0
 
 
 @dataclass(frozen=True)

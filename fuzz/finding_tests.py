@@ -42,6 +42,7 @@ FINDING_TESTS: dict[str, str] = {
     "024": "hazard-copy-of-a-copy.json",
     "025": "vllm-tests/025-stopped-drafts-stay-computed-no-partial-hits.json",
     "026": "026-stored-event-spans-null-blocks.json",
+    "027": "027-hit-report-names-null-blocks.json",
 }
 """Finding number -> the trace its vLLM test comes from. 009's own trace forces sub-block
 hits inside vLLM, so its test comes from the same steps on full attention alone; 020's and 021's
@@ -78,6 +79,7 @@ SKIPS: dict[str, str] = {
     "020": "prefill_checkpoints",
     "021": "prefill_checkpoints",
     "026": "kv_events",
+    "027": "report_mode",
 }
 """The adapter feature (harness/vllm_api.FEATURES) a test needs; where the install lacks it the
 test skips itself (its skipif names what is missing)."""

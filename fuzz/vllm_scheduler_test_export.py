@@ -34,18 +34,21 @@ worker's copies) fails on every release that has it and passes where it is fixed
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from kvfuzz.core.trace import Trace, normalize_op
-from kvfuzz.fuzz.vllm_test_export import (
+from kvfuzz.fuzz.vllm_test_text import (
+    SHA256_IMPORT,
     SPEC_CLASSES,
     VllmTestUnsupported,
-    _finding_doc,
-    _ident,
-    _spec,
-    _title,
+    docstring,
+    function_name,
+    group_specs,
+    ident,
+    retention_arg,
+    spec_imports,
+    title,
 )
 from kvfuzz.harness.executor import Counterexample, Execution
 
@@ -56,6 +59,12 @@ CHECKS = {
     "DIFF-state": "It asserts which blocks carry a cache key after the steps.",
 }
 """The checks a scheduler-level vLLM test asserts, and what it asserts for each."""
+
+_DRIVES = ("It drives vLLM's own Scheduler as an engine does: add_request, then per step "
+           "schedule(), the",
+           "forward pass and update_from_output() with one sampled token per request that "
+           "needs one.")
+"""The lines of every scheduler-level test's docstring that say how it plays the trace."""
 
 _REQUESTS_PROPERTY = ("It asserts each request's num_computed_tokens after the steps: every "
                       "token whose KV the steps computed, no more.")
@@ -226,7 +235,7 @@ class _SchedulerWriter:
             if op[field]:
                 raise VllmTestUnsupported(f"step {step}: add_request with {field} is not exported")
         rid = op["request_id"]
-        name = _ident(rid, set(self.names.values()) | _RESERVED)
+        name = ident(rid, set(self.names.values()) | _RESERVED)
         self.names[rid] = name
         args = [repr(rid), repr(list(op["prompt"])), f"arrival_time={len(self.names) - 1}"]
         if op["max_tokens"] != 1:
@@ -262,16 +271,7 @@ def _diff_in_requests(trace: Trace) -> bool:
     return trace.meta.get("check") == "DIFF-state" and key.endswith("/requests")
 
 
-_HEADER = '''"""{title}
-
-kvfuzz finding {finding}, exported by `kvfuzz export {source} --vllm-test`.
-It drives vLLM's own Scheduler as an engine does: add_request, then per step schedule(), the
-forward pass and update_from_output() with one sampled token per request that needs one.
-{property}
-It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
-"""
-
-import inspect
+_HEADER = '''import inspect
 import json
 
 import torch
@@ -286,11 +286,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-try:
-    from vllm.utils.hashing import sha256
-except ImportError:  # older releases
-    from vllm.utils import sha256
-
+{sha256_import}
 DTYPE = torch.float16
 BLOCK_SIZE = {block_size}
 HASH_BLOCK_SIZE = {hash_block_size}
@@ -620,9 +616,6 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
     state = writer.play()
     s = config.scheduler
     align = any(g.mamba_cache_mode == "align" for g in config.groups)
-    specs = sorted({SPEC_CLASSES[g.kind] for g in config.groups})
-    groups = "\n".join(f"            KVCacheGroupSpec([\"layer.{i}\"], {_spec(g)}),"
-                       for i, g in enumerate(config.groups))
     after = ""
     if s.num_lookahead_tokens:
         after += ("\n    # The KV slots a drafter reserves past the scheduled tokens (vLLM sets "
@@ -639,13 +632,11 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
                  "        *args, **{**kwargs, \"use_eagle\": True}))")
         after += "\n    scheduler.use_eagle_block_drop = True  # the Mamba chunk split drops it too"
     model = dict(TINY_MODEL, vocab_size=s.vocab_size, max_position_embeddings=config.max_model_len)
-    title, finding = _title(trace, _finding_doc(trace, source))
-    text = _HEADER.format(
-        title=title, finding=finding,
-        source=source.as_posix(),
-        property=(_REQUESTS_PROPERTY if writer.keep_requests else _FREE_QUEUE_PROPERTY
-                  if _diff_in_free_queue(trace) else CHECKS[check]),
-        specs=", ".join(["KVCacheConfig", "KVCacheGroupSpec", *specs]),
+    heading, finding = title(trace, source)
+    prop = (_REQUESTS_PROPERTY if writer.keep_requests else _FREE_QUEUE_PROPERTY
+            if _diff_in_free_queue(trace) else CHECKS[check])
+    text = docstring(heading, finding, source.as_posix(), *_DRIVES, prop) + _HEADER.format(
+        sha256_import=SHA256_IMPORT, specs=spec_imports(config),
         block_size=config.scheduler_block_size, hash_block_size=config.resolved_hash_block_size,
         num_blocks=config.num_blocks, max_model_len=config.max_model_len,
         vocab_size=s.vocab_size, model=repr(model), max_num_seqs=s.max_running,
@@ -657,10 +648,8 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         cache_extra=(", mamba_cache_mode=\"align\"" if align else "") + (
             ", enable_mamba_shared_prefix_checkpoint=True"
             if config.enable_mamba_shared_prefix_checkpoint else ""),
-        config_extra=("" if config.prefix_cache_retention_interval is None else
-                      f"\n        prefix_cache_retention_interval="
-                      f"{config.prefix_cache_retention_interval},"),
-        groups=groups, eagle=eagle, after=after)
+        config_extra=retention_arg(config), groups=group_specs(config), eagle=eagle,
+        after=after)
     step_text = _STEP_DRAFTS if writer.drafts else _STEP
     if check == "D1":
         if config.kv_connector or any(g.kind == "sliding_window" for g in config.groups):
@@ -694,10 +683,9 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
                             "def create_scheduler(model_dir)")
     if not writer.finishes:
         text = text.replace("import Request, RequestStatus", "import Request")
-    test_name = "test_" + re.sub(r"\W", "_", finding if finding != "(no finding doc)"
-                                 else "exported_trace").lower().lstrip("0123456789_")
     fixtures = "tmp_path, monkeypatch" if config.use_eagle else "tmp_path"
-    body = [f"def {test_name}({fixtures}):", f"    scheduler = create_scheduler({fixtures})"]
+    body = [f"def {function_name(finding)}({fixtures}):",
+            f"    scheduler = create_scheduler({fixtures})"]
     if check == "D1":
         body.append("    forward = ForwardPass()")
         writer.lines = [line.replace("step(scheduler", "step(scheduler, forward")

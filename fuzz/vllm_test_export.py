@@ -10,72 +10,34 @@ has the finding's bug and passes on one (or on kvcache through the drop-in) that
 
 from __future__ import annotations
 
-import keyword
-import re
 from pathlib import Path
 from typing import Any
 
-from kvfuzz.core.config import GroupConfig
-from kvfuzz.core.errors import KvfuzzError
 from kvfuzz.core.trace import Op, Trace, normalize_op, write_atomic
+from kvfuzz.fuzz.vllm_test_text import (
+    SHA256_IMPORT,
+    VllmTestUnsupported,
+    docstring,
+    function_name,
+    group_specs,
+    ident,
+    retention_arg,
+    spec,
+    spec_imports,
+    title,
+)
 from kvfuzz.harness.executor import Counterexample, Execution
-
-SPEC_CLASSES = {"full": "FullAttentionSpec", "sliding_window": "SlidingWindowSpec",
-                "chunked_local": "ChunkedLocalAttentionSpec", "sink_full": "SinkFullAttentionSpec",
-                "mamba": "MambaSpec"}
-"""The group kinds a generated test can build, and vLLM's spec class for each."""
 
 OPS = ("add_request", "get_computed_blocks", "allocate_slots", "cache_blocks", "free",
        "evict_blocks", "new_step_starts", "get_num_cached_tokens")
 """The trace ops a generated test can play (docs/traces.md)."""
 
 
-class VllmTestUnsupported(KvfuzzError):
-    """The trace uses something a plain vLLM test cannot express (exit 2, nothing written)."""
-
-
-def _ident(rid: str, taken: set[str]) -> str:
-    """A Python name for request `rid`: the id itself where it is one, else req_<n>."""
-    name = rid if rid.isidentifier() and not keyword.iskeyword(rid) else ""
-    if not name or name in taken:
-        name = "req_" + re.sub(r"\W", "_", rid)
-    while name in taken:
-        name += "_"
-    return name
-
-
 _RESERVED = {"manager", "out", "hit", "blocks", "cached", "removed", "keyed", "taken", "count",
              "counted", "free_before", "group", "request", "lookup", "schedule", "make_manager",
-             "make_request", "pytest", "torch", "inspect", "sha256"}
+             "make_request", "pytest", "torch", "inspect", "sha256", "held", "stored", "event",
+             "hashes", "tokens"}
 """Names a generated test uses itself, which a request id must not take."""
-
-
-def _spec(group: GroupConfig) -> str:
-    cls = SPEC_CLASSES.get(group.kind)
-    if cls is None:
-        raise VllmTestUnsupported(f"group kind {group.kind!r}: a vLLM test builds "
-                                  f"{', '.join(SPEC_CLASSES)} groups")
-    if group.eagle:
-        raise VllmTestUnsupported("EAGLE groups (is_eagle_group) are not exported")
-    if group.kind == "mamba":
-        args = [f"block_size={group.block_size}", "shapes=((8,),)", "dtypes=(DTYPE,)",
-                f"mamba_cache_mode={group.mamba_cache_mode!r}"]
-        if group.num_speculative_blocks:
-            args.append(f"num_speculative_blocks={group.num_speculative_blocks}")
-        if group.num_prefill_checkpoint_blocks or group.prefill_checkpoint_alignment is not None:
-            args += [f"num_prefill_checkpoint_blocks={group.num_prefill_checkpoint_blocks}",
-                     f"prefill_checkpoint_alignment={group.prefill_checkpoint_alignment}"]
-        return f"MambaSpec({', '.join(args)})"
-    args = [f"block_size={group.block_size}", "num_kv_heads=1", "head_size=8", "dtype=DTYPE"]
-    if group.kind == "sliding_window":
-        args.append(f"sliding_window={group.sliding_window}")
-        if group.extra_retained_tokens:
-            args.append(f"extra_retained_tokens={group.extra_retained_tokens}")
-    elif group.kind == "chunked_local":
-        args.append(f"attention_chunk_size={group.attention_chunk_size}")
-    elif group.kind == "sink_full":
-        args.append(f"sink_len={group.sink_len}")
-    return f"{cls}({', '.join(args)})"
 
 
 def _refused(expected: Any) -> bool:
@@ -110,6 +72,8 @@ class _Writer:
             self._count_removals(self.side.manager)
         for step, raw in enumerate(self.trace.ops):
             op = normalize_op(raw, self.trace.level, f"step {step}")
+            if self.check == "EV4" and step == len(self.trace.ops) - 1:
+                self.emit("manager.take_events()  # the events of the calls before the last")
             if op["op"] not in OPS:
                 raise VllmTestUnsupported(
                     f"step {step}: op {op['op']!r}; a vLLM test plays the manager ops "
@@ -127,7 +91,7 @@ class _Writer:
     # --- ops -----------------------------------------------------------------------------
     def _add_request(self, op: Op, expected: Any, step: int) -> None:
         rid = op["request_id"]
-        name = _ident(rid, set(self.names.values()) | _RESERVED)
+        name = ident(rid, set(self.names.values()) | _RESERVED)
         self.names[rid] = name
         args = [repr(rid), repr(list(op["prompt"]))]
         if op["max_tokens"] != 1:
@@ -279,6 +243,8 @@ class _Writer:
                       "tokens but carries {tokens} token ids: a KV-event consumer that pairs "
                       "each hash with its block_size slice of the token ids keys a cached "
                       "block under the wrong prefix\")")
+        elif self.check == "EV4":
+            self._stored_keys_held()
         elif self.check == "DIFF-state":
             keyed = [i for i, key in enumerate(state.block_keys) if key is not None]
             self.emit("keyed = [block.block_id for block in manager.block_pool.blocks")
@@ -286,6 +252,19 @@ class _Writer:
             self.emit(f"assert keyed == {keyed!r}, (")
             self.emit(f"    f\"blocks {{keyed}} carry a cache key where only {keyed} hold the "
                       "state their key names: a later hit resumes from the wrong state\")")
+
+    def _stored_keys_held(self) -> None:
+        self.emit("held = {(maybe_convert_block_hash(get_block_hash(block.block_hash)),")
+        self.emit("         get_group_id(block.block_hash))")
+        self.emit("        for block in manager.block_pool.blocks if block.block_hash is not None}")
+        self.emit("for event in manager.take_events():")
+        self.emit("    if type(event).__name__ != \"BlockStored\":")
+        self.emit("        continue")
+        self.emit("    stored = {(h, event.group_idx or 0) for h in event.block_hashes}")
+        self.emit("    assert stored <= held, (")
+        self.emit("        f\"a BlockStored announces {len(stored - held)} key(s) that no block "
+                  "holds: a KV-event consumer believes a prefix cached that the engine no "
+                  "longer has\")")
 
     def _distinct_keys(self) -> None:
         requests = self.side.requests
@@ -315,14 +294,7 @@ class _Writer:
         manager.take_events = take_and_count
 
 
-_HEADER = '''"""{title}
-
-kvfuzz finding {finding}, exported by `kvfuzz export {source} --vllm-test`.
-{property}
-It needs only vllm, torch and pytest (and the standard library), and fails while the bug is present.
-"""
-
-import pytest
+_HEADER = '''import pytest
 import torch
 
 from vllm.sampling_params import SamplingParams
@@ -331,11 +303,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import {specs}
 from vllm.v1.request import Request, RequestStatus
 
-try:
-    from vllm.utils.hashing import sha256
-except ImportError:  # older releases
-    from vllm.utils import sha256
-
+{sha256_import}
 DTYPE = torch.float16
 HASH_BLOCK_SIZE = {hash_block_size}
 
@@ -368,7 +336,7 @@ def make_request(request_id: str, prompt: list[int], max_tokens: int = 1, **kwar
         kwargs["prompt_is_token_ids"] = [v < 0 for v in embeds]
         kwargs["prompt_embeds"] = torch.tensor([[float(max(v, 0))] for v in embeds])
     request = Request(
-        request_id, prompt, SamplingParams(max_tokens=max_tokens), None,
+        request_id, prompt, SamplingParams(max_tokens=max_tokens{sampling_extra}), None,
         block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256), **kwargs,
     )
     if limit is not None:  # what vLLM derives from prompt-scoring parameters
@@ -403,29 +371,13 @@ _GUARDS = {
                   "parameters", "this vLLM's manager emits no KV cache events"),
     "checkpoints": ("\"num_prefill_checkpoint_blocks\" not in MambaSpec.__dataclass_fields__",
                     "this vLLM's Mamba spec has no prefill checkpoint blocks"),
+    "report_mode": ("not hasattr(BlockPool, \"emit_cached_block_events\")",
+                    "this vLLM has no kv_cache_report_mode \"full\""),
     "external": ("\"num_external_computed_tokens\" not in inspect.signature("
                  "KVCacheManager.allocate_slots).parameters",
                  "this vLLM's allocate_slots takes no external (KV connector) tokens"),
 }
 """What a test needs of vLLM's API, and how it skips (with the reason) on a vLLM without it."""
-
-
-def _finding_doc(trace: Trace, source: Path) -> Path:
-    """The finding document its meta names, beside `source` or one folder up; else FILE.md."""
-    named = trace.meta.get("finding")
-    if named:
-        for folder in (source.parent, source.parent.parent):
-            if (folder / Path(str(named)).name).exists():
-                return folder / Path(str(named)).name
-    return source.with_suffix(".md")
-
-
-def _title(trace: Trace, finding_doc: Path | None) -> tuple[str, str]:
-    if finding_doc is not None and finding_doc.exists():
-        first = finding_doc.read_text(encoding="utf-8").splitlines()[0].lstrip("# ").strip()
-        return first, finding_doc.stem
-    check = trace.meta.get("check") or "a finding"
-    return f"A kvfuzz counterexample ({check}) as a vLLM regression test", "(no finding doc)"
 
 
 def render_vllm_test(trace: Trace, source: Path) -> str:
@@ -439,7 +391,7 @@ def render_vllm_test(trace: Trace, source: Path) -> str:
     if config.partial_hits:
         raise VllmTestUnsupported("config option partial_hits forces vLLM internals; not exported")
     for group in config.groups:
-        _spec(group)
+        spec(group)
     writer = _Writer(trace)
     writer.play()
     needs = set(writer.needs)
@@ -449,32 +401,37 @@ def render_vllm_test(trace: Trace, source: Path) -> str:
         needs.add("checkpoints")
     if any(op.get("num_external_computed_tokens") for op in trace.ops):
         needs.add("external")
-    specs = sorted({SPEC_CLASSES[g.kind] for g in config.groups})
-    groups = "\n".join(f"            KVCacheGroupSpec([\"layer.{i}\"], {_spec(g)}),"
-                       for i, g in enumerate(config.groups))
-    config_extra = ("" if config.prefix_cache_retention_interval is None else
-                    f"\n        prefix_cache_retention_interval="
-                    f"{config.prefix_cache_retention_interval},")
+    sampling_extra = ""
+    if config.kv_cache_report_mode != "incremental":
+        needs.add("report_mode")
+        sampling_extra = (f", extra_args={{\"kv_cache_report_mode\": "
+                          f"{config.kv_cache_report_mode!r}}}")
     manager_extra = "\n        enable_kv_cache_events=True," if config.kv_events else ""
-    title, finding = _title(trace, _finding_doc(trace, source))
+    heading, finding = title(trace, source)
     prop = _PROPERTY.get(writer.check, "It asserts what docs/spec.md expects at each call.")
-    text = _HEADER.format(
-        title=title, finding=finding, source=source.as_posix(), property=prop,
-        specs=", ".join(["KVCacheConfig", "KVCacheGroupSpec", *specs]),
+    text = docstring(heading, finding, source.as_posix(), prop) + _HEADER.format(
+        sha256_import=SHA256_IMPORT, specs=spec_imports(config),
         hash_block_size=config.resolved_hash_block_size, num_blocks=config.num_blocks,
-        config_extra=config_extra, groups=groups, max_model_len=config.max_model_len,
+        config_extra=retention_arg(config), groups=group_specs(config),
+        max_model_len=config.max_model_len,
         scheduler_block_size=config.scheduler_block_size,
         max_in_flight_tokens=config.max_in_flight_tokens, enable_caching=config.enable_caching,
-        use_eagle=config.use_eagle, watermark=config.watermark, manager_extra=manager_extra)
+        use_eagle=config.use_eagle, watermark=config.watermark, manager_extra=manager_extra,
+        sampling_extra=sampling_extra)
     if needs:
         text = text.replace("import pytest\n", "import inspect\n\nimport pytest\n", 1)
+    if "report_mode" in needs:
+        text = text.replace("from vllm.v1.core.kv_cache_manager", "from vllm.v1.core.block_pool "
+                            "import BlockPool\nfrom vllm.v1.core.kv_cache_manager", 1)
+    if writer.check == "EV4":
+        text = text.replace("get_request_block_hasher, init_none_hash", "(\n    "
+                            "get_block_hash,\n    get_group_id,\n    get_request_block_hasher,"
+                            "\n    init_none_hash,\n    maybe_convert_block_hash,\n)", 1)
     body: list[str] = []
     if needs:
         body += [f"@pytest.mark.skipif({_GUARDS[n][0]}, reason={_GUARDS[n][1]!r})"
                  for n in sorted(needs)]
-    test_name = "test_" + re.sub(r"\W", "_", finding if finding != "(no finding doc)"
-                                 else "exported_trace").lower().lstrip("0123456789_")
-    body.append(f"def {test_name}():")
+    body.append(f"def {function_name(finding)}():")
     body.append("    manager = make_manager()")
     if writer.check == "P1":
         body += ["    counted = []  # what the admission check counts, call by call",
@@ -497,6 +454,8 @@ _PROPERTY = {
     "P5": "It asserts that get_num_cached_tokens agrees with get_computed_blocks.",
     "H1": "It asserts that blocks holding different model inputs get different keys.",
     "EV2": "It asserts that BlockRemoved is announced only when no block holds the key any more.",
+    "EV4": "It asserts that the KV events of the last call announce as stored only keys that "
+           "a block holds after it.",
     "DIFF-state": "It asserts which blocks carry a cache key after the calls.",
     "EV3": "It asserts that each BlockStored carries block_size token ids per block hash it "
            "names, no more and no fewer.",

@@ -462,6 +462,18 @@ def _cached_report_dropped(side: KvcacheSide) -> None:
     side.manager.block_pool.emit_cached_block_events = lambda *args, **kwargs: None
 
 
+@mutant("hit-report-names-null-blocks", "a lookup of a request in kv_cache_report_mode "
+        "\"full\" re-announces its whole hit list from token 0, the keys of its null "
+        "placeholders included, as vLLM does", bug="docs/findings/027")
+def _hit_report_names_null_blocks(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
+
+    def around(original, *args, blocks=None, **kwargs):
+        return original(*args, **kwargs)  # vLLM's: the hit list's length only
+
+    _around(pool, "emit_cached_block_events", around)
+
+
 @mutant("promoted-partial-unannounced", "promoting a partial entry to a full block's key emits "
         "no BlockRemoved for the partial key it drops", bug="docs/spec.md §3.10",
         configs=("events_partial",))

@@ -11,7 +11,7 @@ the per-step one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvfuzz.core.sides import AllocationProbe, CachedReport, Observations
@@ -139,13 +139,13 @@ class ManagerProbes:
         if getattr(request, "kv_cache_report_mode", "incremental") == "full" and result[1] > 0:
             tokens = request.all_token_ids
             for group, blocks in enumerate(result[0].blocks):
-                if not blocks:
-                    continue
-                hashes = tuple(b.block_hash for b in blocks)
                 bs = self._block_sizes[group]
-                self.observations.cached_reports.append(CachedReport(
-                    request.request_id, group, len(blocks), bs, tuple(tokens[:len(blocks) * bs]),
-                    None if None in hashes else hashes))
+                for first, end in real_runs(blocks):
+                    hashes = tuple(b.block_hash for b in blocks[first:end])
+                    self.observations.cached_reports.append(CachedReport(
+                        request.request_id, group, end - first, bs,
+                        tuple(tokens[first * bs:end * bs]), None if None in hashes else hashes,
+                        first))
         return result
 
     def _around_get_new_blocks(self, original: Callable[..., Any], *args: Any,
@@ -155,6 +155,19 @@ class ManagerProbes:
         except ValueError as exc:
             self.observations.pool_shortages.append(str(exc))
             raise
+
+
+def real_runs(blocks: Sequence[Any]) -> list[tuple[int, int]]:
+    """[first, end) of each run of consecutive non-null blocks of a hit list."""
+    runs: list[tuple[int, int]] = []
+    for i, block in enumerate(blocks):
+        if block.is_null:
+            continue
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def _wrap(obj: Any, name: str, around: Callable[..., Any]) -> None:

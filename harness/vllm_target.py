@@ -24,6 +24,7 @@ from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.harness.manager_side import ManagerSide
 from kvfuzz.harness.router_hash import BlockChain, vllm_chain
 from kvfuzz.harness.tolerance import Tolerance
+from kvfuzz.harness.probes import real_runs
 from kvfuzz.harness.vllm_api import (
     FEATURES,
     VllmApi,
@@ -307,6 +308,13 @@ nulls, a retention mask's unkept blocks): `vllm` splits such an event into one p
 blocks, each with its own parent and token ids, and drops one that keys nothing, as kvcache
 sends them."""
 
+HIT_REPORT_NULLS = "hit-report-names-null-blocks"
+"""vLLM's full-mode re-announcement of a hit names the keys of the whole hit list from token 0,
+its null placeholders' included (docs/findings/027: a sliding window's blocks before the
+window, whose keys may have been evicted): `vllm` splits it into one event per run of the
+hit's real blocks, each chained on the position before the run with that run's token ids, as
+kvcache sends them."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
@@ -408,6 +416,13 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         "docs/findings/026-stored-event-spans-null-blocks.md",
         _no_snapshot_change,
         applies=lambda api: api.has("kv_events"),
+    ),
+    # An event, not a snapshot: `VllmSide._skip_null_hit_reports` undoes it (see there).
+    KnownDeviation(
+        HIT_REPORT_NULLS,
+        "docs/findings/027-hit-report-names-null-blocks.md",
+        _no_snapshot_change,
+        applies=lambda api: api.has("kv_events") and api.has("report_mode"),
     ),
     # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
     KnownDeviation(
@@ -591,6 +606,9 @@ class VllmSide(ManagerSide):
             self._keep_checkpoint_records(manager)
         if STORED_SPANS_NULLS in self.tolerated and config.kv_events:
             self._split_stored_at_unkeyed_blocks(manager)
+        if (HIT_REPORT_NULLS in self.tolerated and config.kv_events
+                and config.kv_cache_report_mode == "full"):
+            self._skip_null_hit_reports(manager)
         return manager
 
     def new_manager(self, config: Config) -> Any:
@@ -688,6 +706,54 @@ class VllmSide(ManagerSide):
             return result
 
         pool.cache_full_blocks = cache_full_blocks
+
+    def _skip_null_hit_reports(self, manager: Any) -> None:
+        """A full-mode re-announcement of a hit whose list holds null placeholders (a sliding
+        window's blocks before the window) becomes one event per run of the hit's real blocks,
+        each chained on the position before the run with that run's token ids: kvcache's
+        events (finding 027). Only vLLM's own event is changed: its keys and token ids must be
+        the request's from token 0 over the whole hit list, else EV4 and EV6 judge it as it is."""
+        import msgspec  # vLLM's events are msgspec structs
+
+        coordinator, pool = manager.coordinator, manager.block_pool
+        original = coordinator.emit_cached_block_events
+        tolerated = self.tolerated[HIT_REPORT_NULLS]
+        hbs = self.config.resolved_hash_block_size
+
+        def emit_cached_block_events(request: Any, computed_blocks: Any) -> None:
+            queue = pool.kv_event_queue
+            queued = len(queue)
+            original(request, computed_blocks)
+            hits = [blocks for blocks in computed_blocks if blocks]
+            if len(queue) - queued != len(hits):
+                return
+            events: list[Any] = []
+            for event, blocks in zip(queue[queued:], hits):
+                runs, n, bs = real_runs(blocks), len(blocks), event.block_size
+                scale = bs // hbs
+
+                def block_hash(i: int) -> Any:
+                    return None if i < 0 else request.block_hashes[(i + 1) * scale - 1]
+
+                if (runs == [(0, n)] or type(event).__name__ != "BlockStored"
+                        or event.parent_block_hash is not None
+                        or list(event.token_ids) != list(request.all_token_ids[:n * bs])
+                        or [bytes(h) for h in event.block_hashes]
+                        != [bytes(block_hash(i)) for i in range(n)]):
+                    events.append(event)
+                    continue
+                tolerated.add(request.request_id)
+                events += [msgspec.structs.replace(
+                    event, block_hashes=event.block_hashes[first:end],
+                    parent_block_hash=block_hash(first - 1),
+                    token_ids=list(request.all_token_ids[first * bs:end * bs]),
+                    **{field: getattr(event, field)[first:end]
+                       for field in ("extra_keys", "lookahead_token_ids")
+                       if getattr(event, field, None) is not None})
+                    for first, end in runs]
+            queue[queued:] = events
+
+        coordinator.emit_cached_block_events = emit_cached_block_events
 
     def _count_external_state_blocks(self, single: Any) -> None:
         """A first allocation with external tokens is predicted as it happens (kvcache's

@@ -1051,7 +1051,8 @@ class BlockPool:
         return []
 
     def emit_cached_block_events(
-        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int,
+        blocks: Sequence[KVCacheBlock] | None = None,
     ) -> None:
         """vLLM's: announce the blocks a prefix hit reused; a pool without events has none to
         queue (EventfulBlockPool's does)."""

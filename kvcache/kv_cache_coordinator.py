@@ -329,14 +329,14 @@ class KVCacheCoordinator(ABC):
     def emit_cached_block_events(
         self, request: Request, computed_blocks: tuple[list[KVCacheBlock], ...]
     ) -> None:
-        """A BlockStored per group of the blocks a prefix hit reuses (kv_cache_report_mode
-        "full", docs/spec.md §3.10): each group's whole hit from token 0, null blocks
-        included."""
+        """Announce the blocks a prefix hit reuses (kv_cache_report_mode "full", docs/spec.md
+        §3.10): per group, one BlockStored per run of its hit's real blocks, the null
+        placeholders before a window's or a state's hit skipped (finding 027)."""
         for group_id, blocks in enumerate(computed_blocks):
             if blocks:
                 manager = self.single_type_managers[group_id]
                 self.block_pool.emit_cached_block_events(
-                    request, len(blocks), manager.block_size, group_id)
+                    request, len(blocks), manager.block_size, group_id, blocks=blocks)
 
     def new_step_starts(self) -> None:
         for manager in self.single_type_managers:

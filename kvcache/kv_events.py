@@ -149,18 +149,39 @@ class EventfulBlockPool(BlockPool):
         )
 
     def emit_cached_block_events(
-        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int,
+        blocks: Sequence[KVCacheBlock] | None = None,
     ) -> None:
-        """vLLM's: a BlockStored of the request's first `num_cached_blocks` blocks (a prefix
-        hit reused them), chained from token 0; the cache is left as it is."""
+        """Announce the request's first `num_cached_blocks` blocks, which a prefix hit reused;
+        the cache is left as it is. Without `blocks`, vLLM's: one BlockStored of them all from
+        token 0. With the hit's `blocks`, one per run of its real blocks, null placeholders
+        skipped (docs/spec.md §3.10, finding 027)."""
         if not num_cached_blocks:
             return
+        real = [True] * num_cached_blocks if blocks is None else [not b.is_null for b in blocks]
+        self._queue_runs(request, real, 0, block_size, kv_cache_group_id)
+
+    def _queue_runs(self, request: Request, keyed: Sequence[bool], first: int, block_size: int,
+                    kv_cache_group_id: int) -> None:
+        """One BlockStored per run of the blocks from `first` whose `keyed` entry is true, each
+        chained on the position before it, with exactly its blocks' token ids."""
         hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
-        self.kv_event_queue.append(self._stored(
-            request, list(hashes[:num_cached_blocks]), None,
-            list(request.all_token_ids[:num_cached_blocks * block_size]), block_size,
-            kv_cache_group_id, 0,
-        ))
+        run_start: int | None = None
+        for i in range(first, first + len(keyed) + 1):
+            if i < first + len(keyed) and keyed[i - first]:
+                if run_start is None:
+                    run_start = i
+            elif run_start is not None:
+                self.kv_event_queue.append(self._stored(
+                    request,
+                    list(hashes[run_start:i]),
+                    hashes[run_start - 1] if run_start else None,
+                    list(request.all_token_ids[run_start * block_size:i * block_size]),
+                    block_size,
+                    kv_cache_group_id,
+                    run_start,
+                ))
+                run_start = None
 
     def register_full_blocks(
         self,
@@ -176,26 +197,11 @@ class EventfulBlockPool(BlockPool):
                                      block_size, kv_cache_group_id, block_mask)
         if num_cached_blocks >= num_full_blocks:
             return
-        # One event per run of registered blocks, chained on the position before it: null and
-        # masked blocks get no key, and an event's token ids cover exactly its keys' blocks.
-        hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
-        run_start: int | None = None
-        for i in range(num_cached_blocks, num_full_blocks + 1):
-            registered = i < num_full_blocks and not blocks[i].is_null and (
-                block_mask is None or block_mask[i - num_cached_blocks])
-            if registered and run_start is None:
-                run_start = i
-            elif not registered and run_start is not None:
-                self.kv_event_queue.append(self._stored(
-                    request,
-                    list(hashes[run_start:i]),
-                    hashes[run_start - 1] if run_start else None,
-                    list(request.all_token_ids[run_start * block_size:i * block_size]),
-                    block_size,
-                    kv_cache_group_id,
-                    run_start,
-                ))
-                run_start = None
+        # Null and masked blocks get no key, so they split the events.
+        self._queue_runs(request, [not blocks[i].is_null and (
+            block_mask is None or block_mask[i - num_cached_blocks])
+            for i in range(num_cached_blocks, num_full_blocks)],
+            num_cached_blocks, block_size, kv_cache_group_id)
 
     def register_partial_block(
         self,

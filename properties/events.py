@@ -117,7 +117,8 @@ def events_match_cache_changes(before: Snapshot, after: Snapshot,
             else:  # each evicted copy may announce it (vLLM, kvcache), never more often
                 count[key] = 0
                 copies[key] -= 1
-    for key in set(count) | set(before.cache) | set(after.cache):
+    # In the events' order, then the maps': a set's order would vary from run to run.
+    for key in dict.fromkeys([*count, *before.cache, *after.cache]):
         # A state block (Mamba) drops a key it stored in the op as its request writes on, an
         # unannounced loss whenever another block keeps the key: only the lower bounds hold.
         moved_on = None if _is_state_group(ctx, key[0]) else extended.get(key, 0)
@@ -226,7 +227,8 @@ def split_reports(obs: Observations) -> tuple[list[KvEvent], list[CachedReport]]
 
 
 def _is_report(event: KvEvent, report: CachedReport) -> bool:
-    return (event.kind == "stored" and event.parent is None and event.group == report.group
+    return (event.kind == "stored" and (event.parent is None) == (report.first_block == 0)
+            and event.group == report.group
             and event.block_size == report.block_size and len(event.keys) == report.num_blocks
             and event.token_ids == report.token_ids
             and (report.keys is None or event.keys == report.keys))
@@ -235,8 +237,9 @@ def _is_report(event: KvEvent, report: CachedReport) -> bool:
 @transition(
     "EV6",
     "a lookup with a hit of a request in kv_cache_report_mode \"full\" re-announces the hit: "
-    "per group holding hit blocks, one BlockStored of exactly those blocks from token 0 (their "
-    "keys, no parent, the group's block size, the request's first tokens)",
+    "per run of real blocks in a group's hit, one BlockStored of exactly those blocks (their "
+    "keys, chained on the position before them, no parent at token 0, the group's block size, "
+    "their tokens); null placeholders are not announced",
     covers=("spec §3.10",),
 )
 def hit_reported_in_full_mode(before: Snapshot, after: Snapshot,
@@ -247,6 +250,8 @@ def hit_reported_in_full_mode(before: Snapshot, after: Snapshot,
     if not missing:
         return None
     r = missing[0]
+    start = r.first_block * r.block_size
     return (f"request {r.request_id!r}'s lookup hit {r.num_blocks} block(s) of group "
             f"{r.group} in kv_cache_report_mode \"full\", but no BlockStored of those blocks "
-            f"from token 0 ({r.num_blocks * r.block_size} tokens, no parent) follows")
+            f"(tokens [{start}, {start + r.num_blocks * r.block_size}), "
+            f"{'no parent' if not start else 'chained on the block before'}) follows")

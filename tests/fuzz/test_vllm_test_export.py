@@ -106,6 +106,18 @@ def test_ev3_asserts_each_stored_event_carries_block_size_token_ids_per_hash():
     assert "assert tokens == hashes * event.block_size, (" in body
 
 
+def test_ev4_asserts_the_last_calls_stored_keys_are_held_and_requests_carry_the_mode():
+    """027: the lookup of a request in kv_cache_report_mode "full" announces a key no block
+    holds; the test drains the earlier calls' events and reads the lookup's."""
+    text = vllm_test_path("027").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert ("SamplingParams(max_tokens=max_tokens, "
+            "extra_args={\"kv_cache_report_mode\": 'full'})") in text
+    assert 'not hasattr(BlockPool, "emit_cached_block_events")' in text
+    drained = body.index("manager.take_events()  # the events of the calls before the last")
+    assert drained < body.index("lookup(manager, b)") < body.index("assert stored <= held, (")
+
+
 def test_a_trace_kvcache_fails_is_refused(tmp_path, monkeypatch, capsys):
     """The expected outcomes come from kvcache and the model; where they are the ones failing,
     a planted bug here, there is nothing to expect of vLLM."""

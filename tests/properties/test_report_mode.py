@@ -1,6 +1,9 @@
 """kv_cache_report_mode "full" (docs/spec.md §3.10): a lookup with a hit re-announces the
-blocks it reuses as one BlockStored per group from token 0, EV6 holds the events to that, and
-EV4 replays the op's events less those re-announcements."""
+blocks it reuses as one BlockStored per run of real blocks in each group's hit (from token 0
+on full attention; a window's null placeholders skipped, finding 027), EV6 holds the events to
+that, and EV4 replays the op's events less those re-announcements."""
+
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +14,11 @@ from kvfuzz.core.trace import Trace
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.harness.kvcache_target import build_kvcache_manager
 from kvfuzz.kvcache.kv_events import BlockStored
-from kvfuzz.kvcache.kv_cache_utils import get_request_block_hasher
+from kvfuzz.kvcache.kv_cache_utils import get_request_block_hasher, maybe_convert_block_hash
 from kvfuzz.kvcache.request import Request
 
 CONFIG = BUILTIN["events_tenants"][1]
+WINDOW = Path(__file__).resolve().parents[2] / "docs/findings/027-hit-report-names-null-blocks.json"
 
 # Blocks of 4: a caches 3 full blocks and finishes; b shares 9 tokens (a 2-block hit), looked
 # up, allocated on the hit, then its events taken; c (salted) shares no key.
@@ -78,3 +82,31 @@ def test_reannouncing_without_the_mode_is_caught_by_ev4():
 def test_a_report_mode_vllm_lacks_is_refused():
     with pytest.raises(ConfigError, match="kv_cache_report_mode must be one of"):
         Config.from_dict({**CONFIG.to_dict(), "kv_cache_report_mode": "partial"})
+
+
+def test_a_window_hit_reannounces_only_its_real_blocks():
+    """Finding 027: b's hit list on a sliding window (block size 4, window 4) is [null, null,
+    block]; only the block is announced, chained on the key before it."""
+    trace = Trace.load(WINDOW)
+    assert run_trace(trace, ["kvcache"]).passed
+    manager = build_kvcache_manager(trace.config)
+    hasher = get_request_block_hasher(4, None)
+    a = Request("a", list(range(1, 14)), block_hasher=hasher)
+    manager.allocate_slots(a, 8)
+    a.num_computed_tokens = 8
+    manager.allocate_slots(a, 5)
+    manager.free(a)
+    manager.take_events()
+    b = Request("b", list(range(1, 14)), block_hasher=hasher, kv_cache_report_mode="full")
+    blocks, hit, _ = manager.get_computed_blocks(b)
+    [event] = manager.take_events()
+    assert hit == 12 and [x.is_null for x in blocks.blocks[0]] == [True, True, False]
+    assert event.block_hashes == [maybe_convert_block_hash(b.block_hashes[2])]
+    assert event.parent_block_hash == maybe_convert_block_hash(b.block_hashes[1])
+    assert event.token_ids == list(range(9, 13))
+
+
+def test_reannouncing_a_windows_null_placeholders_is_caught():
+    """vLLM's re-announcement planted in kvcache: the evicted first block's key is announced."""
+    found = run_trace(Trace.load(WINDOW), ["bug:hit-report-names-null-blocks"]).finding
+    assert found is not None and found.check == Trace.load(WINDOW).meta["check"], found
