@@ -439,8 +439,11 @@ class VllmSchedulerDriver:
         scheduler_output = self.vllm.schedule()
         ids = list(scheduler_output.num_scheduled_tokens)
         # An admitted request's hit: what it had computed before its first chunk (vLLM 0.32
-        # sends a resumed request as cached data, without its computed tokens).
-        scheduled = [(request, n, request.num_computed_tokens - n if rid in fresh else 0)
+        # sends a resumed request as cached data, without its computed tokens), less what a
+        # synchronous KV load gave it.
+        loaded = getattr(self, "sync_loaded", {})
+        scheduled = [(request, n, request.num_computed_tokens - n - loaded.get(rid, 0)
+                      if rid in fresh else 0)
                      for rid, n in scheduler_output.num_scheduled_tokens.items()
                      for request in (self._requests[rid],)]
         copies = [(int(c[0]), int(c[1])) for c in scheduler_output.kv_cache_block_copies or ()]

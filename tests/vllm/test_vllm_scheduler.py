@@ -344,15 +344,22 @@ def test_finding_018_trace_replays_on_vllm_async_scheduler():
     AsyncScheduler (KV-consumer connector) defers the free and drains it in reverse over the
     whole list, window group first: DIFF-state on the free queue at `complete_step` (the trace
     records `no_tolerate: 018`); tolerated, the side drains group after group and it passes."""
-    path = FINDINGS / "018-deferred-drain-group-order.json"
+    _replays_as_recorded("018-deferred-drain-group-order", "vllm-async-scheduler",
+                         ("DIFF-state", 3), "free_queue")
+
+
+def _replays_as_recorded(name: str, target: str, where: tuple[str, int], says: str) -> None:
+    """A finding trace that records `no_tolerate`: on `target` it fails `where` (check, step)
+    with a message naming `says`, and `kvfuzz replay` exits 1; kvcache passes it, and so does
+    `target` tolerating its default deviations."""
+    path = FINDINGS / f"{name}.json"
     trace = Trace.load(path)
-    found = run_trace(trace, (get_target("vllm-async-scheduler").spec(
-        Tolerance.of_meta(trace.meta)),)).finding
-    assert found is not None and (found.check, found.step) == ("DIFF-state", 3), found
-    assert "free_queue" in found.message
+    found = run_trace(trace, (get_target(target).spec(Tolerance.of_meta(trace.meta)),)).finding
+    assert found is not None and (found.check, found.step) == where, found
+    assert says in found.message
     assert run_trace(trace, ("kvcache",)).passed
-    assert kvfuzz(["replay", str(path), "--target", "vllm-async-scheduler"]) == 1
-    assert run_trace(trace, (get_target("vllm-async-scheduler").spec(Tolerance()),)).passed
+    assert kvfuzz(["replay", str(path), "--target", target]) == 1
+    assert run_trace(trace, (get_target(target).spec(Tolerance()),)).passed
 
 
 # ----- MTP at scheduler level: hash and prefill lookahead (0.33+) -----
@@ -508,6 +515,40 @@ def test_a_bounded_request_asks_vllm_for_prompt_logprobs():
     if len(bounded) == 2:
         assert requests["limit"].prefix_cache_hit_limit == 4
         assert requests["skip"].prefix_cache_hit_limit == 0
+
+
+@pytest.mark.parametrize("name, num_blocks", [("connector", None), ("gpt_oss_connector", None),
+                                               ("nemotron_h_connector", 40)])
+def test_synchronous_loads_run_three_way(name, num_blocks):
+    """`load_remote {sync: true}`: kvfuzz's connector offers the tokens to vLLM's Scheduler as
+    a synchronous load (`load_kv_async=False`) at the request's admission; the tokens count
+    computed at once and the rest of the prompt is scheduled in the same step, as in kvfuzz's
+    driver and the model. A request that hits a cached prefix loads past it."""
+    config = BUILTIN[name][1]
+    ex = Execution(config.replace(num_blocks=num_blocks or config.num_blocks), "scheduler",
+                   THREE_WAY)
+    ex.apply(_add("a", list(range(17)), max_tokens=2))
+    assert ex.apply({"op": "load_remote", "request_id": "a", "num_external_tokens": 8,
+                     "sync": True}) is True
+    out = ex.apply({"op": "step"})
+    assert out["scheduled"] == [["a", 9 if name != "nemotron_h_connector" else 8, 0]]
+    assert ex.state.requests["a"].num_computed_tokens >= 16
+    assert "a" not in ex.targets[1].side.scheduler.connector.sync_offers
+    for i in range(3):
+        ex.apply({"op": "step", "sample": i})
+    ex.apply(_add("b", list(range(24)), max_tokens=1))
+    ex.apply({"op": "load_remote", "request_id": "b", "num_external_tokens": 30, "sync": True})
+    (rid, n, hit), = ex.apply({"op": "step"})["scheduled"]
+    assert rid == "b" and n == 1 and hit > 0  # the hit, then the load up to the last token
+
+
+def test_finding_017_trace_replays_on_vllm_scheduler():
+    """017's scheduler-level trace: a synchronous load of 8 tokens of a 17-token prompt on
+    `nemotron_h_connector` with 8 free blocks. vLLM's align predictor admits it and
+    `get_new_blocks` raises mid-allocation (P4; the trace records `no_tolerate: 017`);
+    tolerated, the predictor counts the two state blocks and the admission waits."""
+    _replays_as_recorded("017-external-state-block-uncounted-scheduler", "vllm-scheduler",
+                         ("P4", 2), "Cannot get 1 free blocks")
 
 
 @pytest.mark.parametrize("num_blocks, raises", [(9, True), (14, True), (15, False)])
