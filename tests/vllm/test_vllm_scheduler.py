@@ -332,7 +332,7 @@ def test_an_in_flight_step_that_samples_is_refused_where_outputs_are_taken_late(
 
 def test_a_campaign_leaves_steps_in_flight_on_vllm_async_scheduler(tmp_path, capsys):
     code = kvfuzz(["run", "--target", "vllm-async-scheduler", "--level", "scheduler",
-                   "--config", "deferred_connector", "--examples", "120",
+                   "--config", "deferred_connector", "--examples", "120", "--seed", "2",
                    "--corpus", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -437,9 +437,11 @@ for _name in CONFIGS:
     ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
-    examples = "120" if config == "deferred_connector" else "60"  # steps in flight are rarer
+    # Steps in flight are rarer: a seed that meets them (2 of 4 seeds do, docs/vllm.md).
+    rare = ["--examples", "120", "--seed", "2"] if config == "deferred_connector" else [
+        "--examples", "60"]
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
-                   "--config", config, "--examples", examples, "--corpus", str(tmp_path)])
+                   "--config", config, *rare, "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
     assert [p.name for p in tmp_path.glob(f"{check}-{config}-*.json")]
 
