@@ -105,8 +105,8 @@ def test_spec_decode_drafts_are_verified_and_rolled_back_as_the_driver_does():
 
 @pytest.mark.parametrize("target", ["vllm-scheduler", "vllm-async-scheduler"])
 def test_lora_embeds_and_salts_campaign_exits_0(target, tmp_path, capsys):
-    """Config `tenants`: LoRA adapters, prompt embeddings and cache salts through vLLM's
-    Scheduler (multimodal inputs left out: the target does not drive encoder inputs)."""
+    """Config `tenants`: LoRA adapters, prompt embeddings, multimodal inputs and cache salts
+    through vLLM's Scheduler."""
     code = kvfuzz(["run", "--target", target, "--level", "scheduler", "--examples", "40",
                    "--config", "tenants", "--corpus", str(tmp_path / "corpus")])
     out = capsys.readouterr().out
@@ -114,13 +114,28 @@ def test_lora_embeds_and_salts_campaign_exits_0(target, tmp_path, capsys):
     assert "left out" not in out and "findings           0" in out
 
 
-def test_a_multimodal_request_is_a_usage_error(tmp_path, capsys):
-    trace = Trace(BUILTIN["tenants"][1], "scheduler",
-                  [_add("r", list(range(8)), mm_inputs=[[1, 0, 4]])], {})
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(trace.to_dict()))
-    assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 2
-    assert "mm_inputs" in capsys.readouterr().err
+def test_multimodal_inputs_run_three_way_with_an_encoder_budget_that_never_binds():
+    """A request's multimodal inputs reach vLLM's Scheduler as `mm_features`; it schedules
+    their encoder inputs beside the tokens (the encoder cache then holds them) against an
+    encoder budget and cache no trace fills, so its chunks are kvfuzz's driver's: a chunk
+    that overlaps an input is not cut, and a request whose input differs hits only the
+    blocks before it."""
+    config = BUILTIN["tenants"][1]
+    config = config.replace(scheduler=dataclasses.replace(config.scheduler, token_budget=8))
+    ex = Execution(config, "scheduler", THREE_WAY)
+    prompt = list(range(16))
+    ex.apply(_add("a", prompt, mm_inputs=[[1, 4, 8]], max_tokens=1))
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 8, 0]]  # [0, 8) overlaps [4, 12)
+    scheduler = ex.targets[1].side.vllm_scheduler
+    assert scheduler.encoder_cache_manager.cached.keys() == {"mm-1"}
+    ex.apply({"op": "step"})
+    ex.apply(_add("same", prompt, mm_inputs=[[1, 4, 8]], max_tokens=1))
+    ex.apply(_add("other", prompt, mm_inputs=[[2, 4, 8]], max_tokens=1))
+    hits = {rid: hit for rid, _, hit in ex.apply({"op": "step"})["scheduled"]}
+    block = config.scheduler_block_size
+    assert hits["same"] > hits["other"] and hits["other"] <= 4 // block * block
+    for i in range(4):
+        ex.apply({"op": "step", "sample": i})
 
 
 def test_drafts_on_the_async_scheduler_are_a_usage_error(tmp_path, capsys):
@@ -435,6 +450,7 @@ for _name in CONFIGS:
     ("failed-load-kept", "connector", "DIFF-result"),
     ("free-not-deferred", "deferred_connector", "IF1"),
     ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
+    ("encoder-never-fits", "tenants", "DIFF-result"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     # Steps in flight are rarer: a seed that meets them (2 of 4 seeds do, docs/vllm.md).
