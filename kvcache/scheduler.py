@@ -197,7 +197,7 @@ class Scheduler:
         uncached, and waits for remote KV; (hit, external tokens, whether the lookup's hits
         diverged), or None when nothing is loaded (not such a request, nothing left to offer,
         or no room). `sync`: the offer stands until the request's next admission, which loads
-        the tokens synchronously (`_connector_admission`); True, or None when refused."""
+        the tokens synchronously (`_lookup`); True, or None when refused."""
         request = self._known(request_id, "start_load")
         if type(num_external_tokens) is not int or num_external_tokens < 0:
             raise ValueError(
