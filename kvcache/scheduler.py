@@ -590,7 +590,8 @@ class Scheduler:
                 num_local_tokens,
                 hit_blocks,
                 num_lookahead_tokens=self.num_lookahead_tokens,
-                num_external_computed_tokens=external,
+                # Passed only with a synchronous load: a manager without connectors lacks it.
+                **({"num_external_computed_tokens": external} if external else {}),
                 num_encoder_tokens=getattr(request, "num_encoder_tokens", 0),
                 full_sequence_must_fit=self.full_sequence_must_fit,
                 reserved_blocks=self.reserved_blocks,
