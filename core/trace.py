@@ -85,7 +85,8 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "complete_step": {},
         "abort": {"request_id": (_STR, None)},
         "finish": {"request_id": (_STR, None)},
-        "load_remote": {"request_id": (_STR, None), "num_external_tokens": (_INT, None)},
+        "load_remote": {"request_id": (_STR, None), "num_external_tokens": (_INT, None),
+                        "sync": (_BOOL, False)},
         "finish_load": {"request_id": (_STR, None), "num_loaded_tokens": (_OPT_INT, None)},
     },
 }
@@ -93,7 +94,7 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
 
 # Fields added to an op after trace digests were first written: left out of the digest at their
 # default, so that a trace that does not use them keeps the digest (and file name) it had.
-_LATER_FIELDS = {"step": ("accept", "draft")}
+_LATER_FIELDS = {"step": ("accept", "draft"), "load_remote": ("sync",)}
 
 # Fields whose schema default is None but which must be given.
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids",

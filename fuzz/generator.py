@@ -45,7 +45,8 @@ class Swarm:
 
 
 ALL = Swarm()
-CONNECTOR_FEATURES = frozenset({"external", "load_remote", "finish_load", "short_load"})
+CONNECTOR_FEATURES = frozenset({"external", "load_remote", "finish_load", "short_load",
+                                "sync_load"})
 """Rules and knobs of KV connector configs only (docs/spec.md §13)."""
 IN_FLIGHT_FEATURES = frozenset({"step_in_flight", "complete_step"})
 """Rules of configs with deferred frees only: steps left in flight (docs/spec.md §7.1)."""
@@ -408,7 +409,7 @@ class SchedulerRules(Rules):
              "step_in_flight", "complete_step", "step_spec")
     """Two step rules: steps dominate the runs."""
     CORE = frozenset({"add_request", "step", "step_again"})
-    KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load")
+    KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load", "sync_load")
     max_requests = 10
 
     def feasible(self, rule: str) -> bool:
@@ -446,11 +447,14 @@ class SchedulerRules(Rules):
                 if not v.num_computed_tokens and not any(v.tables)]
 
     def load_remote(self) -> None:
-        """A connector offers some of a waiting request's tokens (docs/spec.md §13.2)."""
+        """A connector offers some of a waiting request's tokens (docs/spec.md §13.2), one
+        offer in four loaded synchronously at its admission (§13.3)."""
         c = self.choices
         rid, view = pick(c, self._loadable())
+        sync = self.knob("sync_load", lambda: c.below(4) == 0, False)
         self.apply(op="load_remote", request_id=rid,
-                   num_external_tokens=between(c, 1, view.num_tokens))
+                   num_external_tokens=between(c, 1, view.num_tokens),
+                   **({"sync": True} if sync else {}))
 
     def finish_load(self) -> None:
         """A load ends: whole, short or failed (0 tokens), as the choice decides."""

@@ -214,6 +214,9 @@ class _SchedulerWriter:
         """A KV load's start or end, played with the request alone: vLLM's Scheduler would
         schedule any other request in the same step, which the trace's op does not."""
         rid = op["request_id"]
+        if op["op"] == "load_remote" and op["sync"]:
+            raise VllmTestUnsupported(f"step {step}: a synchronous load (load_remote "
+                                      "{sync: true}) is not exported")
         if op["op"] == "load_remote" and result is None:
             raise VllmTestUnsupported(f"step {step}: a load_remote that starts no load is not "
                                       "exported (vLLM's Scheduler would schedule the request)")

@@ -517,8 +517,12 @@ class ManagerSide:
         sample, vocab = op["sample"], self.config.scheduler.vocab_size
         draft, accept = op["draft"], op["accept"]
         def run_model(scheduled: list[tuple[Any, int, int]], copies: Any) -> None:
+            loaded = getattr(self.scheduler, "sync_loaded", {})
             for request, n, _ in scheduled:
                 start = request.num_computed_tokens
+                external = loaded.pop(request.request_id, 0)
+                if external:  # a synchronous load writes its tokens before the step's
+                    self._forward(request, start - external, start, load=True)
                 self._forward(request, start, start + n)
 
         if op["in_flight"]:
@@ -552,11 +556,12 @@ class ManagerSide:
         return self._call(self.scheduler.complete_step)[1]
 
     def _load_remote(self, op: Op) -> Any:
-        """The driver's connector offers the request's tokens (docs/spec.md §13.2)."""
+        """The driver's connector offers the request's tokens (docs/spec.md §13.2; `sync`:
+        loaded at its next admission, §13.3)."""
         request = self._known_request(op)
-        ok, out = self._call(
-            lambda: self.scheduler.start_load(request.request_id, op["num_external_tokens"]))
-        if not ok or out is None:
+        ok, out = self._call(lambda: self.scheduler.start_load(
+            request.request_id, op["num_external_tokens"], op["sync"]))
+        if not ok or out is None or out is True:
             return out
         self._loading[request.request_id] = out[:2]
         return {"hit": out[0], "external": out[1], "diverged": out[2]}

@@ -1013,3 +1013,17 @@ def _reprefillable_cached(side: KvcacheSide) -> None:
 def _junction_state_unkeyed(side: KvcacheSide) -> None:
     for single in _state_managers(side):
         single.shared_prefix_checkpoint = False
+
+
+@mutant("sync-load-ignored", "the driver admits a request offered a synchronous KV load "
+        "without it: the external tokens are computed again from the local hit",
+        bug="docs/spec.md §13.3", configs=("connector",))
+def _sync_load_ignored(side: KvcacheSide) -> None:
+    _on_scheduler(side, lambda scheduler: setattr(scheduler, "_sync_offers", _Forgetful()))
+
+
+class _Forgetful(dict):  # type: ignore[type-arg]
+    """A dict of offers that takes each one and holds none."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass

@@ -3,9 +3,9 @@
 `TraceConnector` is a scheduler-side connector written against vLLM's connector base class
 (`KVConnectorBase_V1`); target `vllm-scheduler` sets it up through vLLM's `KVTransferConfig`
 (`kv_connector_module_path` names this module) as a user sets up an external connector. It
-offers a request the external tokens the trace names, always as an asynchronous load, and
-keeps nothing else: vLLM's Scheduler does the lookup, the allocation, the caching and the
-rollback.
+offers a request the external tokens the trace names, as an asynchronous load or (`load_remote
+{sync: true}`) a synchronous one taken at the request's next admission, and keeps nothing
+else: vLLM's Scheduler does the lookup, the allocation, the caching and the rollback.
 
 `ConnectorLoads` plays the two ops on that Scheduler (docs/vllm.md, "KV connectors on vLLM's
 own scheduler"):
@@ -73,7 +73,12 @@ class TraceConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self.offers: dict[str, int] = {}
-        """Request id -> external tokens offered at its next lookup."""
+        """Request id -> external tokens offered at its next lookup, loaded asynchronously."""
+        self.sync_offers: dict[str, int] = {}
+        """Request id -> external tokens offered at every lookup until it is admitted, loaded
+        synchronously (counted computed at once, the rest scheduled in the same step)."""
+        self.sync_loaded: dict[str, int] = {}
+        """Request id -> external tokens of a synchronous load admitted, until read."""
         self.started: dict[str, int] = {}
         """Request id -> external tokens of the load vLLM started (`update_state_after_alloc`)."""
         self.backoff = 0
@@ -89,13 +94,22 @@ class TraceConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
                                    ) -> tuple[int | None, bool]:
+        if request.request_id in self.sync_offers:
+            # vLLM schedules at least one token of a synchronous load's request (it asserts
+            # so): the last is left to compute, as a local hit leaves it.
+            n = min(self.sync_offers[request.request_id],
+                    request.num_tokens - max(self.backoff, 1) - num_computed_tokens)
+            return max(n, 0), False
         offered = self.offers.pop(request.request_id, 0)
         n = min(offered, request.num_tokens - self.backoff - num_computed_tokens)
         return (n, True) if n > 0 else (0, False)
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
-        if num_external_tokens:
+        if self.sync_offers.pop(request.request_id, None) is not None:
+            if num_external_tokens:
+                self.sync_loaded[request.request_id] = num_external_tokens
+        elif num_external_tokens:
             self.started[request.request_id] = num_external_tokens
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
@@ -270,20 +284,33 @@ class ConnectorLoads:
         output.kv_connector_output = kv_output
         self.vllm.update_from_output(scheduler_output, output)
 
-    def start_load(self, request_id: str, num_external_tokens: int
-                   ) -> tuple[int, int, bool] | None:
-        """The connector offers `num_external_tokens` to a waiting request that holds nothing
-        and never kept a landed load; vLLM's Scheduler looks it up and starts the load.
-        (hit, external tokens, whether the per-group hits diverged), or None."""
+    @property
+    def sync_loaded(self) -> dict[str, int]:
+        """The synchronous loads vLLM admitted and no forward pass read yet: request id ->
+        external tokens (read by popping)."""
+        return self.connector.sync_loaded
+
+    def start_load(self, request_id: str, num_external_tokens: int, sync: bool = False
+                   ) -> tuple[int, int, bool] | bool | None:
+        """The connector offers `num_external_tokens` to a waiting request that holds nothing,
+        never kept a landed load and has no offer standing. Asynchronous: vLLM's Scheduler
+        looks it up and starts the load; (hit, external tokens, whether the per-group hits
+        diverged), or None. `sync`: the connector offers them at the request's lookups until
+        vLLM admits it (True), or None when refused."""
         request = self._requests[request_id]
         if (request not in self.waiting or request.num_computed_tokens
-                or request_id in self._landed):
+                or request_id in self._landed or request_id in self.connector.sync_offers):
             return None
         bounded = (getattr(request, "prefix_cache_hit_limit", None) is not None
                    or getattr(request, "skip_reading_prefix_cache", False))
-        if (self._driver_rules and bounded
-                and not hasattr(request, "skip_reading_external_kv")):
-            return None  # DEVIATIONS["bounded-load"]
+        unbounded_loads = self._driver_rules and bounded and not hasattr(
+            request, "skip_reading_external_kv")  # DEVIATIONS["bounded-load"]
+        if sync:
+            self.connector.sync_offers[request_id] = 0 if unbounded_loads else (
+                num_external_tokens)
+            return True
+        if unbounded_loads:
+            return None
         first: list[Any] = []
         lookup = self.vllm._get_local_prefix_cache_hit
 

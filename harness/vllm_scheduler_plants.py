@@ -87,6 +87,12 @@ def _failed_load_recomputed(scheduler: Any) -> None:
     scheduler.recompute_kv_load_failures = True
 
 
+def _encoder_never_fits(scheduler: Any) -> None:
+    """The encoder cache never has room: every chunk stops before a multimodal input it would
+    reach (`_try_schedule_encoder_inputs`), and one that starts inside an input waits."""
+    scheduler.encoder_cache_manager.can_allocate = lambda *args, **kwargs: False
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -106,6 +112,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "failed-load-recomputed": ("under the 'fail' policy a short KV load is recomputed, its "
                                "request not failed", _failed_load_recomputed,
                                ("nemotron_h_connector",)),
+    "encoder-never-fits": ("the encoder cache never has room for a multimodal input",
+                           _encoder_never_fits, ("tenants",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

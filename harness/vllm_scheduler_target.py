@@ -35,6 +35,7 @@ from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
+from kvfuzz.harness.vllm_encoder_budget import unbounded_encoder
 from kvfuzz.harness.vllm_target import (
     KNOWN_DEVIATIONS,
     KnownDeviation,
@@ -43,9 +44,6 @@ from kvfuzz.harness.vllm_target import (
     build_kv_cache_config,
 )
 from kvfuzz.kvcache.scheduler import StepOutput, cut_per_group
-
-_UNDRIVEN = ("mm_inputs",)
-"""Fields the target does not drive yet: generators leave them out (docs/vllm.md)."""
 
 _IN_FLIGHT = ("in_flight", "complete_step")
 """Driven where vLLM's Scheduler defers frees behind steps in flight (`defer_block_free`)."""
@@ -286,6 +284,7 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
         )
     # The Mamba chunk split steps its stops down by a block with EAGLE, as the manager does.
     scheduler.use_eagle_block_drop = config.use_eagle
+    unbounded_encoder(scheduler, config)  # multimodal inputs (harness/vllm_encoder_budget.py)
     return scheduler
 
 
@@ -439,8 +438,11 @@ class VllmSchedulerDriver:
         scheduler_output = self.vllm.schedule()
         ids = list(scheduler_output.num_scheduled_tokens)
         # An admitted request's hit: what it had computed before its first chunk (vLLM 0.32
-        # sends a resumed request as cached data, without its computed tokens).
-        scheduled = [(request, n, request.num_computed_tokens - n if rid in fresh else 0)
+        # sends a resumed request as cached data, without its computed tokens), less what a
+        # synchronous KV load gave it.
+        loaded = getattr(self, "sync_loaded", {})
+        scheduled = [(request, n, request.num_computed_tokens - n - loaded.get(rid, 0)
+                      if rid in fresh else 0)
                      for rid, n in scheduler_output.num_scheduled_tokens.items()
                      for request in (self._requests[rid],)]
         copies = [(int(c[0]), int(c[1])) for c in scheduler_output.kv_cache_block_copies or ()]
@@ -546,7 +548,7 @@ class VllmSchedulerSide(VllmSide):
             return self._defers_frees()
         if name == "in_flight_sampling":
             return False
-        return name not in _UNDRIVEN and super().offers(name)
+        return super().offers(name)
 
     def require(self, name: str) -> None:
         if name == "draft" and not self._takes_drafts():
@@ -558,10 +560,6 @@ class VllmSchedulerSide(VllmSide):
                 f"the trace uses {name}, which target {self.name} drives only where vLLM's "
                 "Scheduler defers frees: async scheduling with a KV-consumer connector "
                 "(docs/vllm.md, \"Steps in flight\")")
-        if name in _UNDRIVEN:
-            raise VllmUnsupported(
-                f"the trace uses {name}, which target {self.name} does not drive (docs/vllm.md, "
-                "\"vLLM's own scheduler\", \"Not driven yet\")")
         super().require(name)
 
     def _sampling_params(self, op: Op) -> tuple[dict[str, Any], bool]:
@@ -570,11 +568,6 @@ class VllmSchedulerSide(VllmSide):
 
         params = prompt_logprobs_params(op, self.api["SamplingParams"])
         return (params, True) if params is not None else super()._sampling_params(op)
-
-    def make_request(self, op: Op, arrival_time: float) -> Any:
-        if op["mm_inputs"]:
-            self.require("mm_inputs")
-        return super().make_request(op, arrival_time)
 
     def _step(self, op: Op) -> Any:
         if op["in_flight"]:

@@ -31,7 +31,8 @@ class StepOutput:
     """What one step did, in the order it happened."""
 
     scheduled: list[tuple[str, int, int]] = field(default_factory=list)
-    """(request id, tokens scheduled, prefix hit adopted at admission, else 0)."""
+    """(request id, tokens scheduled, prefix hit adopted at admission, else 0; a synchronous
+    KV load's tokens are not in it)."""
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
@@ -118,6 +119,10 @@ class Scheduler:
         """KV connector loads in flight: request id -> its local prefix hit (docs/spec.md §13.2)."""
         self._landed: set[str] = set()
         """Requests a load left holding blocks: never offered another load."""
+        self._sync_offers: dict[str, int] = {}
+        """Synchronous loads offered: request id -> tokens, loaded at its next admission."""
+        self.sync_loaded: dict[str, int] = {}
+        """The synchronous loads admitted this step: request id -> external tokens."""
         self._launched = 0
         """Steps launched that scheduled tokens (vLLM's `sched_step_seq`)."""
         self._completed = 0
@@ -183,14 +188,16 @@ class Scheduler:
     # ----- KV connector (docs/spec.md §13.2): the driver plays the connector -----
 
     def start_load(
-        self, request_id: str, num_external_tokens: int
-    ) -> tuple[int, int, bool] | None:
+        self, request_id: str, num_external_tokens: int, sync: bool = False
+    ) -> tuple[int, int, bool] | bool | None:
         """A connector offers `num_external_tokens` tokens of a waiting request that holds
-        nothing and never kept a landed load: after its connector lookup (whose junction it
-        keeps, as at admission), the request takes blocks for the hit and at most its
-        remaining tokens (but the last, with state groups), uncached, and waits for remote KV.
-        (hit, external tokens, whether the lookup's hits diverged), or None when nothing is
-        loaded (not such a request, nothing left to offer, or no room)."""
+        nothing, never kept a landed load and has no offer standing. Asynchronous: after its
+        connector lookup (whose junction it keeps, as at admission), the request takes blocks
+        for the hit and at most its remaining tokens (but the last, with state groups),
+        uncached, and waits for remote KV; (hit, external tokens, whether the lookup's hits
+        diverged), or None when nothing is loaded (not such a request, nothing left to offer,
+        or no room). `sync`: the offer stands until the request's next admission, which loads
+        the tokens synchronously (`_lookup`); True, or None when refused."""
         request = self._known(request_id, "start_load")
         if type(num_external_tokens) is not int or num_external_tokens < 0:
             raise ValueError(
@@ -198,29 +205,16 @@ class Scheduler:
                 "not an int >= 0"
             )
         if (request not in self._waiting or request.num_computed_tokens
-                or request_id in self._landed):
+                or request_id in self._landed or request_id in self._sync_offers):
             return None
-        manager = self.manager
-        hit_blocks, num_hit_tokens, request.shared_prefix_boundary, diverged = (
-            manager.get_computed_blocks_for_connector(request)
-        )
-        # The connector counts from the last block boundary of the hit: a longer load
-        # supersedes a sub-block tail (no copy-on-write races it), a shorter one loads nothing.
-        partial_tail = num_hit_tokens % manager.coordinator.scheduler_block_size
-        external = min(
-            num_external_tokens,
-            request.num_tokens - self.state_groups - (num_hit_tokens - partial_tail),
-        )
-        # A request whose hits are bounded (a hit limit, or no cache reads) reads no external
-        # KV: the bound does not limit a connector's hits (vLLM 0.34 `skip_reading_external_kv`).
-        if getattr(request, "prefix_cache_hit_limit", None) is not None:
-            external = 0
-        if external <= partial_tail:
+        if sync:
+            self._sync_offers[request_id] = num_external_tokens
+            return True
+        hit_blocks, num_hit_tokens, external, diverged = self._connector_hit(
+            request, num_external_tokens, self.state_groups)
+        if not external:
             return None
-        if partial_tail:
-            num_hit_tokens -= partial_tail
-            hit_blocks = manager.truncate_computed_blocks(hit_blocks, num_hit_tokens)
-        new_blocks = manager.allocate_slots(
+        new_blocks = self.manager.allocate_slots(
             request,
             0,
             num_hit_tokens,
@@ -236,6 +230,43 @@ class Scheduler:
         request.num_computed_tokens = num_hit_tokens + external
         self._loads[request_id] = num_hit_tokens
         return num_hit_tokens, external, diverged
+
+    def _connector_hit(self, request: Any, offered: int, backoff: int
+                       ) -> tuple[Any, int, int, bool]:
+        """The connector lookup of a request offered `offered` tokens that leaves `backoff`
+        tokens to compute: (hit blocks, hit, external tokens, whether the per-group hits
+        diverged). The request keeps the lookup's junction. The connector counts from the hit's
+        last block boundary: a longer load supersedes a sub-block tail (cut from the hit), a
+        shorter one loads nothing (0 external tokens)."""
+        manager = self.manager
+        hit_blocks, num_hit_tokens, request.shared_prefix_boundary, diverged = (
+            manager.get_computed_blocks_for_connector(request)
+        )
+        partial_tail = num_hit_tokens % manager.coordinator.scheduler_block_size
+        external = min(offered, request.num_tokens - backoff - (num_hit_tokens - partial_tail))
+        # A request whose hits are bounded (a hit limit, or no cache reads) reads no external
+        # KV: the bound does not limit a connector's hits (vLLM 0.34 `skip_reading_external_kv`).
+        if getattr(request, "prefix_cache_hit_limit", None) is not None or external <= (
+                partial_tail):
+            return hit_blocks, num_hit_tokens, 0, diverged
+        if partial_tail:
+            num_hit_tokens -= partial_tail
+            hit_blocks = manager.truncate_computed_blocks(hit_blocks, num_hit_tokens)
+        return hit_blocks, num_hit_tokens, external, diverged
+
+    def _lookup(self, request: Any) -> tuple[Any, int, int]:
+        """An admission's lookup: (hit blocks, hit, external tokens). With a synchronous offer
+        standing, the connector's (`_connector_hit`; at least the last token is left to
+        compute, as vLLM schedules one); without external tokens, the manager's own."""
+        offered = self._sync_offers.get(request.request_id)
+        if offered is not None:
+            hit_blocks, num_hit_tokens, external, _ = self._connector_hit(
+                request, offered, max(self.state_groups, 1))
+            if external:
+                return hit_blocks, num_hit_tokens, external
+        hit_blocks, num_hit_tokens, request.shared_prefix_boundary = (
+            self.manager.get_computed_blocks(request))
+        return hit_blocks, num_hit_tokens, 0
 
     def finish_load(self, request_id: str, num_loaded_tokens: int | None = None) -> int:
         """The load of `request_id` ends with `num_loaded_tokens` of its external tokens
@@ -413,6 +444,7 @@ class Scheduler:
                 self.complete_step()
         manager = self.manager
         manager.new_step_starts()
+        self.sync_loaded = {}
         budget = self.token_budget
         scheduled: list[tuple[Any, int, int]] = []
         verified: dict[str, list[int]] = {}
@@ -532,11 +564,11 @@ class Scheduler:
             if request.num_computed_tokens == 0:
                 # As vLLM's scheduler, the request keeps the lookup's junction (§6.3): its
                 # chunks stop there, and the retention masks keep the blocks ending there.
-                hit_blocks, num_hit_tokens, request.shared_prefix_boundary = (
-                    manager.get_computed_blocks(request)
-                )
+                hit_blocks, num_local_tokens, external = self._lookup(request)
             else:
-                hit_blocks, num_hit_tokens = None, 0
+                hit_blocks, num_local_tokens, external = None, 0, 0
+            # A synchronous load's tokens count as computed at once, as a hit's do.
+            num_hit_tokens = num_local_tokens + external
             num_new_tokens = request.num_tokens - request.num_computed_tokens - num_hit_tokens
             if num_new_tokens > budget:
                 if not self.chunked_prefill:
@@ -555,9 +587,11 @@ class Scheduler:
             new_blocks = manager.allocate_slots(
                 request,
                 num_new_tokens,
-                num_hit_tokens,
+                num_local_tokens,
                 hit_blocks,
                 num_lookahead_tokens=self.num_lookahead_tokens,
+                # Passed only with a synchronous load: a manager without connectors lacks it.
+                **({"num_external_computed_tokens": external} if external else {}),
                 num_encoder_tokens=getattr(request, "num_encoder_tokens", 0),
                 full_sequence_must_fit=self.full_sequence_must_fit,
                 reserved_blocks=self.reserved_blocks,
@@ -569,8 +603,10 @@ class Scheduler:
             self._running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens += num_hit_tokens
-            manager.record_prefix_cache_stats(request, num_hit_tokens)
-            scheduled.append((request, num_new_tokens, num_hit_tokens))
+            manager.record_prefix_cache_stats(request, num_local_tokens)
+            if self._sync_offers.pop(request.request_id, None) is not None and external:
+                self.sync_loaded[request.request_id] = external
+            scheduled.append((request, num_new_tokens, num_local_tokens))
             budget -= num_new_tokens
 
     def _mamba_aligned(self, request: Any, num_new_tokens: int, num_hit_tokens: int) -> int:

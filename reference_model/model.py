@@ -374,7 +374,8 @@ class ReferenceModel:
     def _op_load_remote(self, op: Op) -> Any:
         if op["num_external_tokens"] < 0:
             return MISUSE
-        return self.driver.load(self._added(op["request_id"]), op["num_external_tokens"])
+        return self.driver.load(self._added(op["request_id"]), op["num_external_tokens"],
+                                op["sync"])
 
     def _op_finish_load(self, op: Op) -> Any:
         req = self._added(op["request_id"])

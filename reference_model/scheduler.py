@@ -24,6 +24,8 @@ class Driver:
         """KV loads in flight: request id -> its local hit (docs/spec.md §13.2)."""
         self.landed: set[str] = set()
         """Requests a load left holding blocks: offered no load again."""
+        self.sync_offers: dict[str, int] = {}
+        """Synchronous loads offered, taken at the request's next admission (§13.3)."""
         self.launched = 0
         """Steps launched that scheduled tokens."""
         self.completed = 0
@@ -140,24 +142,22 @@ class Driver:
             self.free(req)
         req.status = status
 
-    def load(self, req: Request, offered: int) -> dict[str, int] | None:
+    def load(self, req: Request, offered: int, sync: bool = False
+             ) -> dict[str, int] | bool | None:
         """docs/spec.md §13.2: a waiting request holding nothing takes blocks for its connector
         lookup's hit and min(offered, what is left, but the last token with state groups)
-        external tokens, caches nothing, waits for remote KV."""
-        if req not in self.waiting or req.num_computed_tokens or req.request_id in self.landed:
+        external tokens, caches nothing, waits for remote KV. `sync`: the offer stands until
+        the request's next admission, which counts the tokens computed at once (§13.3)."""
+        if (req not in self.waiting or req.num_computed_tokens or req.request_id in self.landed
+                or req.request_id in self.sync_offers):
             return None
-        hits, hit, req.shared_prefix_boundary, diverged = (
-            self.manager.get_computed_blocks_for_connector(req))
-        layout = self.manager.layout
-        tail = hit % layout.sbs  # counted from the hit's last block boundary
-        external = min(offered, req.num_tokens - (1 if self.states else 0) - (hit - tail))
-        if req.skip_reading_prefix_cache or req.prefix_cache_hit_limit is not None:
-            external = 0  # bounded hits read no external KV
-        if external <= tail:
+        if sync:
+            self.sync_offers[req.request_id] = offered
+            return True
+        hits, hit, external, diverged = self._connector_lookup(req, offered,
+                                                               1 if self.states else 0)
+        if not external:
             return None
-        if tail:  # the load covers the sub-block tail: the hits stop at the boundary
-            hit -= tail
-            hits = [lst[:hit // g.bs] for g, lst in zip(layout.groups, hits)]
         if self.manager.allocate_slots(req, 0, hit, hits, has_scheduled_reqs=bool(self.running),
                                        external=external, delay_cache=True) is None:
             return None
@@ -166,6 +166,37 @@ class Driver:
         req.num_computed_tokens = hit + external
         self.loads[req.request_id] = hit
         return {"hit": hit, "external": external, "diverged": diverged}
+
+    def _connector_lookup(self, req: Request, offered: int, backoff: int
+                          ) -> tuple[list[list[int]], int, int, bool]:
+        """The connector's lookup for `offered` tokens, leaving `backoff` to compute: (hits,
+        hit, external, diverged); external 0 when the load would not pass the hit's sub-block
+        tail or the request's hits are bounded, else the tail is cut from the hit."""
+        hits, hit, req.shared_prefix_boundary, diverged = (
+            self.manager.get_computed_blocks_for_connector(req))
+        layout = self.manager.layout
+        tail = hit % layout.sbs  # counted from the hit's last block boundary
+        external = min(offered, req.num_tokens - backoff - (hit - tail))
+        if req.skip_reading_prefix_cache or req.prefix_cache_hit_limit is not None:
+            external = 0  # bounded hits read no external KV
+        if external <= tail:
+            return hits, hit, 0, diverged
+        if tail:  # the load covers the sub-block tail: the hits stop at the boundary
+            hit -= tail
+            hits = [lst[:hit // g.bs] for g, lst in zip(layout.groups, hits)]
+        return hits, hit, external, diverged
+
+    def _admission_lookup(self, r: Request) -> tuple[list[list[int]], int, int]:
+        """(hits, hit, external) of a fresh admission: a standing synchronous offer loads
+        through the connector's lookup, leaving at least the last token; else (or when it
+        loads nothing) the manager's lookup."""
+        if r.request_id in self.sync_offers:
+            hits, hit, external, _ = self._connector_lookup(
+                r, self.sync_offers[r.request_id], 1)
+            if external:
+                return hits, hit, external
+        hits, hit, r.shared_prefix_boundary = self.manager.get_computed_blocks(r)
+        return hits, hit, 0
 
     def load_done(self, req: Request, loaded: int | None) -> int:
         """docs/spec.md §13.2: the load ends. Aborted meanwhile: free. Else keep the valid
@@ -301,9 +332,10 @@ class Driver:
             while budget > 0 and self.waiting and len(self.running) < cfg.max_running:
                 r = self.waiting[0]
                 if r.num_computed_tokens == 0:  # the request keeps the lookup's junction
-                    hits, hit, r.shared_prefix_boundary = mgr.get_computed_blocks(r)
+                    hits, local, external = self._admission_lookup(r)
                 else:
-                    hits, hit = None, 0
+                    hits, local, external = None, 0, 0
+                hit = local + external  # a synchronous load's tokens are computed at once
                 n = r.num_tokens - r.num_computed_tokens - hit
                 if n > budget:
                     if not cfg.chunked_prefill:
@@ -319,21 +351,23 @@ class Driver:
                 blocks = mgr.allocate_slots(
                     r,
                     n,
-                    hit,
+                    local,
                     hits,
                     la,
                     r.num_encoder_tokens,
                     cfg.full_sequence_must_fit,
                     cfg.reserved_blocks,
                     bool(self.running),
+                    external=external,
                 )
                 if blocks is None:
                     break
+                self.sync_offers.pop(r.request_id, None)
                 self.waiting.pop(0)
                 self.running.append(r)
                 r.status = "RUNNING"
                 r.num_computed_tokens += hit
-                scheduled.append((r, n, hit))
+                scheduled.append((r, n, local))
                 budget -= n
 
         # 4. Step end.

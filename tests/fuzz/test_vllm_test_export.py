@@ -261,3 +261,20 @@ def test_each_finding_shown_passing_with_its_fix_has_one_in_the_checker():
     spec.loader.exec_module(module)
     assert set(module.FIXES) == set(PROPOSED_FIXES)
     assert all(vllm_test_path(n).name.startswith(f"test_{n}_") for n in PROPOSED_FIXES)
+
+
+def test_a_synchronous_load_is_not_exported(tmp_path, capsys):
+    """`load_remote {sync: true}` has no exported form (the test's connector loads
+    asynchronously): exit 2, nothing written."""
+    from kvfuzz.core.configs import BUILTIN
+    from kvfuzz.core.trace import Trace
+
+    trace = Trace(BUILTIN["connector"][1], "scheduler", [
+        {"op": "add_request", "request_id": "a", "prompt": list(range(9))},
+        {"op": "load_remote", "request_id": "a", "num_external_tokens": 4, "sync": True},
+        {"op": "step"}], {"check": "D1"})
+    path, out = tmp_path / "t.json", tmp_path / "t.py"
+    trace.save(path)
+    assert main(["export", str(path), "--vllm-test", str(out)]) == 2
+    assert "a synchronous load" in capsys.readouterr().err
+    assert not out.exists()

@@ -328,3 +328,52 @@ def test_a_request_whose_hits_are_bounded_reads_no_external_kv():
     loads = [ex.apply({"op": "load_remote", "request_id": rid, "num_external_tokens": 9})
              for rid in ("limited", "skipping", "free")]
     assert loads[:2] == [None, None] and loads[2]["external"] == 9
+
+
+def test_a_synchronous_load_is_taken_at_admission_with_the_chunk_after_it():
+    """`load_remote {sync: true}` (docs/spec.md §13.3): the offer stands until the request's
+    next admission, whose lookup loads the tokens (counted computed at once, no waiting for
+    remote KV) and schedules the rest in the same step; the step's hit is the local one."""
+    m, s = _driver()
+    a = make_request("A", list(range(8)), BS)
+    s.add_request(a)
+    s.step(lambda request: 1)
+    r = make_request("R", list(range(8)) + list(range(50, 59)), BS)
+    s.add_request(r)
+    assert s.start_load("R", 100, sync=True) is True
+    assert s.start_load("R", 3) is None and s.start_load("R", 3, sync=True) is None
+    assert r.status == RequestStatus.WAITING and not s.loads and not m.coordinator.tracks("R")
+    out = s.step(lambda request: 1)
+    # Hit 8, then the connector loads tokens 8..15 and leaves the last one to compute.
+    assert ("R", 1, 8) in out.scheduled and s.sync_loaded == {"R": 8}
+    assert r.num_computed_tokens == 17 and r.status == RequestStatus.RUNNING
+    assert s.start_load("R", 3, sync=True) is None  # no longer waiting
+
+
+def test_a_synchronous_load_waits_for_room_and_is_offered_again():
+    """An admission the pool refuses keeps the offer: the next one loads it."""
+    m, s = _driver(4)
+    s.add_request(make_request("big", list(range(9)), BS))
+    s.step(lambda request: 1)
+    s.add_request(make_request("R", list(range(20, 32)), BS))
+    assert s.start_load("R", 8, sync=True) is True
+    assert [rid for rid, _, _ in s.step(lambda request: 1).scheduled] == ["big"]
+    s.finish_request("big", RequestStatus.FINISHED_ABORTED)
+    assert s.step(lambda request: 1).scheduled == [("R", 4, 0)]
+    assert s.sync_loaded == {"R": 8}
+
+
+def test_synchronous_loads_agree_with_the_model_on_a_state_hybrid():
+    """kvcache's driver and the model, one op at a time, on finding 017's shape
+    (`nemotron_h_connector`, 9 blocks): kvcache counts the two state blocks each align group
+    takes, so the admission is refused from 8 free blocks and nothing is scheduled."""
+    from kvfuzz.core.configs import BUILTIN
+    from kvfuzz.harness.executor import Execution
+
+    for num_blocks, scheduled in ((9, []), (40, [["a", 8, 0]])):
+        ex = Execution(BUILTIN["nemotron_h_connector"][1].replace(num_blocks=num_blocks),
+                       "scheduler", ("kvcache",))
+        ex.apply({"op": "add_request", "request_id": "a", "prompt": list(range(17))})
+        assert ex.apply({"op": "load_remote", "request_id": "a", "num_external_tokens": 8,
+                         "sync": True}) is True
+        assert ex.apply({"op": "step"})["scheduled"] == scheduled

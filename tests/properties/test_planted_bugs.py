@@ -78,6 +78,7 @@ EXPECTED = {
     "lookahead-unhashed": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "reprefillable-cached": {"DIFF-state", "DIFF-result", "DIFF-probe"},
     "junction-state-unkeyed": {"DIFF-state", "DIFF-result", "DIFF-probe"},
+    "sync-load-ignored": {"DIFF-result", "DIFF-state"},
 }
 
 
