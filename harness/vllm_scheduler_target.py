@@ -34,6 +34,7 @@ from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
+from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
 from kvfuzz.harness.vllm_target import (
     KNOWN_DEVIATIONS,
@@ -129,15 +130,14 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
         (config.kv_events, "KV events"),
-        (config.num_prefill_lookahead > 1,
-         "multi-module MTP prefill lookahead (vLLM's Scheduler skips a waiting request the "
-         "lookahead leaves no tokens and admits the next; kvfuzz's driver stops admitting)"),
         (bool(config.num_hash_lookahead_tokens) and config.enable_caching
          and _publishes_after_output(async_scheduling,
-                                     any(g.kind == "mamba" for g in config.groups)),
-         "MTP hash lookahead where vLLM's Scheduler publishes states after each output "
-         "(async scheduling; a Mamba hybrid, 0.34), caching the hash block the sampled token "
-         "completes; kvfuzz's driver does not"),
+                                     any(g.kind == "mamba" for g in config.groups))
+         != publishes_after_output(config),
+         "MTP hash lookahead where vLLM's Scheduler and kvfuzz's driver differ on publishing "
+         "states after each output, which caches the hash block the sampled token completes "
+         "(vLLM publishes under async scheduling, and on a Mamba hybrid from 0.34; the "
+         "driver on a Mamba hybrid, as 0.34)"),
     )
     named = [why for on, why in reasons if on]
     return "; ".join(named) if named else None

@@ -64,6 +64,7 @@ class Scheduler:
         state_groups: bool = False,
         num_prefill_lookahead: int = 0,
         fail_short_loads: bool = False,
+        publish_after_output: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -103,6 +104,10 @@ class Scheduler:
         self.num_prefill_lookahead = num_prefill_lookahead
         # vLLM's "fail" kv_load_failure_policy: a short load fails its request (§13.2).
         self.fail_short_loads = fail_short_loads
+        # vLLM 0.34's `update_from_output` caches what a request's output finalized (on a
+        # Mamba hybrid with prefix caching): under hash lookahead, the block whose lookahead
+        # the sampled token completes (docs/spec.md §5.7).
+        self.publish_after_output = publish_after_output
         # A chunk stops at the junction itself where the manager registers the state there
         # (vLLM's Scheduler reads the same predicate off its manager, under sub-block hits).
         coordinator = kv_cache_manager.coordinator
@@ -497,8 +502,12 @@ class Scheduler:
             request.num_computed_tokens += num_new_tokens
             if request.num_computed_tokens >= request.num_tokens:
                 sampled.append(request)
-                if self._append_verified(request, verified.pop(request.request_id, []),
-                                         accept, sample_token):
+                ended = self._append_verified(request, verified.pop(request.request_id, []),
+                                              accept, sample_token)
+                if self.publish_after_output:
+                    manager.cache_blocks(request, request.num_computed_tokens
+                                         - getattr(request, "num_in_flight_tokens", 0))
+                if ended:
                     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                     self._running.remove(request)
                     self._free(request)
@@ -527,8 +536,9 @@ class Scheduler:
 
     def _admit_waiting(self, budget: int, scheduled: list[tuple[Any, int, int]]) -> None:
         manager = self.manager
-        while budget > 0 and self._waiting and len(self._running) < self.max_running:
-            request = self._waiting[0]
+        i = 0
+        while budget > 0 and i < len(self._waiting) and len(self._running) < self.max_running:
+            request = self._waiting[i]
             if request.num_computed_tokens == 0:
                 # As vLLM's scheduler, the request keeps the lookup's junction (§6.3): its
                 # chunks stop there, and the retention masks keep the blocks ending there.
@@ -551,7 +561,8 @@ class Scheduler:
                     request.num_tokens, request.num_computed_tokens + num_hit_tokens,
                     num_new_tokens, self.num_prefill_lookahead)
                 if num_new_tokens == 0:
-                    break
+                    i += 1  # it keeps its place; the requests behind it may be admitted
+                    continue
             new_blocks = manager.allocate_slots(
                 request,
                 num_new_tokens,
@@ -565,7 +576,7 @@ class Scheduler:
             )
             if new_blocks is None:
                 break
-            self._waiting.popleft()
+            del self._waiting[i]
             self._running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens += num_hit_tokens

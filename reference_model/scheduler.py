@@ -41,6 +41,9 @@ class Driver:
         """Mamba "align": prefill chunks end where a state can be cached (docs/spec.md §11.3)."""
         self.states = any(g.kind == "mamba" for g in manager.layout.groups)
         """State groups: loads leave the last token and fail whole when short (§13.2)."""
+        self.publishes = self.states and manager.layout.caching
+        """§7: with state groups and caching on, a request that samples caches its settled
+        tokens after the output (under hash lookahead, the block its new token completes)."""
 
     def _short_of_lookahead(self, r: Request, computed: int, n: int) -> int:
         """docs/spec.md §5.7: a chunk that would end fewer than P (num_prefill_lookahead)
@@ -298,8 +301,9 @@ class Driver:
 
         # 3. Waiting loop.
         if not preempted:
-            while budget > 0 and self.waiting and len(self.running) < cfg.max_running:
-                r = self.waiting[0]
+            w = 0
+            while budget > 0 and w < len(self.waiting) and len(self.running) < cfg.max_running:
+                r = self.waiting[w]
                 if r.num_computed_tokens == 0:  # the request keeps the lookup's junction
                     hits, hit, r.shared_prefix_boundary = mgr.get_computed_blocks(r)
                 else:
@@ -314,8 +318,9 @@ class Driver:
                     if n == 0:
                         break
                 n = self._short_of_lookahead(r, r.num_computed_tokens + hit, n)
-                if n == 0:
-                    break
+                if n == 0:  # §5.7: passed over, it keeps its place
+                    w += 1
+                    continue
                 blocks = mgr.allocate_slots(
                     r,
                     n,
@@ -329,7 +334,7 @@ class Driver:
                 )
                 if blocks is None:
                     break
-                self.waiting.pop(0)
+                self.waiting.pop(w)
                 self.running.append(r)
                 r.status = "RUNNING"
                 r.num_computed_tokens += hit
@@ -369,6 +374,8 @@ class Driver:
             if r.num_computed_tokens >= r.num_tokens:
                 self._sample(r, sample, verified.pop(r.request_id, []), accept)
                 sampled.append(r)
+                if self.publishes:
+                    mgr.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
             if r.num_output_tokens >= r.max_tokens or r.num_tokens >= M:
                 r.status = "FINISHED_LENGTH_CAPPED"
                 self.running.remove(r)
