@@ -51,6 +51,9 @@ _UNDRIVEN = ("mm_inputs",)
 _IN_FLIGHT = ("in_flight", "complete_step")
 """Driven where vLLM's Scheduler defers frees behind steps in flight (`defer_block_free`)."""
 
+_LOADS = ("load_remote", "finish_load")
+"""Driven only on a config with `kv_connector` (vLLM's Scheduler loads through its connector)."""
+
 
 def _trim_stopped_drafts(snapshot: Snapshot, config: Config,
                          sampled: Collection[str] = ()) -> tuple[Snapshot, list[str]]:
@@ -546,6 +549,8 @@ class VllmSchedulerSide(VllmSide):
             return self._defers_frees()
         if name == "in_flight_sampling":
             return False
+        if name in _LOADS and not self.config.kv_connector:
+            return False
         return name not in _UNDRIVEN and super().offers(name)
 
     def require(self, name: str) -> None:
@@ -562,6 +567,11 @@ class VllmSchedulerSide(VllmSide):
             raise VllmUnsupported(
                 f"the trace uses {name}, which target {self.name} does not drive (docs/vllm.md, "
                 "\"vLLM's own scheduler\", \"Not driven yet\")")
+        if name in _LOADS and not self.config.kv_connector:  # invalid for this config
+            raise InvalidTrace(
+                f"the trace uses {name} on a config without kv_connector: target {self.name} "
+                "loads KV only through a connector (docs/vllm.md, \"KV connectors on vLLM's "
+                "own Scheduler\")")
         super().require(name)
 
     def _sampling_params(self, op: Op) -> tuple[dict[str, Any], bool]:

@@ -123,6 +123,11 @@ class Scheduler:
         """KV connector loads in flight: request id -> its local prefix hit (docs/spec.md §13.2)."""
         self._landed: set[str] = set()
         """Requests a load left holding blocks: never offered another load."""
+        self._holders: dict[str, int] = {}
+        """Waiting requests a KV load started for -> its start number: they wait ahead of the
+        others, in that order (priority: in priority order), as in vLLM's `kv_holding_waiting`
+        (docs/spec.md §13.2)."""
+        self._loads_started = 0
         self._launched = 0
         """Steps launched that scheduled tokens (vLLM's `sched_step_seq`)."""
         self._completed = 0
@@ -181,6 +186,7 @@ class Scheduler:
         elif request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
             # A waiting request holds blocks only when a KV load landed for it.
             self._waiting.remove(request)
+            self._holders.pop(request_id, None)
             self._free(request)
         # else: the load may still write its blocks; `finish_load` frees them.
         request.status = status
@@ -237,6 +243,8 @@ class Scheduler:
         if new_blocks is None:
             return None
         self._waiting.remove(request)
+        self._loads_started += 1
+        self._holders[request_id] = self._loads_started
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         request.num_computed_tokens = num_hit_tokens + external
         self._loads[request_id] = num_hit_tokens
@@ -246,8 +254,9 @@ class Scheduler:
         """The load of `request_id` ends with `num_loaded_tokens` of its external tokens
         (None: all; fewer, with state groups: none valid). An aborted request's blocks are
         freed; otherwise the valid prefix is cached (nothing valid: the blocks are freed) and
-        the request waits again, first in line. Returns its computed tokens. ValueError when
-        no load is in flight for it."""
+        the request waits again, among the requests a load started for, in load start order
+        (priority: in priority order), ahead of the others. Returns its computed tokens.
+        ValueError when no load is in flight for it."""
         if request_id not in self._loads:
             raise ValueError(f"finish_load({request_id!r}): no KV load in flight for it")
         if num_loaded_tokens is not None and (
@@ -260,11 +269,13 @@ class Scheduler:
         request = self._requests[request_id]
         num_hit_tokens = self._loads.pop(request_id)
         if RequestStatus.is_finished(request.status):
+            del self._holders[request_id]
             self._free(request)
             return 0
         promised = request.num_computed_tokens - num_hit_tokens
         if num_loaded_tokens is not None and num_loaded_tokens < promised:
             if self.fail_short_loads:
+                del self._holders[request_id]
                 return self._fail_load(request, num_hit_tokens + num_loaded_tokens)
             # With state groups no state holds a short load's end: all of it is lost.
             request.num_computed_tokens = 0 if self.state_groups else self._valid_prefix(
@@ -279,7 +290,11 @@ class Scheduler:
         request.status = (
             RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
         )
-        self._waiting.appendleft(request)
+        start = self._holders[request_id]
+        self._waiting.insert(next(
+            (i for i, other in enumerate(self._waiting)
+             if self._holders.get(other.request_id, start + 1) > start), len(self._waiting)),
+            request)
         self._sort_waiting()
         return request.num_computed_tokens
 
@@ -577,6 +592,7 @@ class Scheduler:
             if new_blocks is None:
                 break
             del self._waiting[i]
+            self._holders.pop(request.request_id, None)
             self._running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens += num_hit_tokens
@@ -611,13 +627,16 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.spec_token_ids = []
         request.num_preemptions += 1
-        self._waiting.appendleft(request)
+        # First among the requests no load started for (vLLM's `waiting`).
+        self._waiting.insert(sum(r.request_id in self._holders for r in self._waiting), request)
         self._sort_waiting()
 
     def _sort_waiting(self) -> None:
-        """Priority order, smallest (priority, arrival) first; stable, so FCFS among equals."""
+        """Priority order, smallest (priority, arrival) first, the requests a load started for
+        ahead of the others; stable, so FCFS among equals."""
         if self.policy == "priority":
-            self._waiting = deque(sorted(self._waiting, key=_priority_key))
+            self._waiting = deque(sorted(self._waiting, key=lambda r: (
+                r.request_id not in self._holders, *_priority_key(r))))
 
 
 def reserve_prefill_lookahead(

@@ -24,6 +24,9 @@ class Driver:
         """KV loads in flight: request id -> its local hit (docs/spec.md §13.2)."""
         self.landed: set[str] = set()
         """Requests a load left holding blocks: offered no load again."""
+        self.holders: dict[str, int] = {}
+        """§13.2: waiting requests a load started for -> its start number; they wait first."""
+        self.loads_started = 0
         self.launched = 0
         """Steps launched that scheduled tokens."""
         self.completed = 0
@@ -92,7 +95,8 @@ class Driver:
     def _order_waiting(self) -> None:
         """Priority keeps waiting sorted by (priority, arrival_time); FCFS keeps insertion order."""
         if self.cfg.policy == "priority":
-            self.waiting.sort(key=lambda r: (r.priority, r.arrival_time))
+            self.waiting.sort(key=lambda r: (r.request_id not in self.holders, r.priority,
+                                             r.arrival_time))
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -137,6 +141,7 @@ class Driver:
             pass  # its blocks wait for the load's end (load_done)
         elif req in self.waiting:
             self.waiting.remove(req)
+            self.holders.pop(req.request_id, None)
             self.free(req)  # holds blocks only if a load landed
         else:
             self.running.remove(req)
@@ -165,6 +170,8 @@ class Driver:
                                        external=external, delay_cache=True) is None:
             return None
         self.waiting.remove(req)
+        self.loads_started += 1
+        self.holders[req.request_id] = self.loads_started
         req.status = "WAITING_FOR_REMOTE_KVS"
         req.num_computed_tokens = hit + external
         self.loads[req.request_id] = hit
@@ -176,10 +183,12 @@ class Driver:
         there is none; wait again, first."""
         hit = self.loads.pop(req.request_id)
         if req.is_finished:
+            del self.holders[req.request_id]
             self.free(req)
             return 0
         if loaded is not None and hit + loaded < req.num_computed_tokens:
             if self.cfg.kv_load_failure_policy == "fail":
+                del self.holders[req.request_id]
                 return self._fail(req, hit + loaded)
             req.num_computed_tokens = 0 if self.states else self._valid_prefix(
                 req.request_id, hit + loaded)
@@ -191,7 +200,13 @@ class Driver:
         if req.num_computed_tokens == req.num_tokens:
             req.num_computed_tokens -= 1
         req.status = "PREEMPTED" if req.num_preemptions else "WAITING"
-        self.waiting.insert(0, req)
+        # Among the requests a load started for (at the front), in start order.
+        start = self.holders[req.request_id]
+        at = 0
+        while at < len(self.waiting) and self.holders.get(self.waiting[at].request_id,
+                                                          start + 1) < start:
+            at += 1
+        self.waiting.insert(at, req)
         self._order_waiting()
         return req.num_computed_tokens
 
@@ -237,7 +252,8 @@ class Driver:
         victim.num_computed_tokens = 0
         victim.spec = []
         victim.num_preemptions += 1
-        self.waiting.insert(0, victim)
+        # First after the requests a load started for.
+        self.waiting.insert(sum(r.request_id in self.holders for r in self.waiting), victim)
         self._order_waiting()
 
     def step(self, sample: int, in_flight: bool = False, draft: int = 0,
@@ -335,6 +351,7 @@ class Driver:
                 if blocks is None:
                     break
                 self.waiting.pop(w)
+                self.holders.pop(r.request_id, None)
                 self.running.append(r)
                 r.status = "RUNNING"
                 r.num_computed_tokens += hit

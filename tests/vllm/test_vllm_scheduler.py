@@ -250,6 +250,27 @@ def test_the_fail_policy_fails_a_short_load_three_way():
         assert ex.state.requests["whole"].status.startswith("FINISHED")
 
 
+@pytest.mark.parametrize("policy, first", [("fcfs", "later"), ("priority", "low")])
+def test_landed_loads_wait_ahead_of_the_rest_in_load_start_order_three_way(policy, first):
+    """vLLM 0.34's `kv_holding_waiting` (sched/scheduler.py:229-234, drained first at
+    :1101): requests a load started for wait ahead of the others, in load start order (under
+    priority, in priority order), even ahead of a more important request; kvfuzz's driver and
+    the model agree (docs/spec.md §13.2), so `landed-load-order` is no deviation any more."""
+    base = BUILTIN["connector"][1]
+    config = base.replace(scheduler=dataclasses.replace(base.scheduler, policy=policy,
+                                                        token_budget=4))
+    ex = Execution(config, "scheduler", ("vllm-scheduler-strict",))
+    ex.apply(_add("low", list(range(8)), priority=2, max_tokens=2))
+    ex.apply(_add("later", list(range(20, 28)), priority=2, max_tokens=2))
+    ex.apply({"op": "load_remote", "request_id": "later", "num_external_tokens": 4})
+    ex.apply({"op": "load_remote", "request_id": "low", "num_external_tokens": 4})
+    ex.apply(_add("high", list(range(40, 48)), priority=0, max_tokens=2))
+    ex.apply({"op": "finish_load", "request_id": "later"})
+    ex.apply({"op": "finish_load", "request_id": "low"})
+    assert ex.state.waiting == (first, ({"low", "later"} - {first}).pop(), "high")
+    assert ex.apply({"op": "step"})["scheduled"] == [[first, 4, 0]]
+
+
 def test_a_connector_campaign_on_vllm_scheduler_exits_0(tmp_path, capsys):
     code = kvfuzz(["run", "--target", "vllm-scheduler", "--level", "scheduler", "--examples",
                    "30", "--config", "connector", "gpt_oss_connector", "nemotron_h_connector",
