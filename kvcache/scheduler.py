@@ -238,6 +238,7 @@ class Scheduler:
             hit_blocks,
             num_external_computed_tokens=external,
             delay_cache_blocks=True,
+            full_sequence_must_fit=self.full_sequence_must_fit,
             has_scheduled_reqs=bool(self._running),
         )
         if new_blocks is None:

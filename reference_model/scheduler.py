@@ -167,6 +167,7 @@ class Driver:
             hit -= tail
             hits = [lst[:hit // g.bs] for g, lst in zip(layout.groups, hits)]
         if self.manager.allocate_slots(req, 0, hit, hits, has_scheduled_reqs=bool(self.running),
+                                       full_sequence_must_fit=self.cfg.full_sequence_must_fit,
                                        external=external, delay_cache=True) is None:
             return None
         self.waiting.remove(req)

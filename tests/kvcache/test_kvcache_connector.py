@@ -357,3 +357,22 @@ def test_requests_a_load_started_for_wait_ahead_of_the_rest(policy, first):
         ex.apply({"op": "finish_load", "request_id": rid})
     assert ex.state.waiting == (first, ({"low", "later"} - {first}).pop(), "high")
     assert ex.apply({"op": "step"})["scheduled"] == [[first, 4, 0]]
+
+
+def test_a_load_passes_the_full_sequence_gate():
+    """docs/spec.md §13.2: a load's allocation takes the full-sequence gate, as admission
+    does: 10 blocks of prompt do not start a load with 7 free (kvcache and the model)."""
+    import dataclasses
+
+    from kvfuzz.core.configs import BUILTIN
+    from kvfuzz.harness.executor import Execution
+
+    base = BUILTIN["connector"][1]
+    ex = Execution(base.replace(scheduler=dataclasses.replace(
+        base.scheduler, full_sequence_must_fit=True)), "scheduler", ("kvcache",))
+    ex.apply({"op": "add_request", "request_id": "r0", "prompt": list(range(32)),
+              "max_tokens": 4})
+    ex.apply({"op": "step"})
+    ex.apply({"op": "add_request", "request_id": "r1", "prompt": list(range(100, 140)),
+              "max_tokens": 1})
+    assert ex.apply({"op": "load_remote", "request_id": "r1", "num_external_tokens": 8}) is None

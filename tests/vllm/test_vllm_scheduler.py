@@ -271,6 +271,21 @@ def test_landed_loads_wait_ahead_of_the_rest_in_load_start_order_three_way(polic
     assert ex.apply({"op": "step"})["scheduled"] == [[first, 4, 0]]
 
 
+@pytest.mark.parametrize("gate, started", [(False, True), (True, False)])
+def test_a_load_passes_the_full_sequence_gate_three_way(gate, started):
+    """vLLM 0.34 passes `full_sequence_must_fit` to an async load's allocation too
+    (sched/scheduler.py:1511): with 7 blocks free, a 40-token prompt (10 blocks) starts no
+    8-token load under the gate; without it the load starts. Driver and model agree."""
+    base = BUILTIN["connector"][1]
+    ex = Execution(base.replace(scheduler=dataclasses.replace(
+        base.scheduler, full_sequence_must_fit=gate)), "scheduler", ("vllm-scheduler-strict",))
+    ex.apply(_add("r0", list(range(32)), max_tokens=4))
+    ex.apply({"op": "step"})
+    ex.apply(_add("r1", list(range(100, 140)), max_tokens=1))
+    out = ex.apply({"op": "load_remote", "request_id": "r1", "num_external_tokens": 8})
+    assert (out is not None) == started, out
+
+
 def test_a_connector_campaign_on_vllm_scheduler_exits_0(tmp_path, capsys):
     code = kvfuzz(["run", "--target", "vllm-scheduler", "--level", "scheduler", "--examples",
                    "30", "--config", "connector", "gpt_oss_connector", "nemotron_h_connector",
