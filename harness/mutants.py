@@ -999,24 +999,14 @@ def _reprefillable_cached(side: KvcacheSide) -> None:
         "hash lookahead the block a sampled token completes is never cached when its request "
         "finishes", bug="docs/spec.md §5.7", configs=("qwen3_next_mtp",))
 def _output_unpublished(side: KvcacheSide) -> None:
-    build = side.build_scheduler
-
-    def build_scheduler(config: Config) -> Any:
-        scheduler = build(config)
-        scheduler.publish_after_output = False
-        return scheduler
-
-    side.build_scheduler = build_scheduler
+    _on_scheduler(side, lambda scheduler: setattr(scheduler, "publish_after_output", False))
 
 
 @mutant("landed-load-first", "a landed KV load goes first in line, ahead of the loads that "
         "started before it (the driver's rule before vLLM 0.34's `kv_holding_waiting` order)",
         bug="docs/spec.md §13.2", configs=("connector",))
 def _landed_load_first(side: KvcacheSide) -> None:
-    build = side.build_scheduler
-
-    def build_scheduler(config: Config) -> Any:
-        scheduler = build(config)
+    def patch(scheduler: Any) -> None:
         finish = scheduler.finish_load
 
         def finish_load(request_id: str, num_loaded_tokens: int | None = None) -> int:
@@ -1028,6 +1018,17 @@ def _landed_load_first(side: KvcacheSide) -> None:
             return out
 
         scheduler.finish_load = finish_load
+
+    _on_scheduler(side, patch)
+
+
+def _on_scheduler(side: KvcacheSide, patch: Callable[[Any], None]) -> None:
+    """`patch` each driver the side builds."""
+    build = side.build_scheduler
+
+    def build_scheduler(config: Config) -> Any:
+        scheduler = build(config)
+        patch(scheduler)
         return scheduler
 
     side.build_scheduler = build_scheduler
