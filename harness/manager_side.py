@@ -31,6 +31,13 @@ T = TypeVar("T")
 _KEEPS_LOOKUPS = frozenset({"get_computed_blocks", "add_request", "get_num_cached_tokens"})
 
 
+def publishes_after_output(config: Config) -> bool:
+    """Whether the driver caches a request's blocks after each output it samples, as vLLM
+    0.34's `update_from_output` does on a model with Mamba layers and prefix caching
+    (`sched/scheduler.py:2453-2470`; docs/spec.md §7)."""
+    return config.enable_caching and any(g.kind == "mamba" for g in config.groups)
+
+
 class ManagerSide:
     """A `Side` over a vLLM-shaped KVCacheManager; subclasses build the manager and requests."""
 
@@ -159,6 +166,7 @@ class ManagerSide:
             state_groups=any(g.kind == "mamba" for g in config.groups),
             num_prefill_lookahead=config.num_prefill_lookahead,
             fail_short_loads=s.kv_load_failure_policy == "fail",
+            publish_after_output=publishes_after_output(config),
         )
 
     # ----- Side -----

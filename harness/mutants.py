@@ -1006,6 +1006,46 @@ def _reprefillable_cached(side: KvcacheSide) -> None:
     side.manager.coordinator.num_reprefillable_tokens = 0
 
 
+@mutant("output-unpublished", "on a Mamba hybrid with prefix caching the driver caches "
+        "nothing after a request's output (vLLM 0.34's `update_from_output` publishes): under "
+        "hash lookahead the block a sampled token completes is never cached when its request "
+        "finishes", bug="docs/spec.md §5.7", configs=("qwen3_next_mtp",))
+def _output_unpublished(side: KvcacheSide) -> None:
+    _on_scheduler(side, lambda scheduler: setattr(scheduler, "publish_after_output", False))
+
+
+@mutant("landed-load-first", "a landed KV load goes first in line, ahead of the loads that "
+        "started before it (the driver's rule before vLLM 0.34's `kv_holding_waiting` order)",
+        bug="docs/spec.md §13.2", configs=("connector",))
+def _landed_load_first(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        finish = scheduler.finish_load
+
+        def finish_load(request_id: str, num_loaded_tokens: int | None = None) -> int:
+            out = finish(request_id, num_loaded_tokens)
+            request = scheduler._requests[request_id]
+            if request in scheduler._waiting:
+                scheduler._waiting.remove(request)
+                scheduler._waiting.appendleft(request)
+            return out
+
+        scheduler.finish_load = finish_load
+
+    _on_scheduler(side, patch)
+
+
+def _on_scheduler(side: KvcacheSide, patch: Callable[[Any], None]) -> None:
+    """`patch` each driver the side builds."""
+    build = side.build_scheduler
+
+    def build_scheduler(config: Config) -> Any:
+        scheduler = build(config)
+        patch(scheduler)
+        return scheduler
+
+    side.build_scheduler = build_scheduler
+
+
 @mutant("junction-state-unkeyed", "with enable_mamba_shared_prefix_checkpoint the scheduler "
         "stops a prompt chunk at the junction, but the Mamba groups never register the state "
         "there: the chunk stop is spent and a sibling resumes lower",

@@ -45,9 +45,6 @@ DEVIATIONS = {
     "load-reservation": "an async load is admitted only if it fits beside the blocks other "
                         "loads' prefills still need (`reserved_blocks`); kvfuzz's driver "
                         "reserves nothing",
-    "landed-load-order": "requests holding KV wait in their own queue, drained first, in "
-                         "load start order; kvfuzz's driver keeps one line in which a landed "
-                         "load and a preempted request go first",
     "loaded-blocks-zeroed": "a load's new blocks in the groups the connector restores are not "
                             "recorded for zeroing (`skip_zeroing_group_ids`); kvfuzz's driver "
                             "records every new block",
@@ -232,7 +229,6 @@ class ConnectorLoads:
         if driver_rules:
             self.connector.restores_groups = False
             _finish_without_window_release(self.vllm)
-            self._preempted_first()
         self._block_failures = single_group and not state_groups
         """A short load is reported by its blocks (one group), else by the request."""
         self._loads: dict[str, int] = {}
@@ -240,21 +236,6 @@ class ConnectorLoads:
         self._landed: set[str] = set()
         self.window_unloaded: set[str] = set()
         """Requests whose short load finding 016 was tolerated for (`_window_unloaded`)."""
-
-    def _preempted_first(self) -> None:
-        """DEVIATIONS["landed-load-order"]: a preempted request goes first in line, ahead of
-        the requests holding KV (the queue vLLM drains first), as in kvfuzz's driver."""
-        preempt = self.vllm._preempt_request
-
-        def preempt_request(request: Any, *args: Any, **kwargs: Any) -> Any:
-            out = preempt(request, *args, **kwargs)
-            queue = next((q for q in self._queues() if request in q), None)
-            if queue is not None:
-                queue.remove_request(request)
-                self.vllm.kv_holding_waiting.prepend_request(request)
-            return out
-
-        self.vllm._preempt_request = preempt_request
 
     @property
     def loads(self) -> tuple[str, ...]:
@@ -370,9 +351,6 @@ class ConnectorLoads:
         # The admission that follows a promotion in the same `schedule()` was refused; its
         # lookup's junction is redone when the request is admitted.
         request.shared_prefix_boundary = boundary
-        if self._driver_rules:  # DEVIATIONS["landed-load-order"]
-            self.vllm.kv_holding_waiting.remove_request(request)
-            self.vllm.kv_holding_waiting.prepend_request(request)
         if request.num_computed_tokens:
             self._landed.add(request_id)
         return request.num_computed_tokens

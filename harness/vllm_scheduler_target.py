@@ -34,6 +34,7 @@ from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
+from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
 from kvfuzz.harness.vllm_encoder_budget import unbounded_encoder
 from kvfuzz.harness.vllm_target import (
@@ -47,6 +48,9 @@ from kvfuzz.kvcache.scheduler import StepOutput, cut_per_group
 
 _IN_FLIGHT = ("in_flight", "complete_step")
 """Driven where vLLM's Scheduler defers frees behind steps in flight (`defer_block_free`)."""
+
+_LOADS = ("load_remote", "finish_load")
+"""Driven only on a config with `kv_connector` (vLLM's Scheduler loads through its connector)."""
 
 
 def _trim_stopped_drafts(snapshot: Snapshot, config: Config,
@@ -127,15 +131,14 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
         (config.kv_events, "KV events"),
-        (config.num_prefill_lookahead > 1,
-         "multi-module MTP prefill lookahead (vLLM's Scheduler skips a waiting request the "
-         "lookahead leaves no tokens and admits the next; kvfuzz's driver stops admitting)"),
         (bool(config.num_hash_lookahead_tokens) and config.enable_caching
          and _publishes_after_output(async_scheduling,
-                                     any(g.kind == "mamba" for g in config.groups)),
-         "MTP hash lookahead where vLLM's Scheduler publishes states after each output "
-         "(async scheduling; a Mamba hybrid, 0.34), caching the hash block the sampled token "
-         "completes; kvfuzz's driver does not"),
+                                     any(g.kind == "mamba" for g in config.groups))
+         != publishes_after_output(config),
+         "MTP hash lookahead where vLLM's Scheduler and kvfuzz's driver differ on publishing "
+         "states after each output, which caches the hash block the sampled token completes "
+         "(vLLM publishes under async scheduling, and on a Mamba hybrid from 0.34; the "
+         "driver on a Mamba hybrid, as 0.34)"),
     )
     named = [why for on, why in reasons if on]
     return "; ".join(named) if named else None
@@ -548,6 +551,8 @@ class VllmSchedulerSide(VllmSide):
             return self._defers_frees()
         if name == "in_flight_sampling":
             return False
+        if name in _LOADS and not self.config.kv_connector:
+            return False
         return super().offers(name)
 
     def require(self, name: str) -> None:
@@ -560,6 +565,11 @@ class VllmSchedulerSide(VllmSide):
                 f"the trace uses {name}, which target {self.name} drives only where vLLM's "
                 "Scheduler defers frees: async scheduling with a KV-consumer connector "
                 "(docs/vllm.md, \"Steps in flight\")")
+        if name in _LOADS and not self.config.kv_connector:  # invalid for this config
+            raise InvalidTrace(
+                f"the trace uses {name} on a config without kv_connector: target {self.name} "
+                "loads KV only through a connector (docs/vllm.md, \"KV connectors on vLLM's "
+                "own Scheduler\")")
         super().require(name)
 
     def _sampling_params(self, op: Op) -> tuple[dict[str, Any], bool]:

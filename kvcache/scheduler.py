@@ -65,6 +65,7 @@ class Scheduler:
         state_groups: bool = False,
         num_prefill_lookahead: int = 0,
         fail_short_loads: bool = False,
+        publish_after_output: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -104,6 +105,10 @@ class Scheduler:
         self.num_prefill_lookahead = num_prefill_lookahead
         # vLLM's "fail" kv_load_failure_policy: a short load fails its request (§13.2).
         self.fail_short_loads = fail_short_loads
+        # vLLM 0.34's `update_from_output` caches what a request's output finalized (on a
+        # Mamba hybrid with prefix caching): under hash lookahead, the block whose lookahead
+        # the sampled token completes (docs/spec.md §5.7).
+        self.publish_after_output = publish_after_output
         # A chunk stops at the junction itself where the manager registers the state there
         # (vLLM's Scheduler reads the same predicate off its manager, under sub-block hits).
         coordinator = kv_cache_manager.coordinator
@@ -123,6 +128,11 @@ class Scheduler:
         """Synchronous loads offered: request id -> tokens, loaded at its next admission."""
         self.sync_loaded: dict[str, int] = {}
         """The synchronous loads admitted this step: request id -> external tokens."""
+        self._holders: dict[str, int] = {}
+        """Waiting requests a KV load started for -> its start number: they wait ahead of the
+        others, in that order (priority: in priority order), as in vLLM's `kv_holding_waiting`
+        (docs/spec.md §13.2)."""
+        self._loads_started = 0
         self._launched = 0
         """Steps launched that scheduled tokens (vLLM's `sched_step_seq`)."""
         self._completed = 0
@@ -181,6 +191,7 @@ class Scheduler:
         elif request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
             # A waiting request holds blocks only when a KV load landed for it.
             self._waiting.remove(request)
+            self._holders.pop(request_id, None)
             self._free(request)
         # else: the load may still write its blocks; `finish_load` frees them.
         request.status = status
@@ -221,11 +232,14 @@ class Scheduler:
             hit_blocks,
             num_external_computed_tokens=external,
             delay_cache_blocks=True,
+            full_sequence_must_fit=self.full_sequence_must_fit,
             has_scheduled_reqs=bool(self._running),
         )
         if new_blocks is None:
             return None
         self._waiting.remove(request)
+        self._loads_started += 1
+        self._holders[request_id] = self._loads_started
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         request.num_computed_tokens = num_hit_tokens + external
         self._loads[request_id] = num_hit_tokens
@@ -272,8 +286,9 @@ class Scheduler:
         """The load of `request_id` ends with `num_loaded_tokens` of its external tokens
         (None: all; fewer, with state groups: none valid). An aborted request's blocks are
         freed; otherwise the valid prefix is cached (nothing valid: the blocks are freed) and
-        the request waits again, first in line. Returns its computed tokens. ValueError when
-        no load is in flight for it."""
+        the request waits again, among the requests a load started for, in load start order
+        (priority: in priority order), ahead of the others. Returns its computed tokens.
+        ValueError when no load is in flight for it."""
         if request_id not in self._loads:
             raise ValueError(f"finish_load({request_id!r}): no KV load in flight for it")
         if num_loaded_tokens is not None and (
@@ -286,11 +301,13 @@ class Scheduler:
         request = self._requests[request_id]
         num_hit_tokens = self._loads.pop(request_id)
         if RequestStatus.is_finished(request.status):
+            del self._holders[request_id]
             self._free(request)
             return 0
         promised = request.num_computed_tokens - num_hit_tokens
         if num_loaded_tokens is not None and num_loaded_tokens < promised:
             if self.fail_short_loads:
+                del self._holders[request_id]
                 return self._fail_load(request, num_hit_tokens + num_loaded_tokens)
             # With state groups no state holds a short load's end: all of it is lost.
             request.num_computed_tokens = 0 if self.state_groups else self._valid_prefix(
@@ -305,7 +322,11 @@ class Scheduler:
         request.status = (
             RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
         )
-        self._waiting.appendleft(request)
+        start = self._holders[request_id]
+        self._waiting.insert(next(
+            (i for i, other in enumerate(self._waiting)
+             if self._holders.get(other.request_id, start + 1) > start), len(self._waiting)),
+            request)
         self._sort_waiting()
         return request.num_computed_tokens
 
@@ -529,8 +550,12 @@ class Scheduler:
             request.num_computed_tokens += num_new_tokens
             if request.num_computed_tokens >= request.num_tokens:
                 sampled.append(request)
-                if self._append_verified(request, verified.pop(request.request_id, []),
-                                         accept, sample_token):
+                ended = self._append_verified(request, verified.pop(request.request_id, []),
+                                              accept, sample_token)
+                if self.publish_after_output:
+                    manager.cache_blocks(request, request.num_computed_tokens
+                                         - getattr(request, "num_in_flight_tokens", 0))
+                if ended:
                     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                     self._running.remove(request)
                     self._free(request)
@@ -559,8 +584,9 @@ class Scheduler:
 
     def _admit_waiting(self, budget: int, scheduled: list[tuple[Any, int, int]]) -> None:
         manager = self.manager
-        while budget > 0 and self._waiting and len(self._running) < self.max_running:
-            request = self._waiting[0]
+        i = 0
+        while budget > 0 and i < len(self._waiting) and len(self._running) < self.max_running:
+            request = self._waiting[i]
             if request.num_computed_tokens == 0:
                 # As vLLM's scheduler, the request keeps the lookup's junction (§6.3): its
                 # chunks stop there, and the retention masks keep the blocks ending there.
@@ -583,7 +609,8 @@ class Scheduler:
                     request.num_tokens, request.num_computed_tokens + num_hit_tokens,
                     num_new_tokens, self.num_prefill_lookahead)
                 if num_new_tokens == 0:
-                    break
+                    i += 1  # it keeps its place; the requests behind it may be admitted
+                    continue
             new_blocks = manager.allocate_slots(
                 request,
                 num_new_tokens,
@@ -599,7 +626,8 @@ class Scheduler:
             )
             if new_blocks is None:
                 break
-            self._waiting.popleft()
+            del self._waiting[i]
+            self._holders.pop(request.request_id, None)
             self._running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens += num_hit_tokens
@@ -636,13 +664,16 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.spec_token_ids = []
         request.num_preemptions += 1
-        self._waiting.appendleft(request)
+        # First among the requests no load started for (vLLM's `waiting`).
+        self._waiting.insert(sum(r.request_id in self._holders for r in self._waiting), request)
         self._sort_waiting()
 
     def _sort_waiting(self) -> None:
-        """Priority order, smallest (priority, arrival) first; stable, so FCFS among equals."""
+        """Priority order, smallest (priority, arrival) first, the requests a load started for
+        ahead of the others; stable, so FCFS among equals."""
         if self.policy == "priority":
-            self._waiting = deque(sorted(self._waiting, key=_priority_key))
+            self._waiting = deque(sorted(self._waiting, key=lambda r: (
+                r.request_id not in self._holders, *_priority_key(r))))
 
 
 def reserve_prefill_lookahead(

@@ -26,6 +26,9 @@ class Driver:
         """Requests a load left holding blocks: offered no load again."""
         self.sync_offers: dict[str, int] = {}
         """Synchronous loads offered, taken at the request's next admission (§13.3)."""
+        self.holders: dict[str, int] = {}
+        """§13.2: waiting requests a load started for -> its start number; they wait first."""
+        self.loads_started = 0
         self.launched = 0
         """Steps launched that scheduled tokens."""
         self.completed = 0
@@ -43,6 +46,9 @@ class Driver:
         """Mamba "align": prefill chunks end where a state can be cached (docs/spec.md §11.3)."""
         self.states = any(g.kind == "mamba" for g in manager.layout.groups)
         """State groups: loads leave the last token and fail whole when short (§13.2)."""
+        self.publishes = self.states and manager.layout.caching
+        """§7: with state groups and caching on, a request that samples caches its settled
+        tokens after the output (under hash lookahead, the block its new token completes)."""
 
     def _short_of_lookahead(self, r: Request, computed: int, n: int) -> int:
         """docs/spec.md §5.7: a chunk that would end fewer than P (num_prefill_lookahead)
@@ -91,7 +97,8 @@ class Driver:
     def _order_waiting(self) -> None:
         """Priority keeps waiting sorted by (priority, arrival_time); FCFS keeps insertion order."""
         if self.cfg.policy == "priority":
-            self.waiting.sort(key=lambda r: (r.priority, r.arrival_time))
+            self.waiting.sort(key=lambda r: (r.request_id not in self.holders, r.priority,
+                                             r.arrival_time))
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -136,6 +143,7 @@ class Driver:
             pass  # its blocks wait for the load's end (load_done)
         elif req in self.waiting:
             self.waiting.remove(req)
+            self.holders.pop(req.request_id, None)
             self.free(req)  # holds blocks only if a load landed
         else:
             self.running.remove(req)
@@ -159,9 +167,12 @@ class Driver:
         if not external:
             return None
         if self.manager.allocate_slots(req, 0, hit, hits, has_scheduled_reqs=bool(self.running),
+                                       full_sequence_must_fit=self.cfg.full_sequence_must_fit,
                                        external=external, delay_cache=True) is None:
             return None
         self.waiting.remove(req)
+        self.loads_started += 1
+        self.holders[req.request_id] = self.loads_started
         req.status = "WAITING_FOR_REMOTE_KVS"
         req.num_computed_tokens = hit + external
         self.loads[req.request_id] = hit
@@ -204,10 +215,12 @@ class Driver:
         there is none; wait again, first."""
         hit = self.loads.pop(req.request_id)
         if req.is_finished:
+            del self.holders[req.request_id]
             self.free(req)
             return 0
         if loaded is not None and hit + loaded < req.num_computed_tokens:
             if self.cfg.kv_load_failure_policy == "fail":
+                del self.holders[req.request_id]
                 return self._fail(req, hit + loaded)
             req.num_computed_tokens = 0 if self.states else self._valid_prefix(
                 req.request_id, hit + loaded)
@@ -219,7 +232,13 @@ class Driver:
         if req.num_computed_tokens == req.num_tokens:
             req.num_computed_tokens -= 1
         req.status = "PREEMPTED" if req.num_preemptions else "WAITING"
-        self.waiting.insert(0, req)
+        # Among the requests a load started for (at the front), in start order.
+        start = self.holders[req.request_id]
+        at = 0
+        while at < len(self.waiting) and self.holders.get(self.waiting[at].request_id,
+                                                          start + 1) < start:
+            at += 1
+        self.waiting.insert(at, req)
         self._order_waiting()
         return req.num_computed_tokens
 
@@ -265,7 +284,8 @@ class Driver:
         victim.num_computed_tokens = 0
         victim.spec = []
         victim.num_preemptions += 1
-        self.waiting.insert(0, victim)
+        # First after the requests a load started for.
+        self.waiting.insert(sum(r.request_id in self.holders for r in self.waiting), victim)
         self._order_waiting()
 
     def step(self, sample: int, in_flight: bool = False, draft: int = 0,
@@ -329,8 +349,9 @@ class Driver:
 
         # 3. Waiting loop.
         if not preempted:
-            while budget > 0 and self.waiting and len(self.running) < cfg.max_running:
-                r = self.waiting[0]
+            w = 0
+            while budget > 0 and w < len(self.waiting) and len(self.running) < cfg.max_running:
+                r = self.waiting[w]
                 if r.num_computed_tokens == 0:  # the request keeps the lookup's junction
                     hits, local, external = self._admission_lookup(r)
                 else:
@@ -346,8 +367,9 @@ class Driver:
                     if n == 0:
                         break
                 n = self._short_of_lookahead(r, r.num_computed_tokens + hit, n)
-                if n == 0:
-                    break
+                if n == 0:  # §5.7: passed over, it keeps its place
+                    w += 1
+                    continue
                 blocks = mgr.allocate_slots(
                     r,
                     n,
@@ -363,7 +385,8 @@ class Driver:
                 if blocks is None:
                     break
                 self.sync_offers.pop(r.request_id, None)
-                self.waiting.pop(0)
+                self.waiting.pop(w)
+                self.holders.pop(r.request_id, None)
                 self.running.append(r)
                 r.status = "RUNNING"
                 r.num_computed_tokens += hit
@@ -403,6 +426,8 @@ class Driver:
             if r.num_computed_tokens >= r.num_tokens:
                 self._sample(r, sample, verified.pop(r.request_id, []), accept)
                 sampled.append(r)
+                if self.publishes:
+                    mgr.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
             if r.num_output_tokens >= r.max_tokens or r.num_tokens >= M:
                 r.status = "FINISHED_LENGTH_CAPPED"
                 self.running.remove(r)

@@ -207,7 +207,10 @@ def test_a_short_load_on_one_window_group_keeps_only_a_prefix_whose_window_was_l
     # 22 loaded into nulls 0..3 and blocks 4, 5; 21 landed: block 5 is unfilled, and the
     # window of 20 (17..19) is in block 4.
     assert table_ids(m, "C")[0][:5].count(0) == 4
-    assert s.finish_load("C", 21) == 20 and m.estimate_cached_tokens(s.waiting[0]) == 20
+    assert s.finish_load("C", 21) == 20
+    # The three wait in load start order (docs/spec.md §13.2), C holding its 20 tokens.
+    assert [r.request_id for r in s.waiting] == ["A", "B", "C"]
+    assert m.estimate_cached_tokens(s.waiting[2]) == 20
 
 
 def test_under_the_fail_policy_a_short_load_fails_its_request_and_frees_its_blocks():
@@ -377,3 +380,48 @@ def test_synchronous_loads_agree_with_the_model_on_a_state_hybrid():
         assert ex.apply({"op": "load_remote", "request_id": "a", "num_external_tokens": 8,
                          "sync": True}) is True
         assert ex.apply({"op": "step"})["scheduled"] == scheduled
+
+
+@pytest.mark.parametrize("policy, first", [("fcfs", "later"), ("priority", "low")])
+def test_requests_a_load_started_for_wait_ahead_of_the_rest(policy, first):
+    """docs/spec.md §13.2 (vLLM 0.34's `kv_holding_waiting`): landed loads wait ahead of the
+    other waiting requests, a more important one included, in load start order (priority:
+    in priority order), not in the order the loads ended; kvcache and the model agree."""
+    import dataclasses
+
+    from kvfuzz.core.configs import BUILTIN
+    from kvfuzz.harness.executor import Execution
+
+    base = BUILTIN["connector"][1]
+    ex = Execution(base.replace(scheduler=dataclasses.replace(
+        base.scheduler, policy=policy, token_budget=4)), "scheduler", ("kvcache",))
+    for rid, start in (("low", 0), ("later", 20)):
+        ex.apply({"op": "add_request", "request_id": rid, "prompt": list(range(start, start + 8)),
+                  "priority": 2, "max_tokens": 2})
+    for rid in ("later", "low"):
+        ex.apply({"op": "load_remote", "request_id": rid, "num_external_tokens": 4})
+    ex.apply({"op": "add_request", "request_id": "high", "prompt": list(range(40, 48)),
+              "priority": 0, "max_tokens": 2})
+    for rid in ("later", "low"):
+        ex.apply({"op": "finish_load", "request_id": rid})
+    assert ex.state.waiting == (first, ({"low", "later"} - {first}).pop(), "high")
+    assert ex.apply({"op": "step"})["scheduled"] == [[first, 4, 0]]
+
+
+def test_a_load_passes_the_full_sequence_gate():
+    """docs/spec.md §13.2: a load's allocation takes the full-sequence gate, as admission
+    does: 10 blocks of prompt do not start a load with 7 free (kvcache and the model)."""
+    import dataclasses
+
+    from kvfuzz.core.configs import BUILTIN
+    from kvfuzz.harness.executor import Execution
+
+    base = BUILTIN["connector"][1]
+    ex = Execution(base.replace(scheduler=dataclasses.replace(
+        base.scheduler, full_sequence_must_fit=True)), "scheduler", ("kvcache",))
+    ex.apply({"op": "add_request", "request_id": "r0", "prompt": list(range(32)),
+              "max_tokens": 4})
+    ex.apply({"op": "step"})
+    ex.apply({"op": "add_request", "request_id": "r1", "prompt": list(range(100, 140)),
+              "max_tokens": 1})
+    assert ex.apply({"op": "load_remote", "request_id": "r1", "num_external_tokens": 8}) is None

@@ -3,6 +3,9 @@ block, and re-prefillable tokens left uncached, as vLLM 0.34's manager takes the
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from kvfuzz.kvcache import FullAttentionSpec, MambaSpec, Request, get_request_block_hasher
@@ -71,3 +74,34 @@ def test_a_prefill_chunk_stops_clear_of_the_prefill_lookahead(computed, new, wan
     from kvfuzz.kvcache.scheduler import reserve_prefill_lookahead
 
     assert reserve_prefill_lookahead(10, computed, new, 3) == want
+
+
+def _mtp_execution(name: str) -> Any:
+    from kvfuzz.core.configs import BUILTIN
+    from kvfuzz.harness.executor import Execution
+
+    base = BUILTIN[name][1]
+    config = base.replace(scheduler=dataclasses.replace(base.scheduler, token_budget=16))
+    return Execution(config, "scheduler", ("kvcache",))
+
+
+def test_a_waiting_request_the_prefill_lookahead_leaves_no_tokens_is_passed_over():
+    """vLLM 0.34's `skip_request` (sched/scheduler.py:1456-1460): with 1 token of budget left,
+    r1 (2 tokens) would end inside the 3-token lookahead and is passed over; r2 is admitted,
+    and r1 keeps its place for the next step (kvcache and the model agree)."""
+    ex = _mtp_execution("deepseek_v3_mtp3")
+    for rid, prompt in (("r0", [2, 1, 2, 3, 1, 2, 0, 2, 1, 3, 0, 0, 2, 3, 3]), ("r1", [2, 1]),
+                        ("r2", [2, 1, 0, 1])):
+        ex.apply({"op": "add_request", "request_id": rid, "prompt": prompt, "max_tokens": 1})
+    assert ex.apply({"op": "step"})["scheduled"] == [["r0", 15, 0], ["r2", 1, 0]]
+    assert ex.apply({"op": "step"})["scheduled"] == [["r2", 3, 0], ["r1", 2, 0]]
+
+
+def test_the_block_a_sampled_token_completes_is_cached_after_the_output():
+    """On a Mamba hybrid with prefix caching the driver caches after each output (vLLM 0.34's
+    `update_from_output`): the token sampled from a 3-token prompt completes hash block 0's
+    2-token lookahead, so the block is cached before the request finishes and frees it."""
+    ex = _mtp_execution("qwen3_next_mtp")
+    ex.apply({"op": "add_request", "request_id": "r", "prompt": [3, 2, 0], "max_tokens": 1})
+    assert ex.apply({"op": "step"})["finished"] == ["r"]
+    assert {tuple(tokens) for _, _, tokens in ex.state.cache} == {(3, 2)}

@@ -77,6 +77,8 @@ EXPECTED = {
     "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
     "lookahead-unhashed": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "reprefillable-cached": {"DIFF-state", "DIFF-result", "DIFF-probe"},
+    "output-unpublished": {"DIFF-state", "DIFF-result", "DIFF-probe"},
+    "landed-load-first": {"DIFF-state", "DIFF-result"},
     "junction-state-unkeyed": {"DIFF-state", "DIFF-result", "DIFF-probe"},
     "sync-load-ignored": {"DIFF-result", "DIFF-state"},
 }

@@ -265,6 +265,42 @@ def test_the_fail_policy_fails_a_short_load_three_way():
         assert ex.state.requests["whole"].status.startswith("FINISHED")
 
 
+@pytest.mark.parametrize("policy, first", [("fcfs", "later"), ("priority", "low")])
+def test_landed_loads_wait_ahead_of_the_rest_in_load_start_order_three_way(policy, first):
+    """vLLM 0.34's `kv_holding_waiting` (sched/scheduler.py:229-234, drained first at
+    :1101): requests a load started for wait ahead of the others, in load start order (under
+    priority, in priority order), even ahead of a more important request; kvfuzz's driver and
+    the model agree (docs/spec.md §13.2), so `landed-load-order` is no deviation any more."""
+    base = BUILTIN["connector"][1]
+    config = base.replace(scheduler=dataclasses.replace(base.scheduler, policy=policy,
+                                                        token_budget=4))
+    ex = Execution(config, "scheduler", ("vllm-scheduler-strict",))
+    ex.apply(_add("low", list(range(8)), priority=2, max_tokens=2))
+    ex.apply(_add("later", list(range(20, 28)), priority=2, max_tokens=2))
+    ex.apply({"op": "load_remote", "request_id": "later", "num_external_tokens": 4})
+    ex.apply({"op": "load_remote", "request_id": "low", "num_external_tokens": 4})
+    ex.apply(_add("high", list(range(40, 48)), priority=0, max_tokens=2))
+    ex.apply({"op": "finish_load", "request_id": "later"})
+    ex.apply({"op": "finish_load", "request_id": "low"})
+    assert ex.state.waiting == (first, ({"low", "later"} - {first}).pop(), "high")
+    assert ex.apply({"op": "step"})["scheduled"] == [[first, 4, 0]]
+
+
+@pytest.mark.parametrize("gate, started", [(False, True), (True, False)])
+def test_a_load_passes_the_full_sequence_gate_three_way(gate, started):
+    """vLLM 0.34 passes `full_sequence_must_fit` to an async load's allocation too
+    (sched/scheduler.py:1511): with 7 blocks free, a 40-token prompt (10 blocks) starts no
+    8-token load under the gate; without it the load starts. Driver and model agree."""
+    base = BUILTIN["connector"][1]
+    ex = Execution(base.replace(scheduler=dataclasses.replace(
+        base.scheduler, full_sequence_must_fit=gate)), "scheduler", ("vllm-scheduler-strict",))
+    ex.apply(_add("r0", list(range(32)), max_tokens=4))
+    ex.apply({"op": "step"})
+    ex.apply(_add("r1", list(range(100, 140)), max_tokens=1))
+    out = ex.apply({"op": "load_remote", "request_id": "r1", "num_external_tokens": 8})
+    assert (out is not None) == started, out
+
+
 def test_a_connector_campaign_on_vllm_scheduler_exits_0(tmp_path, capsys):
     code = kvfuzz(["run", "--target", "vllm-scheduler", "--level", "scheduler", "--examples",
                    "30", "--config", "connector", "gpt_oss_connector", "nemotron_h_connector",
@@ -393,42 +429,56 @@ def test_mtp_runs_on_vllm_scheduler_where_the_release_hashes_ahead(tmp_path, cap
         assert code == 2 and "num_hash_lookahead_tokens" in err
 
 
-def test_mtp_is_left_out_where_vllm_publishes_states_after_each_output():
-    """vLLM's Scheduler publishes states after each output under async scheduling (0.33+) and
-    on a Mamba hybrid (0.34; `cache_blocks` in `update_from_output`), which with hash lookahead
-    caches the hash block the sampled token completes; kvfuzz's driver does not, so the config
-    is refused there with that reason (and multi-module MTP for its admission skip)."""
+def test_mtp_runs_where_vllm_and_the_driver_publish_alike():
+    """vLLM's Scheduler skips a waiting request the prefill lookahead leaves no tokens (as
+    kvfuzz's driver now does), and publishes states after each output under async scheduling
+    (0.33+) and on a Mamba hybrid (0.34; `cache_blocks` in `update_from_output`), which with
+    hash lookahead caches the hash block the sampled token completes; kvfuzz's driver
+    publishes on a Mamba hybrid only, so a config is refused where the two differ."""
     assert unsupported_reason(BUILTIN["deepseek_v3_mtp"][1]) is None
-    assert "skips a waiting request" in unsupported_reason(BUILTIN["deepseek_v3_mtp3"][1])
+    assert unsupported_reason(BUILTIN["deepseek_v3_mtp3"][1]) is None
     if load_vllm().has("hash_lookahead"):
-        assert "publishes states" in unsupported_reason(BUILTIN["deepseek_v3_mtp"][1], True)
+        assert "publishing states" in unsupported_reason(BUILTIN["deepseek_v3_mtp"][1], True)
     mamba = unsupported_reason(BUILTIN["qwen3_next_mtp"][1]) or ""
-    assert ("publishes states" in mamba) == _publishes_after_output(False, True)
+    assert ("publishing states" in mamba) != _publishes_after_output(False, True)
 
 
-@pytest.mark.parametrize("config, ops, check", [
-    ("deepseek_v3_mtp3", [_add("r0", [2, 1, 2, 3, 1, 2, 0, 2, 1, 3, 0, 0, 2, 3, 3], max_tokens=1),
-                          _add("r1", [2, 1], max_tokens=1), _add("r2", [2, 1, 0, 1], max_tokens=1),
-                          {"op": "step"}], "DIFF-result"),
-    ("qwen3_next_mtp", [_add("r5", [3, 2, 0], max_tokens=1), {"op": "step"}], "DIFF-state"),
-])
-def test_the_mtp_configs_left_out_differ_as_their_reasons_say(config, ops, check, monkeypatch):
-    """The traces behind the reasons: with the refusal lifted, vLLM's Scheduler admits past a
-    request the prefill lookahead leaves no tokens (deepseek_v3_mtp3), and caches the hash
-    block a sampled token completes (qwen3_next_mtp), where kvfuzz's driver does not."""
+def _mtp_trace(config: str, ops: list[dict[str, Any]]) -> Trace:
+    base = BUILTIN[config][1]
+    return Trace(base.replace(scheduler=dataclasses.replace(base.scheduler, token_budget=16)),
+                 "scheduler", ops, {})
+
+
+def test_a_request_the_prefill_lookahead_leaves_no_tokens_is_passed_over_three_way():
+    """deepseek_v3_mtp3 (prefill lookahead 3), budget 16: r0 takes 15 tokens; the one left
+    would end r1's 2-token prompt inside the lookahead, so r1 is passed over (vLLM's
+    `skip_request`) and r2 takes it; vLLM's Scheduler, kvfuzz's driver and the model agree."""
     if not load_vllm().has("hash_lookahead"):
         pytest.skip("this vLLM does not hash ahead")
-    if config == "qwen3_next_mtp" and not _publishes_after_output(False, True):
-        pytest.skip("this vLLM does not publish a Mamba hybrid's states after each output")
-    from kvfuzz.harness import vllm_scheduler_target
+    ops = [_add("r0", [2, 1, 2, 3, 1, 2, 0, 2, 1, 3, 0, 0, 2, 3, 3], max_tokens=1),
+           _add("r1", [2, 1], max_tokens=1), _add("r2", [2, 1, 0, 1], max_tokens=1),
+           {"op": "step"}, {"op": "step"}]
+    steps: list[Any] = []
+    result = run_trace(_mtp_trace("deepseek_v3_mtp3", ops), ("vllm-scheduler-strict",),
+                       on_step=lambda i, op, out: steps.append(out))
+    assert result.passed, result.finding
+    assert steps[3]["scheduled"] == [["r0", 15, 0], ["r2", 1, 0]]
+    assert ["r1", 2, 0] in steps[4]["scheduled"]
 
-    monkeypatch.setattr(vllm_scheduler_target, "unsupported_reason", lambda *args: None)
-    base = BUILTIN[config][1]
-    trace = Trace(base.replace(scheduler=dataclasses.replace(base.scheduler, token_budget=16)),
-                  "scheduler", ops, {})
-    found = run_trace(trace, ("vllm-scheduler-strict",)).finding
-    assert found is not None and (found.check, found.step) == (check, len(ops) - 1), found
-    assert run_trace(trace, ("kvcache",)).passed
+
+def test_the_block_a_sampled_token_completes_is_published_three_way():
+    """qwen3_next_mtp (hash blocks of 2 covering the next 2 tokens, Mamba align): a 3-token
+    prompt sampled once completes hash block 0's lookahead; vLLM 0.34's `update_from_output`
+    caches it before the request finishes, and so do kvfuzz's driver and the model."""
+    if not load_vllm().has("hash_lookahead"):
+        pytest.skip("this vLLM does not hash ahead")
+    if not _publishes_after_output(False, True):
+        pytest.skip("this vLLM does not publish a Mamba hybrid's states after each output")
+    ex = Execution(_mtp_trace("qwen3_next_mtp", []).config, "scheduler",
+                   ("vllm-scheduler-strict",))
+    ex.apply(_add("r5", [3, 2, 0], max_tokens=1))
+    assert ex.apply({"op": "step"})["finished"] == ["r5"]
+    assert {tuple(tokens) for _, _, tokens in ex.state.cache} == {(3, 2)}
 
 
 # ----- the state machines, three-way, over the shapes above -----
