@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.configs import builtin_config
 from kvfuzz.harness.executor import Execution
 from kvfuzz.harness.vllm_target import vllm_available
 
@@ -153,6 +154,40 @@ def test_eagle_drop_verified_at_a_longer_candidate_holds_at_a_shorter_one(sides)
     hit = _lookup(ex, "q")
     assert hit["num_computed_tokens"] == 4
     assert [len(ids) for ids in hit["block_ids"]] == [1, 1, 1, 1]
+
+
+def test_a_resumed_request_reserves_its_checkpoint_at_its_prefill_end(sides):
+    """Sparse retention (0) with prefill checkpoints: only the chunk reaching the prefill end
+    `max(prompt, num_tokens - 1)` reserves one (docs/spec.md §11.6). A 10-token prompt with 2
+    outputs, preempted, comes back in one 11-token chunk, one short of its end: each state
+    group reserves its checkpoint column, so no column of the chunk is a null block
+    (docs/mutation.md, survivor #14: `num_tokens // 1` there reserves none)."""
+    ex = Execution(builtin_config("qwen3_5_checkpoint_replay"), "api", sides)
+    ex.apply(_add("a", list(range(1, 11))))
+    _alloc(ex, "a", 10)
+    ex.apply({"op": "append_tokens", "request_id": "a", "tokens": [11, 12]})
+    ex.apply({"op": "free", "request_id": "a", "preempt": True})
+    taken = _alloc(ex, "a", 11)["block_ids"]
+    assert [len(ids) for ids in taken] == [2, 4, 4, 4]
+    assert all(0 not in _table(ex, "a", g) for g in (1, 2, 3))
+
+
+def test_external_tokens_inside_a_partial_hit_block_take_no_block(sides):
+    """A sub-block (Tier B) hit of 4 tokens in an 8-token block, then 2 external (connector)
+    tokens: all 6 lie in the hit's block, so the full group takes no block for them, only the
+    copy-on-write of the shared tail (docs/mutation.md, survivor #15: `max(1, ...)` there takes
+    one more)."""
+    config = Config(24, (_full(8), _swa(4, 4)), max_model_len=64, partial_hits=True,
+                    kv_connector=True)
+    ex = Execution(config, "api", sides)
+    ex.apply(_add("a", [0, 1, 2, 3, 4]))
+    _alloc(ex, "a", 5)
+    ex.apply({"op": "free", "request_id": "a"})
+    ex.apply(_add("b", [0, 1, 2, 3] + [9] * 6))
+    assert _lookup(ex, "b")["num_computed_tokens"] == 4
+    _alloc(ex, "b", 1, use_lookup=True, num_external_computed_tokens=2)
+    assert len(_table(ex, "b", 0)) == 1
+    assert ex.state.num_free_blocks == 19
 
 
 def test_e7_e8_salt_isolation_and_reset_refusal(sides):
