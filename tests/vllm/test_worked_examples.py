@@ -8,6 +8,7 @@ asserted here. Always on kvcache; three-way with the installed vLLM where it is 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -188,6 +189,21 @@ def test_external_tokens_inside_a_partial_hit_block_take_no_block(sides):
     _alloc(ex, "b", 1, use_lookup=True, num_external_computed_tokens=2)
     assert len(_table(ex, "b", 0)) == 1
     assert ex.state.num_free_blocks == 19
+
+
+def test_an_eagle_state_keyed_at_a_block_end_is_no_partial_tail(sides):
+    """EAGLE on Mamba align groups with retention 0: a 10-token prompt's last hash boundary
+    steps down to 8, a block end that the replay boundaries (0 with EAGLE) do not retain, so
+    the state is keyed there by the partial-tail path; at a block end that is a whole block,
+    not a tail for copy-on-write (docs/mutation.md, survivor #20: `num_tokens * block_size`
+    there records one)."""
+    config = replace(builtin_config("qwen3_next_eagle"), prefix_cache_retention_interval=0)
+    ex = Execution(config, "api", sides)
+    ex.apply(_add("a", [0, 3, 0, 1, 2, 3, 2, 3, 1, 3]))
+    _alloc(ex, "a", 8)
+    view = ex.state.requests["a"]
+    assert view.partial_hit == (None,) * 4
+    assert view.num_cached_blocks == (1,) * 4
 
 
 def test_e7_e8_salt_isolation_and_reset_refusal(sides):
