@@ -206,6 +206,43 @@ def test_an_eagle_state_keyed_at_a_block_end_is_no_partial_tail(sides):
     assert view.num_cached_blocks == (1,) * 4
 
 
+def test_a_window_run_that_ends_off_the_alignment_is_no_hit(sides):
+    """A window (bs 4, window 8) beside full attention (bs 8): a lookup whose window run
+    would end on an odd 4-token block is cut back to the 8-token alignment (I12 sees a hit off
+    it). docs/mutation.md, vLLM 0.33.0's EAGLE lines: the skip test of the run's last block
+    made a no-op (`== 0` → `< 0`, `!=` → `==` or `>=`, `%` → `>>`, `!= 0` → `< 0`) fails here."""
+    config = Config(17, (_full(8), _swa(4, 8)), max_model_len=64)
+    ex = Execution(config, "scheduler", sides)
+    prompt = [3, 1, 3, 2, 0, 2, 3, 3, 1, 3, 3, 1, 3, 3, 2, 1, 2, 3, 0, 1, 1, 1, 2, 2, 3]
+    longer = prompt + [3, 1, 0, 0, 3, 2, 0, 2, 0, 0, 2, 1]
+    ex.apply(_add("r2", prompt, max_tokens=2))
+    ex.apply(_add("r3", longer, cache_salt="a", max_tokens=5))
+    for _ in range(3):
+        ex.apply({"op": "step"})
+    ex.apply(_add("r5", prompt, max_tokens=1))
+    for _ in range(3):
+        ex.apply({"op": "step"})
+    ex.apply(_add("r6", prompt, cache_salt="a", max_tokens=1))
+    ex.apply({"op": "step"})
+    ex.apply({"op": "finish", "request_id": "r5"})
+    scheduled = ex.apply({"op": "step"})["scheduled"]
+    assert all(hit % 8 == 0 for _, _, hit in scheduled)
+
+
+def test_a_window_block_a_quarter_of_the_alignment_ends_its_run_at_the_hit(sides):
+    """Full attention (bs 16) beside a window (bs 4, window 8): the prompt's 16 tokens are
+    cached, and a longer prompt hits all 16 (the window's run ends on block 3, at the
+    alignment). docs/mutation.md, vLLM 0.33.0's EAGLE lines: the run's end `i + 1` made
+    `i - 1`, which agrees whenever two window blocks make the alignment, fails here."""
+    config = Config(8, (_full(16), _swa(4, 8)), max_model_len=64)
+    ex = Execution(config, "scheduler", sides)
+    prompt = [2, 2, 1, 2, 1, 3, 2, 1, 3, 1, 2, 2, 2, 1, 1, 2]
+    ex.apply(_add("r1", prompt, cache_salt="a", max_tokens=1))
+    ex.apply({"op": "step"})
+    ex.apply(_add("r2", prompt + [3], cache_salt="a", max_tokens=1))
+    assert ex.apply({"op": "step"})["scheduled"] == [["r2", 1, 16]]
+
+
 def test_e7_e8_salt_isolation_and_reset_refusal(sides):
     ex = Execution(Config(16, (_full(4),)), "api", sides)
     ex.apply(_add("a", PROMPT10, cache_salt="a"))
