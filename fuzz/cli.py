@@ -280,6 +280,9 @@ def _mutate_parser(sub: Any) -> None:
     m.add_argument("--config", nargs="+", metavar="NAME", default=[],
                    help="built-in configs the campaign runs (default: all)")
     m.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report")
+    m.add_argument("--lines", nargs="+", type=_line_range, default=[], metavar="FILE:A-B",
+                   help="mutate only lines A to B of FILE (one of --paths, by its name or a "
+                   "path ending), e.g. kv_cache_coordinator.py:722-775 (default: every line)")
     m.add_argument("--all-lines", action="store_true",
                    help="mutate every line (default: only statements the unmutated campaign "
                    "runs, measured with coverage.py, outside type annotations)")
@@ -305,6 +308,7 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
     for name in args.config:
         builtin_config(name)
     paths = mutate.resolve(args.target, args.paths)
+    ranges = mutate.line_ranges(paths, args.lines)
     print(f"kvfuzz mutate: target {args.target}, {args.examples} examples per mutant, "
           f"seed {args.seed}")
 
@@ -343,6 +347,10 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
     print(f"{len(ran)} of {len(everything)} mutants lie on lines the campaign runs, outside "
           "type annotations")
     found = everything if args.all_lines else ran
+    if ranges:
+        found = mutate.within(found, ranges)
+        spans = " ".join(f"{Path(p).name}:{a}-{b}" for p, a, b in ranges)
+        print(f"{len(found)} of them lie in --lines {spans}")
     chosen = mutate.sample(found, args.sample, args.seed)
     if args.slice != (1, 1):
         drawn, chosen = len(chosen), mutate.part(chosen, *args.slice)
@@ -402,6 +410,17 @@ def _plugins(plugins: list[str]) -> None:
             raise UsageError(f"cannot import plugin {exc.name!r}: no module named "
                              f"{cause.name!r}") from None
         raise PluginFault(f"plugin {exc.name!r} (while importing it)", cause or exc) from cause
+
+
+def _line_range(text: str) -> tuple[str, int, int]:
+    """`--lines FILE:A-B` (or `FILE:A`) with 1 <= A <= B."""
+    name, _, span = text.rpartition(":")
+    first, _, last = span.partition("-")
+    last = last or first
+    if not (name and first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last)):
+        raise argparse.ArgumentTypeError(f"{text!r}: want FILE:A-B with 1 <= A <= B, "
+                                         "e.g. kv_cache_coordinator.py:722-775")
+    return name, int(first), int(last)
 
 
 def _slice(text: str) -> tuple[int, int]:

@@ -147,6 +147,28 @@ def resolve(target: str, names: list[str]) -> list[Path]:
     return paths
 
 
+LineRange = tuple[str, int, int]
+"""A file of the measure (its resolved path) and the first and last line to mutate in it."""
+
+
+def line_ranges(paths: list[Path], given: list[tuple[str, int, int]]) -> list[LineRange]:
+    """`--lines FILE:A-B`, each FILE named as one of `paths` by its name or a path ending."""
+    ranges = []
+    for name, first, last in given:
+        named = [p for p in paths if p.match(name)]
+        if len(named) != 1:
+            why = "none" if not named else "more than one"
+            raise MutateError(f"--lines {name}:{first}-{last}: {why} of --paths is {name}")
+        ranges.append((str(named[0]), first, last))
+    return ranges
+
+
+def within(found: list[Mutant], ranges: list[LineRange]) -> list[Mutant]:
+    """The mutants on a line inside one of `ranges`."""
+    return [m for m in found if any(m.path == path and first <= m.line <= last
+                                    for path, first, last in ranges)]
+
+
 def mutants(paths: list[Path]) -> list[Mutant]:
     """Every mutant cosmic-ray's operators make of `paths`, in a stable order."""
     require("cosmic_ray", INSTALL, "kvfuzz mutate")

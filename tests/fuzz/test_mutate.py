@@ -172,3 +172,25 @@ def test_resuming_another_runs_report_exits_two_before_any_campaign(tmp_path, ca
     argv = ["mutate", "--paths", "block_pool.py", "--seed", "2", "--report", str(file), "--resume"]
     assert main(argv) == 2
     assert "seed" in capsys.readouterr().err
+
+
+def test_lines_keep_only_the_mutants_in_their_ranges():
+    (path,) = mutate.resolve("kvcache", ["block_pool.py"])
+    found = mutate.mutants([path])
+    lines = sorted({m.line for m in found})
+    first, last = lines[len(lines) // 3], lines[len(lines) // 2]
+    (span,) = mutate.line_ranges([path], [("block_pool.py", first, last)])
+    kept = mutate.within(found, [span])
+    assert kept and all(first <= m.line <= last for m in kept)
+    assert len(kept) == sum(first <= m.line <= last for m in found) < len(found)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--paths", "block_pool.py", "--lines", "kv_cache_manager.py:1-9"], "kv_cache_manager.py"),
+    (["--paths", "block_pool.py", "--lines", "block_pool.py:9-3"], "'block_pool.py:9-3'"),
+    (["--paths", "block_pool.py", "--lines", "block_pool.py"], "'block_pool.py'"),
+])
+def test_lines_outside_the_paths_or_malformed_exit_two(capsys, monkeypatch, argv, needle):
+    monkeypatch.setattr(mutate, "baseline", lambda *a, **k: pytest.fail("a campaign ran"))
+    assert main(["mutate", *argv]) == 2
+    assert needle in capsys.readouterr().err

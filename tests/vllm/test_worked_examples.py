@@ -8,11 +8,13 @@ asserted here. Always on kvcache; three-way with the installed vLLM where it is 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from kvfuzz.core.config import Config, GroupConfig
+from kvfuzz.core.configs import builtin_config
 from kvfuzz.harness.executor import Execution
 from kvfuzz.harness.vllm_target import vllm_available
 
@@ -153,6 +155,92 @@ def test_eagle_drop_verified_at_a_longer_candidate_holds_at_a_shorter_one(sides)
     hit = _lookup(ex, "q")
     assert hit["num_computed_tokens"] == 4
     assert [len(ids) for ids in hit["block_ids"]] == [1, 1, 1, 1]
+
+
+def test_a_resumed_request_reserves_its_checkpoint_at_its_prefill_end(sides):
+    """Sparse retention (0) with prefill checkpoints: only the chunk reaching the prefill end
+    `max(prompt, num_tokens - 1)` reserves one (docs/spec.md §11.6). A 10-token prompt with 2
+    outputs, preempted, comes back in one 11-token chunk, one short of its end: each state
+    group reserves its checkpoint column, so no column of the chunk is a null block
+    (docs/mutation.md, survivor #14: `num_tokens // 1` there reserves none)."""
+    ex = Execution(builtin_config("qwen3_5_checkpoint_replay"), "api", sides)
+    ex.apply(_add("a", list(range(1, 11))))
+    _alloc(ex, "a", 10)
+    ex.apply({"op": "append_tokens", "request_id": "a", "tokens": [11, 12]})
+    ex.apply({"op": "free", "request_id": "a", "preempt": True})
+    taken = _alloc(ex, "a", 11)["block_ids"]
+    assert [len(ids) for ids in taken] == [2, 4, 4, 4]
+    assert all(0 not in _table(ex, "a", g) for g in (1, 2, 3))
+
+
+def test_external_tokens_inside_a_partial_hit_block_take_no_block(sides):
+    """A sub-block (Tier B) hit of 4 tokens in an 8-token block, then 2 external (connector)
+    tokens: all 6 lie in the hit's block, so the full group takes no block for them, only the
+    copy-on-write of the shared tail (docs/mutation.md, survivor #15: `max(1, ...)` there takes
+    one more)."""
+    config = Config(24, (_full(8), _swa(4, 4)), max_model_len=64, partial_hits=True,
+                    kv_connector=True)
+    ex = Execution(config, "api", sides)
+    ex.apply(_add("a", [0, 1, 2, 3, 4]))
+    _alloc(ex, "a", 5)
+    ex.apply({"op": "free", "request_id": "a"})
+    ex.apply(_add("b", [0, 1, 2, 3] + [9] * 6))
+    assert _lookup(ex, "b")["num_computed_tokens"] == 4
+    _alloc(ex, "b", 1, use_lookup=True, num_external_computed_tokens=2)
+    assert len(_table(ex, "b", 0)) == 1
+    assert ex.state.num_free_blocks == 19
+
+
+def test_an_eagle_state_keyed_at_a_block_end_is_no_partial_tail(sides):
+    """EAGLE on Mamba align groups with retention 0: a 10-token prompt's last hash boundary
+    steps down to 8, a block end that the replay boundaries (0 with EAGLE) do not retain, so
+    the state is keyed there by the partial-tail path; at a block end that is a whole block,
+    not a tail for copy-on-write (docs/mutation.md, survivor #20: `num_tokens * block_size`
+    there records one)."""
+    config = replace(builtin_config("qwen3_next_eagle"), prefix_cache_retention_interval=0)
+    ex = Execution(config, "api", sides)
+    ex.apply(_add("a", [0, 3, 0, 1, 2, 3, 2, 3, 1, 3]))
+    _alloc(ex, "a", 8)
+    view = ex.state.requests["a"]
+    assert view.partial_hit == (None,) * 4
+    assert view.num_cached_blocks == (1,) * 4
+
+
+def test_a_window_run_that_ends_off_the_alignment_is_no_hit(sides):
+    """A window (bs 4, window 8) beside full attention (bs 8): a lookup whose window run
+    would end on an odd 4-token block is cut back to the 8-token alignment (I12 sees a hit off
+    it). docs/mutation.md, vLLM 0.33.0's EAGLE lines: the skip test of the run's last block
+    made a no-op (`== 0` → `< 0`, `!=` → `==` or `>=`, `%` → `>>`, `!= 0` → `< 0`) fails here."""
+    config = Config(17, (_full(8), _swa(4, 8)), max_model_len=64)
+    ex = Execution(config, "scheduler", sides)
+    prompt = [3, 1, 3, 2, 0, 2, 3, 3, 1, 3, 3, 1, 3, 3, 2, 1, 2, 3, 0, 1, 1, 1, 2, 2, 3]
+    longer = prompt + [3, 1, 0, 0, 3, 2, 0, 2, 0, 0, 2, 1]
+    ex.apply(_add("r2", prompt, max_tokens=2))
+    ex.apply(_add("r3", longer, cache_salt="a", max_tokens=5))
+    for _ in range(3):
+        ex.apply({"op": "step"})
+    ex.apply(_add("r5", prompt, max_tokens=1))
+    for _ in range(3):
+        ex.apply({"op": "step"})
+    ex.apply(_add("r6", prompt, cache_salt="a", max_tokens=1))
+    ex.apply({"op": "step"})
+    ex.apply({"op": "finish", "request_id": "r5"})
+    scheduled = ex.apply({"op": "step"})["scheduled"]
+    assert all(hit % 8 == 0 for _, _, hit in scheduled)
+
+
+def test_a_window_block_a_quarter_of_the_alignment_ends_its_run_at_the_hit(sides):
+    """Full attention (bs 16) beside a window (bs 4, window 8): the prompt's 16 tokens are
+    cached, and a longer prompt hits all 16 (the window's run ends on block 3, at the
+    alignment). docs/mutation.md, vLLM 0.33.0's EAGLE lines: the run's end `i + 1` made
+    `i - 1`, which agrees whenever two window blocks make the alignment, fails here."""
+    config = Config(8, (_full(16), _swa(4, 8)), max_model_len=64)
+    ex = Execution(config, "scheduler", sides)
+    prompt = [2, 2, 1, 2, 1, 3, 2, 1, 3, 1, 2, 2, 2, 1, 1, 2]
+    ex.apply(_add("r1", prompt, cache_salt="a", max_tokens=1))
+    ex.apply({"op": "step"})
+    ex.apply(_add("r2", prompt + [3], cache_salt="a", max_tokens=1))
+    assert ex.apply({"op": "step"})["scheduled"] == [["r2", 1, 16]]
 
 
 def test_e7_e8_salt_isolation_and_reset_refusal(sides):
