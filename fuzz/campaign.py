@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, assume, given, settings, strategies as st
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.configs import BUILTIN, builtin_config
@@ -464,17 +464,16 @@ class BatchRunner:
         draws cost more than the ops they would decide, and a campaign shrinks traces, not
         choices); 8 zero bytes, Hypothesis' simplest draw (the first of every batch), stand for
         all-zero decisions, the simplest example, in a pair's first batch only: a later batch
-        seeds that example from its own seed instead of running the simplest one again."""
+        rejects that draw (Hypothesis draws another in its place) rather than run the simplest
+        example again."""
         size = self.example_bytes
-        again = batch.seed.to_bytes(8, "big")
 
         @settings(max_examples=batch.examples, deadline=None, database=self.database,
                   phases=[Phase.reuse, Phase.generate], suppress_health_check=list(HealthCheck),
                   report_multiple_bugs=False)
         @given(st.binary(min_size=8, max_size=8))
         def run(example_seed: bytes) -> None:
-            if not any(example_seed) and not batch.first:
-                example_seed = again
+            assume(batch.first or any(example_seed))
             data = random.Random(example_seed).randbytes(size) if any(example_seed) else bytes(size)
             self.example(batch.level, batch.config, data, swarm=not batch.first)
 

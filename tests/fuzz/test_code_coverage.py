@@ -237,8 +237,8 @@ def test_the_first_round_weighs_code_few_configs_reach(tmp_path):
 
 
 def test_only_a_pairs_first_batch_runs_the_simplest_example(tmp_path):
-    """Hypothesis draws its simplest example first in every batch: later batches seed it from
-    their own seed, so no example of a campaign repeats another."""
+    """Hypothesis draws its simplest example first in every batch: later batches reject it, so
+    no example of a campaign repeats another."""
     camp = Campaign(CampaignOptions(seconds=None, examples=22, seed=0, configs=("full",),
                                     levels=("api",), corpus=tmp_path))
     traces: list[str] = []
