@@ -1,10 +1,11 @@
 """A fuzzing campaign: generate traces until time or examples run out, keep every finding.
 
 The campaign is a stream of (level, config, seed) batches from `kvfuzz.fuzz.schedule.Schedule`,
-which shares the budget out so that every pair is reached first; after that, a pair weighs
-1 + log2(1 + the target's code its latest batch reached first: lines and branches of the
-target's own source, `kvfuzz.fuzz.code_coverage`), plus up to 20 % when its behaviour coverage
-still grew (`weighting`), and the configs named by `--focus` three times as much. A backend runs each batch with a `BatchRunner` (in this process for
+which shares the budget out so that every pair is reached first; after that round, a pair
+weighs 1 + its share of the target's code that few configs reached in the round (`RARE`: lines
+and branches of the target's own source, `kvfuzz.fuzz.code_coverage`), plus log2(1 + the sites
+its latest batch reached first), plus up to 20 % when its behaviour coverage still grew
+(`weighting`), and the configs named by `--focus` three times as much. A backend runs each batch with a `BatchRunner` (in this process for
 `--workers 1`, in worker processes for `--workers K`, see `kvfuzz.fuzz.workers`); `Campaign`
 takes the results in batch order, so the same seed and options give the same examples and
 findings whatever the number of workers. An example is `kvfuzz.fuzz.generator.run_example` on
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, assume, given, settings, strategies as st
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.configs import BUILTIN, builtin_config
@@ -43,7 +44,7 @@ from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.fuzz.config_space import (GENERATED, TRIES, NoConfig, cross_features,
                                       generated_config)
-from kvfuzz.fuzz.code_coverage import (CodeRecorder, Site, count_lines, package_roots,
+from kvfuzz.fuzz.code_coverage import (CodeRecorder, Site, count_lines, package_roots, rarity,
                                        target_packages)
 from kvfuzz.fuzz.coverage import StateProbe, behaviour_features
 from kvfuzz.fuzz.database import open_database, quiet, warn
@@ -64,12 +65,17 @@ GROWTH_GAIN = 0.2
 features (up to 30 times the share) delayed the pairs that grew little: watermark-ignored took
 twice the ops over every config (docs/engines.md)."""
 CODE_GAIN = "1 + log2(1 + new sites)"
-"""How a pair's weight grows with the target's code (lines and branches) its latest batch
-reached first (`code_weight`): without a cap, so a pair still reaching new code gets several
-times its share (300 examples over 92 pairs left each 2-4 under the capped gain), on a log
-scale. The first batch that records any code meets the code every pair runs (about 900 of
-kvcache's sites): it earns nothing, or that pair would take the budget from the rest for LAG
-batches."""
+"""How a pair's weight grows with the target's code (lines and branches) its latest batch after
+the first round reached first (`code_weight`): without a cap, so a pair still reaching new code
+gets several times its share, on a log scale. The first round earns none of it: its sites are
+new to whichever pair the order puts first (the code every pair runs, to the first), so the
+round is weighed as a whole (`RARE`)."""
+RARE = 4
+"""The first round's sites that at most this many configs reached weigh their pairs (1/n each
+for a site n configs reached, `kvfuzz.fuzz.code_coverage.rarity`), without a cap: code that
+few configs run gets their examples. On vLLM 0.34.0 the events, connector, retention and
+checkpoint-replay configs lead (300 examples over 110 pairs gave each 2-8 before, and mutants
+only those configs reach survived, docs/mutation.md)."""
 GROWTH_FULL = 10
 """New features in a batch that earn the whole gain (fewer: a proportional part)."""
 POLL_S = 0.1
@@ -312,15 +318,17 @@ def check_focus(names: tuple[str, ...], configs: tuple[str, ...]) -> None:
                              f"({', '.join(configs)}) nor an op ({', '.join(FOCUS_OPS)})")
 
 
-def pair_weight(options: CampaignOptions, pair: Pair, growth: int, code_growth: int = 0) -> float:
-    """A pair's weight in the schedule: 1, plus (with weighting) `code_weight` of the target's
-    code sites its latest batch reached first and up to GROWTH_GAIN for its new behaviour
-    features, times FOCUS_WEIGHT for a focused config."""
+def pair_weight(options: CampaignOptions, pair: Pair, growth: int, code_growth: int = 0,
+                rare: float = 0.0) -> float:
+    """A pair's weight in the schedule: 1, plus (with weighting) `rare`, its share of the
+    target code few configs reached in the first round (`RARE`), `code_weight` of the sites its
+    latest batch reached first and up to GROWTH_GAIN for its new behaviour features, times
+    FOCUS_WEIGHT for a focused config."""
     gain = 0.0
     if options.weighting:
         gain = GROWTH_GAIN * min(growth, GROWTH_FULL) / GROWTH_FULL
         if options.code_coverage:
-            gain += code_weight(code_growth)
+            gain += rare + code_weight(code_growth)
     return (1 + gain) * (FOCUS_WEIGHT if pair[1] in options.focus else 1)
 
 
@@ -454,8 +462,10 @@ class BatchRunner:
         """The batch's examples (after the database's saved failures for the pair).
         Hypothesis draws 8 bytes per example, which seed the example's decision bytes (its own
         draws cost more than the ops they would decide, and a campaign shrinks traces, not
-        choices); 8 zero bytes, Hypothesis' simplest draw, stand for all-zero decisions, the
-        simplest example."""
+        choices); 8 zero bytes, Hypothesis' simplest draw (the first of every batch), stand for
+        all-zero decisions, the simplest example, in a pair's first batch only: a later batch
+        rejects that draw (Hypothesis draws another in its place) rather than run the simplest
+        example again."""
         size = self.example_bytes
 
         @settings(max_examples=batch.examples, deadline=None, database=self.database,
@@ -463,6 +473,7 @@ class BatchRunner:
                   report_multiple_bugs=False)
         @given(st.binary(min_size=8, max_size=8))
         def run(example_seed: bytes) -> None:
+            assume(batch.first or any(example_seed))
             data = random.Random(example_seed).randbytes(size) if any(example_seed) else bytes(size)
             self.example(batch.level, batch.config, data, swarm=not batch.first)
 
@@ -477,7 +488,7 @@ class BatchRunner:
         result = BatchResult(batch)
         start = time.monotonic()
         if self.code is not None:
-            self.code.batch(batch.examples, batch.first)
+            self.code.batch(batch.examples)
         if batch.config == GENERATED:
             self.generated = self.buildable_config(batch.seed)
             result.generated = (self.generated.name, sorted(cross_features(self.generated)))
@@ -537,6 +548,10 @@ class Campaign:
             self.stats.pair(*pair)
             self.schedule.weights[pair] = pair_weight(options, pair, 0)
         self.findings = campaign_findings(options)
+        self.first_round: dict[Pair, set[Site]] = {}
+        """The target code sites each pair's first batch ran."""
+        self.rare: dict[Pair, float] = {}
+        """Per pair, its share of the first round's code few configs reached (`RARE`)."""
         self.database_warned = False
         self.runner = BatchRunner(options, warn=self._warn_database)
         self._waiting: dict[int, BatchResult] = {}
@@ -633,12 +648,20 @@ class Campaign:
     def _count(self, result: BatchResult) -> None:
         if result.database_lost:
             self._warn_database(result.database_lost)
-        growth = len(result.features - self.stats.features)
-        # The campaign's first code is the common code every pair runs: no pair's own.
-        code_growth = len(result.code - self.stats.code_total) if self.stats.code_total else 0
-        self.schedule.record(result, pair_weight(self.options, result.batch.pair, growth,
-                                                 code_growth))
+        pair = result.batch.pair
+        if result.batch.first:  # weighed with the whole round, once it is in
+            self.schedule.record(result)
+            self.first_round[pair] = result.code
+        else:
+            growth = len(result.features - self.stats.features)
+            code_growth = len(result.code - self.stats.code_total)
+            self.schedule.record(result, pair_weight(self.options, pair, growth, code_growth,
+                                                     self.rare.get(pair, 0.0)))
         self.stats.add(result)
+        if result.batch.first and len(self.first_round) == len(self.schedule.pairs):
+            self.rare = rarity(self.first_round, RARE)
+            self.schedule.reweigh({p: pair_weight(self.options, p, 0, 0, self.rare[p])
+                                   for p in self.schedule.pairs})
         self.stats.elapsed = time.monotonic() - self._start
         if result.failure is not None:
             try:

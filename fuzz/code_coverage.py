@@ -15,12 +15,12 @@ Two recorders:
   each location disabled after its first report, so a batch pays once per site;
   `sys.monitoring.restart_events()` re-arms them for the next batch.
 - `sys.settrace` otherwise, only while the target applies an op (`Side.apply`) of the last
-  `SAMPLED` example(s) of each batch after a pair's first (which stays as cheap as without
-  recording, so a short budget still reaches every pair): on Python 3.11 any trace function puts the interpreter
-  in its tracing mode, which alone halves a campaign's speed (the reference model, the checks
-  and Hypothesis included); recording every op of every example cut a campaign to a third of
-  the executor's replay speed (bench/bench_campaign.py), one example per batch keeps it above
-  half. Code outside the roots gets no local tracer; a branch is an arc (file, function,
+  `SAMPLED` example(s) of each batch (a pair's first batch too: the schedule's weights after
+  the first round rest on its code): on Python 3.11 any trace function puts the
+  interpreter in its tracing mode, which alone halves a campaign's speed (the reference model,
+  the checks and Hypothesis included); recording every op of every example cut a campaign to a
+  third of the executor's replay speed (bench/bench_campaign.py), one example per batch keeps
+  it above half. Code outside the roots gets no local tracer; a branch is an arc (file, function,
   previous line, line) between lines that do not follow each other.
 
 Neither records while another tracer (a debugger, coverage.py under `kvfuzz mutate`) holds
@@ -86,7 +86,6 @@ class CodeRecorder:
         self._active = False
         self._examples = 0
         self._batch_examples = 0
-        self._first = False
 
     def relative(self, filename: str) -> str | None:
         """`filename` relative to the root holding it (with the root's own name), or None."""
@@ -101,22 +100,21 @@ class CodeRecorder:
         self._files[filename] = where
         return where
 
-    def batch(self, examples: int, first: bool = False) -> None:
-        """A batch of `examples` examples begins (`first`: a pair's first batch, which the
-        fallback leaves unrecorded): its sites start empty (`take` hands them over)."""
+    def batch(self, examples: int) -> None:
+        """A batch of `examples` examples begins: its sites start empty (`take` hands them
+        over)."""
         self.sites = set()
         self._examples = 0
         self._batch_examples = examples
-        self._first = first
         if self.monitoring:
             self.start()
 
     def watch(self, side: Any) -> None:
         """A side of the batch's next example: the fallback records its ops (`Side.apply`) in
-        the batch's last `SAMPLED` examples (None: all), so that a batch failing early, as a
-        planted bug's first batch does, pays nothing."""
+        the batch's last `SAMPLED` examples (None: all), so that a batch failing early pays
+        nothing (bar a pair's first batch: its one example is its last)."""
         self._examples += 1
-        if self.monitoring or self._first or (
+        if self.monitoring or (
                 SAMPLED is not None and self._examples <= self._batch_examples - SAMPLED):
             return
         apply = side.apply
@@ -222,3 +220,15 @@ def count_lines(sites: set[Site]) -> tuple[int, int]:
     """(lines, branches) among `sites`."""
     lines = sum(1 for s in sites if is_line(s))
     return lines, len(sites) - lines
+
+
+def rarity(reached: dict[tuple[str, str], set[Site]], most: int) -> dict[tuple[str, str], float]:
+    """Per (level, config) pair of `reached`, its share of the sites that at most `most`
+    configs reached: 1/n for a site n configs reached (the levels of one config share its
+    code, so they count as one)."""
+    configs: dict[Site, set[str]] = {}
+    for (_, config), sites in reached.items():
+        for site in sites:
+            configs.setdefault(site, set()).add(config)
+    return {pair: sum(1 / len(configs[site]) for site in sites if len(configs[site]) <= most)
+            for pair, sites in reached.items()}

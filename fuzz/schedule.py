@@ -10,14 +10,16 @@ back to the schedule, counts it, and deduplicates, shrinks and saves its failure
   fixed by the seed and options; with `--seconds` only the batch sizes near the end depend on
   time. A batch's seed derives from the campaign seed and the batch index, never from a worker.
 - Fairness: the next pair is the one with the fewest examples assigned for its weight (ties: in
-  the campaign's order), so every (level, config) pair gets a first, small batch before any gets
-  a second; with `--examples N` each pair's quota is its weighted share of N (at least one when
-  N is at least the number of pairs). `Schedule.unreached` and `Schedule.short` name the pairs
-  that got none or too few.
+  the campaign's order), so every (level, config) pair gets a first, small batch before any
+  gets a second (the first round); with `--examples N` each pair's quota is its weighted
+  share of N (at least one when N is at least the number of pairs). `Schedule.unreached` and
+  `Schedule.short` name the pairs that got none or too few.
 - Weights: `Schedule.weights[pair]` (1.0 each by default) scales a pair's share. A
-  coverage-guided policy passes a new weight with each result (`record`, in batch order); it
-  takes effect LAG batches later, so the pairs chosen do not depend on how many batches run at
-  once (up to LAG; more run at once only when results come back that far ahead, `ready`).
+  coverage-guided policy sets every pair's weight once the whole first round is in
+  (`reweigh`: no batch after the round is chosen before, `ready`), and passes a new weight with
+  each later result (`record`, in batch order), which takes effect LAG batches later; so the
+  pairs chosen do not depend on how many batches run at once (up to LAG; more run at once only
+  when results come back that far ahead, `ready`).
 
 How another backend plugs in: implement `Backend` (`capacity`, `submit`, `results`, `close`),
 run each submitted batch on its side (a process, a Ray task, a machine) with a
@@ -41,7 +43,9 @@ Pair = tuple[str, str]
 BATCH_EXAMPLES = 10
 """Examples in a full batch."""
 FIRST_BATCH = 2
-"""Examples in a pair's first batch: small, so a short budget still reaches every pair."""
+"""Examples in a pair's first batch: small, so a short budget still reaches every pair: the
+simplest example and one drawn from the seed, whose code weighs the rest of the budget
+(`Schedule.reweigh`)."""
 FEW_EXAMPLES = 10
 """A pair that ran fewer examples than this is named in the summary as run too little."""
 LAG = 16
@@ -168,8 +172,17 @@ class Schedule:
 
     def ready(self) -> bool:
         """Whether the next batch can be chosen: every result `lag` batches back is in (so at
-        most `lag` batches run at once)."""
+        most `lag` batches run at once), and after the first round, every result of that round
+        (the weights `reweigh` sets from it come first)."""
+        round_end = len(self.pairs)
+        if self._index >= round_end > self._fed:
+            return False
         return self._fed >= self._index - self.lag
+
+    def reweigh(self, weights: dict[Pair, float]) -> None:
+        """Set the pairs' weights at once, from the whole first round (call it when the round's
+        last result is recorded: `ready` holds the next batch back until then)."""
+        self.weights.update(weights)
 
     def record(self, result: BatchResult, weight: float | None = None) -> None:
         """Feedback, in batch order: what a batch ran, how long an example takes, and the

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kvfuzz.fuzz.campaign import Campaign, CampaignOptions, code_weight, pair_weight
+from kvfuzz.fuzz.campaign import RARE, Campaign, CampaignOptions, code_weight, pair_weight
 from kvfuzz.fuzz.cli import main
 from kvfuzz.fuzz.code_coverage import (KVCACHE_PACKAGES, VLLM_PACKAGES, CodeRecorder,
-                                       count_lines, package_roots, target_packages)
+                                       count_lines, package_roots, rarity, target_packages)
 from kvfuzz.fuzz.schedule import FIRST_BATCH, Schedule
 
 HAS_MONITORING = hasattr(sys, "monitoring")
@@ -70,7 +70,7 @@ def test_the_fallback_records_lines_and_branches_of_the_roots_only(library):
     assert record(CodeRecorder(package_roots(("json",)), monitoring=False), library, [5]) == set()
 
 
-def test_the_fallback_records_the_last_example_of_a_batch_after_the_first(library):
+def test_the_fallback_records_the_last_example_of_each_batch(library):
     recorder = CodeRecorder(package_roots(("covlib",)), monitoring=False)
     recorder.batch(2)
     first, last = Side(library), Side(library)
@@ -79,11 +79,11 @@ def test_the_fallback_records_the_last_example_of_a_batch_after_the_first(librar
     recorder.watch(last)
     last.apply(1)
     assert ("covlib/__init__.py", 3) not in recorder.take()
-    recorder.batch(2, first=True)  # a pair's first batch stays as cheap as without recording
-    for side in (Side(library), Side(library)):
-        recorder.watch(side)
-        side.apply(5)
-    assert recorder.take() == set()
+    recorder.batch(1)  # a pair's first batch: its one example is recorded
+    side = Side(library)
+    recorder.watch(side)
+    side.apply(5)
+    assert ("covlib/__init__.py", 3) in recorder.take()
 
 
 def test_the_fallback_leaves_another_tracer_alone(library):
@@ -131,8 +131,19 @@ def test_code_weights_are_uncapped_and_off_without_weighting():
     assert pair_weight(on, pair, 0, 0) == 1.0
     assert pair_weight(on, pair, 0, 1023) == 1 + code_weight(1023) == 11.0
     assert pair_weight(on, pair, 10, 4095) > pair_weight(on, pair, 10, 1023) > 1.2
-    assert pair_weight(off, pair, 0, 1023) == 1.0
-    assert pair_weight(CampaignOptions(weighting=False), pair, 10, 1023) == 1.0
+    assert pair_weight(on, pair, 0, 0, rare=40.0) == 41.0
+    assert pair_weight(off, pair, 0, 1023, rare=40.0) == 1.0
+    assert pair_weight(CampaignOptions(weighting=False), pair, 10, 1023, rare=40.0) == 1.0
+
+
+def test_rarity_shares_each_site_few_configs_reached_among_them():
+    reached = {("api", "a"): {("f", 1), ("f", 2), ("f", 3)}, ("scheduler", "a"): {("f", 3)},
+               ("api", "b"): {("f", 1), ("f", 4)}, ("api", "c"): {("f", 1), ("f", 2)},
+               ("api", "d"): {("f", 1)}}
+    # f:1 is reached by four configs, f:2 by two, f:3 and f:4 by one each.
+    assert rarity(reached, 2) == {("api", "a"): 1.5, ("scheduler", "a"): 1.0, ("api", "b"): 1.0,
+                                  ("api", "c"): 0.5, ("api", "d"): 0.0}
+    assert rarity(reached, 4)[("api", "d")] == 0.25 and RARE >= 2
 
 
 def test_a_heavy_pair_never_shrinks_another_pairs_first_batch():
@@ -191,3 +202,47 @@ def test_a_path_outside_the_roots_is_none(tmp_path):
     recorder = CodeRecorder((tmp_path / "lib",))
     assert recorder.relative(str(tmp_path / "lib" / "a.py")) == "lib/a.py"
     assert recorder.relative(str(Path(sys.executable))) is None
+
+
+def test_no_batch_after_the_first_round_is_chosen_before_the_round_is_in():
+    from kvfuzz.fuzz.schedule import BatchResult
+
+    pairs = [("api", str(i)) for i in range(3)]
+    schedule = Schedule(pairs, seed=0, examples=30)
+    first = [schedule.next_batch() for _ in pairs]
+    for batch in first[:2]:
+        schedule.record(BatchResult(batch, examples=batch.examples))
+        assert not schedule.ready()
+    schedule.record(BatchResult(first[2], examples=first[2].examples))
+    schedule.reweigh({pairs[0]: 22.0})
+    assert schedule.ready()
+    assert [schedule.quota(p) for p in pairs] == [FIRST_BATCH + 22, FIRST_BATCH + 1,
+                                                  FIRST_BATCH + 1]
+
+
+def test_the_first_round_weighs_code_few_configs_reach(tmp_path):
+    """events_partial runs kvcache's event code, which full and tenants do not: after the first
+    round it gets most of the rest; with code coverage off the three share it evenly."""
+    options = dict(seconds=None, examples=66, seed=3, configs=("full", "tenants",
+                   "events_partial"), levels=("api",))
+    camp = Campaign(CampaignOptions(corpus=tmp_path / "a", **options))
+    stats = camp.run()
+    rare = {pair[1]: weight for pair, weight in camp.rare.items()}
+    spread = {pair[1]: counts.examples for pair, counts in stats.pairs.items()}
+    assert rare["events_partial"] > 2 * max(rare["full"], rare["tenants"])
+    assert spread["events_partial"] > 2 * max(spread["full"], spread["tenants"])
+    plain = Campaign(CampaignOptions(corpus=tmp_path / "b", code_coverage=False,
+                                     **options)).run()
+    assert {counts.examples for counts in plain.pairs.values()} == {22}
+
+
+def test_only_a_pairs_first_batch_runs_the_simplest_example(tmp_path):
+    """Hypothesis draws its simplest example first in every batch: later batches reject it, so
+    no example of a campaign repeats another."""
+    camp = Campaign(CampaignOptions(seconds=None, examples=22, seed=0, configs=("full",),
+                                    levels=("api",), corpus=tmp_path))
+    traces: list[str] = []
+    camp.runner.on_execution = traces.append
+    camp.run()
+    ops = [json.dumps(execution.trace.ops) for execution in traces]
+    assert len(ops) == 22 and len(set(ops)) == 22

@@ -67,7 +67,7 @@ EXPECTED = {
     "retention-ignored": {"RT1", "DIFF-state"},
     "state-retention-ignored": {"RT1", "DIFF-state"},
     "boundary-before-hit": {"I20"},
-    "boundary-one-short": {"DIFF-probe"},
+    "boundary-one-short": {"DIFF-probe", "DIFF-state"},
     "negative-external-accepted": {"P1", "DIFF-result", "DIFF-probe", "DIFF-state"},
     "aborted-load-holds-blocks": {"C1", "I16", "DIFF-state"},
     "external-state-block-uncounted": {"P1", "P4", "DIFF-probe", "DIFF-result"},
