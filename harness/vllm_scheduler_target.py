@@ -31,7 +31,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
@@ -311,9 +310,10 @@ class VllmSchedulerDriver:
         self._output = model_runner_output
         self._drafts = draft_token_ids
         self._requests: dict[str, Any] = {}
-        self._held: deque[tuple[tuple[Any, ...], Any, Any]] = deque()
+        self._held: deque[tuple[tuple[Any, ...], Any, Callable[[], Any]]] = deque()
         """Steps in flight, oldest first: (the driver's in-flight entry, the SchedulerOutput,
-        the model output `update_from_output` takes at `complete_step`)."""
+        what makes the model output `update_from_output` takes at `complete_step`: the tokens
+        are sampled then, as kvfuzz's driver samples them)."""
         self._popped: dict[int, tuple[list[Any], str, list[list[Any]]]] = {}
         """id of a request's deferred free (its block list) -> (the list, kept so that the id
         stays its own; the request id; the group tables it was popped from)."""
@@ -386,7 +386,7 @@ class VllmSchedulerDriver:
             raise ValueError("complete_step(): no step is in flight")
         _, scheduler_output, output = self._held.popleft()
         before = list(self.vllm.deferred_frees)
-        self.vllm.update_from_output(scheduler_output, output)
+        self.vllm.update_from_output(scheduler_output, output())
         left = {id(entry) for entry in self.vllm.deferred_frees}
         return [b.block_id for entry in before if id(entry) not in left
                 for run in self._runs(entry[1]) for b in run]
@@ -448,28 +448,27 @@ class VllmSchedulerDriver:
             run_model([(_At(r, r.num_computed_tokens - n), n, hit) for r, n, hit in scheduled],
                       copies)
         spec = scheduler_output.scheduled_spec_decode_tokens or {}
-        sampled = []
+        # Who samples is known at launch; what, only when the output is taken.
+        samples: list[tuple[Any, list[int] | None]] = []
         for r, _, _ in scheduled:
             drafts = list(spec.get(r.request_id, ()))
-            kept = drafts if accept is None else drafts[:accept]
-            sampled.append([*kept, sample_token(r, len(kept))]
-                           if r.num_computed_tokens >= r.num_tokens else [])
-        self.sampled.update(r.request_id for (r, _, _), s in zip(scheduled, sampled) if s)
-        output = self._output(req_ids=ids, sampled_token_ids=sampled)
+            samples.append((r, (drafts if accept is None else drafts[:accept])
+                            if r.num_computed_tokens >= r.num_tokens else None))
+        self.sampled.update(r.request_id for r, kept in samples if kept is not None)
+
+        def output() -> Any:
+            return self._output(req_ids=ids, sampled_token_ids=[
+                [] if kept is None else [*kept, sample_token(r, len(kept))]
+                for r, kept in samples])
+
         if in_flight and ids:
-            if any(sampled):
-                raise InvalidTrace(
-                    f"step {{in_flight: true}} on {type(self.vllm).__name__}: it samples "
-                    f"{[r.request_id for (r, _, _), s in zip(scheduled, sampled) if s]}: vLLM "
-                    "appends the tokens when the output is taken, kvfuzz's driver at launch "
-                    "(docs/vllm.md, \"Steps in flight\")")
             reads = sorted({b for r, n, _ in scheduled
                             for b in self._reads(r, r.num_computed_tokens - n)})
             self._held.append(((self.vllm.sched_step_seq, tuple(reads),
                                 tuple((r.request_id, n) for r, n, _ in scheduled)),
                                scheduler_output, output))
         else:
-            self.vllm.update_from_output(scheduler_output, output)
+            self.vllm.update_from_output(scheduler_output, output())
         if propose is not None and ids:
             if self._drafts is None:
                 raise ValueError("this vLLM's Scheduler takes no drafts")
@@ -544,8 +543,6 @@ class VllmSchedulerSide(VllmSide):
             return self._takes_drafts()
         if name in _IN_FLIGHT:
             return self._defers_frees()
-        if name == "in_flight_sampling":
-            return False
         return name not in _UNDRIVEN and super().offers(name)
 
     def require(self, name: str) -> None:

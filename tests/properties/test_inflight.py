@@ -63,15 +63,17 @@ def test_complete_step_with_nothing_in_flight_is_invalid():
 
 
 # A generated config (campaign seed 2): r6's full-attention block 1 is keyed at a 24-token
-# partial entry; step 4 is left in flight reading it, and step 5 (in flight too) fills the
-# block, promoting the entry to its 32-token key.
-PROMOTED = {"num_blocks": 4, "groups": [{"kind": "full", "block_size": 32},
+# partial entry; steps 4 and 5 are left in flight reading it, step 4 completes (its token
+# arrives), and step 6 (in flight too, beside step 5) fills the block, promoting the entry to
+# its 32-token key.
+PROMOTED = {"num_blocks": 6, "groups": [{"kind": "full", "block_size": 32},
                                         {"kind": "mamba", "block_size": 16,
                                          "mamba_cache_mode": "align"}],
             "max_model_len": 64, "hash_block_size": 8}
-PROMOTED_OPS = [{"op": "add_request", "request_id": "r6", "prompt": [0] * 29, "max_tokens": 4},
+PROMOTED_OPS = [{"op": "add_request", "request_id": "r6", "prompt": [0] * 29, "max_tokens": 8},
                 {"op": "step"}, {"op": "step"}, {"op": "step"},
-                {"op": "step", "in_flight": True}, {"op": "step", "in_flight": True}]
+                {"op": "step", "in_flight": True}, {"op": "step", "in_flight": True},
+                {"op": "complete_step"}, {"op": "step", "in_flight": True}]
 
 
 def _promoted_trace() -> Trace:

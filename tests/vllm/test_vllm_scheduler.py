@@ -316,19 +316,26 @@ def test_steps_in_flight_on_vllm_async_scheduler_three_way():
     assert ex.targets[1].side.scheduler.reordered == ["a"]
 
 
-def test_an_in_flight_step_that_samples_is_refused_where_outputs_are_taken_late(tmp_path,
-                                                                                 capsys):
-    """vLLM appends a step's tokens when its output is taken, kvfuzz's driver at launch: a
-    step left in flight that samples is not comparable, so the trace is refused (exit 2) and
-    the generators give such steps only where no request can sample."""
-    trace = Trace(BUILTIN["deferred_connector"][1], "scheduler",
-                  [_add("r", list(range(3))), {"op": "step", "in_flight": True}], {})
-    path = tmp_path / "t.json"
-    trace.save(path)
-    assert kvfuzz(["replay", str(path), "--target", "vllm-async-scheduler"]) == 2
-    assert "samples ['r']" in capsys.readouterr().err
-    assert kvfuzz(["replay", str(path), "--target", "kvcache"]) == 0
-
+def test_steps_in_flight_that_sample_agree_three_way_on_vllm_async_scheduler():
+    """vLLM appends a step's tokens when its output is taken (output placeholders), and so
+    does kvfuzz's driver: r's and q's prompts complete in a step left in flight, and the next
+    step in flight schedules the position of r's token still to come (4 computed of 3
+    tokens), not q, whose pending token ends it; each `complete_step` appends the tokens,
+    caches what is settled and finishes a request at max_tokens, three-way."""
+    ex = Execution(BUILTIN["deferred_connector"][1], "scheduler", ASYNC_THREE_WAY)
+    ex.apply(_add("r", list(range(3)), max_tokens=2))
+    ex.apply(_add("q", [40], max_tokens=1))
+    assert ex.apply({"op": "step", "in_flight": True})["scheduled"] == [["r", 3, 0],
+                                                                        ["q", 1, 0]]
+    assert ex.apply({"op": "step", "in_flight": True})["scheduled"] == [["r", 1, 0]]
+    views = ex.state.requests
+    assert (views["r"].num_computed_tokens, views["r"].num_tokens) == (4, 3)
+    ex.apply({"op": "complete_step"})
+    views = ex.state.requests
+    assert views["q"].status == "FINISHED_LENGTH_CAPPED" and views["r"].num_tokens == 4
+    ex.apply({"op": "complete_step"})
+    assert ex.state.requests["r"].status == "FINISHED_LENGTH_CAPPED"
+    assert not ex.state.in_flight and not ex.state.deferred_frees
 
 def test_a_campaign_leaves_steps_in_flight_on_vllm_async_scheduler(tmp_path, capsys):
     code = kvfuzz(["run", "--target", "vllm-async-scheduler", "--level", "scheduler",
