@@ -437,9 +437,8 @@ for _name in CONFIGS:
     ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
-    examples = "120" if config == "deferred_connector" else "60"  # steps in flight are rarer
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
-                   "--config", config, "--examples", examples, "--corpus", str(tmp_path)])
+                   "--config", config, "--examples", "60", "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
     assert [p.name for p in tmp_path.glob(f"{check}-{config}-*.json")]
 
