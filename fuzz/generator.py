@@ -422,12 +422,25 @@ class SchedulerRules(Rules):
             return self.config.kv_connector and bool(self.execution.state.loads)
         if rule == "step_in_flight":
             return (self.config.deferred_frees and self.execution.offers("in_flight")
-                    and len(self.execution.state.in_flight) < MAX_STEPS_IN_FLIGHT)
+                    and len(self.execution.state.in_flight) < MAX_STEPS_IN_FLIGHT
+                    and (self.execution.offers("in_flight_sampling") or not self._may_sample()))
         if rule == "complete_step":
             return bool(self.execution.state.in_flight)
         if rule == "step_spec":
             return has_drafter(self.config) and self.execution.offers("draft")
         return True
+
+    def _may_sample(self) -> bool:
+        """Whether the next step may compute all of some request's tokens (and sample): a
+        running one gets at most the budget, and one with more left than the budget leaves
+        none to admit a waiting one with (which may hit all but its last token). A target
+        whose steps in flight cannot sample as kvfuzz's driver's do (`in_flight_sampling` not
+        offered: vLLM's synchronous Scheduler under pipeline parallelism) is given steps in
+        flight only where none can."""
+        budget = self.config.scheduler.token_budget
+        running = [v.num_tokens - v.num_computed_tokens for _, v in self.views("RUNNING")]
+        return any(left <= budget for left in running) or not running and bool(
+            self.views("WAITING", "PREEMPTED", "WAITING_FOR_REMOTE_KVS"))
 
     def _loadable(self) -> Views:
         return [(rid, v) for rid, v in self.views("WAITING", "PREEMPTED")

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvfuzz.core.config import Config
+from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
@@ -160,6 +161,7 @@ def _vllm_scheduler_api() -> SimpleNamespace:
         SchedulerConfig=find("vllm.config", "SchedulerConfig"),
         CacheConfig=find("vllm.config", "CacheConfig"),
         DeviceConfig=find("vllm.config", "DeviceConfig"),
+        ParallelConfig=find("vllm.config", "ParallelConfig"),
         Scheduler=find("vllm.v1.core.sched.scheduler", "Scheduler"),
         AsyncScheduler=find("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
         StructuredOutputManager=find("vllm.v1.structured_output", "StructuredOutputManager"),
@@ -264,13 +266,17 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
            if config.enable_mamba_shared_prefix_checkpoint else {}),
     )
     cache_config.num_gpu_blocks = config.num_blocks
-    connector = {}
+    settings: dict[str, Any] = {}
     if config.kv_connector:
         from kvfuzz.harness.vllm_connector import kv_transfer_config
 
-        connector = {"kv_transfer_config": kv_transfer_config(kv_load_failure_policy)}
+        settings["kv_transfer_config"] = kv_transfer_config(kv_load_failure_policy)
+    if config.deferred_frees and not async_scheduling:
+        # Two pipeline stages: the synchronous Scheduler has two batches in flight (and,
+        # with a consumer connector, defers frees behind them).
+        settings["parallel_config"] = api.ParallelConfig(pipeline_parallel_size=2)
     vllm_config = api.VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
-                                 device_config=api.DeviceConfig(device="cpu"), **connector)
+                                 device_config=api.DeviceConfig(device="cpu"), **settings)
     object.__setattr__(vllm_config, "model_config", _model_stand_in(config))
     cls = scheduler_cls or (api.AsyncScheduler if async_scheduling else api.Scheduler)
     with _partial_hits_forced(load_vllm(), config.partial_hits), _derived_settings(
@@ -462,6 +468,14 @@ class VllmSchedulerDriver:
                 for r, kept in samples])
 
         if in_flight and ids:
+            if not self.vllm.scheduler_config.async_scheduling and any(
+                    kept is not None for _, kept in samples):
+                raise InvalidTrace(
+                    f"step {{in_flight: true}} on vLLM's synchronous Scheduler (pipeline "
+                    f"parallelism): it samples {[r.request_id for r, k in samples if k is not None]}"
+                    ", whose next step would wait for the output (no output placeholders); "
+                    "kvfuzz's driver schedules it as vLLM's AsyncScheduler does (docs/vllm.md, "
+                    "\"Steps in flight\")")
             reads = sorted({b for r, n, _ in scheduled
                             for b in self._reads(r, r.num_computed_tokens - n)})
             self._held.append(((self.vllm.sched_step_seq, tuple(reads),
@@ -543,6 +557,8 @@ class VllmSchedulerSide(VllmSide):
             return self._takes_drafts()
         if name in _IN_FLIGHT:
             return self._defers_frees()
+        if name == "in_flight_sampling":
+            return self._defers_frees() and self.async_scheduling
         return name not in _UNDRIVEN and super().offers(name)
 
     def require(self, name: str) -> None:
@@ -553,8 +569,9 @@ class VllmSchedulerSide(VllmSide):
         if name in _IN_FLIGHT and not self._defers_frees():
             raise VllmUnsupported(
                 f"the trace uses {name}, which target {self.name} drives only where vLLM's "
-                "Scheduler defers frees: async scheduling with a KV-consumer connector "
-                "(docs/vllm.md, \"Steps in flight\")")
+                "Scheduler defers frees: a KV-consumer connector with async scheduling, or with "
+                "two pipeline stages on a config with deferred_frees (docs/vllm.md, \"Steps in "
+                "flight\")")
         if name in _UNDRIVEN:
             raise VllmUnsupported(
                 f"the trace uses {name}, which target {self.name} does not drive (docs/vllm.md, "

@@ -337,6 +337,29 @@ def test_steps_in_flight_that_sample_agree_three_way_on_vllm_async_scheduler():
     assert ex.state.requests["r"].status == "FINISHED_LENGTH_CAPPED"
     assert not ex.state.in_flight and not ex.state.deferred_frees
 
+def test_steps_in_flight_on_the_synchronous_scheduler_under_pipeline_parallelism():
+    """On a config with deferred frees and a consumer connector vLLM's synchronous Scheduler
+    is built with two pipeline stages, so it defers frees behind steps in flight: the three
+    agree on prefill chunks in flight and an abort while they are, and a step in flight that
+    samples is refused (exit 2): under pipeline parallelism vLLM's Scheduler gives the request
+    no token until the output is taken, kvfuzz's driver schedules its pending token."""
+    from kvfuzz.core.errors import InvalidTrace
+
+    ex = Execution(BUILTIN["deferred_connector"][1], "scheduler", ("kvcache", "vllm-scheduler"))
+    vllm_side = ex.targets[1].side
+    assert vllm_side.vllm_scheduler.defer_block_free
+    assert not vllm_side.offers("in_flight_sampling") and vllm_side.offers("in_flight")
+    ex.apply(_add("a", list(range(20)), max_tokens=2))
+    ex.apply({"op": "step", "in_flight": True})
+    ex.apply({"op": "abort", "request_id": "a"})
+    assert ex.state.deferred_frees
+    assert ex.apply({"op": "complete_step"})
+    assert not ex.state.in_flight and not ex.state.deferred_frees
+    ex.apply(_add("r", list(range(3))))
+    with pytest.raises(InvalidTrace, match=r"samples \['r'\]"):
+        ex.apply({"op": "step", "in_flight": True})
+
+
 def test_a_campaign_leaves_steps_in_flight_on_vllm_async_scheduler(tmp_path, capsys):
     code = kvfuzz(["run", "--target", "vllm-async-scheduler", "--level", "scheduler",
                    "--config", "deferred_connector", "--examples", "120",
@@ -360,6 +383,8 @@ def test_finding_018_trace_replays_on_vllm_async_scheduler():
     assert run_trace(trace, ("kvcache",)).passed
     assert kvfuzz(["replay", str(path), "--target", "vllm-async-scheduler"]) == 1
     assert run_trace(trace, (get_target("vllm-async-scheduler").spec(Tolerance()),)).passed
+    # The synchronous Scheduler with two pipeline stages drains the same way.
+    assert kvfuzz(["replay", str(path), "--target", "vllm-scheduler"]) == 1
 
 
 # ----- MTP at scheduler level: hash and prefill lookahead (0.33+) -----
