@@ -4,7 +4,7 @@ check with the model off too, and a completion with nothing in flight is an inva
 import pytest
 
 from kvfuzz.core.configs import BUILTIN
-from kvfuzz.core.trace import Trace
+from kvfuzz.core.trace import Trace, normalize_op
 from kvfuzz.harness.executor import run_trace
 
 # `a` is read by the first step, aborted while it is in flight; `b` finishes in that step.
@@ -173,3 +173,22 @@ def test_a_promotion_whose_key_gains_extra_keys_is_no_re_key():
                              "config": PROMOTED, "ops": ops})
     result = run_trace(trace, ["kvcache"])
     assert result.passed, result.finding
+
+
+def test_a_pass_over_a_token_still_to_come_is_seen_when_the_token_arrives():
+    """r's one-token prompt samples in step 1, left in flight; step 2 (in flight) computes the
+    position of that token, not known yet: its forward pass is held, and seen, as an earlier
+    batch, by the `complete_step` that delivers the token (D1 and S2 read the tokens a pass
+    computed; without this D1 failed on `deferred` with the data checks, found at once)."""
+    from kvfuzz.harness.executor import Execution
+
+    side = Execution(BUILTIN["deferred"][1], "scheduler", ("kvcache",)).targets[0].side
+
+    def passes(op: dict) -> list[tuple[int, int, bool]]:
+        side.apply(normalize_op(op, "scheduler"))
+        return [(p.start, p.end, p.earlier) for p in side.observations().forward]
+
+    passes({"op": "add_request", "request_id": "r", "prompt": [2], "max_tokens": 4})
+    assert passes({"op": "step", "in_flight": True}) == [(0, 1, False)]
+    assert passes({"op": "step", "in_flight": True}) == [] and len(side.unsampled_passes) == 1
+    assert passes({"op": "complete_step"}) == [(1, 2, True)] and not side.unsampled_passes
