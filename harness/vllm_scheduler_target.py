@@ -421,6 +421,9 @@ class VllmSchedulerDriver:
         self.vllm.add_request(request)
 
     def finish_request(self, request_id: str, status: Any) -> None:
+        # Ended here, not stopped by its output (finding 025's shape): an abort while a KV load
+        # or a sampling step is in flight leaves it computed to its last token, as in kvfuzz.
+        self.sampled.discard(request_id)
         self.vllm.finish_requests(request_id, status)
 
     def step(self, sample_token: Callable[..., int],
@@ -460,9 +463,11 @@ class VllmSchedulerDriver:
             drafts = list(spec.get(r.request_id, ()))
             samples.append((r, (drafts if accept is None else drafts[:accept])
                             if r.num_computed_tokens >= r.num_tokens else None))
-        self.sampled.update(r.request_id for r, kept in samples if kept is not None)
 
         def output() -> Any:
+            # A request aborted meanwhile takes no token (finding 025's shape needs one).
+            self.sampled.update(r.request_id for r, kept in samples
+                                if kept is not None and not r.is_finished())
             return self._output(req_ids=ids, sampled_token_ids=[
                 [] if kept is None else [*kept, sample_token(r, len(kept))]
                 for r, kept in samples])
