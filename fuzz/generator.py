@@ -435,8 +435,9 @@ class SchedulerRules(Rules):
         """Whether the next step may compute all of some request's tokens (and sample): a
         running one gets at most the budget, and one with more left than the budget leaves
         none to admit a waiting one with (which may hit all but its last token). A target
-        that samples only when a step's output is taken (`in_flight_sampling` not offered)
-        is given steps in flight only where none can."""
+        whose steps in flight cannot sample as kvfuzz's driver's do (`in_flight_sampling` not
+        offered: vLLM's synchronous Scheduler under pipeline parallelism) is given steps in
+        flight only where none can."""
         budget = self.config.scheduler.token_budget
         running = [v.num_tokens - v.num_computed_tokens for _, v in self.views("RUNNING")]
         return any(left <= budget for left in running) or not running and bool(

@@ -509,10 +509,11 @@ def finish_load(scheduler: Scheduler, forward: ForwardPass, request_id: str,
 _COMPLETE = '''
 
 def complete(scheduler: Scheduler, in_flight: list) -> None:
-    """The oldest step in flight completes: update_from_output() takes its output, and the
-    Scheduler returns to the free queue the blocks of requests freed while it ran (deferred
-    frees)."""
-    scheduler.update_from_output(*in_flight.pop(0))
+    """The oldest step in flight completes: update_from_output() takes its output (sampled
+    now), and the Scheduler returns to the free queue the blocks of requests freed while it
+    ran (deferred frees)."""
+    output, take_output = in_flight.pop(0)
+    scheduler.update_from_output(output, take_output())
 '''
 """What a test with steps in flight adds: their completion."""
 
@@ -575,11 +576,25 @@ def _with_async_scheduler(text: str) -> str:
              "one sampled token per request that needs one;\na step in flight leaves its "
              "output held until the step's completion, as an engine\noverlapping batches "
              "does, and vLLM defers the frees of requests it ran.\n"),
-            ("    scheduler.update_from_output(output, model_output(req_ids, sampled))\n",
+            ("    sampled = []\n"
+             "    for req_id in req_ids:\n"
+             "        request = scheduler.requests[req_id]\n"
+             "        done = request.num_computed_tokens >= request.num_tokens\n"
+             "        sampled.append([(sample + request.num_tokens) % VOCAB_SIZE] if done else [])\n"
+             "    scheduler.update_from_output(output, model_output(req_ids, sampled))\n",
+             "    requests = [scheduler.requests[req_id] for req_id in req_ids]\n"
+             "    done = [request.num_computed_tokens >= request.num_tokens for request in requests]\n"
+             "\n"
+             "    def take_output() -> ModelRunnerOutput:\n"
+             "        # Sampled when the output is taken, from the tokens the request has then.\n"
+             "        return model_output(req_ids, [\n"
+             "            [(sample + request.num_tokens) % VOCAB_SIZE] if d else []\n"
+             "            for request, d in zip(requests, done)])\n"
+             "\n"
              "    if in_flight is None:\n"
-             "        scheduler.update_from_output(output, model_output(req_ids, sampled))\n"
+             "        scheduler.update_from_output(output, take_output())\n"
              "    else:\n"
-             "        in_flight.append((output, model_output(req_ids, sampled)))\n")):
+             "        in_flight.append((output, take_output))\n")):
         assert old in text, old
         text = text.replace(old, new)
     return text + _COMPLETE

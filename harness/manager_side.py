@@ -64,6 +64,8 @@ class ManagerSide:
         self._live_lookups: dict[str, tuple[Any, int]] = {}
         self.retained_pairs: list[tuple[int, int]] = []
         self.retained_blocks: list[Any] = []
+        self.unsampled_passes: list[ForwardPass] = []
+        """Forward passes of steps in flight over a token not delivered yet, oldest first."""
         self.deferred_blocks: list[list[Any]] = []
         """Batches popped by free_deferred and not yet released."""
         self._loading: dict[str, tuple[int, int]] = {}
@@ -422,11 +424,13 @@ class ManagerSide:
         return {"block_ids": self.per_config_group([list(g) for g in out.get_block_ids()], [])}
 
     def _forward(self, request: Any, start: int, end: int, load: bool = False) -> None:
+        self.probes.observations.forward.append(self._pass(request, start, end, load))
+
+    def _pass(self, request: Any, start: int, end: int, load: bool = False) -> ForwardPass:
+        """A forward pass over `[start, end)` through the request's tables now."""
         tables = tuple(self.per_config_group(
             [tuple(ids) for ids in self.manager.get_block_ids(request.request_id)], ()))
-        self.probes.observations.forward.append(
-            ForwardPass(request.request_id, start, end, tables, load)
-        )
+        return ForwardPass(request.request_id, start, end, tables, load)
 
     def _free(self, op: Op) -> Any:
         request = self._live_request(op)
@@ -525,13 +529,19 @@ class ManagerSide:
         sample, vocab = op["sample"], self.config.scheduler.vocab_size
         draft, accept = op["draft"], op["accept"]
         def run_model(scheduled: list[tuple[Any, int, int]], copies: Any) -> None:
+            self._see_sampled_passes()
             loaded = getattr(self.scheduler, "sync_loaded", {})
             for request, n, _ in scheduled:
                 start = request.num_computed_tokens
                 external = loaded.pop(request.request_id, 0)
                 if external:  # a synchronous load writes its tokens before the step's
                     self._forward(request, start - external, start, load=True)
-                self._forward(request, start, start + n)
+                if start + n > self.requests[request.request_id].num_tokens:
+                    # It computes a token a step in flight has yet to deliver: its pass is
+                    # seen once the token is known (`_complete_step`).
+                    self.unsampled_passes.append(self._pass(request, start, start + n))
+                else:
+                    self._forward(request, start, start + n)
 
         if op["in_flight"]:
             self.require("in_flight")
@@ -561,7 +571,21 @@ class ManagerSide:
     def _complete_step(self, op: Op) -> Any:
         """The oldest step in flight completes (docs/spec.md §7.1): the released block ids."""
         self.require("complete_step")
-        return self._call(self.scheduler.complete_step)[1]
+        out = self._call(self.scheduler.complete_step)[1]
+        self._see_sampled_passes()
+        return out
+
+    def _see_sampled_passes(self) -> None:
+        """The held passes whose tokens are now all known are seen (as an earlier batch);
+        those of a request that no longer computes that far are dropped."""
+        waiting = []
+        for p in self.unsampled_passes:
+            request = self.requests[p.request_id]
+            if request.num_tokens >= p.end:
+                self.probes.observations.forward.append(dataclasses.replace(p, earlier=True))
+            elif request.num_computed_tokens >= p.end:
+                waiting.append(p)
+        self.unsampled_passes = waiting
 
     def _load_remote(self, op: Op) -> Any:
         """The driver's connector offers the request's tokens (docs/spec.md §13.2; `sync`:

@@ -162,6 +162,7 @@ def _vllm_scheduler_api() -> SimpleNamespace:
         SchedulerConfig=find("vllm.config", "SchedulerConfig"),
         CacheConfig=find("vllm.config", "CacheConfig"),
         DeviceConfig=find("vllm.config", "DeviceConfig"),
+        ParallelConfig=find("vllm.config", "ParallelConfig"),
         Scheduler=find("vllm.v1.core.sched.scheduler", "Scheduler"),
         AsyncScheduler=find("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
         StructuredOutputManager=find("vllm.v1.structured_output", "StructuredOutputManager"),
@@ -266,13 +267,17 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
            if config.enable_mamba_shared_prefix_checkpoint else {}),
     )
     cache_config.num_gpu_blocks = config.num_blocks
-    connector = {}
+    settings: dict[str, Any] = {}
     if config.kv_connector:
         from kvfuzz.harness.vllm_connector import kv_transfer_config
 
-        connector = {"kv_transfer_config": kv_transfer_config(kv_load_failure_policy)}
+        settings["kv_transfer_config"] = kv_transfer_config(kv_load_failure_policy)
+    if config.deferred_frees and not async_scheduling:
+        # Two pipeline stages: the synchronous Scheduler has two batches in flight (and,
+        # with a consumer connector, defers frees behind them).
+        settings["parallel_config"] = api.ParallelConfig(pipeline_parallel_size=2)
     vllm_config = api.VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
-                                 device_config=api.DeviceConfig(device="cpu"), **connector)
+                                 device_config=api.DeviceConfig(device="cpu"), **settings)
     object.__setattr__(vllm_config, "model_config", _model_stand_in(config))
     cls = scheduler_cls or (api.AsyncScheduler if async_scheduling else api.Scheduler)
     with _partial_hits_forced(load_vllm(), config.partial_hits), _derived_settings(
@@ -313,9 +318,10 @@ class VllmSchedulerDriver:
         self._output = model_runner_output
         self._drafts = draft_token_ids
         self._requests: dict[str, Any] = {}
-        self._held: deque[tuple[tuple[Any, ...], Any, Any]] = deque()
+        self._held: deque[tuple[tuple[Any, ...], Any, Callable[[], Any]]] = deque()
         """Steps in flight, oldest first: (the driver's in-flight entry, the SchedulerOutput,
-        the model output `update_from_output` takes at `complete_step`)."""
+        what makes the model output `update_from_output` takes at `complete_step`: the tokens
+        are sampled then, as kvfuzz's driver samples them)."""
         self._popped: dict[int, tuple[list[Any], str, list[list[Any]]]] = {}
         """id of a request's deferred free (its block list) -> (the list, kept so that the id
         stays its own; the request id; the group tables it was popped from)."""
@@ -388,7 +394,7 @@ class VllmSchedulerDriver:
             raise ValueError("complete_step(): no step is in flight")
         _, scheduler_output, output = self._held.popleft()
         before = list(self.vllm.deferred_frees)
-        self.vllm.update_from_output(scheduler_output, output)
+        self.vllm.update_from_output(scheduler_output, output())
         left = {id(entry) for entry in self.vllm.deferred_frees}
         return [b.block_id for entry in before if id(entry) not in left
                 for run in self._runs(entry[1]) for b in run]
@@ -417,6 +423,9 @@ class VllmSchedulerDriver:
         self.vllm.add_request(request)
 
     def finish_request(self, request_id: str, status: Any) -> None:
+        # Ended here, not stopped by its output (finding 025's shape): an abort while a KV load
+        # or a sampling step is in flight leaves it computed to its last token, as in kvfuzz.
+        self.sampled.discard(request_id)
         self.vllm.finish_requests(request_id, status)
 
     def step(self, sample_token: Callable[..., int],
@@ -453,28 +462,37 @@ class VllmSchedulerDriver:
             run_model([(_At(r, r.num_computed_tokens - n), n, hit) for r, n, hit in scheduled],
                       copies)
         spec = scheduler_output.scheduled_spec_decode_tokens or {}
-        sampled = []
+        # Who samples is known at launch; what, only when the output is taken.
+        samples: list[tuple[Any, list[int] | None]] = []
         for r, _, _ in scheduled:
             drafts = list(spec.get(r.request_id, ()))
-            kept = drafts if accept is None else drafts[:accept]
-            sampled.append([*kept, sample_token(r, len(kept))]
-                           if r.num_computed_tokens >= r.num_tokens else [])
-        self.sampled.update(r.request_id for (r, _, _), s in zip(scheduled, sampled) if s)
-        output = self._output(req_ids=ids, sampled_token_ids=sampled)
+            samples.append((r, (drafts if accept is None else drafts[:accept])
+                            if r.num_computed_tokens >= r.num_tokens else None))
+
+        def output() -> Any:
+            # A request aborted meanwhile takes no token (finding 025's shape needs one).
+            self.sampled.update(r.request_id for r, kept in samples
+                                if kept is not None and not r.is_finished())
+            return self._output(req_ids=ids, sampled_token_ids=[
+                [] if kept is None else [*kept, sample_token(r, len(kept))]
+                for r, kept in samples])
+
         if in_flight and ids:
-            if any(sampled):
+            if not self.vllm.scheduler_config.async_scheduling and any(
+                    kept is not None for _, kept in samples):
                 raise InvalidTrace(
-                    f"step {{in_flight: true}} on {type(self.vllm).__name__}: it samples "
-                    f"{[r.request_id for (r, _, _), s in zip(scheduled, sampled) if s]}: vLLM "
-                    "appends the tokens when the output is taken, kvfuzz's driver at launch "
-                    "(docs/vllm.md, \"Steps in flight\")")
+                    f"step {{in_flight: true}} on vLLM's synchronous Scheduler (pipeline "
+                    f"parallelism): it samples {[r.request_id for r, k in samples if k is not None]}"
+                    ", whose next step would wait for the output (no output placeholders); "
+                    "kvfuzz's driver schedules it as vLLM's AsyncScheduler does (docs/vllm.md, "
+                    "\"Steps in flight\")")
             reads = sorted({b for r, n, _ in scheduled
                             for b in self._reads(r, r.num_computed_tokens - n)})
             self._held.append(((self.vllm.sched_step_seq, tuple(reads),
                                 tuple((r.request_id, n) for r, n, _ in scheduled)),
                                scheduler_output, output))
         else:
-            self.vllm.update_from_output(scheduler_output, output)
+            self.vllm.update_from_output(scheduler_output, output())
         if propose is not None and ids:
             if self._drafts is None:
                 raise ValueError("this vLLM's Scheduler takes no drafts")
@@ -550,7 +568,7 @@ class VllmSchedulerSide(VllmSide):
         if name in _IN_FLIGHT:
             return self._defers_frees()
         if name == "in_flight_sampling":
-            return False
+            return self._defers_frees() and self.async_scheduling
         if name in _LOADS and not self.config.kv_connector:
             return False
         return super().offers(name)
@@ -563,8 +581,9 @@ class VllmSchedulerSide(VllmSide):
         if name in _IN_FLIGHT and not self._defers_frees():
             raise VllmUnsupported(
                 f"the trace uses {name}, which target {self.name} drives only where vLLM's "
-                "Scheduler defers frees: async scheduling with a KV-consumer connector "
-                "(docs/vllm.md, \"Steps in flight\")")
+                "Scheduler defers frees: a KV-consumer connector with async scheduling, or with "
+                "two pipeline stages on a config with deferred_frees (docs/vllm.md, \"Steps in "
+                "flight\")")
         if name in _LOADS and not self.config.kv_connector:  # invalid for this config
             raise InvalidTrace(
                 f"the trace uses {name} on a config without kv_connector: target {self.name} "

@@ -27,6 +27,17 @@ InFlightStep = tuple[int, tuple[int, ...], tuple[tuple[str, int], ...]]
 
 
 @dataclass
+class _HeldOutput:
+    """A step in flight's output, taken when it completes: the requests that sample in it
+    (with the drafts it verified for each) and how the step samples, verifies and drafts."""
+
+    samples: list[tuple[Any, list[int]]]
+    sample_token: Callable[[Any], int]
+    accept: int | None
+    propose: Callable[[Any], list[int]] | None
+
+
+@dataclass
 class StepOutput:
     """What one step did, in the order it happened."""
 
@@ -141,6 +152,11 @@ class Scheduler:
         """Request id -> the last step that scheduled it (read its blocks)."""
         self._in_flight: deque[InFlightStep] = deque()
         """Steps launched and not completed, oldest first."""
+        self._outputs: deque[_HeldOutput] = deque()
+        """Per step in flight: what its output appends when it completes (docs/spec.md §7.1)."""
+        self._placeholders: dict[str, int] = {}
+        """Request id -> tokens its steps in flight will append (vLLM's
+        `num_output_placeholders`)."""
         self._deferred: deque[tuple[int, list[list[Any]]]] = deque()
         """Frees waiting for a step: (the step they wait for, the blocks, one run per group)."""
 
@@ -353,6 +369,7 @@ class Scheduler:
         if not self._in_flight:
             raise ValueError("complete_step(): no step is in flight")
         self._completed, _, scheduled = self._in_flight.popleft()
+        held = self._outputs.popleft()
         for request_id, num_tokens in scheduled:
             self._requests[request_id].num_in_flight_tokens -= num_tokens
         released: list[int] = []
@@ -360,7 +377,27 @@ class Scheduler:
             runs = self._deferred.popleft()[1]
             self._release(runs)
             released += [b.block_id for run in runs for b in run]
+        for request, drafts in held.samples:
+            if not RequestStatus.is_finished(request.status):
+                self._take_output(request, drafts, held)
         return released
+
+    def _take_output(self, request: Any, drafts: list[int], held: _HeldOutput) -> None:
+        """A step in flight's output for `request` arrives (vLLM's `update_from_output` under
+        async scheduling): the rejected drafts are uncomputed, the kept ones and the sampled
+        token appended up to the first that ends it, its placeholders resolved, its blocks
+        cached up to its settled tokens, and an ended request freed. (It cannot have been
+        preempted meanwhile: no step preempts a request a step in flight reads.)"""
+        self._placeholders[request.request_id] -= len(drafts) + 1
+        ended = self._append_verified(request, drafts, held.accept, held.sample_token)
+        self.manager.cache_blocks(
+            request, request.num_computed_tokens - request.num_in_flight_tokens)
+        if ended:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            self._running.remove(request)
+            self._free(request)
+        elif held.propose is not None:
+            request.spec_token_ids = list(held.propose(request))
 
     def _launch(self, scheduled: list[tuple[Any, int, int]], in_flight: bool) -> bool:
         """Number the step (if it scheduled anything) and record what it reads; True when it
@@ -475,8 +512,14 @@ class Scheduler:
         i = 0
         while i < len(self._running) and budget > 0:
             request = self._running[i]
+            pending = self._placeholders.get(request.request_id, 0)
+            if pending and (request.num_computed_tokens + 2 - pending
+                            >= request.num_prompt_tokens + request.max_tokens):
+                # A step in flight already ends it (vLLM's async-scheduling skip).
+                i += 1
+                continue
             num_new_tokens = min(
-                request.num_tokens_with_spec - request.num_computed_tokens,
+                request.num_tokens_with_spec + pending - request.num_computed_tokens,
                 budget,
                 self.max_model_len - request.num_computed_tokens - 1,
             )
@@ -501,6 +544,8 @@ class Scheduler:
                     if self.policy == "fcfs"
                     else max(self._running, key=_priority_key)
                 )
+                if self._last_read.get(victim.request_id, 0) > self._completed:
+                    break  # its free would wait for a step in flight: it frees nothing now
                 victim_index = self._running.index(victim)
                 del self._running[victim_index]
                 if self.policy == "priority":
@@ -524,7 +569,8 @@ class Scheduler:
             scheduled.append((request, num_new_tokens, 0))
             if request.spec_token_ids:
                 verified[request.request_id] = request.spec_token_ids[
-                    :max(request.num_computed_tokens + num_new_tokens - request.num_tokens, 0)]
+                    :max(request.num_computed_tokens + num_new_tokens - request.num_tokens
+                         - pending, 0)]
                 request.spec_token_ids = []
             budget -= num_new_tokens
             i += 1
@@ -538,9 +584,13 @@ class Scheduler:
         out.copies = [(copy[0], copy[1]) for copy in copies]
         if run_model is not None:
             run_model(scheduled, out.copies)
-        if self._launch(scheduled, in_flight) and retained:
-            # The copies run with the step: their endpoints wait for it, released in order.
-            self._deferred.append((self._launched, [list(retained)[::-1]]))
+        held = None
+        if self._launch(scheduled, in_flight):
+            held = _HeldOutput([], sample_token, accept, propose)
+            self._outputs.append(held)
+            if retained:
+                # The copies run with the step: their endpoints wait for it, released in order.
+                self._deferred.append((self._launched, [list(retained)[::-1]]))
         else:
             manager.block_pool.free_blocks(retained)
 
@@ -548,7 +598,15 @@ class Scheduler:
         for request, num_new_tokens, num_cached_tokens in scheduled:
             out.scheduled.append((request.request_id, num_new_tokens, num_cached_tokens))
             request.num_computed_tokens += num_new_tokens
-            if request.num_computed_tokens >= request.num_tokens:
+            pending = self._placeholders.get(request.request_id, 0)
+            if request.num_computed_tokens < request.num_tokens + pending:
+                continue
+            if held is not None:
+                # Its tokens are appended when the step's output is taken (complete_step).
+                drafts = verified.pop(request.request_id, [])
+                self._placeholders[request.request_id] = pending + len(drafts) + 1
+                held.samples.append((request, drafts))
+            else:
                 sampled.append(request)
                 ended = self._append_verified(request, verified.pop(request.request_id, []),
                                               accept, sample_token)

@@ -463,7 +463,11 @@ def hit_bounds(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | No
         for rid, _, hit in result["scheduled"]:
             view = before.requests.get(rid)
             if hit and view is not None:
-                problem = _hit_length_problem(config, hit, _ceiling(ctx, rid, view.num_tokens))
+                # A plain step first completes the steps in flight, whose output may append
+                # tokens before the lookup; the step itself samples at most one more.
+                num_tokens = view.num_tokens if not before.in_flight else max(
+                    view.num_tokens, after.requests[rid].num_tokens - 1)
+                problem = _hit_length_problem(config, hit, _ceiling(ctx, rid, num_tokens))
                 if problem:
                     return f"{rid}: {problem}"
         return None

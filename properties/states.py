@@ -71,6 +71,18 @@ def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
     # A KV connector's load reads no state: it writes the state after its end, before the
     # passes that resume from it read (docs/spec.md §13).
     _write_states(ctx, after, [p for p in passes if p.load], groups, ghost)
+    # An earlier step's passes, seen now, run as their own batch before the op's.
+    problem = _read_states(ctx, after, [p for p in passes if p.earlier], groups, ghost)
+    _write_states(ctx, after, [p for p in passes if p.earlier], groups, ghost)
+    own = [p for p in passes if not p.earlier]
+    problem = problem or _read_states(ctx, after, own, groups, ghost)
+    _write_states(ctx, after, [p for p in own if not p.load], groups, ghost)
+    return problem
+
+
+def _read_states(ctx: CheckContext, after: Snapshot, passes: list[Any],
+                 groups: list[tuple[int, GroupConfig]], ghost: dict[int, StateId]) -> str | None:
+    """What is wrong with the state each pass (of one batch) resumes from, or None."""
     problem = None
     for p in passes:
         if p.start == 0 or p.load or problem:
@@ -88,7 +100,6 @@ def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
                            f"which holds {_describe(ghost.get(block), expected)}")
             if problem:
                 break
-    _write_states(ctx, after, [p for p in passes if not p.load], groups, ghost)
     return problem
 
 

@@ -40,6 +40,11 @@ class Driver:
         (request id, tokens) it scheduled)."""
         self.in_flight_tokens: list[list[tuple[Request, int]]] = []
         """Per step in flight: the tokens it scheduled, per request."""
+        self.outputs: list[tuple[int, int, int | None, list[tuple[Request, list[int]]]]] = []
+        """Per step in flight: its sample, draft and accept, and the requests it samples for
+        (with the drafts it verified), whose tokens arrive when it completes."""
+        self.placeholders: dict[str, int] = {}
+        """Request id -> the tokens its steps in flight will append."""
         self.deferred: list[tuple[int, list[list[int]]]] = []
         """Frees waiting for a step: (that step, one run per group, each freed tail first)."""
         self.aligned = any(g.align for g in manager.layout.groups)
@@ -133,6 +138,20 @@ class Driver:
                     self.manager.state.deferred.remove(b)
                 self.manager.state.release(run[::-1])
                 released += run
+        sample, draft, accept, samples = self.outputs.pop(0)
+        for r, drafts in samples:
+            if r.is_finished:  # aborted meanwhile (never preempted: a step in flight reads it)
+                continue
+            self.placeholders[r.request_id] -= len(drafts) + 1
+            self._sample(r, sample, drafts, accept)
+            # Its blocks are cached up to its settled tokens once the output is in.
+            self.manager.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
+            if self._ends(r):
+                r.status = "FINISHED_LENGTH_CAPPED"
+                self.running.remove(r)
+                self.free(r)
+            else:
+                self._propose(r, sample, draft)
         return released
 
     def stop(self, req: Request, status: str) -> None:
@@ -309,7 +328,12 @@ class Driver:
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
-            n = min(r.num_tokens + len(r.spec) - r.num_computed_tokens, budget,
+            pending = self.placeholders.get(r.request_id, 0)
+            # A step in flight already ends it (its first pending token reaches max_tokens).
+            if pending and r.num_computed_tokens + 2 - pending >= r.num_prompt_tokens + r.max_tokens:
+                i += 1
+                continue
+            n = min(r.num_tokens + pending + len(r.spec) - r.num_computed_tokens, budget,
                     M - r.num_computed_tokens - 1)
             if n > 0 and self.aligned:
                 n = self.state_aligned(r, n, 0)
@@ -322,6 +346,8 @@ class Driver:
                 if blocks is not None:
                     break
                 victim = self._victim()
+                if self.last_read.get(victim.request_id, 0) > self.completed:
+                    break  # a step in flight reads it: preempting it frees nothing now
                 index = self.running.index(victim)
                 self.running.pop(index)
                 if index < i:
@@ -337,12 +363,13 @@ class Driver:
                 if victim is r:
                     break
             if blocks is None:
-                if cfg.policy == "priority":
-                    continue
+                if cfg.policy == "priority" and r.status == "PREEMPTED":
+                    continue  # r preempted itself: the next (at index i now) may fit
                 break
             scheduled.append((r, n, 0))
             if r.spec:  # the drafts that fit are verified; new ones come after the step
-                verified[r.request_id] = r.spec[:max(r.num_computed_tokens + n - r.num_tokens, 0)]
+                verified[r.request_id] = r.spec[
+                    :max(r.num_computed_tokens + n - r.num_tokens - pending, 0)]
                 r.spec = []
             budget -= n
             i += 1
@@ -421,21 +448,30 @@ class Driver:
             mgr.release_copies()
         finished: list[str] = []
         sampled: list[Request] = []
+        held: list[tuple[Request, list[int]]] = []
+        if in_flight and scheduled:
+            self.outputs.append((sample, draft, accept, held))
         for r, n, _ in scheduled:
             r.num_computed_tokens += n
-            if r.num_computed_tokens >= r.num_tokens:
-                self._sample(r, sample, verified.pop(r.request_id, []), accept)
+            pending = self.placeholders.get(r.request_id, 0)
+            if r.num_computed_tokens >= r.num_tokens + pending:
+                drafts = verified.pop(r.request_id, [])
+                if in_flight:  # the tokens arrive when the step completes
+                    self.placeholders[r.request_id] = pending + len(drafts) + 1
+                    held.append((r, drafts))
+                    continue
+                self._sample(r, sample, drafts, accept)
                 sampled.append(r)
                 if self.publishes:
                     mgr.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
-            if r.num_output_tokens >= r.max_tokens or r.num_tokens >= M:
+            if self._ends(r):
                 r.status = "FINISHED_LENGTH_CAPPED"
                 self.running.remove(r)
                 self.free(r)
                 finished.append(r.request_id)
         for r in sampled:
             if not r.is_finished:
-                r.spec = [(sample + 1 + r.num_tokens + j) % cfg.vocab_size for j in range(draft)]
+                self._propose(r, sample, draft)
         return {
             "scheduled": [[r.request_id, n, hit] for r, n, hit in scheduled],
             "preempted": preempted,
@@ -455,9 +491,17 @@ class Driver:
         for j, token in enumerate(new, 1):
             r.tokens.append((sample + r.num_tokens) % self.cfg.vocab_size if token is None
                             else token)
-            if r.num_output_tokens >= r.max_tokens or r.num_tokens >= self.max_model_len:
+            if self._ends(r):
                 r.num_computed_tokens -= len(new) - j
                 return
+
+    def _ends(self, r: Request) -> bool:
+        """max_tokens or max_model_len reached."""
+        return r.num_output_tokens >= r.max_tokens or r.num_tokens >= self.max_model_len
+
+    def _propose(self, r: Request, sample: int, draft: int) -> None:
+        """A request that sampled and still runs proposes `draft` new drafts."""
+        r.spec = [(sample + 1 + r.num_tokens + j) % self.cfg.vocab_size for j in range(draft)]
 
 
 def _stop_at_junction(start: int, end: int, junction: int, bs: int, exact: bool) -> int:

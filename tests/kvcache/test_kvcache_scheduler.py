@@ -380,14 +380,73 @@ def test_a_mamba_step_from_zero_computed_reads_the_whole_table():
 
 
 def test_a_plain_step_completes_the_steps_in_flight_first():
+    """r samples its last token in a step left in flight: it ends when the plain step takes
+    that step's output first, and nothing is left in flight or held."""
     m, s = setup(10)
-    add(s, "r", 8, max_tokens=1)
-    s.step(lambda request: 0, in_flight=True)  # r finishes: its free waits for the step
-    assert s.deferred_frees
+    r = add(s, "r", 8, max_tokens=1)
+    s.step(lambda request: 0, in_flight=True)
+    assert r.status == RequestStatus.RUNNING and r.num_tokens == 8
     s.step(lambda request: 0)
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED and r.num_tokens == 9
     assert not s.in_flight and not s.deferred_frees
     assert m.block_pool.get_num_free_blocks() == 9
 
+
+def test_a_step_in_flight_that_samples_appends_its_token_when_it_completes():
+    """As vLLM's AsyncScheduler (output placeholders): r's prompt (7 tokens) completes in a
+    step left in flight, whose token is appended only when it completes; the next step in
+    flight schedules that token's position meanwhile (computed 8 of 7 tokens), and the block
+    it completes is cached once the output of both is in, up to the settled tokens."""
+    m, s = setup(10, caching=True)
+    r = add(s, "r", 7, max_tokens=3)
+    s.step(sample, in_flight=True)
+    assert (r.num_computed_tokens, r.num_tokens) == (7, 7)
+    out = s.step(sample, in_flight=True)
+    assert out.scheduled == [("r", 1, 0)] and not out.finished
+    assert (r.num_computed_tokens, r.num_tokens) == (8, 7)
+    assert len(r.block_hashes) == 1  # the token at position 7 is not known yet
+    s.complete_step()
+    assert r.all_token_ids[7:] == [1007] and r.num_tokens == 8
+    assert m.block_pool.blocks[table_ids(m, "r")[0][1]].block_hash is None  # 7 settled
+    s.complete_step()
+    assert r.all_token_ids[7:] == [1007, 1008] and r.num_computed_tokens == 8
+    assert m.block_pool.blocks[table_ids(m, "r")[0][1]].block_hash is not None
+    assert r.status == RequestStatus.RUNNING
+
+
+def test_a_request_a_step_in_flight_ends_is_not_scheduled_again_and_freed_on_completion():
+    """r (max_tokens 1) samples in a step in flight: the next step skips it (that step already
+    ends it), and taking the first step's output finishes r and frees its blocks at once (no
+    later step read them)."""
+    m, s = setup(10)
+    r = add(s, "r", 8, max_tokens=1)
+    s.step(sample, in_flight=True)
+    assert s.step(sample, in_flight=True).scheduled == []
+    free_before = m.block_pool.get_num_free_blocks()
+    assert s.complete_step() == []
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED and r.all_token_ids[8:] == [1008]
+    assert m.block_pool.get_num_free_blocks() == free_before + 2
+
+
+def test_a_request_a_step_in_flight_reads_is_not_preempted():
+    """As vLLM's Scheduler (a deferred free does not help an allocation now): r (7 tokens) and
+    q (4) sample in step 1, left in flight, and step 2 (in flight) takes the last free block
+    for q. In step 3 r's next token needs a block; the victim, q, is read by the steps in
+    flight, so nothing is preempted and nothing scheduled; once they complete, a step
+    preempts q for r."""
+    m, s = setup(5, token_budget=16)
+    r = add(s, "r", 7, max_tokens=4)
+    q = add(s, "q", 4, base=100, max_tokens=4)
+    s.step(sample, in_flight=True)
+    s.step(sample, in_flight=True)
+    out = s.step(sample, in_flight=True)
+    assert (out.scheduled, out.preempted) == ([], [])
+    assert r.status == q.status == RequestStatus.RUNNING and len(s.in_flight) == 2
+    s.complete_step()
+    s.complete_step()
+    assert (r.all_token_ids[7:], q.all_token_ids[4:]) == ([1007, 1008], [1004, 1005])
+    out = s.step(sample)
+    assert (out.scheduled, out.preempted) == ([("r", 1, 0)], ["q"])
 
 def test_complete_step_with_nothing_in_flight_raises():
     _, s = setup(10)

@@ -4,7 +4,7 @@ check with the model off too, and a completion with nothing in flight is an inva
 import pytest
 
 from kvfuzz.core.configs import BUILTIN
-from kvfuzz.core.trace import Trace
+from kvfuzz.core.trace import Trace, normalize_op
 from kvfuzz.harness.executor import run_trace
 
 # `a` is read by the first step, aborted while it is in flight; `b` finishes in that step.
@@ -63,15 +63,17 @@ def test_complete_step_with_nothing_in_flight_is_invalid():
 
 
 # A generated config (campaign seed 2): r6's full-attention block 1 is keyed at a 24-token
-# partial entry; step 4 is left in flight reading it, and step 5 (in flight too) fills the
-# block, promoting the entry to its 32-token key.
-PROMOTED = {"num_blocks": 4, "groups": [{"kind": "full", "block_size": 32},
+# partial entry; steps 4 and 5 are left in flight reading it, step 4 completes (its token
+# arrives), and step 6 (in flight too, beside step 5) fills the block, promoting the entry to
+# its 32-token key.
+PROMOTED = {"num_blocks": 6, "groups": [{"kind": "full", "block_size": 32},
                                         {"kind": "mamba", "block_size": 16,
                                          "mamba_cache_mode": "align"}],
             "max_model_len": 64, "hash_block_size": 8}
-PROMOTED_OPS = [{"op": "add_request", "request_id": "r6", "prompt": [0] * 29, "max_tokens": 4},
+PROMOTED_OPS = [{"op": "add_request", "request_id": "r6", "prompt": [0] * 29, "max_tokens": 8},
                 {"op": "step"}, {"op": "step"}, {"op": "step"},
-                {"op": "step", "in_flight": True}, {"op": "step", "in_flight": True}]
+                {"op": "step", "in_flight": True}, {"op": "step", "in_flight": True},
+                {"op": "complete_step"}, {"op": "step", "in_flight": True}]
 
 
 def _promoted_trace() -> Trace:
@@ -171,3 +173,22 @@ def test_a_promotion_whose_key_gains_extra_keys_is_no_re_key():
                              "config": PROMOTED, "ops": ops})
     result = run_trace(trace, ["kvcache"])
     assert result.passed, result.finding
+
+
+def test_a_pass_over_a_token_still_to_come_is_seen_when_the_token_arrives():
+    """r's one-token prompt samples in step 1, left in flight; step 2 (in flight) computes the
+    position of that token, not known yet: its forward pass is held, and seen, as an earlier
+    batch, by the `complete_step` that delivers the token (D1 and S2 read the tokens a pass
+    computed; without this D1 failed on `deferred` with the data checks, found at once)."""
+    from kvfuzz.harness.executor import Execution
+
+    side = Execution(BUILTIN["deferred"][1], "scheduler", ("kvcache",)).targets[0].side
+
+    def passes(op: dict) -> list[tuple[int, int, bool]]:
+        side.apply(normalize_op(op, "scheduler"))
+        return [(p.start, p.end, p.earlier) for p in side.observations().forward]
+
+    passes({"op": "add_request", "request_id": "r", "prompt": [2], "max_tokens": 4})
+    assert passes({"op": "step", "in_flight": True}) == [(0, 1, False)]
+    assert passes({"op": "step", "in_flight": True}) == [] and len(side.unsampled_passes) == 1
+    assert passes({"op": "complete_step"}) == [(1, 2, True)] and not side.unsampled_passes

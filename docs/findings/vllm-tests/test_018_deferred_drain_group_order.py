@@ -112,15 +112,19 @@ def step(scheduler: Scheduler, sample: int = 0,
     computed all its tokens samples (sample + its token count) mod VOCAB_SIZE."""
     output = scheduler.schedule()
     req_ids = list(output.num_scheduled_tokens)
-    sampled = []
-    for req_id in req_ids:
-        request = scheduler.requests[req_id]
-        done = request.num_computed_tokens >= request.num_tokens
-        sampled.append([(sample + request.num_tokens) % VOCAB_SIZE] if done else [])
+    requests = [scheduler.requests[req_id] for req_id in req_ids]
+    done = [request.num_computed_tokens >= request.num_tokens for request in requests]
+
+    def take_output() -> ModelRunnerOutput:
+        # Sampled when the output is taken, from the tokens the request has then.
+        return model_output(req_ids, [
+            [(sample + request.num_tokens) % VOCAB_SIZE] if d else []
+            for request, d in zip(requests, done)])
+
     if in_flight is None:
-        scheduler.update_from_output(output, model_output(req_ids, sampled))
+        scheduler.update_from_output(output, take_output())
     else:
-        in_flight.append((output, model_output(req_ids, sampled)))
+        in_flight.append((output, take_output))
 
 
 class TraceConnector(KVConnectorBase_V1, SupportsHMA):
@@ -163,10 +167,11 @@ class TraceConnector(KVConnectorBase_V1, SupportsHMA):
 
 
 def complete(scheduler: Scheduler, in_flight: list) -> None:
-    """The oldest step in flight completes: update_from_output() takes its output, and the
-    Scheduler returns to the free queue the blocks of requests freed while it ran (deferred
-    frees)."""
-    scheduler.update_from_output(*in_flight.pop(0))
+    """The oldest step in flight completes: update_from_output() takes its output (sampled
+    now), and the Scheduler returns to the free queue the blocks of requests freed while it
+    ran (deferred frees)."""
+    output, take_output = in_flight.pop(0)
+    scheduler.update_from_output(output, take_output())
 
 
 def test_deferred_drain_group_order(tmp_path):
