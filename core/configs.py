@@ -396,6 +396,45 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                     enable_mamba_shared_prefix_checkpoint=True),
         ),
         (
+            "EAGLE on a hybrid with the drafter's layer in one group: eagle_hybrid's groups "
+            "(full bs 16 + windows 8 and 12 at bs 4) with only the full group an EAGLE group, "
+            "so the windows keep their last hit block",
+            Config(40, (GroupConfig("full", 16, eagle=True), _swa(4, 8), _swa(4, 12)),
+                   name="eagle_one_group", max_model_len=64, use_eagle=True, partial_hits=True),
+        ),
+        (
+            "full attention (bs 16) + sliding window (bs 4, window 8): a window block a quarter "
+            "of the hit alignment, so a window run's end off by two blocks shows",
+            Config(40, (_full(16), _swa(4, 8)), name="full16_swa4", max_model_len=64),
+        ),
+        (
+            "full (bs 4), a circular buffer (bs 8), then a sliding window (bs 4, window 8) "
+            "keeping 2 tokens more below it: the lookup skips the ring between cacheable "
+            "groups, and the window's retained tokens (multi-module MTP's re-prefill) count",
+            Config(32, (_full(4), GroupConfig("circular_buffer", 8),
+                        GroupConfig("sliding_window", 4, sliding_window=8,
+                                    extra_retained_tokens=2)),
+                   name="ring_swa_retained", max_model_len=64),
+        ),
+        (
+            "Qwen3-Next-shaped with its MTP drafter and retention 0: qwen3_next_eagle's groups "
+            "(full bs 8 + 3 align state groups, 1 speculative block, hash blocks of 2); the "
+            "retained replay boundaries sit a block below EAGLE's last hash boundary",
+            _attention_mamba_align("qwen3_next_eagle_replay", 60, 3, 8, 2, speculative=1,
+                                   use_eagle=True, retention=0),
+        ),
+        (
+            "long prompts with prefill checkpoints: full (bs 64) + one Mamba align group (bs "
+            "64, 2 speculative blocks, a checkpoint on alignment 16), hash blocks of 16, "
+            "max_model_len 1024 and a budget of 512, so positions pass 256",
+            Config(96, (GroupConfig("full", 64),
+                        GroupConfig("mamba", 64, mamba_cache_mode="align",
+                                    num_speculative_blocks=2, num_prefill_checkpoint_blocks=1,
+                                    prefill_checkpoint_alignment=16)),
+                   name="long_checkpoint", max_model_len=1024, hash_block_size=16,
+                   scheduler=SchedulerConfig(token_budget=512, max_running=4)),
+        ),
+        (
             "priority scheduling, no chunked prefill",
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),
