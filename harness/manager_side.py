@@ -531,12 +531,14 @@ class ManagerSide:
         def run_model(scheduled: list[tuple[Any, int, int]], copies: Any) -> None:
             self._see_sampled_passes()
             loaded = getattr(self.scheduler, "sync_loaded", {})
+            pending = getattr(self.scheduler, "pending_tokens", lambda request_id: 0)
             for request, n, _ in scheduled:
                 start = request.num_computed_tokens
                 external = loaded.pop(request.request_id, 0)
                 if external:  # a synchronous load writes its tokens before the step's
                     self._forward(request, start - external, start, load=True)
-                if start + n > self.requests[request.request_id].num_tokens:
+                if (pending(request.request_id)
+                        and start + n > self.requests[request.request_id].num_tokens):
                     # It computes a token a step in flight has yet to deliver: its pass is
                     # seen once the token is known (`_complete_step`).
                     self.unsampled_passes.append(self._pass(request, start, start + n))

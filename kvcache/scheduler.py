@@ -214,6 +214,11 @@ class Scheduler:
 
     # ----- KV connector (docs/spec.md §13.2): the driver plays the connector -----
 
+    def pending_tokens(self, request_id: str) -> int:
+        """Tokens the request's steps in flight will append when they complete (vLLM's
+        `num_output_placeholders`)."""
+        return self._placeholders.get(request_id, 0)
+
     def start_load(
         self, request_id: str, num_external_tokens: int, sync: bool = False
     ) -> tuple[int, int, bool] | bool | None:
