@@ -31,6 +31,8 @@ POLICIES: tuple[str, ...] = ("fcfs", "priority")
 REPORT_MODES: tuple[str, ...] = ("incremental", "full")
 LOAD_FAILURE_POLICIES: tuple[str, ...] = ("recompute", "fail")
 """What a KV connector load that ends short does (vLLM's `kv_load_failure_policy`)."""
+IN_FLIGHT_SAMPLING_RULES: tuple[str, ...] = ("placeholders", "wait")
+"""How a request whose sampling step is in flight is scheduled (docs/spec.md §7.1)."""
 # vLLM 0.34.0's reasons (ModelConfig.is_prefix_caching_supported / is_chunked_prefill_supported)
 # for a model with encoder-only (bidirectional) attention (docs/spec.md §12.4).
 ENCODER_ONLY_CACHING_REASON = (
@@ -156,6 +158,10 @@ class SchedulerConfig:
     kv_load_failure_policy: Literal["recompute", "fail"] = "recompute"
     """A KV load that ends short rolls back to its valid prefix ("recompute") or fails its
     request, FINISHED_ERROR, its blocks freed ("fail"; docs/spec.md §13.2)."""
+    in_flight_sampling: Literal["placeholders", "wait"] = "placeholders"
+    """A request whose sampling step is in flight is scheduled past the token still to come
+    ("placeholders": vLLM's AsyncScheduler) or waits for the step's output ("wait": vLLM's
+    Scheduler under pipeline parallelism; docs/spec.md §7.1)."""
 
     def validate(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
@@ -170,6 +176,9 @@ class SchedulerConfig:
         if self.kv_load_failure_policy not in LOAD_FAILURE_POLICIES:
             raise ConfigError(f"scheduler.kv_load_failure_policy must be one of "
                               f"{LOAD_FAILURE_POLICIES}, got {shown(self.kv_load_failure_policy)}")
+        if self.in_flight_sampling not in IN_FLIGHT_SAMPLING_RULES:
+            raise ConfigError(f"scheduler.in_flight_sampling must be one of "
+                              f"{IN_FLIGHT_SAMPLING_RULES}, got {shown(self.in_flight_sampling)}")
 
 
 # Kinds whose KV a connector may load (docs/spec.md §13.1).

@@ -373,6 +373,9 @@ class BatchRunner:
         check_focus(options.focus, options.configs)
         self.focus_rules = focus_features(n for n in options.focus if n in FOCUS_OPS)
         self.target = get_target(options.target).spec(options.tolerance)
+        self.engine_config = get_target(options.target).engine_config
+        """What the target's engine fixes of a built-in or generated config (a user's config
+        file keeps what it says)."""
         self._tolerated_builds: dict[str, int] = {}
         self.on_execution: Callable[[Execution], None] | None = None
         """Also called with each execution (a benchmark keeps their traces)."""
@@ -392,12 +395,13 @@ class BatchRunner:
         opts = self.options
         try:
             config = self.generated if name == GENERATED else campaign_config(opts, name)
+            users = name in {c.name for c in opts.config_files}
             run_example(
-                data, config, level, steps=opts.steps,
+                data, config if users else self.engine_config(config), level, steps=opts.steps,
                 targets=(self.target,), model=opts.model, checks=self.checks,
                 allow_misuse=not opts.target.startswith("vllm"), swarm=opts.swarm and swarm,
                 focus=self.focus_rules, on_execution=self._executed,
-                vary=name not in {c.name for c in opts.config_files} and name != GENERATED,
+                vary=not users and name != GENERATED,
                 on_op=self.probe.observe,
                 stop=self._stop,
             )

@@ -169,6 +169,7 @@ class ManagerSide:
             num_prefill_lookahead=config.num_prefill_lookahead,
             fail_short_loads=s.kv_load_failure_policy == "fail",
             publish_after_output=publishes_after_output(config),
+            output_placeholders=s.in_flight_sampling == "placeholders",
         )
 
     # ----- Side -----

@@ -43,6 +43,12 @@ class TargetInfo:
     def build(self, config: Config, level: str) -> Side:
         return self.locate()(config, level)
 
+    def engine_config(self, config: Config) -> Config:
+        """`config` with the knobs the target's engine fixes set as it runs them (a factory's
+        `engine_config`, where it has one; vLLM's schedulers set `in_flight_sampling`)."""
+        adapt = getattr(self.locate(), "engine_config", None)
+        return config if adapt is None else adapt(config)
+
     def spec(self, tolerance: Tolerance | None = None) -> str | SideFactory:
         """What an execution takes for this target: its name, or with `tolerance` a factory
         tolerating those deviations (`kvfuzz.harness.tolerance`)."""

@@ -81,6 +81,31 @@ def _in_flight_free_not_deferred(scheduler: Any) -> None:
     scheduler._request_blocks_can_be_freed = lambda request: True
 
 
+def _in_flight_sample_rescheduled(scheduler: Any) -> None:
+    """The synchronous Scheduler counts an output placeholder for each request whose step
+    samples, until its output is taken (AsyncScheduler's rule): a request whose sampling step
+    is in flight is scheduled the position of its token still to come, not skipped."""
+    after_schedule = scheduler._update_after_schedule
+    update = scheduler.update_from_output
+
+    def update_after_schedule(scheduler_output: Any) -> None:
+        after_schedule(scheduler_output)
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = scheduler.requests[request_id]
+            if not request.is_prefill_chunk:
+                request.num_output_placeholders += 1
+
+    def update_from_output(scheduler_output: Any, model_runner_output: Any) -> Any:
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = scheduler.requests.get(request_id)
+            if request is not None and request.num_output_placeholders:
+                request.num_output_placeholders -= 1
+        return update(scheduler_output, model_runner_output)
+
+    scheduler._update_after_schedule = update_after_schedule
+    scheduler.update_from_output = update_from_output
+
+
 def _failed_load_recomputed(scheduler: Any) -> None:
     """Under the "fail" `kv_load_failure_policy` a short load is rolled back and recomputed
     as under "recompute": the request is not failed."""
@@ -109,6 +134,9 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "free-not-deferred": ("a free while a step in flight reads the blocks is not "
                                     "deferred", _in_flight_free_not_deferred,
                                     ("deferred_connector",)),
+    "in-flight-sample-rescheduled": ("a request whose sampling step is in flight is "
+                                     "scheduled again on the synchronous Scheduler",
+                                     _in_flight_sample_rescheduled, ("deferred_connector",)),
     "failed-load-recomputed": ("under the 'fail' policy a short KV load is recomputed, its "
                                "request not failed", _failed_load_recomputed,
                                ("nemotron_h_connector",)),
@@ -126,15 +154,16 @@ def planted(name: str) -> Callable[[Config, str], Side]:
     loads only when a side is built: listing targets imports neither)."""
     patch = PLANTS[name][1]
 
-    def build(config: Config, level: str) -> Side:
+    def base() -> type:
         from kvfuzz.harness.vllm_scheduler_target import (
             VllmAsyncSchedulerSide,
             VllmSchedulerSide,
         )
 
-        base = VllmAsyncSchedulerSide if name in _ASYNC else VllmSchedulerSide
+        return VllmAsyncSchedulerSide if name in _ASYNC else VllmSchedulerSide
 
-        class Planted(base):  # type: ignore[valid-type,misc]
+    def build(config: Config, level: str) -> Side:
+        class Planted(base()):  # type: ignore[misc]
             def build_scheduler(self, config: Config) -> Any:
                 driver = super().build_scheduler(config)
                 patch(self.vllm_scheduler)
@@ -144,6 +173,7 @@ def planted(name: str) -> Callable[[Config, str], Side]:
         return Planted(config, level)
 
     build.check_available = check_vllm  # type: ignore[attr-defined]
+    build.engine_config = lambda config: base().engine_config(config)  # type: ignore[attr-defined]
     return build
 
 for _name, (_what, _, _) in PLANTS.items():

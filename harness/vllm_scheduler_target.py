@@ -49,6 +49,15 @@ from kvfuzz.kvcache.scheduler import StepOutput, cut_per_group
 _IN_FLIGHT = ("in_flight", "complete_step")
 """Driven where vLLM's Scheduler defers frees behind steps in flight (`defer_block_free`)."""
 
+def in_flight_sampling_rule(async_scheduling: bool) -> str:
+    """The `scheduler.in_flight_sampling` rule vLLM's scheduler follows: AsyncScheduler counts
+    output placeholders (`async_scheduler.py:36`); the synchronous Scheduler has none, so a
+    request whose sampling step is in flight is given `num_tokens_with_spec −
+    num_computed_tokens = 0` tokens until its output is taken (`scheduler.py:855-859`,
+    `:907-925` in 0.34.0)."""
+    return "placeholders" if async_scheduling else "wait"
+
+
 _LOADS = ("load_remote", "finish_load")
 """Driven only on a config with `kv_connector` (vLLM's Scheduler loads through its connector)."""
 
@@ -333,6 +342,8 @@ class VllmSchedulerDriver:
         """Request ids vLLM's Scheduler preempted this step, in order (`_preempt_request`)."""
         self.sampled: set[str] = set()
         """Request ids that took a sampled token (finding 025's shape needs one)."""
+        self.in_flight_sampling = "placeholders"
+        """The trace's rule for a request whose sampling step is in flight (its config's)."""
         preempt = scheduler._preempt_request
 
         def preempt_request(request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -398,6 +409,29 @@ class VllmSchedulerDriver:
         left = {id(entry) for entry in self.vllm.deferred_frees}
         return [b.block_id for entry in before if id(entry) not in left
                 for run in self._runs(entry[1]) for b in run]
+
+    def _check_in_flight_sampling(self, samples: list[tuple[Any, list[int] | None]],
+                                  spec: dict[str, Any]) -> None:
+        """InvalidTrace where a step left in flight samples under a rule this Scheduler does
+        not follow (`scheduler.in_flight_sampling`: AsyncScheduler counts output placeholders,
+        the synchronous Scheduler waits), or verifies drafts on the synchronous Scheduler
+        (without placeholders the drafts it computed would leave the request's next count
+        negative, `scheduler.py:855-859` in 0.34.0)."""
+        sampling = [r.request_id for r, kept in samples if kept is not None]
+        if not sampling:
+            return
+        engine = in_flight_sampling_rule(self.vllm.scheduler_config.async_scheduling)
+        if self.in_flight_sampling != engine:
+            raise InvalidTrace(
+                f"step {{in_flight: true}} samples {sampling} under scheduler.in_flight_sampling "
+                f"{self.in_flight_sampling!r}; vLLM's {type(self.vllm).__name__} follows "
+                f"{engine!r} (docs/vllm.md, \"Steps in flight\")")
+        drafted = [rid for rid in sampling if spec.get(rid)]
+        if engine == "wait" and drafted:
+            raise InvalidTrace(
+                f"step {{in_flight: true}} verifies drafts of {drafted} on vLLM's synchronous "
+                "Scheduler, which has no output placeholders to count them (docs/vllm.md, "
+                "\"Steps in flight\")")
 
     def _reads(self, request: Any, start: int) -> tuple[int, ...]:
         """The block ids a step starting at `start` computed tokens reads: each group's table
@@ -478,14 +512,7 @@ class VllmSchedulerDriver:
                 for r, kept in samples])
 
         if in_flight and ids:
-            if not self.vllm.scheduler_config.async_scheduling and any(
-                    kept is not None for _, kept in samples):
-                raise InvalidTrace(
-                    f"step {{in_flight: true}} on vLLM's synchronous Scheduler (pipeline "
-                    f"parallelism): it samples {[r.request_id for r, k in samples if k is not None]}"
-                    ", whose next step would wait for the output (no output placeholders); "
-                    "kvfuzz's driver schedules it as vLLM's AsyncScheduler does (docs/vllm.md, "
-                    "\"Steps in flight\")")
+            self._check_in_flight_sampling(samples, spec)
             reads = sorted({b for r, n, _ in scheduled
                             for b in self._reads(r, r.num_computed_tokens - n)})
             self._held.append(((self.vllm.sched_step_seq, tuple(reads),
@@ -539,6 +566,7 @@ class VllmSchedulerSide(VllmSide):
             driver._init_loads(any(g.kind == "mamba" for g in config.groups),
                                len(self.group_ids) == 1, bool(self.known_deviations))
         driver.drain_in_group_order = "deferred-drain-group-order" in self.tolerated
+        driver.in_flight_sampling = config.scheduler.in_flight_sampling
         self.deviations = tuple(
             dataclasses.replace(d, tolerate=functools.partial(_trim_stopped_drafts,
                                                               sampled=driver.sampled))
@@ -549,6 +577,23 @@ class VllmSchedulerSide(VllmSide):
         """Whether vLLM's Scheduler defers frees behind steps in flight: a KV-consumer
         connector and more than one batch in flight (`scheduler.py:191-193` in 0.34.0)."""
         return bool(getattr(self.vllm_scheduler, "defer_block_free", False))
+
+    def _may_draft(self) -> bool:
+        """Whether this Scheduler takes drafts and the config has a drafter (EAGLE or
+        lookahead slots), so that the generators may give its requests drafts."""
+        c = self.config
+        return self._takes_drafts() and bool(c.use_eagle or c.scheduler.num_lookahead_tokens)
+
+    @classmethod
+    def engine_config(cls, config: Config) -> Config:
+        """`config` with the in-flight sampling rule this Scheduler follows, where steps stay
+        in flight (`deferred_frees`): what a campaign runs its built-in and generated configs
+        with (`harness.targets.TargetInfo.engine_config`)."""
+        rule = in_flight_sampling_rule(cls.async_scheduling)
+        if not config.deferred_frees or config.scheduler.in_flight_sampling == rule:
+            return config
+        return config.replace(scheduler=dataclasses.replace(config.scheduler,
+                                                            in_flight_sampling=rule))
 
     def _takes_drafts(self) -> bool:
         return not self.async_scheduling and drafts_driven(type(self.vllm_scheduler))
@@ -568,7 +613,9 @@ class VllmSchedulerSide(VllmSide):
         if name in _IN_FLIGHT:
             return self._defers_frees()
         if name == "in_flight_sampling":
-            return self._defers_frees() and self.async_scheduling
+            return self._defers_frees() and self.config.scheduler.in_flight_sampling == (
+                in_flight_sampling_rule(self.async_scheduling)) and (
+                self.async_scheduling or not self._may_draft())
         if name in _LOADS and not self.config.kv_connector:
             return False
         return super().offers(name)

@@ -77,6 +77,7 @@ class Scheduler:
         num_prefill_lookahead: int = 0,
         fail_short_loads: bool = False,
         publish_after_output: bool = False,
+        output_placeholders: bool = True,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -120,6 +121,10 @@ class Scheduler:
         # Mamba hybrid with prefix caching): under hash lookahead, the block whose lookahead
         # the sampled token completes (docs/spec.md §5.7).
         self.publish_after_output = publish_after_output
+        # vLLM's AsyncScheduler schedules a request whose sampling step is in flight past the
+        # token still to come (output placeholders); its Scheduler under pipeline parallelism
+        # has none and skips the request until the output is taken (docs/spec.md §7.1).
+        self.output_placeholders = output_placeholders
         # A chunk stops at the junction itself where the manager registers the state there
         # (vLLM's Scheduler reads the same predicate off its manager, under sub-block hits).
         coordinator = kv_cache_manager.coordinator
@@ -391,12 +396,14 @@ class Scheduler:
         """A step in flight's output for `request` arrives (vLLM's `update_from_output` under
         async scheduling): the rejected drafts are uncomputed, the kept ones and the sampled
         token appended up to the first that ends it, its placeholders resolved, its blocks
-        cached up to its settled tokens, and an ended request freed. (It cannot have been
+        cached up to its settled tokens (with placeholders, or where every output publishes),
+        and an ended request freed. (It cannot have been
         preempted meanwhile: no step preempts a request a step in flight reads.)"""
         self._placeholders[request.request_id] -= len(drafts) + 1
         ended = self._append_verified(request, drafts, held.accept, held.sample_token)
-        self.manager.cache_blocks(
-            request, request.num_computed_tokens - request.num_in_flight_tokens)
+        if self.output_placeholders or self.publish_after_output:
+            self.manager.cache_blocks(
+                request, request.num_computed_tokens - request.num_in_flight_tokens)
         if ended:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             self._running.remove(request)
@@ -518,6 +525,10 @@ class Scheduler:
         while i < len(self._running) and budget > 0:
             request = self._running[i]
             pending = self._placeholders.get(request.request_id, 0)
+            if pending and not self.output_placeholders:
+                # Without placeholders it waits for its output (vLLM's Scheduler: 0 tokens).
+                i += 1
+                continue
             if pending and (request.num_computed_tokens + 2 - pending
                             >= request.num_prompt_tokens + request.max_tokens):
                 # A step in flight already ends it (vLLM's async-scheduling skip).

@@ -54,6 +54,9 @@ class Driver:
         self.publishes = self.states and manager.layout.caching
         """§7: with state groups and caching on, a request that samples caches its settled
         tokens after the output (under hash lookahead, the block its new token completes)."""
+        self.waits = self.cfg.in_flight_sampling == "wait"
+        """§7.1: a request whose sampling step is in flight waits for its output (no
+        placeholders): it is given no tokens meanwhile."""
 
     def _short_of_lookahead(self, r: Request, computed: int, n: int) -> int:
         """docs/spec.md §5.7: a chunk that would end fewer than P (num_prefill_lookahead)
@@ -144,8 +147,10 @@ class Driver:
                 continue
             self.placeholders[r.request_id] -= len(drafts) + 1
             self._sample(r, sample, drafts, accept)
-            # Its blocks are cached up to its settled tokens once the output is in.
-            self.manager.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
+            # Its blocks are cached up to its settled tokens once the output is in (without
+            # placeholders only where every output publishes).
+            if not self.waits or self.publishes:
+                self.manager.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
             if self._ends(r):
                 r.status = "FINISHED_LENGTH_CAPPED"
                 self.running.remove(r)
@@ -329,6 +334,9 @@ class Driver:
         while i < len(self.running) and budget > 0:
             r = self.running[i]
             pending = self.placeholders.get(r.request_id, 0)
+            if pending and self.waits:  # §7.1: it waits for its output
+                i += 1
+                continue
             # A step in flight already ends it (its first pending token reaches max_tokens).
             if pending and r.num_computed_tokens + 2 - pending >= r.num_prompt_tokens + r.max_tokens:
                 i += 1

@@ -88,17 +88,21 @@ def test_a_config_file_and_a_trace_config_get_the_same_messages(tmp_path, capsys
     assert "its name 'full' is already taken (by a built-in config)" in capsys.readouterr().err
 
 
-def test_a_bad_kv_load_failure_policy_exits_2_naming_it(tmp_path, capsys):
+@pytest.mark.parametrize("knob, bad, good, allowed", [
+    ("kv_load_failure_policy", "retry", "fail", "('recompute', 'fail')"),
+    ("in_flight_sampling", "skip", "wait", "('placeholders', 'wait')"),
+])
+def test_a_bad_scheduler_rule_exits_2_naming_it(knob, bad, good, allowed, tmp_path, capsys):
     (tmp_path / "p.toml").write_text("num_blocks = 8\nkv_connector = true\n[[groups]]\n"
                                      "kind = 'full'\nblock_size = 4\n[scheduler]\n"
-                                     "kv_load_failure_policy = 'retry'\n")
+                                     f"{knob} = '{bad}'\n")
     assert main(["run", "--config-file", str(tmp_path / "p.toml"), "--corpus",
                  str(tmp_path / "c")]) == 2
-    assert ("scheduler.kv_load_failure_policy must be one of ('recompute', 'fail'), got 'retry'"
+    assert (f"scheduler.{knob} must be one of {allowed}, got '{bad}'"
             in capsys.readouterr().err)
     assert not (tmp_path / "c").exists()
-    (tmp_path / "p.toml").write_text((tmp_path / "p.toml").read_text().replace("retry", "fail"))
-    assert load_config_file(tmp_path / "p.toml").scheduler.kv_load_failure_policy == "fail"
+    (tmp_path / "p.toml").write_text((tmp_path / "p.toml").read_text().replace(bad, good))
+    assert getattr(load_config_file(tmp_path / "p.toml").scheduler, knob) == good
 
 
 def test_a_state_machine_runs_a_config_file_as_given(tmp_path):

@@ -192,3 +192,26 @@ def test_a_pass_over_a_token_still_to_come_is_seen_when_the_token_arrives():
     assert passes({"op": "step", "in_flight": True}) == [(0, 1, False)]
     assert passes({"op": "step", "in_flight": True}) == [] and len(side.unsampled_passes) == 1
     assert passes({"op": "complete_step"}) == [(1, 2, True)] and not side.unsampled_passes
+
+
+@pytest.mark.parametrize("rule, second", [("placeholders", [["r", 1, 0]]), ("wait", [])])
+def test_a_request_whose_sampling_step_is_in_flight_follows_the_configs_rule(rule, second):
+    """`scheduler.in_flight_sampling` (docs/spec.md §7.1): with placeholders the next step in
+    flight schedules the position of r's token still to come; under "wait" (vLLM's Scheduler
+    under pipeline parallelism) r gets nothing until the output is in. kvcache's driver and
+    the model agree."""
+    import dataclasses
+
+    from kvfuzz.harness.executor import Execution
+
+    config = BUILTIN["deferred"][1]
+    config = config.replace(scheduler=dataclasses.replace(config.scheduler,
+                                                          in_flight_sampling=rule))
+    execution = Execution(config, "scheduler", ("kvcache",))
+    execution.apply({"op": "add_request", "request_id": "r", "prompt": list(range(1, 9)),
+                     "max_tokens": 3})
+    assert execution.apply({"op": "step", "in_flight": True})["scheduled"] == [["r", 8, 0]]
+    assert execution.apply({"op": "step", "in_flight": True})["scheduled"] == second
+    execution.apply({"op": "complete_step"})
+    execution.apply({"op": "step"})  # completes the rest, then samples once more
+    assert execution.state.requests["r"].num_tokens == (10 if rule == "wait" else 11)

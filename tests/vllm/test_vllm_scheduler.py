@@ -392,8 +392,8 @@ def test_steps_in_flight_on_the_synchronous_scheduler_under_pipeline_parallelism
     """On a config with deferred frees and a consumer connector vLLM's synchronous Scheduler
     is built with two pipeline stages, so it defers frees behind steps in flight: the three
     agree on prefill chunks in flight and an abort while they are, and a step in flight that
-    samples is refused (exit 2): under pipeline parallelism vLLM's Scheduler gives the request
-    no token until the output is taken, kvfuzz's driver schedules its pending token."""
+    samples under `scheduler.in_flight_sampling = "placeholders"` (the default) is refused
+    (exit 2): that Scheduler follows "wait"."""
     from kvfuzz.core.errors import InvalidTrace
 
     ex = Execution(BUILTIN["deferred_connector"][1], "scheduler", ("kvcache", "vllm-scheduler"))
@@ -407,8 +407,78 @@ def test_steps_in_flight_on_the_synchronous_scheduler_under_pipeline_parallelism
     assert ex.apply({"op": "complete_step"})
     assert not ex.state.in_flight and not ex.state.deferred_frees
     ex.apply(_add("r", list(range(3))))
-    with pytest.raises(InvalidTrace, match=r"samples \['r'\]"):
+    with pytest.raises(InvalidTrace, match=r"samples \['r'\] under scheduler.in_flight_"
+                       r"sampling 'placeholders'; vLLM's Scheduler follows 'wait'"):
         ex.apply({"op": "step", "in_flight": True})
+
+
+def _waits(config: Any) -> Any:
+    return config.replace(scheduler=dataclasses.replace(config.scheduler,
+                                                        in_flight_sampling="wait"))
+
+
+def test_steps_in_flight_that_sample_agree_three_way_on_the_synchronous_scheduler():
+    """Under the pipeline's rule (`in_flight_sampling = "wait"`) a request whose sampling step
+    is in flight gets no tokens until its output is taken, as vLLM's Scheduler gives it
+    `num_tokens_with_spec − num_computed_tokens = 0` (`scheduler.py:855-859`, `:907-925` in
+    0.34.0): r's and q's prompts complete in a step left in flight; the next step in flight
+    schedules neither (nothing launched); the output appends their tokens (q ends at
+    max_tokens) and r's next step schedules its new token, three-way."""
+    ex = Execution(_waits(BUILTIN["deferred_connector"][1]), "scheduler", THREE_WAY)
+    assert ex.targets[1].side.offers("in_flight_sampling")
+    ex.apply(_add("r", list(range(3)), max_tokens=2))
+    ex.apply(_add("q", [40], max_tokens=1))
+    assert ex.apply({"op": "step", "in_flight": True})["scheduled"] == [["r", 3, 0],
+                                                                        ["q", 1, 0]]
+    assert ex.apply({"op": "step", "in_flight": True})["scheduled"] == []
+    assert len(ex.state.in_flight) == 1
+    assert (ex.state.requests["r"].num_computed_tokens, ex.state.requests["r"].num_tokens) == (
+        3, 3)
+    ex.apply({"op": "complete_step"})
+    views = ex.state.requests
+    assert views["q"].status == "FINISHED_LENGTH_CAPPED" and views["r"].num_tokens == 4
+    assert ex.apply({"op": "step", "in_flight": True})["scheduled"] == [["r", 1, 0]]
+    ex.apply({"op": "complete_step"})
+    assert ex.state.requests["r"].status == "FINISHED_LENGTH_CAPPED"
+    assert not ex.state.in_flight and not ex.state.deferred_frees
+
+
+def test_the_async_scheduler_refuses_the_pipelines_rule():
+    """AsyncScheduler always counts output placeholders: a step in flight that samples under
+    "wait" is a usage error naming the value, and it offers no such step to the generators."""
+    from kvfuzz.core.errors import InvalidTrace
+
+    ex = Execution(_waits(BUILTIN["deferred_connector"][1]), "scheduler", ASYNC_THREE_WAY)
+    assert not ex.targets[1].side.offers("in_flight_sampling")
+    ex.apply(_add("r", list(range(3))))
+    with pytest.raises(InvalidTrace, match="in_flight_sampling 'wait'; vLLM's AsyncScheduler "
+                                           "follows 'placeholders'"):
+        ex.apply({"op": "step", "in_flight": True})
+
+
+@pytest.mark.parametrize("target, rule", [
+    ("vllm-scheduler", "wait"), ("vllm-scheduler-strict", "wait"),
+    ("vllm-scheduler-bug:in-flight-sample-rescheduled", "wait"),
+    ("vllm-async-scheduler", "placeholders"), ("vllm-scheduler-bug:free-not-deferred",
+                                               "placeholders")])
+def test_a_campaign_runs_a_config_under_its_schedulers_rule(target, rule):
+    """The target sets `in_flight_sampling` of a config whose steps stay in flight to the rule
+    its Scheduler follows; a config without deferred frees is left as it is."""
+    info = get_target(target)
+    for config in (BUILTIN["deferred_connector"][1], _waits(BUILTIN["deferred_connector"][1])):
+        assert info.engine_config(config).scheduler.in_flight_sampling == rule
+    assert info.engine_config(BUILTIN["full"][1]) is BUILTIN["full"][1]
+    assert get_target("kvcache").engine_config(BUILTIN["deferred"][1]) is BUILTIN["deferred"][1]
+
+
+def test_a_campaign_draws_steps_in_flight_that_sample_on_the_synchronous_scheduler(tmp_path):
+    """A campaign on `deferred_connector` runs under "wait" and draws steps in flight whose
+    requests sample (the plant that schedules them anyway is caught below); unmutated it
+    finds nothing."""
+    code = kvfuzz(["run", "--target", "vllm-scheduler", "--level", "scheduler",
+                   "--config", "deferred_connector", "--examples", "60", "--seed", "3",
+                   "--corpus", str(tmp_path)])
+    assert code == 0
 
 
 def test_a_campaign_leaves_steps_in_flight_on_vllm_async_scheduler(tmp_path, capsys):
@@ -532,6 +602,7 @@ for _name in CONFIGS:
     ("rejection-keeps-computed", "eagle", "DIFF-state"),
     ("failed-load-kept", "connector", "DIFF-result"),
     ("free-not-deferred", "deferred_connector", "IF1"),
+    ("in-flight-sample-rescheduled", "deferred_connector", "DIFF-result"),
     ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
     ("encoder-never-fits", "tenants", "DIFF-result"),
 ])
