@@ -86,7 +86,7 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "abort": {"request_id": (_STR, None)},
         "finish": {"request_id": (_STR, None)},
         "load_remote": {"request_id": (_STR, None), "num_external_tokens": (_INT, None),
-                        "sync": (_BOOL, False)},
+                        "sync": (_BOOL, False), "num_loaded_tokens": (_OPT_INT, None)},
         "finish_load": {"request_id": (_STR, None), "num_loaded_tokens": (_OPT_INT, None)},
     },
 }
@@ -94,7 +94,7 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
 
 # Fields added to an op after trace digests were first written: left out of the digest at their
 # default, so that a trace that does not use them keeps the digest (and file name) it had.
-_LATER_FIELDS = {"step": ("accept", "draft"), "load_remote": ("sync",)}
+_LATER_FIELDS = {"step": ("accept", "draft"), "load_remote": ("sync", "num_loaded_tokens")}
 
 # Fields whose schema default is None but which must be given.
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfuzz.core.config import Config
+from kvfuzz.core.sync_load_failures import fails_sync_loads
 from kvfuzz.core.snapshot import RequestView
 from kvfuzz.fuzz.strategies import (
     TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, extra_keys, flip, pick, prefixes,
@@ -453,9 +454,21 @@ class SchedulerRules(Rules):
         c = self.choices
         rid, view = pick(c, self._loadable())
         sync = self.knob("sync_load", lambda: c.below(4) == 0, False)
-        self.apply(op="load_remote", request_id=rid,
-                   num_external_tokens=between(c, 1, view.num_tokens),
-                   **({"sync": True} if sync else {}))
+        external = between(c, 1, view.num_tokens)
+        fails = {}
+        if sync and self._sync_loads_fail():  # half of them fill part of their blocks
+            loaded = pick(c, (None, between(c, 0, external)))
+            fails = {} if loaded is None else {"num_loaded_tokens": loaded}
+        self.apply(op="load_remote", request_id=rid, num_external_tokens=external,
+                   **({"sync": True} if sync else {}), **fails)
+
+    def _sync_loads_fail(self) -> bool:
+        """Whether a synchronous load may fail here (docs/spec.md §13.3): a config it is valid
+        on, under the "fail" policy (under "recompute" vLLM rewrites the blocks still keyed,
+        which I11 flags on every target: docs/vllm.md, "KV connectors"), no step in flight."""
+        return (fails_sync_loads(self.config)
+                and self.config.scheduler.kv_load_failure_policy == "fail"
+                and not self.config.deferred_frees)
 
     def finish_load(self) -> None:
         """A load ends: whole, short or failed (0 tokens), as the choice decides."""

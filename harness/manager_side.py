@@ -24,6 +24,7 @@ from kvfuzz.core.sides import (
     CachedTokensProbe, ForwardPass, KvEvent, Observations, take_events_result,
 )
 from kvfuzz.core.snapshot import Snapshot
+from kvfuzz.core.sync_load_failures import sync_failure_refusal
 from kvfuzz.core.trace import Op
 
 T = TypeVar("T")
@@ -594,8 +595,13 @@ class ManagerSide:
         """The driver's connector offers the request's tokens (docs/spec.md §13.2; `sync`:
         loaded at its next admission, §13.3)."""
         request = self._known_request(op)
+        refusal = sync_failure_refusal(self.config, op)
+        if refusal is not None:
+            raise InvalidTrace(refusal)
+        loaded = {} if op["num_loaded_tokens"] is None else {
+            "num_loaded_tokens": op["num_loaded_tokens"]}
         ok, out = self._call(lambda: self.scheduler.start_load(
-            request.request_id, op["num_external_tokens"], op["sync"]))
+            request.request_id, op["num_external_tokens"], op["sync"], **loaded))
         if not ok or out is None or out is True:
             return out
         self._loading[request.request_id] = out[:2]

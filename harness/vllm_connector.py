@@ -52,6 +52,10 @@ DEVIATIONS = {
                                  "the rest (`_connector_finished` calls "
                                  "`remove_skipped_blocks`), so they enter the free queue head "
                                  "first; kvfuzz's driver frees the table tail first",
+    "error-finish-order": "the requests one output fails (FINISHED_ERROR) are finished in the "
+                          "order of a set (`finish_requests(error_req_ids)`, hash-seed "
+                          "dependent), so their blocks enter the free queue in that order; "
+                          "kvfuzz's driver frees them in running order",
     "bounded-load": "releases without `Request.skip_reading_external_kv` load external KV for "
                     "a request whose hits are bounded; kvfuzz's driver (as vLLM 0.34) loads "
                     "none",
@@ -76,6 +80,10 @@ class TraceConnector(KVConnectorBase_V1, SupportsHMA):
         synchronously (counted computed at once, the rest scheduled in the same step)."""
         self.sync_loaded: dict[str, int] = {}
         """Request id -> external tokens of a synchronous load admitted, until read."""
+        self.sync_valid: dict[str, int] = {}
+        """Request id -> the external tokens a failing synchronous load offered fills."""
+        self.sync_admitted: dict[str, int] = {}
+        """Request id -> external tokens of a synchronous load admitted this step."""
         self.started: dict[str, int] = {}
         """Request id -> external tokens of the load vLLM started (`update_state_after_alloc`)."""
         self.backoff = 0
@@ -106,6 +114,7 @@ class TraceConnector(KVConnectorBase_V1, SupportsHMA):
         if self.sync_offers.pop(request.request_id, None) is not None:
             if num_external_tokens:
                 self.sync_loaded[request.request_id] = num_external_tokens
+                self.sync_admitted[request.request_id] = num_external_tokens
         elif num_external_tokens:
             self.started[request.request_id] = num_external_tokens
 
@@ -200,6 +209,22 @@ def _alone(scheduler: Any, request: Any, queue: str, unreserved: bool = False
             setattr(scheduler, name, value)
 
 
+def _errors_in_running_order(scheduler: Any) -> None:
+    """DEVIATIONS["error-finish-order"]: the request ids `update_from_output` finishes
+    together (a set, which `finish_requests` iterates as a set, `scheduler.py:3116-3128` in
+    0.34.0) are finished one by one in running order."""
+    finish = scheduler.finish_requests
+
+    def finish_requests(request_ids: Any, finished_status: Any) -> Any:
+        if not isinstance(request_ids, (set, frozenset)):
+            return finish(request_ids, finished_status)
+        order = {r.request_id: i for i, r in enumerate(scheduler.running)}
+        return [request for rid in sorted(request_ids, key=lambda r: order.get(r, len(order)))
+                for request in finish(rid, finished_status)]
+
+    scheduler.finish_requests = finish_requests
+
+
 def _finish_without_window_release(scheduler: Any) -> None:
     """DEVIATIONS["finish-drops-window-first"]: the connector's finish hook runs without
     releasing out-of-window blocks first (`free` then releases the whole table)."""
@@ -229,6 +254,7 @@ class ConnectorLoads:
         if driver_rules:
             self.connector.restores_groups = False
             _finish_without_window_release(self.vllm)
+            _errors_in_running_order(self.vllm)
         self._block_failures = single_group and not state_groups
         """A short load is reported by its blocks (one group), else by the request."""
         self._loads: dict[str, int] = {}
@@ -271,13 +297,14 @@ class ConnectorLoads:
         external tokens (read by popping)."""
         return self.connector.sync_loaded
 
-    def start_load(self, request_id: str, num_external_tokens: int, sync: bool = False
-                   ) -> tuple[int, int, bool] | bool | None:
+    def start_load(self, request_id: str, num_external_tokens: int, sync: bool = False,
+                   num_loaded_tokens: int | None = None) -> tuple[int, int, bool] | bool | None:
         """The connector offers `num_external_tokens` to a waiting request that holds nothing,
         never kept a landed load and has no offer standing. Asynchronous: vLLM's Scheduler
         looks it up and starts the load; (hit, external tokens, whether the per-group hits
         diverged), or None. `sync`: the connector offers them at the request's lookups until
-        vLLM admits it (True), or None when refused."""
+        vLLM admits it (True), or None when refused; `num_loaded_tokens`: only that many of
+        them fill their blocks (`load_failures` reports the rest)."""
         request = self._requests[request_id]
         if (request not in self.waiting or request.num_computed_tokens
                 or request_id in self._landed or request_id in self.connector.sync_offers):
@@ -289,6 +316,8 @@ class ConnectorLoads:
         if sync:
             self.connector.sync_offers[request_id] = 0 if unbounded_loads else (
                 num_external_tokens)
+            if num_loaded_tokens is not None:
+                self.connector.sync_valid[request_id] = num_loaded_tokens
             return True
         if unbounded_loads:
             return None
@@ -354,6 +383,26 @@ class ConnectorLoads:
         if request.num_computed_tokens:
             self._landed.add(request_id)
         return request.num_computed_tokens
+
+    def load_failures(self, scheduled: dict[str, int]) -> Any:
+        """What the worker reports of the synchronous loads the step just scheduled admitted
+        (`scheduled`: request id -> tokens): for each that fails, the blocks from the one
+        holding the end of what it filled to the end of the load (`invalid_block_ids`, one
+        group); None when none fails."""
+        admitted, self.connector.sync_admitted = self.connector.sync_admitted, {}
+        invalid: set[int] = set()
+        for request_id, external in admitted.items():
+            valid = self.connector.sync_valid.pop(request_id, None)
+            if valid is None or valid >= external:
+                continue
+            request = self._requests[request_id]
+            hit = request.num_computed_tokens - scheduled[request_id] - external
+            (blocks,) = self.vllm.kv_cache_manager.get_blocks(request_id).blocks
+            size = self.vllm.kv_cache_manager.coordinator.single_type_managers[0].block_size
+            invalid.update(b.block_id for b in blocks[(hit + valid) // size:
+                                                      -(-(hit + external) // size)]
+                           if not b.is_null)
+        return KVConnectorOutput(invalid_block_ids=invalid) if invalid else None
 
     def _window_unloaded(self, request: Any, end: int) -> bool:
         """Finding 016, tolerated: whether vLLM's rollback point for a load ending at `end`

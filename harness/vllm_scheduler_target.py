@@ -410,6 +410,11 @@ class VllmSchedulerDriver:
         return [b.block_id for entry in before if id(entry) not in left
                 for run in self._runs(entry[1]) for b in run]
 
+    def load_failures(self, scheduled: dict[str, int]) -> Any:
+        """The connector's report of the failing synchronous loads a step admitted (none
+        without a connector, `ConnectorLoads.load_failures`)."""
+        return None
+
     def _check_in_flight_sampling(self, samples: list[tuple[Any, list[int] | None]],
                                   spec: dict[str, Any]) -> None:
         """InvalidTrace where a step left in flight samples under a rule this Scheduler does
@@ -483,6 +488,10 @@ class VllmSchedulerDriver:
         fresh = {r.request_id for r in self.waiting if not r.num_computed_tokens}
         scheduler_output = self.vllm.schedule()
         ids = list(scheduler_output.num_scheduled_tokens)
+        kv_output = self.load_failures(scheduler_output.num_scheduled_tokens)
+        if kv_output is not None and in_flight:
+            raise InvalidTrace("a step left in flight admits a failing synchronous load: not "
+                               "modeled (docs/spec.md §13.3)")
         # An admitted request's hit: what it had computed before its first chunk (vLLM 0.32
         # sends a resumed request as cached data, without its computed tokens), less what a
         # synchronous KV load gave it.
@@ -507,9 +516,12 @@ class VllmSchedulerDriver:
             # A request aborted meanwhile takes no token (finding 025's shape needs one).
             self.sampled.update(r.request_id for r, kept in samples
                                 if kept is not None and not r.is_finished())
-            return self._output(req_ids=ids, sampled_token_ids=[
+            output = self._output(req_ids=ids, sampled_token_ids=[
                 [] if kept is None else [*kept, sample_token(r, len(kept))]
                 for r, kept in samples])
+            if kv_output is not None:  # the failing synchronous loads it admitted
+                output.kv_connector_output = kv_output
+            return output
 
         if in_flight and ids:
             self._check_in_flight_sampling(samples, spec)

@@ -144,6 +144,11 @@ class Scheduler:
         """Synchronous loads offered: request id -> tokens, loaded at its next admission."""
         self.sync_loaded: dict[str, int] = {}
         """The synchronous loads admitted this step: request id -> external tokens."""
+        self._sync_valid: dict[str, int] = {}
+        """Synchronous offers that fail: request id -> the external tokens that load."""
+        self._sync_failing: dict[str, tuple[int, int]] = {}
+        """The failing synchronous loads admitted this step: request id -> (the end of what
+        loaded, the end of the load), in tokens."""
         self._holders: dict[str, int] = {}
         """Waiting requests a KV load started for -> its start number: they wait ahead of the
         others, in that order (priority: in priority order), as in vLLM's `kv_holding_waiting`
@@ -225,7 +230,8 @@ class Scheduler:
         return self._placeholders.get(request_id, 0)
 
     def start_load(
-        self, request_id: str, num_external_tokens: int, sync: bool = False
+        self, request_id: str, num_external_tokens: int, sync: bool = False,
+        num_loaded_tokens: int | None = None,
     ) -> tuple[int, int, bool] | bool | None:
         """A connector offers `num_external_tokens` tokens of a waiting request that holds
         nothing, never kept a landed load and has no offer standing. Asynchronous: after its
@@ -234,7 +240,9 @@ class Scheduler:
         uncached, and waits for remote KV; (hit, external tokens, whether the lookup's hits
         diverged), or None when nothing is loaded (not such a request, nothing left to offer,
         or no room). `sync`: the offer stands until the request's next admission, which loads
-        the tokens synchronously (`_lookup`); True, or None when refused."""
+        the tokens synchronously (`_lookup`); True, or None when refused. With
+        `num_loaded_tokens` only that many of them load: the step that admits it reports
+        the blocks not filled in its output (`_fail_sync_loads`)."""
         request = self._known(request_id, "start_load")
         if type(num_external_tokens) is not int or num_external_tokens < 0:
             raise ValueError(
@@ -246,6 +254,8 @@ class Scheduler:
             return None
         if sync:
             self._sync_offers[request_id] = num_external_tokens
+            if num_loaded_tokens is not None:
+                self._sync_valid[request_id] = num_loaded_tokens
             return True
         hit_blocks, num_hit_tokens, external, diverged = self._connector_hit(
             request, num_external_tokens, self.state_groups)
@@ -610,9 +620,18 @@ class Scheduler:
         else:
             manager.block_pool.free_blocks(retained)
 
+        failing, self._sync_failing = self._sync_failing, {}
+        if failing and held is not None:
+            raise ValueError(f"a step left in flight admits failing synchronous loads "
+                             f"{sorted(failing)}: not modeled (docs/spec.md §13.3)")
+        failed = self._fail_sync_loads(scheduled, failing) if failing else []
         sampled = []
         for request, num_new_tokens, num_cached_tokens in scheduled:
             out.scheduled.append((request.request_id, num_new_tokens, num_cached_tokens))
+            if request in failed:  # no output; under "fail" it ends below
+                if self.fail_short_loads:
+                    out.finished.append(request.request_id)
+                continue
             request.num_computed_tokens += num_new_tokens
             pending = self._placeholders.get(request.request_id, 0)
             if request.num_computed_tokens < request.num_tokens + pending:
@@ -634,11 +653,50 @@ class Scheduler:
                     self._running.remove(request)
                     self._free(request)
                     out.finished.append(request.request_id)
+        for request in failed if self.fail_short_loads else ():
+            request.status = RequestStatus.FINISHED_ERROR
+            self._running.remove(request)
+            self._free(request)
         if propose is not None:
             for request in sampled:
                 if not RequestStatus.is_finished(request.status):
                     request.spec_token_ids = list(propose(request))
         return out
+
+    def _fail_sync_loads(self, scheduled: list[tuple[Any, int, int]],
+                         failing: dict[str, tuple[int, int]]) -> list[Any]:
+        """The step's output reports the blocks of the lone group the failing synchronous
+        loads did not fill (vLLM's `_handle_invalid_blocks` over its running requests). Each
+        scheduled request whose blocks computed before the step hold one is affected: at the
+        first such block no earlier request marked, its computed tokens drop to the block's
+        start (if none, they stay as before the step); under "fail" that block and the rest
+        of its table are evicted from the cache. Returns the affected requests, in order."""
+        single = self.manager.coordinator.single_type_managers[0]
+        size = single.block_size
+        invalid = {b.block_id for rid, (valid, end) in failing.items()
+                   for b in single.req_to_blocks[rid][valid // size:-(-end // size)]
+                   if not b.is_null}
+        marked: set[int] = set()
+        evict: set[int] = set()
+        affected = []
+        for request, _, _ in scheduled:
+            table = single.req_to_blocks.get(request.request_id, [])
+            own = False
+            for idx, block in enumerate(table[:-(-request.num_computed_tokens // size)]):
+                if block.block_id not in invalid:
+                    continue
+                if request not in affected:
+                    affected.append(request)
+                if block.block_id in marked:
+                    continue
+                marked.add(block.block_id)
+                if not own:
+                    own = True
+                    request.num_computed_tokens = idx * size
+                    evict.update(b.block_id for b in table[idx:])
+        if self.fail_short_loads:
+            self.manager.evict_blocks(evict)
+        return affected
 
     def _append_verified(self, request: Any, drafts: list[int], accept: int | None,
                          sample_token: Callable[[Any], int]) -> bool:
@@ -708,6 +766,10 @@ class Scheduler:
             manager.record_prefix_cache_stats(request, num_local_tokens)
             if self._sync_offers.pop(request.request_id, None) is not None and external:
                 self.sync_loaded[request.request_id] = external
+            valid = self._sync_valid.pop(request.request_id, None)
+            if valid is not None and valid < external:
+                self._sync_failing[request.request_id] = (num_local_tokens + valid,
+                                                          num_local_tokens + external)
             scheduled.append((request, num_new_tokens, num_local_tokens))
             budget -= num_new_tokens
 

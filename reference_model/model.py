@@ -10,6 +10,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.core.sync_load_failures import sync_failure_refusal
 from kvfuzz.core.extra_keys import Extras, extras_problem
 from kvfuzz.core.sides import CachedTokensProbe, Observations, take_events_result
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
@@ -372,10 +373,13 @@ class ReferenceModel:
         return None
 
     def _op_load_remote(self, op: Op) -> Any:
+        refusal = sync_failure_refusal(self.config, op)
+        if refusal is not None:
+            raise InvalidTrace(refusal)
         if op["num_external_tokens"] < 0:
             return MISUSE
         return self.driver.load(self._added(op["request_id"]), op["num_external_tokens"],
-                                op["sync"])
+                                op["sync"], op["num_loaded_tokens"])
 
     def _op_finish_load(self, op: Op) -> Any:
         req = self._added(op["request_id"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.reference_model.caching import checkpoint_exportable, state_checkpoint
 from kvfuzz.reference_model.layout import cdiv
 from kvfuzz.reference_model.manager import Manager
@@ -26,6 +27,8 @@ class Driver:
         """Requests a load left holding blocks: offered no load again."""
         self.sync_offers: dict[str, int] = {}
         """Synchronous loads offered, taken at the request's next admission (§13.3)."""
+        self.sync_valid: dict[str, int] = {}
+        """Synchronous loads offered that fail: request id -> the external tokens valid."""
         self.holders: dict[str, int] = {}
         """§13.2: waiting requests a load started for -> its start number; they wait first."""
         self.loads_started = 0
@@ -174,17 +177,20 @@ class Driver:
             self.free(req)
         req.status = status
 
-    def load(self, req: Request, offered: int, sync: bool = False
+    def load(self, req: Request, offered: int, sync: bool = False, valid: int | None = None
              ) -> dict[str, int] | bool | None:
         """docs/spec.md §13.2: a waiting request holding nothing takes blocks for its connector
         lookup's hit and min(offered, what is left, but the last token with state groups)
         external tokens, caches nothing, waits for remote KV. `sync`: the offer stands until
-        the request's next admission, which counts the tokens computed at once (§13.3)."""
+        the request's next admission, which counts the tokens computed at once (§13.3);
+        `valid` (not None): only that many of them load, which that step's output reports."""
         if (req not in self.waiting or req.num_computed_tokens or req.request_id in self.landed
                 or req.request_id in self.sync_offers):
             return None
         if sync:
             self.sync_offers[req.request_id] = offered
+            if valid is not None:
+                self.sync_valid[req.request_id] = valid
             return True
         hits, hit, external, diverged = self._connector_lookup(req, offered,
                                                                1 if self.states else 0)
@@ -326,6 +332,8 @@ class Driver:
         budget = cfg.token_budget
         scheduled: list[tuple[Request, int, int]] = []
         preempted: list[str] = []
+        failing: dict[str, tuple[int, int]] = {}
+        """§13.3: synchronous loads admitted that fail -> (valid end, load end) in tokens."""
         verified: dict[str, list[int]] = {}
         """Request id -> the drafts this step scheduled for it."""
 
@@ -420,6 +428,9 @@ class Driver:
                 if blocks is None:
                     break
                 self.sync_offers.pop(r.request_id, None)
+                valid = self.sync_valid.pop(r.request_id, None)
+                if valid is not None and valid < external:
+                    failing[r.request_id] = (local + valid, local + external)
                 self.waiting.pop(w)
                 self.holders.pop(r.request_id, None)
                 self.running.append(r)
@@ -459,7 +470,16 @@ class Driver:
         held: list[tuple[Request, list[int]]] = []
         if in_flight and scheduled:
             self.outputs.append((sample, draft, accept, held))
+        if failing and in_flight:
+            raise InvalidTrace("step {in_flight: true} admits a synchronous load that fails "
+                               f"({sorted(failing)}): its report is modeled only in the output "
+                               "of a step not left in flight (docs/spec.md §13.3)")
+        failed = self._fail_sync_loads(scheduled, failing) if failing else set()
         for r, n, _ in scheduled:
+            if r.request_id in failed:  # §13.3: no output; under "fail" it ends below
+                if cfg.kv_load_failure_policy == "fail":
+                    finished.append(r.request_id)
+                continue
             r.num_computed_tokens += n
             pending = self.placeholders.get(r.request_id, 0)
             if r.num_computed_tokens >= r.num_tokens + pending:
@@ -477,6 +497,11 @@ class Driver:
                 self.running.remove(r)
                 self.free(r)
                 finished.append(r.request_id)
+        for r, _, _ in scheduled:
+            if r.request_id in failed and cfg.kv_load_failure_policy == "fail":
+                r.status = "FINISHED_ERROR"
+                self.running.remove(r)
+                self.free(r)
         for r in sampled:
             if not r.is_finished:
                 self._propose(r, sample, draft)
@@ -487,6 +512,39 @@ class Driver:
             "copies": [[src, dst] for src, dst in copies],
         }
 
+
+    def _fail_sync_loads(self, scheduled: list[tuple[Request, int, int]],
+                         failing: dict[str, tuple[int, int]]) -> set[str]:
+        """docs/spec.md §13.3: the step's output reports the blocks the failing synchronous
+        loads did not fill (one group). Each scheduled request, in order, whose computed
+        blocks before the step hold one is affected: at the first such block no earlier
+        request marked, its computed tokens drop to that block's start (else they stay as
+        before the step), and under "fail" that block and the rest of its table lose their
+        keys. Returns the affected request ids."""
+        g = self.manager.layout.groups[0]
+        tables = self.manager.state.tables[0]
+        invalid = {b for rid, (valid, end) in failing.items()
+                   for b in tables[rid][valid // g.bs:cdiv(end, g.bs)] if b != NULL}
+        marked: set[int] = set()
+        evict: set[int] = set()
+        affected: set[str] = set()
+        for r, _, _ in scheduled:
+            table = tables.get(r.request_id, [])
+            own = False
+            for idx, b in enumerate(table[:cdiv(r.num_computed_tokens, g.bs)]):
+                if b not in invalid:
+                    continue
+                affected.add(r.request_id)
+                if b in marked:
+                    continue
+                marked.add(b)
+                if not own:
+                    own = True
+                    r.num_computed_tokens = idx * g.bs
+                    evict.update(table[idx:])
+        if self.cfg.kv_load_failure_policy == "fail":
+            self.manager.evict_blocks(evict)
+        return affected
 
     def _sample(self, r: Request, sample: int, drafts: list[int], accept: int | None) -> None:
         """The step's verdict on `r`: the first `accept` drafts (None: all) are kept, the rest

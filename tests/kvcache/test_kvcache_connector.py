@@ -425,3 +425,93 @@ def test_a_load_passes_the_full_sequence_gate():
     ex.apply({"op": "add_request", "request_id": "r1", "prompt": list(range(100, 140)),
               "max_tokens": 1})
     assert ex.apply({"op": "load_remote", "request_id": "r1", "num_external_tokens": 8}) is None
+
+
+SYNC_FAILURE = [
+    {"op": "add_request", "request_id": "a", "prompt": list(range(20)), "max_tokens": 2},
+    {"op": "add_request", "request_id": "b", "prompt": list(range(20)) + [7], "max_tokens": 2},
+    {"op": "load_remote", "request_id": "a", "num_external_tokens": 16, "sync": True,
+     "num_loaded_tokens": 6},
+    {"op": "step"},
+]
+"""a's synchronous load fills 6 of its 16 tokens; b, admitted in the same step, hits a's
+blocks (cached at a's admission), the ones the load did not fill among them."""
+
+
+def sync_failure_config(policy: str):
+    import dataclasses
+
+    from kvfuzz.core.configs import BUILTIN
+
+    base = BUILTIN["connector"][1]
+    return base.replace(scheduler=dataclasses.replace(base.scheduler,
+                                                      kv_load_failure_policy=policy))
+
+
+@pytest.mark.parametrize("policy, finished, after", [
+    ("recompute", [], {"a": (4, "RUNNING"), "b": (20, "RUNNING")}),
+    ("fail", ["a", "b"], {"a": (4, "FINISHED_ERROR"), "b": (20, "FINISHED_ERROR")})])
+def test_a_failing_synchronous_load_is_reported_by_the_step_that_admits_it(policy, finished,
+                                                                            after):
+    """docs/spec.md §13.3: the step's output reports blocks 2-4 (tokens 4..15) not filled. a's
+    computed tokens drop to 4, the start of the first; b holds them too, already marked by a:
+    it keeps its hit (20) and takes no output. Under "fail" both fail, and a's blocks from the
+    first reported one on lose their keys first. kvcache's driver and the model agree (I11
+    off: under "recompute" a rewrites blocks still keyed, below)."""
+    from kvfuzz.harness.executor import Execution
+
+    ex = Execution(sync_failure_config(policy), "scheduler", ("kvcache",), checks=())
+    for op in SYNC_FAILURE[:-1]:
+        ex.apply(op)
+    out = ex.apply(SYNC_FAILURE[-1])
+    assert out["scheduled"] == [["a", 4, 0], ["b", 1, 20]] and out["finished"] == finished
+    views = ex.state.requests
+    assert {rid: (v.num_computed_tokens, v.status) for rid, v in views.items()} == after
+    keyed = {b for blocks in ex.state.cache.values() for b in blocks}
+    assert keyed.isdisjoint({2, 3, 4, 5}) == (policy == "fail")
+
+
+def test_recomputing_a_failed_synchronous_load_rewrites_blocks_still_keyed():
+    """Under "recompute" the blocks the load did not fill keep their keys (vLLM evicts them
+    only under "fail", `scheduler.py:3907-3911` in 0.34.0) while a recomputes into them and b
+    reads them: I11 says so on kvcache, which plays vLLM's rule (docs/vllm.md)."""
+    from kvfuzz.core.trace import Trace
+    from kvfuzz.harness.executor import run_trace
+
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": sync_failure_config("recompute").to_dict(),
+                             "ops": SYNC_FAILURE + [{"op": "step"}]})
+    finding = run_trace(trace, ["kvcache"]).finding
+    assert finding is not None and (finding.check, finding.step) == ("I11", 4)
+
+
+@pytest.mark.parametrize("config, op, says", [
+    ("connector", {"sync": False}, "num_loaded_tokens is for a synchronous load"),
+    ("gpt_oss_connector", {"sync": True}, "one full-attention group only"),
+    ("connector", {"sync": True, "num_loaded_tokens": -1}, "must be >= 0 or null, got -1"),
+])
+def test_a_failing_synchronous_load_where_it_is_not_valid_exits_2(config, op, says):
+    from kvfuzz.core.configs import BUILTIN
+    from kvfuzz.core.errors import InvalidTrace
+    from kvfuzz.harness.executor import Execution
+
+    for model in (True, False):
+        ex = Execution(BUILTIN[config][1], "scheduler", ("kvcache",), model=model)
+        ex.apply({"op": "add_request", "request_id": "a", "prompt": list(range(9))})
+        with pytest.raises(InvalidTrace, match=says):
+            ex.apply({"op": "load_remote", "request_id": "a", "num_external_tokens": 4,
+                      "num_loaded_tokens": 2, **op})
+
+
+def test_the_generators_draw_failing_synchronous_loads_under_the_fail_policy():
+    import random
+
+    from kvfuzz.fuzz.generator import run_example
+
+    drawn = 0
+    for seed in range(30):
+        ex = run_example(random.Random(seed).randbytes(2048), sync_failure_config("fail"),
+                         "scheduler", steps=40, targets=("kvcache",), vary=False)
+        drawn += sum(op["op"] == "load_remote" and op["num_loaded_tokens"] is not None
+                     for op in ex.trace.ops)
+    assert drawn

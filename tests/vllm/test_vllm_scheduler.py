@@ -749,3 +749,34 @@ def test_finding_017_is_reached_by_vllm_scheduler_with_a_synchronous_load(num_bl
         assert scheduler.schedule().num_scheduled_tokens == {"a": 8}
         assert request.num_computed_tokens == 16
         assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 0
+
+
+# ----- a synchronous KV load that fails, reported by the step that admits it -----
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_a_failing_synchronous_load_agrees_three_way(policy):
+    """kvfuzz's connector reports the blocks a synchronous load did not fill in the
+    `KVConnectorOutput` of the step that admitted it (`invalid_block_ids`); vLLM's Scheduler
+    handles them (`_handle_invalid_blocks`, `scheduler.py:3854-3924` in 0.34.0) as kvfuzz's
+    driver and the model do, under each policy, while both requests then run to their end
+    (I11 off under "recompute": vLLM rewrites the blocks it leaves keyed, docs/vllm.md)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvcache"))
+    from test_kvcache_connector import SYNC_FAILURE, sync_failure_config
+
+    ex = Execution(sync_failure_config(policy), "scheduler", THREE_WAY,
+                   checks=() if policy == "recompute" else None)
+    for op in SYNC_FAILURE:
+        ex.apply(op)
+    for _ in range(4):
+        ex.apply({"op": "step"})
+    statuses = {v.status for v in ex.state.requests.values()}
+    assert statuses == ({"FINISHED_LENGTH_CAPPED"} if policy == "recompute"
+                        else {"FINISHED_ERROR"})
+    # Without the rollback (the plant ignores invalid blocks) the step differs at once.
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": sync_failure_config(policy).to_dict(),
+                             "ops": SYNC_FAILURE})
+    finding = run_trace(trace, ("vllm-scheduler-bug:failed-load-kept",), checks=()).finding
+    assert finding is not None and finding.step == 3
