@@ -49,6 +49,7 @@ from kvfuzz.kvcache.scheduler import StepOutput, cut_per_group
 _IN_FLIGHT = ("in_flight", "complete_step")
 """Driven where vLLM's Scheduler defers frees behind steps in flight (`defer_block_free`)."""
 
+
 def in_flight_sampling_rule(async_scheduling: bool) -> str:
     """The `scheduler.in_flight_sampling` rule vLLM's scheduler follows: AsyncScheduler counts
     output placeholders (`async_scheduler.py:36`); the synchronous Scheduler has none, so a
