@@ -757,7 +757,7 @@ def test_finding_017_is_reached_by_vllm_scheduler_with_a_synchronous_load(num_bl
 def test_a_failing_synchronous_load_agrees_three_way(policy):
     """kvfuzz's connector reports the blocks a synchronous load did not fill in the
     `KVConnectorOutput` of the step that admitted it (`invalid_block_ids`); vLLM's Scheduler
-    handles them (`_handle_invalid_blocks`, `scheduler.py:3854-3924` in 0.34.0) as kvfuzz's
+    handles them (`_handle_invalid_blocks`, `scheduler.py:3854-3934` in 0.34.0) as kvfuzz's
     driver and the model do, under each policy, while both requests then run to their end
     (I11 off under "recompute": vLLM rewrites the blocks it leaves keyed, docs/vllm.md)."""
     import sys
