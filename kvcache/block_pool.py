@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import compress, islice, repeat
+from itertools import compress, repeat
 from operator import add, length_hint
 from typing import TYPE_CHECKING, NoReturn
 
