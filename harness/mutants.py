@@ -298,7 +298,7 @@ def _removed_while_held(side: KvcacheSide) -> None:
     pool = side.manager.block_pool
 
     def removed(keys):
-        for key, _segment in keys:
+        for key in keys:
             block_hash, group = _split(key)
             pool.kv_event_queue.append(BlockRemoved([block_hash], group_idx=group))
 
@@ -540,10 +540,9 @@ def _stale_hash_on_evict(side: KvcacheSide) -> None:
     pool = _pool(side)
 
     def around(original, block):
-        segment = block._segment
-        entry = segment.get(block.block_hash) if segment is not None else None
-        if isinstance(entry, dict) and len(entry) > 1:
-            pool.cached_block_hash_to_block.pop_in(segment, block.block_hash, block.block_id)
+        cache_map = pool.cached_block_hash_to_block
+        if block.block_hash in cache_map._dup_ids:
+            cache_map.pop(block.block_hash, block.block_id)
             return
         original(block)
 
@@ -610,7 +609,7 @@ def _reset_while_held(side: KvcacheSide) -> None:
     pool = _pool(side)
 
     def replacement():
-        pool.cached_block_hash_to_block._segments.clear()
+        pool.cached_block_hash_to_block.clear()
         pool.cached_block_hashes_by_block.clear()
         for block in pool.blocks:
             block.reset_hash()

@@ -2,7 +2,7 @@
 
 Both name their state alike (docs/spec.md, NOTES.md): `block_pool.blocks[i].ref_cnt / block_hash /
 block_hash_num_tokens`, the free queue's sentinels and links, `cached_block_hash_to_block._cache`
-(and `_dup_ids` where the map holds block ids; kvcache's map, filed by segment, gives `items()`),
+(and `_dup_ids` where the map holds block ids: kvcache, vLLM 0.34),
 `cached_block_hashes_by_block`, and per layer-3 manager `req_to_blocks`, `num_cached_block`,
 `_partial_hit_reqs`, `_pending_cow_copies`, `new_block_ids`. Hash keys are translated to content
 (`CacheKey`) through the prefixes of the requests the harness created.
@@ -179,15 +179,15 @@ def read_snapshot(
         linked = frozenset(linked_ids)
         last["linked"] = (linked_ids, linked)
     hash_map = pool.cached_block_hash_to_block
-    # kvcache files its keys by segment; vLLM keeps one dict.
-    entries = hash_map._cache if not hasattr(hash_map, "_segments") else dict(hash_map.items())
+    entries = hash_map._cache
     dup_ids = getattr(hash_map, "_dup_ids", None)
     if dup_ids is None:
-        # Per key one block or a dict of blocks (kvcache, vLLM up to 0.33); the map reads the
+        # Per key one block or a dict of blocks (vLLM up to 0.33); the map reads the
         # same when the same keys hold the same block objects (a block's id never changes).
         held = [tuple(e.values()) if isinstance(e, dict) else e for e in entries.values()]
     else:
-        # Per key a block id, and every id of a key several blocks hold in _dup_ids (vLLM 0.34).
+        # Per key a block id, and every id of a key several blocks hold in _dup_ids (kvcache,
+        # vLLM 0.34).
         held = [tuple(dup_ids[k]) if k in dup_ids else i for k, i in entries.items()]
     prev = last.get("cache")
     if prev is not None and prev[1] == held and prev[0] == list(entries) and (

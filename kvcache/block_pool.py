@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, MutableMapping, Sequence
-from itertools import compress, islice, repeat
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import compress, repeat
 from operator import add, length_hint
 from typing import TYPE_CHECKING, NoReturn
 
@@ -37,244 +37,85 @@ def _before_current(
     return items[: len(items) - length_hint(remaining) - 1]
 
 
-SEGMENT_LEN = 64
-"""Fine hashes per segment of the hash map (1,024 tokens at a hash block size of 16)."""
-
-ROOT = BlockHash(b"")
-"""The head of every request's first segment, which all requests share (no hash is empty)."""
-
-
-def segment_head(fine_hashes: Sequence[BlockHash], index: int) -> BlockHash:
-    """The head of the segment holding the key of `fine_hashes[index]`: `ROOT` for the first
-    `SEGMENT_LEN` hashes, else the fine hash at the segment's start. Hashes chain, so every
-    request that has that key has this head too."""
-    return fine_hashes[index - index % SEGMENT_LEN] if index >= SEGMENT_LEN else ROOT
-
-
-Segment = dict  # type: ignore[type-arg]
-"""One segment of the hash map: key -> one block, or -> {block_id: block} in insertion order when
-duplicated, and under None its head. A plain dict: a subclass's methods cost more per key."""
-
-
 class BlockHashToBlockMap:
-    """Key -> one block, or -> {block_id: block} in insertion order when duplicated; the keys
-    filed by prefix segment.
+    """Key -> the cached blocks under it, in vLLM 0.34's layout (block_pool.py:38-104).
 
-    A key is the fine hash at some index of a request's hashes (with its group's suffix). Its
-    segment is the run of `SEGMENT_LEN` indices around it, named by the hash at the run's
-    start, so a request's consecutive keys share one small dict: a registration or a lookup
-    works in a dict that stays in the CPU cache, and no call pays to regrow one dict of the
-    whole cache at once (a dict doubles in a single insert, rehashing every entry). An
-    emptied segment is dropped.
-
+    `_cache` maps each key to the id of the earliest inserted block still under it; `_dup_ids`
+    holds, for a key that several blocks hold, all their ids in insertion order (the one in
+    `_cache` first). Entries are ids, not blocks, so `_cache` holds only bytes and ints: CPython
+    (3.11 to 3.13) leaves such a dict out of the cyclic GC, which never walks the cache.
     Identical content cached twice is kept twice (no de-duplication), so block ids already
-    handed out never change. The single-block form avoids an inner dict per key. A block
-    records the segment of its primary key (`_segment`), so removing a key needs no head.
+    handed out never change.
 
-    vLLM's methods (`get_one_block`, `contain`, `insert`, `pop` by key alone, and `_cache`, key
-    -> block id) find a key's segment by looking in each: the managers use the segment-aware
-    ones (`get_one_block_run`, `insert_in`, `pop_in`).
+    `_cache` is the map itself, a plain dict: code that sets, pops or clears its keys directly
+    (vLLM's tests do) changes what every lookup sees. The managers' runs of lookups go through
+    `get_one_block_run`, which looks keys up in C.
     """
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
         self._blocks = blocks
-        """The pool's blocks, by id (what `_cache`'s block ids name)."""
-        self.root: Segment = {None: ROOT}
-        """The segment of every request's first `SEGMENT_LEN` hashes: most requests fit in it."""
-        self._segments: dict[BlockHash, Segment] = {ROOT: self.root}
-
-    def segment_of(self, key: BlockHashWithGroupId) -> Segment | None:
-        """The segment holding `key`, if any: the root first, then every other (a key alone
-        does not name its segment)."""
-        if key in self.root:
-            return self.root
-        for segment in self._segments.values():
-            if key in segment:
-                return segment
-        return None
+        """The pool's blocks, by id (what the ids name)."""
+        self._cache: dict[BlockHashWithGroupId, int] = {}
+        self._dup_ids: dict[BlockHashWithGroupId, dict[int, None]] = {}
 
     def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
         """vLLM's: the earliest inserted block still under `key`, or None."""
-        segment = self.segment_of(key)
-        if segment is None:
-            return None
-        blocks = segment[key]
-        if type(blocks) is dict:
-            for blocks in blocks.values():
-                break
-        return blocks  # type: ignore[no-any-return]
+        block_id = self._cache.get(key)
+        return None if block_id is None else self._blocks[block_id]
 
     def contain(self, key: BlockHashWithGroupId, block_id: int) -> bool:
         """vLLM's: `block_id` is one of the blocks under `key`."""
-        segment = self.segment_of(key)
-        if segment is None:
-            return False
-        blocks = segment[key]
-        return block_id in blocks if type(blocks) is dict else blocks.block_id == block_id
+        dup_ids = self._dup_ids.get(key)
+        return block_id in dup_ids if dup_ids is not None else self._cache.get(key) == block_id
 
     def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
-        """vLLM's: add `block` under `key`, in the segment that holds `key`, else in the one its
-        block records for it (its primary key), else in the root. A block whose primary key
-        this is and that records no segment records this one, so evicting it drops the key."""
-        segment = self.segment_of(key)
-        primary = block._block_hash == key
-        if segment is None:
-            own = block._segment
-            segment = own if primary and own is not None and (
-                self._segments.get(own[None]) is own) else self.root
-        self.insert_in(segment[None], key, block)
-        if primary and block._segment is None:
-            block._segment = segment
+        """vLLM's: add `block` under `key`, after any blocks already there (none moves)."""
+        block_id = block.block_id
+        first = self._cache.setdefault(key, block_id)
+        if first != block_id:
+            self._dup_ids.setdefault(key, {first: None})[block_id] = None
 
     def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
         """vLLM's: remove `block_id` from the blocks under `key`; the block, or None if it is
-        not there."""
-        segment = self.segment_of(key)
-        return None if segment is None else self.pop_in(segment, key, block_id)
-
-    @property
-    def _cache(self) -> BlockIdView:
-        """vLLM's view of the map: key -> the id of its earliest inserted block (read, set,
-        delete; `copy.copy` gives a dict)."""
-        return BlockIdView(self)
+        not there. The key then names the earliest inserted block left, if any."""
+        dup_ids = self._dup_ids.get(key)
+        if dup_ids is None:
+            if self._cache.get(key) != block_id:
+                return None
+            del self._cache[key]
+        else:
+            if dup_ids.pop(block_id, False) is False:
+                return None
+            for first in dup_ids:  # the earliest left (a key of dups keeps two or more)
+                self._cache[key] = first
+                break
+            if len(dup_ids) == 1:
+                del self._dup_ids[key]
+        return self._blocks[block_id]
 
     def get_one_block_run(
         self, fine_hashes: Sequence[BlockHash], start: int, stop: int, step: int, group_id: int
     ) -> list[KVCacheBlock]:
         """The earliest inserted block still under each key at indices `start`, `start + step`,
-        ... before `stop` (within `fine_hashes`) in `group_id`, up to the first miss: one
-        segment lookup per segment crossed."""
-        suffix = group_id_suffix(group_id)
-        segments = self._segments
+        ... before `stop` (within `fine_hashes`) in `group_id`, up to the first miss."""
+        blocks = self._blocks
         run: list[KVCacheBlock] = []
         append = run.append
-        while start < stop:
-            if stop <= SEGMENT_LEN:  # within the root, as most lookups
-                segment, end = self.root, stop
-            else:
-                end = start - start % SEGMENT_LEN
-                segment = segments.get(fine_hashes[end] if end else ROOT)  # type: ignore[assignment]
-                if segment is None:
-                    break
-                end = end + SEGMENT_LEN if end + SEGMENT_LEN < stop else stop
-            get = segment.get
-            # The keys are built in C.
-            for key in map(add, fine_hashes[start:end:step], repeat(suffix)):
-                blocks = get(key)
-                if blocks is None:
-                    return run
-                if type(blocks) is dict:
-                    for blocks in blocks.values():  # the first; cheaper than next(iter(...))
-                        break
-                append(blocks)
-            start += (end - start + step - 1) // step * step
+        # The keys are built and looked up in C.
+        for block_id in map(self._cache.get, map(add, fine_hashes[start:stop:step],
+                                                 repeat(group_id_suffix(group_id)))):
+            if block_id is None:
+                break
+            append(blocks[block_id])
         return run
 
-    def open(self, head: BlockHash) -> Segment:
-        """The segment named `head`, made if there is none (callers fill it or `close` it)."""
-        segment = self._segments.get(head)
-        if segment is None:
-            segment = self._segments[head] = {None: head}
-        return segment
-
-    def close(self, segment: Segment) -> None:
-        """Drop `segment` if it holds no key (and is still this map's), unless it is the root."""
-        if len(segment) == 1 and segment is not self.root:
-            head = segment[None]
-            if self._segments.get(head) is segment:
-                del self._segments[head]
-
-    def insert_in(self, head: BlockHash, key: BlockHashWithGroupId, block: KVCacheBlock) -> Segment:
-        """Add `block` under key in the segment named `head`; the segment it went into."""
-        segment = self.open(head)
-        # A new key (the common case) costs one dict operation.
-        blocks = segment.setdefault(key, block)
-        if blocks is not block:
-            self.add_copy(segment, key, blocks, block)
-        return segment
-
-    @staticmethod
-    def add_copy(
-        segment: Segment, key: BlockHashWithGroupId,
-        blocks: KVCacheBlock | dict[int, KVCacheBlock], block: KVCacheBlock,
-    ) -> None:
-        """Add `block` under a key that `blocks` (its entry) already holds."""
-        if type(blocks) is dict:
-            blocks[block.block_id] = block
-        else:
-            segment[key] = {blocks.block_id: blocks, block.block_id: block}  # type: ignore[union-attr]
-
-    def pop_in(
-        self, segment: Segment, key: BlockHashWithGroupId, block_id: int
-    ) -> KVCacheBlock | None:
-        """Remove only `block_id` under key in `segment`; another single block under key is
-        left alone."""
-        blocks = segment.get(key)
-        if blocks is None:
-            return None
-        if type(blocks) is dict:
-            block = blocks.pop(block_id, None)
-            if not blocks:
-                del segment[key]
-        elif blocks.block_id != block_id:
-            return None
-        else:
-            block = blocks
-            del segment[key]
-        self.close(segment)
-        return block
-
     def clear(self) -> None:
-        """Remove every key, in place (holders of this map or its root see it emptied)."""
-        self.root.clear()
-        self.root[None] = ROOT
-        self._segments.clear()
-        self._segments[ROOT] = self.root
-
-    def items(self) -> Iterator[tuple[BlockHashWithGroupId, KVCacheBlock | dict[int, KVCacheBlock]]]:
-        """Every key with its entry, segment by segment."""
-        for segment in self._segments.values():
-            for key, entry in segment.items():
-                if key is not None:
-                    yield key, entry
+        """Remove every key, in place (holders of this map or its dicts see it emptied)."""
+        self._cache.clear()
+        self._dup_ids.clear()
 
     def __len__(self) -> int:
-        return sum(map(len, self._segments.values())) - len(self._segments)
-
-
-class BlockIdView(MutableMapping[BlockHashWithGroupId, int]):
-    """`BlockHashToBlockMap._cache` as vLLM keeps it: key -> one block id. Setting a key puts
-    that block alone under it (as `insert`); deleting one drops every block under it."""
-
-    def __init__(self, cache_map: BlockHashToBlockMap) -> None:
-        self._map = cache_map
-
-    def __getitem__(self, key: BlockHashWithGroupId) -> int:
-        block = self._map.get_one_block(key)
-        if block is None:
-            raise KeyError(key)
-        return block.block_id
-
-    def __setitem__(self, key: BlockHashWithGroupId, block_id: int) -> None:
-        if key in self:
-            del self[key]
-        self._map.insert(key, self._map._blocks[block_id])
-
-    def __delitem__(self, key: BlockHashWithGroupId) -> None:
-        segment = self._map.segment_of(key)
-        if segment is None:
-            raise KeyError(key)
-        del segment[key]
-        self._map.close(segment)
-
-    def __iter__(self) -> Iterator[BlockHashWithGroupId]:
-        return (key for key, _ in self._map.items())
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-    def __copy__(self) -> dict[BlockHashWithGroupId, int]:
-        return dict(self)
+        return len(self._cache)
 
 
 class BlockPool:
@@ -303,8 +144,8 @@ class BlockPool:
         self.blocks: list[KVCacheBlock] = [self.block_type(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap(self.blocks)
-        # Keys beyond the primary one (partial entries), per block id, with their segments.
-        self.cached_block_hashes_by_block: dict[int, dict[BlockHashWithGroupId, Segment]] = {}
+        # Keys beyond the primary one (partial entries), per block id, in insertion order.
+        self.cached_block_hashes_by_block: dict[int, dict[BlockHashWithGroupId, None]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         # Scratch heads of `release`'s two runs (head of the queue, tail of the queue): never
@@ -332,8 +173,8 @@ class BlockPool:
         self, block_hash: BlockHash, kv_cache_group_ids: list[int]
     ) -> list[KVCacheBlock] | None:
         """vLLM's: the earliest inserted block under `block_hash` in each group, or None if any
-        group misses. Pure read; the managers use `get_cached_block_at`, which knows the key's
-        segment."""
+        group misses. Pure read; the managers use `get_cached_block_at` and the runs below,
+        which build the keys from a request's hashes."""
         cached_blocks = []
         get_one_block = self.cached_block_hash_to_block.get_one_block
         for group_id in kv_cache_group_ids:
@@ -350,27 +191,21 @@ class BlockPool:
         """One cached block per group for block `index` of `block_hashes` (a request's hashes,
         or a view of them at `block_size`), or None if any group misses. Pure read."""
         fine, scale = self.fine_hashes(block_hashes, block_size)
-        fine_index = (index + 1) * scale - 1
-        segment = self.cached_block_hash_to_block._segments.get(segment_head(fine, fine_index))
-        return None if segment is None else self._cached_in(
-            segment, fine[fine_index], kv_cache_group_ids
-        )
+        return self._cached_in(fine[(index + 1) * scale - 1], kv_cache_group_ids)
 
-    @staticmethod
     def _cached_in(
-        segment: Segment, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
+        self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
-        """`get_cached_block_at` of the key at `block_hash`, whose segment is `segment`."""
+        """`get_cached_block_at` of the key at `block_hash`."""
         cached_blocks = []
+        get = self.cached_block_hash_to_block._cache.get
+        blocks = self.blocks
         for group_id in kv_cache_group_ids:
             # Keys are built by plain concatenation here (calling the NewType costs a call).
-            blocks = segment.get(block_hash + group_id_suffix(group_id))
-            if blocks is None:
+            block_id = get(block_hash + group_id_suffix(group_id))
+            if block_id is None:
                 return None
-            if type(blocks) is dict:
-                for blocks in blocks.values():  # the earliest inserted
-                    break
-            cached_blocks.append(blocks)
+            cached_blocks.append(blocks[block_id])
         return cached_blocks
 
     def get_rightmost_cached_block(
@@ -381,21 +216,13 @@ class BlockPool:
         `get_cached_block_at` hits, with its blocks; None if none does. Pure read (a state
         group's right-to-left search)."""
         fine, scale = self.fine_hashes(block_hashes, block_size)
-        cache_map = self.cached_block_hash_to_block
-        segments, root = cache_map._segments, cache_map.root
+        cache = self.cached_block_hash_to_block._cache
         suffix = group_id_suffix(kv_cache_group_ids[0])
         for index in indices:
-            fine_index = (index + 1) * scale - 1
-            if fine_index < SEGMENT_LEN:  # `segment_head`, inlined
-                segment = root
-            else:
-                segment = segments.get(fine[fine_index - fine_index % SEGMENT_LEN])
-                if segment is None:
-                    continue
-            block_hash = fine[fine_index]
-            if segment.get(block_hash + suffix) is None:
+            block_hash = fine[(index + 1) * scale - 1]
+            if block_hash + suffix not in cache:
                 continue
-            cached = self._cached_in(segment, block_hash, kv_cache_group_ids)
+            cached = self._cached_in(block_hash, kv_cache_group_ids)
             if cached is not None:
                 return index, cached
         return None
@@ -507,76 +334,36 @@ class BlockPool:
             ends = self._ends_through(last)
         token_counts = ends[first + 1:last + 1:scale]
         cache_map = self.cached_block_hash_to_block
-        segments, root = cache_map._segments, cache_map.root
-        if last <= SEGMENT_LEN and block_mask is None:
-            # The common case, every key in the root and nothing masked: the loop below for
-            # it, without its per-segment steps.
-            setdefault = root.setdefault
-            for block, key, num_tokens in zip(new_blocks, keys, token_counts):
-                if block._block_hash is None:  # as below
-                    if block.is_null:
-                        continue
-                    block._block_hash = key
-                    block._block_hash_num_tokens = num_tokens
-                    block._segment = root
-                    if setdefault(key, block) is not block:
-                        cache_map.add_copy(root, key, root[key], block)
-                elif not block.is_null:
-                    self._promote(block, ROOT, key, num_tokens)
-            return
-        k = 0
-        while k < num_new_blocks:
-            # Blocks [k, k_end) have their keys in `segment`, masked ones left out; entries are
-            # (block, its key, the tokens its key covers), all in C.
-            entries: Iterable[tuple[KVCacheBlock, BlockHashWithGroupId, int]]
-            if last <= SEGMENT_LEN:  # every key in the root, as for most requests
-                head, segment, k_end = ROOT, root, num_new_blocks
-                entries, mask = zip(new_blocks, keys, token_counts), block_mask
-            else:
-                index = first + k * scale
-                head_index = index - index % SEGMENT_LEN
-                k_end = k + (head_index + SEGMENT_LEN - index + scale - 1) // scale
-                entries = zip(new_blocks[k:k_end], keys[k:k_end], token_counts[k:k_end])
-                mask = None if block_mask is None else block_mask[k:k_end]
-                head = fine_hashes[head_index] if head_index else ROOT
-                segment = segments.get(head)  # type: ignore[assignment]
-                if segment is None:
-                    segment = cache_map.open(head)
-            if mask is not None:
-                entries = compress(entries, mask)
-            setdefault = segment.setdefault
-            for block, key, num_tokens in entries:
+        setdefault = cache_map._cache.setdefault
+        # Entries are (block, its key, the tokens its key covers), built in C.
+        entries: Iterable[tuple[KVCacheBlock, BlockHashWithGroupId, int]] = zip(
+            new_blocks, keys, token_counts)
+        if block_mask is not None:
+            entries = compress(entries, block_mask)
+        for block, key, num_tokens in entries:
+            if block._block_hash is None:
                 if block.is_null:
                     continue
-                if block._block_hash is None:  # the slot, as in free_blocks
-                    # A block without a primary key has no extras either: nothing else to
-                    # check, so the slots are set directly (what set_block_hash does after its
-                    # check), and a new key (the common case) costs one dict operation.
-                    block._block_hash = key
-                    block._block_hash_num_tokens = num_tokens
-                    block._segment = segment
-                    entry = setdefault(key, block)
-                    if entry is not block:
-                        cache_map.add_copy(segment, key, entry, block)
-                    continue
-                self._promote(block, head, key, num_tokens)
-                # The removal may have emptied and dropped the segment.
-                segment = cache_map.open(head)
-                setdefault = segment.setdefault
-            if segment is not root and len(segment) == 1:  # every block was null or masked
-                cache_map.close(segment)
-            k = k_end
+                # A block without a primary key has no extras either: nothing else to check, so
+                # the slots are set directly (what set_block_hash does after its check), and a
+                # new key (the common case) costs one dict operation.
+                block._block_hash = key
+                block._block_hash_num_tokens = num_tokens
+                block._hashed = True
+                block_id = block.block_id
+                if setdefault(key, block_id) != block_id:
+                    cache_map.insert(key, block)
+            elif not block.is_null:
+                self._promote(block, key, num_tokens)
 
-    def _promote(
-        self, block: KVCacheBlock, head: BlockHash, key: BlockHashWithGroupId, num_tokens: int
-    ) -> None:
+    def _promote(self, block: KVCacheBlock, key: BlockHashWithGroupId, num_tokens: int) -> None:
         """Re-key a block that has a key: only a partial entry, promoted to its full key."""
         assert (
             block.block_hash_num_tokens is not None
             and block.block_hash_num_tokens < num_tokens
         ), f"block {block.block_id} is already cached at {block.block_hash_num_tokens}"
         self._remove_cached_block_hashes(block)
-        self._insert_block_hash(head, key, block, num_tokens)
+        self._insert_block_hash(key, block, num_tokens)
 
     def _register_one(
         self,
@@ -612,17 +399,12 @@ class BlockPool:
             ends = self._ends_through(hash_index + 1)
         block._block_hash = key
         block._block_hash_num_tokens = ends[hash_index + 1]
-        # `insert` inlined for a new key in an existing segment (a decode step's cold path: the
-        # calls cost as much).
+        block._hashed = True
+        # `insert` inlined for a new key (a decode step's cold path: the call costs as much).
+        block_id = block.block_id
         cache_map = self.cached_block_hash_to_block
-        if hash_index < SEGMENT_LEN:  # `segment_head`, inlined
-            head, segment = ROOT, cache_map.root
-        else:
-            head = fine_hashes[hash_index - hash_index % SEGMENT_LEN]
-            segment = cache_map._segments.get(head)
-        if segment is None or segment.setdefault(key, block) is not block:
-            segment = cache_map.insert_in(head, key, block)
-        block._segment = segment
+        if cache_map._cache.setdefault(key, block_id) != block_id:
+            cache_map.insert(key, block)
         return True
 
     def _ends_through(self, last: int) -> list[int]:
@@ -686,10 +468,7 @@ class BlockPool:
             and block._block_hash_num_tokens < num_tokens
         ):
             self._remove_cached_block_hashes(block)
-        self._insert_block_hash(
-            segment_head(request.block_hashes, num_tokens // self.hash_block_size - 1), key, block,
-            num_tokens,
-        )
+        self._insert_block_hash(key, block, num_tokens)
         return key
 
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
@@ -700,26 +479,25 @@ class BlockPool:
         assert dst_block.block_id not in extras_by_block
         num_tokens = src_block._block_hash_num_tokens
         primary = src_block._block_hash
-        segment = src_block._segment
-        if primary is None or segment is None:
+        if primary is None:
             return
-        if segment.get(primary) is src_block and src_block.block_id not in extras_by_block:
+        cache_map = self.cached_block_hash_to_block
+        cache = cache_map._cache
+        if (cache.get(primary) == src_block.block_id and primary not in cache_map._dup_ids
+                and src_block.block_id not in extras_by_block):
             # The common case, one key that the source alone holds: what the removal and the
             # insertion below do, without their checks, the slots set directly.
-            segment[primary] = dst_block
+            cache[primary] = dst_block.block_id
             src_block.reset_hash()
             dst_block._block_hash = primary
             dst_block._block_hash_num_tokens = num_tokens
-            dst_block._segment = segment
+            dst_block._hashed = True
             return
-        keys = [(primary, segment[None]), *sorted(
-            (extra, extra_segment[None])
-            for extra, extra_segment in extras_by_block.get(src_block.block_id, {}).items()
-        )]
+        keys = [primary, *sorted(extras_by_block.get(src_block.block_id, ()))]
         # The entries stay live, only their block changes: no KV event (the base removal).
         BlockPool._remove_cached_block_hashes(self, src_block)
-        for key, head in keys:
-            self._insert_block_hash(head, key, dst_block, num_tokens)  # type: ignore[arg-type]
+        for key in keys:
+            self._insert_block_hash(key, dst_block, num_tokens)  # type: ignore[arg-type]
 
     def carries_key(self, block: KVCacheBlock, key: BlockHashWithGroupId) -> bool:
         """The block is reachable under `key`, as its primary key or another one."""
@@ -728,20 +506,21 @@ class BlockPool:
         )
 
     def _insert_block_hash(
-        self, head: BlockHash, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int
+        self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int
     ) -> None:
-        """Make `block` reachable under `key`, whose segment is named `head`."""
+        """Make `block` reachable under `key`."""
         primary = block._block_hash
         if primary is None:  # a block without a primary key has no other key either
             # `set_block_hash` after its check, and the insertion.
             block._block_hash = key
             block._block_hash_num_tokens = num_tokens
-            block._segment = self.cached_block_hash_to_block.insert_in(head, key, block)
+            block._hashed = True
+            self.cached_block_hash_to_block.insert(key, block)
             return
         if self.carries_key(block, key):
             return
-        segment = self.cached_block_hash_to_block.insert_in(head, key, block)
-        self.cached_block_hashes_by_block.setdefault(block.block_id, {})[key] = segment
+        self.cached_block_hash_to_block.insert(key, block)
+        self.cached_block_hashes_by_block.setdefault(block.block_id, {})[key] = None
 
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
         """Drop every key of the block (primary and extras) from the map and the block."""
@@ -750,13 +529,12 @@ class BlockPool:
         key = block._block_hash
         if key is None and not extras:
             return
-        cache = self.cached_block_hash_to_block
-        segment = block._segment
-        if key is not None and segment is not None:
-            cache.pop_in(segment, key, block.block_id)
+        pop = self.cached_block_hash_to_block.pop
+        if key is not None:
+            pop(key, block.block_id)
         if extras:
-            for extra, extra_segment in extras.items():
-                cache.pop_in(extra_segment, extra, block.block_id)
+            for extra in extras:
+                pop(extra, block.block_id)
         block.reset_hash()
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -781,7 +559,7 @@ class BlockPool:
         ret = []
         # Blocks without a key (caching off, or a decode step's one block off a head that
         # freed partial blocks fill) need no eviction.
-        if not self.enable_caching or num_blocks == 1 and block._segment is None:
+        if not self.enable_caching or num_blocks == 1 and not block._hashed:
             for _ in range(num_blocks):
                 ret.append(block)
                 nxt = block.next_free_block
@@ -794,8 +572,8 @@ class BlockPool:
             return ret
         extras_by_block = self.cached_block_hashes_by_block
         cache_map = self.cached_block_hash_to_block
-        root = cache_map.root
-        root_pop = root.pop
+        cache_pop = cache_map._cache.pop
+        dup_ids = cache_map._dup_ids
         for _ in range(num_blocks):
             ret.append(block)
             nxt = block.next_free_block
@@ -803,31 +581,33 @@ class BlockPool:
             # Only a block with a primary key has keys (extras come after the primary). The
             # common case, a primary key alone, is `_remove_cached_block_hashes` inlined, and
             # the block alone under its key is `BlockHashToBlockMap.pop` inlined.
-            segment = block._segment  # the key itself is read only when there is one
-            if segment is not None:
+            if block._hashed:  # the key itself is read only when there is one
                 if extras_by_block and block.block_id in extras_by_block:
                     self._remove_cached_block_hashes(block)
                 else:
                     key = block._block_hash
-                    # One lookup when the block is alone under its key (and the root's pop
-                    # bound once: most keys are there).
-                    if segment is root:
-                        entry = root_pop(key, None)
+                    if dup_ids and key in dup_ids:
+                        cache_map.pop(key, block.block_id)
                     else:
-                        entry = segment.pop(key, None)
-                        if entry is block and len(segment) == 1:
-                            cache_map.close(segment)
-                    if entry is not block and entry is not None:
-                        # Several blocks under the key: put them back, drop only this one.
-                        segment[key] = entry
-                        cache_map.pop_in(segment, key, block.block_id)
-                    block._block_hash = block._block_hash_num_tokens = block._segment = None
+                        # One lookup when the block is alone under its key.
+                        block_id = cache_pop(key, None)
+                        if block_id != block.block_id and block_id is not None:
+                            cache_map._cache[key] = block_id  # another block's: put it back
+                    block._block_hash = block._block_hash_num_tokens = None
+                    block._hashed = False
             block.ref_cnt = 1
             block = nxt
         head.next_free_block = block
         block.prev_free_block = head
         queue.num_free_blocks -= num_blocks
         return ret
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """vLLM's: drop every key of `block` from the map and the block; whether it had a
+        primary key (a block without one has no key to drop)."""
+        hashed = block._hashed
+        self._remove_cached_block_hashes(block)
+        return hashed
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on each (prefix-hit) block, rescuing free ones from the queue.
@@ -921,7 +701,7 @@ class BlockPool:
         if len(blocks) == 1 and blocks[0].ref_cnt == 1:
             block = blocks[0]
             block.ref_cnt = 0
-            if block._segment is not None and self.enable_caching and not evict_first:
+            if block._hashed and self.enable_caching and not evict_first:
                 self.free_block_queue.append_chain(block, block, 1)
             else:
                 self.free_block_queue.prepend_chain(block, block, 1)
@@ -935,9 +715,9 @@ class BlockPool:
             for block in remaining:
                 if block.ref_cnt == 1:  # the common case, tested without a local
                     block.ref_cnt = 0
-                    # `_segment` leaves the key object, likely out of the CPU cache by now,
+                    # `_hashed` leaves the key object, likely out of the CPU cache by now,
                     # untouched.
-                    if block._segment is not None:
+                    if block._hashed:
                         last_tail.next_free_block = block
                         block.prev_free_block = last_tail
                         last_tail = block

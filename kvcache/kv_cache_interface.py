@@ -6,7 +6,7 @@ No tensors here: the manager only needs block sizes and attention windows.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum, StrEnum
 from typing import Any, Self
@@ -580,7 +580,8 @@ class KVCacheGroupSpec:
     layer_names: list[str]
     kv_cache_spec: KVCacheSpec
     is_eagle_group: bool = False
-    # vLLM's placement fields, accepted with their neutral meaning and not read.
+    # vLLM's placement fields, accepted with their neutral meaning and not read by the
+    # managers. `enable_kv_transfer=False` keeps the group out of the config's transfer groups.
     host_resident: bool = False
     enable_kv_transfer: bool = True
     role: Any = "default"
@@ -624,3 +625,41 @@ class KVCacheConfig:
             if isinstance(spec, AttentionSpec) and not group.host_resident
         }
         self.needs_kv_cache_zeroing = has_mamba or len(precisions) > 1
+
+    # Which groups a KV connector sees (vLLM 0.34: kv_cache_interface.py:1607-1658). Computed on
+    # each read, so that a config whose groups are edited after construction never answers stale.
+
+    @property
+    def transfer_group_ids(self) -> tuple[int, ...]:
+        """Indices, in order, of the groups whose KV a connector moves (`enable_kv_transfer`)."""
+        return tuple(i for i, group in enumerate(self.kv_cache_groups) if group.enable_kv_transfer)
+
+    @property
+    def transfer_groups(self) -> tuple[KVCacheGroupSpec, ...]:
+        """The groups of `transfer_group_ids`, in that order."""
+        return tuple(self.kv_cache_groups[i] for i in self.transfer_group_ids)
+
+    @property
+    def transfer_group_index_by_layer(self) -> dict[str, int]:
+        """Each transferred layer's position in `transfer_groups` (not its group index)."""
+        return {name: position for position, group in enumerate(self.transfer_groups)
+                for name in group.layer_names}
+
+    @property
+    def prefix_cacheable_group_ids(self) -> tuple[int, ...]:
+        """The transfer groups whose spec is `prefix_cacheable`: those a hash-keyed store keeps."""
+        return tuple(i for i in self.transfer_group_ids
+                     if self.kv_cache_groups[i].kv_cache_spec.prefix_cacheable)
+
+    @property
+    def prefix_cacheable_groups(self) -> tuple[KVCacheGroupSpec, ...]:
+        """The groups of `prefix_cacheable_group_ids`, in that order."""
+        return tuple(self.kv_cache_groups[i] for i in self.prefix_cacheable_group_ids)
+
+    def select_transfer_block_ids(self, block_ids: Sequence[list[int]]) -> tuple[list[int], ...]:
+        """From one block-id list per group, the lists of the transfer groups (the same list
+        objects). ValueError when the count is not one per group."""
+        if len(block_ids) != len(self.kv_cache_groups):
+            raise ValueError(f"select_transfer_block_ids: {len(block_ids)} block-id lists given, "
+                             f"the config has {len(self.kv_cache_groups)} KV cache groups")
+        return tuple(block_ids[i] for i in self.transfer_group_ids)

@@ -95,7 +95,7 @@ class KVCacheBlock:
     # holds it all. A finished request's blocks are usually out of the CPU cache.
     __slots__ = (
         "ref_cnt",
-        "_segment",
+        "_hashed",
         "prev_free_block",
         "next_free_block",
         "is_null",
@@ -110,10 +110,10 @@ class KVCacheBlock:
         self.ref_cnt = ref_cnt
         self._block_hash: BlockHashWithGroupId | None = None
         self._block_hash_num_tokens: int | None = None
-        # The hash map's segment that holds the primary key (owned by BlockPool), None without
-        # one. Tested instead of the key: reading the key writes its reference count, a cache
-        # miss per block in free_blocks, while one segment serves up to 64 blocks.
-        self._segment: dict[BlockHashWithGroupId, object] | None = None
+        # Whether the block has a primary key (`_block_hash is not None`). Tested instead of the
+        # key: reading the key writes its reference count, a cache miss per block in
+        # free_blocks, while True and False stay in the CPU cache.
+        self._hashed = False
         # Owned by FreeKVCacheBlockQueue: both set iff the block is linked in it.
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
@@ -134,11 +134,12 @@ class KVCacheBlock:
             raise RuntimeError(f"block {self.block_id} already has a primary hash key")
         self._block_hash = block_hash
         self._block_hash_num_tokens = num_tokens
+        self._hashed = True
 
     def reset_hash(self) -> None:
         self._block_hash = None
         self._block_hash_num_tokens = None
-        self._segment = None
+        self._hashed = False
 
     def __repr__(self) -> str:
         prev_id = self.prev_free_block.block_id if self.prev_free_block else None

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvfuzz.kvcache.block_pool import BlockPool, Segment
+from kvfuzz.kvcache.block_pool import BlockPool
 from kvfuzz.kvcache.kv_cache_utils import (
     BlockHash,
     BlockHashWithGroupId,
@@ -227,20 +227,20 @@ class EventfulBlockPool(BlockPool):
             ))
         return key
 
-    def _removed(self, keys: list[tuple[BlockHashWithGroupId, Segment]]) -> None:
+    def _removed(self, keys: list[BlockHashWithGroupId]) -> None:
         """BlockRemoved for each key no block holds any more (another copy keeps it)."""
-        for key, segment in keys:
-            if key not in segment:  # a segment dropped once emptied stays empty
+        cache = self.cached_block_hash_to_block._cache
+        for key in keys:
+            if key not in cache:
                 block_hash, group = _split(key)
                 self.kv_event_queue.append(
                     BlockRemoved([maybe_convert_block_hash(block_hash)], MEDIUM_GPU, group))
 
-    def _keys_of(self, block: KVCacheBlock) -> list[tuple[BlockHashWithGroupId, Segment]]:
-        """The block's keys (primary first), each with its segment."""
-        if block._block_hash is None or block._segment is None:
+    def _keys_of(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
+        """The block's keys, primary first."""
+        if block._block_hash is None:
             return []
-        return [(block._block_hash, block._segment),  # type: ignore[list-item]
-                *self.cached_block_hashes_by_block.get(block.block_id, {}).items()]
+        return [block._block_hash, *self.cached_block_hashes_by_block.get(block.block_id, ())]
 
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> None:
         keys = self._keys_of(block)

@@ -4,9 +4,9 @@ tests directory has no packages).
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
-from kvfuzz.kvcache.block_pool import ROOT
 from kvfuzz.kvcache import (
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -78,35 +78,40 @@ def _link(block: KVCacheBlock | None) -> int | None:
     return None if block is None else block.block_id
 
 
-def assert_segments(pool: BlockPool) -> None:
-    """The map's segments are filed under their heads and non-empty (but the root), and every key
-    of a block (primary and extras) is in the segment the block records for it."""
+def assert_map(pool: BlockPool) -> None:
+    """The hash map in vLLM 0.34's layout: `_cache` a plain dict of bytes -> block id that the
+    cyclic GC does not track, `_dup_ids` only for keys of two or more blocks, the earliest in
+    `_cache`; every key of a block (primary and extras) names it, and every id under a key is
+    a block carrying that key."""
     cache_map = pool.cached_block_hash_to_block
-    segments = cache_map._segments
-    assert segments.get(ROOT) is cache_map.root
-    assert all((len(segment) > 1 or segment is cache_map.root) and segment[None] == head
-               for head, segment in segments.items())
+    cache, dup_ids = cache_map._cache, cache_map._dup_ids
+    assert type(cache) is dict and not gc.is_tracked(cache)
+    for key, ids_of_key in dup_ids.items():
+        assert len(ids_of_key) >= 2 and cache.get(key) == next(iter(ids_of_key)), key
     for b in pool.blocks:
-        keys = [(b.block_hash, b._segment)] if b.block_hash is not None else []
-        assert (b._segment is None) == (b.block_hash is None), b.block_id
-        keys += pool.cached_block_hashes_by_block.get(b.block_id, {}).items()
-        for key, segment in keys:
-            assert segments.get(segment[None]) is segment, (b.block_id, key)
-            entry = segment.get(key)
-            assert entry is b or isinstance(entry, dict) and entry.get(b.block_id) is b, (
-                b.block_id, key)
+        assert b._hashed == (b.block_hash is not None), b.block_id
+        keys = [b.block_hash] if b.block_hash is not None else []
+        keys += pool.cached_block_hashes_by_block.get(b.block_id, {})
+        for key in keys:
+            assert cache_map.contain(key, b.block_id), (b.block_id, key)
+    for key, block_id in cache.items():
+        for i in dup_ids.get(key, (block_id,)):
+            assert pool.carries_key(pool.blocks[i], key), (i, key)
 
 
 def dump_pool(pool: BlockPool) -> dict[str, Any]:
     """Everything layer 4 holds, as plain data (links by id, map entries with their shape).
 
-    Also checks the blocks' segments (`assert_segments`).
+    Also checks the map's layout (`assert_map`).
     """
-    assert_segments(pool)
+    assert_map(pool)
     queue = pool.free_block_queue
-    cache = {}
-    for key, entry in pool.cached_block_hash_to_block.items():
-        cache[key] = ("many", list(entry)) if isinstance(entry, dict) else ("one", entry.block_id)
+    cache_map = pool.cached_block_hash_to_block
+    cache = {
+        key: ("many", list(cache_map._dup_ids[key])) if key in cache_map._dup_ids
+        else ("one", block_id)
+        for key, block_id in cache_map._cache.items()
+    }
     return {
         "blocks": [
             (

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import gc
+
 import pytest
 
 from kvfuzz.kvcache import BlockHashToBlockMap, BlockPool, KVCacheBlock
-from kvfuzz.kvcache.block_pool import ROOT, SEGMENT_LEN, segment_head
 from kvfuzz.kvcache.kv_cache_utils import make_block_hash_with_group_id, null_head_len
 from kvcache_testkit import dump_pool, free_ids, ids, make_request
 
-HEAD = b"s" * 32
 KEY = make_block_hash_with_group_id(b"h" * 32, 0)
 OTHER = make_block_hash_with_group_id(b"h" * 32, 1)
 
@@ -17,100 +18,89 @@ OTHER = make_block_hash_with_group_id(b"h" * 32, 1)
 # ----- hash map -----
 
 
-def test_vllms_map_methods_find_a_key_in_any_segment():
-    import copy
-
-    fine = [i.to_bytes(32, "big") for i in range(SEGMENT_LEN + 2)]
-    blocks = [KVCacheBlock(i) for i in range(len(fine) + 1)]
+def test_the_map_is_vllms_plain_dicts_of_ids_out_of_the_gc():
+    blocks = [KVCacheBlock(i) for i in range(5)]
     m = BlockHashToBlockMap(blocks)
-    for i in range(len(fine)):
-        m.insert_in(segment_head(fine, i), fine[i], blocks[i])
-    late = fine[SEGMENT_LEN + 1]  # in the second segment
-    assert m.get_one_block(late) is blocks[SEGMENT_LEN + 1] and m.get_one_block(b"x" * 32) is None
-    assert m.contain(late, SEGMENT_LEN + 1) and not m.contain(late, 0)
-    m.insert(late, blocks[-1])  # a copy joins the key where it is
-    assert m.segment_of(late) is m._segments[fine[SEGMENT_LEN]] and m.contain(late, len(fine))
-    assert m.pop(late, 7) is None and m.pop(late, SEGMENT_LEN + 1) is blocks[SEGMENT_LEN + 1]
-    assert m._cache[late] == len(fine)
+    for block in (blocks[2], blocks[1], blocks[3]):
+        m.insert(KEY, block)
+    m.insert(OTHER, blocks[4])
+    m.insert(OTHER, blocks[4])  # the same block again: nothing changes
+    # The earliest inserted id per key; every id of a key several blocks hold, in order.
+    assert type(m._cache) is dict and m._cache == {KEY: 2, OTHER: 4}
+    assert m._dup_ids == {KEY: {2: None, 1: None, 3: None}}
+    assert not gc.is_tracked(m._cache) and len(m) == 2
+    assert m.get_one_block(KEY) is blocks[2] and m.get_one_block(b"x" * 36) is None
+    assert m.contain(KEY, 1) and not m.contain(KEY, 4) and m.contain(OTHER, 4)
+    assert not m.contain(OTHER, 2)
+
+
+def test_map_pop_leaves_the_earliest_block_left_under_the_key():
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    m = BlockHashToBlockMap(blocks)
+    for i in (1, 2, 3):
+        m.insert(KEY, blocks[i])
+    assert m.pop(KEY, 7) is None and m.pop(OTHER, 1) is None
+    assert m.pop(KEY, 2) is blocks[2] and m._cache[KEY] == 1
+    assert m.pop(KEY, 1) is blocks[1]
+    # One block left: the key is single again.
+    assert m._cache == {KEY: 3} and m._dup_ids == {}
+    assert m.pop(KEY, 1) is None and m._cache == {KEY: 3}
+    assert m.pop(KEY, 3) is blocks[3] and len(m) == 0 and not gc.is_tracked(m._cache)
+
+
+def _filled_map(n: int) -> tuple[list[bytes], list[bytes], list[KVCacheBlock], BlockHashToBlockMap]:
+    """A map of blocks 0..n-1, block i under fine hash i of group 0."""
+    fine = [i.to_bytes(32, "big") for i in range(n)]
+    keys = [make_block_hash_with_group_id(h, 0) for h in fine]
+    blocks = [KVCacheBlock(i) for i in range(n)]
+    m = BlockHashToBlockMap(blocks)
+    for key, block in zip(keys, blocks):
+        m.insert(key, block)
+    return fine, keys, blocks, m
+
+
+def test_writes_through_the_plain_dict_are_what_lookups_see():
+    fine, keys, blocks, m = _filled_map(6)
     saved = copy.copy(m._cache)
-    assert type(saved) is dict and len(saved) == len(m) == len(fine)
-    del m._cache[fine[0]]
-    assert m.get_one_block(fine[0]) is None
-    m._cache[fine[0]] = 0
-    assert m.get_one_block(fine[0]) is blocks[0] and m.segment_of(fine[0]) is m.root
-
-
-def test_vllms_get_cached_block_takes_the_hash_and_groups():
-    pool = _pool(6)
-    request, (block,) = _cached(pool, [1, 2, 3, 4], 1)
-    (other,) = pool.get_new_blocks(1)
-    pool.cache_full_blocks(request, [other], 0, 1, 4, 1)
-    block_hash = request.block_hashes[0]
-    assert ids(pool.get_cached_block(block_hash, [0, 1])) == ids([block, other])
-    assert pool.get_cached_block(block_hash, [0, 2]) is None
-
-
-def test_map_single_then_duplicates_keep_insertion_order():
-    m = BlockHashToBlockMap([])
-    b1, b2, b3 = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
-    segment = m.insert_in(HEAD, KEY, b2)
-    assert segment[None] == HEAD and segment[KEY] is b2
-    assert m.insert_in(HEAD, KEY, b1) is segment and m.insert_in(HEAD, KEY, b3) is segment
-    assert list(segment[KEY]) == [2, 1, 3]
-    assert dict(m.items()) == {KEY: {2: b2, 1: b1, 3: b3}}
-    assert len(m) == 1
-
-
-def test_map_pop_specific_block_id():
-    m = BlockHashToBlockMap([])
-    b1, b2 = KVCacheBlock(1), KVCacheBlock(2)
-    segment = m.insert_in(HEAD, KEY, b1)
-    m.insert_in(HEAD, KEY, b2)
-    assert m.pop_in(segment, KEY, 1) is b1
-    assert segment[KEY] == {2: b2}
-    assert m.pop_in(segment, KEY, 1) is None
-    assert m.pop_in(segment, KEY, 2) is b2
-    # The emptied segment is dropped (the root stays).
-    assert len(m) == 0 and m._segments == {ROOT: m.root}
-
-
-def test_map_pop_leaves_a_different_single_block():
-    m = BlockHashToBlockMap([])
-    b1 = KVCacheBlock(1)
-    segment = m.insert_in(HEAD, KEY, b1)
-    assert m.pop_in(segment, KEY, 7) is None
-    assert segment[KEY] is b1
-    assert m.pop_in(segment, OTHER, 1) is None
-    assert m.pop_in(segment, KEY, 1) is b1 and len(m) == 0
+    del m._cache[keys[3]]
+    assert m.get_one_block(keys[3]) is None
+    assert m.get_one_block_run(fine, 0, len(fine), 1, 0) == blocks[:3]
+    m._cache[keys[3]] = saved[keys[3]]
+    assert m.get_one_block_run(fine, 0, len(fine), 1, 0) == blocks
+    m._cache.clear()
+    assert m.get_one_block_run(fine, 0, len(fine), 1, 0) == [] and len(m) == 0
 
 
 def test_same_hash_different_groups_are_different_keys():
-    m = BlockHashToBlockMap([])
-    m.insert_in(HEAD, KEY, KVCacheBlock(1))
-    m.insert_in(HEAD, OTHER, KVCacheBlock(2))
-    assert len(m) == 2
+    m = BlockHashToBlockMap([KVCacheBlock(i) for i in range(3)])
+    m.insert(KEY, m._blocks[1])
+    m.insert(OTHER, m._blocks[2])
+    assert len(m) == 2 and m._dup_ids == {}
     assert OTHER[-4:] == (1).to_bytes(4, "big") and OTHER[:-4] == b"h" * 32
 
 
-def test_map_files_keys_by_segment_and_runs_cross_segments():
-    fine = [i.to_bytes(32, "big") for i in range(2 * SEGMENT_LEN + 2)]
-    keys = [make_block_hash_with_group_id(h, 0) for h in fine]
-    m = BlockHashToBlockMap([])
-    blocks = [KVCacheBlock(i) for i in range(len(fine))]
-    segments = [m.insert_in(segment_head(fine, i), keys[i], blocks[i]) for i in range(len(fine))]
-    # Every request's first segment is the shared root.
-    assert [segments[i][None] for i in (0, SEGMENT_LEN - 1, SEGMENT_LEN, len(fine) - 1)] == [
-        ROOT, ROOT, fine[SEGMENT_LEN], fine[2 * SEGMENT_LEN]]
-    assert len(m._segments) == 3 and len(m) == len(fine)
+def test_runs_step_through_the_hashes_and_stop_at_the_first_miss():
+    fine, keys, blocks, m = _filled_map(200)
     assert m.get_one_block_run(fine, 0, len(fine), 1, 0) == blocks
     assert m.get_one_block_run(fine, 3, len(fine), 4, 0) == blocks[3::4]
     assert m.get_one_block_run(fine, 0, len(fine), 1, 1) == []
-    # A miss ends the run, in whichever segment it falls.
-    m.pop_in(segments[SEGMENT_LEN + 5], keys[SEGMENT_LEN + 5], SEGMENT_LEN + 5)
-    assert m.get_one_block_run(fine, 0, len(fine), 1, 0) == blocks[:SEGMENT_LEN + 5]
-    for i in (2 * SEGMENT_LEN, 2 * SEGMENT_LEN + 1):
-        m.pop_in(segments[i], keys[i], i)
-    assert len(m._segments) == 2 and fine[2 * SEGMENT_LEN] not in m._segments
+    m.pop(keys[105], 105)
+    assert m.get_one_block_run(fine, 0, len(fine), 1, 0) == blocks[:105]
+    assert m.get_one_block_run(fine, 101, len(fine), 4, 0) == [blocks[101]]
+
+
+def test_vllms_maybe_evict_cached_block_drops_the_keys_of_one_copy():
+    pool = _pool(6)
+    request, (first, second) = _cached(pool, [1, 2, 3, 4, 5, 6, 7, 8], 2)
+    (copy_of_first,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(request, [copy_of_first], 0, 1, 4, 0)
+    cache = pool.cached_block_hash_to_block
+    assert cache._dup_ids == {first.block_hash: {first.block_id: None, copy_of_first.block_id: None}}
+    assert pool._maybe_evict_cached_block(first) and first.block_hash is None
+    assert cache.get_one_block(copy_of_first.block_hash) is copy_of_first and cache._dup_ids == {}
+    assert not pool._maybe_evict_cached_block(first)
+    assert pool._maybe_evict_cached_block(second) and len(cache) == 1
+    dump_pool(pool)
 
 
 # ----- pool -----
@@ -166,11 +156,12 @@ def test_get_new_blocks_evicts_a_duplicate_without_touching_the_other():
     request, (a,) = _cached(pool, [1, 2, 3, 4], 1, "a")
     _, (b,) = _cached(pool, [1, 2, 3, 4], 1, "b")
     key = a.block_hash
-    assert list(b._segment[key]) == [1, 2]
+    cache = pool.cached_block_hash_to_block
+    assert list(cache._dup_ids[key]) == [1, 2]
     pool.free_blocks([a])
     pool.get_new_blocks(2)
     assert a.block_hash is None and b.block_hash == key
-    assert list(b._segment[key]) == [2]
+    assert cache._cache == {key: 2} and cache._dup_ids == {}
     dump_pool(pool)
 
 
@@ -266,7 +257,7 @@ def test_partial_entry_then_promotion_to_full_key():
     pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
     full = make_block_hash_with_group_id(request.block_hashes[3], 0)
     assert blocks[1].block_hash == full and blocks[1].block_hash_num_tokens == 8
-    assert partial not in dict(pool.cached_block_hash_to_block.items())
+    assert partial not in pool.cached_block_hash_to_block._cache
     assert pool.cached_block_hashes_by_block == {}
     dump_pool(pool)
 
@@ -311,7 +302,7 @@ def test_reset_prefix_cache():
     assert pool.reset_prefix_cache() is True
     # Emptied in place, as vLLM does: whoever holds the map sees it empty.
     assert pool.cached_block_hash_to_block is cache_map and len(cache_map) == 0
-    assert not list(cache_map.items())
+    assert cache_map._cache == {} and cache_map._dup_ids == {} and not gc.is_tracked(cache_map._cache)
     assert cache_map.get_one_block_run(request.block_hashes, 0, 2, 1, 0) == []
     assert all(b.block_hash is None for b in pool.blocks) and free_ids(pool) == queue
 

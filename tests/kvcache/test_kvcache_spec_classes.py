@@ -1,6 +1,7 @@
 """vLLM 0.34's spec classes in kvcache/kv_cache_interface.py: each spec's `merge` rule, the
 draft tag, `UniformTypeKVCacheSpecs` and its grouping, the spec-kind helpers that unwrap it,
-`SlidingWindowMLASpec`'s manager, and the config's `needs_kv_cache_zeroing`."""
+`SlidingWindowMLASpec`'s manager, the config's `needs_kv_cache_zeroing` and its transfer and
+prefix-cacheable group selection."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from kvfuzz.kvcache import SlidingWindowManager
 from kvfuzz.kvcache.kv_cache_interface import (
+    CircularBufferSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -153,3 +155,27 @@ def test_the_config_decides_whether_new_attention_blocks_are_zeroed():
         manager = make_manager(16, FULL, swa)
         blocks = manager.allocate_slots(make_request("r", list(range(8)), 4), 8)
         assert bool(manager.take_new_block_ids()) is zeroed, blocks
+
+
+def test_the_config_selects_the_groups_a_connector_moves_and_those_a_prefix_store_keeps():
+    ring = CircularBufferSpec(block_size=4, dtype="float16")
+    groups = [KVCacheGroupSpec(["a.0", "a.1"], FULL),
+              KVCacheGroupSpec(["b"], SWA, enable_kv_transfer=False),
+              KVCacheGroupSpec(["c"], ring),
+              KVCacheGroupSpec(["d"], MLA)]
+    config = KVCacheConfig(num_blocks=8, kv_cache_groups=groups)
+    assert config.transfer_group_ids == (0, 2, 3)
+    assert config.transfer_groups == (groups[0], groups[2], groups[3])
+    # A layer's index counts transfer groups only: "c" is the second of them, group 2 of the config.
+    assert config.transfer_group_index_by_layer == {"a.0": 0, "a.1": 0, "c": 1, "d": 2}
+    # The ring is transferred but never prefix-cached; the untransferred SWA group is neither.
+    assert config.prefix_cacheable_group_ids == (0, 3)
+    assert config.prefix_cacheable_groups == (groups[0], groups[3])
+    per_group = ([1, 2], [3], [4], [5, 6])
+    selected = config.select_transfer_block_ids(per_group)
+    assert selected == ([1, 2], [4], [5, 6]) and selected[0] is per_group[0]
+    with pytest.raises(ValueError, match="3 block-id lists given, the config has 4"):
+        config.select_transfer_block_ids(per_group[:3])
+    # Read on each access: a group turned off after construction leaves the selection at once.
+    groups[0].enable_kv_transfer = False
+    assert config.transfer_group_ids == (2, 3) and config.prefix_cacheable_group_ids == (3,)

@@ -133,7 +133,7 @@ def test_e3_sliding_window_hit_and_adoption():
     # Block 5 now duplicates P's block 4 under the same key.
     key = pool.blocks[4].block_hash
     assert pool.blocks[5].block_hash == key
-    assert list(pool.blocks[4]._segment[key]) == [4, 5]
+    assert list(pool.cached_block_hash_to_block._dup_ids[key]) == [4, 5]
     assert free_ids(pool) == [6, 7, 8, 9, 10, 11, 4, 1]
     assert_invariants(m)
 
