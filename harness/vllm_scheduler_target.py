@@ -35,6 +35,7 @@ from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.harness.manager_side import publishes_after_output
+from kvfuzz.harness.scheduler_driver import SchedulerDriver
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
 from kvfuzz.harness.vllm_encoder_budget import unbounded_encoder
 from kvfuzz.harness.vllm_target import (
@@ -305,7 +306,7 @@ class _At:
         self.num_computed_tokens = start
 
 
-class VllmSchedulerDriver:
+class VllmSchedulerDriver(SchedulerDriver):
     """kvfuzz's driver interface (`kvcache.scheduler.Scheduler`), played by vLLM's Scheduler:
     a trace's `step` is one `schedule()` and the `update_from_output()` of its model output;
     a `step {in_flight: true}` holds its output until `complete_step` (docs/vllm.md)."""
@@ -418,6 +419,16 @@ class VllmSchedulerDriver:
     def waiting(self) -> tuple[Any, ...]:
         return tuple(self.vllm.waiting)
 
+    @property
+    def sync_loaded(self) -> dict[str, int]:
+        """None without a connector (`ConnectorLoads.sync_loaded`)."""
+        return {}
+
+    def pending_tokens(self, request_id: str) -> int:
+        """0: the side sees this driver's forward passes at once (vLLM's output placeholders
+        are not read)."""
+        return 0
+
     def add_request(self, request: Any) -> None:
         self._requests[request.request_id] = request
         self.vllm.add_request(request)
@@ -452,7 +463,7 @@ class VllmSchedulerDriver:
         # An admitted request's hit: what it had computed before its first chunk (vLLM 0.32
         # sends a resumed request as cached data, without its computed tokens), less what a
         # synchronous KV load gave it.
-        loaded = getattr(self, "sync_loaded", {})
+        loaded = self.sync_loaded
         scheduled = [(request, n, request.num_computed_tokens - n - loaded.get(rid, 0)
                       if rid in fresh else 0)
                      for rid, n in scheduler_output.num_scheduled_tokens.items()
@@ -524,7 +535,7 @@ class VllmSchedulerSide(VllmSide):
             kv_load_failure_policy=config.scheduler.kv_load_failure_policy)
         return self.vllm_scheduler.kv_cache_manager
 
-    def build_scheduler(self, config: Config) -> Any:
+    def build_scheduler(self, config: Config) -> SchedulerDriver:
         api = _vllm_scheduler_api()
         drafts = api.DraftTokenIds if self._takes_drafts() else None
         if not config.kv_connector:
