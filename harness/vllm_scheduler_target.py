@@ -36,7 +36,7 @@ from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.scheduler_driver import SchedulerDriver
-from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
+from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm, vllm_source
 from kvfuzz.harness.vllm_encoder_budget import unbounded_encoder
 from kvfuzz.harness.vllm_target import (
     KNOWN_DEVIATIONS,
@@ -73,12 +73,8 @@ def _trim_stopped_drafts(snapshot: Snapshot, config: Config,
 def _stop_keeps_drafts_computed() -> bool:
     """Whether the Scheduler's `_update_request_with_output` drops the tokens after a stop
     without uncomputing them (read from its source; unreadable: nothing to tolerate)."""
-    try:
-        scheduler = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler
-        source = inspect.getsource(scheduler._update_request_with_output)
-    except Exception:  # noqa: BLE001 - no such scheduler or source: not this release
-        return False
-    return "num_computed_tokens" not in source
+    source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler._update_request_with_output")
+    return source is not None and "num_computed_tokens" not in source
 
 
 def _drained_in_drain(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
@@ -91,13 +87,9 @@ def _publishes_after_output(async_scheduling: bool, mamba: bool) -> bool:
     """Whether this vLLM's `update_from_output` caches a request's blocks after its output
     (`cache_blocks`): under async scheduling (0.33+), and on a Mamba hybrid without it (0.34,
     `has_mamba_layers`); read from its source (unreadable: no)."""
-    try:
-        scheduler = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler
-        source = inspect.getsource(scheduler.update_from_output)
-    except Exception:  # noqa: BLE001 - no such scheduler or source: not this release
-        return False
-    return "cache_blocks" in source and (async_scheduling
-                                         or mamba and "has_mamba_layers" in source)
+    source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output")
+    return source is not None and "cache_blocks" in source and (
+        async_scheduling or mamba and "has_mamba_layers" in source)
 
 
 SCHEDULER_DEVIATIONS = (

@@ -33,7 +33,6 @@ from kvfuzz.harness.vllm_api import (
     load_vllm,
 )
 from kvfuzz.core.snapshot import RequestView, Snapshot
-from kvfuzz.core.trace import Op
 
 
 def vllm_available() -> bool:
