@@ -20,6 +20,7 @@ from kvfuzz.harness.events import EventReplay, read_event
 from kvfuzz.harness.router_hash import BlockChain, HashAudit
 from kvfuzz.harness.probes import ManagerProbes
 from kvfuzz.harness.reading import KeyTranslator, read_snapshot
+from kvfuzz.harness.scheduler_driver import SchedulerDriver
 from kvfuzz.core.sides import (
     CachedTokensProbe, ForwardPass, KvEvent, Observations, take_events_result,
 )
@@ -71,7 +72,8 @@ class ManagerSide:
         """Batches popped by free_deferred and not yet released."""
         self._loading: dict[str, tuple[int, int]] = {}
         """KV loads in flight: request id -> (hit, external tokens)."""
-        self.scheduler = self.build_scheduler(config) if level == "scheduler" else None
+        self.scheduler: SchedulerDriver | None = (
+            self.build_scheduler(config) if level == "scheduler" else None)
         self._handlers: dict[str, Callable[[Op], Any]] = {
             "add_request": self._add_request,
             "get_computed_blocks": self._get_computed_blocks,
@@ -149,7 +151,7 @@ class ManagerSide:
             spread[g] = value
         return spread
 
-    def build_scheduler(self, config: Config) -> Any:
+    def build_scheduler(self, config: Config) -> SchedulerDriver:
         from kvfuzz.kvcache.scheduler import Scheduler  # kvcache loads late (atheris instruments it)
 
         s = config.scheduler
@@ -532,8 +534,7 @@ class ManagerSide:
         draft, accept = op["draft"], op["accept"]
         def run_model(scheduled: list[tuple[Any, int, int]], copies: Any) -> None:
             self._see_sampled_passes()
-            loaded = getattr(self.scheduler, "sync_loaded", {})
-            pending = getattr(self.scheduler, "pending_tokens", lambda request_id: 0)
+            loaded, pending = self.scheduler.sync_loaded, self.scheduler.pending_tokens
             for request, n, _ in scheduled:
                 start = request.num_computed_tokens
                 external = loaded.pop(request.request_id, 0)

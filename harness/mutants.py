@@ -459,7 +459,7 @@ def _stored_on_every_hit(side: KvcacheSide) -> None:
         "re-announces none of the blocks its hit reuses", bug="vLLM kv_cache_manager.py:331-339",
         configs=("events_tenants",))
 def _cached_report_dropped(side: KvcacheSide) -> None:
-    side.manager.block_pool.emit_cached_block_events = lambda *args, **kwargs: None
+    side.manager.block_pool.emit_hit_block_events = lambda *args, **kwargs: None
 
 
 @mutant("hit-report-names-null-blocks", "a lookup of a request in kv_cache_report_mode "
@@ -468,10 +468,11 @@ def _cached_report_dropped(side: KvcacheSide) -> None:
 def _hit_report_names_null_blocks(side: KvcacheSide) -> None:
     pool = side.manager.block_pool
 
-    def around(original, *args, blocks=None, **kwargs):
-        return original(*args, **kwargs)  # vLLM's: the hit list's length only
+    def around(original, request, blocks, block_size, kv_cache_group_id):
+        # vLLM's: the hit list's length only
+        pool.emit_cached_block_events(request, len(blocks), block_size, kv_cache_group_id)
 
-    _around(pool, "emit_cached_block_events", around)
+    _around(pool, "emit_hit_block_events", around)
 
 
 @mutant("promoted-partial-unannounced", "promoting a partial entry to a full block's key emits "

@@ -297,6 +297,21 @@ def _unsupported(what: str, problem: str) -> Any:
     raise VllmUnsupported(f"{what}: {problem}; kvfuzz supports vLLM {SUPPORTED}")
 
 
+def vllm_source(module: str, qualname: str) -> str | None:
+    """The source of `qualname` ("Class.method") in vLLM's `module`; None where there is no
+    such module, class or method, or its source cannot be read (not this release)."""
+    try:
+        found: Any = importlib.import_module(module)
+        for name in qualname.split("."):
+            found = getattr(found, name)
+        return inspect.getsource(found)
+    except Exception:  # noqa: BLE001 - absent, different or unreadable: not this release
+        return None
+
+
+_MANAGERS = "vllm.v1.core.single_type_kv_cache_manager"
+
+
 def _importable(module: str) -> bool:
     try:
         importlib.import_module(module)
@@ -308,21 +323,15 @@ def _importable(module: str) -> bool:
 def _rekeys_state_tail() -> bool:
     """Whether MambaManager._cache_partial_tail_block lacks 0.33's "already keyed here" return
     (read from its source; no source, or no such method: nothing to tolerate)."""
-    try:
-        manager = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
-        source = inspect.getsource(manager.MambaManager._cache_partial_tail_block)
-    except Exception:  # noqa: BLE001 - an unreadable or different manager: not this release
-        return False
-    return "block_hash_num_tokens == num_tokens" not in source
+    source = vllm_source(_MANAGERS, "MambaManager._cache_partial_tail_block")
+    return source is not None and "block_hash_num_tokens == num_tokens" not in source
 
 
 def _junction_without_eagle_block() -> bool:
     """Whether SingleTypeKVCacheManager.cache_blocks keeps the junction but not, under EAGLE,
     the block below it (read from its source; no junction there: nothing to tolerate)."""
-    try:
-        manager = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
-        source = inspect.getsource(manager.SingleTypeKVCacheManager.cache_blocks)
-    except Exception:  # noqa: BLE001 - an unreadable or different manager: not this release
+    source = vllm_source(_MANAGERS, "SingleTypeKVCacheManager.cache_blocks")
+    if source is None:
         return False
     compact = "".join(source.split())
     return ("shared_prefix_boundary" in compact

@@ -35,7 +35,8 @@ from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.harness.manager_side import publishes_after_output
-from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
+from kvfuzz.harness.scheduler_driver import SchedulerDriver
+from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm, vllm_source
 from kvfuzz.harness.vllm_encoder_budget import unbounded_encoder
 from kvfuzz.harness.vllm_target import (
     KNOWN_DEVIATIONS,
@@ -82,12 +83,8 @@ def _trim_stopped_drafts(snapshot: Snapshot, config: Config,
 def _stop_keeps_drafts_computed() -> bool:
     """Whether the Scheduler's `_update_request_with_output` drops the tokens after a stop
     without uncomputing them (read from its source; unreadable: nothing to tolerate)."""
-    try:
-        scheduler = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler
-        source = inspect.getsource(scheduler._update_request_with_output)
-    except Exception:  # noqa: BLE001 - no such scheduler or source: not this release
-        return False
-    return "num_computed_tokens" not in source
+    source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler._update_request_with_output")
+    return source is not None and "num_computed_tokens" not in source
 
 
 def _drained_in_drain(snapshot: Snapshot, config: Config) -> tuple[Snapshot, list[str]]:
@@ -100,13 +97,9 @@ def _publishes_after_output(async_scheduling: bool, mamba: bool) -> bool:
     """Whether this vLLM's `update_from_output` caches a request's blocks after its output
     (`cache_blocks`): under async scheduling (0.33+), and on a Mamba hybrid without it (0.34,
     `has_mamba_layers`); read from its source (unreadable: no)."""
-    try:
-        scheduler = importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler
-        source = inspect.getsource(scheduler.update_from_output)
-    except Exception:  # noqa: BLE001 - no such scheduler or source: not this release
-        return False
-    return "cache_blocks" in source and (async_scheduling
-                                         or mamba and "has_mamba_layers" in source)
+    source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output")
+    return source is not None and "cache_blocks" in source and (
+        async_scheduling or mamba and "has_mamba_layers" in source)
 
 
 SCHEDULER_DEVIATIONS = (
@@ -315,7 +308,7 @@ class _At:
         self.num_computed_tokens = start
 
 
-class VllmSchedulerDriver:
+class VllmSchedulerDriver(SchedulerDriver):
     """kvfuzz's driver interface (`kvcache.scheduler.Scheduler`), played by vLLM's Scheduler:
     a trace's `step` is one `schedule()` and the `update_from_output()` of its model output;
     a `step {in_flight: true}` holds its output until `complete_step` (docs/vllm.md)."""
@@ -458,6 +451,16 @@ class VllmSchedulerDriver:
     def waiting(self) -> tuple[Any, ...]:
         return tuple(self.vllm.waiting)
 
+    @property
+    def sync_loaded(self) -> dict[str, int]:
+        """None without a connector (`ConnectorLoads.sync_loaded`)."""
+        return {}
+
+    def pending_tokens(self, request_id: str) -> int:
+        """0: the side sees this driver's forward passes at once (vLLM's output placeholders
+        are not read)."""
+        return 0
+
     def add_request(self, request: Any) -> None:
         self._requests[request.request_id] = request
         self.vllm.add_request(request)
@@ -496,7 +499,7 @@ class VllmSchedulerDriver:
         # An admitted request's hit: what it had computed before its first chunk (vLLM 0.32
         # sends a resumed request as cached data, without its computed tokens), less what a
         # synchronous KV load gave it.
-        loaded = getattr(self, "sync_loaded", {})
+        loaded = self.sync_loaded
         scheduled = [(request, n, request.num_computed_tokens - n - loaded.get(rid, 0)
                       if rid in fresh else 0)
                      for rid, n in scheduler_output.num_scheduled_tokens.items()
@@ -564,7 +567,7 @@ class VllmSchedulerSide(VllmSide):
             kv_load_failure_policy=config.scheduler.kv_load_failure_policy)
         return self.vllm_scheduler.kv_cache_manager
 
-    def build_scheduler(self, config: Config) -> Any:
+    def build_scheduler(self, config: Config) -> SchedulerDriver:
         api = _vllm_scheduler_api()
         drafts = api.DraftTokenIds if self._takes_drafts() else None
         if not config.kv_connector:

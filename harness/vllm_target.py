@@ -13,7 +13,7 @@ import dataclasses
 import importlib
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,6 @@ from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.harness.manager_side import ManagerSide
 from kvfuzz.harness.router_hash import BlockChain, vllm_chain
 from kvfuzz.harness.tolerance import Tolerance
-from kvfuzz.harness.probes import real_runs
 from kvfuzz.harness.vllm_api import (
     FEATURES,
     VllmApi,
@@ -34,7 +33,6 @@ from kvfuzz.harness.vllm_api import (
     load_vllm,
 )
 from kvfuzz.core.snapshot import RequestView, Snapshot
-from kvfuzz.core.trace import Op
 
 
 def vllm_available() -> bool:
@@ -450,6 +448,49 @@ OP_FEATURES = {
 }
 
 
+def _stored_runs(event: Any, request: Any, span: range, listed: Sequence[int],
+                 kept: Sequence[int], block_size: int, hash_block_size: int) -> list[Any] | None:
+    """vLLM's BlockStored `event` of `request`'s blocks `span` (of `block_size` tokens), whose
+    lists name the blocks `listed`, as kvcache announces it: one event per run of consecutive
+    blocks of `kept`, chained on the block before its run, with that run's token ids and list
+    entries (findings 026, 027). None where it stays as it is: every block of `span` is kept,
+    or the event is not vLLM's own (another type, parent, token ids or keys)."""
+    if len(kept) == len(span):
+        return None
+    scale = block_size // hash_block_size
+
+    def block_hash(i: int) -> Any:
+        return None if i < 0 else request.block_hashes[(i + 1) * scale - 1]
+
+    if (type(event).__name__ != "BlockStored"
+            or event.parent_block_hash != block_hash(span.start - 1)
+            or list(event.token_ids)
+            != list(request.all_token_ids[span.start * block_size:span.stop * block_size])
+            or [bytes(h) for h in event.block_hashes] != [bytes(block_hash(i)) for i in listed]):
+        return None
+    import msgspec  # vLLM's events are msgspec structs
+
+    runs: list[list[int]] = []  # the blocks of each run of consecutive kept blocks
+    for i in kept:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    events = []
+    for run in runs:
+        at = listed.index(run[0])
+        part = slice(at, at + len(run))
+        first, end = run[0], run[-1] + 1
+        events.append(msgspec.structs.replace(
+            event, block_hashes=event.block_hashes[part],
+            parent_block_hash=block_hash(first - 1),
+            token_ids=list(request.all_token_ids[first * block_size:end * block_size]),
+            **{field: getattr(event, field)[part]
+               for field in ("extra_keys", "lookahead_token_ids")
+               if getattr(event, field, None) is not None}))
+    return events
+
+
 class VllmSide(ManagerSide):
     """The installed vLLM's KVCacheManager and Request, built from our config.
 
@@ -668,41 +709,11 @@ class VllmSide(ManagerSide):
             keyed = [i for i in range(num_cached_blocks, num_full_blocks)
                      if not blocks[i].is_null
                      and (mask is None or mask[i - num_cached_blocks])]
-            if len(keyed) == num_full_blocks - num_cached_blocks:
-                return result
-            scale = block_size // hbs
-
-            def block_hash(i: int) -> Any:
-                return None if i < 0 else request.block_hashes[(i + 1) * scale - 1]
-
-            event, start = queue[-1], num_cached_blocks * block_size
-            tokens = list(request.all_token_ids[start:num_full_blocks * block_size])
-            if (type(event).__name__ != "BlockStored"
-                    or event.parent_block_hash != block_hash(num_cached_blocks - 1)
-                    or list(event.token_ids) != tokens
-                    or [bytes(h) for h in event.block_hashes]
-                    != [bytes(block_hash(i)) for i in keyed]):
-                return result
-            import msgspec  # vLLM's events are msgspec structs
-
-            tolerated.add(request.request_id)
-            runs: list[list[int]] = []  # positions in `keyed` of each run of consecutive blocks
-            for n, i in enumerate(keyed):
-                if runs and keyed[runs[-1][-1]] == i - 1:
-                    runs[-1].append(n)
-                else:
-                    runs.append([n])
-            del queue[-1]
-            for run in runs:
-                first, last = keyed[run[0]], keyed[run[-1]] + 1
-                part = slice(run[0], run[-1] + 1)
-                queue.append(msgspec.structs.replace(
-                    event, block_hashes=event.block_hashes[part],
-                    parent_block_hash=block_hash(first - 1),
-                    token_ids=tokens[first * block_size - start:last * block_size - start],
-                    **{field: getattr(event, field)[part]
-                       for field in ("extra_keys", "lookahead_token_ids")
-                       if getattr(event, field, None) is not None}))
+            runs = _stored_runs(queue[-1], request, range(num_cached_blocks, num_full_blocks),
+                                keyed, keyed, block_size, hbs)
+            if runs is not None:
+                tolerated.add(request.request_id)
+                queue[-1:] = runs
             return result
 
         pool.cache_full_blocks = cache_full_blocks
@@ -713,8 +724,6 @@ class VllmSide(ManagerSide):
         each chained on the position before the run with that run's token ids: kvcache's
         events (finding 027). Only vLLM's own event is changed: its keys and token ids must be
         the request's from token 0 over the whole hit list, else EV4 and EV6 judge it as it is."""
-        import msgspec  # vLLM's events are msgspec structs
-
         coordinator, pool = manager.coordinator, manager.block_pool
         original = coordinator.emit_cached_block_events
         tolerated = self.tolerated[HIT_REPORT_NULLS]
@@ -729,28 +738,15 @@ class VllmSide(ManagerSide):
                 return
             events: list[Any] = []
             for event, blocks in zip(queue[queued:], hits):
-                runs, n, bs = real_runs(blocks), len(blocks), event.block_size
-                scale = bs // hbs
-
-                def block_hash(i: int) -> Any:
-                    return None if i < 0 else request.block_hashes[(i + 1) * scale - 1]
-
-                if (runs == [(0, n)] or type(event).__name__ != "BlockStored"
-                        or event.parent_block_hash is not None
-                        or list(event.token_ids) != list(request.all_token_ids[:n * bs])
-                        or [bytes(h) for h in event.block_hashes]
-                        != [bytes(block_hash(i)) for i in range(n)]):
+                span = range(len(blocks))
+                runs = _stored_runs(event, request, span, span,
+                                    [i for i in span if not blocks[i].is_null],
+                                    event.block_size, hbs)
+                if runs is None:
                     events.append(event)
-                    continue
-                tolerated.add(request.request_id)
-                events += [msgspec.structs.replace(
-                    event, block_hashes=event.block_hashes[first:end],
-                    parent_block_hash=block_hash(first - 1),
-                    token_ids=list(request.all_token_ids[first * bs:end * bs]),
-                    **{field: getattr(event, field)[first:end]
-                       for field in ("extra_keys", "lookahead_token_ids")
-                       if getattr(event, field, None) is not None})
-                    for first, end in runs]
+                else:
+                    tolerated.add(request.request_id)
+                    events += runs
             queue[queued:] = events
 
         coordinator.emit_cached_block_events = emit_cached_block_events

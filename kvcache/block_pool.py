@@ -832,10 +832,16 @@ class BlockPool:
 
     def emit_cached_block_events(
         self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int,
-        blocks: Sequence[KVCacheBlock] | None = None,
     ) -> None:
         """vLLM's: announce the blocks a prefix hit reused; a pool without events has none to
         queue (EventfulBlockPool's does)."""
+
+    def emit_hit_block_events(
+        self, request: Request, blocks: Sequence[KVCacheBlock], block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """Announce a prefix hit's `blocks` (its null placeholders skipped); a pool without
+        events has none to queue (EventfulBlockPool's does)."""
 
     def is_block_writable(self, block: KVCacheBlock) -> bool:
         """Only a sole, unhashed owner may write: hashed content is a function of its key."""

@@ -335,8 +335,8 @@ class KVCacheCoordinator(ABC):
         for group_id, blocks in enumerate(computed_blocks):
             if blocks:
                 manager = self.single_type_managers[group_id]
-                self.block_pool.emit_cached_block_events(
-                    request, len(blocks), manager.block_size, group_id, blocks=blocks)
+                self.block_pool.emit_hit_block_events(
+                    request, blocks, manager.block_size, group_id)
 
     def new_step_starts(self) -> None:
         for manager in self.single_type_managers:

@@ -150,16 +150,22 @@ class EventfulBlockPool(BlockPool):
 
     def emit_cached_block_events(
         self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int,
-        blocks: Sequence[KVCacheBlock] | None = None,
     ) -> None:
-        """Announce the request's first `num_cached_blocks` blocks, which a prefix hit reused;
-        the cache is left as it is. Without `blocks`, vLLM's: one BlockStored of them all from
-        token 0. With the hit's `blocks`, one per run of its real blocks, null placeholders
-        skipped (docs/spec.md §3.10, finding 027)."""
+        """vLLM's: announce the request's first `num_cached_blocks` blocks, which a prefix hit
+        reused, as one BlockStored from token 0; the cache is left as it is."""
         if not num_cached_blocks:
             return
-        real = [True] * num_cached_blocks if blocks is None else [not b.is_null for b in blocks]
-        self._queue_runs(request, real, 0, block_size, kv_cache_group_id)
+        self._queue_runs(request, [True] * num_cached_blocks, 0, block_size, kv_cache_group_id)
+
+    def emit_hit_block_events(
+        self, request: Request, blocks: Sequence[KVCacheBlock], block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """Announce a prefix hit's `blocks` (the request's first), which it reused: one
+        BlockStored per run of its real blocks, null placeholders skipped (docs/spec.md §3.10,
+        finding 027); the cache is left as it is."""
+        self._queue_runs(request, [not b.is_null for b in blocks], 0, block_size,
+                         kv_cache_group_id)
 
     def _queue_runs(self, request: Request, keyed: Sequence[bool], first: int, block_size: int,
                     kv_cache_group_id: int) -> None:

@@ -65,3 +65,18 @@ def test_vllm_reannouncement_planted_wrong_is_caught(monkeypatch, drop, check):
     monkeypatch.setattr(block_pool.BlockPool, "emit_cached_block_events", planted)
     found = run_trace(_trace(), ["vllm"]).finding
     assert found is not None and found.check == check, found
+
+
+def test_kvcache_pools_announce_a_hit_with_vllms_signature():
+    """kvcache's vLLM-named `emit_cached_block_events` takes vLLM's arguments, nothing more (its
+    per-run form is `emit_hit_block_events`)."""
+    import inspect
+
+    from vllm.v1.core.block_pool import BlockPool
+
+    from kvfuzz.kvcache.block_pool import BlockPool as KvcachePool
+    from kvfuzz.kvcache.kv_events import EventfulBlockPool
+
+    theirs = list(inspect.signature(BlockPool.emit_cached_block_events).parameters)
+    for pool in (KvcachePool, EventfulBlockPool):
+        assert list(inspect.signature(pool.emit_cached_block_events).parameters) == theirs
