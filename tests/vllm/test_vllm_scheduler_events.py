@@ -1,0 +1,79 @@
+"""KV events and `reset_prefix_cache` through vLLM's own Scheduler (docs/vllm.md, "KV events
+through vLLM's Scheduler"), three-way with kvfuzz's driver on kvcache and the model."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvfuzz.core.configs import BUILTIN
+from kvfuzz.fuzz.cli import main as kvfuzz
+from kvfuzz.harness.executor import Execution
+from kvfuzz.harness.vllm_target import vllm_available
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not vllm_available(), reason="no vLLM this adapter drives is importable"),
+]
+
+TARGETS = ("vllm-scheduler", "vllm-async-scheduler")
+
+
+def _add(ex: Execution, n: int) -> None:
+    for i in range(n):
+        ex.apply({"op": "add_request", "request_id": f"r{i}", "prompt": list(range(i, i + 9)),
+                  "max_tokens": 3})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_checks_read_the_batches_the_scheduler_publishes(target):
+    """Every event the side reads after a step came in a batch vLLM's `update_from_output`
+    published; the replay of them all agrees with kvcache's and the model's cache (EV1)."""
+    ex = Execution(BUILTIN["events"][1], "scheduler", ("kvcache", target))
+    side = ex.targets[1].side
+    publisher = side.vllm_scheduler.kv_event_publisher
+    published: list[int] = []
+    publish = publisher.publish
+    publisher.publish = lambda batch: (published.append(len(batch.events)), publish(batch))
+    _add(ex, 3)
+    for sample in range(8):
+        ex.apply({"op": "step", "sample": sample})
+        assert side.manager.take_events() == []  # nothing left for a later batch
+    assert sum(published) >= 3
+    ex.apply({"op": "take_events"})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_reset_prefix_cache_preempts_and_clears_three_way(target):
+    """vLLM's `Scheduler.reset_prefix_cache`: False while requests run; with
+    `reset_running_requests` they are preempted (waiting in their running order) and the
+    cache cleared; its AllBlocksCleared is read at the reset."""
+    ex = Execution(BUILTIN["events"][1], "scheduler", ("kvcache", target))
+    _add(ex, 3)
+    ex.apply({"op": "step", "sample": 1})
+    running = ex.state.running
+    assert running and ex.apply({"op": "reset_prefix_cache"}) is False
+    assert ex.apply({"op": "reset_prefix_cache", "reset_running_requests": True}) is True
+    assert not ex.state.cache and not ex.targets[1].side._event_replay.cached
+    assert ex.state.waiting[:len(running)] == running
+    for sample in range(6):
+        ex.apply({"op": "step", "sample": sample})
+    ex.apply({"op": "take_events"})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_campaign_on_the_event_configs_exits_0(target, tmp_path, capsys):
+    code = kvfuzz(["run", "--target", target, "--level", "scheduler", "--examples", "60",
+                   "--config", "events", "events_partial", "events_tenants",
+                   "--corpus", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "left out" not in out
+
+
+def test_a_step_that_publishes_no_removal_is_caught(tmp_path, capsys):
+    """Plant `removals-unpublished`: the batches leave out every BlockRemoved (EV4)."""
+    code = kvfuzz(["run", "--target", "vllm-scheduler-bug:removals-unpublished", "--level",
+                   "scheduler", "--config", "events", "--examples", "60", "--corpus",
+                   str(tmp_path)])
+    assert code == 1, capsys.readouterr().out
+    assert list(tmp_path.glob("EV4-events-*.json"))
