@@ -110,6 +110,13 @@ def _removals_unpublished(scheduler: Any) -> None:
     scheduler.update_from_output = update_from_output
 
 
+def _reset_keeps_running(scheduler: Any) -> None:
+    """`reset_prefix_cache` ignores `reset_running_requests`: nothing is preempted, and the
+    reset fails (False) while a request runs."""
+    scheduler.reset_prefix_cache = lambda *args, **kwargs: (
+        scheduler.kv_cache_manager.reset_prefix_cache())
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -133,6 +140,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                            _encoder_never_fits, ("tenants",)),
     "removals-unpublished": ("the KV events a step publishes leave out its BlockRemoved",
                              _removals_unpublished, ("events",)),
+    "reset-keeps-running": ("reset_prefix_cache preempts no running request",
+                            _reset_keeps_running, ("events",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

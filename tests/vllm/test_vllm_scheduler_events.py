@@ -70,10 +70,13 @@ def test_a_campaign_on_the_event_configs_exits_0(target, tmp_path, capsys):
     assert "left out" not in out
 
 
-def test_a_step_that_publishes_no_removal_is_caught(tmp_path, capsys):
-    """Plant `removals-unpublished`: the batches leave out every BlockRemoved (EV4)."""
-    code = kvfuzz(["run", "--target", "vllm-scheduler-bug:removals-unpublished", "--level",
-                   "scheduler", "--config", "events", "--examples", "60", "--corpus",
-                   str(tmp_path)])
+@pytest.mark.parametrize("plant, check", [
+    ("removals-unpublished", "EV4"),  # the batches leave out every BlockRemoved
+    ("reset-keeps-running", "DIFF-result"),  # the reset preempts nothing and fails
+])
+def test_a_bug_planted_in_the_schedulers_events_or_reset_is_caught(plant, check, tmp_path,
+                                                                     capsys):
+    code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
+                   "--config", "events", "--examples", "60", "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
-    assert list(tmp_path.glob("EV4-events-*.json"))
+    assert list(tmp_path.glob(f"{check}-events-*.json"))
