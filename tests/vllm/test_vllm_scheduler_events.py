@@ -3,9 +3,13 @@ through vLLM's Scheduler"), three-way with kvfuzz's driver on kvcache and the mo
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from kvfuzz.core.configs import BUILTIN
+from kvfuzz.core.trace import Trace
 from kvfuzz.fuzz.cli import main as kvfuzz
 from kvfuzz.harness.executor import Execution
 from kvfuzz.harness.vllm_target import vllm_available
@@ -80,3 +84,26 @@ def test_a_bug_planted_in_the_schedulers_events_or_reset_is_caught(plant, check,
                    "--config", "events", "--examples", "60", "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
     assert list(tmp_path.glob(f"{check}-events-*.json"))
+
+
+def test_an_exported_reset_asserts_what_vllms_scheduler_returns(tmp_path):
+    """`kvfuzz export --vllm-test` plays a reset as `Scheduler.reset_prefix_cache` and asserts
+    its result: the test passes on vLLM, and fails where the reset preempts nothing."""
+    ops = [{"op": "add_request", "request_id": f"r{i}", "prompt": [0, 1, 2, 3, 4, 5, 6 + i],
+            "max_tokens": 3} for i in range(2)]
+    ops += [{"op": "step", "sample": 1}, {"op": "reset_prefix_cache"},
+            {"op": "reset_prefix_cache", "reset_running_requests": True},
+            {"op": "step", "sample": 2}]
+    trace = Trace(BUILTIN["events"][1], "scheduler", ops, {"check": "DIFF-state"})
+    (tmp_path / "t.json").write_text(trace.to_json(), encoding="utf-8")
+    out = tmp_path / "test_reset.py"
+    assert kvfuzz(["export", str(tmp_path / "t.json"), "--vllm-test", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    asked = "assert scheduler.reset_prefix_cache(reset_running_requests=True) is True"
+    assert "reset_running_requests=False) is False" in text and asked in text
+    planted = tmp_path / "test_reset_planted.py"
+    planted.write_text(text.replace(asked, asked.replace("=True)", "=False)")), encoding="utf-8")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+                          out.name, planted.name], capture_output=True, text=True, cwd=tmp_path)
+    assert "PASSED test_reset.py::" in run.stdout, run.stdout[-2000:]
+    assert "FAILED test_reset_planted.py::" in run.stdout, run.stdout[-2000:]
