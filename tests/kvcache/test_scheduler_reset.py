@@ -48,3 +48,12 @@ def test_the_driver_ignoring_reset_running_requests_is_caught(tmp_path, capsys):
                    "--config", "events", "--examples", "60", "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
     assert list(tmp_path.glob("DIFF-*-events-*.json"))
+
+
+def test_a_reset_that_preempts_in_the_wrong_order_is_caught_by_i7(tmp_path, capsys):
+    """I7 reads a preempting reset's releases: the last running request's blocks first."""
+    code = kvfuzz(["run", "--target", "bug:reset-preempts-in-order", "--level", "scheduler",
+                   "--config", "events", "--examples", "60", "--no-model",
+                   "--corpus", str(tmp_path)])
+    assert code == 1, capsys.readouterr().out
+    assert list(tmp_path.glob("I7-events-*.json"))
