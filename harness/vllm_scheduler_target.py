@@ -3,8 +3,9 @@
 Target `vllm` drives vLLM's KVCacheManager through kvfuzz's driver (`kvcache/scheduler.py`,
 a copy of vLLM's scheduling rules). This one hands the trace's requests and steps to vLLM's
 `Scheduler` itself (`AsyncScheduler` for `vllm-async-scheduler`): `add_request`, `schedule`,
-`update_from_output` with the sampled tokens, `finish_requests`. The manager it reads and
-checks is the one that Scheduler built, so the executor compares, per step, what vLLM's
+`update_from_output` with the sampled tokens, `finish_requests`, `reset_prefix_cache`; with
+KV events on, the events it publishes (harness/vllm_scheduler_events.py). The manager it reads
+and checks is the one that Scheduler built, so the executor compares, per step, what vLLM's
 scheduler scheduled, preempted and finished, the block tables and computed-token counts, with
 the reference model (and with kvfuzz's driver on kvcache when it runs beside it), and runs every
 registered check on that manager after every op.
