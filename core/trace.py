@@ -88,6 +88,8 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
         "load_remote": {"request_id": (_STR, None), "num_external_tokens": (_INT, None),
                         "sync": (_BOOL, False), "num_loaded_tokens": (_OPT_INT, None)},
         "finish_load": {"request_id": (_STR, None), "num_loaded_tokens": (_OPT_INT, None)},
+        "reset_prefix_cache": {"reset_running_requests": (_BOOL, False)},
+        "take_events": {},
     },
 }
 

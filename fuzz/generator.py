@@ -53,6 +53,9 @@ IN_FLIGHT_FEATURES = frozenset({"step_in_flight", "complete_step"})
 """Rules of configs with deferred frees only: steps left in flight (docs/spec.md §7.1)."""
 SPEC_FEATURES = frozenset({"step_spec"})
 """Rules of configs with a drafter only: steps that verify and propose drafts (spec decode)."""
+EVENT_FEATURES = frozenset({"take_events", "reset_prefix_cache"})
+"""Scheduler rules of configs with kv_events only (a reset also where focused), so that other
+configs draw exactly as before."""
 MAX_DRAFTS = 4
 """Drafts a request proposes per step, at most."""
 MAX_STEPS_IN_FLIGHT = 2
@@ -407,11 +410,16 @@ class SchedulerRules(Rules):
 
     level = "scheduler"
     RULES = ("add_request", "step", "step_again", "abort", "load_remote", "finish_load",
-             "step_in_flight", "complete_step", "step_spec")
+             "step_in_flight", "complete_step", "step_spec", "take_events", "reset_prefix_cache")
     """Two step rules: steps dominate the runs."""
     CORE = frozenset({"add_request", "step", "step_again"})
     KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load", "sync_load")
     max_requests = 10
+
+    @classmethod
+    def features(cls, config: Config | None = None) -> tuple[str, ...]:
+        off = frozenset() if config is not None and config.kv_events else EVENT_FEATURES
+        return tuple(f for f in super().features(config) if f not in off)
 
     def feasible(self, rule: str) -> bool:
         if rule == "add_request":
@@ -430,6 +438,11 @@ class SchedulerRules(Rules):
             return bool(self.execution.state.in_flight)
         if rule == "step_spec":
             return has_drafter(self.config) and self.execution.offers("draft")
+        if rule == "take_events":
+            return self.config.kv_events
+        if rule == "reset_prefix_cache":
+            return ((self.config.kv_events or rule in self.focus) and not self.config.kv_connector
+                    and not self.execution.state.in_flight)
         return True
 
     def _may_sample(self) -> bool:
@@ -503,6 +516,14 @@ class SchedulerRules(Rules):
         c = self.choices
         self.apply(op="step", sample=c.below(TOKEN_VOCAB), draft=between(c, 0, MAX_DRAFTS),
                    accept=pick(c, (None, 0, between(c, 0, MAX_DRAFTS))))
+
+    def take_events(self) -> None:
+        self.apply(op="take_events")
+
+    def reset_prefix_cache(self) -> None:
+        """The engine resets the prefix cache, half the time preempting every running request
+        first (`reset_running_requests`)."""
+        self.apply(op="reset_prefix_cache", reset_running_requests=flip(self.choices))
 
     def abort(self) -> None:
         c = self.choices

@@ -166,6 +166,8 @@ class SchedulerMachine(_TraceMachine):
     step_in_flight = _rule("step_in_flight")
     complete_step = _rule("complete_step")
     step_spec = _rule("step_spec")
+    take_events = _rule("take_events")
+    reset_prefix_cache = _rule("reset_prefix_cache")
 
 
 def machine_for(

@@ -204,10 +204,14 @@ class _SchedulerWriter:
                 self.finishes = True
                 self.emit(f"scheduler.finish_requests({op['request_id']!r}, "
                           f"RequestStatus.{status})")
+            elif kind == "reset_prefix_cache":
+                self.emit(f"assert scheduler.reset_prefix_cache(reset_running_requests="
+                          f"{op['reset_running_requests']}) is {result}")
             else:
                 raise VllmTestUnsupported(
                     f"step {step}: op {kind!r}; a scheduler-level vLLM test plays add_request, "
-                    "step, complete_step, abort, finish, load_remote and finish_load")
+                    "step, complete_step, abort, finish, reset_prefix_cache, load_remote and "
+                    "finish_load")
         return execution.state
 
     def _load(self, op: dict[str, Any], step: int, execution: Execution, result: Any) -> None:

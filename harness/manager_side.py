@@ -259,7 +259,7 @@ class ManagerSide:
     def _drain_events(self) -> None:
         """Read the events this op made the manager queue (as a router polling after every
         step would) into the op's observations and the replay."""
-        events = self.manager.take_events()
+        events = self.queued_events()
         if not events:
             return
         self.keys.learn_all(self.requests.values())
@@ -267,6 +267,10 @@ class ManagerSide:
             read = read_event(event, self.keys)
             self._op_events.append(read)
             self._event_replay.apply(read)
+
+    def queued_events(self) -> list[Any]:
+        """The events the op made the target queue, in order."""
+        return self.manager.take_events()
 
     def tolerate_events(self, events: list[Any]) -> list[Any]:
         """The events as compared and checked (a target may undo a documented deviation)."""
@@ -474,7 +478,13 @@ class ManagerSide:
         return None if ok else out
 
     def _reset_prefix_cache(self, op: Op) -> Any:
-        return self._call(self.manager.reset_prefix_cache)[1]
+        if self.scheduler is None:
+            return self._call(self.manager.reset_prefix_cache)[1]
+        if self.config.kv_connector or self.scheduler.in_flight:
+            raise InvalidTrace("reset_prefix_cache at the scheduler level needs no step in "
+                               "flight and a config without kv_connector")
+        return self._call(lambda: self.scheduler.reset_prefix_cache(
+            op["reset_running_requests"]))[1]
 
     def _take_new_block_ids(self, op: Op) -> Any:
         ok, out = self._call(self.manager.take_new_block_ids)

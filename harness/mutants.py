@@ -368,6 +368,32 @@ def _inflight_drain_whole_list(side: KvcacheSide) -> None:
     _on_scheduler(side, patch)
 
 
+@mutant("reset-keeps-running", "the driver's reset_prefix_cache ignores "
+        "reset_running_requests: nothing is preempted, and the reset fails while requests run",
+        bug="vLLM's Scheduler.reset_prefix_cache", configs=("events",))
+def _reset_keeps_running(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        scheduler.reset_prefix_cache = lambda reset_running_requests=False: (
+            scheduler.manager.reset_prefix_cache())
+
+    _on_scheduler(side, patch)
+
+
+@mutant("reset-preempts-in-order", "the driver's reset_prefix_cache preempts the running "
+        "requests first to last, so they free in the other order and wait reversed",
+        bug="vLLM's Scheduler.reset_prefix_cache", configs=("events",))
+def _reset_preempts_in_order(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        def reset_prefix_cache(reset_running_requests: bool = False) -> bool:
+            while reset_running_requests and scheduler._running:
+                scheduler._preempt(scheduler._running.pop(0))
+            return scheduler.manager.reset_prefix_cache()
+
+        scheduler.reset_prefix_cache = reset_prefix_cache
+
+    _on_scheduler(side, patch)
+
+
 @mutant("evict-first-ignored", "free_blocks(evict_first=True) queues cached blocks at the tail, "
         "as a plain free does, so blocks another tier holds outlive the ones it does not",
         bug="vLLM 0.34 BlockPool.free_blocks(evict_first)", configs=("deferred",))

@@ -118,6 +118,30 @@ def _encoder_never_fits(scheduler: Any) -> None:
     scheduler.encoder_cache_manager.can_allocate = lambda *args, **kwargs: False
 
 
+def _removals_unpublished(scheduler: Any) -> None:
+    """The events each output publishes leave out every BlockRemoved: `update_from_output`
+    takes the manager's queue whole and drops the removals (a consumer keeps evicted keys)."""
+    manager = scheduler.kv_cache_manager
+    update = scheduler.update_from_output
+
+    def update_from_output(*args: Any, **kwargs: Any) -> Any:
+        take = manager.take_events
+        manager.take_events = lambda: [e for e in take() if type(e).__name__ != "BlockRemoved"]
+        try:
+            return update(*args, **kwargs)
+        finally:
+            manager.take_events = take
+
+    scheduler.update_from_output = update_from_output
+
+
+def _reset_keeps_running(scheduler: Any) -> None:
+    """`reset_prefix_cache` ignores `reset_running_requests`: nothing is preempted, and the
+    reset fails (False) while a request runs."""
+    scheduler.reset_prefix_cache = lambda *args, **kwargs: (
+        scheduler.kv_cache_manager.reset_prefix_cache())
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -142,6 +166,10 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                                ("nemotron_h_connector",)),
     "encoder-never-fits": ("the encoder cache never has room for a multimodal input",
                            _encoder_never_fits, ("tenants",)),
+    "removals-unpublished": ("the KV events a step publishes leave out its BlockRemoved",
+                             _removals_unpublished, ("events",)),
+    "reset-keeps-running": ("reset_prefix_cache preempts no running request",
+                            _reset_keeps_running, ("events",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

@@ -3,8 +3,9 @@
 Target `vllm` drives vLLM's KVCacheManager through kvfuzz's driver (`kvcache/scheduler.py`,
 a copy of vLLM's scheduling rules). This one hands the trace's requests and steps to vLLM's
 `Scheduler` itself (`AsyncScheduler` for `vllm-async-scheduler`): `add_request`, `schedule`,
-`update_from_output` with the sampled tokens, `finish_requests`. The manager it reads and
-checks is the one that Scheduler built, so the executor compares, per step, what vLLM's
+`update_from_output` with the sampled tokens, `finish_requests`, `reset_prefix_cache`; with
+KV events on, the events it publishes (harness/vllm_scheduler_events.py). The manager it reads
+and checks is the one that Scheduler built, so the executor compares, per step, what vLLM's
 scheduler scheduled, preempted and finished, the block tables and computed-token counts, with
 the reference model (and with kvfuzz's driver on kvcache when it runs beside it), and runs every
 registered check on that manager after every op.
@@ -38,6 +39,7 @@ from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.scheduler_driver import SchedulerDriver
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm, vllm_source
 from kvfuzz.harness.vllm_encoder_budget import unbounded_encoder
+from kvfuzz.harness.vllm_scheduler_events import PublishedEvents, count_outputs, kv_events_config
 from kvfuzz.harness.vllm_target import (
     KNOWN_DEVIATIONS,
     KnownDeviation,
@@ -133,7 +135,6 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
                                 "KV loads)"),
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
-        (config.kv_events, "KV events"),
         (bool(config.num_hash_lookahead_tokens) and config.enable_caching
          and _publishes_after_output(async_scheduling,
                                      any(g.kind == "mamba" for g in config.groups))
@@ -165,6 +166,7 @@ def _vllm_scheduler_api() -> SimpleNamespace:
         SchedulerConfig=find("vllm.config", "SchedulerConfig"),
         CacheConfig=find("vllm.config", "CacheConfig"),
         DeviceConfig=find("vllm.config", "DeviceConfig"),
+        KVEventsConfig=find("vllm.config", "KVEventsConfig"),
         ParallelConfig=find("vllm.config", "ParallelConfig"),
         Scheduler=find("vllm.v1.core.sched.scheduler", "Scheduler"),
         AsyncScheduler=find("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
@@ -279,6 +281,8 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
         # Two pipeline stages: the synchronous Scheduler has two batches in flight (and,
         # with a consumer connector, defers frees behind them).
         settings["parallel_config"] = api.ParallelConfig(pipeline_parallel_size=2)
+    if config.kv_events:
+        settings["kv_events_config"] = kv_events_config(api.KVEventsConfig)
     vllm_config = api.VllmConfig(scheduler_config=scheduler_config, cache_config=cache_config,
                                  device_config=api.DeviceConfig(device="cpu"), **settings)
     object.__setattr__(vllm_config, "model_config", _model_stand_in(config))
@@ -296,6 +300,8 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
     # The Mamba chunk split steps its stops down by a block with EAGLE, as the manager does.
     scheduler.use_eagle_block_drop = config.use_eagle
     unbounded_encoder(scheduler, config)  # multimodal inputs (harness/vllm_encoder_budget.py)
+    if config.kv_events:  # what it publishes is kept (harness/vllm_scheduler_events.py)
+        scheduler.kv_event_publisher = PublishedEvents()
     return scheduler
 
 
@@ -338,6 +344,9 @@ class VllmSchedulerDriver(SchedulerDriver):
         """Request ids that took a sampled token (finding 025's shape needs one)."""
         self.in_flight_sampling = "placeholders"
         """The trace's rule for a request whose sampling step is in flight (its config's)."""
+        self.outputs_taken = 0
+        """`update_from_output` calls so far (each publishes the events queued before it)."""
+        count_outputs(self, scheduler)
         preempt = scheduler._preempt_request
 
         def preempt_request(request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -471,6 +480,11 @@ class VllmSchedulerDriver(SchedulerDriver):
         self.sampled.discard(request_id)
         self.vllm.finish_requests(request_id, status)
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's `Scheduler.reset_prefix_cache` (0.32-0.34: preempts every running request,
+        the last first, with `reset_running_requests`; raises if the reset then fails)."""
+        return self.vllm.reset_prefix_cache(reset_running_requests=reset_running_requests)
+
     def step(self, sample_token: Callable[..., int],
              run_model: Callable[[list[tuple[Any, int, int]], list[tuple[int, int]]], None]
              | None = None, *, in_flight: bool = False, accept: int | None = None,
@@ -588,6 +602,18 @@ class VllmSchedulerSide(VllmSide):
                                                               sampled=driver.sampled))
             if d.name == "stopped-drafts-stay-computed" else d for d in self.deviations)
         return driver
+
+    def queued_events(self) -> list[Any]:
+        """What vLLM's Scheduler published in the op (a batch per `update_from_output`). An
+        op that took no output (an abort, a reset, a step left in flight, the API level)
+        publishes nothing: the events its manager queued, which vLLM publishes with the next
+        output, are read from the queue at once, so that each op's events are its own."""
+        published = self.vllm_scheduler.kv_event_publisher.take()
+        driver = self.scheduler
+        if driver is not None and driver.outputs_taken:
+            driver.outputs_taken = 0
+            return published
+        return published + self.manager.take_events()
 
     def _defers_frees(self) -> bool:
         """Whether vLLM's Scheduler defers frees behind steps in flight: a KV-consumer

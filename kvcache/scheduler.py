@@ -222,6 +222,15 @@ class Scheduler:
         # else: the load may still write its blocks; `finish_load` frees them.
         request.status = status
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's `Scheduler.reset_prefix_cache`: with `reset_running_requests` every running
+        request is preempted, the last first (they wait in their running order), then the
+        manager resets its prefix cache (False while a block is held)."""
+        if reset_running_requests:
+            while self._running:
+                self._preempt(self._running.pop())
+        return self.manager.reset_prefix_cache()
+
     # ----- KV connector (docs/spec.md §13.2): the driver plays the connector -----
 
     def pending_tokens(self, request_id: str) -> int:

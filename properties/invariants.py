@@ -219,7 +219,9 @@ def eviction_order(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str 
     if q0 == q1 and not head and not tail:
         return None
     pos = {b: i for i, b in enumerate(q0)}
-    keys0, keys1 = before.block_keys, after.block_keys
+    keys0 = before.block_keys
+    # A reset strips keys in place, after its releases: the queue reads with the keys before.
+    keys1 = keys0 if kind == "reset_prefix_cache" else after.block_keys
     if calls is None:
         # A step may take blocks (pops from the head, hits) and release them again: at most
         # `reach` blocks of the old queue were popped, and hits are cached blocks.
@@ -284,6 +286,10 @@ def _releases(before: Snapshot, after: Snapshot, ctx: CheckContext) -> list[list
         return [list(reversed(t)) for t in view.tables if t] if view else []
     if kind == "release_copies":
         return [[b for pair in before.retained_copies for b in pair]]
+    if kind == "reset_prefix_cache" and op.get("reset_running_requests"):
+        # The scheduler preempts every running request first, the last first.
+        return [list(reversed(t)) for rid in reversed(before.running)
+                for t in before.requests[rid].tables if t]
     if kind == "release_deferred":
         return [list(reversed(batch)) for batch in before.deferred_frees]
     if kind == "allocate_slots":
@@ -783,7 +789,9 @@ def _in_flight_tokens(before: Snapshot, ctx: CheckContext, rid: str) -> int:
 def reset_rule(before: Snapshot, after: Snapshot, ctx: CheckContext) -> str | None:
     if ctx.op["op"] != "reset_prefix_cache" or not isinstance(ctx.result, bool):
         return None
-    held = [b for b in range(1, before.num_blocks) if before.ref_cnt[b] > 0]
+    # With reset_running_requests the scheduler first preempts every running request.
+    state = after if ctx.op.get("reset_running_requests") else before
+    held = [b for b in range(1, state.num_blocks) if state.ref_cnt[b] > 0]
     if ctx.result == bool(held):
         return f"reset_prefix_cache returned {ctx.result} with held blocks {held[:8]}"
     if ctx.result and (after.cache or after.extra_keys or any(after.block_keys)):

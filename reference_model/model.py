@@ -42,7 +42,7 @@ API_OPS = (
     "release_deferred",
 )
 SCHEDULER_OPS = ("add_request", "step", "complete_step", "abort", "finish", "load_remote",
-                 "finish_load")
+                 "finish_load", "reset_prefix_cache", "take_events")
 
 
 class ReferenceModel:
@@ -337,7 +337,12 @@ class ReferenceModel:
         return take_events_result({key for key, _ in self.manager.state.entries})
 
     def _op_reset_prefix_cache(self, op: Op) -> bool:
-        return self.manager.reset_prefix_cache()
+        if self.level == "api":
+            return self.manager.reset_prefix_cache()
+        if self.config.kv_connector or self.driver.in_flight:
+            raise InvalidTrace("reset_prefix_cache at the scheduler level needs no step in "
+                               "flight and a config without kv_connector")
+        return self.driver.reset(op["reset_running_requests"])
 
     def _op_take_new_block_ids(self, op: Op) -> list[int]:
         return self.manager.take_new_block_ids()

@@ -318,6 +318,15 @@ class Driver:
         self.waiting.insert(sum(r.request_id in self.holders for r in self.waiting), victim)
         self._order_waiting()
 
+    def reset(self, reset_running: bool) -> bool:
+        """reset_prefix_cache: with `reset_running`, every running request is preempted
+        first, the last first (so they wait in their running order); then the cache reset,
+        which fails while any block is held."""
+        if reset_running:
+            while self.running:
+                self._preempt(self.running.pop())
+        return self.manager.reset_prefix_cache()
+
     def step(self, sample: int, in_flight: bool = False, draft: int = 0,
              accept: int | None = None) -> dict[str, Any]:
         """One step; `in_flight`: it stays in flight until `complete` (docs/spec.md §7.1),

@@ -47,6 +47,8 @@ EXPECTED = {
     "deferred-free-whole-list": {"I7", "DIFF-state"},
     "evict-first-ignored": {"I7", "F1", "DIFF-state"},
     "reset-not-announced": {"EV1", "EV4"},
+    "reset-keeps-running": {"DIFF-result", "DIFF-state"},
+    "reset-preempts-in-order": {"I7", "DIFF-state"},
     "stored-parent-dropped": {"EV3"},
     "stored-on-every-hit": {"EV4"},
     "stored-extra-keys-at-start": {"EV5"},
