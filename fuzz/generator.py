@@ -428,7 +428,8 @@ class SchedulerRules(Rules):
         if rule == "complete_step":
             return bool(self.execution.state.in_flight)
         if rule == "step_spec":
-            return has_drafter(self.config) and self.execution.offers("draft")
+            return has_drafter(self.config) and (
+                bool(self.config.scheduler.num_speculative_tokens) or self.execution.offers("draft"))
         return True
 
     def _may_sample(self) -> bool:
@@ -488,8 +489,10 @@ class SchedulerRules(Rules):
         """A step of spec decode: the drafts it verifies are all kept, all rejected or the
         first few kept; each request that sampled proposes up to MAX_DRAFTS new ones."""
         c = self.choices
-        self.apply(op="step", sample=c.below(TOKEN_VOCAB), draft=between(c, 0, MAX_DRAFTS),
-                   accept=pick(c, (None, 0, between(c, 0, MAX_DRAFTS))))
+        fixed = self.config.scheduler.num_speculative_tokens  # placed every step: no draft
+        self.apply(op="step", sample=c.below(TOKEN_VOCAB),
+                   draft=0 if fixed else between(c, 0, MAX_DRAFTS),
+                   accept=pick(c, (None, 0, between(c, 0, fixed or MAX_DRAFTS))))
 
     def abort(self) -> None:
         c = self.choices
@@ -522,10 +525,12 @@ FOCUS_OPS: dict[str, tuple[str, ...]] = {
 
 
 def has_drafter(config: Config) -> bool:
-    """Whether the generators propose and verify drafts on the config: its model drafts (EAGLE
-    or lookahead slots) and it has no state group (a state group keeps one state per draft
-    position in its speculative blocks, which the data checks do not model: docs/traces.md)."""
-    return bool(config.use_eagle or config.scheduler.num_lookahead_tokens) and not any(
+    """Whether the generators propose and verify drafts on the config: its model drafts (EAGLE,
+    lookahead slots or fixed drafts) and it has no state group (a state group keeps one state
+    per draft position in its speculative blocks, which the data checks do not model:
+    docs/traces.md)."""
+    return bool(config.use_eagle or config.scheduler.num_lookahead_tokens
+                or config.scheduler.num_speculative_tokens) and not any(
         g.kind == "mamba" for g in config.groups)
 
 

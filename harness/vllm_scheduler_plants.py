@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.sides import Side
@@ -93,6 +94,33 @@ def _encoder_never_fits(scheduler: Any) -> None:
     scheduler.encoder_cache_manager.can_allocate = lambda *args, **kwargs: False
 
 
+def _drafts_not_published(scheduler: Any) -> None:
+    """Under spec decode `update_from_output` does not cache what a request's output settled
+    (its accepted drafts' blocks wait for its next step's `allocate_slots`)."""
+    update = scheduler.update_from_output
+
+    def update_from_output(*args: Any) -> Any:
+        with mock.patch.object(scheduler.kv_cache_manager, "cache_blocks",
+                               lambda *_, **__: None):
+            return update(*args)
+
+    scheduler.update_from_output = update_from_output
+
+
+def _padding_unverified(scheduler: Any) -> None:
+    """An admission padded with placeholder drafts does not list them among the step's drafts
+    (`scheduled_spec_decode_tokens`): its rejected ones stay computed."""
+    schedule = scheduler.schedule
+
+    def schedule_() -> Any:
+        output = schedule()
+        for new in output.scheduled_new_reqs:
+            output.scheduled_spec_decode_tokens.pop(new.req_id, None)
+        return output
+
+    scheduler.schedule = schedule_
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -114,10 +142,14 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                                ("nemotron_h_connector",)),
     "encoder-never-fits": ("the encoder cache never has room for a multimodal input",
                            _encoder_never_fits, ("tenants",)),
+    "drafts-not-published": ("under spec decode an output's settled blocks are not cached",
+                             _drafts_not_published, ("fixed_drafts",)),
+    "padding-unverified": ("a padded admission's placeholder drafts are not verified",
+                           _padding_unverified, ("fixed_drafts",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 
-_ASYNC = frozenset({"free-not-deferred"})
+_ASYNC = frozenset({"free-not-deferred", "drafts-not-published", "padding-unverified"})
 """Plants in vLLM's AsyncScheduler, where steps stay in flight (target vllm-async-scheduler)."""
 
 

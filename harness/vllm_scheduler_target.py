@@ -46,6 +46,11 @@ from kvfuzz.harness.vllm_target import (
 )
 from kvfuzz.kvcache.scheduler import StepOutput, cut_per_group
 
+_DRAFT_PLACEHOLDER = -1
+"""The token id of a draft vLLM's Scheduler schedules for its worker to fill in (async
+scheduling, spec-decode padding: `async_scheduler.py:22`, `scheduler.py:1644-1646` in 0.34.0);
+kept, it is sampled as the token at its place is, as in kvfuzz's driver."""
+
 _IN_FLIGHT = ("in_flight", "complete_step")
 """Driven where vLLM's Scheduler defers frees behind steps in flight (`defer_block_free`)."""
 
@@ -131,6 +136,10 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
         (config.kv_events, "KV events"),
+        (bool(config.scheduler.num_speculative_tokens) and not async_scheduling,
+         "scheduler.num_speculative_tokens on the synchronous Scheduler (its placeholder "
+         "drafts are async scheduling's; the synchronous one takes a drafter's through "
+         "update_draft_token_ids: the trace's draft)"),
         (bool(config.num_hash_lookahead_tokens) and config.enable_caching
          and _publishes_after_output(async_scheduling,
                                      any(g.kind == "mamba" for g in config.groups))
@@ -162,6 +171,7 @@ def _vllm_scheduler_api() -> SimpleNamespace:
         SchedulerConfig=find("vllm.config", "SchedulerConfig"),
         CacheConfig=find("vllm.config", "CacheConfig"),
         DeviceConfig=find("vllm.config", "DeviceConfig"),
+        SpeculativeConfig=find("vllm.config", "SpeculativeConfig"),
         ParallelConfig=find("vllm.config", "ParallelConfig"),
         Scheduler=find("vllm.v1.core.sched.scheduler", "Scheduler"),
         AsyncScheduler=find("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
@@ -272,6 +282,12 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
         from kvfuzz.harness.vllm_connector import kv_transfer_config
 
         settings["kv_transfer_config"] = kv_transfer_config(kv_load_failure_policy)
+    if s.num_speculative_tokens:
+        # A drafter that needs no model (vLLM's own tests use n-gram lookup): vLLM then
+        # schedules that many placeholder drafts per decoding request (`async_scheduler.py:20-41`
+        # in 0.34.0).
+        settings["speculative_config"] = api.SpeculativeConfig(
+            model="ngram", num_speculative_tokens=s.num_speculative_tokens)
     if config.deferred_frees and not async_scheduling:
         # Two pipeline stages: the synchronous Scheduler has two batches in flight (and,
         # with a consumer connector, defers frees behind them).
@@ -474,7 +490,9 @@ class VllmSchedulerDriver:
             self.sampled.update(r.request_id for r, kept in samples
                                 if kept is not None and not r.is_finished())
             return self._output(req_ids=ids, sampled_token_ids=[
-                [] if kept is None else [*kept, sample_token(r, len(kept))]
+                [] if kept is None else [
+                    sample_token(r, j) if token == _DRAFT_PLACEHOLDER else token
+                    for j, token in enumerate([*kept, _DRAFT_PLACEHOLDER])]
                 for r, kept in samples])
 
         if in_flight and ids:
