@@ -140,6 +140,11 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "scheduler.num_speculative_tokens on the synchronous Scheduler (its placeholder "
          "drafts are async scheduling's; the synchronous one takes a drafter's through "
          "update_draft_token_ids: the trace's draft)"),
+        (bool(config.scheduler.num_speculative_tokens) and async_scheduling
+         and not _publishes_after_output(True, False),
+         "scheduler.num_speculative_tokens where vLLM's update_from_output does not cache a "
+         "request's settled tokens after its output (0.32: the blocks its kept drafts fill "
+         "wait for its next step; kvfuzz's driver publishes them, as 0.33+)"),
         (bool(config.num_hash_lookahead_tokens) and config.enable_caching
          and _publishes_after_output(async_scheduling,
                                      any(g.kind == "mamba" for g in config.groups))
