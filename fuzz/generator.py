@@ -52,6 +52,8 @@ IN_FLIGHT_FEATURES = frozenset({"step_in_flight", "complete_step"})
 """Rules of configs with deferred frees only: steps left in flight (docs/spec.md §7.1)."""
 SPEC_FEATURES = frozenset({"step_spec"})
 """Rules of configs with a drafter only: steps that verify and propose drafts (spec decode)."""
+DATA_CHECKS = "kvfuzz.properties.data"
+"""The module of the data checks (`--data`), which do not model the states of drafts."""
 MAX_DRAFTS = 4
 """Drafts a request proposes per step, at most."""
 MAX_STEPS_IN_FLIGHT = 2
@@ -429,7 +431,9 @@ class SchedulerRules(Rules):
             return bool(self.execution.state.in_flight)
         if rule == "step_spec":
             return has_drafter(self.config) and (
-                bool(self.config.scheduler.num_speculative_tokens) or self.execution.offers("draft"))
+                bool(self.config.scheduler.num_speculative_tokens) or self.execution.offers("draft")
+            ) and not (any(g.kind == "mamba" for g in self.config.groups) and any(
+                c.module == DATA_CHECKS for c in self.execution.checks))
         return True
 
     def _may_sample(self) -> bool:
@@ -526,12 +530,11 @@ FOCUS_OPS: dict[str, tuple[str, ...]] = {
 
 def has_drafter(config: Config) -> bool:
     """Whether the generators propose and verify drafts on the config: its model drafts (EAGLE,
-    lookahead slots or fixed drafts) and it has no state group (a state group keeps one state
-    per draft position in its speculative blocks, which the data checks do not model:
-    docs/traces.md)."""
+    lookahead slots or fixed drafts). With a state group they do so only without the data
+    checks (a state group keeps one state per draft position in its speculative blocks, which
+    the data checks do not model: docs/traces.md)."""
     return bool(config.use_eagle or config.scheduler.num_lookahead_tokens
-                or config.scheduler.num_speculative_tokens) and not any(
-        g.kind == "mamba" for g in config.groups)
+                or config.scheduler.num_speculative_tokens)
 
 
 def focus_features(ops: Iterable[str]) -> frozenset[str]:

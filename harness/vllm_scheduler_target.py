@@ -574,7 +574,8 @@ class VllmSchedulerSide(VllmSide):
         return bool(getattr(self.vllm_scheduler, "defer_block_free", False))
 
     def _takes_drafts(self) -> bool:
-        return not self.async_scheduling and drafts_driven(type(self.vllm_scheduler))
+        return (not self.async_scheduling and drafts_driven(type(self.vllm_scheduler))
+                and super().offers("draft"))
 
     def tolerated_labels(self) -> list[str]:
         """Target `vllm`'s, and finding 016 where kvfuzz's connector reported a short load
@@ -598,6 +599,8 @@ class VllmSchedulerSide(VllmSide):
 
     def require(self, name: str) -> None:
         if name == "draft" and not self._takes_drafts():
+            if self._mamba_align():
+                super().require(name)  # names why
             raise VllmUnsupported(
                 f"the trace uses spec-decode drafts (step draft/accept), which target "
                 f"{self.name} does not drive (docs/vllm.md, \"vLLM's own scheduler\")")

@@ -114,3 +114,31 @@ def test_a_shrink_keeps_at_least_one_fixed_draft():
                                                              num_speculative_tokens=1)),
                 "scheduler", [_add("a", [1])], {})
     assert 0 not in [t.config.scheduler.num_speculative_tokens for t in _config_variants(one)]
+
+
+# ----- drafts on configs with Mamba "align" groups (docs/traces.md) -----
+
+MAMBA = BUILTIN["qwen3_next_eagle"][1]
+DRAFTED_MAMBA = [_add("r4", [1, 3, 1, 0], max_tokens=3), {"op": "step", "accept": 0},
+                 {"op": "step", "accept": 1, "draft": 4}, {"op": "step", "accept": 0},
+                 {"op": "step"}]
+"""Rejected drafts on a Mamba "align" hybrid: the request resumes from a speculative state."""
+
+
+def test_s2_does_not_judge_a_resume_from_drafts():
+    result = run_trace(Trace(MAMBA, "scheduler", DRAFTED_MAMBA, {}), ("kvcache",))
+    assert result.finding is None and result.invalid is None
+
+
+def test_drafts_on_a_mamba_config_only_without_the_data_checks():
+    from kvfuzz.fuzz.generator import SchedulerRules
+    from kvfuzz.properties import REGISTRY
+    from kvfuzz.properties.data import data_checks_for
+
+    pytest.importorskip("torch")
+    plain = SchedulerRules(Execution(MAMBA, "scheduler", ("kvcache",)), choices=None)
+    data = SchedulerRules(Execution(MAMBA, "scheduler", ("kvcache",),
+                                    checks=list(REGISTRY) + data_checks_for("cpu")),
+                          choices=None)
+    assert plain.feasible("step_spec") and not data.feasible("step_spec")
+

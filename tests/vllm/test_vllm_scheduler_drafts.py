@@ -90,3 +90,18 @@ def test_a_bug_planted_on_the_draft_path_is_caught(plant, check, tmp_path, capsy
                    "--config", "fixed_drafts", "--examples", "60", "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
     assert [p.name for p in tmp_path.glob(f"{check}-*fixed_drafts-*.json")]
+
+
+@pytest.mark.parametrize("target", ["vllm", "vllm-scheduler"])
+def test_drafts_on_a_mamba_align_config_are_left_out_naming_why(target, tmp_path, capsys):
+    """vLLM's Mamba "align" count goes negative after rejected drafts (docs/vllm.md, "Drafts
+    on configs with Mamba groups"): the generators draw none there, and a trace with some
+    exits 2 naming it."""
+    config = BUILTIN["qwen3_next_eagle"][1]
+    assert not Execution(config, "scheduler", (target,)).offers("draft")
+    trace = Trace(config, "scheduler", [_add("r", [1, 3, 1, 0]), {"op": "step", "draft": 2}],
+                  {})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace.to_dict()))
+    assert kvfuzz(["replay", str(path), "--target", target]) == 2
+    assert "Mamba" in capsys.readouterr().err
