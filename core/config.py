@@ -162,6 +162,10 @@ class SchedulerConfig:
     """A request whose sampling step is in flight is scheduled past the token still to come
     ("placeholders": vLLM's AsyncScheduler) or waits for the step's output ("wait": vLLM's
     Scheduler under pipeline parallelism; docs/spec.md §7.1)."""
+    num_speculative_tokens: int = 0
+    """Placeholder drafts per step, as vLLM's async scheduling with a `SpeculativeConfig`:
+    each request that samples gets this many, and a one-token admission is padded to them
+    (docs/traces.md, "Fixed drafts"); 0: drafts come from the trace's `draft`."""
 
     def validate(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
@@ -173,6 +177,7 @@ class SchedulerConfig:
         _non_negative_int("scheduler.num_lookahead_tokens", self.num_lookahead_tokens)
         _non_negative_int("scheduler.reserved_blocks", self.reserved_blocks)
         _positive_int("scheduler.vocab_size", self.vocab_size)
+        _non_negative_int("scheduler.num_speculative_tokens", self.num_speculative_tokens)
         if self.kv_load_failure_policy not in LOAD_FAILURE_POLICIES:
             raise ConfigError(f"scheduler.kv_load_failure_policy must be one of "
                               f"{LOAD_FAILURE_POLICIES}, got {shown(self.kv_load_failure_policy)}")
@@ -422,6 +427,11 @@ class Config:
                 f"scheduler_block_size (={self.scheduler_block_size}) >= "
                 f"num_speculative_tokens (={self.num_prefill_lookahead})."
             )
+        if self.scheduler.num_speculative_tokens and (self.kv_connector or "mamba" in kinds):
+            raise ConfigError(
+                "scheduler.num_speculative_tokens with kv_connector or a mamba group: the "
+                "drafts' reserved blocks of an async load and the states of speculative blocks "
+                "are not modelled (docs/traces.md, \"Fixed drafts\")")
         if self.use_eagle and "chunked_local" in kinds:
             raise ConfigError("use_eagle is not supported with a chunked_local group")
         if self.enable_caching and self.is_hybrid:

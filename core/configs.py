@@ -116,6 +116,13 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(16, (_full(),), name="eagle", max_model_len=64, use_eagle=True),
         ),
         (
+            "fixed drafts: full attention (bs 4), 2 placeholder drafts per sampling request each "
+            "step and one-token admissions (a full hit) padded to them, as vLLM's async "
+            "scheduling with a SpeculativeConfig",
+            Config(16, (_full(),), name="fixed_drafts", max_model_len=64,
+                   scheduler=SchedulerConfig(num_speculative_tokens=2)),
+        ),
+        (
             "deferred frees (pop_blocks_for_free, released later): full (bs 8) + sliding window "
             "(bs 4), so the per-group release order shows",
             Config(20, (_full(8), _swa(4, 8)), name="deferred", max_model_len=64,

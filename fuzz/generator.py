@@ -56,6 +56,8 @@ SPEC_FEATURES = frozenset({"step_spec"})
 EVENT_FEATURES = frozenset({"take_events", "reset_prefix_cache"})
 """Scheduler rules of configs with kv_events only (a reset also where focused), so that other
 configs draw exactly as before."""
+DATA_CHECKS = "kvfuzz.properties.data"
+"""The module of the data checks (`--data`), which do not model the states of drafts."""
 MAX_DRAFTS = 4
 """Drafts a request proposes per step, at most."""
 MAX_STEPS_IN_FLIGHT = 2
@@ -437,7 +439,10 @@ class SchedulerRules(Rules):
         if rule == "complete_step":
             return bool(self.execution.state.in_flight)
         if rule == "step_spec":
-            return has_drafter(self.config) and self.execution.offers("draft")
+            return has_drafter(self.config) and (
+                bool(self.config.scheduler.num_speculative_tokens) or self.execution.offers("draft")
+            ) and not (any(g.kind == "mamba" for g in self.config.groups) and any(
+                c.module == DATA_CHECKS for c in self.execution.checks))
         if rule == "take_events":
             return self.config.kv_events
         if rule == "reset_prefix_cache":
@@ -514,8 +519,10 @@ class SchedulerRules(Rules):
         """A step of spec decode: the drafts it verifies are all kept, all rejected or the
         first few kept; each request that sampled proposes up to MAX_DRAFTS new ones."""
         c = self.choices
-        self.apply(op="step", sample=c.below(TOKEN_VOCAB), draft=between(c, 0, MAX_DRAFTS),
-                   accept=pick(c, (None, 0, between(c, 0, MAX_DRAFTS))))
+        fixed = self.config.scheduler.num_speculative_tokens  # placed every step: no draft
+        self.apply(op="step", sample=c.below(TOKEN_VOCAB),
+                   draft=0 if fixed else between(c, 0, MAX_DRAFTS),
+                   accept=pick(c, (None, 0, between(c, 0, fixed or MAX_DRAFTS))))
 
     def take_events(self) -> None:
         self.apply(op="take_events")
@@ -556,11 +563,12 @@ FOCUS_OPS: dict[str, tuple[str, ...]] = {
 
 
 def has_drafter(config: Config) -> bool:
-    """Whether the generators propose and verify drafts on the config: its model drafts (EAGLE
-    or lookahead slots) and it has no state group (a state group keeps one state per draft
-    position in its speculative blocks, which the data checks do not model: docs/traces.md)."""
-    return bool(config.use_eagle or config.scheduler.num_lookahead_tokens) and not any(
-        g.kind == "mamba" for g in config.groups)
+    """Whether the generators propose and verify drafts on the config: its model drafts (EAGLE,
+    lookahead slots or fixed drafts). With a state group they do so only without the data
+    checks (a state group keeps one state per draft position in its speculative blocks, which
+    the data checks do not model: docs/traces.md)."""
+    return bool(config.use_eagle or config.scheduler.num_lookahead_tokens
+                or config.scheduler.num_speculative_tokens)
 
 
 def focus_features(ops: Iterable[str]) -> frozenset[str]:

@@ -234,10 +234,13 @@ def _config_variants(trace: Trace) -> Iterator[Trace]:
         changes += [{"num_blocks": max(2, cfg.num_blocks // 2)}, {"num_blocks": cfg.num_blocks - 1}]
     if cfg.scheduler != SchedulerConfig():
         for f in dataclasses.fields(SchedulerConfig):
-            if getattr(cfg.scheduler, f.name) != f.default:
-                changes.append(
-                    {"scheduler": dataclasses.replace(cfg.scheduler, **{f.name: f.default})}
-                )
+            value, drafts = getattr(cfg.scheduler, f.name), f.name == "num_speculative_tokens"
+            if value == f.default or drafts and value == 1:
+                continue
+            # Fixed drafts shrink to one, not none: the trace's `accept` verifies them, which
+            # a target that takes no drafter's drafts cannot run without them.
+            changes.append({"scheduler": dataclasses.replace(
+                cfg.scheduler, **{f.name: value - 1 if drafts else f.default})})
     if is_generated(cfg):
         changes += generated_variants(cfg)
     for change in changes:

@@ -171,6 +171,7 @@ class ManagerSide:
             state_groups=any(g.kind == "mamba" for g in config.groups),
             num_prefill_lookahead=config.num_prefill_lookahead,
             fail_short_loads=s.kv_load_failure_policy == "fail",
+            num_speculative_tokens=s.num_speculative_tokens,
             publish_after_output=publishes_after_output(config),
             output_placeholders=s.in_flight_sampling == "placeholders",
         )
@@ -563,9 +564,14 @@ class ManagerSide:
         if not 0 <= draft <= self.config.max_model_len or (accept or 0) < 0:
             raise InvalidTrace(f"step: draft {draft} must be 0 to max_model_len "
                                f"({self.config.max_model_len}), accept {accept} null or >= 0")
-        if draft or accept is not None:
+        fixed = self.config.scheduler.num_speculative_tokens
+        if draft and fixed:
+            raise InvalidTrace(f"step: draft {draft} on a config with "
+                               f"scheduler.num_speculative_tokens {fixed}, whose drafts are "
+                               "placed every step: draft must be 0")
+        if draft or accept is not None and not fixed:
             self.require("draft")
-        spec = {"accept": accept, "propose": lambda request: [
+        spec = {"accept": accept} if fixed else {"accept": accept, "propose": lambda request: [
             (sample + 1 + request.num_tokens + j) % vocab for j in range(draft)]} if (
             draft or accept is not None) else {}
         ok, out = self._call(

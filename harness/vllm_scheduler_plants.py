@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.sides import Side
@@ -135,11 +136,38 @@ def _removals_unpublished(scheduler: Any) -> None:
     scheduler.update_from_output = update_from_output
 
 
+def _drafts_not_published(scheduler: Any) -> None:
+    """Under spec decode `update_from_output` does not cache what a request's output settled
+    (its accepted drafts' blocks wait for its next step's `allocate_slots`)."""
+    update = scheduler.update_from_output
+
+    def update_from_output(*args: Any) -> Any:
+        with mock.patch.object(scheduler.kv_cache_manager, "cache_blocks",
+                               lambda *_, **__: None):
+            return update(*args)
+
+    scheduler.update_from_output = update_from_output
+
+
 def _reset_keeps_running(scheduler: Any) -> None:
     """`reset_prefix_cache` ignores `reset_running_requests`: nothing is preempted, and the
     reset fails (False) while a request runs."""
     scheduler.reset_prefix_cache = lambda *args, **kwargs: (
         scheduler.kv_cache_manager.reset_prefix_cache())
+
+
+def _padding_unverified(scheduler: Any) -> None:
+    """An admission padded with placeholder drafts does not list them among the step's drafts
+    (`scheduled_spec_decode_tokens`): its rejected ones stay computed."""
+    schedule = scheduler.schedule
+
+    def schedule_() -> Any:
+        output = schedule()
+        for new in output.scheduled_new_reqs:
+            output.scheduled_spec_decode_tokens.pop(new.req_id, None)
+        return output
+
+    scheduler.schedule = schedule_
 
 
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
@@ -170,10 +198,14 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                              _removals_unpublished, ("events",)),
     "reset-keeps-running": ("reset_prefix_cache preempts no running request",
                             _reset_keeps_running, ("events",)),
+    "drafts-not-published": ("under spec decode an output's settled blocks are not cached",
+                             _drafts_not_published, ("fixed_drafts",)),
+    "padding-unverified": ("a padded admission's placeholder drafts are not verified",
+                           _padding_unverified, ("fixed_drafts",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 
-_ASYNC = frozenset({"free-not-deferred"})
+_ASYNC = frozenset({"free-not-deferred", "drafts-not-published", "padding-unverified"})
 """Plants in vLLM's AsyncScheduler, where steps stay in flight (target vllm-async-scheduler)."""
 
 

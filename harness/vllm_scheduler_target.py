@@ -49,6 +49,11 @@ from kvfuzz.harness.vllm_target import (
 )
 from kvfuzz.kvcache.scheduler import StepOutput, cut_per_group
 
+_DRAFT_PLACEHOLDER = -1
+"""The token id of a draft vLLM's Scheduler schedules for its worker to fill in (async
+scheduling, spec-decode padding: `async_scheduler.py:22`, `scheduler.py:1644-1646` in 0.34.0);
+kept, it is sampled as the token at its place is, as in kvfuzz's driver."""
+
 _IN_FLIGHT = ("in_flight", "complete_step")
 """Driven where vLLM's Scheduler defers frees behind steps in flight (`defer_block_free`)."""
 
@@ -135,6 +140,15 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
                                 "KV loads)"),
         (any(g.kind in ("cross", "encoder_only") for g in config.groups),
          "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
+        (bool(config.scheduler.num_speculative_tokens) and not async_scheduling,
+         "scheduler.num_speculative_tokens on the synchronous Scheduler (its placeholder "
+         "drafts are async scheduling's; the synchronous one takes a drafter's through "
+         "update_draft_token_ids: the trace's draft)"),
+        (bool(config.scheduler.num_speculative_tokens) and async_scheduling
+         and not _publishes_after_output(True, False),
+         "scheduler.num_speculative_tokens where vLLM's update_from_output does not cache a "
+         "request's settled tokens after its output (0.32: the blocks its kept drafts fill "
+         "wait for its next step; kvfuzz's driver publishes them, as 0.33+)"),
         (bool(config.num_hash_lookahead_tokens) and config.enable_caching
          and _publishes_after_output(async_scheduling,
                                      any(g.kind == "mamba" for g in config.groups))
@@ -167,6 +181,7 @@ def _vllm_scheduler_api() -> SimpleNamespace:
         CacheConfig=find("vllm.config", "CacheConfig"),
         DeviceConfig=find("vllm.config", "DeviceConfig"),
         KVEventsConfig=find("vllm.config", "KVEventsConfig"),
+        SpeculativeConfig=find("vllm.config", "SpeculativeConfig"),
         ParallelConfig=find("vllm.config", "ParallelConfig"),
         Scheduler=find("vllm.v1.core.sched.scheduler", "Scheduler"),
         AsyncScheduler=find("vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
@@ -277,6 +292,12 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
         from kvfuzz.harness.vllm_connector import kv_transfer_config
 
         settings["kv_transfer_config"] = kv_transfer_config(kv_load_failure_policy)
+    if s.num_speculative_tokens:
+        # A drafter that needs no model (vLLM's own tests use n-gram lookup): vLLM then
+        # schedules that many placeholder drafts per decoding request (`async_scheduler.py:20-41`
+        # in 0.34.0).
+        settings["speculative_config"] = api.SpeculativeConfig(
+            model="ngram", num_speculative_tokens=s.num_speculative_tokens)
     if config.deferred_frees and not async_scheduling:
         # Two pipeline stages: the synchronous Scheduler has two batches in flight (and,
         # with a consumer connector, defers frees behind them).
@@ -535,7 +556,9 @@ class VllmSchedulerDriver(SchedulerDriver):
             self.sampled.update(r.request_id for r, kept in samples
                                 if kept is not None and not r.is_finished())
             output = self._output(req_ids=ids, sampled_token_ids=[
-                [] if kept is None else [*kept, sample_token(r, len(kept))]
+                [] if kept is None else [
+                    sample_token(r, j) if token == _DRAFT_PLACEHOLDER else token
+                    for j, token in enumerate([*kept, _DRAFT_PLACEHOLDER])]
                 for r, kept in samples])
             if kv_output is not None:  # the failing synchronous loads it admitted
                 output.kv_connector_output = kv_output
@@ -638,7 +661,8 @@ class VllmSchedulerSide(VllmSide):
                                                             in_flight_sampling=rule))
 
     def _takes_drafts(self) -> bool:
-        return not self.async_scheduling and drafts_driven(type(self.vllm_scheduler))
+        return (not self.async_scheduling and drafts_driven(type(self.vllm_scheduler))
+                and super().offers("draft"))
 
     def tolerated_labels(self) -> list[str]:
         """Target `vllm`'s, and finding 016 where kvfuzz's connector reported a short load
@@ -664,6 +688,8 @@ class VllmSchedulerSide(VllmSide):
 
     def require(self, name: str) -> None:
         if name == "draft" and not self._takes_drafts():
+            if self._mamba_align():
+                super().require(name)  # names why
             raise VllmUnsupported(
                 f"the trace uses spec-decode drafts (step draft/accept), which target "
                 f"{self.name} does not drive (docs/vllm.md, \"vLLM's own scheduler\")")

@@ -491,6 +491,13 @@ def _stored_runs(event: Any, request: Any, span: range, listed: Sequence[int],
     return events
 
 
+MAMBA_DRAFTS = ("vLLM's Mamba 'align' count goes negative once rejected drafts leave a table "
+                "longer than a step needs (`single_type_kv_cache_manager.py:1745-1751` in "
+                "0.34.0, no floor), which P1 and the predictions compared (DIFF-probe) report "
+                "(docs/vllm.md, \"Drafts on configs with Mamba groups\")")
+"""Why the vLLM targets leave drafts out of Mamba "align" configs."""
+
+
 class VllmSide(ManagerSide):
     """The installed vLLM's KVCacheManager and Request, built from our config.
 
@@ -535,11 +542,21 @@ class VllmSide(ManagerSide):
         return vllm_group_ids(config)
 
     def offers(self, name: str) -> bool:
-        """Whether this vLLM has what an op or field of `OP_FEATURES` needs (generators ask)."""
+        """Whether this vLLM has what an op or field of `OP_FEATURES` needs (generators ask);
+        drafts not on a Mamba "align" config (`MAMBA_DRAFTS`)."""
+        if name == "draft" and self._mamba_align():
+            return False
         feature = OP_FEATURES.get(name)
         return feature is None or self.api.has(feature)
 
+    def _mamba_align(self) -> bool:
+        return any(g.mamba_cache_mode == "align" for g in self.config.groups)
+
     def require(self, name: str) -> None:
+        if name == "draft" and self._mamba_align():
+            raise VllmUnsupported(f"the trace uses drafts (step draft/accept) on a Mamba "
+                                  f"'align' config, which target {self.name} does not drive: "
+                                  f"{MAMBA_DRAFTS}")
         if not self.offers(name):
             what = FEATURES[OP_FEATURES[name]][0]
             raise VllmUnsupported(

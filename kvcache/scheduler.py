@@ -50,6 +50,11 @@ class StepOutput:
     """(source, destination) block ids of the copy-on-write copies executed."""
 
 
+PLACEHOLDER = -1
+"""A draft whose token the drafter fills in (vLLM's async scheduling): kept, it is sampled as
+the token at its place is."""
+
+
 def _priority_key(request: Any) -> tuple[int, float]:
     """Larger is less important: the victim under the priority policy."""
     return (request.priority, request.arrival_time)
@@ -78,6 +83,7 @@ class Scheduler:
         fail_short_loads: bool = False,
         publish_after_output: bool = False,
         output_placeholders: bool = True,
+        num_speculative_tokens: int = 0,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -91,6 +97,7 @@ class Scheduler:
         for name, value in (
             ("num_lookahead_tokens", num_lookahead_tokens),
             ("reserved_blocks", reserved_blocks),
+            ("num_speculative_tokens", num_speculative_tokens),
         ):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
@@ -125,6 +132,12 @@ class Scheduler:
         # token still to come (output placeholders); its Scheduler under pipeline parallelism
         # has none and skips the request until the output is taken (docs/spec.md §7.1).
         self.output_placeholders = output_placeholders
+        # vLLM's async scheduling with a SpeculativeConfig: every request that samples gets
+        # this many placeholder drafts, a one-token admission is padded to them, and each
+        # output publishes the request's settled tokens (docs/traces.md, "Fixed drafts").
+        self.num_speculative_tokens = num_speculative_tokens
+        self._prefilling: set[str] = set()
+        """Requests whose last scheduled chunk did not sample (vLLM's `is_prefill_chunk`)."""
         # A chunk stops at the junction itself where the manager registers the state there
         # (vLLM's Scheduler reads the same predicate off its manager, under sub-block hits).
         coordinator = kv_cache_manager.coordinator
@@ -612,7 +625,7 @@ class Scheduler:
 
         # One preemption cancels every admission of this step.
         if not out.preempted:
-            self._admit_waiting(budget, scheduled)
+            self._admit_waiting(budget, scheduled, verified)
 
         copies, retained = manager.take_kv_cache_block_copies()
         manager.take_new_block_ids()
@@ -644,17 +657,20 @@ class Scheduler:
             request.num_computed_tokens += num_new_tokens
             pending = self._placeholders.get(request.request_id, 0)
             if request.num_computed_tokens < request.num_tokens + pending:
+                self._prefilling.add(request.request_id)
                 continue
+            self._prefilling.discard(request.request_id)
             if held is not None:
                 # Its tokens are appended when the step's output is taken (complete_step).
                 drafts = verified.pop(request.request_id, [])
                 self._placeholders[request.request_id] = pending + len(drafts) + 1
                 held.samples.append((request, drafts))
+                request.spec_token_ids = [PLACEHOLDER] * self.num_speculative_tokens
             else:
                 sampled.append(request)
                 ended = self._append_verified(request, verified.pop(request.request_id, []),
                                               accept, sample_token)
-                if self.publish_after_output:
+                if self.publish_after_output or self.num_speculative_tokens:
                     manager.cache_blocks(request, request.num_computed_tokens
                                          - getattr(request, "num_in_flight_tokens", 0))
                 if ended:
@@ -666,10 +682,10 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_ERROR
             self._running.remove(request)
             self._free(request)
-        if propose is not None:
-            for request in sampled:
-                if not RequestStatus.is_finished(request.status):
-                    request.spec_token_ids = list(propose(request))
+        for request in sampled:
+            if not RequestStatus.is_finished(request.status):
+                request.spec_token_ids = (list(propose(request)) if propose is not None
+                                          else [PLACEHOLDER] * self.num_speculative_tokens)
         return out
 
     def _fail_sync_loads(self, scheduled: list[tuple[Any, int, int]],
@@ -714,7 +730,9 @@ class Scheduler:
         ended (max_tokens or max_model_len)."""
         kept = drafts if accept is None else drafts[:accept]
         request.num_computed_tokens -= len(drafts) - len(kept)
-        new: list[int | None] = [*kept, None]
+        # A placeholder draft kept is sampled as the token at its place is.
+        new: list[int | None] = [None if token == PLACEHOLDER else token for token in kept]
+        new.append(None)
         for j, token in enumerate(new, 1):
             request.append_output_token_ids(sample_token(request) if token is None else token)
             if (request.num_output_tokens >= request.max_tokens
@@ -723,8 +741,12 @@ class Scheduler:
                 return True
         return False
 
-    def _admit_waiting(self, budget: int, scheduled: list[tuple[Any, int, int]]) -> None:
+    def _admit_waiting(self, budget: int, scheduled: list[tuple[Any, int, int]],
+                       verified: dict[str, list[int]]) -> None:
         manager = self.manager
+        # Padding (`_pads`) needs no running request's prefill chunk in the step.
+        ran = bool(scheduled)
+        no_prefill = not any(r.request_id in self._prefilling for r, _, _ in scheduled)
         i = 0
         while budget > 0 and i < len(self._waiting) and len(self._running) < self.max_running:
             request = self._waiting[i]
@@ -737,6 +759,11 @@ class Scheduler:
             # A synchronous load's tokens count as computed at once, as a hit's do.
             num_hit_tokens = num_local_tokens + external
             num_new_tokens = request.num_tokens - request.num_computed_tokens - num_hit_tokens
+            start = request.num_computed_tokens + num_hit_tokens
+            padded = self._pads(start, num_new_tokens, no_prefill and (ran or start > 0))
+            if padded > budget:
+                break  # vLLM prefers not scheduling to scheduling it unpadded
+            num_new_tokens = padded or num_new_tokens
             if num_new_tokens > budget:
                 if not self.chunked_prefill:
                     break
@@ -745,6 +772,8 @@ class Scheduler:
                 num_new_tokens = self._mamba_aligned(request, num_new_tokens, num_hit_tokens)
                 if num_new_tokens == 0:
                     break
+                if padded and num_new_tokens != padded:
+                    num_new_tokens, padded = 1, 0  # the padding is dropped, not shortened
             if self.num_prefill_lookahead:
                 num_new_tokens = reserve_prefill_lookahead(
                     request.num_tokens, request.num_computed_tokens + num_hit_tokens,
@@ -780,7 +809,19 @@ class Scheduler:
                 self._sync_failing[request.request_id] = (num_local_tokens + valid,
                                                           num_local_tokens + external)
             scheduled.append((request, num_new_tokens, num_local_tokens))
+            if padded:
+                verified[request.request_id] = [PLACEHOLDER] * self.num_speculative_tokens
             budget -= num_new_tokens
+
+    def _pads(self, start: int, num_new_tokens: int, may: bool) -> int:
+        """vLLM's uniform spec-decode padding: an admission with one token left, computed
+        from `start`, is scheduled with the step's placeholder drafts when `may` and there is
+        room for them and the sampled token; the tokens then, else 0."""
+        padded = 1 + self.num_speculative_tokens
+        if (self.num_speculative_tokens and num_new_tokens == 1 and may
+                and start + padded + 1 <= self.max_model_len):
+            return padded
+        return 0
 
     def _mamba_aligned(self, request: Any, num_new_tokens: int, num_hit_tokens: int) -> int:
         """`mamba_block_aligned_split` with this manager's block sizes and this budget."""

@@ -18,6 +18,12 @@ S2 follows that with a ghost, per target (in `ctx.memory`), from what each op di
 A read of a block that holds no state, or another prefix's, is a resumed request computing on
 the wrong state (vLLM #55600 read one out of bounds). The reference model reports no forward
 passes, so it is not followed.
+
+A pass over spec-decode drafts (past the request's tokens before the op) writes one state per
+draft position into the speculative blocks, and the worker resumes from the one its accepted
+drafts reached; S2 does not model those, so the blocks such a pass writes hold a state it does
+not judge (`DRAFTED`), reads of them (hits included) are not checked, and neither is the
+request's next read (docs/traces.md).
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ _MEMORY_KEY = "S2"
 
 StateId = tuple[int, Any, tuple[int, ...]]
 """(number of tokens, what besides the tokens the prefix stands for, the tokens)."""
+
+DRAFTED = "drafted"
+"""The ghost of a block a pass over drafts wrote: a state S2 does not judge."""
 
 
 def _state_id(ctx: CheckContext, after: Snapshot, rid: str, num_tokens: int) -> StateId:
@@ -62,7 +71,12 @@ def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
     passes = ctx.observations.forward
     if not groups or not (passes or after.pending_copies or ctx.op["op"] == "step"):
         return None
-    ghost: dict[int, StateId] = ctx.memory.setdefault(_MEMORY_KEY, {})
+    ghost: dict[int, StateId | str] = ctx.memory.setdefault(_MEMORY_KEY, {})
+    drafted = {p.request_id for p in passes if ctx.op["op"] == "step"
+               and p.request_id in before.requests
+               and p.end > before.requests[p.request_id].num_tokens}
+    # Requests whose last pass ran over drafts: they resume from a speculative block.
+    resumes: set[str] = ctx.memory.setdefault(_MEMORY_KEY + "-drafted", set())
     for src, dst in _copies(before, after, ctx):
         if src in ghost:
             ghost[dst] = ghost[src]
@@ -70,18 +84,23 @@ def state_read_holds_its_boundary(before: Snapshot, after: Snapshot,
             ghost.pop(dst, None)
     # A KV connector's load reads no state: it writes the state after its end, before the
     # passes that resume from it read (docs/spec.md §13).
-    _write_states(ctx, after, [p for p in passes if p.load], groups, ghost)
+    _write_states(ctx, after, [p for p in passes if p.load], groups, ghost, drafted)
     # An earlier step's passes, seen now, run as their own batch before the op's.
-    problem = _read_states(ctx, after, [p for p in passes if p.earlier], groups, ghost)
-    _write_states(ctx, after, [p for p in passes if p.earlier], groups, ghost)
+    judged = [p for p in passes if p.request_id not in resumes]
+    problem = _read_states(ctx, after, [p for p in judged if p.earlier], groups, ghost)
+    _write_states(ctx, after, [p for p in passes if p.earlier], groups, ghost, drafted)
     own = [p for p in passes if not p.earlier]
-    problem = problem or _read_states(ctx, after, own, groups, ghost)
-    _write_states(ctx, after, [p for p in own if not p.load], groups, ghost)
+    problem = problem or _read_states(ctx, after, [p for p in judged if not p.earlier], groups,
+                                      ghost)
+    _write_states(ctx, after, [p for p in own if not p.load], groups, ghost, drafted)
+    resumes.difference_update(p.request_id for p in passes)
+    resumes.update(drafted)
     return problem
 
 
 def _read_states(ctx: CheckContext, after: Snapshot, passes: list[Any],
-                 groups: list[tuple[int, GroupConfig]], ghost: dict[int, StateId]) -> str | None:
+                 groups: list[tuple[int, GroupConfig]],
+                 ghost: dict[int, StateId | str]) -> str | None:
     """What is wrong with the state each pass (of one batch) resumes from, or None."""
     problem = None
     for p in passes:
@@ -95,6 +114,8 @@ def _read_states(ctx: CheckContext, after: Snapshot, passes: list[Any],
             if block == 0:
                 problem = (f"{p.request_id} group {g} resumes at {p.start} from position "
                            f"{index}, which holds no block")
+            elif ghost.get(block) == DRAFTED:
+                continue
             elif ghost.get(block) != expected:
                 problem = (f"{p.request_id} group {g} resumes at {p.start} from block {block}, "
                            f"which holds {_describe(ghost.get(block), expected)}")
@@ -104,11 +125,13 @@ def _read_states(ctx: CheckContext, after: Snapshot, passes: list[Any],
 
 
 def _write_states(ctx: CheckContext, after: Snapshot, passes: list[Any],
-                  groups: list[tuple[int, GroupConfig]], ghost: dict[int, StateId]) -> None:
-    """Each pass leaves the state after its end at position `(end − 1) // bs`, and its
-    prefill checkpoint's where it exports one."""
+                  groups: list[tuple[int, GroupConfig]], ghost: dict[int, StateId | str],
+                  drafted: set[str]) -> None:
+    """Each pass leaves the state after its end at position `(end − 1) // bs` (a pass of a
+    request in `drafted`: `DRAFTED`), and its prefill checkpoint's where it exports one."""
     for p in passes:
-        state = _state_id(ctx, after, p.request_id, p.end)
+        state = DRAFTED if p.request_id in drafted else _state_id(ctx, after, p.request_id,
+                                                                  p.end)
         for g, group in groups:
             table = p.tables[g]
             index = (p.end - 1) // group.block_size

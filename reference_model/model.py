@@ -366,6 +366,10 @@ class ReferenceModel:
             raise InvalidTrace(f"step: draft {draft} must be 0 to max_model_len "
                                f"({self.manager.layout.max_model_len}), accept {accept} null "
                                "or >= 0")
+        if draft and self.driver.fixed:
+            raise InvalidTrace(f"step: draft {draft} on a config with "
+                               f"scheduler.num_speculative_tokens {self.driver.fixed}, whose "
+                               "drafts are placed every step: draft must be 0")
         return self.driver.step(op["sample"], op["in_flight"], draft, accept)
 
     def _op_complete_step(self, op: Op) -> list[int]:

@@ -41,8 +41,9 @@ class Request:
     num_preemptions: int = 0
     num_in_flight_tokens: int = 0
     """Tokens scheduled by steps still in flight (docs/spec.md §7.1)."""
-    spec: list[int] = field(default_factory=list)
-    """Draft tokens proposed after its last step, verified by its next one (spec decode)."""
+    spec: list[int | None] = field(default_factory=list)
+    """Draft tokens proposed after its last step, verified by its next one (spec decode); None:
+    a placeholder, sampled if kept."""
     shared_prefix_boundary: int = 0
     """The junction of the driver's last lookup for it (docs/spec.md §6.3, §7); 0 at the api
     level, where no driver writes it."""

@@ -60,6 +60,12 @@ class Driver:
         self.waits = self.cfg.in_flight_sampling == "wait"
         """§7.1: a request whose sampling step is in flight waits for its output (no
         placeholders): it is given no tokens meanwhile."""
+        self.fixed = self.cfg.num_speculative_tokens
+        """docs/traces.md, "Fixed drafts": each request that samples gets this many placeholder
+        drafts (None until kept), a one-token admission is padded to them, and every output
+        caches the request's settled tokens."""
+        self.prefilling: set[str] = set()
+        """Requests whose last scheduled chunk did not sample."""
 
     def _short_of_lookahead(self, r: Request, computed: int, n: int) -> int:
         """docs/spec.md §5.7: a chunk that would end fewer than P (num_prefill_lookahead)
@@ -158,7 +164,7 @@ class Driver:
                 r.status = "FINISHED_LENGTH_CAPPED"
                 self.running.remove(r)
                 self.free(r)
-            else:
+            elif not self.fixed:  # fixed drafts were placed when the step launched
                 self._propose(r, sample, draft)
         return released
 
@@ -401,6 +407,8 @@ class Driver:
 
         # 3. Waiting loop.
         if not preempted:
+            ran = bool(scheduled)
+            no_prefill = not any(r.request_id in self.prefilling for r, _, _ in scheduled)
             w = 0
             while budget > 0 and w < len(self.waiting) and len(self.running) < cfg.max_running:
                 r = self.waiting[w]
@@ -410,6 +418,15 @@ class Driver:
                     hits, local, external = None, 0, 0
                 hit = local + external  # a synchronous load's tokens are computed at once
                 n = r.num_tokens - r.num_computed_tokens - hit
+                start = r.num_computed_tokens + hit
+                # Fixed drafts: one token left, no running prefill chunk this step, a running
+                # request scheduled or tokens computed, room for the drafts and a sample.
+                pad = (self.fixed and n == 1 and no_prefill and (ran or start > 0)
+                       and start + self.fixed + 2 <= M)
+                if pad:
+                    if 1 + self.fixed > budget:
+                        break
+                    n = 1 + self.fixed
                 if n > budget:
                     if not cfg.chunked_prefill:
                         break
@@ -418,6 +435,8 @@ class Driver:
                     n = self.state_aligned(r, n, hit)
                     if n == 0:
                         break
+                    if pad and n != 1 + self.fixed:
+                        n, pad = 1, False
                 n = self._short_of_lookahead(r, r.num_computed_tokens + hit, n)
                 if n == 0:  # §5.7: passed over, it keeps its place
                     w += 1
@@ -446,6 +465,8 @@ class Driver:
                 r.status = "RUNNING"
                 r.num_computed_tokens += hit
                 scheduled.append((r, n, local))
+                if pad:
+                    verified[r.request_id] = [None] * self.fixed
                 budget -= n
 
         # 4. Step end.
@@ -491,15 +512,19 @@ class Driver:
                 continue
             r.num_computed_tokens += n
             pending = self.placeholders.get(r.request_id, 0)
-            if r.num_computed_tokens >= r.num_tokens + pending:
+            if r.num_computed_tokens < r.num_tokens + pending:
+                self.prefilling.add(r.request_id)
+            else:
+                self.prefilling.discard(r.request_id)
                 drafts = verified.pop(r.request_id, [])
                 if in_flight:  # the tokens arrive when the step completes
                     self.placeholders[r.request_id] = pending + len(drafts) + 1
                     held.append((r, drafts))
+                    r.spec = [None] * self.fixed  # fixed drafts are placed at once
                     continue
                 self._sample(r, sample, drafts, accept)
                 sampled.append(r)
-                if self.publishes:
+                if self.publishes or self.fixed:
                     mgr.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
             if self._ends(r):
                 r.status = "FINISHED_LENGTH_CAPPED"
@@ -575,8 +600,10 @@ class Driver:
         return r.num_output_tokens >= r.max_tokens or r.num_tokens >= self.max_model_len
 
     def _propose(self, r: Request, sample: int, draft: int) -> None:
-        """A request that sampled and still runs proposes `draft` new drafts."""
-        r.spec = [(sample + 1 + r.num_tokens + j) % self.cfg.vocab_size for j in range(draft)]
+        """A request that sampled and still runs proposes `draft` new drafts (fixed drafts:
+        that many placeholders)."""
+        r.spec = [None] * self.fixed if self.fixed else [
+            (sample + 1 + r.num_tokens + j) % self.cfg.vocab_size for j in range(draft)]
 
 
 def _stop_at_junction(start: int, end: int, junction: int, bs: int, exact: bool) -> int:
