@@ -74,6 +74,7 @@ class Result:
     for a kill by the target's exception alone (a CRASH, a refused build, a result or state
     check on an op that raised)."""
     semantic_detail: str = ""
+    """Where that check fired and its message."""
 
     @property
     def by_exception_alone(self) -> bool:

@@ -120,10 +120,10 @@ class Execution:
     ) -> None:
         self.config = config
         self.stop = stop
-        self._raised = ""
-        """What the target being checked raised at the current step ("" if nothing)."""
         """Called before every op and every check: it raises to end the run there (a campaign's
         SIGTERM or time budget, so that a huge pool's slow ops do not delay either)."""
+        self._raised = ""
+        """What the target being checked raised at the current step ("" if nothing)."""
         self.level = level
         self.trace = Trace(config, level, [], dict(meta or {}))  # type: ignore[arg-type]
         self.checks = list(REGISTRY if checks is None else checks)
