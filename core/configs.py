@@ -403,6 +403,14 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                     enable_mamba_shared_prefix_checkpoint=True),
         ),
         (
+            "qwen3_next_junction with KV cache events: the partial entry keying a junction's "
+            "state lies inside the prompt, so its BlockStored names a parent that the request "
+            "holds further hashes past",
+            replace(_attention_mamba_align("qwen3_next_junction_events", 60, 3, 8, 2,
+                                           speculative=1, use_eagle=True),
+                    enable_mamba_shared_prefix_checkpoint=True, kv_events=True),
+        ),
+        (
             "EAGLE on a hybrid with the drafter's layer in one group: eagle_hybrid's groups "
             "(full bs 16 + windows 8 and 12 at bs 4) with only the full group an EAGLE group, "
             "so the windows keep their last hit block",

@@ -117,6 +117,10 @@ class CampaignOptions:
     shrink_seconds: float = 30.0
     max_findings: int | None = None
     """Stop once this many distinct findings are saved (None: run the whole budget)."""
+    count_raised: bool = True
+    """Whether a finding on which the target raised counts toward `max_findings`; False goes
+    on past them to the first finding of a check on results, state, events or hashes (`kvfuzz
+    mutate`, which tells a kill by the target's exception alone from one a check made)."""
     data: str | None = None
     """Add the data checks D1, D2 on this `DEVICE[:DTYPE]` (None: the invariants only)."""
     config_files: tuple[Config, ...] = ()
@@ -341,7 +345,7 @@ def code_weight(new_sites: int) -> float:
 def failure_of(exc: Counterexample) -> Failure:
     """A counterexample as plain data, to hand back from any process."""
     f = exc.finding
-    return Failure(f.check, f.message, tuple(f.signature), f.trace.to_json())
+    return Failure(f.check, f.message, tuple(f.signature), f.trace.to_json(), f.target_raised)
 
 
 def account(result: BatchResult, executions: list[Execution],
@@ -608,11 +612,16 @@ class Campaign:
             return None
         return max(0.0, self.options.seconds - (time.monotonic() - self._start))
 
+    def _counted(self) -> int:
+        """The findings `max_findings` counts (`count_raised`)."""
+        records = self.findings.records.values()
+        return sum(1 for r in records if self.options.count_raised or not r.target_raised)
+
     def _done(self) -> bool:
         opts = self.options
         if STOP_REQUESTED.is_set() or self.stats.interrupted:
             return True
-        if opts.max_findings is not None and len(self.findings.records) >= opts.max_findings:
+        if opts.max_findings is not None and self._counted() >= opts.max_findings:
             return True
         left = self._seconds_left()
         return left is not None and left <= 0

@@ -373,6 +373,8 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
               f"  timeout {row['timeout']:3d}  score {score}")
     for name, n in sorted(data["by_check"].items(), key=lambda kv: -kv[1]):
         print(f"  killed by {name}: {n}")
+    print(f"  killed by the target's exception alone: {data['by_exception_alone']} of "
+          f"{data['counts']['killed']}")
     score = data["score"]
     print("score: " + ("-" if score is None else f"{100 * score:.1f}%"))
     for r in report.results:
@@ -811,6 +813,8 @@ def _findings(records: list[Any]) -> None:
                      else f"{f.ops} ops, " + {False: "raw, not shrunk",
                                               "partial": "shrink interrupted"}.get(f.shrunk,
                                                                                    "shrunk"))
+            if f.target_raised:
+                state += f"; the target raised {f.target_raised} there"
             elsewhere = (f" (also on {', '.join(f.elsewhere)}: other traces, not this file)"
                          if f.elsewhere else "")
             print(f"    {f.level}/{f.config} ({state}), found after "

@@ -60,6 +60,9 @@ class FindingRecord:
     fallback path, or empty when none could be written, and `trace` holds it in full."""
     trace: dict[str, Any] | None = None
     """The trace itself, when it is not in the corpus (`corpus_error`)."""
+    target_raised: str = ""
+    """The exception the target raised at the failing step, "" when it returned normally: set,
+    the finding is the target raising, whichever check reported it (`Finding.target_raised`)."""
 
 
 class Findings:
@@ -93,14 +96,15 @@ class Findings:
             path, ops = self.known[key]
             self.records[key] = FindingRecord(
                 failure.check, failure.message, config, level, str(path), ops,
-                round(found_after, 3), 0.0, key, known=True)
+                round(found_after, 3), 0.0, key, known=True, target_raised=failure.target_raised)
             return
         trace = Trace.from_dict(json.loads(failure.trace_json))
         trace.meta.update(self.meta)
         trace.meta.update({"check": failure.check, "config": config, "level": level,
                            "dedup_key": key})
         record = FindingRecord(failure.check, failure.message, config, level, "",
-                               len(trace.ops), round(found_after, 3), 0.0, key, shrunk=False)
+                               len(trace.ops), round(found_after, 3), 0.0, key, shrunk=False,
+                               target_raised=failure.target_raised)
         self.records[key] = record
         self._save(record, _marked(trace, False))
         if self.stop is not None and self.stop():
@@ -112,6 +116,7 @@ class Findings:
         try:
             result = shrinker.shrink(trace)
             best, message, shrunk = result.trace, result.finding.message, True
+            record.target_raised = result.finding.target_raised
         except ValueError:  # it did not fail again the same way on replay: keep it raw
             return
         except KeyboardInterrupt:

@@ -2,7 +2,9 @@
 
 cosmic-ray (`pip install 'kvfuzz[mutate]'`) lists the mutants of the named files and applies
 each one in place; for each, a fixed-example campaign (`kvfuzz.fuzz.campaign`, seeded, stopped at
-its first finding) runs in a fresh interpreter under a timeout and says which check killed it.
+its first finding) runs in a fresh interpreter under a timeout and says which check killed it;
+when that finding is the target raising, the campaign goes on to the first finding of a check on
+results, state, events or hashes, and a kill with none is one by the target's exception alone.
 The files' original bytes are written back after every mutant and at the end, even on Ctrl-C,
 SIGTERM or an error, and verified by SHA-256; a copy `FILE.kvfuzz-orig` stands beside each file
 while it is mutated, so that a run killed outright is repaired by the next one.
@@ -67,6 +69,16 @@ class Result:
     seconds: float = 0.0
     diff: str = ""
     detail: str = ""
+    semantic_check: str | None = None
+    """The first check that fired on an op where the target did not raise (killed only); None
+    for a kill by the target's exception alone (a CRASH, a refused build, a result or state
+    check on an op that raised)."""
+    semantic_detail: str = ""
+    """Where that check fired and its message."""
+
+    @property
+    def by_exception_alone(self) -> bool:
+        return self.outcome == KILLED and self.semantic_check is None
 
 
 @dataclass
@@ -104,6 +116,7 @@ class Report:
             "by_file": {p: {**self.counts(rs), "score": self.score(rs)}
                         for p, rs in by_file.items()},
             "by_check": dict(Counter(r.check for r in self.results if r.check)),
+            "by_exception_alone": sum(r.by_exception_alone for r in self.results),
             "results": [{**asdict(r.mutant), **{k: v for k, v in asdict(r).items()
                                                 if k != "mutant"}} for r in self.results],
         }
@@ -406,7 +419,8 @@ def run_mutant(mutant: Mutant, campaign: dict[str, Any], timeout: float) -> Resu
         found = json.loads(out.read_text())
     check = found["check"]
     return Result(mutant, KILLED if check else SURVIVED, check, seconds, diff,
-                  detail=found.get("message") or "")
+                  detail=found.get("message") or "", semantic_check=found.get("semantic_check"),
+                  semantic_detail=found.get("semantic_message") or "")
 
 
 def _exception(stderr: str) -> str:
@@ -438,19 +452,23 @@ def run(report: Report, chosen: list[Mutant], timeout: float,
 
 
 def _campaign(spec: dict[str, Any]) -> None:
-    """The child: one fixed-example campaign, stopped at its first finding; writes the check
-    that found it (or null) to spec["out"]."""
+    """The child: one fixed-example campaign, stopped at its first finding on which the target
+    did not raise; writes the check of its first finding and of that one (or nulls) to
+    spec["out"]."""
     from kvfuzz.fuzz.campaign import CampaignOptions, run_campaign
 
     options = CampaignOptions(target=spec["target"], seconds=None, examples=spec["examples"],
                               seed=spec["seed"], corpus=Path(spec["corpus"]), max_findings=1,
-                              shrink_seconds=0.0)
+                              count_raised=False, shrink_seconds=0.0)
     if spec["configs"]:
         options.configs = tuple(spec["configs"])
     stats = run_campaign(options, lambda stats: None)
     first = stats.findings[0] if stats.findings else None
+    checked = next((f for f in stats.findings if not f.target_raised), None)
     Path(spec["out"]).write_text(json.dumps({
         "check": first and first.check, "message": first and f"{first.level}/{first.config}: {first.message}",
+        "semantic_check": checked and checked.check,
+        "semantic_message": checked and f"{checked.level}/{checked.config}: {checked.message}",
         "examples": stats.examples}))
 
 

@@ -80,6 +80,8 @@ class Failure:
     message: str
     signature: tuple[str, ...]
     trace_json: str
+    target_raised: str = ""
+    """What the target raised at the failing step ("" if nothing; `Finding.target_raised`)."""
 
 
 @dataclass

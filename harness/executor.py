@@ -59,6 +59,10 @@ class Finding:
     """How it fails, beyond the check: for a DIFF the op kind and the differing field, for a
     CRASH the exception type and the place raised (file:function:line); empty for a named check.
     A shrunk trace must keep it (`kvfuzz.fuzz.shrink`), and findings are deduplicated by it."""
+    target_raised: str = ""
+    """The exception the target raised at the failing step (its `{"error": ...}` result, or
+    what a CRASH or BUILD raised), "" when it returned normally: a finding with it is a kill
+    by the target's exception alone (docs/mutation.md), whatever check fired."""
 
     def headline(self) -> str:
         where = f"step {self.step}" if self.step >= 0 else "the initial state"
@@ -118,6 +122,8 @@ class Execution:
         self.stop = stop
         """Called before every op and every check: it raises to end the run there (a campaign's
         SIGTERM or time budget, so that a huge pool's slow ops do not delay either)."""
+        self._raised = ""
+        """What the target being checked raised at the current step ("" if nothing)."""
         self.level = level
         self.trace = Trace(config, level, [], dict(meta or {}))  # type: ignore[arg-type]
         self.checks = list(REGISTRY if checks is None else checks)
@@ -156,6 +162,7 @@ class Execution:
         except BuildFailure as exc:  # the library's own error: a finding, or a tolerated one
             if exc.deviation is not None:
                 raise ToleratedBuild(name, self.config.name, exc) from exc
+            self._raised = exc.error
             self._fail(BUILD, exc.message, -1, name, signature=(exc.error, exc.place))
         except BaseException as exc:  # noqa: BLE001 - the adapter, not the trace, is at fault
             if asked_to_stop(exc):
@@ -194,6 +201,7 @@ class Execution:
                 op.get("prefix_cache_hit_limit"),
             )
         ref_result = ref_obs = ref_snap = None
+        self._raised = ""
         try:
             if self.model is not None:
                 ref_result = self.model.apply(op)
@@ -201,6 +209,7 @@ class Execution:
                 ref_snap = self.model.snapshot()
             for i, tracked in enumerate(self.targets):
                 result, obs, snap = self._apply_target(tracked, op, step)
+                self._raised = raised_by(result)
                 before, tracked.snapshot = tracked.snapshot, snap
                 # Named properties first: a failure then says which rule broke, not only that
                 # the target and the reference disagree.
@@ -225,6 +234,7 @@ class Execution:
         except KvfuzzError:  # an invalid trace, or one the target cannot take: usage errors
             raise
         except Exception as exc:  # noqa: BLE001 - a broken target is a finding, not a crash
+            self._raised = type(exc).__name__
             self._fail(CRASH, f"{type(exc).__name__}: {exc}", step, tracked.name,
                        signature=(op["op"], type(exc).__name__, _place(exc)))
         except BaseException as exc:  # SystemExit, or an interrupt no signal asked for
@@ -332,7 +342,14 @@ class Execution:
         elif snap is not None:
             details = f"--- {target} after step {step} ---\n{snap.render()}"
         raise Counterexample(Finding(check, description, message, step, target, trace, details,
-                                     signature))
+                                     signature, self._raised))
+
+
+def raised_by(result: Any) -> str:
+    """The exception an op's result says the side raised (`{"error": "IndexError"}`), or ""."""
+    if isinstance(result, dict) and isinstance(result.get("error"), str):
+        return result["error"]
+    return ""
 
 
 def _place(exc: BaseException) -> str:

@@ -48,10 +48,14 @@ def test_a_killed_and_a_surviving_mutant_and_the_source_restored():
     assert second.outcome == mutate.SURVIVED and "== dict" in second.diff, second
     assert third.outcome == mutate.KILLED and third.check == mutate.ERROR, third
     assert "ValueError" in third.detail
+    # A check of results or state saw the wrong keys; the unbuildable manager only raised.
+    assert first.semantic_check and not first.by_exception_alone, first
+    assert third.semantic_check is None and third.by_exception_alone
     assert report.score() == 2 / 3
     data = report.as_json()
     assert data["by_file"][str(path)]["killed"] == 1
     assert data["by_check"] == {first.check: 1, mutate.ERROR: 1}
+    assert data["by_exception_alone"] == 1
 
 
 def test_the_baseline_passes_and_only_statements_it_ran_outside_annotations_are_eligible():
