@@ -104,7 +104,7 @@ def documents(draw: st.DrawFn) -> bytes:
             doc = _set(doc, path, _nested(node, draw(st.integers(1, 40))))
         elif kind == "repeat" and isinstance(node, list) and node:
             node.extend(node * draw(st.integers(1, 50)))
-        elif kind == "version":
+        elif kind == "version" and isinstance(doc, dict):  # a replaced root is none
             doc["version"] = draw(ODD_VERSIONS)
     text = json.dumps(doc, allow_nan=True, ensure_ascii=draw(st.booleans()))
     raw = text.encode("utf-8", errors="surrogatepass")
