@@ -156,6 +156,12 @@ class SchedulerConfig:
     kv_load_failure_policy: Literal["recompute", "fail"] = "recompute"
     """A KV load that ends short rolls back to its valid prefix ("recompute") or fails its
     request, FINISHED_ERROR, its blocks freed ("fail"; docs/spec.md §13.2)."""
+    encoder_budget: int | None = None
+    """Encoder embeddings a step may compute for multimodal inputs (vLLM's
+    `max_num_encoder_input_tokens`); None: unbounded (docs/spec.md §7.2)."""
+    encoder_cache_size: int | None = None
+    """Encoder embeddings the encoder cache holds (vLLM's `encoder_cache_size`); None:
+    unbounded (docs/spec.md §7.2)."""
 
     def validate(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
@@ -167,6 +173,9 @@ class SchedulerConfig:
         _non_negative_int("scheduler.num_lookahead_tokens", self.num_lookahead_tokens)
         _non_negative_int("scheduler.reserved_blocks", self.reserved_blocks)
         _positive_int("scheduler.vocab_size", self.vocab_size)
+        for name in ("encoder_budget", "encoder_cache_size"):
+            if getattr(self, name) is not None:
+                _positive_int(f"scheduler.{name}", getattr(self, name))
         if self.kv_load_failure_policy not in LOAD_FAILURE_POLICIES:
             raise ConfigError(f"scheduler.kv_load_failure_policy must be one of "
                               f"{LOAD_FAILURE_POLICIES}, got {shown(self.kv_load_failure_policy)}")

@@ -169,6 +169,8 @@ class ManagerSide:
             num_prefill_lookahead=config.num_prefill_lookahead,
             fail_short_loads=s.kv_load_failure_policy == "fail",
             publish_after_output=publishes_after_output(config),
+            encoder_budget=s.encoder_budget,
+            encoder_cache_size=s.encoder_cache_size,
         )
 
     # ----- Side -----

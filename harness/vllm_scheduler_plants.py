@@ -93,6 +93,20 @@ def _encoder_never_fits(scheduler: Any) -> None:
     scheduler.encoder_cache_manager.can_allocate = lambda *args, **kwargs: False
 
 
+def _encoder_budget_per_request(scheduler: Any) -> None:
+    """The encoder budget is not shared by a step's requests: `_try_schedule_encoder_inputs`
+    gives each request's multimodal inputs the whole budget."""
+    try_schedule = scheduler._try_schedule_encoder_inputs
+
+    def try_schedule_encoder_inputs(request: Any, num_computed_tokens: int,
+                                    num_new_tokens: int, budget: int, *args: Any,
+                                    **kwargs: Any) -> Any:
+        return try_schedule(request, num_computed_tokens, num_new_tokens,
+                            scheduler.max_num_encoder_input_tokens, *args, **kwargs)
+
+    scheduler._try_schedule_encoder_inputs = try_schedule_encoder_inputs
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -114,6 +128,9 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                                ("nemotron_h_connector",)),
     "encoder-never-fits": ("the encoder cache never has room for a multimodal input",
                            _encoder_never_fits, ("tenants",)),
+    "encoder-budget-per-request": ("each request's multimodal inputs get the whole encoder "
+                                   "budget of the step", _encoder_budget_per_request,
+                                   ("tenants",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

@@ -36,7 +36,7 @@ from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.trace import Op
 from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
-from kvfuzz.harness.vllm_encoder_budget import unbounded_encoder
+from kvfuzz.harness.vllm_encoder_budget import size_encoder
 from kvfuzz.harness.vllm_target import (
     KNOWN_DEVIATIONS,
     KnownDeviation,
@@ -292,7 +292,7 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
         )
     # The Mamba chunk split steps its stops down by a block with EAGLE, as the manager does.
     scheduler.use_eagle_block_drop = config.use_eagle
-    unbounded_encoder(scheduler, config)  # multimodal inputs (harness/vllm_encoder_budget.py)
+    size_encoder(scheduler, config)  # multimodal inputs (harness/vllm_encoder_budget.py)
     return scheduler
 
 

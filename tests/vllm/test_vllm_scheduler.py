@@ -121,7 +121,8 @@ def test_multimodal_inputs_run_three_way_with_an_encoder_budget_that_never_binds
     that overlaps an input is not cut, and a request whose input differs hits only the
     blocks before it."""
     config = BUILTIN["tenants"][1]
-    config = config.replace(scheduler=dataclasses.replace(config.scheduler, token_budget=8))
+    config = config.replace(scheduler=dataclasses.replace(
+        config.scheduler, token_budget=8, encoder_budget=None, encoder_cache_size=None))
     ex = Execution(config, "scheduler", THREE_WAY)
     prompt = list(range(16))
     ex.apply(_add("a", prompt, mm_inputs=[[1, 4, 8]], max_tokens=1))
@@ -135,6 +136,26 @@ def test_multimodal_inputs_run_three_way_with_an_encoder_budget_that_never_binds
     block = config.scheduler_block_size
     assert hits["same"] > hits["other"] and hits["other"] <= 4 // block * block
     for i in range(4):
+        ex.apply({"op": "step", "sample": i})
+
+
+def test_an_encoder_budget_and_cache_that_bind_cut_chunks_as_the_driver_does():
+    """`tenants`' encoder budget (3 embeddings a step) and encoder cache (4) reach vLLM's
+    Scheduler (`max_num_encoder_input_tokens`, `EncoderCacheManager`), three-way: a's input 0
+    (2) leaves 1 of the budget, so a's chunk stops before its input 1 (3) and b's before its
+    own; after the step the entry of a's input 0 turns evictable; the next step evicts it for
+    input 1, which b then hits (docs/spec.md §7.2)."""
+    config = BUILTIN["tenants"][1]
+    config = config.replace(scheduler=dataclasses.replace(config.scheduler, token_budget=16))
+    ex = Execution(config, "scheduler", THREE_WAY)
+    ex.apply(_add("a", list(range(12)), mm_inputs=[[0, 2, 2], [1, 6, 3]], max_tokens=2))
+    ex.apply(_add("b", list(range(20, 32)), mm_inputs=[[1, 1, 3]], max_tokens=2))
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 6, 0], ["b", 1, 0]]
+    cache = ex.targets[1].side.vllm_scheduler.encoder_cache_manager
+    assert list(cache.freeable) == ["mm-0"] and cache.num_free_slots == 2
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 6, 0], ["b", 10, 0]]
+    assert cache.cached.keys() == {"mm-1"} and list(cache.freeable) == ["mm-1"]
+    for i in range(3):
         ex.apply({"op": "step", "sample": i})
 
 
@@ -524,6 +545,10 @@ for _name in CONFIGS:
 
 # ----- bugs planted in vLLM's Scheduler, each caught by a campaign -----
 
+EXAMPLES = {"encoder-budget-per-request": "200"}
+"""Plants a campaign meets later: two requests' inputs in one step, over a budget (seed 0)."""
+
+
 @pytest.mark.parametrize("plant, config, check", [
     ("preempt-keeps-blocks", "full", "I16"),
     ("finish-keeps-blocks", "full", "I16"),
@@ -534,10 +559,12 @@ for _name in CONFIGS:
     ("free-not-deferred", "deferred_connector", "IF1"),
     ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
     ("encoder-never-fits", "tenants", "DIFF-result"),
+    ("encoder-budget-per-request", "tenants", "DIFF-result"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
-                   "--config", config, "--examples", "60", "--corpus", str(tmp_path)])
+                   "--config", config, "--examples", EXAMPLES.get(plant, "60"),
+                   "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
     assert [p.name for p in tmp_path.glob(f"{check}-{config}-*.json")]
 
