@@ -107,6 +107,14 @@ def _encoder_budget_per_request(scheduler: Any) -> None:
     scheduler._try_schedule_encoder_inputs = try_schedule_encoder_inputs
 
 
+def _encoder_input_skipped(scheduler: Any) -> None:
+    """An encoder-decoder request's encoder input is never scheduled, so its first chunk
+    allocates no cross-attention blocks (`num_encoder_tokens` 0)."""
+    scheduler._try_schedule_encoder_inputs = (
+        lambda request, computed, num_new_tokens, budget, *args, **kwargs:
+        ([], num_new_tokens, budget, [], []))
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -131,6 +139,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "encoder-budget-per-request": ("each request's multimodal inputs get the whole encoder "
                                    "budget of the step", _encoder_budget_per_request,
                                    ("tenants",)),
+    "encoder-input-skipped": ("an encoder-decoder request's encoder input is never scheduled: "
+                              "no cross-attention blocks", _encoder_input_skipped, ("cross",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

@@ -139,6 +139,27 @@ def test_multimodal_inputs_run_three_way_with_an_encoder_budget_that_never_binds
         ex.apply({"op": "step", "sample": i})
 
 
+def test_an_encoder_decoder_config_runs_three_way():
+    """`cross`: vLLM's Scheduler made encoder-decoder (as its own tests make one) schedules each
+    request's encoder input (its `num_encoder_tokens` at offset 0) with its first chunk and
+    allocates the cross-attention blocks then; a preempted request's are freed and allocated
+    again at its readmission; a request without encoder tokens gets none: three-way."""
+    ex = Execution(BUILTIN["cross"][1].replace(num_blocks=12), "scheduler", THREE_WAY)
+    ex.apply(_add("a", list(range(6)), num_encoder_tokens=10, max_tokens=3))
+    ex.apply(_add("b", list(range(20, 60)), num_encoder_tokens=7, max_tokens=3))
+    ex.apply(_add("c", list(range(9)), max_tokens=2))
+    scheduler = ex.targets[1].side.vllm_scheduler
+    assert scheduler.is_encoder_decoder
+    outcomes = [ex.apply({"op": "step", "sample": i}) for i in range(8)]
+    assert outcomes[0]["scheduled"] == [["a", 6, 0]]
+    cross = scheduler.kv_cache_manager.coordinator.single_type_managers[1]
+    assert ["b"] in [out["preempted"] for out in outcomes]
+    assert len(cross.req_to_blocks["b"]) == 2  # cdiv(7, 4), after its readmission
+    ex.apply({"op": "abort", "request_id": "b"})
+    ex.apply({"op": "step"})
+    assert not cross.req_to_blocks.get("c")
+
+
 def test_an_encoder_budget_and_cache_that_bind_cut_chunks_as_the_driver_does():
     """`tenants`' encoder budget (3 embeddings a step) and encoder cache (4) reach vLLM's
     Scheduler (`max_num_encoder_input_tokens`, `EncoderCacheManager`), three-way: a's input 0
@@ -560,6 +581,7 @@ EXAMPLES = {"encoder-budget-per-request": "200"}
     ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
     ("encoder-never-fits", "tenants", "DIFF-result"),
     ("encoder-budget-per-request", "tenants", "DIFF-result"),
+    ("encoder-input-skipped", "cross", "DIFF-probe"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
