@@ -566,10 +566,6 @@ for _name in CONFIGS:
 
 # ----- bugs planted in vLLM's Scheduler, each caught by a campaign -----
 
-EXAMPLES = {"encoder-budget-per-request": "200"}
-"""Plants a campaign meets later: two requests' inputs in one step, over a budget (seed 0)."""
-
-
 @pytest.mark.parametrize("plant, config, check", [
     ("preempt-keeps-blocks", "full", "I16"),
     ("finish-keeps-blocks", "full", "I16"),
@@ -580,15 +576,28 @@ EXAMPLES = {"encoder-budget-per-request": "200"}
     ("free-not-deferred", "deferred_connector", "IF1"),
     ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
     ("encoder-never-fits", "tenants", "DIFF-result"),
-    ("encoder-budget-per-request", "tenants", "DIFF-result"),
     ("encoder-input-skipped", "cross", "DIFF-probe"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
-                   "--config", config, "--examples", EXAMPLES.get(plant, "60"),
-                   "--corpus", str(tmp_path)])
+                   "--config", config, "--examples", "60", "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
     assert [p.name for p in tmp_path.glob(f"{check}-{config}-*.json")]
+
+
+def test_the_plant_that_gives_each_request_the_whole_encoder_budget_is_caught():
+    """`encoder-budget-per-request` needs two requests' new inputs in one step over the budget,
+    which a campaign meets later (docs/vllm.md, the plants' table): this trace has them. a's
+    inputs spend 2 of the 3; b's input 1 (3) then fits only the plant's whole budget."""
+    config = BUILTIN["tenants"][1]
+    config = config.replace(scheduler=dataclasses.replace(
+        config.scheduler, token_budget=16, encoder_cache_size=None))
+    trace = Trace(level="scheduler", config=config, ops=[
+        _add("a", list(range(12)), mm_inputs=[[0, 2, 2], [1, 6, 3]], max_tokens=2),
+        _add("b", list(range(20, 32)), mm_inputs=[[1, 1, 3]], max_tokens=2), {"op": "step"}])
+    assert run_trace(trace, ("vllm-scheduler",)).passed
+    finding = run_trace(trace, ("vllm-scheduler-bug:encoder-budget-per-request",)).finding
+    assert finding is not None and finding.check == "DIFF-result", finding
 
 
 # ----- scheduler-level findings, replayed on vLLM's own Scheduler -----
