@@ -369,8 +369,7 @@ class Scheduler:
         """Free the request's blocks, or, while a step that read them is in flight, pop them
         and keep them held until the newest step launched so far completes. Its encoder cache
         entries are released at once (§7.2)."""
-        if self.encoder_cache is not None:
-            self.encoder_cache.release_all(request)
+        self._release_encoder_inputs(request)
         if self._last_read.get(request.request_id, 0) <= self._completed:
             self.manager.free(request)
             return
@@ -406,6 +405,11 @@ class Scheduler:
             if request_id in samples:
                 self._take_output(request, samples[request_id], held)
         return released
+
+    def _release_encoder_inputs(self, request: Any) -> None:
+        """Every encoder cache reference the request holds goes (§7.2)."""
+        if self.encoder_cache is not None:
+            self.encoder_cache.release_all(request)
 
     def _release_encoded(self, request: Any) -> None:
         """After a step's output: the request's encoder inputs that end by its computed tokens
@@ -713,7 +717,7 @@ class Scheduler:
             if encoder is not None and not self.chunked_prefill and (
                     0 < num_new_tokens < request.num_tokens - start):
                 # Without chunked prefill the encoder may not split the prompt (§7.2).
-                self.encoder_cache.release_all(request)  # type: ignore[union-attr]
+                self._release_encoder_inputs(request)
                 num_new_tokens = 0
             if num_new_tokens == 0:
                 i += 1  # it keeps its place; the requests behind it may be admitted
@@ -732,8 +736,7 @@ class Scheduler:
                 has_scheduled_reqs=bool(self._running),
             )
             if new_blocks is None:
-                if encoder is not None:
-                    self.encoder_cache.release_all(request)  # type: ignore[union-attr]
+                self._release_encoder_inputs(request)
                 break
             del self._waiting[i]
             self._holders.pop(request.request_id, None)
@@ -769,10 +772,12 @@ class Scheduler:
         if compute and self._encoder_left is not None:
             self._encoder_left -= spent
             self._encoded[request.request_id] = spent
+        cache = self.encoder_cache
+        assert cache is not None  # `encoder` comes from `_encoder_inputs`, which needs it
         for index in compute:
-            self.encoder_cache.store(request, index)  # type: ignore[union-attr]
+            cache.store(request, index)
         for index in repeats:
-            self.encoder_cache.hit(request, index)  # type: ignore[union-attr]
+            cache.hit(request, index)
 
     def _mamba_aligned(self, request: Any, num_new_tokens: int, num_hit_tokens: int) -> int:
         """`mamba_block_aligned_split` with this manager's block sizes and this budget."""

@@ -122,8 +122,7 @@ class Driver:
         """docs/spec.md §7.1: free now, unless a step that read the request's blocks is still
         in flight: then pop them, held, until the newest step launched so far completes.
         §7.2: its encoder cache references go at once."""
-        if self.encoder is not None:
-            self.encoder.drop_all(req)
+        self._drop_encoder_inputs(req)
         if self.last_read.get(req.request_id, 0) <= self.completed:
             self.manager.free(req.request_id)
             return
@@ -422,7 +421,7 @@ class Driver:
                 n, enc = self._encoder_cut(r, start, n)
                 n = self._short_of_lookahead(r, start, n)
                 if enc is not None and not cfg.chunked_prefill and 0 < n < r.num_tokens - start:
-                    self.encoder.drop_all(r)  # type: ignore[union-attr]  # §7.2: no split
+                    self._drop_encoder_inputs(r)  # §7.2: no split
                     n = 0
                 if n == 0:  # §5.7, §7.2: passed over, it keeps its place
                     w += 1
@@ -440,8 +439,7 @@ class Driver:
                     external=external,
                 )
                 if blocks is None:
-                    if enc is not None:
-                        self.encoder.drop_all(r)  # type: ignore[union-attr]
+                    self._drop_encoder_inputs(r)
                     break
                 self.sync_offers.pop(r.request_id, None)
                 self.waiting.pop(w)
@@ -537,6 +535,11 @@ class Driver:
             self.encoder.add(r, k)
         for k in riding:
             self.encoder.lookup(r, k)
+
+    def _drop_encoder_inputs(self, r: Request) -> None:
+        """§7.2: r lets go of every encoder cache entry it references."""
+        if self.encoder is not None:
+            self.encoder.drop_all(r)
 
     def _encoded_done(self, r: Request) -> None:
         """§7.2: after a step's output, r's inputs that end by its settled tokens are let go."""
