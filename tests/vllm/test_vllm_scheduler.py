@@ -600,6 +600,40 @@ def test_the_plant_that_gives_each_request_the_whole_encoder_budget_is_caught():
     assert finding is not None and finding.check == "DIFF-result", finding
 
 
+def test_an_encoder_entry_of_a_request_preempted_after_it_was_scheduled_is_hit_uncomputed():
+    """docs/findings/hazards.md, "An encoder output no step computed": under priority, a's third
+    input (identifier 2) is allocated in the encoder cache when a is scheduled in step 3, then
+    b's shortage preempts a; the step's encoder inputs drop a's, the entry stays cached. In
+    step 4, c names identifier 2: a hit, so no step ever encodes it. Three-way (kvfuzz's driver
+    and the model keep vLLM's rule, so no comparison sees it)."""
+    from kvfuzz.core.config import SchedulerConfig
+
+    config = BUILTIN["tenants"][1].replace(num_blocks=8, scheduler=SchedulerConfig(
+        policy="priority", token_budget=16, encoder_budget=3))
+    ex = Execution(config, "scheduler", THREE_WAY)
+    scheduler = ex.targets[1].side.vllm_scheduler
+    encoded: list[dict[str, list[int]]] = []
+    schedule = scheduler.schedule
+
+    def recording_schedule() -> Any:
+        output = schedule()
+        encoded.append(dict(output.scheduled_encoder_inputs))
+        return output
+
+    scheduler.schedule = recording_schedule
+    ex.apply(_add("a", list(range(24)), priority=1, max_tokens=4,
+                  mm_inputs=[[0, 8, 2], [1, 12, 3], [2, 18, 3]]))
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 12, 0]]  # cut before input 1
+    ex.apply(_add("b", [50, 51, 52, 53], priority=0, max_tokens=8))
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 6, 0], ["b", 4, 0]]
+    assert ex.apply({"op": "step"}) == {"scheduled": [["b", 1, 0]], "preempted": ["a"],
+                                        "finished": [], "copies": []}
+    assert "mm-2" in scheduler.encoder_cache_manager.cached  # allocated, never computed
+    ex.apply(_add("c", [60, 61, 62, 63, 64], priority=0, max_tokens=1, mm_inputs=[[2, 0, 3]]))
+    assert ex.apply({"op": "step"})["scheduled"] == [["b", 1, 0], ["c", 5, 0]]
+    assert encoded == [{"a": [0]}, {"a": [1]}, {}, {}]  # identifier 2: never encoded
+
+
 # ----- scheduler-level findings, replayed on vLLM's own Scheduler -----
 
 @pytest.mark.parametrize("name", ["020-checkpoint-chunk-keys-start-state",
