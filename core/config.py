@@ -166,6 +166,12 @@ class SchedulerConfig:
     """Placeholder drafts per step, as vLLM's async scheduling with a `SpeculativeConfig`:
     each request that samples gets this many, and a one-token admission is padded to them
     (docs/traces.md, "Fixed drafts"); 0: drafts come from the trace's `draft`."""
+    encoder_budget: int | None = None
+    """Encoder embeddings a step may compute for multimodal inputs (vLLM's
+    `max_num_encoder_input_tokens`); None: unbounded (docs/spec.md §7.2)."""
+    encoder_cache_size: int | None = None
+    """Encoder embeddings the encoder cache holds (vLLM's `encoder_cache_size`); None:
+    unbounded (docs/spec.md §7.2)."""
 
     def validate(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
@@ -178,6 +184,9 @@ class SchedulerConfig:
         _non_negative_int("scheduler.reserved_blocks", self.reserved_blocks)
         _positive_int("scheduler.vocab_size", self.vocab_size)
         _non_negative_int("scheduler.num_speculative_tokens", self.num_speculative_tokens)
+        for name in ("encoder_budget", "encoder_cache_size"):
+            if getattr(self, name) is not None:
+                _positive_int(f"scheduler.{name}", getattr(self, name))
         if self.kv_load_failure_policy not in LOAD_FAILURE_POLICIES:
             raise ConfigError(f"scheduler.kv_load_failure_policy must be one of "
                               f"{LOAD_FAILURE_POLICIES}, got {shown(self.kv_load_failure_policy)}")

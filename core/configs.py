@@ -174,8 +174,10 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_in_flight_tokens=16, kv_connector=True),
         ),
         (
-            "multi-tenant: LoRA adapters, multimodal inputs, prompt embeddings, cache salts",
-            Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True),
+            "multi-tenant: LoRA adapters, multimodal inputs (an encoder budget of 3 embeddings "
+            "a step, an encoder cache of 4), prompt embeddings, cache salts",
+            Config(16, (_full(),), name="tenants", max_model_len=64, extra_keys=True,
+                   scheduler=SchedulerConfig(encoder_budget=3, encoder_cache_size=4)),
         ),
         (
             "Mamba-only (Mamba-Codestral-like): one state group, state block = max_model_len",

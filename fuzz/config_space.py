@@ -92,6 +92,10 @@ def draw(rng: random.Random) -> dict[str, Any]:
         data["enable_mamba_shared_prefix_checkpoint"] = True
     if data["kv_connector"] and rng.random() < 0.5:
         data["scheduler"]["kv_load_failure_policy"] = "fail"
+    # An encoder that binds (§7.2), with chunked prefill (docs/vllm.md, `sched-encoder-budget`).
+    if data["extra_keys"] and data["scheduler"]["chunked_prefill"] and rng.random() < 0.5:
+        data["scheduler"]["encoder_budget"] = rng.choice((3, 4, 5))
+        data["scheduler"]["encoder_cache_size"] = rng.choice((3, 4, 6))
     return data
 
 

@@ -94,6 +94,10 @@ def _vary_group(choices: Choices, group: GroupConfig) -> GroupConfig:
     return group
 
 
+ENCODER_SIZES = (3, 4, 5)
+"""Encoder budgets and encoder cache sizes a config with a bounded encoder is run with: each
+takes one input of the generators' (2 or 3 embeddings); 3 and 4 not both (docs/spec.md §7.2)."""
+
 SPECULATIVE_BLOCKS = (1, 2, 3)
 """State blocks for draft tokens a config with speculative decoding is run with: vLLM sets
 every Mamba group's `num_speculative_blocks` to the one `num_speculative_tokens`."""
@@ -116,6 +120,13 @@ def vary_config(choices: Choices, base: Config) -> Config:
         max_running=between(choices, 1, 4),
         chunked_prefill=base.scheduler.chunked_prefill and flip(choices),
     )
+    if sched.encoder_budget is not None:
+        # Binding for inputs of 2 and 3 (`mm_inputs`), with chunked prefill only: without it
+        # vLLM 0.33 lets the encoder split a prompt (docs/vllm.md, `sched-encoder-budget`).
+        bounded = sched.chunked_prefill
+        sched = dataclasses.replace(
+            sched, encoder_budget=pick(choices, ENCODER_SIZES) if bounded else None,
+            encoder_cache_size=pick(choices, ENCODER_SIZES) if bounded else None)
     groups = tuple(_vary_group(choices, g) for g in base.groups)
     if any(g.num_speculative_blocks for g in groups):
         groups = _vary_speculative_blocks(choices, groups)

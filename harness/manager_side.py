@@ -174,6 +174,8 @@ class ManagerSide:
             num_speculative_tokens=s.num_speculative_tokens,
             publish_after_output=publishes_after_output(config),
             output_placeholders=s.in_flight_sampling == "placeholders",
+            encoder_budget=s.encoder_budget,
+            encoder_cache_size=s.encoder_cache_size,
         )
 
     # ----- Side -----

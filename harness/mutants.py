@@ -356,6 +356,20 @@ def _inflight_fence_one_late(side: KvcacheSide) -> None:
     _on_scheduler(side, patch)
 
 
+@mutant("encoder-budget-per-request", "the driver's encoder budget is not shared by a step's "
+        "requests: each request's multimodal inputs get the whole budget",
+        bug="docs/spec.md §7.2", configs=("tenants",))
+def _encoder_budget_per_request(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        def whole(original, *args):
+            scheduler._encoder_left = scheduler.encoder_budget
+            return original(*args)
+
+        _around(scheduler, "_encoder_inputs", whole)
+
+    _on_scheduler(side, patch)
+
+
 @mutant("inflight-drain-whole-list", "the driver releases a deferred free by reversing the "
         "concatenated blocks of every group once (vLLM 0.34's Scheduler._drain_deferred_frees), "
         "not each group tail first", bug="docs/bugs.md #11", configs=("deferred",))

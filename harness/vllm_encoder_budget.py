@@ -1,4 +1,4 @@
-"""Multimodal inputs on vLLM's own Scheduler: an encoder budget and cache that never bind.
+"""Multimodal inputs on vLLM's own Scheduler: the config's encoder budget and encoder cache.
 
 vLLM's Scheduler schedules a request's encoder inputs (`mm_features`) beside its tokens, each
 step against an encoder compute budget (`max_num_encoder_input_tokens`) and an encoder cache
@@ -7,12 +7,21 @@ step against an encoder compute budget (`max_num_encoder_input_tokens`) and an e
 `vllm-scheduler` builds is a text model, so both are 0 and no encoder input could run.
 
 The adapter sets both after the Scheduler is built, as vLLM's own tests do
-(`tests/v1/core/test_scheduler.py:897-898` in the 0.34.0 sdist), to a size no trace can fill:
-every multimodal input a trace holds at once fits (`max_model_len` embeddings per request, for
-the most requests a trace adds). `_try_schedule_encoder_inputs` (`scheduler.py:2066`) then
-schedules every input a chunk overlaps and never cuts the chunk, which is what kvfuzz's
-driver models (it has no encoder budget): the comparison covers the multimodal keys, hits
-and chunks, and leaves a binding encoder budget undriven (docs/vllm.md, "Not driven yet").
+(`tests/v1/core/test_scheduler.py:897-898` in the 0.34.0 sdist), to the config's
+`scheduler.encoder_budget` and `scheduler.encoder_cache_size` (docs/spec.md §7.2), which
+kvfuzz's driver and the model keep too. One left unset gets a size no trace can fill: every
+input a trace holds at once fits (the largest size a trace may give, for the most requests a
+trace adds). vLLM itself raises both to at least the model's largest input
+(`compute_mm_encoder_budget`, `encoder_cache_manager.py:369-374`); set here, an input larger
+than either never runs, on all three sides alike.
+
+An encoder-decoder config (a `cross` group) is built as vLLM's own tests build one
+(`_create_encoder_decoder_scheduler`, `tests/v1/core/test_scheduler.py:7027-7114`): the
+Scheduler is built for the text stand-in, then made encoder-decoder (`is_encoder_decoder`, an
+`EncoderDecoderCacheManager`), and each request's `num_encoder_tokens` becomes its one encoder
+input, at offset 0 (`encoder_input`). vLLM then schedules that input with the request's first
+chunk from 0 computed tokens and gives `allocate_slots` its length as `num_encoder_tokens`
+(`scheduler.py:1470-1480`), which is what kvfuzz's driver passes on every admission.
 """
 
 from __future__ import annotations
@@ -20,13 +29,33 @@ from __future__ import annotations
 from typing import Any
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.limits import MAX_REQUESTS
+from kvfuzz.core.limits import MAX_REQUESTS, MAX_SIZE
+from kvfuzz.core.trace import Op
 
 
-def unbounded_encoder(scheduler: Any, config: Config) -> None:
-    """Give `scheduler` an encoder budget and encoder cache no trace on `config` can fill."""
-    from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+def size_encoder(scheduler: Any, config: Config) -> None:
+    """Give `scheduler` the config's encoder budget and encoder cache (unset: unbounded); with
+    cross attention, make it encoder-decoder (unbounded: a cross config binds neither)."""
+    from vllm.v1.core import encoder_cache_manager as managers
 
-    size = config.max_model_len * MAX_REQUESTS
-    scheduler.max_num_encoder_input_tokens = size
-    scheduler.encoder_cache_manager = EncoderCacheManager(cache_size=size)
+    unbounded = MAX_SIZE * MAX_REQUESTS
+    s = config.scheduler
+    scheduler.max_num_encoder_input_tokens = s.encoder_budget or unbounded
+    manager = managers.EncoderCacheManager
+    if config.has_cross_attention:
+        scheduler.is_encoder_decoder = True
+        manager = managers.EncoderDecoderCacheManager
+    scheduler.encoder_cache_manager = manager(cache_size=s.encoder_cache_size or unbounded)
+
+
+def encoder_input(op: Op) -> list[Any]:
+    """An encoder-decoder request's encoder input: its `num_encoder_tokens` at offset 0, as
+    vLLM's multimodal feature (none for 0 tokens)."""
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    if not op["num_encoder_tokens"]:
+        return []
+    return [MultiModalFeatureSpec(data=None, modality="audio",
+                                  identifier=f"encoder-{op['request_id']}",
+                                  mm_position=PlaceholderRange(offset=0,
+                                                               length=op["num_encoder_tokens"]))]

@@ -170,6 +170,28 @@ def _padding_unverified(scheduler: Any) -> None:
     scheduler.schedule = schedule_
 
 
+def _encoder_budget_per_request(scheduler: Any) -> None:
+    """The encoder budget is not shared by a step's requests: `_try_schedule_encoder_inputs`
+    gives each request's multimodal inputs the whole budget."""
+    try_schedule = scheduler._try_schedule_encoder_inputs
+
+    def try_schedule_encoder_inputs(request: Any, num_computed_tokens: int,
+                                    num_new_tokens: int, budget: int, *args: Any,
+                                    **kwargs: Any) -> Any:
+        return try_schedule(request, num_computed_tokens, num_new_tokens,
+                            scheduler.max_num_encoder_input_tokens, *args, **kwargs)
+
+    scheduler._try_schedule_encoder_inputs = try_schedule_encoder_inputs
+
+
+def _encoder_input_skipped(scheduler: Any) -> None:
+    """An encoder-decoder request's encoder input is never scheduled, so its first chunk
+    allocates no cross-attention blocks (`num_encoder_tokens` 0)."""
+    scheduler._try_schedule_encoder_inputs = (
+        lambda request, computed, num_new_tokens, budget, *args, **kwargs:
+        ([], num_new_tokens, budget, [], []))
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -202,6 +224,11 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                              _drafts_not_published, ("fixed_drafts",)),
     "padding-unverified": ("a padded admission's placeholder drafts are not verified",
                            _padding_unverified, ("fixed_drafts",)),
+    "encoder-budget-per-request": ("each request's multimodal inputs get the whole encoder "
+                                   "budget of the step", _encoder_budget_per_request,
+                                   ("tenants",)),
+    "encoder-input-skipped": ("an encoder-decoder request's encoder input is never scheduled: "
+                              "no cross-attention blocks", _encoder_input_skipped, ("cross",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

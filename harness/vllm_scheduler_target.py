@@ -38,7 +38,7 @@ from kvfuzz.core.trace import Op
 from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.scheduler_driver import SchedulerDriver
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm, vllm_source
-from kvfuzz.harness.vllm_encoder_budget import unbounded_encoder
+from kvfuzz.harness.vllm_encoder_budget import encoder_input, size_encoder
 from kvfuzz.harness.vllm_scheduler_events import PublishedEvents, count_outputs, kv_events_config
 from kvfuzz.harness.vllm_target import (
     KNOWN_DEVIATIONS,
@@ -138,8 +138,14 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
     reasons = (
         (s.reserved_blocks > 0, "reserved_blocks (vLLM's Scheduler reserves only for async "
                                 "KV loads)"),
-        (any(g.kind in ("cross", "encoder_only") for g in config.groups),
-         "encoder layers (vLLM schedules encoder inputs from multimodal features)"),
+        (any(g.kind == "encoder_only" for g in config.groups),
+         "encoder-only layers (vLLM schedules a pooling model's encoder inputs from multimodal "
+         "features)"),
+        (config.has_cross_attention and (config.kv_connector or config.extra_keys or (
+            s.encoder_budget is not None or s.encoder_cache_size is not None)),
+         "cross attention beside a KV connector, multimodal inputs or an encoder bound (vLLM "
+         "schedules an encoder-decoder request's encoder input only at 0 computed tokens, from "
+         "its one multimodal feature)"),
         (bool(config.scheduler.num_speculative_tokens) and not async_scheduling,
          "scheduler.num_speculative_tokens on the synchronous Scheduler (its placeholder "
          "drafts are async scheduling's; the synchronous one takes a drafter's through "
@@ -320,7 +326,7 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
         )
     # The Mamba chunk split steps its stops down by a block with EAGLE, as the manager does.
     scheduler.use_eagle_block_drop = config.use_eagle
-    unbounded_encoder(scheduler, config)  # multimodal inputs (harness/vllm_encoder_budget.py)
+    size_encoder(scheduler, config)  # multimodal inputs (harness/vllm_encoder_budget.py)
     if config.kv_events:  # what it publishes is kept (harness/vllm_scheduler_events.py)
         scheduler.kv_event_publisher = PublishedEvents()
     return scheduler
@@ -705,6 +711,20 @@ class VllmSchedulerSide(VllmSide):
                 "loads KV only through a connector (docs/vllm.md, \"KV connectors on vLLM's "
                 "own Scheduler\")")
         super().require(name)
+
+    def router_chain(self, config: Config) -> Any:
+        """Not audited with cross attention: vLLM hashes an encoder-decoder request's blocks
+        with its encoder input's key, which no trace op names (caching is off there, so the
+        hashes are never looked up)."""
+        return None if config.has_cross_attention else super().router_chain(config)
+
+    def make_request(self, op: Op, arrival_time: float) -> Any:
+        """On a config with cross attention, a request's encoder tokens become the encoder
+        input vLLM's Scheduler schedules for an encoder-decoder model (`encoder_input`)."""
+        request = super().make_request(op, arrival_time)
+        if self.config.has_cross_attention:
+            request.mm_features.extend(encoder_input(op))
+        return request
 
     def _sampling_params(self, op: Op) -> tuple[dict[str, Any], bool]:
         """A bounded request asks for prompt logprobs (`harness/vllm_prompt_logprobs.py`)."""

@@ -19,6 +19,7 @@ from kvfuzz.kvcache.block_math import (
     get_mamba_prefill_checkpoint_position,
     is_mamba_prefill_checkpoint_valid,
 )
+from kvfuzz.kvcache.encoder_cache import EncoderCache, schedule_encoder_inputs
 from kvfuzz.kvcache.request import RequestStatus
 
 Policy = Literal["fcfs", "priority"]
@@ -84,6 +85,8 @@ class Scheduler:
         publish_after_output: bool = False,
         output_placeholders: bool = True,
         num_speculative_tokens: int = 0,
+        encoder_budget: int | None = None,
+        encoder_cache_size: int | None = None,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -138,6 +141,15 @@ class Scheduler:
         self.num_speculative_tokens = num_speculative_tokens
         self._prefilling: set[str] = set()
         """Requests whose last scheduled chunk did not sample (vLLM's `is_prefill_chunk`)."""
+        # Multimodal inputs: an encoder budget per step and an encoder cache (§7.2); with
+        # neither bounded, encoder inputs never cut a chunk and are not tracked.
+        self.encoder_budget = encoder_budget
+        self.encoder_cache = (None if encoder_budget is None and encoder_cache_size is None
+                              else EncoderCache(encoder_cache_size))
+        self._encoder_left = encoder_budget
+        """The step's encoder budget left."""
+        self._encoded: dict[str, int] = {}
+        """Request id -> the encoder embeddings this step computes for it."""
         # A chunk stops at the junction itself where the manager registers the state there
         # (vLLM's Scheduler reads the same predicate off its manager, under sub-block hits).
         coordinator = kv_cache_manager.coordinator
@@ -392,7 +404,9 @@ class Scheduler:
 
     def _free(self, request: Any) -> None:
         """Free the request's blocks, or, while a step that read them is in flight, pop them
-        and keep them held until the newest step launched so far completes."""
+        and keep them held until the newest step launched so far completes. Its encoder cache
+        entries are released at once (§7.2)."""
+        self._release_encoder_inputs(request)
         if self._last_read.get(request.request_id, 0) <= self._completed:
             self.manager.free(request)
             return
@@ -419,10 +433,27 @@ class Scheduler:
             runs = self._deferred.popleft()[1]
             self._release(runs)
             released += [b.block_id for run in runs for b in run]
-        for request, drafts in held.samples:
-            if not RequestStatus.is_finished(request.status):
-                self._take_output(request, drafts, held)
+        samples = {request.request_id: drafts for request, drafts in held.samples}
+        for request_id, _ in scheduled:
+            request = self._requests[request_id]
+            if RequestStatus.is_finished(request.status):
+                continue
+            self._release_encoded(request)
+            if request_id in samples:
+                self._take_output(request, samples[request_id], held)
         return released
+
+    def _release_encoder_inputs(self, request: Any) -> None:
+        """Every encoder cache reference the request holds goes (§7.2)."""
+        if self.encoder_cache is not None:
+            self.encoder_cache.release_all(request)
+
+    def _release_encoded(self, request: Any) -> None:
+        """After a step's output: the request's encoder inputs that end by its computed tokens
+        less those its steps in flight will still append (§7.2)."""
+        if self.encoder_cache is not None:
+            self.encoder_cache.release_computed(
+                request, request.num_computed_tokens - self._placeholders.get(request.request_id, 0))
 
     def _take_output(self, request: Any, drafts: list[int], held: _HeldOutput) -> None:
         """A step in flight's output for `request` arrives (vLLM's `update_from_output` under
@@ -548,6 +579,8 @@ class Scheduler:
         manager.new_step_starts()
         self.sync_loaded = {}
         budget = self.token_budget
+        self._encoder_left = self.encoder_budget
+        self._encoded = {}
         scheduled: list[tuple[Any, int, int]] = []
         verified: dict[str, list[int]] = {}
         """Request id -> the drafts this step scheduled for it."""
@@ -573,6 +606,10 @@ class Scheduler:
             )
             if num_new_tokens > 0 and self.mamba_block_aligned_split:
                 num_new_tokens = self._mamba_aligned(request, num_new_tokens, 0)
+            encoder = None
+            if num_new_tokens > 0:
+                num_new_tokens, encoder = self._encoder_inputs(
+                    request, request.num_computed_tokens, num_new_tokens)
             if self.num_prefill_lookahead:
                 num_new_tokens = reserve_prefill_lookahead(
                     request.num_tokens, request.num_computed_tokens, num_new_tokens,
@@ -603,6 +640,8 @@ class Scheduler:
                         if entry[0] is victim:
                             scheduled.remove(entry)
                             budget += entry[1]
+                            if self._encoder_left is not None:
+                                self._encoder_left += self._encoded.pop(victim.request_id, 0)
                             break
                 verified.pop(victim.request_id, None)
                 self._preempt(victim)
@@ -615,6 +654,7 @@ class Scheduler:
                     continue
                 break
             scheduled.append((request, num_new_tokens, 0))
+            self._take_encoder_inputs(request, encoder)
             if request.spec_token_ids:
                 verified[request.request_id] = request.spec_token_ids[
                     :max(request.num_computed_tokens + num_new_tokens - request.num_tokens
@@ -656,6 +696,8 @@ class Scheduler:
                 continue
             request.num_computed_tokens += num_new_tokens
             pending = self._placeholders.get(request.request_id, 0)
+            if held is None:
+                self._release_encoded(request)
             if request.num_computed_tokens < request.num_tokens + pending:
                 self._prefilling.add(request.request_id)
                 continue
@@ -774,13 +816,19 @@ class Scheduler:
                     break
                 if padded and num_new_tokens != padded:
                     num_new_tokens, padded = 1, 0  # the padding is dropped, not shortened
+            start = request.num_computed_tokens + num_hit_tokens
+            num_new_tokens, encoder = self._encoder_inputs(request, start, num_new_tokens)
             if self.num_prefill_lookahead:
                 num_new_tokens = reserve_prefill_lookahead(
-                    request.num_tokens, request.num_computed_tokens + num_hit_tokens,
-                    num_new_tokens, self.num_prefill_lookahead)
-                if num_new_tokens == 0:
-                    i += 1  # it keeps its place; the requests behind it may be admitted
-                    continue
+                    request.num_tokens, start, num_new_tokens, self.num_prefill_lookahead)
+            if encoder is not None and not self.chunked_prefill and (
+                    0 < num_new_tokens < request.num_tokens - start):
+                # Without chunked prefill the encoder may not split the prompt (§7.2).
+                self._release_encoder_inputs(request)
+                num_new_tokens = 0
+            if num_new_tokens == 0:
+                i += 1  # it keeps its place; the requests behind it may be admitted
+                continue
             new_blocks = manager.allocate_slots(
                 request,
                 num_new_tokens,
@@ -795,6 +843,7 @@ class Scheduler:
                 has_scheduled_reqs=bool(self._running),
             )
             if new_blocks is None:
+                self._release_encoder_inputs(request)
                 break
             del self._waiting[i]
             self._holders.pop(request.request_id, None)
@@ -811,6 +860,7 @@ class Scheduler:
             scheduled.append((request, num_new_tokens, num_local_tokens))
             if padded:
                 verified[request.request_id] = [PLACEHOLDER] * self.num_speculative_tokens
+            self._take_encoder_inputs(request, encoder)
             budget -= num_new_tokens
 
     def _pads(self, start: int, num_new_tokens: int, may: bool) -> int:
@@ -822,6 +872,35 @@ class Scheduler:
                 and start + padded + 1 <= self.max_model_len):
             return padded
         return 0
+
+    def _encoder_inputs(self, request: Any, start: int, num_new_tokens: int
+                        ) -> tuple[int, tuple[list[int], list[int], int] | None]:
+        """A chunk from `start` cut where the step's encoder budget or the encoder cache
+        cannot take a multimodal input (§7.2): (its tokens, (the inputs to compute, repeated
+        identifiers, embeddings) to take if it is scheduled; None without encoder inputs)."""
+        if self.encoder_cache is None or not request.mm_features:
+            return num_new_tokens, None
+        num_new_tokens, compute, repeats, spent = schedule_encoder_inputs(
+            self.encoder_cache, request, start, num_new_tokens, self._encoder_left,
+            self.num_prefill_lookahead)
+        return num_new_tokens, (compute, repeats, spent)
+
+    def _take_encoder_inputs(self, request: Any,
+                             encoder: tuple[list[int], list[int], int] | None) -> None:
+        """A scheduled chunk's encoder inputs: computed ones take the budget and their cache
+        room, repeated identifiers reference them."""
+        if encoder is None:
+            return
+        compute, repeats, spent = encoder
+        if compute and self._encoder_left is not None:
+            self._encoder_left -= spent
+            self._encoded[request.request_id] = spent
+        cache = self.encoder_cache
+        assert cache is not None  # `encoder` comes from `_encoder_inputs`, which needs it
+        for index in compute:
+            cache.store(request, index)
+        for index in repeats:
+            cache.hit(request, index)
 
     def _mamba_aligned(self, request: Any, num_new_tokens: int, num_hit_tokens: int) -> int:
         """`mamba_block_aligned_split` with this manager's block sizes and this budget."""

@@ -6,6 +6,7 @@ from typing import Any
 
 from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.reference_model.caching import checkpoint_exportable, state_checkpoint
+from kvfuzz.reference_model.encoder import EncoderCache, encoder_chunk, inputs_of
 from kvfuzz.reference_model.layout import cdiv
 from kvfuzz.reference_model.manager import Manager
 from kvfuzz.reference_model.requests import Request
@@ -43,9 +44,11 @@ class Driver:
         (request id, tokens) it scheduled)."""
         self.in_flight_tokens: list[list[tuple[Request, int]]] = []
         """Per step in flight: the tokens it scheduled, per request."""
-        self.outputs: list[tuple[int, int, int | None, list[tuple[Request, list[int]]]]] = []
-        """Per step in flight: its sample, draft and accept, and the requests it samples for
-        (with the drafts it verified), whose tokens arrive when it completes."""
+        self.outputs: list[tuple[int, int, int | None, list[tuple[Request, list[int]]],
+                                 list[Request]]] = []
+        """Per step in flight: its sample, draft and accept, the requests it samples for
+        (with the drafts it verified), whose tokens arrive when it completes, and every
+        request it scheduled, in order."""
         self.placeholders: dict[str, int] = {}
         """Request id -> the tokens its steps in flight will append."""
         self.deferred: list[tuple[int, list[list[int]]]] = []
@@ -57,6 +60,12 @@ class Driver:
         self.publishes = self.states and manager.layout.caching
         """§7: with state groups and caching on, a request that samples caches its settled
         tokens after the output (under hash lookahead, the block its new token completes)."""
+        bounded = self.cfg.encoder_budget is not None or self.cfg.encoder_cache_size is not None
+        self.encoder = EncoderCache(self.cfg.encoder_cache_size) if bounded else None
+        """§7.2: multimodal inputs against an encoder budget and cache (None: neither bound)."""
+        self.encoder_left = self.cfg.encoder_budget
+        self.encoded: dict[str, int] = {}
+        """Request id -> the embeddings this step encodes for it."""
         self.waits = self.cfg.in_flight_sampling == "wait"
         """§7.1: a request whose sampling step is in flight waits for its output (no
         placeholders): it is given no tokens meanwhile."""
@@ -123,7 +132,9 @@ class Driver:
 
     def free(self, req: Request) -> None:
         """docs/spec.md §7.1: free now, unless a step that read the request's blocks is still
-        in flight: then pop them, held, until the newest step launched so far completes."""
+        in flight: then pop them, held, until the newest step launched so far completes.
+        §7.2: its encoder cache references go at once."""
+        self._drop_encoder_inputs(req)
         if self.last_read.get(req.request_id, 0) <= self.completed:
             self.manager.free(req.request_id)
             return
@@ -150,10 +161,15 @@ class Driver:
                     self.manager.state.deferred.remove(b)
                 self.manager.state.release(run[::-1])
                 released += run
-        sample, draft, accept, samples = self.outputs.pop(0)
-        for r, drafts in samples:
+        sample, draft, accept, samples, order = self.outputs.pop(0)
+        verdicts = {r.request_id: drafts for r, drafts in samples}
+        for r in order:
             if r.is_finished:  # aborted meanwhile (never preempted: a step in flight reads it)
                 continue
+            self._encoded_done(r)
+            if r.request_id not in verdicts:
+                continue
+            drafts = verdicts[r.request_id]
             self.placeholders[r.request_id] -= len(drafts) + 1
             self._sample(r, sample, drafts, accept)
             # Its blocks are cached up to its settled tokens once the output is in (without
@@ -345,6 +361,8 @@ class Driver:
         mgr.new_step_starts()
         la = cfg.num_lookahead_tokens
         budget = cfg.token_budget
+        self.encoder_left = cfg.encoder_budget
+        self.encoded = {}
         scheduled: list[tuple[Request, int, int]] = []
         preempted: list[str] = []
         failing: dict[str, tuple[int, int]] = {}
@@ -368,6 +386,9 @@ class Driver:
                     M - r.num_computed_tokens - 1)
             if n > 0 and self.aligned:
                 n = self.state_aligned(r, n, 0)
+            enc = None
+            if n > 0:
+                n, enc = self._encoder_cut(r, r.num_computed_tokens, n)
             n = self._short_of_lookahead(r, r.num_computed_tokens, n)
             if n <= 0:
                 i += 1
@@ -387,6 +408,8 @@ class Driver:
                     if entry[0] is victim:
                         scheduled.remove(entry)
                         budget += entry[1]
+                        if self.encoder_left is not None:
+                            self.encoder_left += self.encoded.pop(victim.request_id, 0)
                         break
                 verified.pop(victim.request_id, None)
                 self._preempt(victim)
@@ -398,6 +421,7 @@ class Driver:
                     continue  # r preempted itself: the next (at index i now) may fit
                 break
             scheduled.append((r, n, 0))
+            self._encode(r, enc)
             if r.spec:  # the drafts that fit are verified; new ones come after the step
                 verified[r.request_id] = r.spec[
                     :max(r.num_computed_tokens + n - r.num_tokens - pending, 0)]
@@ -437,8 +461,12 @@ class Driver:
                         break
                     if pad and n != 1 + self.fixed:
                         n, pad = 1, False
-                n = self._short_of_lookahead(r, r.num_computed_tokens + hit, n)
-                if n == 0:  # §5.7: passed over, it keeps its place
+                n, enc = self._encoder_cut(r, start, n)
+                n = self._short_of_lookahead(r, start, n)
+                if enc is not None and not cfg.chunked_prefill and 0 < n < r.num_tokens - start:
+                    self._drop_encoder_inputs(r)  # §7.2: no split
+                    n = 0
+                if n == 0:  # §5.7, §7.2: passed over, it keeps its place
                     w += 1
                     continue
                 blocks = mgr.allocate_slots(
@@ -454,6 +482,7 @@ class Driver:
                     external=external,
                 )
                 if blocks is None:
+                    self._drop_encoder_inputs(r)
                     break
                 self.sync_offers.pop(r.request_id, None)
                 valid = self.sync_valid.pop(r.request_id, None)
@@ -467,6 +496,7 @@ class Driver:
                 scheduled.append((r, n, local))
                 if pad:
                     verified[r.request_id] = [None] * self.fixed
+                self._encode(r, enc)
                 budget -= n
 
         # 4. Step end.
@@ -499,7 +529,7 @@ class Driver:
         sampled: list[Request] = []
         held: list[tuple[Request, list[int]]] = []
         if in_flight and scheduled:
-            self.outputs.append((sample, draft, accept, held))
+            self.outputs.append((sample, draft, accept, held, [r for r, _, _ in scheduled]))
         if failing and in_flight:
             raise InvalidTrace("step {in_flight: true} admits a synchronous load that fails "
                                f"({sorted(failing)}): its report is modeled only in the output "
@@ -512,6 +542,8 @@ class Driver:
                 continue
             r.num_computed_tokens += n
             pending = self.placeholders.get(r.request_id, 0)
+            if not in_flight:
+                self._encoded_done(r)
             if r.num_computed_tokens < r.num_tokens + pending:
                 self.prefilling.add(r.request_id)
             else:
@@ -579,6 +611,39 @@ class Driver:
         if self.cfg.kv_load_failure_policy == "fail":
             self.manager.evict_blocks(evict)
         return affected
+
+    def _encoder_cut(self, r: Request, start: int, n: int
+                     ) -> tuple[int, tuple[list[int], list[int], int] | None]:
+        """§7.2: n cut where the step's encoder budget or the cache refuses an input of r."""
+        if self.encoder is None or not inputs_of(r):
+            return n, None
+        n, computed, riding, spent = encoder_chunk(
+            self.encoder, r, start, n, self.encoder_left, self.manager.layout.prefill_lookahead)
+        return n, (computed, riding, spent)
+
+    def _encode(self, r: Request, enc: tuple[list[int], list[int], int] | None) -> None:
+        """§7.2: r is scheduled: its inputs are encoded and cached, repeats referenced."""
+        if enc is None:
+            return
+        computed, riding, spent = enc
+        assert self.encoder is not None
+        if computed and self.encoder_left is not None:
+            self.encoder_left -= spent
+            self.encoded[r.request_id] = spent
+        for k in computed:
+            self.encoder.add(r, k)
+        for k in riding:
+            self.encoder.lookup(r, k)
+
+    def _drop_encoder_inputs(self, r: Request) -> None:
+        """§7.2: r lets go of every encoder cache entry it references."""
+        if self.encoder is not None:
+            self.encoder.drop_all(r)
+
+    def _encoded_done(self, r: Request) -> None:
+        """§7.2: after a step's output, r's inputs that end by its settled tokens are let go."""
+        if self.encoder is not None:
+            self.encoder.drop_done(r, r.num_computed_tokens - self.placeholders.get(r.request_id, 0))
 
     def _sample(self, r: Request, sample: int, drafts: list[int], accept: int | None) -> None:
         """The step's verdict on `r`: the first `accept` drafts (None: all) are kept, the rest

@@ -76,6 +76,7 @@ EXPECTED = {
     "inflight-freed-at-once": {"IF1", "DIFF-state"},
     "inflight-fence-one-late": {"IF2", "DIFF-state"},
     "inflight-drain-whole-list": {"DIFF-state"},
+    "encoder-budget-per-request": {"DIFF-result", "DIFF-state"},
     "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
     "lookahead-unhashed": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "reprefillable-cached": {"DIFF-state", "DIFF-result", "DIFF-probe"},

@@ -121,7 +121,8 @@ def test_multimodal_inputs_run_three_way_with_an_encoder_budget_that_never_binds
     that overlaps an input is not cut, and a request whose input differs hits only the
     blocks before it."""
     config = BUILTIN["tenants"][1]
-    config = config.replace(scheduler=dataclasses.replace(config.scheduler, token_budget=8))
+    config = config.replace(scheduler=dataclasses.replace(
+        config.scheduler, token_budget=8, encoder_budget=None, encoder_cache_size=None))
     ex = Execution(config, "scheduler", THREE_WAY)
     prompt = list(range(16))
     ex.apply(_add("a", prompt, mm_inputs=[[1, 4, 8]], max_tokens=1))
@@ -135,6 +136,47 @@ def test_multimodal_inputs_run_three_way_with_an_encoder_budget_that_never_binds
     block = config.scheduler_block_size
     assert hits["same"] > hits["other"] and hits["other"] <= 4 // block * block
     for i in range(4):
+        ex.apply({"op": "step", "sample": i})
+
+
+def test_an_encoder_decoder_config_runs_three_way():
+    """`cross`: vLLM's Scheduler made encoder-decoder (as its own tests make one) schedules each
+    request's encoder input (its `num_encoder_tokens` at offset 0) with its first chunk and
+    allocates the cross-attention blocks then; a preempted request's are freed and allocated
+    again at its readmission; a request without encoder tokens gets none: three-way."""
+    ex = Execution(BUILTIN["cross"][1].replace(num_blocks=12), "scheduler", THREE_WAY)
+    ex.apply(_add("a", list(range(6)), num_encoder_tokens=10, max_tokens=3))
+    ex.apply(_add("b", list(range(20, 60)), num_encoder_tokens=7, max_tokens=3))
+    ex.apply(_add("c", list(range(9)), max_tokens=2))
+    scheduler = ex.targets[1].side.vllm_scheduler
+    assert scheduler.is_encoder_decoder
+    outcomes = [ex.apply({"op": "step", "sample": i}) for i in range(8)]
+    assert outcomes[0]["scheduled"] == [["a", 6, 0]]
+    cross = scheduler.kv_cache_manager.coordinator.single_type_managers[1]
+    assert ["b"] in [out["preempted"] for out in outcomes]
+    assert len(cross.req_to_blocks["b"]) == 2  # cdiv(7, 4), after its readmission
+    ex.apply({"op": "abort", "request_id": "b"})
+    ex.apply({"op": "step"})
+    assert not cross.req_to_blocks.get("c")
+
+
+def test_an_encoder_budget_and_cache_that_bind_cut_chunks_as_the_driver_does():
+    """`tenants`' encoder budget (3 embeddings a step) and encoder cache (4) reach vLLM's
+    Scheduler (`max_num_encoder_input_tokens`, `EncoderCacheManager`), three-way: a's input 0
+    (2) leaves 1 of the budget, so a's chunk stops before its input 1 (3) and b's before its
+    own; after the step the entry of a's input 0 turns evictable; the next step evicts it for
+    input 1, which b then hits (docs/spec.md §7.2)."""
+    config = BUILTIN["tenants"][1]
+    config = config.replace(scheduler=dataclasses.replace(config.scheduler, token_budget=16))
+    ex = Execution(config, "scheduler", THREE_WAY)
+    ex.apply(_add("a", list(range(12)), mm_inputs=[[0, 2, 2], [1, 6, 3]], max_tokens=2))
+    ex.apply(_add("b", list(range(20, 32)), mm_inputs=[[1, 1, 3]], max_tokens=2))
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 6, 0], ["b", 1, 0]]
+    cache = ex.targets[1].side.vllm_scheduler.encoder_cache_manager
+    assert list(cache.freeable) == ["mm-0"] and cache.num_free_slots == 2
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 6, 0], ["b", 10, 0]]
+    assert cache.cached.keys() == {"mm-1"} and list(cache.freeable) == ["mm-1"]
+    for i in range(3):
         ex.apply({"op": "step", "sample": i})
 
 
@@ -605,12 +647,62 @@ for _name in CONFIGS:
     ("in-flight-sample-rescheduled", "deferred_connector", "DIFF-result"),
     ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
     ("encoder-never-fits", "tenants", "DIFF-result"),
+    ("encoder-input-skipped", "cross", "DIFF-probe"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
                    "--config", config, "--examples", "60", "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
     assert [p.name for p in tmp_path.glob(f"{check}-{config}-*.json")]
+
+
+def test_the_plant_that_gives_each_request_the_whole_encoder_budget_is_caught():
+    """`encoder-budget-per-request` needs two requests' new inputs in one step over the budget,
+    which a campaign meets later (docs/vllm.md, the plants' table): this trace has them. a's
+    inputs spend 2 of the 3; b's input 1 (3) then fits only the plant's whole budget."""
+    config = BUILTIN["tenants"][1]
+    config = config.replace(scheduler=dataclasses.replace(
+        config.scheduler, token_budget=16, encoder_cache_size=None))
+    trace = Trace(level="scheduler", config=config, ops=[
+        _add("a", list(range(12)), mm_inputs=[[0, 2, 2], [1, 6, 3]], max_tokens=2),
+        _add("b", list(range(20, 32)), mm_inputs=[[1, 1, 3]], max_tokens=2), {"op": "step"}])
+    assert run_trace(trace, ("vllm-scheduler",)).passed
+    finding = run_trace(trace, ("vllm-scheduler-bug:encoder-budget-per-request",)).finding
+    assert finding is not None and finding.check == "DIFF-result", finding
+
+
+def test_an_encoder_entry_of_a_request_preempted_after_it_was_scheduled_is_hit_uncomputed():
+    """docs/findings/hazards.md, "An encoder output no step computed": under priority, a's third
+    input (identifier 2) is allocated in the encoder cache when a is scheduled in step 3, then
+    b's shortage preempts a; the step's encoder inputs drop a's, the entry stays cached. In
+    step 4, c names identifier 2: a hit, so no step ever encodes it. Three-way (kvfuzz's driver
+    and the model keep vLLM's rule, so no comparison sees it)."""
+    from kvfuzz.core.config import SchedulerConfig
+
+    config = BUILTIN["tenants"][1].replace(num_blocks=8, scheduler=SchedulerConfig(
+        policy="priority", token_budget=16, encoder_budget=3))
+    ex = Execution(config, "scheduler", THREE_WAY)
+    scheduler = ex.targets[1].side.vllm_scheduler
+    encoded: list[dict[str, list[int]]] = []
+    schedule = scheduler.schedule
+
+    def recording_schedule() -> Any:
+        output = schedule()
+        encoded.append(dict(output.scheduled_encoder_inputs))
+        return output
+
+    scheduler.schedule = recording_schedule
+    ex.apply(_add("a", list(range(24)), priority=1, max_tokens=4,
+                  mm_inputs=[[0, 8, 2], [1, 12, 3], [2, 18, 3]]))
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 12, 0]]  # cut before input 1
+    ex.apply(_add("b", [50, 51, 52, 53], priority=0, max_tokens=8))
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 6, 0], ["b", 4, 0]]
+    assert ex.apply({"op": "step"}) == {"scheduled": [["b", 1, 0]], "preempted": ["a"],
+                                        "finished": [], "copies": []}
+    assert "mm-2" in scheduler.encoder_cache_manager.cached  # allocated, never computed
+    ex.apply(_add("c", [60, 61, 62, 63, 64], priority=0, max_tokens=1, mm_inputs=[[2, 0, 3]]))
+    assert ex.apply({"op": "step"})["scheduled"] == [["b", 1, 0], ["c", 5, 0]]
+    assert encoded == [{"a": [0]}, {"a": [1]}, {}, {}]  # identifier 2: never encoded
 
 
 # ----- scheduler-level findings, replayed on vLLM's own Scheduler -----
