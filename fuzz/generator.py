@@ -60,6 +60,12 @@ DATA_CHECKS = "kvfuzz.properties.data"
 """The module of the data checks (`--data`), which do not model the states of drafts."""
 MAX_DRAFTS = 4
 """Drafts a request proposes per step, at most."""
+MAX_BURST = 3
+"""Requests that arrive together at most (`SchedulerRules.add_request`)."""
+MAX_OUTPUTS = 16
+"""A scheduler-level request's `max_tokens` at most. With one arrival per rule and at most 6
+outputs, requests overlapped little: the pool ran dry in 7 % of `watermark`'s scheduler
+examples and 2 % of `chunked_local`'s (13 % and 8 % with bursts and 16; docs/mutation.md)."""
 MAX_STEPS_IN_FLIGHT = 2
 """As vLLM's async scheduling keeps at most two batches in flight."""
 
@@ -415,7 +421,7 @@ class SchedulerRules(Rules):
              "step_in_flight", "complete_step", "step_spec", "take_events", "reset_prefix_cache")
     """Two step rules: steps dominate the runs."""
     CORE = frozenset({"add_request", "step", "step_again"})
-    KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load", "sync_load")
+    KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load", "sync_load", "burst")
     max_requests = 10
 
     @classmethod
@@ -497,11 +503,17 @@ class SchedulerRules(Rules):
         self.apply(op="finish_load", request_id=rid, num_loaded_tokens=loaded)
 
     def add_request(self) -> None:
+        """One request, or a burst of up to MAX_BURST arriving together (knob `burst`), each
+        generating up to MAX_OUTPUTS tokens: requests then overlap enough that the pool runs
+        dry, admissions meet the watermark and running requests are preempted."""
         c = self.choices
-        self.new_request(
-            priority=self.knob("priority", lambda: between(c, 0, 2), 0),
-            max_tokens=self.knob("max_tokens", lambda: between(c, 1, 6), 4),
-        )
+        for _ in range(self.knob("burst", lambda: between(c, 1, MAX_BURST), 1)):
+            if not self.can_add():
+                break
+            self.new_request(
+                priority=self.knob("priority", lambda: between(c, 0, 2), 0),
+                max_tokens=self.knob("max_tokens", lambda: between(c, 1, MAX_OUTPUTS), 4),
+            )
 
     def step(self) -> None:
         self.apply(op="step", sample=self.choices.below(TOKEN_VOCAB))

@@ -11,7 +11,8 @@ from dataclasses import replace
 from kvfuzz.core.configs import builtin_config
 from kvfuzz.fuzz.campaign import (FOCUS_WEIGHT, GROWTH_GAIN, Campaign, CampaignOptions,
                                   campaign_pairs, pair_weight)
-from kvfuzz.fuzz.generator import ApiRules, SchedulerRules, Swarm, focus_features, run_example
+from kvfuzz.fuzz.generator import (MAX_BURST, MAX_OUTPUTS, ApiRules, SchedulerRules, Swarm,
+                                   focus_features, run_example)
 from kvfuzz.fuzz.strategies import SPECULATIVE_BLOCKS, BytesChoices, vary_config
 from kvfuzz.harness.executor import Execution, run_trace
 
@@ -203,3 +204,17 @@ def test_multimodal_inputs_reach_block_boundaries_and_follow_each_other():
     pairs = [inputs for inputs in drawn if len(inputs) == 2]
     assert any(b[1] == a[1] + a[2] and b[1] % 4 for a, b in pairs)
     assert any(b[1] > a[1] + a[2] and b[1] % 4 == 0 for a, b in pairs)
+
+
+def test_scheduler_requests_arrive_in_bursts_with_long_outputs():
+    """One `add_request` rule may add up to MAX_BURST requests at once (its first decision), each
+    generating up to MAX_OUTPUTS tokens: enough overlap for the pool to run dry at the scheduler
+    level (docs/mutation.md, the default-budget survivors)."""
+    execution = Execution(builtin_config("watermark"), "scheduler", ("kvcache",))
+    rules = SchedulerRules(execution, BytesChoices(bytes([MAX_BURST - 1]) + _bytes(0)))
+    rules.add_request()
+    assert [op["op"] for op in execution.trace.ops] == ["add_request"] * MAX_BURST
+    drawn = {op["max_tokens"] for seed in range(20)
+             for op in _example(_bytes(seed, 4096), "scheduler", "watermark").trace.ops
+             if op["op"] == "add_request"}
+    assert max(drawn) > 6 and max(drawn) <= MAX_OUTPUTS
