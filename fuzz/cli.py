@@ -491,7 +491,8 @@ def _buildable(target: str, tolerance: Any, names: tuple[str, ...],
         return get_target(spec).build(config, "api") if isinstance(spec, str) \
             else spec(config, "api")
 
-    return probe_configs(build, names, lambda n: files.get(n) or builtin_config(n),
+    engine = get_target(target).engine_config  # as the campaign runs a built-in config
+    return probe_configs(build, names, lambda n: files.get(n) or engine(builtin_config(n)),
                          named | set(files))
 
 

@@ -26,9 +26,10 @@ def test_a_killed_and_a_surviving_mutant_and_the_source_restored():
     # `(num_cached_blocks - 1) * scale - 1` files a registration's blocks under wrong keys.
     killed = next(m for m in found if m.line == first
                   and m.operator == "core/ReplaceBinaryOperator_Add_Sub")
-    # `type(blocks) == dict` is `type(blocks) is dict` (in a lookup): an equivalent mutant.
-    lookup = 1 + lines.index("                blocks = get(key)")
-    equivalent = next(m for m in found if m.line == lookup + 3
+    # `type(hashes) == BlockHashListWithBlockSize` is `type(hashes) is ...` (a type compares
+    # by identity; in a lookup): an equivalent mutant.
+    lookup = 1 + lines.index("        if type(block_hashes) is BlockHashListWithBlockSize:")
+    equivalent = next(m for m in found if m.line == lookup
                       and m.operator == "core/ReplaceComparisonOperator_Is_Eq")
     (factory,) = mutate.resolve("kvcache", ["kv_cache_coordinator.py"])
     gate = 1 + factory.read_text().splitlines().index("    if enable_partial_hash_hits and (")
@@ -45,7 +46,7 @@ def test_a_killed_and_a_surviving_mutant_and_the_source_restored():
     assert not path.with_name(path.name + mutate.BACKUP).exists()
     first, second, third = report.results
     assert first.outcome == mutate.KILLED and first.check, first
-    assert second.outcome == mutate.SURVIVED and "== dict" in second.diff, second
+    assert second.outcome == mutate.SURVIVED and "== BlockHashListWithBlockSize" in second.diff, second
     assert third.outcome == mutate.KILLED and third.check == mutate.ERROR, third
     assert "ValueError" in third.detail
     # A check of results or state saw the wrong keys; the unbuildable manager only raised.

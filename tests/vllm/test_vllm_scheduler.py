@@ -29,6 +29,8 @@ from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
 from kvfuzz.harness.vllm_scheduler_target import (
+    _goes_on_past_self_preemption,
+    _passes_over_encoder_blocked,
     _publishes_after_output,
     _stop_keeps_drafts_computed,
     _trim_stopped_drafts,
@@ -42,6 +44,14 @@ pytestmark = [
 ]
 
 FINDINGS = Path(__file__).resolve().parents[2] / "docs" / "findings"
+priority_rule = pytest.mark.skipif(
+    not _goes_on_past_self_preemption(),
+    reason="this vLLM's running loop stops at a request that preempted itself under priority "
+           "(0.32): the priority policy is left out (docs/vllm.md)")
+encoder_rule = pytest.mark.skipif(
+    not _passes_over_encoder_blocked(),
+    reason="this vLLM's waiting loop stops at a request whose encoder inputs it cannot take "
+           "(0.32): encoder bounds are left out (docs/vllm.md)")
 THREE_WAY = ("kvcache", "vllm-scheduler")
 CONFIGS = ("full", "hybrid", "partial_hits", "priority", "qwen3_5_align", "qwen3_5_checkpoint",
            "qwen3_next_eagle", "sliding_window", "mamba", "eagle")
@@ -67,6 +77,7 @@ def test_vllm_scheduler_preempts_admits_hits_and_finishes_as_the_driver_does():
     assert type(ex.targets[1].side.vllm_scheduler).__name__ == "Scheduler"
 
 
+@priority_rule
 def test_priority_preemption_and_aborts_on_vllm_scheduler():
     """The pool runs out while the more important request decodes: vLLM's Scheduler preempts
     the less important one (admitted later or not); aborting a running and a waiting request
@@ -160,6 +171,7 @@ def test_an_encoder_decoder_config_runs_three_way():
     assert not cross.req_to_blocks.get("c")
 
 
+@encoder_rule
 def test_an_encoder_budget_and_cache_that_bind_cut_chunks_as_the_driver_does():
     """`tenants`' encoder budget (3 embeddings a step) and encoder cache (4) reach vLLM's
     Scheduler (`max_num_encoder_input_tokens`, `EncoderCacheManager`), three-way: a's input 0
@@ -307,7 +319,8 @@ def test_the_fail_policy_fails_a_short_load_three_way():
         assert ex.state.requests["whole"].status.startswith("FINISHED")
 
 
-@pytest.mark.parametrize("policy, first", [("fcfs", "later"), ("priority", "low")])
+@pytest.mark.parametrize("policy, first", [("fcfs", "later"),
+                                           pytest.param("priority", "low", marks=priority_rule)])
 def test_landed_loads_wait_ahead_of_the_rest_in_load_start_order_three_way(policy, first):
     """vLLM 0.34's `kv_holding_waiting` (sched/scheduler.py:229-234, drained first at
     :1101): requests a load started for wait ahead of the others, in load start order (under
@@ -629,6 +642,8 @@ def test_the_block_a_sampled_token_completes_is_published_three_way():
 # ----- the state machines, three-way, over the shapes above -----
 
 for _name in CONFIGS:
+    if _name == "priority" and not _goes_on_past_self_preemption():
+        continue  # left out on this release (`priority_rule`)
     _machine = machine_for("scheduler", targets=THREE_WAY, allow_misuse=False,
                            config_names=(_name,), name=f"VllmSchedulerMachine_{_name}")
     globals()[f"Test{_machine.__name__}"] = _machine.TestCase
@@ -656,6 +671,7 @@ def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_pat
     assert [p.name for p in tmp_path.glob(f"{check}-{config}-*.json")]
 
 
+@encoder_rule
 def test_the_plant_that_gives_each_request_the_whole_encoder_budget_is_caught():
     """`encoder-budget-per-request` needs two requests' new inputs in one step over the budget,
     which a campaign meets later (docs/vllm.md, the plants' table): this trace has them. a's
@@ -671,6 +687,8 @@ def test_the_plant_that_gives_each_request_the_whole_encoder_budget_is_caught():
     assert finding is not None and finding.check == "DIFF-result", finding
 
 
+@priority_rule
+@encoder_rule
 def test_an_encoder_entry_of_a_request_preempted_after_it_was_scheduled_is_hit_uncomputed():
     """docs/findings/hazards.md, "An encoder output no step computed": under priority, a's third
     input (identifier 2) is allocated in the encoder cache when a is scheduled in step 3, then
@@ -709,7 +727,9 @@ def test_an_encoder_entry_of_a_request_preempted_after_it_was_scheduled_is_hit_u
 
 @pytest.mark.parametrize("name", ["020-checkpoint-chunk-keys-start-state",
                                   "021-junction-chunk-keys-start-state",
-                                  "hazard-preempted-after-scheduled", "hazard-same-step-copy",
+                                  pytest.param("hazard-preempted-after-scheduled",
+                                               marks=priority_rule),
+                                  "hazard-same-step-copy",
                                   "hazard-copy-of-a-copy"])
 def test_finding_is_reached_by_vllm_scheduler(name):
     """vLLM's own Scheduler issues the chunks and copies of these findings from valid requests:
