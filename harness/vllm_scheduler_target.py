@@ -112,10 +112,11 @@ def _publishes_after_output(async_scheduling: bool, mamba: bool) -> bool:
 def _passes_over_encoder_blocked() -> bool:
     """Whether this vLLM's waiting loop passes over a request whose encoder inputs its encoder
     budget or cache cannot take (0.33+: `skip_request`, as kvfuzz's driver does, docs/spec.md
-    §7.2) rather than stopping there (0.32: `break`); read from its source (unreadable: no)."""
+    §7.2) rather than stopping there (0.32: `break`); read from its source (without vLLM, as
+    an exported test assumes: yes)."""
     source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler.schedule")
     if source is None or "_try_schedule_encoder_inputs(" not in source:
-        return False
+        return source is None
     waiting = source.rsplit("_try_schedule_encoder_inputs(", 1)[1]
     stop = waiting.split("if num_new_tokens == 0:", 1)
     return len(stop) == 2 and "skip_request" in stop[1].split("\n\n", 1)[0]
@@ -125,9 +126,9 @@ def _goes_on_past_self_preemption() -> bool:
     """Whether this vLLM's running loop, under the priority policy, goes on to the requests
     after one that preempted itself (0.33+: `continue`, as kvfuzz's driver does) rather than
     stopping there (0.32: `break`, `scheduler.py:846-848` in 0.32.0); read from its source
-    (unreadable: no)."""
+    (without vLLM, as an exported test assumes: yes)."""
     source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler.schedule")
-    return source is not None and any(
+    return source is None or any(
         "RequestStatus.PREEMPTED" in block.split("\n\n", 1)[0]
         for block in source.split("if new_blocks is None:")[1:])
 
@@ -178,6 +179,10 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "the priority policy where vLLM's running loop stops at a request that preempted "
          "itself (0.32: `break`; kvfuzz's driver goes on to the higher-priority requests after "
          "it, as 0.33+)"),
+        (_encoder_bound(config) and async_scheduling,
+         "an encoder budget or cache under async scheduling (not settled: on a 4-op trace "
+         "AsyncScheduler schedules a request up to an input the driver holds back whole, "
+         "docs/vllm.md)"),
         (_encoder_bound(config) and not config.has_cross_attention
          and not _passes_over_encoder_blocked(),
          "an encoder budget or cache where vLLM's waiting loop stops at a request whose "
@@ -695,15 +700,17 @@ class VllmSchedulerSide(VllmSide):
     @classmethod
     def engine_config(cls, config: Config) -> Config:
         """`config` with the in-flight sampling rule this Scheduler follows, where steps stay
-        in flight (`deferred_frees`), and its encoder unbound where this release stops at a
-        request its encoder cannot take: what a campaign runs its built-in and generated
-        configs with (`harness.targets.TargetInfo.engine_config`)."""
+        in flight (`deferred_frees`), and its encoder unbound where a bound is not compared
+        (async scheduling; a release that stops at a request its encoder cannot take): what a
+        campaign runs its built-in and generated configs with
+        (`harness.targets.TargetInfo.engine_config`)."""
         rule = in_flight_sampling_rule(cls.async_scheduling)
         if config.deferred_frees and config.scheduler.in_flight_sampling != rule:
             config = config.replace(scheduler=dataclasses.replace(config.scheduler,
                                                                   in_flight_sampling=rule))
-        if _encoder_bound(config) and not _passes_over_encoder_blocked():
-            # 0.32 stops its waiting loop where the driver passes over: run encoders unbound.
+        if _encoder_bound(config) and (cls.async_scheduling
+                                       or not _passes_over_encoder_blocked()):
+            # Not compared there (`unsupported_reason`): run encoders unbound.
             config = config.replace(scheduler=dataclasses.replace(
                 config.scheduler, encoder_budget=None, encoder_cache_size=None))
         return config
