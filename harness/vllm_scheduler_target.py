@@ -134,6 +134,7 @@ def _goes_on_past_self_preemption() -> bool:
 
 
 def _encoder_bound(config: Config) -> bool:
+    """Whether `config` bounds the encoder budget or the encoder cache (docs/spec.md §7.2)."""
     return (config.scheduler.encoder_budget is not None
             or config.scheduler.encoder_cache_size is not None)
 
@@ -170,8 +171,8 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
         (any(g.kind == "encoder_only" for g in config.groups),
          "encoder-only layers (vLLM schedules a pooling model's encoder inputs from multimodal "
          "features)"),
-        (config.has_cross_attention and (config.kv_connector or config.extra_keys or (
-            s.encoder_budget is not None or s.encoder_cache_size is not None)),
+        (config.has_cross_attention and (config.kv_connector or config.extra_keys
+                                         or _encoder_bound(config)),
          "cross attention beside a KV connector, multimodal inputs or an encoder bound (vLLM "
          "schedules an encoder-decoder request's encoder input only at 0 computed tokens, from "
          "its one multimodal feature)"),
