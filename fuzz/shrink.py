@@ -4,7 +4,9 @@ Works on traces from any source (a Hypothesis run, atheris, another tool, an old
 candidates are replayed through the one executor, and a candidate counts only if it is a valid
 trace that fails the same way: the same check and the same `Finding.signature` (for a DIFF the
 op kind and the differing field, for a CRASH the exception type and place), so a shrink cannot
-slip into another, already known failure. Passes, repeated until none helps: shrink the config (fewer
+slip into another, already known failure; and a trace of valid use stays one (no op the model
+answers as API misuse, docs/traces.md), so a finding on a target that does not validate misuse
+(vLLM) cannot slip into a call it is free to take silently. Passes, repeated until none helps: shrink the config (fewer
 blocks, default driver knobs; a generated config, `kvfuzz.fuzz.config_space`, also loses
 groups and features), drop a whole request, drop chunks of ops (delta debugging,
 halving the chunk size), simplify single ops (shorter prompts and token lists, smaller counts,
@@ -59,6 +61,8 @@ class Shrinker:
         self.best: Trace | None = None
         self.best_finding: Finding | None = None
         self.attempts = 0
+        self.misuse = True
+        """Whether a candidate may make API-misuse calls: only where the trace to shrink does."""
         self.last: RunResult | None = None
         """The latest replay (`fails`)."""
         self.on_progress = on_progress
@@ -78,6 +82,8 @@ class Shrinker:
             return None
         found = self.last.finding
         if found is None or self.check not in (None, found.check):
+            return None
+        if self.last.misuse_ops and not self.misuse:
             return None
         if self.signature not in (None, found.signature):
             return None
@@ -104,6 +110,7 @@ class Shrinker:
         if finding is None:
             raise ValueError(self._why_not(self.last))
         self.check, self.signature = finding.check, finding.signature
+        self.misuse = self.last.misuse_ops > 0
         self.best, self.best_finding = finding.trace, finding
         changed = True
         while changed and not self._late():

@@ -404,10 +404,17 @@ class RunResult:
     ops_run: int
     finding: Finding | None = None
     invalid: InvalidTrace | None = None
+    misuse_ops: int = 0
+    """Ops, the failing one included, that the model answered as API misuse (docs/traces.md)."""
 
     @property
     def passed(self) -> bool:
         return self.finding is None and self.invalid is None
+
+
+def _misuse_ops(execution: Execution) -> int:
+    """The ops the model answered as API misuse (0 with the model off)."""
+    return getattr(execution.model, "misuse_ops", 0)
 
 
 def run_trace(
@@ -428,9 +435,9 @@ def run_trace(
         try:
             result = execution.apply(op)
         except Counterexample as exc:
-            return RunResult(i, finding=exc.finding)
+            return RunResult(i, finding=exc.finding, misuse_ops=_misuse_ops(execution))
         except InvalidTrace as exc:
-            return RunResult(i, invalid=exc)
+            return RunResult(i, invalid=exc, misuse_ops=_misuse_ops(execution))
         if on_step is not None:
             on_step(i, op, result)
-    return RunResult(len(trace.ops))
+    return RunResult(len(trace.ops), misuse_ops=_misuse_ops(execution))

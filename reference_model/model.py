@@ -67,6 +67,8 @@ class ReferenceModel:
         """Request id -> the fields of its last snapshot view and the view (reused while equal)."""
         self._cache_of: tuple[list[tuple[CacheKey, int]], dict[CacheKey, tuple[int, ...]]] = ([], {})
         """The cache entries the last snapshot reported, and the map made of them."""
+        self.misuse_ops = 0
+        """Ops answered as API misuse so far (docs/traces.md "API misuse")."""
 
     # ----- Side protocol -----
 
@@ -77,7 +79,9 @@ class ReferenceModel:
             raise InvalidTrace(f"op {name!r} is not a {self.level}-level op")
         self.manager.observations = Observations()
         try:
-            return getattr(self, f"_op_{name}")(op)
+            result = getattr(self, f"_op_{name}")(op)
+            self.misuse_ops += result is MISUSE
+            return result
         finally:
             if name not in ("get_computed_blocks", "add_request", "get_num_cached_tokens"):
                 self.lookups = {}  # a lookup dies at any other op

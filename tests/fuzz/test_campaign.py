@@ -357,3 +357,35 @@ def test_a_shrink_keeps_the_same_difference_and_does_not_slip_into_another():
     result = shrink_trace(Trace(config, "api", ops), [TwoDiffs], seconds=30)
     assert result.finding.signature == found.signature
     assert [op["op"] for op in result.trace.ops][-2:] == ["get_computed_blocks", "allocate_slots"]
+
+
+class LenientCacheBlocks(KvcacheSide):
+    """kvcache whose cache_blocks raises IndexError for a request holding blocks, and returns
+    None, as vLLM does, for one holding none (API misuse, which kvcache and the model refuse)."""
+
+    name = "lenient-cache-blocks"
+
+    def apply(self, op):
+        if op["op"] == "cache_blocks":
+            held = self.snapshot().requests[op["request_id"]].tables != (None,)
+            return {"error": "IndexError"} if held else None
+        return super().apply(op)
+
+
+def test_a_shrink_of_valid_use_does_not_slip_into_misuse_the_target_takes_silently():
+    config = BUILTIN["full"][1]
+    ops = [{"op": "add_request", "request_id": "r0", "prompt": list(range(1, 9))},
+           {"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 8},
+           {"op": "cache_blocks", "request_id": "r0"}]
+    found = run_trace(Trace(config, "api", ops), [LenientCacheBlocks]).finding
+    assert (found.check, found.signature) == ("DIFF-result", ("cache_blocks", "result"))
+    # Dropping the allocation fails the same way, but only as misuse: the model refuses it.
+    misuse = run_trace(Trace(config, "api", [ops[0], ops[2]]), [LenientCacheBlocks])
+    assert misuse.finding.signature == found.signature and misuse.misuse_ops == 1
+    result = shrink_trace(Trace(config, "api", ops), [LenientCacheBlocks], seconds=30)
+    assert [op["op"] for op in result.trace.ops] == ["add_request", "allocate_slots",
+                                                     "cache_blocks"]
+    assert run_trace(result.trace, [LenientCacheBlocks]).misuse_ops == 0
+    # A trace that is misuse to begin with still shrinks as one.
+    again = shrink_trace(Trace(config, "api", [ops[0], ops[2]]), [LenientCacheBlocks], seconds=30)
+    assert again.finding.signature == found.signature
