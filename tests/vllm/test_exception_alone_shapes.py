@@ -7,6 +7,7 @@ step where vLLM returns normally, once the mutant is written into vLLM 0.34.0.
 
 from __future__ import annotations
 
+from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.configs import builtin_config
 from kvfuzz.harness.executor import Execution
 from tests.vllm.test_worked_examples import _add, _alloc, sides  # noqa: F401 (the fixture)
@@ -63,3 +64,23 @@ def test_a_retention_segment_keeps_only_its_end_state(sides):
     view = ex.state.requests["a"]
     for g in (1, 2, 3):
         assert ex.state.block_keys[view.tables[g][4]] is None
+
+
+def test_a_connector_offer_past_a_sub_block_tail_drops_the_tail_block(sides):
+    """Full attention and a Mamba align group of block size 2, hashed per token, with a KV
+    connector: a prompt sharing 3 tokens with a finished one hits 3 (a sub-block tail of 1),
+    and an offer of 4 external tokens cuts the hit back to 2, so each group keeps only the
+    blocks below token 2. kv_cache_manager.py:850 `//` → `|` keeps `2 | 2` blocks: in the full
+    group the shared tail block (the assertion beside it holds only for this block size and
+    hit), in the state group the whole hit, and DIFF-state sees the shared blocks held. On the
+    built-in configs (attention blocks of 4 or more) the same line fails that assertion."""
+    config = Config(24, (GroupConfig("full", 2), GroupConfig("mamba", 2, mamba_cache_mode="align")),
+                    max_model_len=32, hash_block_size=1, kv_connector=True)
+    ex = Execution(config, "scheduler", sides)
+    ex.apply(_add("a", [1, 2, 3, 4], max_tokens=1))
+    for _ in range(4):
+        ex.apply({"op": "step"})
+    ex.apply(_add("b", [1, 2, 3, 9, 9, 9, 9, 9], max_tokens=1))
+    loaded = ex.apply({"op": "load_remote", "request_id": "b", "num_external_tokens": 4})
+    assert loaded == {"hit": 2, "external": 4, "diverged": False}
+    assert [table[1:2] for table in ex.state.requests["b"].tables] == [(6,), (0,)]
