@@ -31,6 +31,7 @@ from typing import Any
 from kvfuzz.core.config import Config
 from kvfuzz.core.limits import MAX_REQUESTS, MAX_SIZE
 from kvfuzz.core.trace import Op
+from kvfuzz.harness.vllm_api import vllm_source
 
 
 def size_encoder(scheduler: Any, config: Config) -> None:
@@ -46,6 +47,25 @@ def size_encoder(scheduler: Any, config: Config) -> None:
         scheduler.is_encoder_decoder = True
         manager = managers.EncoderDecoderCacheManager
     scheduler.encoder_cache_manager = manager(cache_size=s.encoder_cache_size or unbounded)
+
+
+def releases_past_placeholders() -> bool:
+    """Whether this vLLM releases an encoder input only once it ends by `num_computed_tokens −
+    num_output_placeholders` (`_free_encoder_inputs`, `scheduler.py:2980-2983` in 0.34.0;
+    0.32 and 0.33 too), read from its source (without vLLM, as an exported test assumes: yes).
+    `update_from_output` releases before it resolves the output's placeholders
+    (`:2434-2435`, then `_update_request_with_output`, `:2901-2904`), and AsyncScheduler
+    counts a step's samples as placeholders when it schedules them
+    (`async_scheduler.py:36-38`): under async scheduling an input the output's own sample
+    covers is released one output later than on the synchronous Scheduler."""
+    source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler._free_encoder_inputs")
+    return source is None or "num_output_placeholders" in source
+
+
+def encoder_release_rule(async_scheduling: bool) -> bool:
+    """The `scheduler.async_scheduling` vLLM's scheduler (AsyncScheduler with
+    `async_scheduling`) releases encoder inputs by (docs/spec.md §7.2)."""
+    return async_scheduling and releases_past_placeholders()
 
 
 def encoder_input(op: Op) -> list[Any]:

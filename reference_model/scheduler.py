@@ -542,9 +542,11 @@ class Driver:
                 continue
             r.num_computed_tokens += n
             pending = self.placeholders.get(r.request_id, 0)
-            if not in_flight:
-                self._encoded_done(r)
-            if r.num_computed_tokens < r.num_tokens + pending:
+            samples = r.num_computed_tokens >= r.num_tokens + pending
+            if not in_flight:  # §7.2: async scheduling counts the output's own tokens pending
+                self._encoded_done(r, 1 + len(verified.get(r.request_id, []))
+                                   if samples and cfg.async_scheduling else 0)
+            if not samples:
                 self.prefilling.add(r.request_id)
             else:
                 self.prefilling.discard(r.request_id)
@@ -640,10 +642,12 @@ class Driver:
         if self.encoder is not None:
             self.encoder.drop_all(r)
 
-    def _encoded_done(self, r: Request) -> None:
-        """§7.2: after a step's output, r's inputs that end by its settled tokens are let go."""
+    def _encoded_done(self, r: Request, unresolved: int = 0) -> None:
+        """§7.2: after a step's output, r's inputs that end by its settled tokens (less the
+        `unresolved` ones the output brings) are let go."""
         if self.encoder is not None:
-            self.encoder.drop_done(r, r.num_computed_tokens - self.placeholders.get(r.request_id, 0))
+            self.encoder.drop_done(
+                r, r.num_computed_tokens - unresolved - self.placeholders.get(r.request_id, 0))
 
     def _sample(self, r: Request, sample: int, drafts: list[int], accept: int | None) -> None:
         """The step's verdict on `r`: the first `accept` drafts (None: all) are kept, the rest
