@@ -21,7 +21,11 @@ Scheduler is built for the text stand-in, then made encoder-decoder (`is_encoder
 `EncoderDecoderCacheManager`), and each request's `num_encoder_tokens` becomes its one encoder
 input, at offset 0 (`encoder_input`). vLLM then schedules that input with the request's first
 chunk from 0 computed tokens and gives `allocate_slots` its length as `num_encoder_tokens`
-(`scheduler.py:1470-1480`), which is what kvfuzz's driver passes on every admission.
+(`scheduler.py:1470-1480`), which is what kvfuzz's driver passes on every admission. vLLM
+sizes an encoder-decoder model's budget and cache as a multimodal model's (`MultiModalBudget`
+of its one modality, `scheduler.py:268-295`): the config's `encoder_budget` binds that input
+(one it does not fit waits, 0 tokens, `:2203-2223`; kvfuzz's driver and the model keep the
+same rule, docs/spec.md §7.2); an encoder cache bound is left out (`unsupported_reason`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from kvfuzz.harness.vllm_api import vllm_source
 
 def size_encoder(scheduler: Any, config: Config) -> None:
     """Give `scheduler` the config's encoder budget and encoder cache (unset: unbounded); with
-    cross attention, make it encoder-decoder (unbounded: a cross config binds neither)."""
+    cross attention, make it encoder-decoder (its cache unbounded: a cross config binds the
+    budget alone)."""
     from vllm.v1.core import encoder_cache_manager as managers
 
     unbounded = MAX_SIZE * MAX_REQUESTS

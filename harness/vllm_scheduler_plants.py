@@ -209,6 +209,16 @@ def _encoder_released_unsettled(scheduler: Any) -> None:
     scheduler._free_encoder_inputs = free_encoder_inputs
 
 
+def _cross_encoder_unbudgeted(scheduler: Any) -> None:
+    """An encoder-decoder request's encoder input ignores the step's encoder budget:
+    `EncoderDecoderCacheManager.can_allocate` checks the cache's room alone."""
+    manager = scheduler.encoder_cache_manager
+    can_allocate = manager.can_allocate
+    manager.can_allocate = lambda request, input_id, budget, pending: can_allocate(
+        request, input_id, scheduler.max_num_encoder_input_tokens * len(scheduler.requests),
+        pending)
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -249,6 +259,9 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "encoder-released-unsettled": ("under async scheduling an output releases the encoder "
                                    "inputs its own placeholders cover",
                                    _encoder_released_unsettled, ("tenants",)),
+    "cross-encoder-unbudgeted": ("an encoder-decoder request's encoder input ignores the "
+                                 "step's encoder budget", _cross_encoder_unbudgeted,
+                                 ("cross",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

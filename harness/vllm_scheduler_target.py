@@ -174,11 +174,14 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
         (any(g.kind == "encoder_only" for g in config.groups),
          "encoder-only layers (vLLM schedules a pooling model's encoder inputs from multimodal "
          "features)"),
-        (config.has_cross_attention and (config.kv_connector or config.extra_keys
-                                         or _encoder_bound(config)),
-         "cross attention beside a KV connector, multimodal inputs or an encoder bound (vLLM "
-         "schedules an encoder-decoder request's encoder input only at 0 computed tokens, from "
-         "its one multimodal feature)"),
+        (config.has_cross_attention and (config.kv_connector or config.extra_keys),
+         "cross attention beside a KV connector or multimodal inputs (vLLM schedules an "
+         "encoder-decoder request's encoder input only at 0 computed tokens, from its one "
+         "multimodal feature)"),
+        (config.has_cross_attention and s.encoder_cache_size is not None,
+         "an encoder cache bound with cross attention (vLLM's EncoderDecoderCacheManager gives "
+         "an input's room back after every output, vllm-project/vllm#55733: kvfuzz's driver "
+         "gives it back once)"),
         (s.policy == "priority" and not _goes_on_past_self_preemption(),
          "the priority policy where vLLM's running loop stops at a request that preempted "
          "itself (0.32: `break`; kvfuzz's driver goes on to the higher-priority requests after "
@@ -187,8 +190,7 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          f"scheduler.async_scheduling {str(s.async_scheduling).lower()} beside an encoder "
          f"budget or cache (this vLLM's {type_name} releases encoder inputs as "
          f"{str(release).lower()} does: docs/spec.md §7.2)"),
-        (_encoder_bound(config) and not config.has_cross_attention
-         and not _passes_over_encoder_blocked(),
+        (_encoder_bound(config) and not _passes_over_encoder_blocked(),
          "an encoder budget or cache where vLLM's waiting loop stops at a request whose "
          "encoder inputs it cannot take (0.32: `break`; kvfuzz's driver passes it over, as "
          "0.33+)"),

@@ -19,7 +19,11 @@ from kvfuzz.kvcache.block_math import (
     get_mamba_prefill_checkpoint_position,
     is_mamba_prefill_checkpoint_valid,
 )
-from kvfuzz.kvcache.encoder_cache import EncoderCache, schedule_encoder_inputs
+from kvfuzz.kvcache.encoder_cache import (
+    EncoderCache,
+    schedule_encoder_decoder_input,
+    schedule_encoder_inputs,
+)
 from kvfuzz.kvcache.request import RequestStatus
 
 Policy = Literal["fcfs", "priority"]
@@ -888,8 +892,13 @@ class Scheduler:
         """A chunk from `start` cut where the step's encoder budget or the encoder cache
         cannot take a multimodal input (§7.2): (its tokens, (the inputs to compute, repeated
         identifiers, embeddings) to take if it is scheduled; None without encoder inputs)."""
-        if self.encoder_cache is None or not request.mm_features:
+        if self.encoder_cache is None:
             return num_new_tokens, None
+        if not request.mm_features:  # an encoder-decoder request's input, if any (§7.2)
+            num_new_tokens, spent = schedule_encoder_decoder_input(
+                getattr(request, "num_encoder_tokens", 0), start, num_new_tokens,
+                self._encoder_left)
+            return num_new_tokens, ([], [], spent) if spent else None
         num_new_tokens, compute, repeats, spent = schedule_encoder_inputs(
             self.encoder_cache, request, start, num_new_tokens, self._encoder_left,
             self.num_prefill_lookahead)
@@ -902,7 +911,7 @@ class Scheduler:
         if encoder is None:
             return
         compute, repeats, spent = encoder
-        if compute and self._encoder_left is not None:
+        if spent and self._encoder_left is not None:
             self._encoder_left -= spent
             self._encoded[request.request_id] = spent
         cache = self.encoder_cache

@@ -6,7 +6,12 @@ from typing import Any
 
 from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.reference_model.caching import checkpoint_exportable, state_checkpoint
-from kvfuzz.reference_model.encoder import EncoderCache, encoder_chunk, inputs_of
+from kvfuzz.reference_model.encoder import (
+    EncoderCache,
+    cross_encoder_chunk,
+    encoder_chunk,
+    inputs_of,
+)
 from kvfuzz.reference_model.layout import cdiv
 from kvfuzz.reference_model.manager import Manager
 from kvfuzz.reference_model.requests import Request
@@ -617,8 +622,11 @@ class Driver:
     def _encoder_cut(self, r: Request, start: int, n: int
                      ) -> tuple[int, tuple[list[int], list[int], int] | None]:
         """§7.2: n cut where the step's encoder budget or the cache refuses an input of r."""
-        if self.encoder is None or not inputs_of(r):
+        if self.encoder is None:
             return n, None
+        if not inputs_of(r):  # an encoder-decoder request's input, if any
+            n, spent = cross_encoder_chunk(r, start, n, self.encoder_left)
+            return n, ([], [], spent) if spent else None
         n, computed, riding, spent = encoder_chunk(
             self.encoder, r, start, n, self.encoder_left, self.manager.layout.prefill_lookahead)
         return n, (computed, riding, spent)
@@ -629,7 +637,7 @@ class Driver:
             return
         computed, riding, spent = enc
         assert self.encoder is not None
-        if computed and self.encoder_left is not None:
+        if spent and self.encoder_left is not None:
             self.encoder_left -= spent
             self.encoded[r.request_id] = spent
         for k in computed:

@@ -100,3 +100,40 @@ def test_a_campaign_binds_the_encoder_under_async_scheduling(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "left out" not in out and "findings           0" in out
+
+
+# ----- the encoder budget on an encoder-decoder config (`cross`) -----
+
+CROSS_OPS = [{"op": "add_request", "request_id": rid, "prompt": list(range(10 * i, 10 * i + 6)),
+              "num_encoder_tokens": tokens, "max_tokens": 3}
+             for i, (rid, tokens) in enumerate((("a", 10), ("b", 5), ("c", 2)))] + [
+    {"op": "step"}] * 3
+"""`cross` binds the budget (12): a's encoder input (10) leaves 2, so b's (5) waits."""
+
+
+@pytest.mark.parametrize("target", ["vllm-scheduler", "vllm-async-scheduler"])
+def test_an_encoder_decoder_input_waits_for_the_budget_as_the_driver_does(target):
+    """vLLM's Scheduler made encoder-decoder schedules each request's encoder input against
+    `max_num_encoder_input_tokens` when it starts: b is passed over in step 1 (0 tokens,
+    `scheduler.py:2203-2223`) and c admitted behind it, three-way."""
+    config = VllmAsyncSchedulerSide.engine_config(BUILTIN["cross"][1]) if "async" in target \
+        else BUILTIN["cross"][1]
+    ex = Execution(config, "scheduler", ("kvcache", target))
+    results = [ex.apply(op) for op in CROSS_OPS]
+    assert results[3]["scheduled"] == [["a", 6, 0], ["c", 6, 0]]
+    assert results[4]["scheduled"] == [["a", 1, 0], ["c", 1, 0], ["b", 6, 0]]
+    assert ex.targets[1].side.vllm_scheduler.max_num_encoder_input_tokens == 12
+
+
+def test_an_encoder_cache_bound_on_an_encoder_decoder_config_is_left_out():
+    cross = BUILTIN["cross"][1]
+    bound = cross.replace(scheduler=dataclasses.replace(cross.scheduler, encoder_cache_size=12))
+    assert "vllm-project/vllm#55733" in unsupported_reason(bound)
+    assert unsupported_reason(cross) is None
+
+
+def test_the_plant_that_lets_an_encoder_decoder_input_past_the_budget_is_caught():
+    trace = Trace(BUILTIN["cross"][1], "scheduler", CROSS_OPS, {})
+    assert run_trace(trace, ("vllm-scheduler",)).passed
+    finding = run_trace(trace, ("vllm-scheduler-bug:cross-encoder-unbudgeted",)).finding
+    assert finding is not None and finding.check == "DIFF-result", finding
