@@ -188,8 +188,8 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "it, as 0.33+)"),
         (s.async_scheduling != release,
          f"scheduler.async_scheduling {str(s.async_scheduling).lower()} beside an encoder "
-         f"budget or cache (this vLLM's {type_name} releases encoder inputs as "
-         f"{str(release).lower()} does: docs/spec.md §7.2)"),
+         f"budget or cache (this vLLM's {type_name} releases encoder inputs by the rule "
+         f"scheduler.async_scheduling {str(release).lower()} names: docs/spec.md §7.2)"),
         (_encoder_bound(config) and not _passes_over_encoder_blocked(),
          "an encoder budget or cache where vLLM's waiting loop stops at a request whose "
          "encoder inputs it cannot take (0.32: `break`; kvfuzz's driver passes it over, as "
