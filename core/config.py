@@ -172,6 +172,10 @@ class SchedulerConfig:
     encoder_cache_size: int | None = None
     """Encoder embeddings the encoder cache holds (vLLM's `encoder_cache_size`); None:
     unbounded (docs/spec.md §7.2)."""
+    async_scheduling: bool = False
+    """Every step that samples counts its sampled tokens as output placeholders until its
+    output is taken, as vLLM's AsyncScheduler does, so the encoder inputs its output releases
+    end by `computed − placeholders`, the step's own included (docs/spec.md §7.2)."""
 
     def validate(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
@@ -180,6 +184,7 @@ class SchedulerConfig:
         _positive_int("scheduler.max_running", self.max_running)
         _bool("scheduler.chunked_prefill", self.chunked_prefill)
         _bool("scheduler.full_sequence_must_fit", self.full_sequence_must_fit)
+        _bool("scheduler.async_scheduling", self.async_scheduling)
         _non_negative_int("scheduler.num_lookahead_tokens", self.num_lookahead_tokens)
         _non_negative_int("scheduler.reserved_blocks", self.reserved_blocks)
         _positive_int("scheduler.vocab_size", self.vocab_size)

@@ -96,9 +96,10 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(24, (_full(4), _swa(4, 6), _local(4, 8)), name="hybrid3", max_model_len=64),
         ),
         (
-            "decoder full attention + cross attention, caching off",
+            "decoder full attention + cross attention, caching off, an encoder budget of 12 "
+            "encoder tokens a step",
             Config(16, (_full(), GroupConfig("cross", 4)), name="cross", max_model_len=64,
-                   enable_caching=False),
+                   enable_caching=False, scheduler=SchedulerConfig(encoder_budget=12)),
         ),
         (
             "Tier B: full (bs 8) + sliding window (bs 4), sub-block hits and copy-on-write",

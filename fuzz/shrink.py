@@ -242,8 +242,8 @@ def _config_variants(trace: Trace) -> Iterator[Trace]:
     if cfg.scheduler != SchedulerConfig():
         for f in dataclasses.fields(SchedulerConfig):
             value, drafts = getattr(cfg.scheduler, f.name), f.name == "num_speculative_tokens"
-            if value == f.default or drafts and value == 1:
-                continue
+            if value == f.default or drafts and value == 1 or f.name == "async_scheduling":
+                continue  # async_scheduling: the engine's rule, which a vLLM target needs kept
             # Fixed drafts shrink to one, not none: the trace's `accept` verifies them, which
             # a target that takes no drafter's drafts cannot run without them.
             changes.append({"scheduler": dataclasses.replace(

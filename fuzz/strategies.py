@@ -98,6 +98,10 @@ ENCODER_SIZES = (3, 4, 5)
 """Encoder budgets and encoder cache sizes a config with a bounded encoder is run with: each
 takes one input of the generators' (2 or 3 embeddings); 3 and 4 not both (docs/spec.md §7.2)."""
 
+CROSS_ENCODER_BUDGETS = (12, 16, 24)
+"""Encoder budgets an encoder-decoder config with a bounded encoder is run with: each takes
+one request's encoder input (the generators' 1 to 12 tokens), not always two (§7.2)."""
+
 SPECULATIVE_BLOCKS = (1, 2, 3)
 """State blocks for draft tokens a config with speculative decoding is run with: vLLM sets
 every Mamba group's `num_speculative_blocks` to the one `num_speculative_tokens`."""
@@ -124,9 +128,13 @@ def vary_config(choices: Choices, base: Config) -> Config:
         # Binding for inputs of 2 and 3 (`mm_inputs`), with chunked prefill only: without it
         # vLLM 0.33 lets the encoder split a prompt (docs/vllm.md, `sched-encoder-budget`).
         bounded = sched.chunked_prefill
-        sched = dataclasses.replace(
-            sched, encoder_budget=pick(choices, ENCODER_SIZES) if bounded else None,
-            encoder_cache_size=pick(choices, ENCODER_SIZES) if bounded else None)
+        if base.has_cross_attention:  # the budget alone (docs/vllm.md, `sched-encoder-decoder`)
+            sched = dataclasses.replace(
+                sched, encoder_budget=pick(choices, CROSS_ENCODER_BUDGETS) if bounded else None)
+        else:
+            sched = dataclasses.replace(
+                sched, encoder_budget=pick(choices, ENCODER_SIZES) if bounded else None,
+                encoder_cache_size=pick(choices, ENCODER_SIZES) if bounded else None)
     groups = tuple(_vary_group(choices, g) for g in base.groups)
     if any(g.num_speculative_blocks for g in groups):
         groups = _vary_speculative_blocks(choices, groups)

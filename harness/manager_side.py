@@ -176,6 +176,7 @@ class ManagerSide:
             output_placeholders=s.in_flight_sampling == "placeholders",
             encoder_budget=s.encoder_budget,
             encoder_cache_size=s.encoder_cache_size,
+            async_scheduling=s.async_scheduling,
         )
 
     # ----- Side -----

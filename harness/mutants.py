@@ -370,6 +370,24 @@ def _encoder_budget_per_request(side: KvcacheSide) -> None:
     _on_scheduler(side, patch)
 
 
+@mutant("cross-encoder-unbudgeted", "the driver lets an encoder-decoder request's encoder "
+        "input past the step's encoder budget", bug="docs/spec.md §7.2", configs=("cross",))
+def _cross_encoder_unbudgeted(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        def unbudgeted(original, request, *args):
+            if not getattr(request, "num_encoder_tokens", 0):
+                return original(request, *args)
+            left, scheduler._encoder_left = scheduler._encoder_left, None
+            try:
+                return original(request, *args)
+            finally:
+                scheduler._encoder_left = left
+
+        _around(scheduler, "_encoder_inputs", unbudgeted)
+
+    _on_scheduler(side, patch)
+
+
 @mutant("inflight-drain-whole-list", "the driver releases a deferred free by reversing the "
         "concatenated blocks of every group once (vLLM 0.34's Scheduler._drain_deferred_frees), "
         "not each group tail first", bug="docs/bugs.md #11", configs=("deferred",))

@@ -21,7 +21,11 @@ Scheduler is built for the text stand-in, then made encoder-decoder (`is_encoder
 `EncoderDecoderCacheManager`), and each request's `num_encoder_tokens` becomes its one encoder
 input, at offset 0 (`encoder_input`). vLLM then schedules that input with the request's first
 chunk from 0 computed tokens and gives `allocate_slots` its length as `num_encoder_tokens`
-(`scheduler.py:1470-1480`), which is what kvfuzz's driver passes on every admission.
+(`scheduler.py:1470-1480`), which is what kvfuzz's driver passes on every admission. vLLM
+sizes an encoder-decoder model's budget and cache as a multimodal model's (`MultiModalBudget`
+of its one modality, `scheduler.py:268-295`): the config's `encoder_budget` binds that input
+(one it does not fit waits, 0 tokens, `:2203-2223`; kvfuzz's driver and the model keep the
+same rule, docs/spec.md §7.2); an encoder cache bound is left out (`unsupported_reason`).
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from typing import Any
 from kvfuzz.core.config import Config
 from kvfuzz.core.limits import MAX_REQUESTS, MAX_SIZE
 from kvfuzz.core.trace import Op
+from kvfuzz.harness.vllm_api import vllm_source
 
 
 def size_encoder(scheduler: Any, config: Config) -> None:
     """Give `scheduler` the config's encoder budget and encoder cache (unset: unbounded); with
-    cross attention, make it encoder-decoder (unbounded: a cross config binds neither)."""
+    cross attention, make it encoder-decoder (its cache unbounded: a cross config binds the
+    budget alone)."""
     from vllm.v1.core import encoder_cache_manager as managers
 
     unbounded = MAX_SIZE * MAX_REQUESTS
@@ -46,6 +52,25 @@ def size_encoder(scheduler: Any, config: Config) -> None:
         scheduler.is_encoder_decoder = True
         manager = managers.EncoderDecoderCacheManager
     scheduler.encoder_cache_manager = manager(cache_size=s.encoder_cache_size or unbounded)
+
+
+def releases_past_placeholders() -> bool:
+    """Whether this vLLM releases an encoder input only once it ends by `num_computed_tokens −
+    num_output_placeholders` (`_free_encoder_inputs`, `scheduler.py:2980-2983` in 0.34.0;
+    0.32 and 0.33 too), read from its source (without vLLM, as an exported test assumes: yes).
+    `update_from_output` releases before it resolves the output's placeholders
+    (`:2434-2435`, then `_update_request_with_output`, `:2901-2904`), and AsyncScheduler
+    counts a step's samples as placeholders when it schedules them
+    (`async_scheduler.py:36-38`): under async scheduling an input the output's own sample
+    covers is released one output later than on the synchronous Scheduler."""
+    source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler._free_encoder_inputs")
+    return source is None or "num_output_placeholders" in source
+
+
+def encoder_release_rule(async_scheduling: bool) -> bool:
+    """The `scheduler.async_scheduling` vLLM's scheduler (AsyncScheduler with
+    `async_scheduling`) releases encoder inputs by (docs/spec.md §7.2)."""
+    return async_scheduling and releases_past_placeholders()
 
 
 def encoder_input(op: Op) -> list[Any]:

@@ -192,6 +192,33 @@ def _encoder_input_skipped(scheduler: Any) -> None:
         ([], num_new_tokens, budget, [], []))
 
 
+def _encoder_released_unsettled(scheduler: Any) -> None:
+    """`_free_encoder_inputs` ignores output placeholders: under async scheduling an output
+    releases the encoder inputs its own sampled tokens cover (the rule before
+    vllm-project/vllm#45347)."""
+    free = scheduler._free_encoder_inputs
+
+    def free_encoder_inputs(request: Any) -> None:
+        pending = request.num_output_placeholders
+        request.num_output_placeholders = 0
+        try:
+            free(request)
+        finally:
+            request.num_output_placeholders = pending
+
+    scheduler._free_encoder_inputs = free_encoder_inputs
+
+
+def _cross_encoder_unbudgeted(scheduler: Any) -> None:
+    """An encoder-decoder request's encoder input ignores the step's encoder budget:
+    `EncoderDecoderCacheManager.can_allocate` checks the cache's room alone."""
+    manager = scheduler.encoder_cache_manager
+    can_allocate = manager.can_allocate
+    manager.can_allocate = lambda request, input_id, budget, pending: can_allocate(
+        request, input_id, scheduler.max_num_encoder_input_tokens * len(scheduler.requests),
+        pending)
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -229,10 +256,17 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                                    ("tenants",)),
     "encoder-input-skipped": ("an encoder-decoder request's encoder input is never scheduled: "
                               "no cross-attention blocks", _encoder_input_skipped, ("cross",)),
+    "encoder-released-unsettled": ("under async scheduling an output releases the encoder "
+                                   "inputs its own placeholders cover",
+                                   _encoder_released_unsettled, ("tenants",)),
+    "cross-encoder-unbudgeted": ("an encoder-decoder request's encoder input ignores the "
+                                 "step's encoder budget", _cross_encoder_unbudgeted,
+                                 ("cross",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 
-_ASYNC = frozenset({"free-not-deferred", "drafts-not-published", "padding-unverified"})
+_ASYNC = frozenset({"free-not-deferred", "drafts-not-published", "padding-unverified",
+                    "encoder-released-unsettled"})
 """Plants in vLLM's AsyncScheduler, where steps stay in flight (target vllm-async-scheduler)."""
 
 

@@ -38,7 +38,7 @@ from kvfuzz.core.trace import Op
 from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.scheduler_driver import SchedulerDriver
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm, vllm_source
-from kvfuzz.harness.vllm_encoder_budget import encoder_input, size_encoder
+from kvfuzz.harness.vllm_encoder_budget import encoder_input, encoder_release_rule, size_encoder
 from kvfuzz.harness.vllm_scheduler_events import PublishedEvents, count_outputs, kv_events_config
 from kvfuzz.harness.vllm_target import (
     KNOWN_DEVIATIONS,
@@ -165,27 +165,32 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
     """Why vLLM's own Scheduler (`AsyncScheduler` with `async_scheduling`) cannot run `config`
     as kvfuzz's driver would, or None."""
     s = config.scheduler
+    release = encoder_release_rule(async_scheduling) if _encoder_bound(config) else (
+        s.async_scheduling)
+    type_name = "AsyncScheduler" if async_scheduling else "Scheduler"
     reasons = (
         (s.reserved_blocks > 0, "reserved_blocks (vLLM's Scheduler reserves only for async "
                                 "KV loads)"),
         (any(g.kind == "encoder_only" for g in config.groups),
          "encoder-only layers (vLLM schedules a pooling model's encoder inputs from multimodal "
          "features)"),
-        (config.has_cross_attention and (config.kv_connector or config.extra_keys
-                                         or _encoder_bound(config)),
-         "cross attention beside a KV connector, multimodal inputs or an encoder bound (vLLM "
-         "schedules an encoder-decoder request's encoder input only at 0 computed tokens, from "
-         "its one multimodal feature)"),
+        (config.has_cross_attention and (config.kv_connector or config.extra_keys),
+         "cross attention beside a KV connector or multimodal inputs (vLLM schedules an "
+         "encoder-decoder request's encoder input only at 0 computed tokens, from its one "
+         "multimodal feature)"),
+        (config.has_cross_attention and s.encoder_cache_size is not None,
+         "an encoder cache bound with cross attention (vLLM's EncoderDecoderCacheManager gives "
+         "an input's room back after every output, vllm-project/vllm#55733: kvfuzz's driver "
+         "gives it back once)"),
         (s.policy == "priority" and not _goes_on_past_self_preemption(),
          "the priority policy where vLLM's running loop stops at a request that preempted "
          "itself (0.32: `break`; kvfuzz's driver goes on to the higher-priority requests after "
          "it, as 0.33+)"),
-        (_encoder_bound(config) and async_scheduling,
-         "an encoder budget or cache under async scheduling (not settled: on a 4-op trace "
-         "AsyncScheduler schedules a request up to an input the driver holds back whole, "
-         "docs/vllm.md)"),
-        (_encoder_bound(config) and not config.has_cross_attention
-         and not _passes_over_encoder_blocked(),
+        (s.async_scheduling != release,
+         f"scheduler.async_scheduling {str(s.async_scheduling).lower()} beside an encoder "
+         f"budget or cache (this vLLM's {type_name} releases encoder inputs by the rule "
+         f"scheduler.async_scheduling {str(release).lower()} names: docs/spec.md §7.2)"),
+        (_encoder_bound(config) and not _passes_over_encoder_blocked(),
          "an encoder budget or cache where vLLM's waiting loop stops at a request whose "
          "encoder inputs it cannot take (0.32: `break`; kvfuzz's driver passes it over, as "
          "0.33+)"),
@@ -701,16 +706,20 @@ class VllmSchedulerSide(VllmSide):
     @classmethod
     def engine_config(cls, config: Config) -> Config:
         """`config` with the in-flight sampling rule this Scheduler follows, where steps stay
-        in flight (`deferred_frees`), and its encoder unbound where a bound is not compared
-        (async scheduling; a release that stops at a request its encoder cannot take): what a
+        in flight (`deferred_frees`), the encoder release rule it follows with a bound encoder
+        (`scheduler.async_scheduling`), and its encoder unbound where a bound is not compared
+        (a release that stops at a request its encoder cannot take): what a
         campaign runs its built-in and generated configs with
         (`harness.targets.TargetInfo.engine_config`)."""
         rule = in_flight_sampling_rule(cls.async_scheduling)
         if config.deferred_frees and config.scheduler.in_flight_sampling != rule:
             config = config.replace(scheduler=dataclasses.replace(config.scheduler,
                                                                   in_flight_sampling=rule))
-        if _encoder_bound(config) and (cls.async_scheduling
-                                       or not _passes_over_encoder_blocked()):
+        release = encoder_release_rule(cls.async_scheduling)
+        if _encoder_bound(config) and config.scheduler.async_scheduling != release:
+            config = config.replace(scheduler=dataclasses.replace(
+                config.scheduler, async_scheduling=release))
+        if _encoder_bound(config) and not _passes_over_encoder_blocked():
             # Not compared there (`unsupported_reason`): run encoders unbound.
             config = config.replace(scheduler=dataclasses.replace(
                 config.scheduler, encoder_budget=None, encoder_cache_size=None))

@@ -154,3 +154,16 @@ def schedule_encoder_inputs(cache: EncoderCache, request: Any, start: int, num_n
         to_compute.append(index)
         spent += length
     return num_new_tokens, to_compute, repeats, spent
+
+
+def schedule_encoder_decoder_input(num_encoder_tokens: int, start: int, num_new_tokens: int,
+                                   budget: int | None) -> tuple[int, int]:
+    """An encoder-decoder request's encoder input (its `num_encoder_tokens`, at offset 0):
+    computed with its chunk from 0 computed tokens against the step's `budget` only (vLLM's
+    `EncoderDecoderCacheManager` never hits), nothing once decoding started. Returns (the
+    chunk's tokens, 0 where the budget cannot take the input; the embeddings computed)."""
+    if not num_encoder_tokens or start > 0 or num_new_tokens == 0:
+        return num_new_tokens, 0
+    if budget is not None and num_encoder_tokens > budget:
+        return 0, 0
+    return num_new_tokens, num_encoder_tokens

@@ -19,7 +19,11 @@ from kvfuzz.kvcache.block_math import (
     get_mamba_prefill_checkpoint_position,
     is_mamba_prefill_checkpoint_valid,
 )
-from kvfuzz.kvcache.encoder_cache import EncoderCache, schedule_encoder_inputs
+from kvfuzz.kvcache.encoder_cache import (
+    EncoderCache,
+    schedule_encoder_decoder_input,
+    schedule_encoder_inputs,
+)
 from kvfuzz.kvcache.request import RequestStatus
 
 Policy = Literal["fcfs", "priority"]
@@ -87,6 +91,7 @@ class Scheduler:
         num_speculative_tokens: int = 0,
         encoder_budget: int | None = None,
         encoder_cache_size: int | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -148,6 +153,9 @@ class Scheduler:
                               else EncoderCache(encoder_cache_size))
         self._encoder_left = encoder_budget
         """The step's encoder budget left."""
+        # vLLM's AsyncScheduler: a step's own samples stay placeholders until its output is
+        # taken, after its encoder inputs are released (§7.2).
+        self.async_scheduling = async_scheduling
         self._encoded: dict[str, int] = {}
         """Request id -> the encoder embeddings this step computes for it."""
         # A chunk stops at the junction itself where the manager registers the state there
@@ -448,12 +456,14 @@ class Scheduler:
         if self.encoder_cache is not None:
             self.encoder_cache.release_all(request)
 
-    def _release_encoded(self, request: Any) -> None:
+    def _release_encoded(self, request: Any, unresolved: int = 0) -> None:
         """After a step's output: the request's encoder inputs that end by its computed tokens
-        less those its steps in flight will still append (§7.2)."""
+        less those its steps in flight will still append and the `unresolved` tokens the
+        output itself brings (§7.2)."""
         if self.encoder_cache is not None:
             self.encoder_cache.release_computed(
-                request, request.num_computed_tokens - self._placeholders.get(request.request_id, 0))
+                request, request.num_computed_tokens - unresolved
+                - self._placeholders.get(request.request_id, 0))
 
     def _take_output(self, request: Any, drafts: list[int], held: _HeldOutput) -> None:
         """A step in flight's output for `request` arrives (vLLM's `update_from_output` under
@@ -696,9 +706,13 @@ class Scheduler:
                 continue
             request.num_computed_tokens += num_new_tokens
             pending = self._placeholders.get(request.request_id, 0)
+            samples = request.num_computed_tokens >= request.num_tokens + pending
             if held is None:
-                self._release_encoded(request)
-            if request.num_computed_tokens < request.num_tokens + pending:
+                # Under async scheduling the output's own tokens (a sample and its drafts)
+                # are still placeholders when vLLM releases encoder inputs.
+                self._release_encoded(request, 1 + len(verified.get(request.request_id, []))
+                                      if samples and self.async_scheduling else 0)
+            if not samples:
                 self._prefilling.add(request.request_id)
                 continue
             self._prefilling.discard(request.request_id)
@@ -878,8 +892,13 @@ class Scheduler:
         """A chunk from `start` cut where the step's encoder budget or the encoder cache
         cannot take a multimodal input (§7.2): (its tokens, (the inputs to compute, repeated
         identifiers, embeddings) to take if it is scheduled; None without encoder inputs)."""
-        if self.encoder_cache is None or not request.mm_features:
+        if self.encoder_cache is None:
             return num_new_tokens, None
+        if not request.mm_features:  # an encoder-decoder request's input, if any (§7.2)
+            num_new_tokens, spent = schedule_encoder_decoder_input(
+                getattr(request, "num_encoder_tokens", 0), start, num_new_tokens,
+                self._encoder_left)
+            return num_new_tokens, ([], [], spent) if spent else None
         num_new_tokens, compute, repeats, spent = schedule_encoder_inputs(
             self.encoder_cache, request, start, num_new_tokens, self._encoder_left,
             self.num_prefill_lookahead)
@@ -892,7 +911,7 @@ class Scheduler:
         if encoder is None:
             return
         compute, repeats, spent = encoder
-        if compute and self._encoder_left is not None:
+        if spent and self._encoder_left is not None:
             self._encoder_left -= spent
             self._encoded[request.request_id] = spent
         cache = self.encoder_cache

@@ -120,3 +120,13 @@ def encoder_chunk(cache: EncoderCache, r: Request, start: int, n: int, left: int
             computed.append(k)
             spent += length
     return n, computed, riding, spent
+
+
+def cross_encoder_chunk(r: Request, start: int, n: int, left: int | None) -> tuple[int, int]:
+    """§7.2: an encoder-decoder request's encoder input, its `num_encoder_tokens` at offset 0,
+    is encoded with its chunk from 0 against the step's `left` budget (never cached, so never
+    hit); from 1 computed token on it needs nothing: (the chunk's tokens, embeddings)."""
+    e = r.num_encoder_tokens
+    if e == 0 or start != 0 or n == 0:
+        return n, 0
+    return (0, 0) if left is not None and e > left else (n, e)

@@ -6,7 +6,12 @@ from typing import Any
 
 from kvfuzz.core.errors import InvalidTrace
 from kvfuzz.reference_model.caching import checkpoint_exportable, state_checkpoint
-from kvfuzz.reference_model.encoder import EncoderCache, encoder_chunk, inputs_of
+from kvfuzz.reference_model.encoder import (
+    EncoderCache,
+    cross_encoder_chunk,
+    encoder_chunk,
+    inputs_of,
+)
 from kvfuzz.reference_model.layout import cdiv
 from kvfuzz.reference_model.manager import Manager
 from kvfuzz.reference_model.requests import Request
@@ -542,9 +547,11 @@ class Driver:
                 continue
             r.num_computed_tokens += n
             pending = self.placeholders.get(r.request_id, 0)
-            if not in_flight:
-                self._encoded_done(r)
-            if r.num_computed_tokens < r.num_tokens + pending:
+            samples = r.num_computed_tokens >= r.num_tokens + pending
+            if not in_flight:  # §7.2: async scheduling counts the output's own tokens pending
+                self._encoded_done(r, 1 + len(verified.get(r.request_id, []))
+                                   if samples and cfg.async_scheduling else 0)
+            if not samples:
                 self.prefilling.add(r.request_id)
             else:
                 self.prefilling.discard(r.request_id)
@@ -615,8 +622,11 @@ class Driver:
     def _encoder_cut(self, r: Request, start: int, n: int
                      ) -> tuple[int, tuple[list[int], list[int], int] | None]:
         """§7.2: n cut where the step's encoder budget or the cache refuses an input of r."""
-        if self.encoder is None or not inputs_of(r):
+        if self.encoder is None:
             return n, None
+        if not inputs_of(r):  # an encoder-decoder request's input, if any
+            n, spent = cross_encoder_chunk(r, start, n, self.encoder_left)
+            return n, ([], [], spent) if spent else None
         n, computed, riding, spent = encoder_chunk(
             self.encoder, r, start, n, self.encoder_left, self.manager.layout.prefill_lookahead)
         return n, (computed, riding, spent)
@@ -627,7 +637,7 @@ class Driver:
             return
         computed, riding, spent = enc
         assert self.encoder is not None
-        if computed and self.encoder_left is not None:
+        if spent and self.encoder_left is not None:
             self.encoder_left -= spent
             self.encoded[r.request_id] = spent
         for k in computed:
@@ -640,10 +650,12 @@ class Driver:
         if self.encoder is not None:
             self.encoder.drop_all(r)
 
-    def _encoded_done(self, r: Request) -> None:
-        """§7.2: after a step's output, r's inputs that end by its settled tokens are let go."""
+    def _encoded_done(self, r: Request, unresolved: int = 0) -> None:
+        """§7.2: after a step's output, r's inputs that end by its settled tokens (less the
+        `unresolved` ones the output brings) are let go."""
         if self.encoder is not None:
-            self.encoder.drop_done(r, r.num_computed_tokens - self.placeholders.get(r.request_id, 0))
+            self.encoder.drop_done(
+                r, r.num_computed_tokens - unresolved - self.placeholders.get(r.request_id, 0))
 
     def _sample(self, r: Request, sample: int, drafts: list[int], accept: int | None) -> None:
         """The step's verdict on `r`: the first `accept` drafts (None: all) are kept, the rest

@@ -118,3 +118,67 @@ def test_the_plant_that_gives_each_request_the_whole_budget_is_caught():
     assert run_trace(trace, ["kvcache"]).passed
     finding = run_trace(trace, ["bug:encoder-budget-per-request"]).finding
     assert finding is not None and finding.check == "DIFF-result"
+
+
+ASYNC_OPS = [_add("r6", [2, 3, 0, 0], mm_inputs=[[1, 1, 3]]), {"op": "step"},
+             _add("r7", [2, 3, 0, 1, 1, 2, 3, 3, 0], mm_inputs=[[0, 4, 2], [1, 6, 3]],
+                  max_tokens=1), {"op": "step"}]
+"""r6's input (3 embeddings, the whole cache) ends where its prompt does, so its first step
+both computes past it and samples; r7's input 0 needs the room r6's entry holds."""
+
+
+@pytest.mark.parametrize("async_scheduling, r7", [(False, 6), (True, 4)])
+def test_under_async_scheduling_an_output_keeps_the_inputs_its_own_sample_covers(
+        async_scheduling, r7):
+    """Cache 3. Synchronous: step 1's output lets r6's entry go (4 computed, no placeholder),
+    step 2 evicts it for r7's input 0 and stops r7 before its input 1 (6 tokens). Under
+    `async_scheduling` the output's own sample is still a placeholder when the inputs are
+    released (4 − 1 < 4): r6 keeps its entry until step 2's output, and r7 stops before its
+    input 0 (4 tokens). kvfuzz's driver and the model agree on both."""
+    ex = Execution(_tenants(encoder_budget=None, encoder_cache_size=3,
+                            async_scheduling=async_scheduling), "scheduler", ("kvcache",))
+    results = [ex.apply(op) for op in ASYNC_OPS]
+    assert results[3]["scheduled"] == [["r6", 1, 0], ["r7", r7, 0]]
+    cache = ex.targets[0].side.scheduler.encoder_cache
+    assert list(cache.unreferenced) == (["mm-1"] if async_scheduling else ["mm-0"])
+
+
+def test_under_async_scheduling_a_prefill_chunk_releases_what_it_computed_past():
+    """A chunk that does not reach the prompt's end samples nothing: no placeholder holds its
+    inputs back, under async scheduling too (a's input 0 ends at 4, its first chunk at 8)."""
+    ex = Execution(_tenants(encoder_budget=None, encoder_cache_size=6, token_budget=8,
+                            async_scheduling=True), "scheduler", ("kvcache",))
+    ex.apply(_add("a", list(range(12)), mm_inputs=[[0, 2, 2], [1, 9, 3]]))
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 8, 0]]
+    assert list(ex.targets[0].side.scheduler.encoder_cache.unreferenced) == ["mm-0"]
+
+
+def test_a_bad_async_scheduling_value_is_refused_naming_it():
+    with pytest.raises(ConfigError, match="scheduler.async_scheduling must be true or false"):
+        _tenants(async_scheduling=1)
+
+
+def _cross(num_encoder: dict[str, int]) -> Execution:
+    ex = Execution(BUILTIN["cross"][1], "scheduler", ("kvcache",))
+    for i, (rid, tokens) in enumerate(num_encoder.items()):
+        ex.apply(_add(rid, list(range(10 * i, 10 * i + 6)), num_encoder_tokens=tokens,
+                      max_tokens=3))
+    return ex
+
+
+def test_an_encoder_decoder_input_takes_the_step_budget_when_its_request_starts():
+    """`cross` (budget 12): a's encoder input (10) leaves 2, so b's (5) waits, passed over,
+    and c's (2) is admitted behind it; next step b's input has the whole budget, and a and c,
+    decoding, take none of it. kvfuzz's driver and the model agree."""
+    ex = _cross({"a": 10, "b": 5, "c": 2})
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 6, 0], ["c", 6, 0]]
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 1, 0], ["c", 1, 0], ["b", 6, 0]]
+
+
+def test_an_encoder_decoder_input_longer_than_the_budget_never_runs():
+    """An input of 13 against a budget of 12 waits for good (vLLM sizes the budget at least to
+    the model's largest input, so its generators draw none longer)."""
+    ex = _cross({"a": 13, "b": 1})
+    for _ in range(3):
+        assert ["a", 6, 0] not in ex.apply({"op": "step"})["scheduled"]
+    assert ex.state.requests["a"].status == "WAITING"

@@ -77,6 +77,7 @@ EXPECTED = {
     "inflight-fence-one-late": {"IF2", "DIFF-state"},
     "inflight-drain-whole-list": {"DIFF-state"},
     "encoder-budget-per-request": {"DIFF-result", "DIFF-state"},
+    "cross-encoder-unbudgeted": {"DIFF-result", "DIFF-state", "DIFF-probe"},
     "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
     "lookahead-unhashed": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "reprefillable-cached": {"DIFF-state", "DIFF-result", "DIFF-probe"},

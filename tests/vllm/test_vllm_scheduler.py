@@ -154,8 +154,11 @@ def test_an_encoder_decoder_config_runs_three_way():
     """`cross`: vLLM's Scheduler made encoder-decoder (as its own tests make one) schedules each
     request's encoder input (its `num_encoder_tokens` at offset 0) with its first chunk and
     allocates the cross-attention blocks then; a preempted request's are freed and allocated
-    again at its readmission; a request without encoder tokens gets none: three-way."""
-    ex = Execution(BUILTIN["cross"][1].replace(num_blocks=12), "scheduler", THREE_WAY)
+    again at its readmission; a request without encoder tokens gets none: three-way (the
+    encoder budget unbound here: tests/vllm/test_vllm_scheduler_encoder.py binds it)."""
+    cross = BUILTIN["cross"][1]
+    ex = Execution(cross.replace(num_blocks=12, scheduler=dataclasses.replace(
+        cross.scheduler, encoder_budget=None)), "scheduler", THREE_WAY)
     ex.apply(_add("a", list(range(6)), num_encoder_tokens=10, max_tokens=3))
     ex.apply(_add("b", list(range(20, 60)), num_encoder_tokens=7, max_tokens=3))
     ex.apply(_add("c", list(range(9)), max_tokens=2))
