@@ -744,8 +744,6 @@ class VllmSchedulerSide(VllmSide):
 
     def require(self, name: str) -> None:
         if name == "draft" and not self._takes_drafts():
-            if self._mamba_align():
-                super().require(name)  # names why
             raise VllmUnsupported(
                 f"the trace uses spec-decode drafts (step draft/accept), which target "
                 f"{self.name} does not drive (docs/vllm.md, \"vLLM's own scheduler\")")
