@@ -797,7 +797,7 @@ class VllmSide(ManagerSide):
         single.get_num_blocks_to_allocate = get_num_blocks_to_allocate
 
     def _floor_align_count(self, single: Any) -> None:
-        """A negative count of new state blocks reads as 0 (the hits it passes still counted):
+        """A negative count of new state blocks reads as 0 (the hits it evicts still counted):
         the table is already longer than the step needs, and the step takes nothing."""
         original = single.get_num_blocks_to_allocate
         tolerated = self.tolerated[ALIGN_COUNT_NEGATIVE]
