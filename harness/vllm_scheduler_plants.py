@@ -217,6 +217,27 @@ def _cross_encoder_unbudgeted(scheduler: Any) -> None:
     manager.can_allocate = lambda request, input_id, budget, pending: can_allocate(
         request, input_id, scheduler.max_num_encoder_input_tokens * len(scheduler.requests),
         pending)
+def _align_surplus_freed(scheduler: Any) -> None:
+    """Once rejected drafts leave a request's Mamba "align" table longer than its step needs,
+    the allocation hands the blocks past that need back to the pool (the table shrinks, though
+    the worker's table is append-only and the speculative blocks hold the draft states)."""
+    for single in scheduler.kv_cache_manager.coordinator.single_type_managers:
+        if getattr(single, "mamba_cache_mode", None) != "align":
+            continue
+
+        def allocate_new_blocks(request_id: str, num_tokens: int, num_tokens_main_model: int,
+                                *args: Any, single: Any = single,
+                                allocate: Callable[..., Any] = single.allocate_new_blocks,
+                                **kwargs: Any) -> Any:
+            blocks = single.req_to_blocks[request_id]
+            need = -(-num_tokens_main_model // single.block_size) + single.num_speculative_blocks
+            if need < len(blocks):
+                surplus = [b for b in blocks[need:] if not b.is_null]
+                del blocks[need:]
+                single.block_pool.free_blocks(reversed(surplus))
+            return allocate(request_id, num_tokens, num_tokens_main_model, *args, **kwargs)
+
+        single.allocate_new_blocks = allocate_new_blocks
 
 
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
@@ -262,6 +283,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "cross-encoder-unbudgeted": ("an encoder-decoder request's encoder input ignores the "
                                  "step's encoder budget", _cross_encoder_unbudgeted,
                                  ("cross",)),
+    "align-surplus-freed": ("after rejected drafts a Mamba 'align' table gives back the blocks "
+                            "past the step's need", _align_surplus_freed, ("qwen3_next_eagle",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 

@@ -727,7 +727,13 @@ class VllmSchedulerSide(VllmSide):
 
     def _takes_drafts(self) -> bool:
         return (not self.async_scheduling and drafts_driven(type(self.vllm_scheduler))
-                and super().offers("draft"))
+                and super().offers("draft") and not self._drafts_settle_later())
+
+    def _drafts_settle_later(self) -> bool:
+        """Whether kvfuzz's driver caches the blocks a request's accepted drafts fill after its
+        output (a Mamba hybrid with prefix caching, 0.34's rule) where this vLLM's
+        `update_from_output` does not (0.32, 0.33: they wait for the request's next step)."""
+        return publishes_after_output(self.config) and not _publishes_after_output(False, True)
 
     def tolerated_labels(self) -> list[str]:
         """Target `vllm`'s, and finding 016 where kvfuzz's connector reported a short load
@@ -752,9 +758,14 @@ class VllmSchedulerSide(VllmSide):
         return super().offers(name)
 
     def require(self, name: str) -> None:
+        if name == "draft" and self._drafts_settle_later():
+            raise VllmUnsupported(
+                f"the trace uses spec-decode drafts (step draft/accept) on a Mamba hybrid, "
+                f"where vLLM's update_from_output caches no accepted draft's block after the "
+                f"output (0.32, 0.33) and kvfuzz's driver does (0.34's rule): target "
+                f"{self.name} does not drive them there (docs/vllm.md, \"Drafts on Mamba "
+                f"'align' configs\")")
         if name == "draft" and not self._takes_drafts():
-            if self._mamba_align():
-                super().require(name)  # names why
             raise VllmUnsupported(
                 f"the trace uses spec-decode drafts (step draft/accept), which target "
                 f"{self.name} does not drive (docs/vllm.md, \"vLLM's own scheduler\")")

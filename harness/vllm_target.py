@@ -313,6 +313,11 @@ window, whose keys may have been evicted): `vllm` splits it into one event per r
 hit's real blocks, each chained on the position before the run with that run's token ids, as
 kvcache sends them."""
 
+ALIGN_COUNT_NEGATIVE = "align-count-negative"
+"""vLLM's Mamba "align" count of new blocks goes negative once rejected drafts leave a
+request's table longer than its step needs (docs/findings/028): `vllm` floors that count at 0,
+as kvcache and the model do (docs/spec.md §11.3)."""
+
 KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
     KnownDeviation(
         "empty-window-entry",
@@ -422,6 +427,12 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         _no_snapshot_change,
         applies=lambda api: api.has("kv_events") and api.has("report_mode"),
     ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        ALIGN_COUNT_NEGATIVE,
+        "docs/findings/028-align-count-negative.md",
+        _no_snapshot_change,
+    ),
     # An input, not a snapshot: `VllmSide.lookup` undoes it (see there).
     KnownDeviation(
         "bound-raises-ceiling",
@@ -491,13 +502,6 @@ def _stored_runs(event: Any, request: Any, span: range, listed: Sequence[int],
     return events
 
 
-MAMBA_DRAFTS = ("vLLM's Mamba 'align' count goes negative once rejected drafts leave a table "
-                "longer than a step needs (`single_type_kv_cache_manager.py:1745-1751` in "
-                "0.34.0, no floor), which P1 and the predictions compared (DIFF-probe) report "
-                "(docs/vllm.md, \"Drafts on configs with Mamba groups\")")
-"""Why the vLLM targets leave drafts out of Mamba "align" configs."""
-
-
 class VllmSide(ManagerSide):
     """The installed vLLM's KVCacheManager and Request, built from our config.
 
@@ -542,21 +546,11 @@ class VllmSide(ManagerSide):
         return vllm_group_ids(config)
 
     def offers(self, name: str) -> bool:
-        """Whether this vLLM has what an op or field of `OP_FEATURES` needs (generators ask);
-        drafts not on a Mamba "align" config (`MAMBA_DRAFTS`)."""
-        if name == "draft" and self._mamba_align():
-            return False
+        """Whether this vLLM has what an op or field of `OP_FEATURES` needs (generators ask)."""
         feature = OP_FEATURES.get(name)
         return feature is None or self.api.has(feature)
 
-    def _mamba_align(self) -> bool:
-        return any(g.mamba_cache_mode == "align" for g in self.config.groups)
-
     def require(self, name: str) -> None:
-        if name == "draft" and self._mamba_align():
-            raise VllmUnsupported(f"the trace uses drafts (step draft/accept) on a Mamba "
-                                  f"'align' config, which target {self.name} does not drive: "
-                                  f"{MAMBA_DRAFTS}")
         if not self.offers(name):
             what = FEATURES[OP_FEATURES[name]][0]
             raise VllmUnsupported(
@@ -660,6 +654,8 @@ class VllmSide(ManagerSide):
                 self._skip_rekeyed_state_tail(single)
             if EXTERNAL_STATE_UNCOUNTED in self.tolerated:
                 self._count_external_state_blocks(single)
+            if ALIGN_COUNT_NEGATIVE in self.tolerated:
+                self._floor_align_count(single)
         if CHECKPOINT_RECORD_KEPT in self.tolerated:
             self._keep_checkpoint_records(manager)
         if STORED_SPANS_NULLS in self.tolerated and config.kv_events:
@@ -797,6 +793,26 @@ class VllmSide(ManagerSide):
             if ours != theirs:
                 tolerated.add(request_id)
             return ours
+
+        single.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+
+    def _floor_align_count(self, single: Any) -> None:
+        """A negative count of new state blocks reads as 0 (the hits it evicts still counted):
+        the table is already longer than the step needs, and the step takes nothing."""
+        original = single.get_num_blocks_to_allocate
+        tolerated = self.tolerated[ALIGN_COUNT_NEGATIVE]
+
+        def get_num_blocks_to_allocate(request_id: str, num_tokens: int,
+                                       new_computed_blocks: Any, *args: Any,
+                                       **kwargs: Any) -> int:
+            theirs = original(request_id, num_tokens, new_computed_blocks, *args, **kwargs)
+            if theirs > single.block_pool.num_gpu_blocks:  # "not this step" (`:1709-1717`)
+                return theirs
+            hits = single._get_num_evictable_blocks(new_computed_blocks)
+            if theirs >= hits:
+                return theirs
+            tolerated.add(request_id)
+            return hits
 
         single.get_num_blocks_to_allocate = get_num_blocks_to_allocate
 
