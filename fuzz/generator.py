@@ -421,7 +421,8 @@ class SchedulerRules(Rules):
              "step_in_flight", "complete_step", "step_spec", "take_events", "reset_prefix_cache")
     """Two step rules: steps dominate the runs."""
     CORE = frozenset({"add_request", "step", "step_again"})
-    KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load", "sync_load", "burst")
+    KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load", "sync_load", "burst",
+             "skip_reading")
     max_requests = 10
 
     @classmethod
@@ -513,6 +514,9 @@ class SchedulerRules(Rules):
             self.new_request(
                 priority=self.knob("priority", lambda: between(c, 0, 2), 0),
                 max_tokens=self.knob("max_tokens", lambda: between(c, 1, MAX_OUTPUTS), 4),
+                # A request asking for prompt logprobs reads no cache (docs/spec.md §6.3).
+                skip_reading_prefix_cache=self.knob(
+                    "skip_reading", lambda: pick(c, (False,) * 7 + (True,)), False),
             )
 
     def step(self) -> None:

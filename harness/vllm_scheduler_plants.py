@@ -192,6 +192,26 @@ def _encoder_input_skipped(scheduler: Any) -> None:
         ([], num_new_tokens, budget, [], []))
 
 
+def _scoring_reads_cache(scheduler: Any) -> None:
+    """A request scoring its whole prompt (prompt logprobs, `skip_reading_prefix_cache`
+    derived) reads the prefix cache: `add_request` takes its hit limit from
+    `prompt_logprob_start` alone (None from row 0, the `or 0` of vLLM 0.34
+    `request.py:374-376` dropped); a bounded request (a start row) is unchanged."""
+    add = scheduler.add_request
+
+    def add_request(request: Any, *args: Any, **kwargs: Any) -> Any:
+        params = request.sampling_params
+        if params is not None and params.prompt_logprobs is not None:
+            start = getattr(params, "prompt_logprob_start", None)
+            if hasattr(request, "prefix_cache_hit_limit"):
+                request.prefix_cache_hit_limit = start
+            if hasattr(request, "skip_reading_prefix_cache"):  # 0.32-0.33
+                request.skip_reading_prefix_cache = False
+        return add(request, *args, **kwargs)
+
+    scheduler.add_request = add_request
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -229,6 +249,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                                    ("tenants",)),
     "encoder-input-skipped": ("an encoder-decoder request's encoder input is never scheduled: "
                               "no cross-attention blocks", _encoder_input_skipped, ("cross",)),
+    "scoring-reads-cache": ("a request scoring its whole prompt (skip_reading_prefix_cache) "
+                            "reads the prefix cache", _scoring_reads_cache, ("full",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on)."""
 
