@@ -489,11 +489,9 @@ class SchedulerRules(Rules):
 
     def _sync_loads_fail(self) -> bool:
         """Whether a synchronous load may fail here (docs/spec.md §13.3): a config it is valid
-        on, under the "fail" policy (under "recompute" vLLM rewrites the blocks still keyed,
-        which I11 flags on every target: docs/vllm.md, "KV connectors"), no step in flight."""
-        return (fails_sync_loads(self.config)
-                and self.config.scheduler.kv_load_failure_policy == "fail"
-                and not self.config.deferred_frees)
+        on, no step in flight; under either policy (under "recompute" the vLLM targets keep
+        the failed blocks keyed, a tolerated deviation: docs/findings/028)."""
+        return fails_sync_loads(self.config) and not self.config.deferred_frees
 
     def finish_load(self) -> None:
         """A load ends: whole, short or failed (0 tokens), as the choice decides."""

@@ -1017,6 +1017,29 @@ def _load_rollback_into_window(side: KvcacheSide) -> None:
     side.build_scheduler = build_scheduler
 
 
+@mutant("recompute-keeps-failed-keys", "under the \"recompute\" policy the blocks a failing "
+        "synchronous KV load left invalid keep their keys while their requests rewrite them "
+        "(vLLM's scheduler does this)",
+        bug="docs/findings/028-recompute-failed-blocks-keyed.md", configs=("connector",))
+def _recompute_keeps_failed_keys(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        fail = scheduler._fail_sync_loads
+
+        def fail_sync_loads(scheduled: Any, failing: Any) -> Any:
+            if scheduler.fail_short_loads:
+                return fail(scheduled, failing)
+            evict = scheduler.manager.evict_blocks
+            scheduler.manager.evict_blocks = lambda block_ids: None
+            try:
+                return fail(scheduled, failing)
+            finally:
+                scheduler.manager.evict_blocks = evict
+
+        scheduler._fail_sync_loads = fail_sync_loads
+
+    _on_scheduler(side, patch)
+
+
 _MTP_CONFIGS = ("deepseek_v3_mtp", "deepseek_v3_mtp3", "qwen3_next_mtp")
 
 

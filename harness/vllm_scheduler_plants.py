@@ -113,6 +113,19 @@ def _failed_load_recomputed(scheduler: Any) -> None:
     scheduler.recompute_kv_load_failures = True
 
 
+def _recomputed_sync_load_sampled(scheduler: Any) -> None:
+    """Under the "recompute" policy the running requests a failing synchronous load rolled
+    back are not skipped in `update_from_output`: they take the step's output as if it had
+    computed their tokens (`_handle_invalid_blocks` returns none of them)."""
+    handle = scheduler._handle_invalid_blocks
+
+    def handle_invalid_blocks(*args: Any, **kwargs: Any) -> set[str]:
+        affected = handle(*args, **kwargs)
+        return set() if scheduler.recompute_kv_load_failures else affected
+
+    scheduler._handle_invalid_blocks = handle_invalid_blocks
+
+
 def _encoder_never_fits(scheduler: Any) -> None:
     """The encoder cache never has room: every chunk stops before a multimodal input it would
     reach (`_try_schedule_encoder_inputs`), and one that starts inside an input waits."""
@@ -234,6 +247,9 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "failed-load-recomputed": ("under the 'fail' policy a short KV load is recomputed, its "
                                "request not failed", _failed_load_recomputed,
                                ("nemotron_h_connector",)),
+    "recomputed-sync-load-sampled": ("under the 'recompute' policy a request whose "
+                                     "synchronous KV load failed takes the step's output",
+                                     _recomputed_sync_load_sampled, ("connector",)),
     "encoder-never-fits": ("the encoder cache never has room for a multimodal input",
                            _encoder_never_fits, ("tenants",)),
     "removals-unpublished": ("the KV events a step publishes leave out its BlockRemoved",

@@ -1,0 +1,65 @@
+"""A failing synchronous KV load under the "recompute" policy on vLLM's own Scheduler
+(docs/spec.md §13.3, docs/findings/028): vLLM keeps the failed blocks keyed while their
+requests rewrite them, kvfuzz's driver and the model evict them; target `vllm-scheduler`
+tolerates that one difference (028), `vllm-scheduler-strict` and `--no-tolerate 028` report
+it, and the plant `recomputed-sync-load-sampled` is caught by a campaign."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvfuzz.core.trace import Trace
+from kvfuzz.fuzz.cli import main as kvfuzz
+from kvfuzz.harness.executor import Execution, run_trace
+from kvfuzz.harness.targets import get_target
+from kvfuzz.harness.tolerance import Tolerance
+from kvfuzz.harness.vllm_target import vllm_available
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not vllm_available(), reason="no vLLM this adapter drives is importable"),
+]
+
+TRACE = Path(__file__).resolve().parents[2] / "docs" / "findings" / (
+    "028-recompute-failed-blocks-keyed.json")
+
+
+def test_the_finding_fails_strict_and_passes_tolerated():
+    """r6's load fills 12 of its 15 tokens: block 4 (tokens 12..15) is reported; vLLM keeps
+    its key while r6 computes it again."""
+    trace = Trace.load(TRACE)
+    found = run_trace(trace, ("vllm-scheduler-strict",)).finding
+    assert found is not None and (found.check, found.step) == ("DIFF-state", 2), found
+    assert "block_keys[block 4]" in found.message
+    strict = get_target("vllm-scheduler").spec(Tolerance.of_meta(trace.meta))
+    assert run_trace(trace, (strict,)).finding is not None
+    assert kvfuzz(["replay", str(TRACE)]) == 1
+    ex = Execution(trace.config, "scheduler", ("kvcache", "vllm-scheduler"))
+    for op in trace.ops:
+        ex.apply(op)
+    [side] = [t.side for t in ex.targets if t.name == "vllm-scheduler"]
+    assert side.tolerated_labels() == ["028 recompute-failed-blocks-keyed"]
+
+
+def test_a_failing_synchronous_load_shared_by_a_second_request_agrees_under_recompute():
+    """tests/kvcache's trace (b hits the blocks a's load did not fill, in the same step), run
+    to the end three-way with every check on: vLLM's Scheduler, 028 tolerated, kvfuzz's driver
+    and the model."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvcache"))
+    from test_kvcache_connector import SYNC_FAILURE, sync_failure_config
+
+    trace = Trace(sync_failure_config("recompute"), "scheduler",
+                  SYNC_FAILURE + [{"op": "step"}] * 4, {})
+    assert run_trace(trace, ("kvcache", "vllm-scheduler")).passed
+    assert not run_trace(trace, ("vllm-scheduler-strict",)).passed
+
+
+def test_a_campaign_catches_a_recomputed_sync_load_that_takes_its_output(tmp_path, capsys):
+    code = kvfuzz(["run", "--target", "vllm-scheduler-bug:recomputed-sync-load-sampled",
+                   "--level", "scheduler", "--config", "connector", "--examples", "60",
+                   "--corpus", str(tmp_path)])
+    assert code == 1, capsys.readouterr().out
+    assert list(tmp_path.glob("DIFF-state-connector-*.json"))
