@@ -7,11 +7,13 @@ check catches it (tests/vllm/test_vllm_scheduler.py; bench/bench_vllm_scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
 from kvfuzz.core.config import Config
+from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.sides import Side
 from kvfuzz.harness.targets import VLLM_REQUIRED, register_target
 from kvfuzz.harness.vllm_api import check_vllm
@@ -124,6 +126,25 @@ def _recomputed_sync_load_sampled(scheduler: Any) -> None:
         return set() if scheduler.recompute_kv_load_failures else affected
 
     scheduler._handle_invalid_blocks = handle_invalid_blocks
+
+
+def _window_nulls_skipped(scheduler: Any) -> None:
+    """A failing synchronous load's rollback point is counted among a request's real blocks:
+    `_update_requests_with_invalid_blocks` over the running requests reads each table without
+    a window's leading null blocks, so the point falls that many blocks too early."""
+    update = scheduler._update_requests_with_invalid_blocks
+    manager = scheduler.kv_cache_manager
+
+    def update_requests(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("evict_blocks", True):  # an asynchronous load's: unchanged
+            return update(*args, **kwargs)
+        null = manager.block_pool.null_block.block_id
+        get = manager.get_block_ids
+        with mock.patch.object(manager, "get_block_ids", lambda request_id: tuple(
+                [b for b in ids if b != null] for ids in get(request_id))):
+            return update(*args, **kwargs)
+
+    scheduler._update_requests_with_invalid_blocks = update_requests
 
 
 def _encoder_never_fits(scheduler: Any) -> None:
@@ -250,6 +271,9 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "recomputed-sync-load-sampled": ("under the 'recompute' policy a request whose "
                                      "synchronous KV load failed takes the step's output",
                                      _recomputed_sync_load_sampled, ("connector",)),
+    "sync-failure-window-nulls-skipped": ("a failing synchronous load's rollback point is "
+                                          "counted without a window's null blocks",
+                                          _window_nulls_skipped, ("mistral_connector_fail",)),
     "encoder-never-fits": ("the encoder cache never has room for a multimodal input",
                            _encoder_never_fits, ("tenants",)),
     "removals-unpublished": ("the KV events a step publishes leave out its BlockRemoved",
@@ -268,7 +292,16 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "scoring-reads-cache": ("a request scoring its whole prompt (skip_reading_prefix_cache) "
                             "reads the prefix cache", _scoring_reads_cache, ("full",)),
 }
-"""name -> (what it breaks, the patch, the configs a campaign catches it on)."""
+"""name -> (what it breaks, the patch, the configs a campaign catches it on: built-ins, or
+`PLANT_CONFIGS`)."""
+
+_MISTRAL = BUILTIN["mistral_connector"][1]
+PLANT_CONFIGS: dict[str, Config] = {
+    "mistral_connector_fail": _MISTRAL.replace(
+        name="mistral_connector_fail", scheduler=dataclasses.replace(
+            _MISTRAL.scheduler, kv_load_failure_policy="fail")),
+}
+"""Configs a plant needs that no built-in is (a campaign runs them as config files)."""
 
 _ASYNC = frozenset({"free-not-deferred", "drafts-not-published", "padding-unverified"})
 """Plants in vLLM's AsyncScheduler, where steps stay in flight (target vllm-async-scheduler)."""

@@ -2,7 +2,8 @@
 (docs/spec.md §13.3, docs/findings/028): vLLM keeps the failed blocks keyed while their
 requests rewrite them, kvfuzz's driver and the model evict them; target `vllm-scheduler`
 tolerates that one difference (028), `vllm-scheduler-strict` and `--no-tolerate 028` report
-it, and the plant `recomputed-sync-load-sampled` is caught by a campaign."""
+it, and the plant `recomputed-sync-load-sampled` is caught by a campaign. On a lone sliding
+window under "fail" the three agree too, and `sync-failure-window-nulls-skipped` is caught."""
 
 from __future__ import annotations
 
@@ -63,3 +64,30 @@ def test_a_campaign_catches_a_recomputed_sync_load_that_takes_its_output(tmp_pat
                    "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
     assert list(tmp_path.glob("DIFF-state-connector-*.json"))
+
+
+# ----- a lone sliding-window group under "fail" -----
+
+WINDOW_FAILURE = [
+    {"op": "add_request", "request_id": "r0", "prompt": [2, 0, 2, 1, 0, 2, 1, 1, 1, 0, 3, 0],
+     "max_tokens": 1},
+    {"op": "load_remote", "request_id": "r0", "num_external_tokens": 12, "sync": True,
+     "num_loaded_tokens": 9},
+    {"op": "step"}]
+"""11 of r0's 12 tokens load (the last is computed), 9 validly: its window table is one null
+block then blocks for tokens 4..11; the output reports the block holding tokens 8..11, so r0
+fails at 8 computed tokens (the null block counts)."""
+
+
+def test_a_failing_synchronous_load_on_a_lone_window_agrees_three_way_under_fail():
+    from kvfuzz.harness.vllm_scheduler_plants import PLANT_CONFIGS
+
+    config = PLANT_CONFIGS["mistral_connector_fail"].replace(num_blocks=3)
+    trace = Trace(config, "scheduler", WINDOW_FAILURE, {})
+    steps: list = []
+    assert run_trace(trace, ("kvcache", "vllm-scheduler-strict"),
+                     on_step=lambda i, op, out: steps.append(out)).passed
+    assert steps[-1]["finished"] == ["r0"]
+    finding = run_trace(trace, ("vllm-scheduler-bug:sync-failure-window-nulls-skipped",)).finding
+    assert finding is not None and finding.check == "DIFF-state", finding
+    assert "num_computed_tokens: 4 vs 8" in finding.message
