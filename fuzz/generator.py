@@ -489,9 +489,12 @@ class SchedulerRules(Rules):
 
     def _sync_loads_fail(self) -> bool:
         """Whether a synchronous load may fail here (docs/spec.md §13.3): a config it is valid
-        on, no step in flight; under either policy (under "recompute" the vLLM targets keep
-        the failed blocks keyed, a tolerated deviation: docs/findings/028)."""
-        return fails_sync_loads(self.config) and not self.config.deferred_frees
+        on, no step in flight; under "recompute" where every target recomputes one as the
+        driver does (the vLLM targets keep the failed blocks keyed, a tolerated deviation:
+        docs/findings/028)."""
+        return fails_sync_loads(self.config) and not self.config.deferred_frees and (
+            self.config.scheduler.kv_load_failure_policy == "fail"
+            or self.execution.offers("recomputed_sync_failures"))
 
     def finish_load(self) -> None:
         """A load ends: whole, short or failed (0 tokens), as the choice decides."""

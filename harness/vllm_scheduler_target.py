@@ -751,6 +751,10 @@ class VllmSchedulerSide(VllmSide):
                 self.async_scheduling or not self._may_draft())
         if name in _LOADS and not self.config.kv_connector:
             return False
+        if name == "recomputed_sync_failures":
+            # AsyncScheduler keeps a rolled-back request's output placeholders (vLLM issue
+            # #45138, docs/vllm.md "KV connectors on vLLM's own Scheduler").
+            return not self.async_scheduling
         return super().offers(name)
 
     def require(self, name: str) -> None:

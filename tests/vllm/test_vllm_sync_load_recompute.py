@@ -91,3 +91,25 @@ def test_a_failing_synchronous_load_on_a_lone_window_agrees_three_way_under_fail
     finding = run_trace(trace, ("vllm-scheduler-bug:sync-failure-window-nulls-skipped",)).finding
     assert finding is not None and finding.check == "DIFF-state", finding
     assert "num_computed_tokens: 4 vs 8" in finding.message
+
+
+def test_async_scheduler_keeps_a_recomputed_requests_placeholder():
+    """vLLM issue #45138 (open PRs #45146, #49252): r4's load of its first token fails, the
+    step that admitted it sampled (its last token); AsyncScheduler rolls it back to 0 but keeps
+    the output placeholder it counted, so its next step schedules 3 tokens of a 2-token prompt.
+    The synchronous Scheduler agrees with kvfuzz's driver and the model; campaigns draw such
+    failures only where the target offers them."""
+    from kvfuzz.core.configs import BUILTIN
+
+    trace = Trace(BUILTIN["connector"][1].replace(num_blocks=2), "scheduler", [
+        {"op": "add_request", "request_id": "r4", "prompt": [1, 1], "max_tokens": 1},
+        {"op": "load_remote", "request_id": "r4", "num_external_tokens": 2, "sync": True,
+         "num_loaded_tokens": 0},
+        {"op": "step"}, {"op": "step"}], {})
+    assert run_trace(trace, ("kvcache", "vllm-scheduler")).passed
+    finding = run_trace(trace, ("vllm-async-scheduler",)).finding
+    assert finding is not None and (finding.check, finding.step) == ("DIFF-result", 3), finding
+    assert "['r4', 3, 0]" in finding.message
+    offers = {name: Execution(trace.config, "scheduler", (name,)).offers(
+        "recomputed_sync_failures") for name in ("vllm-scheduler", "vllm-async-scheduler")}
+    assert offers == {"vllm-scheduler": True, "vllm-async-scheduler": False}
