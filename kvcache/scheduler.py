@@ -736,10 +736,11 @@ class Scheduler:
         loads did not fill (vLLM's `_handle_invalid_blocks` over its running requests). Each
         scheduled request whose blocks computed before the step hold one is affected: at the
         first such block no earlier request marked, its computed tokens drop to the block's
-        start (if none, they stay as before the step), and that block and the rest of its
-        table are evicted from the cache. Under "recompute" an affected request runs on and
-        rewrites its blocks from its computed tokens on, so those lose their keys too (vLLM
-        keeps them keyed: docs/findings/028). Returns the affected requests, in order."""
+        start (if none, they stay as before the step), and its blocks from its computed
+        tokens on are evicted from the cache, under either policy: what it computed from
+        there read invalid KV, and under "recompute" it writes them again (vLLM keeps them
+        keyed under "recompute", and a sharer's under "fail": docs/findings/028). Returns
+        the affected requests, in order."""
         single = self.manager.coordinator.single_type_managers[0]
         size = single.block_size
         invalid = {b.block_id for rid, (valid, end) in failing.items()
@@ -762,8 +763,7 @@ class Scheduler:
                 if not own:
                     own = True
                     request.num_computed_tokens = idx * size
-                    evict.update(b.block_id for b in table[idx:])
-            if request in affected and not self.fail_short_loads:
+            if request in affected:
                 evict.update(b.block_id for b in table[request.num_computed_tokens // size:])
         self.manager.evict_blocks(evict)
         return affected

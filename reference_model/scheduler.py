@@ -585,9 +585,9 @@ class Driver:
         loads did not fill (one group). Each scheduled request, in order, whose computed
         blocks before the step hold one is affected: at the first such block no earlier
         request marked, its computed tokens drop to that block's start (else they stay as
-        before the step), and that block and the rest of its table lose their keys; under
-        "recompute" so do an affected request's blocks from its computed tokens on, which it
-        rewrites (a block to be rewritten keeps no key). Returns the affected request ids."""
+        before the step), and its blocks from its computed tokens on lose their keys under
+        either policy (what it computed there read invalid KV; under "recompute" it writes
+        them again). Returns the affected request ids."""
         g = self.manager.layout.groups[0]
         tables = self.manager.state.tables[0]
         invalid = {b for rid, (valid, end) in failing.items()
@@ -608,8 +608,7 @@ class Driver:
                 if not own:
                     own = True
                     r.num_computed_tokens = idx * g.bs
-                    evict.update(table[idx:])
-            if r.request_id in affected and self.cfg.kv_load_failure_policy == "recompute":
+            if r.request_id in affected:
                 evict.update(table[r.num_computed_tokens // g.bs:])
         self.manager.evict_blocks(evict)
         return affected

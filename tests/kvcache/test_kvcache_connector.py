@@ -474,7 +474,7 @@ def test_a_failing_synchronous_load_is_reported_by_the_step_that_admits_it(polic
 def test_recomputing_a_failed_synchronous_load_rewrites_no_keyed_block():
     """Under "recompute" a recomputes into the blocks its load did not fill and b into the
     block after its hit: kvcache's driver evicted their keys first, so I11 passes; the plant
-    `recompute-keeps-failed-keys` (vLLM's rule, `scheduler.py:3907-3911` in 0.34.0: evicted
+    `failed-load-blocks-keyed` (vLLM's rule, `scheduler.py:3907-3911` in 0.34.0: evicted
     only under "fail") rewrites them keyed and I11 says so (docs/findings/028)."""
     from kvfuzz.core.trace import Trace
     from kvfuzz.harness.executor import run_trace
@@ -484,9 +484,9 @@ def test_recomputing_a_failed_synchronous_load_rewrites_no_keyed_block():
                              "ops": SYNC_FAILURE + [{"op": "step"}] * 3})
     assert run_trace(trace, ["kvcache"]).passed
     # The model sees the keys at once (DIFF-state, step 3); alone, I11 sees the rewrite.
-    finding = run_trace(trace, ["bug:recompute-keeps-failed-keys"]).finding
+    finding = run_trace(trace, ["bug:failed-load-blocks-keyed"]).finding
     assert finding is not None and (finding.check, finding.step) == ("DIFF-state", 3)
-    finding = run_trace(trace, ["bug:recompute-keeps-failed-keys"], model=False).finding
+    finding = run_trace(trace, ["bug:failed-load-blocks-keyed"], model=False).finding
     assert finding is not None and (finding.check, finding.step) == ("I11", 4)
 
 
@@ -517,7 +517,7 @@ def test_a_request_sharing_a_failed_block_rewrites_its_own_blocks_unkeyed():
     trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
                              "config": config.to_dict(), "ops": ops})
     assert run_trace(trace, ["kvcache"]).passed
-    finding = run_trace(trace, ["bug:recompute-keeps-failed-keys"], model=False).finding
+    finding = run_trace(trace, ["bug:failed-load-blocks-keyed"], model=False).finding
     assert finding is not None and finding.check == "I11", finding
 
 
@@ -552,3 +552,42 @@ def test_the_generators_draw_failing_synchronous_loads_under_the_fail_policy():
         drawn += sum(op["op"] == "load_remote" and op["num_loaded_tokens"] is not None
                      for op in ex.trace.ops)
     assert drawn
+
+
+FAIL_SHARER = [
+    {"op": "add_request", "request_id": "r2", "prompt": [2, 3, 0, 3], "max_tokens": 1},
+    {"op": "add_request", "request_id": "r3", "prompt": [2, 3, 0, 3, 2, 2, 0, 1],
+     "max_tokens": 2},
+    {"op": "load_remote", "request_id": "r2", "num_external_tokens": 3, "sync": True,
+     "num_loaded_tokens": 1},
+    {"op": "step"},
+    {"op": "add_request", "request_id": "r5", "prompt": [2, 3, 0, 3, 1], "max_tokens": 1},
+    {"op": "step"},
+    {"op": "add_request", "request_id": "r6", "prompt": [2, 3, 0, 3, 2, 2, 0, 1, 3],
+     "max_tokens": 1},
+    {"op": "step"}]
+"""Under "fail" (`fail_sharer_config`): r3 hits r2's first block, which r2's synchronous load
+fails on, and computes its second block on it; both fail. r5 computes the first block again
+(keyed anew); r6 shares r3's prompt."""
+
+
+def fail_sharer_config():
+    import dataclasses
+
+    config = sync_failure_config("fail")
+    return config.replace(num_blocks=8, scheduler=dataclasses.replace(config.scheduler,
+                                                                      token_budget=16))
+
+
+def test_a_sharer_failed_with_the_load_leaves_no_block_it_computed_on_invalid_kv_keyed():
+    """`FAIL_SHARER`: r6 would hit r3's second block too had it kept its key (vLLM keeps it:
+    docs/findings/028); kvfuzz's driver evicted it, r6 hits 4 tokens."""
+    from kvfuzz.core.trace import Trace
+    from kvfuzz.harness.executor import run_trace
+
+    trace = Trace(fail_sharer_config(), "scheduler", FAIL_SHARER, {})
+    steps: list = []
+    assert run_trace(trace, ["kvcache"], on_step=lambda i, op, out: steps.append(out)).passed
+    assert steps[3]["finished"] == ["r2", "r3"] and steps[-1]["scheduled"] == [["r6", 5, 4]]
+    finding = run_trace(trace, ["bug:failed-load-blocks-keyed"]).finding
+    assert finding is not None and finding.check == "DIFF-state", finding

@@ -78,7 +78,7 @@ EXPECTED = {
     "inflight-drain-whole-list": {"DIFF-state"},
     "encoder-budget-per-request": {"DIFF-result", "DIFF-state"},
     "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
-    "recompute-keeps-failed-keys": {"I11", "DIFF-state"},
+    "failed-load-blocks-keyed": {"I11", "DIFF-state"},
     "lookahead-unhashed": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "reprefillable-cached": {"DIFF-state", "DIFF-result", "DIFF-probe"},
     "output-unpublished": {"DIFF-state", "DIFF-result", "DIFF-probe"},
