@@ -21,7 +21,7 @@ from common import first_counterexample, generated_traces
 from kvfuzz.core.trace import Trace
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.harness.targets import get_target
-from kvfuzz.harness.vllm_scheduler_plants import PLANTS
+from kvfuzz.harness.vllm_scheduler_plants import PLANT_CONFIGS, PLANTS
 
 
 def steps_per_second(traces: list[Trace], target: str, repeats: int) -> float:
@@ -54,8 +54,11 @@ def checked_steps_per_second(traces: list[Trace], repeats: int) -> float:
 
 
 def hunt(name: str, seed: int, budget: float) -> tuple[float | None, int | None, str]:
+    names = PLANTS[name][2]
     return first_counterexample(target=f"vllm-scheduler-bug:{name}", seconds=budget, seed=seed,
-                                configs=PLANTS[name][2], levels=("scheduler",))
+                                configs=names, levels=("scheduler",),
+                                config_files=tuple(PLANT_CONFIGS[n] for n in names
+                                                   if n in PLANT_CONFIGS))
 
 
 def main() -> None:

@@ -421,7 +421,8 @@ class SchedulerRules(Rules):
              "step_in_flight", "complete_step", "step_spec", "take_events", "reset_prefix_cache")
     """Two step rules: steps dominate the runs."""
     CORE = frozenset({"add_request", "step", "step_again"})
-    KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load", "sync_load", "burst")
+    KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load", "sync_load", "burst",
+             "skip_reading")
     max_requests = 10
 
     @classmethod
@@ -488,11 +489,12 @@ class SchedulerRules(Rules):
 
     def _sync_loads_fail(self) -> bool:
         """Whether a synchronous load may fail here (docs/spec.md §13.3): a config it is valid
-        on, under the "fail" policy (under "recompute" vLLM rewrites the blocks still keyed,
-        which I11 flags on every target: docs/vllm.md, "KV connectors"), no step in flight."""
-        return (fails_sync_loads(self.config)
-                and self.config.scheduler.kv_load_failure_policy == "fail"
-                and not self.config.deferred_frees)
+        on, no step in flight; under "recompute" where every target recomputes one as the
+        driver does (the vLLM targets keep the failed blocks keyed, a tolerated deviation:
+        docs/findings/029)."""
+        return fails_sync_loads(self.config) and not self.config.deferred_frees and (
+            self.config.scheduler.kv_load_failure_policy == "fail"
+            or self.execution.offers("recomputed_sync_failures"))
 
     def finish_load(self) -> None:
         """A load ends: whole, short or failed (0 tokens), as the choice decides."""
@@ -513,6 +515,9 @@ class SchedulerRules(Rules):
             self.new_request(
                 priority=self.knob("priority", lambda: between(c, 0, 2), 0),
                 max_tokens=self.knob("max_tokens", lambda: between(c, 1, MAX_OUTPUTS), 4),
+                # A request asking for prompt logprobs reads no cache (docs/spec.md §6.3).
+                skip_reading_prefix_cache=self.knob(
+                    "skip_reading", lambda: pick(c, (False,) * 7 + (True,)), False),
             )
 
     def step(self) -> None:

@@ -1035,6 +1035,35 @@ def _load_rollback_into_window(side: KvcacheSide) -> None:
     side.build_scheduler = build_scheduler
 
 
+@mutant("failed-load-blocks-keyed", "the blocks a failing synchronous KV load left invalid keep "
+        "their keys as vLLM's scheduler keeps them: all under \"recompute\" (rewritten while "
+        "keyed), a sharer's under \"fail\" (computed on the invalid KV)",
+        bug="docs/findings/029-recompute-failed-blocks-keyed.md", configs=("connector",))
+def _failed_load_blocks_keyed(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        fail = scheduler._fail_sync_loads
+
+        def fail_sync_loads(scheduled: Any, failing: Any) -> Any:
+            before = {r.request_id: r.num_computed_tokens for r, _, _ in scheduled}
+            evict = scheduler.manager.evict_blocks
+            scheduler.manager.evict_blocks = lambda block_ids: None
+            try:
+                affected = fail(scheduled, failing)
+            finally:
+                scheduler.manager.evict_blocks = evict
+            if scheduler.fail_short_loads:  # vLLM: the tables of the requests that marked one
+                single = scheduler.manager.coordinator.single_type_managers[0]
+                evict({b.block_id for r in affected
+                       if r.num_computed_tokens != before[r.request_id]
+                       for b in single.req_to_blocks[r.request_id][
+                           r.num_computed_tokens // single.block_size:]})
+            return affected
+
+        scheduler._fail_sync_loads = fail_sync_loads
+
+    _on_scheduler(side, patch)
+
+
 _MTP_CONFIGS = ("deepseek_v3_mtp", "deepseek_v3_mtp3", "qwen3_next_mtp")
 
 

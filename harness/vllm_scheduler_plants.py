@@ -7,11 +7,13 @@ check catches it (tests/vllm/test_vllm_scheduler.py; bench/bench_vllm_scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
 from kvfuzz.core.config import Config
+from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.sides import Side
 from kvfuzz.harness.targets import VLLM_REQUIRED, register_target
 from kvfuzz.harness.vllm_api import check_vllm
@@ -111,6 +113,38 @@ def _failed_load_recomputed(scheduler: Any) -> None:
     """Under the "fail" `kv_load_failure_policy` a short load is rolled back and recomputed
     as under "recompute": the request is not failed."""
     scheduler.recompute_kv_load_failures = True
+
+
+def _recomputed_sync_load_sampled(scheduler: Any) -> None:
+    """Under the "recompute" policy the running requests a failing synchronous load rolled
+    back are not skipped in `update_from_output`: they take the step's output as if it had
+    computed their tokens (`_handle_invalid_blocks` returns none of them)."""
+    handle = scheduler._handle_invalid_blocks
+
+    def handle_invalid_blocks(*args: Any, **kwargs: Any) -> set[str]:
+        affected = handle(*args, **kwargs)
+        return set() if scheduler.recompute_kv_load_failures else affected
+
+    scheduler._handle_invalid_blocks = handle_invalid_blocks
+
+
+def _window_nulls_skipped(scheduler: Any) -> None:
+    """A failing synchronous load's rollback point is counted among a request's real blocks:
+    `_update_requests_with_invalid_blocks` over the running requests reads each table without
+    a window's leading null blocks, so the point falls that many blocks too early."""
+    update = scheduler._update_requests_with_invalid_blocks
+    manager = scheduler.kv_cache_manager
+
+    def update_requests(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("evict_blocks", True):  # an asynchronous load's: unchanged
+            return update(*args, **kwargs)
+        null = manager.block_pool.null_block.block_id
+        get = manager.get_block_ids
+        with mock.patch.object(manager, "get_block_ids", lambda request_id: tuple(
+                [b for b in ids if b != null] for ids in get(request_id))):
+            return update(*args, **kwargs)
+
+    scheduler._update_requests_with_invalid_blocks = update_requests
 
 
 def _encoder_never_fits(scheduler: Any) -> None:
@@ -217,6 +251,8 @@ def _cross_encoder_unbudgeted(scheduler: Any) -> None:
     manager.can_allocate = lambda request, input_id, budget, pending: can_allocate(
         request, input_id, scheduler.max_num_encoder_input_tokens * len(scheduler.requests),
         pending)
+
+
 def _align_surplus_freed(scheduler: Any) -> None:
     """Once rejected drafts leave a request's Mamba "align" table longer than its step needs,
     the allocation hands the blocks past that need back to the pool (the table shrinks, though
@@ -238,6 +274,26 @@ def _align_surplus_freed(scheduler: Any) -> None:
             return allocate(request_id, num_tokens, num_tokens_main_model, *args, **kwargs)
 
         single.allocate_new_blocks = allocate_new_blocks
+
+
+def _scoring_reads_cache(scheduler: Any) -> None:
+    """A request scoring its whole prompt (prompt logprobs, `skip_reading_prefix_cache`
+    derived) reads the prefix cache: `add_request` takes its hit limit from
+    `prompt_logprob_start` alone (None from row 0, the `or 0` of vLLM 0.34
+    `request.py:374-376` dropped); a bounded request (a start row) is unchanged."""
+    add = scheduler.add_request
+
+    def add_request(request: Any, *args: Any, **kwargs: Any) -> Any:
+        params = request.sampling_params
+        if params is not None and params.prompt_logprobs is not None:
+            start = getattr(params, "prompt_logprob_start", None)
+            if hasattr(request, "prefix_cache_hit_limit"):
+                request.prefix_cache_hit_limit = start
+            if hasattr(request, "skip_reading_prefix_cache"):  # 0.32-0.33
+                request.skip_reading_prefix_cache = False
+        return add(request, *args, **kwargs)
+
+    scheduler.add_request = add_request
 
 
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
@@ -262,6 +318,12 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "failed-load-recomputed": ("under the 'fail' policy a short KV load is recomputed, its "
                                "request not failed", _failed_load_recomputed,
                                ("nemotron_h_connector",)),
+    "recomputed-sync-load-sampled": ("under the 'recompute' policy a request whose "
+                                     "synchronous KV load failed takes the step's output",
+                                     _recomputed_sync_load_sampled, ("connector",)),
+    "sync-failure-window-nulls-skipped": ("a failing synchronous load's rollback point is "
+                                          "counted without a window's null blocks",
+                                          _window_nulls_skipped, ("mistral_connector_fail",)),
     "encoder-never-fits": ("the encoder cache never has room for a multimodal input",
                            _encoder_never_fits, ("tenants",)),
     "removals-unpublished": ("the KV events a step publishes leave out its BlockRemoved",
@@ -285,8 +347,19 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                                  ("cross",)),
     "align-surplus-freed": ("after rejected drafts a Mamba 'align' table gives back the blocks "
                             "past the step's need", _align_surplus_freed, ("qwen3_next_eagle",)),
+    "scoring-reads-cache": ("a request scoring its whole prompt (skip_reading_prefix_cache) "
+                            "reads the prefix cache", _scoring_reads_cache, ("full",)),
 }
-"""name -> (what it breaks, the patch, the configs a campaign catches it on)."""
+"""name -> (what it breaks, the patch, the configs a campaign catches it on: built-ins, or
+`PLANT_CONFIGS`)."""
+
+_MISTRAL = BUILTIN["mistral_connector"][1]
+PLANT_CONFIGS: dict[str, Config] = {
+    "mistral_connector_fail": _MISTRAL.replace(
+        name="mistral_connector_fail", scheduler=dataclasses.replace(
+            _MISTRAL.scheduler, kv_load_failure_policy="fail")),
+}
+"""Configs a plant needs that no built-in is (a campaign runs them as config files)."""
 
 _ASYNC = frozenset({"free-not-deferred", "drafts-not-published", "padding-unverified",
                     "encoder-released-unsettled"})

@@ -39,11 +39,13 @@ from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.scheduler_driver import SchedulerDriver
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm, vllm_source
 from kvfuzz.harness.vllm_encoder_budget import encoder_input, encoder_release_rule, size_encoder
+from kvfuzz.harness.vllm_failed_blocks import RECOMPUTED_KEYED, evict_rewritten_blocks
 from kvfuzz.harness.vllm_scheduler_events import PublishedEvents, count_outputs, kv_events_config
 from kvfuzz.harness.vllm_target import (
     KNOWN_DEVIATIONS,
     KnownDeviation,
     VllmSide,
+    _no_snapshot_change,
     _partial_hits_forced,
     build_kv_cache_config,
 )
@@ -151,6 +153,13 @@ SCHEDULER_DEVIATIONS = (
         "deferred-drain-group-order",
         "docs/findings/018-deferred-drain-group-order.md",
         _drained_in_drain,
+    ),
+    # Blocks, not a snapshot: `harness/vllm_failed_blocks.py` undoes it (see there).
+    KnownDeviation(
+        RECOMPUTED_KEYED,
+        "docs/findings/029-recompute-failed-blocks-keyed.md",
+        _no_snapshot_change,
+        applies=lambda api: api.has("kv_connector"),
     ),
 )
 """Deviations only vLLM's own Scheduler shows (kvfuzz's driver plays its part for `vllm`)."""
@@ -672,6 +681,8 @@ class VllmSchedulerSide(VllmSide):
             driver = Driver(self.vllm_scheduler, api.ModelRunnerOutput, drafts)
             driver._init_loads(any(g.kind == "mamba" for g in config.groups),
                                len(self.group_ids) == 1, bool(self.known_deviations))
+            if RECOMPUTED_KEYED in self.tolerated:
+                evict_rewritten_blocks(self.vllm_scheduler, self.tolerated[RECOMPUTED_KEYED])
         driver.drain_in_group_order = "deferred-drain-group-order" in self.tolerated
         driver.in_flight_sampling = config.scheduler.in_flight_sampling
         self.deviations = tuple(
@@ -755,6 +766,10 @@ class VllmSchedulerSide(VllmSide):
                 self.async_scheduling or not self._may_draft())
         if name in _LOADS and not self.config.kv_connector:
             return False
+        if name == "recomputed_sync_failures":
+            # AsyncScheduler keeps a rolled-back request's output placeholders (vLLM issue
+            # #45138, docs/vllm.md "KV connectors on vLLM's own Scheduler").
+            return not self.async_scheduling
         return super().offers(name)
 
     def require(self, name: str) -> None:

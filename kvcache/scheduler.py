@@ -750,8 +750,11 @@ class Scheduler:
         loads did not fill (vLLM's `_handle_invalid_blocks` over its running requests). Each
         scheduled request whose blocks computed before the step hold one is affected: at the
         first such block no earlier request marked, its computed tokens drop to the block's
-        start (if none, they stay as before the step); under "fail" that block and the rest
-        of its table are evicted from the cache. Returns the affected requests, in order."""
+        start (if none, they stay as before the step), and its blocks from its computed
+        tokens on are evicted from the cache, under either policy: what it computed from
+        there read invalid KV, and under "recompute" it writes them again (vLLM keeps them
+        keyed under "recompute", and a sharer's under "fail": docs/findings/029). Returns
+        the affected requests, in order."""
         single = self.manager.coordinator.single_type_managers[0]
         size = single.block_size
         invalid = {b.block_id for rid, (valid, end) in failing.items()
@@ -774,9 +777,9 @@ class Scheduler:
                 if not own:
                     own = True
                     request.num_computed_tokens = idx * size
-                    evict.update(b.block_id for b in table[idx:])
-        if self.fail_short_loads:
-            self.manager.evict_blocks(evict)
+            if request in affected:
+                evict.update(b.block_id for b in table[request.num_computed_tokens // size:])
+        self.manager.evict_blocks(evict)
         return affected
 
     def _append_verified(self, request: Any, drafts: list[int], accept: int | None,

@@ -592,8 +592,9 @@ class Driver:
         loads did not fill (one group). Each scheduled request, in order, whose computed
         blocks before the step hold one is affected: at the first such block no earlier
         request marked, its computed tokens drop to that block's start (else they stay as
-        before the step), and under "fail" that block and the rest of its table lose their
-        keys. Returns the affected request ids."""
+        before the step), and its blocks from its computed tokens on lose their keys under
+        either policy (what it computed there read invalid KV; under "recompute" it writes
+        them again). Returns the affected request ids."""
         g = self.manager.layout.groups[0]
         tables = self.manager.state.tables[0]
         invalid = {b for rid, (valid, end) in failing.items()
@@ -614,9 +615,9 @@ class Driver:
                 if not own:
                     own = True
                     r.num_computed_tokens = idx * g.bs
-                    evict.update(table[idx:])
-        if self.cfg.kv_load_failure_policy == "fail":
-            self.manager.evict_blocks(evict)
+            if r.request_id in affected:
+                evict.update(table[r.num_computed_tokens // g.bs:])
+        self.manager.evict_blocks(evict)
         return affected
 
     def _encoder_cut(self, r: Request, start: int, n: int

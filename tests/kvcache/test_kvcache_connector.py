@@ -455,12 +455,12 @@ def test_a_failing_synchronous_load_is_reported_by_the_step_that_admits_it(polic
                                                                             after):
     """docs/spec.md §13.3: the step's output reports blocks 2-4 (tokens 4..15) not filled. a's
     computed tokens drop to 4, the start of the first; b holds them too, already marked by a:
-    it keeps its hit (20) and takes no output. Under "fail" both fail, and a's blocks from the
-    first reported one on lose their keys first. kvcache's driver and the model agree (I11
-    off: under "recompute" a rewrites blocks still keyed, below)."""
+    it keeps its hit (20) and takes no output. a's blocks from the first reported one on lose
+    their keys under either policy (vLLM only under "fail": docs/findings/029); under "fail"
+    both fail. kvcache's driver and the model agree."""
     from kvfuzz.harness.executor import Execution
 
-    ex = Execution(sync_failure_config(policy), "scheduler", ("kvcache",), checks=())
+    ex = Execution(sync_failure_config(policy), "scheduler", ("kvcache",))
     for op in SYNC_FAILURE[:-1]:
         ex.apply(op)
     out = ex.apply(SYNC_FAILURE[-1])
@@ -468,26 +468,63 @@ def test_a_failing_synchronous_load_is_reported_by_the_step_that_admits_it(polic
     views = ex.state.requests
     assert {rid: (v.num_computed_tokens, v.status) for rid, v in views.items()} == after
     keyed = {b for blocks in ex.state.cache.values() for b in blocks}
-    assert keyed.isdisjoint({2, 3, 4, 5}) == (policy == "fail")
+    assert keyed.isdisjoint({2, 3, 4, 5})
 
 
-def test_recomputing_a_failed_synchronous_load_rewrites_blocks_still_keyed():
-    """Under "recompute" the blocks the load did not fill keep their keys (vLLM evicts them
-    only under "fail", `scheduler.py:3907-3911` in 0.34.0) while a recomputes into them and b
-    reads them: I11 says so on kvcache, which plays vLLM's rule (docs/vllm.md)."""
+def test_recomputing_a_failed_synchronous_load_rewrites_no_keyed_block():
+    """Under "recompute" a recomputes into the blocks its load did not fill and b into the
+    block after its hit: kvcache's driver evicted their keys first, so I11 passes; the plant
+    `failed-load-blocks-keyed` (vLLM's rule, `scheduler.py:3907-3911` in 0.34.0: evicted
+    only under "fail") rewrites them keyed and I11 says so (docs/findings/029)."""
     from kvfuzz.core.trace import Trace
     from kvfuzz.harness.executor import run_trace
 
     trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
                              "config": sync_failure_config("recompute").to_dict(),
-                             "ops": SYNC_FAILURE + [{"op": "step"}]})
-    finding = run_trace(trace, ["kvcache"]).finding
+                             "ops": SYNC_FAILURE + [{"op": "step"}] * 3})
+    assert run_trace(trace, ["kvcache"]).passed
+    # The model sees the keys at once (DIFF-state, step 3); alone, I11 sees the rewrite.
+    finding = run_trace(trace, ["bug:failed-load-blocks-keyed"]).finding
+    assert finding is not None and (finding.check, finding.step) == ("DIFF-state", 3)
+    finding = run_trace(trace, ["bug:failed-load-blocks-keyed"], model=False).finding
     assert finding is not None and (finding.check, finding.step) == ("I11", 4)
+
+
+def test_a_request_sharing_a_failed_block_rewrites_its_own_blocks_unkeyed():
+    """r3 hits r2's first block, which r2's synchronous load fails on, and computes its second
+    block in that step: r2 marks the block (r3 keeps its hit), and r3's second block, which
+    it computes again, loses its key too under "recompute" (a campaign's shrunk trace, on a
+    6-block pool with a budget of 16)."""
+    from kvfuzz.core.trace import Trace
+    from kvfuzz.harness.executor import run_trace
+
+    ops = [
+        {"op": "add_request", "request_id": "r0", "prompt": [0, 0, 2, 2, 2], "max_tokens": 2},
+        {"op": "add_request", "request_id": "r1", "prompt": [2, 3, 0, 3, 0, 3, 2, 0],
+         "cache_salt": "b", "max_tokens": 2},
+        {"op": "add_request", "request_id": "r2", "prompt": [2, 3, 0, 3], "max_tokens": 1},
+        {"op": "step"}, {"op": "step"},
+        {"op": "add_request", "request_id": "r3", "prompt": [2, 3, 0, 3, 2, 2, 0, 1],
+         "max_tokens": 2},
+        {"op": "load_remote", "request_id": "r2", "num_external_tokens": 3, "sync": True,
+         "num_loaded_tokens": 1},
+        {"op": "step"}, {"op": "step"}]
+    import dataclasses
+
+    config = sync_failure_config("recompute")
+    config = config.replace(num_blocks=6, scheduler=dataclasses.replace(config.scheduler,
+                                                                        token_budget=16))
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": config.to_dict(), "ops": ops})
+    assert run_trace(trace, ["kvcache"]).passed
+    finding = run_trace(trace, ["bug:failed-load-blocks-keyed"], model=False).finding
+    assert finding is not None and finding.check == "I11", finding
 
 
 @pytest.mark.parametrize("config, op, says", [
     ("connector", {"sync": False}, "num_loaded_tokens is for a synchronous load"),
-    ("gpt_oss_connector", {"sync": True}, "one full-attention group only"),
+    ("gpt_oss_connector", {"sync": True}, "one KV cache group only"),
+    ("mistral_connector", {"sync": True}, "a sliding window under kv_load_failure_policy"),
     ("connector", {"sync": True, "num_loaded_tokens": -1}, "must be >= 0 or null, got -1"),
 ])
 def test_a_failing_synchronous_load_where_it_is_not_valid_exits_2(config, op, says):
@@ -515,3 +552,42 @@ def test_the_generators_draw_failing_synchronous_loads_under_the_fail_policy():
         drawn += sum(op["op"] == "load_remote" and op["num_loaded_tokens"] is not None
                      for op in ex.trace.ops)
     assert drawn
+
+
+FAIL_SHARER = [
+    {"op": "add_request", "request_id": "r2", "prompt": [2, 3, 0, 3], "max_tokens": 1},
+    {"op": "add_request", "request_id": "r3", "prompt": [2, 3, 0, 3, 2, 2, 0, 1],
+     "max_tokens": 2},
+    {"op": "load_remote", "request_id": "r2", "num_external_tokens": 3, "sync": True,
+     "num_loaded_tokens": 1},
+    {"op": "step"},
+    {"op": "add_request", "request_id": "r5", "prompt": [2, 3, 0, 3, 1], "max_tokens": 1},
+    {"op": "step"},
+    {"op": "add_request", "request_id": "r6", "prompt": [2, 3, 0, 3, 2, 2, 0, 1, 3],
+     "max_tokens": 1},
+    {"op": "step"}]
+"""Under "fail" (`fail_sharer_config`): r3 hits r2's first block, which r2's synchronous load
+fails on, and computes its second block on it; both fail. r5 computes the first block again
+(keyed anew); r6 shares r3's prompt."""
+
+
+def fail_sharer_config():
+    import dataclasses
+
+    config = sync_failure_config("fail")
+    return config.replace(num_blocks=8, scheduler=dataclasses.replace(config.scheduler,
+                                                                      token_budget=16))
+
+
+def test_a_sharer_failed_with_the_load_leaves_no_block_it_computed_on_invalid_kv_keyed():
+    """`FAIL_SHARER`: r6 would hit r3's second block too had it kept its key (vLLM keeps it:
+    docs/findings/029); kvfuzz's driver evicted it, r6 hits 4 tokens."""
+    from kvfuzz.core.trace import Trace
+    from kvfuzz.harness.executor import run_trace
+
+    trace = Trace(fail_sharer_config(), "scheduler", FAIL_SHARER, {})
+    steps: list = []
+    assert run_trace(trace, ["kvcache"], on_step=lambda i, op, out: steps.append(out)).passed
+    assert steps[3]["finished"] == ["r2", "r3"] and steps[-1]["scheduled"] == [["r6", 5, 4]]
+    finding = run_trace(trace, ["bug:failed-load-blocks-keyed"]).finding
+    assert finding is not None and finding.check == "DIFF-state", finding

@@ -79,6 +79,7 @@ EXPECTED = {
     "encoder-budget-per-request": {"DIFF-result", "DIFF-state"},
     "cross-encoder-unbudgeted": {"DIFF-result", "DIFF-state", "DIFF-probe"},
     "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
+    "failed-load-blocks-keyed": {"I11", "DIFF-state"},
     "lookahead-unhashed": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "reprefillable-cached": {"DIFF-state", "DIFF-result", "DIFF-probe"},
     "output-unpublished": {"DIFF-state", "DIFF-result", "DIFF-probe"},
