@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvfuzz.core.config import SchedulerConfig
+from kvfuzz.core.config import LOOP_RULES, SchedulerConfig
 from kvfuzz.core.errors import ConfigError
 from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Finding, RunResult, TargetSpec, run_trace
@@ -235,7 +235,7 @@ def _config_variants(trace: Trace) -> Iterator[Trace]:
     if cfg.scheduler != SchedulerConfig():
         for f in dataclasses.fields(SchedulerConfig):
             value, drafts = getattr(cfg.scheduler, f.name), f.name == "num_speculative_tokens"
-            if value == f.default or drafts and value == 1:
+            if value == f.default or drafts and value == 1 or f.name in LOOP_RULES:
                 continue
             # Fixed drafts shrink to one, not none: the trace's `accept` verifies them, which
             # a target that takes no drafter's drafts cannot run without them.

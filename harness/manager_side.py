@@ -176,6 +176,8 @@ class ManagerSide:
             output_placeholders=s.in_flight_sampling == "placeholders",
             encoder_budget=s.encoder_budget,
             encoder_cache_size=s.encoder_cache_size,
+            stop_at_self_preemption=s.self_preemption == "stop",
+            stop_at_blocked_waiting=s.blocked_waiting == "stop",
         )
 
     # ----- Side -----
