@@ -586,8 +586,8 @@ def test_mtp_runs_where_vllm_and_the_driver_publish_alike():
     (0.33+) and on a Mamba hybrid (0.34; `cache_blocks` in `update_from_output`), which with
     hash lookahead caches the hash block the sampled token completes; kvfuzz's driver
     publishes on a Mamba hybrid only, so a config is refused where the two differ."""
-    assert unsupported_reason(BUILTIN["deepseek_v3_mtp"][1]) is None
-    assert unsupported_reason(BUILTIN["deepseek_v3_mtp3"][1]) is None
+    assert unsupported_reason(engine(BUILTIN["deepseek_v3_mtp"][1])) is None
+    assert unsupported_reason(engine(BUILTIN["deepseek_v3_mtp3"][1])) is None
     if load_vllm().has("hash_lookahead"):
         assert "publishing states" in unsupported_reason(BUILTIN["deepseek_v3_mtp"][1], True)
     mamba = unsupported_reason(BUILTIN["qwen3_next_mtp"][1]) or ""
