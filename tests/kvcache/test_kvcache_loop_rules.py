@@ -70,3 +70,16 @@ def test_a_bad_loop_rule_is_refused_naming_it(field, value):
     with pytest.raises(ConfigError, match=f"scheduler.{field} must be one of .*'{value}'"):
         Config.from_dict({"num_blocks": 8, "groups": [{"kind": "full", "block_size": 4}],
                           "scheduler": {field: value}})
+
+
+def test_the_shrinker_keeps_the_loop_rules():
+    """The rules are the engine's (a release's), not the trace's to drop: a shrink tries the
+    other scheduler fields at their defaults, never these."""
+    from kvfuzz.core.trace import Trace
+    from kvfuzz.fuzz.shrink import _config_variants
+
+    config = _with("priority", self_preemption="stop", blocked_waiting="stop")
+    variants = list(_config_variants(Trace(config, "scheduler", [], {})))
+    assert any(v.config.scheduler.policy == "fcfs" for v in variants)
+    assert all((v.config.scheduler.self_preemption, v.config.scheduler.blocked_waiting)
+               == ("stop", "stop") for v in variants)
