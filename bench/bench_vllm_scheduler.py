@@ -6,7 +6,8 @@ scheduler-level traces replayed three ways, each the median of `--repeats` repla
 Scheduler alone (the adapter's `apply`, no snapshot or check), kvfuzz's driver on kvcache
 alone, and checked through the executor (target `vllm-scheduler` against the model, every
 check after every op). Then one campaign per plant and seed (`--level scheduler`, the plant's
-config, one core, model on), stopped at its first finding.
+config, one core, model on), stopped at its first finding; a plant that cannot apply on this
+vLLM (`cannot_apply`, probed) is not hunted, and its line says why.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from common import first_counterexample, generated_traces
 from kvfuzz.core.trace import Trace
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.harness.targets import get_target
-from kvfuzz.harness.vllm_scheduler_plants import PLANT_CONFIGS, PLANTS
+from kvfuzz.harness.vllm_scheduler_plants import PLANT_CONFIGS, PLANTS, cannot_apply
 
 
 def steps_per_second(traces: list[Trace], target: str, repeats: int) -> float:
@@ -63,8 +64,9 @@ def hunt(name: str, seed: int, budget: float) -> tuple[float | None, int | None,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+",
-                        default=["full", "hybrid", "qwen3_5_align", "eagle"])
+    parser.add_argument("--configs", nargs="*",
+                        default=["full", "hybrid", "qwen3_5_align", "eagle"],
+                        help="configs timed in steps per second (none: plants only)")
     parser.add_argument("--examples", type=int, default=40, help="traces per config")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=5)
@@ -90,6 +92,10 @@ def main() -> None:
     print(f"{'planted bug':24} {'config':14} {'median s':>9} {'max s':>7} {'median ops':>11} "
           f"{'found':>6}  checks")
     for name in args.plants:
+        why = cannot_apply(name)
+        if why is not None:
+            print(f"{name:24} cannot apply: {why}")
+            continue
         runs = [hunt(name, seed, args.budget) for seed in range(args.seeds)]
         times = [t for t, _, _ in runs if t is not None]
         lengths = [n for _, n, _ in runs if n is not None]

@@ -33,6 +33,12 @@ LOAD_FAILURE_POLICIES: tuple[str, ...] = ("recompute", "fail")
 """What a KV connector load that ends short does (vLLM's `kv_load_failure_policy`)."""
 IN_FLIGHT_SAMPLING_RULES: tuple[str, ...] = ("placeholders", "wait")
 """How a request whose sampling step is in flight is scheduled (docs/spec.md §7.1)."""
+SELF_PREEMPTION_RULES: tuple[str, ...] = ("continue", "stop")
+"""What the running loop does after a request preempted itself under priority (§7)."""
+BLOCKED_WAITING_RULES: tuple[str, ...] = ("skip", "stop")
+"""What the waiting loop does at a request whose chunk comes to no token (§7.2)."""
+LOOP_RULES: tuple[str, ...] = ("self_preemption", "blocked_waiting")
+"""Scheduler fields an engine fixes (vLLM's release): a shrinker keeps them as they are."""
 # vLLM 0.34.0's reasons (ModelConfig.is_prefix_caching_supported / is_chunked_prefill_supported)
 # for a model with encoder-only (bidirectional) attention (docs/spec.md §12.4).
 ENCODER_ONLY_CACHING_REASON = (
@@ -162,6 +168,14 @@ class SchedulerConfig:
     """A request whose sampling step is in flight is scheduled past the token still to come
     ("placeholders": vLLM's AsyncScheduler) or waits for the step's output ("wait": vLLM's
     Scheduler under pipeline parallelism; docs/spec.md §7.1)."""
+    self_preemption: Literal["continue", "stop"] = "continue"
+    """Under the priority policy, a running request that preempted itself (it was the least
+    important) lets the running loop go on to the requests after it ("continue": vLLM 0.33+)
+    or ends the loop ("stop": vLLM 0.32's `break`; docs/spec.md §7)."""
+    blocked_waiting: Literal["skip", "stop"] = "skip"
+    """A waiting request whose chunk its encoder inputs or the prefill lookahead cut to no
+    token is passed over, keeping its place ("skip": vLLM 0.33+), or ends the waiting loop
+    ("stop": vLLM 0.32's `break`; docs/spec.md §7.2)."""
     num_speculative_tokens: int = 0
     """Placeholder drafts per step, as vLLM's async scheduling with a `SpeculativeConfig`:
     each request that samples gets this many, and a one-token admission is padded to them
@@ -198,6 +212,11 @@ class SchedulerConfig:
         if self.in_flight_sampling not in IN_FLIGHT_SAMPLING_RULES:
             raise ConfigError(f"scheduler.in_flight_sampling must be one of "
                               f"{IN_FLIGHT_SAMPLING_RULES}, got {shown(self.in_flight_sampling)}")
+        for name, rules in (("self_preemption", SELF_PREEMPTION_RULES),
+                            ("blocked_waiting", BLOCKED_WAITING_RULES)):
+            if getattr(self, name) not in rules:
+                raise ConfigError(f"scheduler.{name} must be one of {rules}, got "
+                                  f"{shown(getattr(self, name))}")
 
 
 # Kinds whose KV a connector may load (docs/spec.md §13.1).

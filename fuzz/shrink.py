@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvfuzz.core.config import SchedulerConfig
+from kvfuzz.core.config import LOOP_RULES, SchedulerConfig
 from kvfuzz.core.errors import ConfigError
 from kvfuzz.harness.build import ToleratedBuild
 from kvfuzz.harness.executor import Finding, RunResult, TargetSpec, run_trace
@@ -242,8 +242,9 @@ def _config_variants(trace: Trace) -> Iterator[Trace]:
     if cfg.scheduler != SchedulerConfig():
         for f in dataclasses.fields(SchedulerConfig):
             value, drafts = getattr(cfg.scheduler, f.name), f.name == "num_speculative_tokens"
-            if value == f.default or drafts and value == 1 or f.name == "async_scheduling":
-                continue  # async_scheduling: the engine's rule, which a vLLM target needs kept
+            if (value == f.default or drafts and value == 1 or f.name in LOOP_RULES
+                    or f.name == "async_scheduling"):
+                continue  # the engine's rules, which a vLLM target sets and needs kept
             # Fixed drafts shrink to one, not none: the trace's `accept` verifies them, which
             # a target that takes no drafter's drafts cannot run without them.
             changes.append({"scheduler": dataclasses.replace(

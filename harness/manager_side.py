@@ -177,6 +177,8 @@ class ManagerSide:
             encoder_budget=s.encoder_budget,
             encoder_cache_size=s.encoder_cache_size,
             async_scheduling=s.async_scheduling,
+            stop_at_self_preemption=s.self_preemption == "stop",
+            stop_at_blocked_waiting=s.blocked_waiting == "stop",
         )
 
     # ----- Side -----

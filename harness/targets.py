@@ -45,7 +45,8 @@ class TargetInfo:
 
     def engine_config(self, config: Config) -> Config:
         """`config` with the knobs the target's engine fixes set as it runs them (a factory's
-        `engine_config`, where it has one; vLLM's schedulers set `in_flight_sampling`)."""
+        `engine_config`, where it has one; vLLM's schedulers set `in_flight_sampling` and the loop
+        rules `self_preemption`, `blocked_waiting`)."""
         adapt = getattr(self.locate(), "engine_config", None)
         return config if adapt is None else adapt(config)
 

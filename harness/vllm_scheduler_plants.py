@@ -13,10 +13,10 @@ from typing import Any
 from unittest import mock
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.configs import BUILTIN
+from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.core.sides import Side
-from kvfuzz.harness.targets import VLLM_REQUIRED, register_target
-from kvfuzz.harness.vllm_api import check_vllm
+from kvfuzz.harness.targets import VLLM_REQUIRED, get_target, register_target
+from kvfuzz.harness.vllm_api import VllmUnsupported, check_vllm
 
 
 def _preempt_keeps_blocks(scheduler: Any) -> None:
@@ -392,6 +392,24 @@ def planted(name: str) -> Callable[[Config, str], Side]:
     build.check_available = check_vllm  # type: ignore[attr-defined]
     build.engine_config = lambda config: base().engine_config(config)  # type: ignore[attr-defined]
     return build
+
+def cannot_apply(name: str) -> str | None:
+    """Why plant NAME cannot apply on the installed vLLM, or None: probed by building its
+    side on each of its configs (under the engine's rules, as a campaign runs them), where the
+    target cannot take the config or the Scheduler lacks a method the patch reads."""
+    info = get_target(f"vllm-scheduler-bug:{name}")
+    reasons = []
+    for config_name in PLANTS[name][2]:
+        try:
+            info.build(info.engine_config(builtin_config(config_name)), "scheduler")
+        except VllmUnsupported as exc:
+            reasons.append(f"{config_name}: {exc}")
+        except AttributeError as exc:
+            reasons.append(f"{config_name}: vLLM's Scheduler has no {exc.name}")
+        else:
+            return None
+    return "; ".join(reasons)
+
 
 for _name, (_what, _, _) in PLANTS.items():
     register_target(f"vllm-scheduler-bug:{_name}",

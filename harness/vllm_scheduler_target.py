@@ -111,11 +111,12 @@ def _publishes_after_output(async_scheduling: bool, mamba: bool) -> bool:
         async_scheduling or mamba and "has_mamba_layers" in source)
 
 
+@functools.cache
 def _passes_over_encoder_blocked() -> bool:
     """Whether this vLLM's waiting loop passes over a request whose encoder inputs its encoder
-    budget or cache cannot take (0.33+: `skip_request`, as kvfuzz's driver does, docs/spec.md
-    §7.2) rather than stopping there (0.32: `break`); read from its source (without vLLM, as
-    an exported test assumes: yes)."""
+    budget or cache cannot take (0.33+: `skip_request`) rather than stopping there (0.32:
+    `break`, `scheduler.py:1217-1219` in 0.32.0); read from its source (without vLLM, as an
+    exported test assumes: yes)."""
     source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler.schedule")
     if source is None or "_try_schedule_encoder_inputs(" not in source:
         return source is None
@@ -124,15 +125,37 @@ def _passes_over_encoder_blocked() -> bool:
     return len(stop) == 2 and "skip_request" in stop[1].split("\n\n", 1)[0]
 
 
+@functools.cache
 def _goes_on_past_self_preemption() -> bool:
     """Whether this vLLM's running loop, under the priority policy, goes on to the requests
-    after one that preempted itself (0.33+: `continue`, as kvfuzz's driver does) rather than
-    stopping there (0.32: `break`, `scheduler.py:846-848` in 0.32.0); read from its source
-    (without vLLM, as an exported test assumes: yes)."""
+    after one that preempted itself (0.33+: `continue`, `scheduler.py:982-993` in 0.33.0)
+    rather than stopping there (0.32: `break`, `scheduler.py:846-848` in 0.32.0); read from
+    its source (without vLLM, as an exported test assumes: yes)."""
     source = vllm_source("vllm.v1.core.sched.scheduler", "Scheduler.schedule")
     return source is None or any(
         "RequestStatus.PREEMPTED" in block.split("\n\n", 1)[0]
         for block in source.split("if new_blocks is None:")[1:])
+
+
+def loop_rules() -> dict[str, str]:
+    """The running and waiting loop rules this vLLM's Scheduler follows, as the
+    `scheduler.self_preemption` and `scheduler.blocked_waiting` a config names (probed from
+    its source: `_goes_on_past_self_preemption`, `_passes_over_encoder_blocked`)."""
+    return {"self_preemption": "continue" if _goes_on_past_self_preemption() else "stop",
+            "blocked_waiting": "skip" if _passes_over_encoder_blocked() else "stop"}
+
+
+def _loop_rules_differ(config: Config) -> list[str]:
+    """The loop rules `config` names that this vLLM's Scheduler does not follow, where they
+    can decide a step: the self-preemption rule under priority, the blocked-waiting rule with
+    an encoder bound or a prefill lookahead (docs/spec.md §7, §7.2)."""
+    s, rules = config.scheduler, loop_rules()
+    bound = _encoder_bound(config) and not config.has_cross_attention
+    return [f"scheduler.{name} {getattr(s, name)!r} (this vLLM's Scheduler follows "
+            f"{rules[name]!r})"
+            for name, matters in (("self_preemption", s.policy == "priority"),
+                                  ("blocked_waiting", bound or config.num_prefill_lookahead > 0))
+            if matters and getattr(s, name) != rules[name]]
 
 
 def _encoder_bound(config: Config) -> bool:
@@ -191,18 +214,14 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "an encoder cache bound with cross attention (vLLM's EncoderDecoderCacheManager gives "
          "an input's room back after every output, vllm-project/vllm#55733: kvfuzz's driver "
          "gives it back once)"),
-        (s.policy == "priority" and not _goes_on_past_self_preemption(),
-         "the priority policy where vLLM's running loop stops at a request that preempted "
-         "itself (0.32: `break`; kvfuzz's driver goes on to the higher-priority requests after "
-         "it, as 0.33+)"),
+        (config.has_cross_attention and _encoder_bound(config)
+         and loop_rules()["blocked_waiting"] == "stop",
+         "an encoder budget with cross attention where vLLM's waiting loop stops at a request "
+         "whose encoder input it cannot take (0.32: `break`; not compared)"),
         (s.async_scheduling != release,
          f"scheduler.async_scheduling {str(s.async_scheduling).lower()} beside an encoder "
          f"budget or cache (this vLLM's {type_name} releases encoder inputs by the rule "
          f"scheduler.async_scheduling {str(release).lower()} names: docs/spec.md §7.2)"),
-        (_encoder_bound(config) and not _passes_over_encoder_blocked(),
-         "an encoder budget or cache where vLLM's waiting loop stops at a request whose "
-         "encoder inputs it cannot take (0.32: `break`; kvfuzz's driver passes it over, as "
-         "0.33+)"),
         (bool(config.scheduler.num_speculative_tokens) and not async_scheduling,
          "scheduler.num_speculative_tokens on the synchronous Scheduler (its placeholder "
          "drafts are async scheduling's; the synchronous one takes a drafter's through "
@@ -221,7 +240,7 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "(vLLM publishes under async scheduling, and on a Mamba hybrid from 0.34; the "
          "driver on a Mamba hybrid, as 0.34)"),
     )
-    named = [why for on, why in reasons if on]
+    named = [why for on, why in reasons if on] + _loop_rules_differ(config)
     return "; ".join(named) if named else None
 
 
@@ -717,23 +736,28 @@ class VllmSchedulerSide(VllmSide):
     @classmethod
     def engine_config(cls, config: Config) -> Config:
         """`config` with the in-flight sampling rule this Scheduler follows, where steps stay
-        in flight (`deferred_frees`), the encoder release rule it follows with a bound encoder
-        (`scheduler.async_scheduling`), and its encoder unbound where a bound is not compared
-        (a release that stops at a request its encoder cannot take): what a
-        campaign runs its built-in and generated configs with
+        in flight (`deferred_frees`), the loop rules it follows (`loop_rules`), the encoder
+        release rule it follows with a bound encoder (`scheduler.async_scheduling`), and its
+        encoder unbound where a bound is not compared (cross attention on a release whose
+        waiting loop stops at a blocked request): what a campaign runs its built-in and
+        generated configs with
         (`harness.targets.TargetInfo.engine_config`)."""
         rule = in_flight_sampling_rule(cls.async_scheduling)
         if config.deferred_frees and config.scheduler.in_flight_sampling != rule:
             config = config.replace(scheduler=dataclasses.replace(config.scheduler,
                                                                   in_flight_sampling=rule))
+        rules = loop_rules()
+        if any(getattr(config.scheduler, name) != rule for name, rule in rules.items()):
+            config = config.replace(scheduler=dataclasses.replace(config.scheduler, **rules))
+        if (config.has_cross_attention and _encoder_bound(config)
+                and rules["blocked_waiting"] == "stop"):
+            # Not compared there (`unsupported_reason`): run encoders unbound.
+            config = config.replace(scheduler=dataclasses.replace(
+                config.scheduler, encoder_budget=None, encoder_cache_size=None))
         release = encoder_release_rule(cls.async_scheduling)
         if _encoder_bound(config) and config.scheduler.async_scheduling != release:
             config = config.replace(scheduler=dataclasses.replace(
                 config.scheduler, async_scheduling=release))
-        if _encoder_bound(config) and not _passes_over_encoder_blocked():
-            # Not compared there (`unsupported_reason`): run encoders unbound.
-            config = config.replace(scheduler=dataclasses.replace(
-                config.scheduler, encoder_budget=None, encoder_cache_size=None))
         return config
 
     def _takes_drafts(self) -> bool:

@@ -92,6 +92,8 @@ class Scheduler:
         encoder_budget: int | None = None,
         encoder_cache_size: int | None = None,
         async_scheduling: bool = False,
+        stop_at_self_preemption: bool = False,
+        stop_at_blocked_waiting: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
@@ -144,6 +146,10 @@ class Scheduler:
         # this many placeholder drafts, a one-token admission is padded to them, and each
         # output publishes the request's settled tokens (docs/traces.md, "Fixed drafts").
         self.num_speculative_tokens = num_speculative_tokens
+        # vLLM 0.32's loops: under priority a request that preempted itself ends the running
+        # loop, and a waiting request cut to no token ends the waiting loop (0.33+ go on).
+        self.stop_at_self_preemption = stop_at_self_preemption
+        self.stop_at_blocked_waiting = stop_at_blocked_waiting
         self._prefilling: set[str] = set()
         """Requests whose last scheduled chunk did not sample (vLLM's `is_prefill_chunk`)."""
         # Multimodal inputs: an encoder budget per step and an encoder cache (§7.2); with
@@ -660,7 +666,8 @@ class Scheduler:
                     preempted_self = True
                     break
             if new_blocks is None:
-                if self.policy == "priority" and preempted_self:
+                if (self.policy == "priority" and preempted_self
+                        and not self.stop_at_self_preemption):
                     continue
                 break
             scheduled.append((request, num_new_tokens, 0))
@@ -844,6 +851,8 @@ class Scheduler:
                 self._release_encoder_inputs(request)
                 num_new_tokens = 0
             if num_new_tokens == 0:
+                if self.stop_at_blocked_waiting:
+                    break
                 i += 1  # it keeps its place; the requests behind it may be admitted
                 continue
             new_blocks = manager.allocate_slots(

@@ -422,7 +422,8 @@ class Driver:
                 if victim is r:
                     break
             if blocks is None:
-                if cfg.policy == "priority" and r.status == "PREEMPTED":
+                if (cfg.policy == "priority" and r.status == "PREEMPTED"
+                        and cfg.self_preemption == "continue"):
                     continue  # r preempted itself: the next (at index i now) may fit
                 break
             scheduled.append((r, n, 0))
@@ -471,7 +472,9 @@ class Driver:
                 if enc is not None and not cfg.chunked_prefill and 0 < n < r.num_tokens - start:
                     self._drop_encoder_inputs(r)  # §7.2: no split
                     n = 0
-                if n == 0:  # §5.7, §7.2: passed over, it keeps its place
+                if n == 0:  # §5.7, §7.2: passed over, it keeps its place, or the loop ends
+                    if cfg.blocked_waiting == "stop":
+                        break
                     w += 1
                     continue
                 blocks = mgr.allocate_slots(

@@ -29,11 +29,10 @@ from kvfuzz.harness.targets import get_target
 from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm
 from kvfuzz.harness.vllm_scheduler_target import (
-    _goes_on_past_self_preemption,
-    _passes_over_encoder_blocked,
     _publishes_after_output,
     _stop_keeps_drafts_computed,
     _trim_stopped_drafts,
+    loop_rules,
     unsupported_reason,
 )
 from kvfuzz.harness.vllm_target import vllm_available
@@ -44,14 +43,9 @@ pytestmark = [
 ]
 
 FINDINGS = Path(__file__).resolve().parents[2] / "docs" / "findings"
-priority_rule = pytest.mark.skipif(
-    not _goes_on_past_self_preemption(),
-    reason="this vLLM's running loop stops at a request that preempted itself under priority "
-           "(0.32): the priority policy is left out (docs/vllm.md)")
-encoder_rule = pytest.mark.skipif(
-    not _passes_over_encoder_blocked(),
-    reason="this vLLM's waiting loop stops at a request whose encoder inputs it cannot take "
-           "(0.32): encoder bounds are left out (docs/vllm.md)")
+engine = get_target("vllm-scheduler").engine_config
+"""A config under the loop rules this vLLM's Scheduler follows (0.32: `stop`), as a campaign
+runs it."""
 THREE_WAY = ("kvcache", "vllm-scheduler")
 CONFIGS = ("full", "hybrid", "partial_hits", "priority", "qwen3_5_align", "qwen3_5_checkpoint",
            "qwen3_next_eagle", "sliding_window", "mamba", "eagle")
@@ -77,12 +71,11 @@ def test_vllm_scheduler_preempts_admits_hits_and_finishes_as_the_driver_does():
     assert type(ex.targets[1].side.vllm_scheduler).__name__ == "Scheduler"
 
 
-@priority_rule
 def test_priority_preemption_and_aborts_on_vllm_scheduler():
     """The pool runs out while the more important request decodes: vLLM's Scheduler preempts
     the less important one (admitted later or not); aborting a running and a waiting request
     frees what they hold."""
-    ex = Execution(BUILTIN["priority"][1].replace(num_blocks=7), "scheduler", THREE_WAY)
+    ex = Execution(engine(BUILTIN["priority"][1].replace(num_blocks=7)), "scheduler", THREE_WAY)
     ex.apply(_add("low", list(range(15)), priority=2, max_tokens=8))
     ex.apply(_add("high", list(range(50, 58)), priority=0, max_tokens=8))
     outcomes = [ex.apply({"op": "step", "sample": i}) for i in range(3)]
@@ -174,7 +167,6 @@ def test_an_encoder_decoder_config_runs_three_way():
     assert not cross.req_to_blocks.get("c")
 
 
-@encoder_rule
 def test_an_encoder_budget_and_cache_that_bind_cut_chunks_as_the_driver_does():
     """`tenants`' encoder budget (3 embeddings a step) and encoder cache (4) reach vLLM's
     Scheduler (`max_num_encoder_input_tokens`, `EncoderCacheManager`), three-way: a's input 0
@@ -183,7 +175,7 @@ def test_an_encoder_budget_and_cache_that_bind_cut_chunks_as_the_driver_does():
     input 1, which b then hits (docs/spec.md §7.2)."""
     config = BUILTIN["tenants"][1]
     config = config.replace(scheduler=dataclasses.replace(config.scheduler, token_budget=16))
-    ex = Execution(config, "scheduler", THREE_WAY)
+    ex = Execution(engine(config), "scheduler", THREE_WAY)
     ex.apply(_add("a", list(range(12)), mm_inputs=[[0, 2, 2], [1, 6, 3]], max_tokens=2))
     ex.apply(_add("b", list(range(20, 32)), mm_inputs=[[1, 1, 3]], max_tokens=2))
     assert ex.apply({"op": "step"})["scheduled"] == [["a", 6, 0], ["b", 1, 0]]
@@ -322,8 +314,7 @@ def test_the_fail_policy_fails_a_short_load_three_way():
         assert ex.state.requests["whole"].status.startswith("FINISHED")
 
 
-@pytest.mark.parametrize("policy, first", [("fcfs", "later"),
-                                           pytest.param("priority", "low", marks=priority_rule)])
+@pytest.mark.parametrize("policy, first", [("fcfs", "later"), ("priority", "low")])
 def test_landed_loads_wait_ahead_of_the_rest_in_load_start_order_three_way(policy, first):
     """vLLM 0.34's `kv_holding_waiting` (sched/scheduler.py:229-234, drained first at
     :1101): requests a load started for wait ahead of the others, in load start order (under
@@ -332,7 +323,7 @@ def test_landed_loads_wait_ahead_of_the_rest_in_load_start_order_three_way(polic
     base = BUILTIN["connector"][1]
     config = base.replace(scheduler=dataclasses.replace(base.scheduler, policy=policy,
                                                         token_budget=4))
-    ex = Execution(config, "scheduler", ("vllm-scheduler-strict",))
+    ex = Execution(engine(config), "scheduler", ("vllm-scheduler-strict",))
     ex.apply(_add("low", list(range(8)), priority=2, max_tokens=2))
     ex.apply(_add("later", list(range(20, 28)), priority=2, max_tokens=2))
     ex.apply({"op": "load_remote", "request_id": "later", "num_external_tokens": 4})
@@ -525,7 +516,9 @@ def test_a_campaign_runs_a_config_under_its_schedulers_rule(target, rule):
     info = get_target(target)
     for config in (BUILTIN["deferred_connector"][1], _waits(BUILTIN["deferred_connector"][1])):
         assert info.engine_config(config).scheduler.in_flight_sampling == rule
-    assert info.engine_config(BUILTIN["full"][1]) is BUILTIN["full"][1]
+    full = BUILTIN["full"][1]
+    assert info.engine_config(full) == full.replace(  # the loop rules of this vLLM only
+        scheduler=dataclasses.replace(full.scheduler, **loop_rules()))
     assert get_target("kvcache").engine_config(BUILTIN["deferred"][1]) is BUILTIN["deferred"][1]
 
 
@@ -596,8 +589,8 @@ def test_mtp_runs_where_vllm_and_the_driver_publish_alike():
     (0.33+) and on a Mamba hybrid (0.34; `cache_blocks` in `update_from_output`), which with
     hash lookahead caches the hash block the sampled token completes; kvfuzz's driver
     publishes on a Mamba hybrid only, so a config is refused where the two differ."""
-    assert unsupported_reason(BUILTIN["deepseek_v3_mtp"][1]) is None
-    assert unsupported_reason(BUILTIN["deepseek_v3_mtp3"][1]) is None
+    assert unsupported_reason(engine(BUILTIN["deepseek_v3_mtp"][1])) is None
+    assert unsupported_reason(engine(BUILTIN["deepseek_v3_mtp3"][1])) is None
     if load_vllm().has("hash_lookahead"):
         assert "publishing states" in unsupported_reason(BUILTIN["deepseek_v3_mtp"][1], True)
     mamba = unsupported_reason(BUILTIN["qwen3_next_mtp"][1]) or ""
@@ -645,10 +638,12 @@ def test_the_block_a_sampled_token_completes_is_published_three_way():
 # ----- the state machines, three-way, over the shapes above -----
 
 for _name in CONFIGS:
-    if _name == "priority" and not _goes_on_past_self_preemption():
-        continue  # left out on this release (`priority_rule`)
+    # Under this vLLM's loop rules: a config they change runs as given (not varied).
+    _adapted = engine(BUILTIN[_name][1])
     _machine = machine_for("scheduler", targets=THREE_WAY, allow_misuse=False,
-                           config_names=(_name,), name=f"VllmSchedulerMachine_{_name}")
+                           **({"config_names": (_name,)} if _adapted is BUILTIN[_name][1]
+                              else {"configs": (_adapted,)}),
+                           name=f"VllmSchedulerMachine_{_name}")
     globals()[f"Test{_machine.__name__}"] = _machine.TestCase
 
 
@@ -674,7 +669,6 @@ def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_pat
     assert [p.name for p in tmp_path.glob(f"{check}-{config}-*.json")]
 
 
-@encoder_rule
 def test_the_plant_that_gives_each_request_the_whole_encoder_budget_is_caught():
     """`encoder-budget-per-request` needs two requests' new inputs in one step over the budget,
     which a campaign meets later (docs/vllm.md, the plants' table): this trace has them. a's
@@ -682,7 +676,7 @@ def test_the_plant_that_gives_each_request_the_whole_encoder_budget_is_caught():
     config = BUILTIN["tenants"][1]
     config = config.replace(scheduler=dataclasses.replace(
         config.scheduler, token_budget=16, encoder_cache_size=None))
-    trace = Trace(level="scheduler", config=config, ops=[
+    trace = Trace(level="scheduler", config=engine(config), ops=[
         _add("a", list(range(12)), mm_inputs=[[0, 2, 2], [1, 6, 3]], max_tokens=2),
         _add("b", list(range(20, 32)), mm_inputs=[[1, 1, 3]], max_tokens=2), {"op": "step"}])
     assert run_trace(trace, ("vllm-scheduler",)).passed
@@ -690,8 +684,6 @@ def test_the_plant_that_gives_each_request_the_whole_encoder_budget_is_caught():
     assert finding is not None and finding.check == "DIFF-result", finding
 
 
-@priority_rule
-@encoder_rule
 def test_an_encoder_entry_of_a_request_preempted_after_it_was_scheduled_is_hit_uncomputed():
     """docs/findings/hazards.md, "An encoder output no step computed": under priority, a's third
     input (identifier 2) is allocated in the encoder cache when a is scheduled in step 3, then
@@ -702,7 +694,7 @@ def test_an_encoder_entry_of_a_request_preempted_after_it_was_scheduled_is_hit_u
 
     config = BUILTIN["tenants"][1].replace(num_blocks=8, scheduler=SchedulerConfig(
         policy="priority", token_budget=16, encoder_budget=3))
-    ex = Execution(config, "scheduler", THREE_WAY)
+    ex = Execution(engine(config), "scheduler", THREE_WAY)
     scheduler = ex.targets[1].side.vllm_scheduler
     encoded: list[dict[str, list[int]]] = []
     schedule = scheduler.schedule
@@ -730,15 +722,16 @@ def test_an_encoder_entry_of_a_request_preempted_after_it_was_scheduled_is_hit_u
 
 @pytest.mark.parametrize("name", ["020-checkpoint-chunk-keys-start-state",
                                   "021-junction-chunk-keys-start-state",
-                                  pytest.param("hazard-preempted-after-scheduled",
-                                               marks=priority_rule),
+                                  "hazard-preempted-after-scheduled",
                                   "hazard-same-step-copy",
                                   "hazard-copy-of-a-copy"])
 def test_finding_is_reached_by_vllm_scheduler(name):
     """vLLM's own Scheduler issues the chunks and copies of these findings from valid requests:
     the trace fails on `vllm-scheduler-strict` at the step and check it fails on `vllm-strict`
-    (kvfuzz's driver on vLLM's manager; on 0.32 finding 007 comes first on both)."""
+    (kvfuzz's driver on vLLM's manager; on 0.32 finding 007 comes first on both), under the
+    loop rules of this vLLM's Scheduler (0.32's `break` for the priority hazard)."""
     trace = Trace.load(FINDINGS / f"{name}.json")
+    trace.config = engine(trace.config)
     ours = run_trace(trace, ("vllm-scheduler-strict",), checks=_checks_of(trace)).finding
     driver = run_trace(trace, ("vllm-strict",), checks=_checks_of(trace)).finding
     assert ours is not None and driver is not None
