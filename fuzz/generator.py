@@ -15,6 +15,9 @@ Swarm testing (`Swarm`): an example may leave out some rules and knobs (drawn fi
 same bytes, so a replay of the example runs the same subset); the rules it keeps then get the
 whole example. A knob left out keeps its default value. The swarm's decisions are read whether
 swarm testing is on or not, so an example that keeps everything is the same in both.
+
+Boundaries (`kvfuzz.fuzz.boundaries`): on a config with a watermark or a chunked-local group,
+half the arrivals, admissions, growths and frees land at the edge that knob draws.
 """
 
 from __future__ import annotations
