@@ -39,7 +39,9 @@ class Edges:
     """The block size of the group the edge is measured in (the chunked-local one, else the
     first)."""
     groups: int
+    """Attention groups: each takes its own blocks for the same tokens."""
     max_model_len: int = 0
+    """The longest sequence: a growth's lookahead reaches it at a chunk end."""
 
     def __bool__(self) -> bool:
         return bool(self.watermark_blocks or self.chunk)
