@@ -15,6 +15,9 @@ Swarm testing (`Swarm`): an example may leave out some rules and knobs (drawn fi
 same bytes, so a replay of the example runs the same subset); the rules it keeps then get the
 whole example. A knob left out keeps its default value. The swarm's decisions are read whether
 swarm testing is on or not, so an example that keeps everything is the same in both.
+
+Boundaries (`kvfuzz.fuzz.boundaries`): on a config with a watermark or a chunked-local group,
+half the arrivals, admissions, growths and frees land at the edge that knob draws.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from kvfuzz.core.config import Config
 from kvfuzz.core.sync_load_failures import fails_sync_loads
 from kvfuzz.core.snapshot import RequestView
+from kvfuzz.fuzz import boundaries
 from kvfuzz.fuzz.strategies import (
     TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, extra_keys, flip, pick, prefixes,
     prompt, tokens, vary_config,
@@ -94,6 +98,8 @@ class Rules:
         self.focus = frozenset(focus)
         self.shared: list[list[int]] = [[0]]
         self.count = 0
+        self.edges = boundaries.edges(execution.config)
+        """The config's own boundaries, where some draws land (`kvfuzz.fuzz.boundaries`)."""
 
     @classmethod
     def features(cls, config: Config | None = None) -> tuple[str, ...]:
@@ -168,6 +174,16 @@ class Rules:
         """`draw()` if this example's swarm keeps the knob, else its default."""
         return draw() if self.swarm.on(feature) else default
 
+    def edge_prompt(self, tokens_in: list[int], longest: int) -> list[int]:
+        """`tokens_in`, or an arrival steered to the config's edges: that prompt repeated or
+        cut to the steered length (`boundaries.prompt_length`: the pool's free blocks less the
+        driver's reserve, or whole chunks)."""
+        free = self.execution.state.num_free_blocks - self.config.scheduler.reserved_blocks
+        length = boundaries.prompt_length(self.choices, self.edges, free, longest)
+        if length is None:
+            return tokens_in
+        return (tokens_in * (length // len(tokens_in) + 1))[:length]
+
     def new_request(self, **extra: Any) -> str:
         c = self.choices
         rid = f"r{self.count}"
@@ -179,7 +195,7 @@ class Rules:
             # vLLM 0.34's per-request limit on prefix hits (prompt scoring): mostly unbounded.
             extra.setdefault("prefix_cache_hit_limit", self.knob(
                 "hit_limit", lambda: pick(c, (None,) * 5 + (between(c, 0, max_len),)), None))
-        tokens_in = prompt(c, self.shared, max_len)
+        tokens_in = self.edge_prompt(prompt(c, self.shared, max_len), max_len)
         if self.config.extra_keys:
             sizes = {self.config.resolved_hash_block_size}
             sizes.update(g.block_size for g in self.config.groups)
@@ -255,16 +271,24 @@ class ApiRules(Rules):
         num_new_tokens = self._chunk(
             rid, view, computed, between(c, least, view.num_tokens - computed)
         )
+        knobs = {
+            "num_new_tokens": num_new_tokens,
+            "num_lookahead_tokens": self.knob("lookahead", lambda: between(c, 0, 2), 0),
+            "full_sequence_must_fit": self.knob("gate", lambda: flip(c), False),
+            "reserved_blocks": self.knob("reserved", lambda: between(c, 0, 2), 0),
+            "has_scheduled_reqs": not self.knob("idle", lambda: flip(c), False),
+        }
+        steered = boundaries.admission(c, self.edges, self.execution.state.num_free_blocks,
+                                       computed, least, view.num_tokens - computed)
+        if steered is not None:
+            knobs.update(steered, num_new_tokens=self._chunk(rid, view, computed,
+                                                             steered["num_new_tokens"]))
         self.apply(
             op="allocate_slots",
             request_id=rid,
-            num_new_tokens=num_new_tokens,
+            **knobs,
             **external,
             use_lookup=use_lookup,
-            num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
-            full_sequence_must_fit=self.knob("gate", lambda: flip(c), False),
-            reserved_blocks=self.knob("reserved", lambda: between(c, 0, 2), 0),
-            has_scheduled_reqs=not self.knob("idle", lambda: flip(c), False),
             num_encoder_tokens=self.execution.requests[rid].num_encoder_tokens,
         )
 
@@ -315,14 +339,21 @@ class ApiRules(Rules):
 
     def compute(self) -> None:
         c = self.choices
-        rid, view = pick(c, self._running(True))
-        self.apply(
+        rid, view = pick(c, boundaries.at_chunk_end(c, self.edges, self._running(True)))
+        left = view.num_tokens - view.num_computed_tokens
+        num_new_tokens = between(c, 1, left)
+        steered = boundaries.growth(c, self.edges, view.num_computed_tokens, left)
+        if steered is not None:
+            num_new_tokens = steered[0]
+        grown = self.apply(
             op="allocate_slots",
             request_id=rid,
-            num_new_tokens=self._chunk(
-                rid, view, 0, between(c, 1, view.num_tokens - view.num_computed_tokens)),
-            num_lookahead_tokens=self.knob("lookahead", lambda: between(c, 0, 2), 0),
+            num_new_tokens=self._chunk(rid, view, 0, num_new_tokens),
+            num_lookahead_tokens=(self.knob("lookahead", lambda: between(c, 0, 2), 0)
+                                  if steered is None else steered[1]),
         )
+        if steered is not None and steered[1] and grown is None:  # failed at a chunk end
+            self.apply(op="free", request_id=rid, preempt=True)
 
     def sample(self) -> None:
         c = self.choices
@@ -333,7 +364,7 @@ class ApiRules(Rules):
 
     def free(self) -> None:
         c = self.choices
-        rid, _ = pick(c, self.views("RUNNING"))
+        rid, _ = pick(c, boundaries.at_chunk_end(c, self.edges, self.views("RUNNING")))
         if self.config.deferred_frees and flip(c):
             self.apply(op="free_deferred", request_id=rid)
             return

@@ -14,6 +14,7 @@ from a few shared prefixes so that prefix hits, duplicates and evictions of shar
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -139,7 +140,10 @@ def vary_config(choices: Choices, base: Config) -> Config:
     if any(g.num_speculative_blocks for g in groups):
         groups = _vary_speculative_blocks(choices, groups)
     blocks_per_request = max(-(-base.max_model_len // (2 * g.block_size)) for g in groups)
-    num_blocks = between(choices, max(4, blocks_per_request // 2), base.num_blocks + 8)
+    fewest = max(4, blocks_per_request // 2)
+    if base.watermark:  # a pool whose watermark keeps at least one block (else it has none)
+        fewest = max(fewest, min(math.ceil(1 / base.watermark), base.num_blocks))
+    num_blocks = between(choices, fewest, base.num_blocks + 8)
     retention = base.prefix_cache_retention_interval
     if retention is not None:  # 0 (replay boundaries only) or 1-4 scheduler blocks
         retention = base.scheduler_block_size * choices.below(5)

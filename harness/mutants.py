@@ -683,6 +683,47 @@ def _watermark_ignored(side: KvcacheSide) -> None:
     side.manager.watermark_blocks = 0
 
 
+@mutant("watermark-subtracted", "an admission needs `needed - watermark` free blocks instead of "
+        "`needed + watermark`", bug="vLLM 0.34.0 kv_cache_manager.py:606, survivor #11 "
+        "(docs/mutation.md)", configs=("watermark",))
+def _watermark_subtracted(side: KvcacheSide) -> None:
+    side.manager.watermark_blocks = -side.manager.watermark_blocks
+
+
+def _overshooting_null_head_len(blocks: list[Any], null_block: Any) -> int:
+    """vLLM 0.34.0's `null_head_len` (kv_cache_utils.py:223-240) with its search stepping
+    `lo = mid + 2`: past a table of nulls alone, whose fallback scan raises StopIteration."""
+    if not blocks or blocks[0] is not null_block:
+        return 0
+    lo, hi = 1, len(blocks)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if blocks[mid] is null_block:
+            lo = mid + 2
+        else:
+            hi = mid
+    if blocks[:lo].count(null_block) == lo:
+        return lo
+    return next(i for i, block in enumerate(blocks) if block is not null_block)
+
+
+@mutant("null-head-overshoot", "a freed table's leading nulls are counted by a search that "
+        "steps past them, raising on a table of 2, 3, 6 or 7 nulls alone",
+        bug="vLLM 0.34.0 kv_cache_utils.py:231, survivor #12 (docs/mutation.md)",
+        configs=("chunked_local", "hybrid3"))
+def _null_head_overshoot(side: KvcacheSide) -> None:
+    null_block = _pool(side).null_block
+
+    def counted(request_id: str, m: Any, original: Callable[[str], Any]) -> Any:
+        _overshooting_null_head_len(m.req_to_blocks.get(request_id) or [], null_block)
+        return original(request_id)
+
+    for single in _singles(side):
+        for name in ("free", "pop_blocks_for_free"):
+            setattr(single, name, functools.partial(counted, m=single,
+                                                    original=getattr(single, name)))
+
+
 @mutant("cow-unretained", "the copy-on-write block gets no extra reference for the pending copy",
         bug="docs/spec.md §4.5 / §10.12", configs=("partial_hits",))
 def _cow_unretained(side: KvcacheSide) -> None:

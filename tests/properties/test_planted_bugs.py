@@ -86,6 +86,8 @@ EXPECTED = {
     "landed-load-first": {"DIFF-state", "DIFF-result"},
     "junction-state-unkeyed": {"DIFF-state", "DIFF-result", "DIFF-probe"},
     "sync-load-ignored": {"DIFF-result", "DIFF-state"},
+    "watermark-subtracted": {"I8", "P4", "DIFF-result", "DIFF-probe"},
+    "null-head-overshoot": {"I10", "DIFF-result"},
 }
 
 

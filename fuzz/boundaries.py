@@ -1,0 +1,126 @@
+"""Draws steered to a config's own boundaries: where a config sets a knob, one decision in two
+that the knob's edge depends on lands next to that edge (docs/mutation.md, "Draws at a config's
+own boundaries").
+
+- A watermark: an admission (API level) or an arrival (scheduler level) whose blocks take the
+  pool to within the watermark of empty, where vLLM's admission test `needed + watermark >
+  free - reserved` (kv_cache_manager.py:604-609 in 0.34.0) turns.
+- A chunked-local group: a growth that ends on a chunk end without lookahead, and at a chunk end
+  a growth whose lookahead cannot fit, so the chunk's blocks are nulled before the allocation
+  fails (kv_cache_manager.py:578-589) and a later free walks a table of nulls alone
+  (kv_cache_utils.py:223-240); at the scheduler level, prompts a whole number of chunks long.
+
+Uniform draws reach these edges in 1/10 to 1/50 of the examples of the configs that have them,
+too few for the two examples each pair's first batch gets. A config without such a knob draws
+exactly as before: not one decision more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kvfuzz.core.config import Config
+from kvfuzz.core.snapshot import RequestView
+from kvfuzz.fuzz.strategies import Choices, between, flip
+
+V = TypeVar("V", bound=RequestView)
+
+
+@dataclass(frozen=True)
+class Edges:
+    """The boundaries a config's knobs draw (0: the config has none of that kind)."""
+
+    watermark_blocks: int
+    """Blocks the watermark keeps free at an admission (vLLM: `int(watermark * num_blocks)`)."""
+    chunk: int
+    """The attention chunk of the config's first chunked-local group."""
+    block_size: int
+    """The block size of the group the edge is measured in (the chunked-local one, else the
+    first)."""
+    groups: int
+    """Attention groups: each takes its own blocks for the same tokens."""
+    max_model_len: int = 0
+    """The longest sequence: a growth's lookahead reaches it at a chunk end."""
+
+    def __bool__(self) -> bool:
+        return bool(self.watermark_blocks or self.chunk)
+
+    def tokens(self, blocks: int) -> int:
+        """Tokens whose blocks over every group come to about `blocks`."""
+        return blocks * self.block_size // self.groups
+
+
+def edges(config: Config) -> Edges:
+    """The boundaries of `config` (falsy when it has none)."""
+    local = [g for g in config.groups if g.kind == "chunked_local" and g.attention_chunk_size]
+    group = local[0] if local else config.groups[0]
+    return Edges(watermark_blocks=int(config.watermark * config.num_blocks),
+                 chunk=local[0].attention_chunk_size if local else 0,
+                 block_size=group.block_size, groups=len(config.groups),
+                 max_model_len=config.max_model_len)
+
+
+def near_edge(choices: Choices, edges: Edges, free: int) -> int:
+    """Blocks that take the pool to its edge: `free + d` for d in [-watermark, watermark]
+    (where `needed + watermark` and `needed - watermark` disagree, and either side of it), or
+    the free blocks and one more without a watermark; at least 1."""
+    wm = edges.watermark_blocks
+    return max(1, free + (between(choices, -wm, wm) if wm else choices.below(2)))
+
+
+def admission(choices: Choices, edges: Edges, free: int, computed: int, least: int,
+              most: int) -> dict[str, Any] | None:
+    """An admission's `allocate_slots` arguments steered to an edge, or None (the draw as it
+    was): half the time on a config with edges. At a watermark, new blocks next to the edge
+    (`near_edge`) with the watermark applied (a request already scheduled) and nothing else
+    in the way (no reserve, gate or lookahead); on a chunked-local config, a chunk that ends
+    on the next chunk end, without lookahead."""
+    if not edges or not flip(choices):
+        return None
+    if edges.watermark_blocks:
+        start = -(-computed // edges.block_size) * edges.block_size
+        end = start + edges.tokens(near_edge(choices, edges, free))
+        return {"num_new_tokens": min(max(end - computed, least), most),
+                "num_lookahead_tokens": 0, "full_sequence_must_fit": False,
+                "reserved_blocks": 0, "has_scheduled_reqs": True}
+    end = (computed // edges.chunk + 1) * edges.chunk
+    return {"num_new_tokens": min(max(end - computed, least), most), "num_lookahead_tokens": 0}
+
+
+def growth(choices: Choices, edges: Edges, computed: int, most: int) -> tuple[int, int] | None:
+    """(new tokens, lookahead) of a running request's growth steered to a chunk end, or None:
+    half the time on a chunked-local config. At a chunk end the lookahead reaches the longest
+    sequence, more blocks than most pools hold (the blocks the growth nulls first count as
+    free), and the caller preempts the request when the growth fails, as a scheduler does;
+    before one the growth stops on the next chunk end, without lookahead."""
+    if not edges.chunk or not flip(choices):
+        return None
+    if computed and computed % edges.chunk == 0:
+        return between(choices, 1, most), edges.max_model_len
+    return min((computed // edges.chunk + 1) * edges.chunk - computed, most), 0
+
+
+def prompt_length(choices: Choices, edges: Edges, free: int, longest: int) -> int | None:
+    """A scheduler-level prompt's length steered to an edge, or None: half the time on a
+    config with edges, a prompt whose blocks take the pool to its edge (`near_edge`), on a
+    chunked-local config cut to whole chunks (its prefill ends on a chunk end, where its first
+    decode step nulls the chunk's blocks, and the pool has none left to grow into)."""
+    if not edges or not flip(choices):
+        return None
+    length = edges.tokens(near_edge(choices, edges, free))
+    if edges.chunk:
+        length = max(edges.chunk, length // edges.chunk * edges.chunk)
+    return min(max(length, 1), longest)
+
+
+def at_chunk_end(choices: Choices, edges: Edges,
+                 running: list[tuple[str, V]]) -> list[tuple[str, V]]:
+    """The running requests a growth or a free picks from: half the time on a chunked-local
+    config, those whose computed tokens end on a chunk end (where a growth nulls the chunk's
+    blocks, and a free after a failed one walks nulls alone), if any."""
+    if not edges.chunk:
+        return running
+    ends = [(rid, v) for rid, v in running
+            if v.num_computed_tokens and v.num_computed_tokens % edges.chunk == 0]
+    return ends if ends and flip(choices) else running

@@ -1,0 +1,114 @@
+"""Draws steered to a config's own boundaries (kvfuzz.fuzz.boundaries): a watermark's admission
+edge and a chunked-local group's chunk ends are reached in many more examples, each example
+still valid and replayable, and a config without such a knob draws exactly as before."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvfuzz.core.configs import builtin_config
+from kvfuzz.fuzz import boundaries, generator
+from kvfuzz.fuzz.generator import run_example
+from kvfuzz.fuzz.strategies import BytesChoices
+from kvfuzz.harness.executor import Counterexample, run_trace
+
+import kvfuzz.harness.mutants  # noqa: F401  (registers the bug:NAME targets)
+
+
+def _bytes(seed: int) -> bytes:
+    return random.Random(seed).randbytes(24 * 40 + 64)
+
+
+def _found(plant: str, config: str, level: str, seeds: range) -> int:
+    """Examples (one per seed) in which the plant is found."""
+    found = 0
+    for seed in seeds:
+        try:
+            run_example(_bytes(seed), builtin_config(config), level, steps=40,
+                        targets=(f"bug:{plant}",))
+        except Counterexample:
+            found += 1
+    return found
+
+
+class NoDecisions:
+    def below(self, n: int) -> int:
+        raise AssertionError("a config without edges took a decision")
+
+
+def test_edges_come_from_the_configs_own_knobs():
+    assert not boundaries.edges(builtin_config("full"))
+    assert not boundaries.edges(builtin_config("hybrid"))
+    watermark = boundaries.edges(builtin_config("watermark"))
+    assert (watermark.watermark_blocks, watermark.chunk) == (2, 0)  # int(0.1 * 20)
+    assert boundaries.edges(builtin_config("chunked_local")).chunk == 8
+    assert boundaries.edges(builtin_config("hybrid3")).chunk == 8
+
+
+def test_a_config_without_edges_takes_no_decision_more():
+    none = boundaries.edges(builtin_config("full"))
+    views = [("r0", None)]
+    assert boundaries.admission(NoDecisions(), none, 5, 0, 1, 9) is None
+    assert boundaries.growth(NoDecisions(), none, 8, 4) is None
+    assert boundaries.prompt_length(NoDecisions(), none, 5, 63) is None
+    assert boundaries.at_chunk_end(NoDecisions(), none, views) is views
+
+
+def test_an_admission_near_the_watermark_lands_on_both_sides_of_its_edge():
+    edges = boundaries.edges(builtin_config("watermark"))  # 2 blocks of watermark, bs 4
+    blocks = {boundaries.near_edge(BytesChoices(bytes([b])), edges, 10) for b in range(5)}
+    assert blocks == {8, 9, 10, 11, 12}  # needed + 2 > 10 and needed - 2 <= 10 from 9 to 12
+    steered = [boundaries.admission(BytesChoices(bytes([1, b])), edges, 10, 2, 1, 60)
+               for b in range(5)]
+    assert [s["num_new_tokens"] for s in steered] == [34, 38, 42, 46, 50]  # from token 4 on
+    assert steered[0]["has_scheduled_reqs"] and not steered[0]["reserved_blocks"]
+
+
+def test_a_chunked_local_growth_ends_on_a_chunk_end_then_asks_for_more_than_is_free():
+    edges = boundaries.edges(builtin_config("chunked_local"))  # chunk 8, bs 4
+    assert boundaries.growth(BytesChoices(bytes([1])), edges, 5, 20) == (3, 0)
+    assert boundaries.growth(BytesChoices(bytes([1, 0])), edges, 8, 20) == (1, 64)
+    assert boundaries.prompt_length(BytesChoices(bytes([1, 1])), edges, 5, 63) == 24
+    ends = boundaries.at_chunk_end(BytesChoices(bytes([1])), edges,
+                                   [("a", _View(5)), ("b", _View(16))])
+    assert [rid for rid, _ in ends] == ["b"]
+
+
+class _View:
+    def __init__(self, computed: int) -> None:
+        self.num_computed_tokens = computed
+
+
+@pytest.mark.parametrize("config", ["watermark", "chunked_local", "hybrid3"])
+@pytest.mark.parametrize("level", ["api", "scheduler"])
+def test_steered_examples_replay_and_pass_on_kvcache(config, level):
+    for seed in range(8):
+        example = run_example(_bytes(seed), builtin_config(config), level, steps=40,
+                              targets=("kvcache",))
+        again = run_example(_bytes(seed), builtin_config(config), level, steps=40,
+                            targets=("kvcache",))
+        assert example.trace.to_json() == again.trace.to_json()
+        assert run_trace(example.trace, ["kvcache"]).passed
+
+
+def test_steering_finds_the_watermark_survivors_plant_in_more_examples(monkeypatch):
+    """vLLM 0.34.0's survivor #11 (`needed - watermark`), planted in kvcache: 24 of 40 api
+    examples of `watermark` find it with steering, 6 without (seeds 0-39)."""
+    assert _found("watermark-subtracted", "watermark", "api", range(40)) >= 16
+    monkeypatch.setattr(generator.boundaries, "edges", lambda config: boundaries.Edges(0, 0, 1, 1))
+    assert _found("watermark-subtracted", "watermark", "api", range(40)) < 16
+
+
+def test_steering_finds_the_null_head_survivors_plant(monkeypatch):
+    """vLLM 0.34.0's survivor #12 (`lo = mid + 2`), planted in kvcache: a chunked-local table
+    of nulls alone, freed after a growth at a chunk end failed. 23 of 80 api examples of
+    `chunked_local` and `hybrid3` find it with steering, none without (seeds 0-39)."""
+    def found() -> int:
+        return sum(_found("null-head-overshoot", c, "api", range(40))
+                   for c in ("chunked_local", "hybrid3"))
+
+    assert found() >= 16
+    monkeypatch.setattr(generator.boundaries, "edges", lambda config: boundaries.Edges(0, 0, 1, 1))
+    assert found() == 0
