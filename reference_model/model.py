@@ -370,7 +370,10 @@ class ReferenceModel:
             raise InvalidTrace(f"step: draft {draft} on a config with "
                                f"scheduler.num_speculative_tokens {self.driver.fixed}, whose "
                                "drafts are placed every step: draft must be 0")
-        return self.driver.step(op["sample"], op["in_flight"], draft, accept)
+        drafted = op["drafted"]
+        if drafted and min(drafted.values()) < 0:
+            raise InvalidTrace(f"step: drafted {drafted} must name counts >= 0")
+        return self.driver.step(op["sample"], op["in_flight"], draft, accept, drafted)
 
     def _op_complete_step(self, op: Op) -> list[int]:
         if not self.driver.in_flight:
