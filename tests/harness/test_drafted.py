@@ -85,3 +85,17 @@ def test_the_generators_draw_counts_on_configs_with_drafts(config):
             drafted += [op["drafted"] for op in ex.trace.ops
                         if op["op"] == "step" and op["drafted"]]
     assert drafted and any(0 in counts.values() for counts in drafted)
+
+
+def test_a_vllm_test_export_refuses_a_drafters_count(tmp_path, capsys):
+    from kvfuzz.core.trace import Trace
+    from kvfuzz.fuzz.cli import main as kvfuzz
+
+    trace = Trace(EAGLE, "scheduler", [_add("a", list(range(6))),
+                                       {"op": "step", "draft": 2, "drafted": {"a": 1}}],
+                  {"check": "DIFF-state"})
+    path = tmp_path / "t.json"
+    trace.save(path)
+    assert kvfuzz(["export", str(path), "--vllm-test", str(tmp_path / "t.py")]) == 2
+    assert "drafted" in capsys.readouterr().err
+    assert not (tmp_path / "t.py").exists()
