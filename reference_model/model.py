@@ -106,7 +106,7 @@ class ReferenceModel:
             else:
                 tables = cached = partial = untracked
             fields = (req.status, req.num_computed_tokens, req.num_tokens, tables, cached, partial,
-                      req.shared_prefix_boundary)
+                      req.shared_prefix_boundary, 0 if req.is_finished else len(req.spec))
             known = self._views.get(rid)
             if known is None or known[0] != fields:
                 # Tokens are only ever appended, so an unchanged num_tokens means unchanged tokens.

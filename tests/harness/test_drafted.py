@@ -36,7 +36,7 @@ def test_unfilled_placeholders_are_rejected_by_the_next_step(filled, after):
     ex = Execution(FIXED, "scheduler", ("kvcache",))
     ex.apply(_add("a", list(range(6)), max_tokens=9))
     ex.apply({"op": "step", "drafted": {"a": filled}})
-    assert _computed(ex, "a") == (6, 7)
+    assert _computed(ex, "a") == (6, 7) and ex.state.requests["a"].num_drafts == 2
     assert ex.apply({"op": "step"})["scheduled"] == [["a", 3, 0]]
     assert _computed(ex, "a") == after
 
@@ -56,6 +56,7 @@ def test_a_drafter_proposes_the_count_named():
     ex.apply(_add("a", list(range(6)), max_tokens=9))
     ex.apply(_add("b", list(range(10, 16)), max_tokens=9))
     ex.apply({"op": "step", "draft": 3, "drafted": {"a": 1}})
+    assert (ex.state.requests["a"].num_drafts, ex.state.requests["b"].num_drafts) == (1, 3)
     out = ex.apply({"op": "step"})
     assert out["scheduled"] == [["a", 2, 0], ["b", 4, 0]]
     assert (_computed(ex, "a"), _computed(ex, "b")) == ((8, 9), (10, 11))

@@ -144,10 +144,11 @@ def test_a_drafters_count_on_the_synchronous_scheduler_three_way():
 
 def test_a_bug_only_a_drafters_count_exposes_is_caught(tmp_path, capsys):
     """`drafts-cut-to-first`: every request keeps as many proposals as the batch's first;
-    with one count per step (no `drafted`) it never shows."""
+    with one count per step (no `drafted`) it never shows. DIFF-state sees it at once: each
+    request's draft count is compared (`num_drafts`)."""
     code = kvfuzz(["run", "--target", "vllm-scheduler-bug:drafts-cut-to-first", "--level",
                    "scheduler", "--config", "eagle", "--examples", "60",
                    "--corpus", str(tmp_path)])
     assert code == 1, capsys.readouterr().out
-    found = [json.loads(p.read_text()) for p in tmp_path.glob("*eagle-*.json")]
+    found = [json.loads(p.read_text()) for p in tmp_path.glob("DIFF-state-*eagle-*.json")]
     assert found and all(any(op.get("drafted") for op in f["ops"]) for f in found)
