@@ -39,6 +39,9 @@ class RequestView:
     shared_prefix_boundary: int = 0
     """The junction the scheduler driver's last lookup for it wrote (docs/spec.md §7); 0 at
     the api level."""
+    num_drafts: int = 0
+    """Scheduler level: the drafts (placeholders included) its next step may verify; 0 once
+    it has finished."""
     tokens: tuple[int, ...] = field(default=(), compare=False)
     """The request's token ids, when the side reports them (targets do; checks read them)."""
 

@@ -28,7 +28,7 @@ LEVELS = ("api", "scheduler")
 Op = dict[str, Any]
 
 _INT, _BOOL, _STR, _INTS, _OPT_STR, _OPT_INT = "int", "bool", "str", "ints", "str?", "int?"
-_OPT_INTS, _TRIPLES = "ints?", "triples"
+_OPT_INTS, _TRIPLES, _COUNTS = "ints?", "triples", "counts"
 
 _REQUEST_FIELDS = {
     "request_id": (_STR, None),
@@ -81,7 +81,7 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
     "scheduler": {
         "add_request": _REQUEST_FIELDS,
         "step": {"sample": (_INT, 0), "in_flight": (_BOOL, False), "accept": (_OPT_INT, None),
-                 "draft": (_INT, 0)},
+                 "draft": (_INT, 0), "drafted": (_COUNTS, None)},
         "complete_step": {},
         "abort": {"request_id": (_STR, None)},
         "finish": {"request_id": (_STR, None)},
@@ -96,7 +96,8 @@ OP_SCHEMAS: dict[str, dict[str, dict[str, tuple[str, Any]]]] = {
 
 # Fields added to an op after trace digests were first written: left out of the digest at their
 # default, so that a trace that does not use them keeps the digest (and file name) it had.
-_LATER_FIELDS = {"step": ("accept", "draft"), "load_remote": ("sync", "num_loaded_tokens")}
+_LATER_FIELDS = {"step": ("accept", "draft", "drafted"),
+                 "load_remote": ("sync", "num_loaded_tokens")}
 
 # Fields whose schema default is None but which must be given.
 _MANDATORY = {"request_id", "prompt", "num_new_tokens", "tokens", "block_ids",
@@ -116,6 +117,7 @@ _EXPECTED = {
     _INTS: "a list of ints",
     _OPT_INTS: "a list of ints or null",
     _TRIPLES: "a list of [int, int, int] or null",
+    _COUNTS: "an object of request id -> int, or null",
 }
 _TOKEN_LISTS = ("prompt", "tokens")
 
@@ -135,6 +137,8 @@ def _check_value(where: str, kind: str, value: Any, key: str) -> None:
         _OPT_INTS: value is None or _is_ints(value),
         _TRIPLES: value is None or isinstance(value, list)
         and all(_is_ints(v) and len(v) == 3 for v in value),
+        _COUNTS: value is None or isinstance(value, dict)
+        and all(_is_int(v) for v in value.values()),
     }[kind]
     if not ok:
         got = "a list holding " + ", ".join(sorted({type(v).__name__ for v in value})) if (
@@ -149,6 +153,10 @@ def _check_value(where: str, kind: str, value: Any, key: str) -> None:
     elif kind == _TRIPLES and value:
         for triple in value:
             _check_value(where, _INTS, triple, "")
+    elif kind == _COUNTS and value:
+        for request_id, count in value.items():
+            _check_value(f"{where}[{shown(request_id)}]", _STR, request_id, "")
+            _check_value(f"{where}[{shown(request_id)}]", _INT, count, "")
     elif isinstance(value, list):
         # A negative token is an i64 the reference model refuses where it stands (InvalidTrace).
         low, high = -MAX_INT - 1, MAX_TOKEN_ID if key in _TOKEN_LISTS else MAX_INT
@@ -183,7 +191,7 @@ def normalize_op(raw: Any, level: str, where: str = "op") -> Op:
             value = raw[key]
             op[key] = (
                 [list(v) if isinstance(v, list) else v for v in value]
-                if isinstance(value, list) else value
+                if isinstance(value, list) else dict(value) if isinstance(value, dict) else value
             )
         elif key in _MANDATORY:
             raise TraceFormatError(f"{where} ({name}) needs field {key!r}")

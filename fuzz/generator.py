@@ -565,12 +565,18 @@ class SchedulerRules(Rules):
 
     def step_spec(self) -> None:
         """A step of spec decode: the drafts it verifies are all kept, all rejected or the
-        first few kept; each request that sampled proposes up to MAX_DRAFTS new ones."""
+        first few kept; each request that sampled proposes up to MAX_DRAFTS new ones (fixed
+        drafts: fills its placeholders), half the time some running requests fewer, as a
+        drafter that finds fewer (n-gram) does (`drafted`)."""
         c = self.choices
         fixed = self.config.scheduler.num_speculative_tokens  # placed every step: no draft
-        self.apply(op="step", sample=c.below(TOKEN_VOCAB),
-                   draft=0 if fixed else between(c, 0, MAX_DRAFTS),
-                   accept=pick(c, (None, 0, between(c, 0, fixed or MAX_DRAFTS))))
+        sample = c.below(TOKEN_VOCAB)
+        draft = 0 if fixed else between(c, 0, MAX_DRAFTS)
+        accept = pick(c, (None, 0, between(c, 0, fixed or MAX_DRAFTS)))
+        drafted = {rid: between(c, 0, fixed or draft) for rid, _ in self.views("RUNNING")
+                   if flip(c)} if flip(c) else None
+        self.apply(op="step", sample=sample, draft=draft, accept=accept,
+                   **({"drafted": drafted} if drafted is not None else {}))
 
     def take_events(self) -> None:
         self.apply(op="take_events")

@@ -193,6 +193,8 @@ def _size(trace: Trace) -> tuple[int, int, int]:
                 weight += value
             elif isinstance(value, int):
                 weight += abs(value)
+            elif isinstance(value, dict):
+                weight += len(value)
             elif isinstance(value, str) and key == "cache_salt":
                 weight += 1
     cfg = trace.config
@@ -228,7 +230,7 @@ def _op_variants(op: Op, level: str) -> Iterator[Op]:
             yield {**op, key: value - 1}
         elif key != "request_id" and default is not None and value != default:
             yield {**op, key: default}
-        elif key in ("cache_salt", "mm_inputs", "prompt_embeds") and value is not None:
+        elif key in ("cache_salt", "mm_inputs", "prompt_embeds", "drafted") and value is not None:
             yield {**op, key: None}
         elif key == "lora_name" and value is not None:
             yield {**op, "lora_name": None, "lora_id": None, "lora_path": None}

@@ -180,6 +180,9 @@ class _SchedulerWriter:
                 self._add_request(op, step)
             elif kind == "step":
                 args = [f"sample={op['sample']}"] if op["sample"] else []
+                if op["drafted"] is not None:
+                    raise VllmTestUnsupported(f"step {step}: a drafter's count per request "
+                                              "(drafted) is not exported")
                 if op["in_flight"] and (op["draft"] or op["accept"] is not None):
                     raise VllmTestUnsupported(f"step {step}: a step in flight with drafts is "
                                               "not exported")

@@ -574,11 +574,16 @@ class ManagerSide:
             raise InvalidTrace(f"step: draft {draft} on a config with "
                                f"scheduler.num_speculative_tokens {fixed}, whose drafts are "
                                "placed every step: draft must be 0")
-        if draft or accept is not None and not fixed:
+        drafted = op["drafted"]
+        if drafted and min(drafted.values()) < 0:
+            raise InvalidTrace(f"step: drafted {drafted} must name counts >= 0")
+        if draft or (accept is not None or drafted is not None) and not fixed:
             self.require("draft")
-        spec = {"accept": accept} if fixed else {"accept": accept, "propose": lambda request: [
-            (sample + 1 + request.num_tokens + j) % vocab for j in range(draft)]} if (
-            draft or accept is not None) else {}
+        spec = {"accept": accept, "drafted": drafted} if fixed else {
+            "accept": accept, "propose": lambda request: [
+                (sample + 1 + request.num_tokens + j) % vocab
+                for j in range(min(draft, (drafted or {}).get(request.request_id, draft)))]} if (
+            draft or accept is not None or drafted is not None) else {}
         ok, out = self._call(
             lambda: self.scheduler.step(
                 lambda request, ahead=0: (sample + request.num_tokens + ahead) % vocab,

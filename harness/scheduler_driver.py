@@ -4,7 +4,7 @@ kvfuzz's `kvcache.scheduler.Scheduler`, or vLLM's own Scheduler played as it
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -51,7 +51,8 @@ class SchedulerDriver(Protocol):
     def step(self, sample_token: Callable[..., int],
              run_model: Callable[[list[tuple[Any, int, int]], list[tuple[int, int]]], None]
              | None = None, *, in_flight: bool = False, accept: int | None = None,
-             propose: Callable[[Any], list[int]] | None = None) -> Any:
+             propose: Callable[[Any], list[int]] | None = None,
+             drafted: Mapping[str, int] | None = None) -> Any:
         """One step; `run_model(scheduled, copies)` plays the model (`kvcache.scheduler`)."""
         ...
 

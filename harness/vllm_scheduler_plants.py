@@ -183,6 +183,21 @@ def _drafts_not_published(scheduler: Any) -> None:
     scheduler.update_from_output = update_from_output
 
 
+def _drafts_cut_to_first(scheduler: Any) -> None:
+    """`update_draft_token_ids` keeps of each request's proposals only as many as the batch's
+    first request proposed (one count for the batch): seen only where a step's drafters
+    propose different numbers of drafts (the trace's `drafted`)."""
+    update = scheduler.update_draft_token_ids
+
+    def update_draft_token_ids(draft_token_ids: Any) -> None:
+        lists = draft_token_ids.draft_token_ids
+        if lists:
+            draft_token_ids.draft_token_ids = [list(d[:len(lists[0])]) for d in lists]
+        update(draft_token_ids)
+
+    scheduler.update_draft_token_ids = update_draft_token_ids
+
+
 def _reset_keeps_running(scheduler: Any) -> None:
     """`reset_prefix_cache` ignores `reset_running_requests`: nothing is preempted, and the
     reset fails (False) while a request runs."""
@@ -334,6 +349,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                              _drafts_not_published, ("fixed_drafts",)),
     "padding-unverified": ("a padded admission's placeholder drafts are not verified",
                            _padding_unverified, ("fixed_drafts",)),
+    "drafts-cut-to-first": ("each request keeps as many proposed drafts as the batch's first "
+                            "request", _drafts_cut_to_first, ("eagle",)),
     "encoder-budget-per-request": ("each request's multimodal inputs get the whole encoder "
                                    "budget of the step", _encoder_budget_per_request,
                                    ("tenants",)),

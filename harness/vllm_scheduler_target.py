@@ -27,7 +27,7 @@ import functools
 import importlib
 import inspect
 from collections import deque
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -445,6 +445,11 @@ class VllmSchedulerDriver(SchedulerDriver):
         """Request ids vLLM's Scheduler preempted this step, in order (`_preempt_request`)."""
         self.sampled: set[str] = set()
         """Request ids that took a sampled token (finding 025's shape needs one)."""
+        self._filled: dict[str, int] = {}
+        """Request id -> how many of its placeholder drafts its drafter filled, where fewer
+        than all (the trace's `drafted`): the worker leaves the rest -1, which its rejection
+        sampler always rejects (`model_runner.py:2393-2394`, `rejection_sampler.py:111-131`
+        in 0.34.0)."""
         self.in_flight_sampling = "placeholders"
         """The trace's rule for a request whose sampling step is in flight (its config's)."""
         self.outputs_taken = 0
@@ -591,13 +596,17 @@ class VllmSchedulerDriver(SchedulerDriver):
     def step(self, sample_token: Callable[..., int],
              run_model: Callable[[list[tuple[Any, int, int]], list[tuple[int, int]]], None]
              | None = None, *, in_flight: bool = False, accept: int | None = None,
-             propose: Callable[[Any], list[int]] | None = None) -> StepOutput:
+             propose: Callable[[Any], list[int]] | None = None,
+             drafted: Mapping[str, int] | None = None) -> StepOutput:
         """One `schedule()`; the model plays the step; the requests whose tokens are then all
         computed return the first `accept` (None: all) of the drafts vLLM scheduled for them
         (`scheduled_spec_decode_tokens`) and the token `sample_token(request, accepted)`;
         `update_from_output()` takes them (and rolls back the rejected drafts). With `propose`,
         the drafter then proposes `propose(request)` for every request of the batch
-        (`update_draft_token_ids`, which keeps those of requests that sampled and run)."""
+        (`update_draft_token_ids`, which keeps those of requests that sampled and run).
+        `drafted`, with placeholder drafts: how many of the placeholders a request that
+        samples gets its drafter fills (all when not named); its next step keeps none past
+        them."""
         if not in_flight:
             while self._held:
                 self.complete_step()
@@ -607,6 +616,7 @@ class VllmSchedulerDriver(SchedulerDriver):
         self.preempted = []
         # Waiting requests that hold nothing (a landed KV load holds its tokens: no lookup).
         fresh = {r.request_id for r in self.waiting if not r.num_computed_tokens}
+        admitted = {r.request_id for r in self.waiting}  # padded placeholders are not drafted
         scheduler_output = self.vllm.schedule()
         ids = list(scheduler_output.num_scheduled_tokens)
         kv_output = self.load_failures(scheduler_output.num_scheduled_tokens)
@@ -630,8 +640,15 @@ class VllmSchedulerDriver(SchedulerDriver):
         samples: list[tuple[Any, list[int] | None]] = []
         for r, _, _ in scheduled:
             drafts = list(spec.get(r.request_id, ()))
-            samples.append((r, (drafts if accept is None else drafts[:accept])
-                            if r.num_computed_tokens >= r.num_tokens else None))
+            kept = drafts if accept is None else drafts[:accept]
+            filled = self._filled.pop(r.request_id, None)
+            if filled is not None and r.request_id not in admitted:
+                kept = kept[:filled]
+            samples.append((r, kept if r.num_computed_tokens >= r.num_tokens else None))
+        if propose is None:  # the placeholders each request that samples now gets
+            self._filled.update((r.request_id, (drafted or {})[r.request_id])
+                                for r, kept in samples
+                                if kept is not None and r.request_id in (drafted or {}))
 
         def output() -> Any:
             # A request aborted meanwhile takes no token (finding 025's shape needs one).

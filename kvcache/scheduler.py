@@ -11,7 +11,7 @@ only once the newest step launched by then completes.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -58,6 +58,8 @@ class StepOutput:
 PLACEHOLDER = -1
 """A draft whose token the drafter fills in (vLLM's async scheduling): kept, it is sampled as
 the token at its place is."""
+UNFILLED = -2
+"""A placeholder draft the drafter left unfilled (it proposed fewer): always rejected."""
 
 
 def _priority_key(request: Any) -> tuple[int, float]:
@@ -572,6 +574,7 @@ class Scheduler:
         in_flight: bool = False,
         accept: int | None = None,
         propose: Callable[[Any], list[int]] | None = None,
+        drafted: Mapping[str, int] | None = None,
     ) -> StepOutput:
         """Schedule running requests (preempting on shortage), then admit waiting ones, then
         play the model: `run_model(scheduled, copies)` (if given) sees the step's requests and
@@ -582,7 +585,9 @@ class Scheduler:
         as the budget lets; the step keeps the first `accept` of those (None: all), appended
         before the sampled token, and rejects the rest, whose tokens are computed no more (the
         blocks allocated for them stay). Each request that sampled and still runs then proposes
-        `propose(request)` as its drafts for the next step.
+        `propose(request)` as its drafts for the next step. With fixed drafts each gets their
+        placeholders, the drafter filling the first `drafted[request_id]` of them (all when not
+        named); a step keeps no draft past the first unfilled one.
 
         `in_flight`: the step's bookkeeping is done at once, but it stays in flight (reading
         its requests' blocks, running its copies) until `complete_step`. A step that does not
@@ -728,7 +733,7 @@ class Scheduler:
                 drafts = verified.pop(request.request_id, [])
                 self._placeholders[request.request_id] = pending + len(drafts) + 1
                 held.samples.append((request, drafts))
-                request.spec_token_ids = [PLACEHOLDER] * self.num_speculative_tokens
+                request.spec_token_ids = self._placeholder_drafts(request, drafted)
             else:
                 sampled.append(request)
                 ended = self._append_verified(request, verified.pop(request.request_id, []),
@@ -748,7 +753,7 @@ class Scheduler:
         for request in sampled:
             if not RequestStatus.is_finished(request.status):
                 request.spec_token_ids = (list(propose(request)) if propose is not None
-                                          else [PLACEHOLDER] * self.num_speculative_tokens)
+                                          else self._placeholder_drafts(request, drafted))
         return out
 
     def _fail_sync_loads(self, scheduled: list[tuple[Any, int, int]],
@@ -795,6 +800,8 @@ class Scheduler:
         the first that ends the request (its successors dropped and uncomputed). True when it
         ended (max_tokens or max_model_len)."""
         kept = drafts if accept is None else drafts[:accept]
+        if UNFILLED in kept:
+            kept = kept[:kept.index(UNFILLED)]
         request.num_computed_tokens -= len(drafts) - len(kept)
         # A placeholder draft kept is sampled as the token at its place is.
         new: list[int | None] = [None if token == PLACEHOLDER else token for token in kept]
@@ -806,6 +813,13 @@ class Scheduler:
                 request.num_computed_tokens -= len(new) - j
                 return True
         return False
+
+    def _placeholder_drafts(self, request: Any, drafted: Mapping[str, int] | None) -> list[int]:
+        """A request's fixed drafts for its next step: the placeholders the drafter fills (as
+        many as `drafted` names for it, all when not named), then the unfilled rest."""
+        k = self.num_speculative_tokens
+        filled = min(k, (drafted or {}).get(request.request_id, k))
+        return [PLACEHOLDER] * filled + [UNFILLED] * (k - filled)
 
     def _admit_waiting(self, budget: int, scheduled: list[tuple[Any, int, int]],
                        verified: dict[str, list[int]]) -> None:

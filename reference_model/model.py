@@ -110,7 +110,7 @@ class ReferenceModel:
             else:
                 tables = cached = partial = untracked
             fields = (req.status, req.num_computed_tokens, req.num_tokens, tables, cached, partial,
-                      req.shared_prefix_boundary)
+                      req.shared_prefix_boundary, 0 if req.is_finished else len(req.spec))
             known = self._views.get(rid)
             if known is None or known[0] != fields:
                 # Tokens are only ever appended, so an unchanged num_tokens means unchanged tokens.
@@ -374,7 +374,10 @@ class ReferenceModel:
             raise InvalidTrace(f"step: draft {draft} on a config with "
                                f"scheduler.num_speculative_tokens {self.driver.fixed}, whose "
                                "drafts are placed every step: draft must be 0")
-        return self.driver.step(op["sample"], op["in_flight"], draft, accept)
+        drafted = op["drafted"]
+        if drafted and min(drafted.values()) < 0:
+            raise InvalidTrace(f"step: drafted {drafted} must name counts >= 0")
+        return self.driver.step(op["sample"], op["in_flight"], draft, accept, drafted)
 
     def _op_complete_step(self, op: Op) -> list[int]:
         if not self.driver.in_flight:

@@ -49,9 +49,9 @@ class Driver:
         (request id, tokens) it scheduled)."""
         self.in_flight_tokens: list[list[tuple[Request, int]]] = []
         """Per step in flight: the tokens it scheduled, per request."""
-        self.outputs: list[tuple[int, int, int | None, list[tuple[Request, list[int]]],
-                                 list[Request]]] = []
-        """Per step in flight: its sample, draft and accept, the requests it samples for
+        self.outputs: list[tuple[int, int, int | None, dict[str, int],
+                                 list[tuple[Request, list[int]]], list[Request]]] = []
+        """Per step in flight: its sample, draft, accept and drafted, the requests it samples for
         (with the drafts it verified), whose tokens arrive when it completes, and every
         request it scheduled, in order."""
         self.placeholders: dict[str, int] = {}
@@ -166,7 +166,7 @@ class Driver:
                     self.manager.state.deferred.remove(b)
                 self.manager.state.release(run[::-1])
                 released += run
-        sample, draft, accept, samples, order = self.outputs.pop(0)
+        sample, draft, accept, drafted, samples, order = self.outputs.pop(0)
         verdicts = {r.request_id: drafts for r, drafts in samples}
         for r in order:
             if r.is_finished:  # aborted meanwhile (never preempted: a step in flight reads it)
@@ -186,7 +186,7 @@ class Driver:
                 self.running.remove(r)
                 self.free(r)
             elif not self.fixed:  # fixed drafts were placed when the step launched
-                self._propose(r, sample, draft)
+                self._propose(r, sample, draft, drafted)
         return released
 
     def stop(self, req: Request, status: str) -> None:
@@ -355,11 +355,14 @@ class Driver:
         return self.manager.reset_prefix_cache()
 
     def step(self, sample: int, in_flight: bool = False, draft: int = 0,
-             accept: int | None = None) -> dict[str, Any]:
+             accept: int | None = None, drafted: dict[str, int] | None = None
+             ) -> dict[str, Any]:
         """One step; `in_flight`: it stays in flight until `complete` (docs/spec.md §7.1),
         else every step still in flight completes first. Spec decode: a request verifies the
         drafts the step scheduled and keeps the first `accept` (None: all); each request that
-        sampled and still runs then proposes `draft` new ones."""
+        sampled and still runs then proposes `draft` new ones, or as many as `drafted` names
+        for it if fewer (fixed drafts: fills that many of its placeholders)."""
+        drafted = drafted or {}
         while not in_flight and self.in_flight:
             self.complete()
         mgr, cfg, M = self.manager, self.cfg, self.max_model_len
@@ -537,7 +540,8 @@ class Driver:
         sampled: list[Request] = []
         held: list[tuple[Request, list[int]]] = []
         if in_flight and scheduled:
-            self.outputs.append((sample, draft, accept, held, [r for r, _, _ in scheduled]))
+            self.outputs.append((sample, draft, accept, drafted, held,
+                                 [r for r, _, _ in scheduled]))
         if failing and in_flight:
             raise InvalidTrace("step {in_flight: true} admits a synchronous load that fails "
                                f"({sorted(failing)}): its report is modeled only in the output "
@@ -562,7 +566,8 @@ class Driver:
                 if in_flight:  # the tokens arrive when the step completes
                     self.placeholders[r.request_id] = pending + len(drafts) + 1
                     held.append((r, drafts))
-                    r.spec = [None] * self.fixed  # fixed drafts are placed at once
+                    if self.fixed:  # fixed drafts are placed at once
+                        self._propose(r, sample, draft, drafted)
                     continue
                 self._sample(r, sample, drafts, accept)
                 sampled.append(r)
@@ -580,7 +585,7 @@ class Driver:
                 self.free(r)
         for r in sampled:
             if not r.is_finished:
-                self._propose(r, sample, draft)
+                self._propose(r, sample, draft, drafted)
         return {
             "scheduled": [[r.request_id, n, hit] for r, n, hit in scheduled],
             "preempted": preempted,
@@ -667,6 +672,8 @@ class Driver:
         first that ends the request (max_tokens or max_model_len), whose successors are dropped
         and uncomputed too."""
         kept = drafts if accept is None else drafts[:accept]
+        if _UNFILLED in kept:  # an unfilled placeholder and every draft after it are rejected
+            kept = kept[:kept.index(_UNFILLED)]
         r.num_computed_tokens -= len(drafts) - len(kept)
         new: list[int | None] = [*kept, None]
         for j, token in enumerate(new, 1):
@@ -680,11 +687,20 @@ class Driver:
         """max_tokens or max_model_len reached."""
         return r.num_output_tokens >= r.max_tokens or r.num_tokens >= self.max_model_len
 
-    def _propose(self, r: Request, sample: int, draft: int) -> None:
-        """A request that sampled and still runs proposes `draft` new drafts (fixed drafts:
-        that many placeholders)."""
-        r.spec = [None] * self.fixed if self.fixed else [
-            (sample + 1 + r.num_tokens + j) % self.cfg.vocab_size for j in range(draft)]
+    def _propose(self, r: Request, sample: int, draft: int, drafted: dict[str, int]) -> None:
+        """A request that sampled and still runs proposes `draft` new drafts, or the first
+        `drafted[r]` of them (fixed drafts: that many placeholders, of which the drafter fills
+        the first `drafted[r]`; the rest stay unfilled)."""
+        if self.fixed:
+            filled = min(self.fixed, drafted.get(r.request_id, self.fixed))
+            r.spec = [None] * filled + [_UNFILLED] * (self.fixed - filled)
+        else:
+            r.spec = [(sample + 1 + r.num_tokens + j) % self.cfg.vocab_size
+                      for j in range(min(draft, drafted.get(r.request_id, draft)))]
+
+
+_UNFILLED = "unfilled"
+"""A fixed draft the drafter did not fill (it proposed fewer): never kept."""
 
 
 def _stop_at_junction(start: int, end: int, junction: int, bs: int, exact: bool) -> int:

@@ -193,3 +193,40 @@ def test_vllm_scheduler_leaves_drafts_out_of_mamba_hybrids_where_they_settle_a_s
     assert Execution(ALIGN_DRAFTS, "scheduler", ("vllm",)).offers("draft")
     assert kvfuzz(["replay", str(NEGATIVE), "--target", "vllm-scheduler"]) == 2
     assert "caches no accepted draft's block after the output" in capsys.readouterr().err
+
+
+@publishing
+def test_a_drafters_count_caps_what_the_next_step_keeps_three_way():
+    """The drafter fills 1 of a's 2 placeholders and none of b's: vLLM's AsyncScheduler still
+    schedules both (its placeholders do not depend on the drafter), and the worker's -1
+    drafts are rejected, so a keeps 1 and b none, as kvfuzz's driver and the model say."""
+    ex = Execution(CONFIG, "scheduler", ASYNC_THREE_WAY)
+    ex.apply(_add("a", list(range(6)), max_tokens=9))
+    ex.apply(_add("b", list(range(10, 16)), max_tokens=9))
+    ex.apply({"op": "step", "drafted": {"a": 1, "b": 0}})
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 3, 0], ["b", 3, 0]]
+    scheduler = ex.targets[1].side.vllm_scheduler
+    assert [(r.num_computed_tokens, r.num_tokens)
+            for r in (scheduler.requests["a"], scheduler.requests["b"])] == [(8, 9), (7, 8)]
+
+
+def test_a_drafters_count_on_the_synchronous_scheduler_three_way():
+    """update_draft_token_ids takes proposals of different lengths: a proposes 1, b 3."""
+    config = BUILTIN["eagle"][1]
+    ex = Execution(config, "scheduler", ("kvcache", "vllm-scheduler"))
+    ex.apply(_add("a", list(range(6)), max_tokens=9))
+    ex.apply(_add("b", list(range(10, 16)), max_tokens=9))
+    ex.apply({"op": "step", "draft": 3, "drafted": {"a": 1}})
+    assert ex.apply({"op": "step", "accept": 2})["scheduled"] == [["a", 2, 0], ["b", 4, 0]]
+
+
+def test_a_bug_only_a_drafters_count_exposes_is_caught(tmp_path, capsys):
+    """`drafts-cut-to-first`: every request keeps as many proposals as the batch's first;
+    with one count per step (no `drafted`) it never shows. DIFF-state sees it at once: each
+    request's draft count is compared (`num_drafts`)."""
+    code = kvfuzz(["run", "--target", "vllm-scheduler-bug:drafts-cut-to-first", "--level",
+                   "scheduler", "--config", "eagle", "--examples", "60",
+                   "--corpus", str(tmp_path)])
+    assert code == 1, capsys.readouterr().out
+    found = [json.loads(p.read_text()) for p in tmp_path.glob("DIFF-state-*eagle-*.json")]
+    assert found and all(any(op.get("drafted") for op in f["ops"]) for f in found)

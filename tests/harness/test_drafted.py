@@ -1,0 +1,102 @@
+"""A drafter's count per request (`step {drafted}`, docs/traces.md): a request named proposes
+fewer drafts than the step's `draft`, or, with fixed drafts, fills fewer of its placeholders,
+whose unfilled rest its next step rejects. Played by kvfuzz's driver on kvcache and by the
+reference model, compared at every op; no vLLM needed."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from kvfuzz.core.configs import BUILTIN, builtin_config
+from kvfuzz.core.errors import TraceFormatError
+from kvfuzz.core.trace import normalize_op
+from kvfuzz.fuzz.generator import run_example
+from kvfuzz.harness.executor import Execution
+
+FIXED = BUILTIN["fixed_drafts"][1]
+EAGLE = BUILTIN["eagle"][1]
+
+
+def _add(rid: str, prompt: list[int], **fields: Any) -> dict[str, Any]:
+    return {"op": "add_request", "request_id": rid, "prompt": prompt, **fields}
+
+
+def _computed(ex: Execution, rid: str) -> tuple[int, int]:
+    view = ex.state.requests[rid]
+    return view.num_computed_tokens, view.num_tokens
+
+
+@pytest.mark.parametrize("filled, after", [(2, (9, 10)), (1, (8, 9)), (0, (7, 8))])
+def test_unfilled_placeholders_are_rejected_by_the_next_step(filled, after):
+    """Two placeholders per step: the drafter fills `filled` of a's; the next step schedules
+    both and keeps only the filled ones (accept null keeps all it may)."""
+    ex = Execution(FIXED, "scheduler", ("kvcache",))
+    ex.apply(_add("a", list(range(6)), max_tokens=9))
+    ex.apply({"op": "step", "drafted": {"a": filled}})
+    assert _computed(ex, "a") == (6, 7) and ex.state.requests["a"].num_drafts == 2
+    assert ex.apply({"op": "step"})["scheduled"] == [["a", 3, 0]]
+    assert _computed(ex, "a") == after
+
+
+def test_requests_of_one_step_keep_their_own_counts():
+    ex = Execution(FIXED, "scheduler", ("kvcache",))
+    ex.apply(_add("a", list(range(6)), max_tokens=9))
+    ex.apply(_add("b", list(range(10, 16)), max_tokens=9))
+    ex.apply({"op": "step", "drafted": {"b": 0, "zz": 1}})  # an unknown id is ignored
+    ex.apply({"op": "step"})
+    assert (_computed(ex, "a"), _computed(ex, "b")) == ((9, 10), (7, 8))
+
+
+def test_a_drafter_proposes_the_count_named():
+    """`draft` 3 for every request, but `a` proposes only 1: its next step schedules 2."""
+    ex = Execution(EAGLE, "scheduler", ("kvcache",))
+    ex.apply(_add("a", list(range(6)), max_tokens=9))
+    ex.apply(_add("b", list(range(10, 16)), max_tokens=9))
+    ex.apply({"op": "step", "draft": 3, "drafted": {"a": 1}})
+    assert (ex.state.requests["a"].num_drafts, ex.state.requests["b"].num_drafts) == (1, 3)
+    out = ex.apply({"op": "step"})
+    assert out["scheduled"] == [["a", 2, 0], ["b", 4, 0]]
+    assert (_computed(ex, "a"), _computed(ex, "b")) == ((8, 9), (10, 11))
+
+
+def test_a_count_that_is_not_an_int_is_a_format_error():
+    with pytest.raises(TraceFormatError, match="drafted"):
+        normalize_op({"op": "step", "drafted": {"a": "1"}}, "scheduler")
+    with pytest.raises(TraceFormatError, match="drafted"):
+        normalize_op({"op": "step", "drafted": [1]}, "scheduler")
+
+
+def test_a_negative_count_is_invalid():
+    ex = Execution(FIXED, "scheduler", ("kvcache",))
+    ex.apply(_add("a", list(range(6))))
+    with pytest.raises(Exception, match="drafted"):
+        ex.apply({"op": "step", "drafted": {"a": -1}})
+
+
+@pytest.mark.parametrize("config", ["fixed_drafts", "eagle"])
+def test_the_generators_draw_counts_on_configs_with_drafts(config):
+    drafted = []
+    for seed in range(12):
+        ex = run_example(random.Random(seed).randbytes(2048), builtin_config(config),
+                         "scheduler", steps=40, targets=("kvcache",))
+        if ex is not None:
+            drafted += [op["drafted"] for op in ex.trace.ops
+                        if op["op"] == "step" and op["drafted"]]
+    assert drafted and any(0 in counts.values() for counts in drafted)
+
+
+def test_a_vllm_test_export_refuses_a_drafters_count(tmp_path, capsys):
+    from kvfuzz.core.trace import Trace
+    from kvfuzz.fuzz.cli import main as kvfuzz
+
+    trace = Trace(EAGLE, "scheduler", [_add("a", list(range(6))),
+                                       {"op": "step", "draft": 2, "drafted": {"a": 1}}],
+                  {"check": "DIFF-state"})
+    path = tmp_path / "t.json"
+    trace.save(path)
+    assert kvfuzz(["export", str(path), "--vllm-test", str(tmp_path / "t.py")]) == 2
+    assert "drafted" in capsys.readouterr().err
+    assert not (tmp_path / "t.py").exists()
