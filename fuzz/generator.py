@@ -565,14 +565,16 @@ class SchedulerRules(Rules):
 
     def step_spec(self) -> None:
         """A step of spec decode: the drafts it verifies are all kept, all rejected or the
-        first few kept; each request that sampled proposes up to MAX_DRAFTS new ones (fixed
+        first few kept; each request that sampled proposes up to MAX_DRAFTS new ones (no more
+        than the state groups keep blocks for, `Config.max_drafts`; fixed
         drafts: fills its placeholders), half the time some running requests fewer, as a
         drafter that finds fewer (n-gram) does (`drafted`)."""
         c = self.choices
         fixed = self.config.scheduler.num_speculative_tokens  # placed every step: no draft
         sample = c.below(TOKEN_VOCAB)
-        draft = 0 if fixed else between(c, 0, MAX_DRAFTS)
-        accept = pick(c, (None, 0, between(c, 0, fixed or MAX_DRAFTS)))
+        most = min(MAX_DRAFTS, self.config.max_drafts or MAX_DRAFTS)
+        draft = 0 if fixed else between(c, 0, most)
+        accept = pick(c, (None, 0, between(c, 0, fixed or most)))
         drafted = {rid: between(c, 0, fixed or draft) for rid, _ in self.views("RUNNING")
                    if flip(c)} if flip(c) else None
         self.apply(op="step", sample=sample, draft=draft, accept=accept,

@@ -569,6 +569,11 @@ class ManagerSide:
         if not 0 <= draft <= self.config.max_model_len or (accept or 0) < 0:
             raise InvalidTrace(f"step: draft {draft} must be 0 to max_model_len "
                                f"({self.config.max_model_len}), accept {accept} null or >= 0")
+        most = self.config.max_drafts
+        if most is not None and draft > most:
+            raise InvalidTrace(f"step: draft {draft} on a config whose state groups keep "
+                               f"{most} speculative blocks (vLLM sizes num_speculative_blocks "
+                               "to num_speculative_tokens, the most a drafter proposes)")
         fixed = self.config.scheduler.num_speculative_tokens
         if draft and fixed:
             raise InvalidTrace(f"step: draft {draft} on a config with "

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.configs import BUILTIN, builtin_config
 from kvfuzz.core.errors import TraceFormatError
-from kvfuzz.core.trace import normalize_op
+from kvfuzz.core.trace import Trace, normalize_op
 from kvfuzz.fuzz.generator import run_example
-from kvfuzz.harness.executor import Execution
+from kvfuzz.harness.executor import Execution, run_trace
 
 FIXED = BUILTIN["fixed_drafts"][1]
 EAGLE = BUILTIN["eagle"][1]
@@ -100,3 +101,27 @@ def test_a_vllm_test_export_refuses_a_drafters_count(tmp_path, capsys):
     assert kvfuzz(["export", str(path), "--vllm-test", str(tmp_path / "t.py")]) == 2
     assert "drafted" in capsys.readouterr().err
     assert not (tmp_path / "t.py").exists()
+
+
+def test_a_step_drafts_no_more_than_the_state_groups_keep_blocks_for():
+    """vLLM sizes a state group's speculative blocks to the drafter's most drafts: a step
+    proposing more is invalid, and the generators draw no more (a 4-token-block align config
+    with 2 speculative blocks once failed S1 on 4 drafts, on kvcache and the model alike)."""
+    group = GroupConfig("mamba", 4, mamba_cache_mode="align", num_speculative_blocks=2)
+    config = Config(num_blocks=15, groups=(GroupConfig("full", 4), group, group),
+                    max_model_len=64, use_eagle=True, name="small_align_eagle")
+    assert config.max_drafts == 2 and BUILTIN["eagle"][1].max_drafts is None
+    ops = [{"op": "add_request", "request_id": "a", "prompt": [3, 3, 1], "max_tokens": 4},
+           {"op": "step"}]
+    assert run_trace(Trace(config, "scheduler", ops + [{"op": "step", "draft": 2}])).passed
+    result = run_trace(Trace(config, "scheduler", ops + [{"op": "step", "draft": 3}]))
+    assert "draft 3" in str(result.invalid) and "2 speculative blocks" in str(result.invalid)
+    drafts = []
+    for seed in range(30):
+        ex = run_example(random.Random(seed).randbytes(2048), config, "scheduler", steps=40,
+                         targets=("kvcache",))
+        if ex is not None:
+            most = ex.trace.config.max_drafts  # the generators vary s (docs/spec.md §11.2)
+            drafts += [(op["draft"], most) for op in ex.trace.ops if op["op"] == "step"]
+    assert all(draft <= most for draft, most in drafts)
+    assert any(draft == most for draft, most in drafts if most < 4)
