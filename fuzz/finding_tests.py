@@ -56,7 +56,9 @@ scheduler level: their tests drive vLLM's own Scheduler (fuzz/vllm_scheduler_tes
 cannot set, so its test comes from the same steps without them (on vLLM's own Scheduler, with
 its drafts); 016's keeps its steps with the in-flight tokens at the budget, as vLLM's Scheduler
 derives them (its test writes a KV connector on vLLM's base class); 018's with them at twice
-the budget, as vLLM's AsyncScheduler derives them (its test leaves a step in flight there)."""
+the budget, as vLLM's AsyncScheduler derives them (its test leaves a step in flight there).
+028 (P1) and 029 (a synchronous load) are scheduler level too, their tests from their own
+traces."""
 
 TEST_STEMS: dict[str, str] = {
     "023": "023-preempted-after-scheduled",

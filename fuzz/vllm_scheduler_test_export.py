@@ -13,7 +13,9 @@ trace's check:
   the KV of its own prefix;
 - `DIFF-state`: after the last op, which blocks carry a cache key (the reference model's
   answer, replayed at export time); where the finding's difference is in the requests
-  (its `dedup_key` ends in `/requests`), each request's `num_computed_tokens` instead.
+  (its `dedup_key` ends in `/requests`), each request's `num_computed_tokens` instead;
+- `P1`, where the prediction is below 0 (its message says so): every count of new blocks a KV
+  cache group's manager returns (`get_num_blocks_to_allocate`) is at least 0.
 
 A trace with a KV connector (`load_remote`, `finish_load`; check `D1`) gets a small connector
 class written into the test on vLLM's `KVConnectorBase_V1`, set up through `KVTransferConfig`
@@ -21,7 +23,14 @@ class written into the test on vLLM's `KVConnectorBase_V1`, set up through `KVTr
 trace's external tokens as an asynchronous load, and the test reports the load's end as a
 worker does (`finished_recving`; a short load names the blocks it did not fill,
 `invalid_block_ids`), writing the KV the load landed into the blocks that hold it. A window
-group's reads are the window behind each position.
+group's reads are the window behind each position. A synchronous load (`load_remote {sync:
+true}`; check `DIFF-state`, one group) is offered at the request's lookups until a step admits
+it, and that step's output reports the blocks it failed to fill, under the trace's
+`kv_load_failure_policy`.
+
+A scheduler rule the test's Scheduler cannot be given (it runs the release's own) is refused:
+`scheduler.async_scheduling`, `in_flight_sampling` "wait" beside steps in flight, a
+`self_preemption` or `blocked_waiting` other than 0.33+'s.
 
 A step with spec-decode drafts (`step {draft, accept}`) is played as the `vllm-scheduler`
 target plays it: the requests that sample return the first `accept` of the drafts vLLM
