@@ -121,6 +121,9 @@ def _refuse_config(trace: Trace) -> None:
         raise VllmTestUnsupported("a trace with synchronous KV loads is exported with check "
                                   "DIFF-state on one KV cache group (a failing one names its "
                                   "blocks there)")
+    if _sync_loads(trace) and _in_flight(trace):
+        raise VllmTestUnsupported("synchronous KV loads beside steps in flight are not exported "
+                                  "(a step's report of its failed loads is taken at once)")
     if check == "P1" and not _NEGATIVE_COUNT.search(str(trace.meta.get("message") or "")):
         raise VllmTestUnsupported("check P1: a scheduler-level vLLM test asserts it only where "
                                   "the prediction is below 0 (its message names a negative "

@@ -293,6 +293,16 @@ def test_a_failing_synchronous_load_reports_its_unfilled_blocks_and_asserts_the_
     assert "assert keyed == [1, 2, 3], (" in body
 
 
+def test_a_synchronous_load_beside_steps_in_flight_is_exit_2(tmp_path, capsys):
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["029"]).read_text(encoding="utf-8"))
+    trace["ops"][2:] = [{"op": "step", "in_flight": True}, {"op": "complete_step"}]
+    path, out = tmp_path / "t.json", tmp_path / "t.py"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(out)]) == 2
+    assert "synchronous KV loads beside steps in flight" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_failing_synchronous_load_under_fail_names_the_policy(tmp_path):
     trace = json.loads((FINDINGS_DIR / FINDING_TESTS["029"]).read_text(encoding="utf-8"))
     trace["config"]["scheduler"] = {"kv_load_failure_policy": "fail"}
