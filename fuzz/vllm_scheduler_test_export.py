@@ -13,7 +13,9 @@ trace's check:
   the KV of its own prefix;
 - `DIFF-state`: after the last op, which blocks carry a cache key (the reference model's
   answer, replayed at export time); where the finding's difference is in the requests
-  (its `dedup_key` ends in `/requests`), each request's `num_computed_tokens` instead.
+  (its `dedup_key` ends in `/requests`), each request's `num_computed_tokens` instead;
+- `P1`, where the prediction is below 0 (its message says so): every count of new blocks a KV
+  cache group's manager returns (`get_num_blocks_to_allocate`) is at least 0.
 
 A trace with a KV connector (`load_remote`, `finish_load`; check `D1`) gets a small connector
 class written into the test on vLLM's `KVConnectorBase_V1`, set up through `KVTransferConfig`
@@ -21,7 +23,14 @@ class written into the test on vLLM's `KVConnectorBase_V1`, set up through `KVTr
 trace's external tokens as an asynchronous load, and the test reports the load's end as a
 worker does (`finished_recving`; a short load names the blocks it did not fill,
 `invalid_block_ids`), writing the KV the load landed into the blocks that hold it. A window
-group's reads are the window behind each position.
+group's reads are the window behind each position. A synchronous load (`load_remote {sync:
+true}`; check `DIFF-state`, one group) is offered at the request's lookups until a step admits
+it, and that step's output reports the blocks it failed to fill, under the trace's
+`kv_load_failure_policy`.
+
+A scheduler rule the test's Scheduler cannot be given (it runs the release's own) is refused:
+`scheduler.async_scheduling`, `in_flight_sampling` "wait" beside steps in flight, a
+`self_preemption` or `blocked_waiting` other than 0.33+'s.
 
 A step with spec-decode drafts (`step {draft, accept}`) is played as the `vllm-scheduler`
 target plays it: the requests that sample return the first `accept` of the drafts vLLM
@@ -34,6 +43,7 @@ worker's copies) fails on every release that has it and passes where it is fixed
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +67,8 @@ CHECKS = {
           "block copies, applied as vLLM's worker applies them) and asserts that every position "
           "a scheduled request reads holds the KV of its own prefix.",
     "DIFF-state": "It asserts which blocks carry a cache key after the steps.",
+    "P1": "It records every count of new blocks a KV cache group's manager returns "
+          "(get_num_blocks_to_allocate) and asserts that none is below 0.",
 }
 """The checks a scheduler-level vLLM test asserts, and what it asserts for each."""
 
@@ -99,10 +111,23 @@ def _refuse_config(trace: Trace) -> None:
         raise VllmTestUnsupported("MTP lookahead: a generated test's Scheduler would take it "
                                   "from a drafter's SpeculativeConfig, which needs the model")
     check = str(trace.meta.get("check") or "")
-    loads = any(op.get("op") in ("load_remote", "finish_load") for op in trace.ops)
+    _refuse_scheduler_rules(trace)
+    loads = any(op.get("op") == "finish_load" or op.get("op") == "load_remote"
+                and not op.get("sync") for op in trace.ops)
     if config.kv_connector and loads and (check != "D1" or len(config.groups) != 1):
         raise VllmTestUnsupported("a trace with KV loads is exported with check D1 on one KV "
                                   "cache group (a short load names its blocks there)")
+    if _sync_loads(trace) and (check != "DIFF-state" or len(config.groups) != 1):
+        raise VllmTestUnsupported("a trace with synchronous KV loads is exported with check "
+                                  "DIFF-state on one KV cache group (a failing one names its "
+                                  "blocks there)")
+    if _sync_loads(trace) and _in_flight(trace):
+        raise VllmTestUnsupported("synchronous KV loads beside steps in flight are not exported "
+                                  "(a step's report of its failed loads is taken at once)")
+    if check == "P1" and not _NEGATIVE_COUNT.search(str(trace.meta.get("message") or "")):
+        raise VllmTestUnsupported("check P1: a scheduler-level vLLM test asserts it only where "
+                                  "the prediction is below 0 (its message names a negative "
+                                  "count)")
     in_flight = _in_flight(trace)
     if in_flight and (check != "DIFF-state" or not config.kv_connector):
         raise VllmTestUnsupported("a trace with steps in flight is exported with check "
@@ -130,6 +155,35 @@ def _refuse_config(trace: Trace) -> None:
         raise VllmTestUnsupported("check D1 on a config without a full or sliding-window "
                                   "attention group (the test reads positions through their "
                                   "blocks)")
+
+
+_NEGATIVE_COUNT = re.compile(r"predicted -\d+ blocks")
+"""A P1 message whose prediction is below 0: what a P1 test asserts against."""
+
+
+def _refuse_scheduler_rules(trace: Trace) -> None:
+    """Raise VllmTestUnsupported where the trace names a scheduler rule a generated test does
+    not set: the test's Scheduler follows the release's own rule, so it would assert the
+    model's outcome under another."""
+    s = trace.config.scheduler
+    if s.async_scheduling:
+        raise VllmTestUnsupported("scheduler.async_scheduling true (the encoder release rule of "
+                                  "vLLM's AsyncScheduler) is not exported")
+    if _in_flight(trace) and s.in_flight_sampling != "placeholders":
+        raise VllmTestUnsupported(f"scheduler.in_flight_sampling {s.in_flight_sampling!r} "
+                                  "beside steps in flight (a test's AsyncScheduler counts "
+                                  "output placeholders) is not exported")
+    for name, default in (("self_preemption", "continue"), ("blocked_waiting", "skip")):
+        if getattr(s, name) != default:
+            raise VllmTestUnsupported(f"scheduler.{name} {getattr(s, name)!r} is not exported "
+                                      f"(a test runs the release's own loop rule; 0.33+: "
+                                      f"{default!r})")
+
+
+def _sync_loads(trace: Trace) -> bool:
+    """Whether the trace offers synchronous KV loads (`load_remote {sync: true}`): its test's
+    connector offers them and its steps report what they failed to fill."""
+    return any(op.get("op") == "load_remote" and op.get("sync") for op in trace.ops)
 
 
 def _in_flight(trace: Trace) -> bool:
@@ -222,8 +276,13 @@ class _SchedulerWriter:
         schedule any other request in the same step, which the trace's op does not."""
         rid = op["request_id"]
         if op["op"] == "load_remote" and op["sync"]:
-            raise VllmTestUnsupported(f"step {step}: a synchronous load (load_remote "
-                                      "{sync: true}) is not exported")
+            if result is None:
+                raise VllmTestUnsupported(f"step {step}: a synchronous load_remote the model "
+                                          "refuses is not exported")
+            loaded = op["num_loaded_tokens"]
+            self.emit(f"sync_load(scheduler, {rid!r}, {op['num_external_tokens']}"
+                      f"{'' if loaded is None else f', {loaded}'})")
+            return
         if op["op"] == "load_remote" and result is None:
             raise VllmTestUnsupported(f"step {step}: a load_remote that starts no load is not "
                                       "exported (vLLM's Scheduler would schedule the request)")
@@ -513,6 +572,82 @@ def finish_load(scheduler: Scheduler, forward: ForwardPass, request_id: str,
 '''
 """What a test with KV loads adds: the two load ops."""
 
+_SYNC_LOADS = '''
+
+class SyncLoadConnector(TraceConnector):
+    """The connector offering synchronous loads too: a request it names is offered its
+    external tokens at every lookup until a step admits it; the worker loads them in that
+    step's forward pass (the request counts them computed at once)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.sync_offers: dict[str, int] = {}  # request id -> external tokens offered
+        self.sync_valid: dict[str, int] = {}  # request id -> the external tokens that fill
+        self.admitted: dict[str, int] = {}  # request id -> external tokens admitted this step
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int):
+        if request.request_id in self.sync_offers:
+            # vLLM computes at least one token of a request it admits: the last is left.
+            n = request.num_tokens - 1 - num_computed_tokens
+            return max(min(self.sync_offers[request.request_id], n), 0), False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int):
+        if self.sync_offers.pop(request.request_id, None) is not None:
+            if num_external_tokens:
+                self.admitted[request.request_id] = num_external_tokens
+        else:
+            super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+
+def sync_load(scheduler: Scheduler, request_id: str, num_external_tokens: int,
+              num_loaded_tokens: int | None = None) -> None:
+    """The connector offers the request num_external_tokens, loaded synchronously by the step
+    that admits it, of which only the first num_loaded_tokens fill their blocks (None: all)."""
+    scheduler.connector.sync_offers[request_id] = num_external_tokens
+    if num_loaded_tokens is not None:
+        scheduler.connector.sync_valid[request_id] = num_loaded_tokens
+
+
+def load_failures(scheduler: Scheduler, output, runner_output: ModelRunnerOutput):
+    """The worker's report of the synchronous loads the step admitted: the blocks of each that
+    failed, from the one holding the end of what it filled to the end of the load
+    (invalid_block_ids, never the null block); returns runner_output with it."""
+    invalid = set()
+    admitted, scheduler.connector.admitted = scheduler.connector.admitted, {}
+    for request_id, external in admitted.items():
+        valid = scheduler.connector.sync_valid.pop(request_id, external)
+        request = scheduler.requests[request_id]
+        hit = request.num_computed_tokens - output.num_scheduled_tokens[request_id] - external
+        (blocks,) = scheduler.kv_cache_manager.get_blocks(request_id).blocks
+        end = -(-(hit + external) // BLOCK_SIZE)
+        invalid |= {block.block_id for block in blocks[(hit + valid) // BLOCK_SIZE:end]
+                   if valid < external and not block.is_null}
+    if invalid:
+        runner_output.kv_connector_output = KVConnectorOutput(invalid_block_ids=invalid)
+    return runner_output
+'''
+"""What a test with synchronous KV loads adds: the connector offering them, the op, and the
+worker's report of the blocks a failing one did not fill."""
+
+_COUNTS = '''
+
+def record_counts(scheduler: Scheduler) -> list:
+    """Every count of new blocks a KV cache group's manager returns
+    (get_num_blocks_to_allocate, summed by the coordinator into what allocate_slots compares
+    with the free blocks), as (group, count), in the order returned."""
+    counts = []
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    for group, manager in enumerate(managers):
+        def counted(*args, _count=manager.get_num_blocks_to_allocate, _group=group, **kwargs):
+            n = _count(*args, **kwargs)
+            counts.append((_group, n))
+            return n
+        manager.get_num_blocks_to_allocate = counted
+    return counts
+'''
+"""What a P1 test adds: the groups' counts recorded."""
+
 _COMPLETE = '''
 
 def complete(scheduler: Scheduler, in_flight: list) -> None:
@@ -632,6 +767,22 @@ def _with_connector_imports(text: str, loads: bool) -> str:
     return text
 
 
+def _with_sync_loads(text: str, policy: str) -> str:
+    """The test's connector offering synchronous loads, under the trace's failure policy, and
+    each step reporting the blocks its admitted loads failed to fill."""
+    report = ("scheduler.update_from_output(output, load_failures(\n"
+              "        scheduler, output, model_output(req_ids, sampled)))\n")
+    for old, new in (
+            ("from vllm.v1.outputs import ModelRunnerOutput\n",
+             "from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput\n"),
+            ('kv_connector="TraceConnector"', 'kv_connector="SyncLoadConnector"'),
+            ('kv_load_failure_policy="recompute"', f'kv_load_failure_policy="{policy}"'),
+            ("scheduler.update_from_output(output, model_output(req_ids, sampled))\n", report)):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text + _SYNC_LOADS
+
+
 def render_scheduler_test(trace: Trace, source: Path) -> str:
     """The text of the vLLM regression test for scheduler-level `trace`, read from `source`."""
     _refuse_config(trace)
@@ -697,6 +848,8 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         text += step_text.format(forward_arg="", forward="")
         if config.kv_connector:
             text = _with_connector_imports(text + _CONNECTOR, loads=False)
+        if _sync_loads(trace):
+            text = _with_sync_loads(text, s.kv_load_failure_policy)
     if _in_flight(trace):
         text = _with_async_scheduler(text)
     if writer.drafts:
@@ -718,6 +871,9 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
     body += writer.lines
     if _in_flight(trace):
         body.insert(2, "    in_flight = []  # outputs of steps in flight, oldest first")
+    if check == "P1":
+        body.insert(2, "    counts = record_counts(scheduler)")
+        text += _COUNTS
     if writer.keep_requests:
         body += writer.assert_requests(state)
     elif _diff_in_free_queue(trace):
@@ -730,6 +886,12 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
                  f"tail first, group after group (as a request freed with no step in flight is), "
                  f"leaves {free}: which cached prefix is evicted first depends on whether a step "
                  "was in flight\")"]
+    elif check == "P1":
+        body += ["    negative = [(group, n) for group, n in counts if n < 0]",
+                 "    assert not negative, (",
+                 "        f\"(group, count) {negative}: a KV cache group counted fewer than 0 new "
+                 "blocks to allocate, so the request's count (the groups' sum) is less than "
+                 "what the allocation takes\")"]
     elif check == "DIFF-state":
         keyed = [i for i, key in enumerate(state.block_keys) if key is not None]
         body += ["    keyed = [block.block_id",

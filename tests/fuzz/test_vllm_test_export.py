@@ -263,9 +263,9 @@ def test_each_finding_shown_passing_with_its_fix_has_one_in_the_checker():
     assert all(vllm_test_path(n).name.startswith(f"test_{n}_") for n in PROPOSED_FIXES)
 
 
-def test_a_synchronous_load_is_not_exported(tmp_path, capsys):
-    """`load_remote {sync: true}` has no exported form (the test's connector loads
-    asynchronously): exit 2, nothing written."""
+def test_a_synchronous_load_is_exported_only_under_diff_state(tmp_path, capsys):
+    """`load_remote {sync: true}` under D1 has no exported form (the test's forward pass keeps
+    no KV a synchronous load writes): exit 2, nothing written."""
     from kvfuzz.core.configs import BUILTIN
     from kvfuzz.core.trace import Trace
 
@@ -276,5 +276,85 @@ def test_a_synchronous_load_is_not_exported(tmp_path, capsys):
     path, out = tmp_path / "t.json", tmp_path / "t.py"
     trace.save(path)
     assert main(["export", str(path), "--vllm-test", str(out)]) == 2
-    assert "a synchronous load" in capsys.readouterr().err
+    assert "synchronous KV loads is exported with check DIFF-state" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_failing_synchronous_load_reports_its_unfilled_blocks_and_asserts_the_keys():
+    """029 (DIFF-state, a synchronous load filling 12 of 15 tokens): the connector offers it
+    at the lookup, the step reports the blocks it did not fill, the model's keys asserted."""
+    text = vllm_test_path("029").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "class SyncLoadConnector(TraceConnector):" in text
+    assert 'kv_connector="SyncLoadConnector"' in text
+    assert 'kv_load_failure_policy="recompute"' in text
+    assert "scheduler.update_from_output(output, load_failures(" in text
+    assert "sync_load(scheduler, 'r6', 15, 12)\n    step(scheduler)\n" in body
+    assert "assert keyed == [1, 2, 3], (" in body
+
+
+def test_a_synchronous_load_beside_steps_in_flight_is_exit_2(tmp_path, capsys):
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["029"]).read_text(encoding="utf-8"))
+    del trace["ops"][1]["num_loaded_tokens"]  # a load that fills all: the model takes it
+    trace["ops"][2:] = [{"op": "step", "in_flight": True}, {"op": "complete_step"}]
+    path, out = tmp_path / "t.json", tmp_path / "t.py"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(out)]) == 2
+    assert "synchronous KV loads beside steps in flight" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_failing_synchronous_load_under_fail_names_the_policy(tmp_path):
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["029"]).read_text(encoding="utf-8"))
+    trace["config"]["scheduler"] = {"kv_load_failure_policy": "fail"}
+    path, out = tmp_path / "t.json", tmp_path / "t.py"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(out)]) == 0
+    assert 'kv_load_failure_policy="fail"' in out.read_text(encoding="utf-8")
+
+
+def test_a_negative_count_records_each_groups_count_and_asserts_none_below_0():
+    """028 (P1: predicted -3): every group's get_num_blocks_to_allocate recorded from the
+    Scheduler's construction on, the drafts played, no negative count asserted."""
+    text = vllm_test_path("028").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "def record_counts(scheduler: Scheduler) -> list:" in text
+    assert body.index("counts = record_counts(scheduler)") < body.index("add_request")
+    assert "step(scheduler, draft=3, accept=0)" in body
+    assert "negative = [(group, n) for group, n in counts if n < 0]" in body
+    assert "assert not negative, (" in body and "keyed" not in body
+
+
+def test_p1_without_a_negative_prediction_is_exit_2(tmp_path, capsys):
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["028"]).read_text(encoding="utf-8"))
+    trace["meta"]["message"] = ("allocate_slots('r3') predicted 2 blocks but the free count "
+                                "fell by 1")
+    path, out = tmp_path / "t.json", tmp_path / "t.py"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(out)]) == 2
+    assert "check P1" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("number, scheduler, op, says", [
+    ("029", {"async_scheduling": True}, None, "scheduler.async_scheduling"),
+    ("029", {"self_preemption": "stop"}, None, "scheduler.self_preemption"),
+    ("029", {"blocked_waiting": "stop"}, None, "scheduler.blocked_waiting"),
+    ("018", {"in_flight_sampling": "wait"}, None, "scheduler.in_flight_sampling"),
+    ("028", {}, (1, {"op": "step", "accept": 4, "drafted": {"r3": 1}}), "(drafted)"),
+    ("029", {}, (0, {"op": "add_request", "request_id": "r6", "prompt": [2, 3, 1, 2],
+                     "skip_reading_prefix_cache": True}), "skip_reading_prefix_cache"),
+])
+def test_a_scheduler_field_a_vllm_test_does_not_set_is_exit_2_naming_it(
+        tmp_path, capsys, number, scheduler, op, says):
+    """The session's scheduler rules and fields: a generated test would play the release's
+    own rule (or none), so each is refused, never written as a wrong test."""
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS[number]).read_text(encoding="utf-8"))
+    trace["config"].setdefault("scheduler", {}).update(scheduler)
+    if op is not None:
+        trace["ops"][op[0]] = op[1]
+    path, out = tmp_path / "t.json", tmp_path / "t.py"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(out)]) == 2
+    assert says in capsys.readouterr().err
     assert not out.exists()

@@ -1,4 +1,5 @@
-"""The fixes that findings 016, 018 and 022-025 propose, applied while their vLLM tests run.
+"""The fixes that findings 016, 018, 022-025, 028 and 029 propose, applied while their vLLM
+tests run.
 
 A pytest plugin (`-p proposed_fixes`, this folder on the path) for the subprocess of
 tests/vllm/test_finding_vllm_tests.py that shows each test of `PROPOSED_FIXES`
@@ -170,8 +171,40 @@ def fix_025(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Scheduler, "_update_request_with_output", update_and_uncompute)
 
 
+def fix_028(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """028's fix: the Mamba manager's count of new blocks floored at 0, as the base class floors
+    its own (`single_type_kv_cache_manager.py:241` in 0.34.0; the doc's fix floors the new
+    blocks before adding the hits it evicts, which the trace has none of)."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    count = MambaManager.get_num_blocks_to_allocate
+
+    def floored(self: Any, *args: Any, **kwargs: Any) -> int:
+        return max(count(self, *args, **kwargs), 0)
+
+    monkeypatch.setattr(MambaManager, "get_num_blocks_to_allocate", floored)
+
+
+def fix_029(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """029's fix under "recompute": the blocks a failed synchronous load left invalid, with the
+    rest of the marking request's table, are evicted as under "fail"
+    (`_handle_invalid_blocks` evicts them only `if ... not self.recompute_kv_load_failures`,
+    `scheduler.py:3910-3911` in 0.34.0)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    update = Scheduler._update_requests_with_invalid_blocks
+
+    def update_and_evict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = update(self, *args, **kwargs)
+        if kwargs.get("evict_blocks") and self.recompute_kv_load_failures and out[2]:
+            self.kv_cache_manager.evict_blocks(out[2])
+        return out
+
+    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", update_and_evict)
+
+
 FIXES = {"016": fix_016, "018": fix_018, "022": fix_022, "023": fix_023, "024": fix_024,
-         "025": fix_025}
+         "025": fix_025, "028": fix_028, "029": fix_029}
 """Finding number -> its proposed fix."""
 
 
