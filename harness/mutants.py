@@ -1122,6 +1122,16 @@ def _failed_load_report_rounds_up(side: KvcacheSide) -> None:
     _on_scheduler(side, patch)
 
 
+@mutant("sync-failure-resumes-over-window", "under \"recompute\" a failing synchronous KV load "
+        "on a lone sliding-window group resumes its request at the first block it did not "
+        "fill even where that point's window reaches nulls nothing loaded (vLLM's scheduler "
+        "does this)", bug="docs/findings/016-short-load-window-unloaded.md",
+        configs=("mistral_connector",), needs_data=True)
+def _sync_failure_resumes_over_window(side: KvcacheSide) -> None:
+    _on_scheduler(side, lambda scheduler: setattr(scheduler, "_window_unloaded",
+                                                  lambda request: False))
+
+
 _MTP_CONFIGS = ("deepseek_v3_mtp", "deepseek_v3_mtp3", "qwen3_next_mtp")
 
 

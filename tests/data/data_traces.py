@@ -145,6 +145,12 @@ PLANTS = [
     Plant("load-rollback-into-window", "scheduler",
           Trace.load(FINDINGS / "plant-016-short-load-window.json"),
           "r reads position 0 of group 0 through the null block", None, "DIFF-result"),
+    # The same on a failing synchronous load under "recompute" (docs/spec.md §13.3, step 5):
+    # 11 of r's 12 tokens loaded into a null block and blocks 1, 2; 4 filled. vLLM's rule
+    # resumes r at 4, whose window reads block 0; kvfuzz's driver preempts it.
+    Plant("sync-failure-resumes-over-window", "scheduler",
+          Trace.load(FINDINGS / "016-sync-load-window-unloaded.json"),
+          "r reads position 0 of group 0 through the null block", None, "DIFF-result"),
     # A failing synchronous load (docs/spec.md §13.3, step 5) fills 6 of a's 16 tokens; the
     # report rounded up to whole blocks leaves block 2 (positions 4..7) valid, so a keeps 8
     # computed tokens and its next pass reads positions 6, 7, which nothing filled.
