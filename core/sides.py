@@ -56,6 +56,9 @@ class ForwardPass:
     load: bool = False
     """A KV connector load (docs/spec.md §13): positions whose block is a window null (left out
     of the window on allocation) are not loaded."""
+    unfilled: bool = False
+    """With `load`: positions a failing KV load did not fill (docs/spec.md §13.3, step 5);
+    afterwards they hold no request's KV."""
     earlier: bool = False
     """A pass of a step launched before this op, seen once the token it computes is known
     (a step in flight that samples, docs/spec.md §7.1): it runs before the op's own passes."""

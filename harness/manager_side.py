@@ -72,6 +72,9 @@ class ManagerSide:
         """Batches popped by free_deferred and not yet released."""
         self._loading: dict[str, tuple[int, int]] = {}
         """KV loads in flight: request id -> (hit, external tokens)."""
+        self._sync_filled: dict[str, int | None] = {}
+        """Synchronous offers standing: request id -> how many tokens the load fills (None:
+        all)."""
         self.scheduler: SchedulerDriver | None = (
             self.build_scheduler(config) if level == "scheduler" else None)
         self._handlers: dict[str, Callable[[Op], Any]] = {
@@ -555,7 +558,7 @@ class ManagerSide:
                 start = request.num_computed_tokens
                 external = loaded.pop(request.request_id, 0)
                 if external:  # a synchronous load writes its tokens before the step's
-                    self._forward(request, start - external, start, load=True)
+                    self._sync_load(request, start - external, start)
                 if (pending(request.request_id)
                         and start + n > self.requests[request.request_id].num_tokens):
                     # It computes a token a step in flight has yet to deliver: its pass is
@@ -604,6 +607,17 @@ class ManagerSide:
             "copies": [[int(s), int(d)] for s, d in out.copies],
         }
 
+    def _sync_load(self, request: Any, start: int, end: int) -> None:
+        """The passes of a synchronous load of positions start..end-1: those it fills, then
+        those a failing one leaves unfilled (docs/spec.md §13.3, step 5)."""
+        filled = self._sync_filled.pop(request.request_id, None)
+        middle = end if filled is None else min(start + filled, end)
+        if middle > start:
+            self._forward(request, start, middle, load=True)
+        if end > middle:
+            self.probes.observations.forward.append(
+                dataclasses.replace(self._pass(request, middle, end, True), unfilled=True))
+
     def _complete_step(self, op: Op) -> Any:
         """The oldest step in flight completes (docs/spec.md §7.1): the released block ids."""
         self.require("complete_step")
@@ -634,6 +648,8 @@ class ManagerSide:
             "num_loaded_tokens": op["num_loaded_tokens"]}
         ok, out = self._call(lambda: self.scheduler.start_load(
             request.request_id, op["num_external_tokens"], op["sync"], **loaded))
+        if ok and out is True:
+            self._sync_filled[request.request_id] = op["num_loaded_tokens"]
         if not ok or out is None or out is True:
             return out
         self._loading[request.request_id] = out[:2]

@@ -1105,6 +1105,33 @@ def _failed_load_blocks_keyed(side: KvcacheSide) -> None:
     _on_scheduler(side, patch)
 
 
+@mutant("failed-load-report-rounds-up", "the report of a failing synchronous KV load starts at "
+        "the first block wholly past what it filled: the block it filled part of stays valid, "
+        "and the request reads its unfilled tail", configs=("connector",), needs_data=True)
+def _failed_load_report_rounds_up(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        fail = scheduler._fail_sync_loads
+
+        def fail_sync_loads(scheduled: Any, failing: Any) -> Any:
+            size = scheduler.manager.coordinator.single_type_managers[0].block_size
+            return fail(scheduled, {rid: (-(-valid // size) * size, end)
+                                    for rid, (valid, end) in failing.items()})
+
+        scheduler._fail_sync_loads = fail_sync_loads
+
+    _on_scheduler(side, patch)
+
+
+@mutant("sync-failure-resumes-over-window", "under \"recompute\" a failing synchronous KV load "
+        "on a lone sliding-window group resumes its request at the first block it did not "
+        "fill even where that point's window reaches nulls nothing loaded (vLLM's scheduler "
+        "does this)", bug="docs/findings/016-short-load-window-unloaded.md",
+        configs=("mistral_connector",), needs_data=True)
+def _sync_failure_resumes_over_window(side: KvcacheSide) -> None:
+    _on_scheduler(side, lambda scheduler: setattr(scheduler, "_window_unloaded",
+                                                  lambda request: False))
+
+
 _MTP_CONFIGS = ("deepseek_v3_mtp", "deepseek_v3_mtp3", "qwen3_next_mtp")
 
 

@@ -26,6 +26,7 @@ This module imports vLLM; only target `vllm-scheduler` loads it, on a config wit
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -416,6 +417,33 @@ class ConnectorLoads:
         if unloaded:
             self.window_unloaded.add(request.request_id)
         return unloaded
+
+    def preempt_window_unloaded(self) -> None:
+        """Finding 016 on a failing synchronous load, tolerated: after vLLM's Scheduler
+        handled a step's invalid blocks under "recompute", each affected running request whose
+        rolled-back window reaches its table's leading nulls is preempted, as kvfuzz's driver
+        does (docs/spec.md §13.3, step 5), and named in `window_unloaded`. Install it after
+        any other wrapper of `_handle_invalid_blocks` (029's eviction runs first)."""
+        scheduler = self.vllm
+        handle = scheduler._handle_invalid_blocks
+
+        def handle_invalid_blocks(*args: Any, **kwargs: Any) -> set[str]:
+            affected = handle(*args, **kwargs)
+            if not getattr(scheduler, "recompute_kv_load_failures", True):
+                return affected
+            single = scheduler.kv_cache_manager.coordinator.single_type_managers[0]
+            for request in [r for r in scheduler.running if r.request_id in affected]:
+                (blocks,) = scheduler.kv_cache_manager.get_blocks(request.request_id).blocks
+                nulls = next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks))
+                computed = request.num_computed_tokens
+                if nulls and computed and (single.get_num_skipped_tokens(computed)
+                                           < nulls * single.block_size):
+                    self.window_unloaded.add(request.request_id)
+                    scheduler.running.remove(request)
+                    scheduler._preempt_request(request, time.monotonic())
+            return affected
+
+        scheduler._handle_invalid_blocks = handle_invalid_blocks
 
     def _unfilled_blocks(self, request: Any, end: int) -> set[int]:
         """The blocks a worker reports invalid when a load ends at token `end`: those it was

@@ -719,6 +719,8 @@ class VllmSchedulerSide(VllmSide):
                                len(self.group_ids) == 1, bool(self.known_deviations))
             if RECOMPUTED_KEYED in self.tolerated:
                 evict_rewritten_blocks(self.vllm_scheduler, self.tolerated[RECOMPUTED_KEYED])
+            if self.known_deviations:
+                driver.preempt_window_unloaded()
         driver.drain_in_group_order = "deferred-drain-group-order" in self.tolerated
         driver.in_flight_sampling = config.scheduler.in_flight_sampling
         self.deviations = tuple(

@@ -552,6 +552,17 @@ class Scheduler:
             return 0
         return valid
 
+    def _window_unloaded(self, request: Any) -> bool:
+        """Whether the window of a request's computed tokens, on the lone group, reaches its
+        table's leading nulls, which nothing loaded (finding 016's shape): a failing
+        synchronous load under "recompute" then preempts it (docs/spec.md §13.3, step 5)."""
+        single = self.manager.coordinator.single_type_managers[0]
+        table = single.req_to_blocks.get(request.request_id, [])
+        nulls = len(table) - len(_without_leading_nulls(table))
+        computed = request.num_computed_tokens
+        return bool(nulls and computed
+                    and single.get_num_skipped_tokens(computed) < nulls * single.block_size)
+
     def _unfilled_start(self, request_id: str, num_loaded_tokens: int) -> int:
         """On the lone group: the start of the first block a load valid up to
         `num_loaded_tokens` did not fill (window nulls were never loaded, never wanted)."""
@@ -709,6 +720,12 @@ class Scheduler:
             raise ValueError(f"a step left in flight admits failing synchronous loads "
                              f"{sorted(failing)}: not modeled (docs/spec.md §13.3)")
         failed = self._fail_sync_loads(scheduled, failing) if failing else []
+        if not self.fail_short_loads:
+            for request in failed:
+                if self._window_unloaded(request):
+                    self._running.remove(request)
+                    self._preempt(request)
+                    out.preempted.append(request.request_id)
         sampled = []
         for request, num_new_tokens, num_cached_tokens in scheduled:
             out.scheduled.append((request.request_id, num_new_tokens, num_cached_tokens))

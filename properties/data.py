@@ -43,6 +43,10 @@ How an op updates the mirror, in this order:
    the op (up to the request's token count after the op: positions of spec-decode drafts the
    step rejected held tokens it never took, and the next pass rewrites them). Requests finished and freed within a step have written their KV, and later hits on
    their cached blocks read it; a block handed out again is overwritten, and lost its key.
+   A failing synchronous KV load writes only the tokens it filled; its `unfilled` pass leaves
+   the rest holding no request's KV (docs/spec.md §13.3, step 5). Right after that op D1
+   and D2 pass over those positions (the step's failure handling settles who counts them
+   computed); after any later op a request that reads them is reported.
 3. **Reads** (D1, D2) after all of the op's writes: within a step's forward pass every KV write
    precedes the attention reads, so a same-step hit on blocks hashed at scheduling time is fine
    (docs/spec.md §10.7) and is not reported.
@@ -55,6 +59,8 @@ Where the checks report real hazards rather than planted bugs (tests/data/test_d
 - **Copy-on-write from a block written in the same step** (Tier B `partial_hits`): the driver
   executes copies before the forward pass, so a partial hit on a tail block that its owner
   writes in the same step copies KV that is not there yet.
+- **A sharer of a block a failing KV load left unfilled** (docs/spec.md §13.3): it keeps the
+  block computed for the request that marked it, which finishes before writing it again.
 
 Scope: cross-attention, encoder-only and circular-buffer groups are skipped (no encoder K/V is
 modelled; a ring's scratch block is reused modulo its size, never addressed by position). A side that reports no
@@ -90,6 +96,8 @@ _MODULUS = (1 << 61) - 1
 _MULTIPLIER = 0x5DEECE66D1F3B
 _CHUNK_BITS = 21
 _PRIME = 2039
+_UNFILLED_VALUE = 2.0
+"""What a slot a failing KV load did not fill holds: no token's K/V (they lie in [-1, 1))."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,8 @@ class KVMirror:
         self.caches: list[PagedKVCache | None] = []
         self.writers: list[torch.Tensor | None] = []
         """Per group and flat slot: request index * max_model_len + position, -1 if unwritten."""
+        self.unfilled: list[torch.Tensor | None] = []
+        """Per group and flat slot: the step whose failing KV load left it unfilled, else -1."""
         for group in config.groups:
             # No paged KV written or read here: cross and encoder-only layers keep none, and a
             # circular buffer's one block is the worker's scratch, its slots reused modulo
@@ -171,6 +181,7 @@ class KVMirror:
             if group.kind in ("cross", "encoder_only", "circular_buffer"):
                 self.caches.append(None)
                 self.writers.append(None)
+                self.unfilled.append(None)
                 continue
             self.caches.append(PagedKVCache(
                 config.num_blocks, group.block_size, layout.num_kv_heads, layout.head_dim,
@@ -178,6 +189,7 @@ class KVMirror:
             ))
             self.writers.append(torch.full((config.num_blocks, group.block_size), -1,
                                            dtype=torch.long, device=layout.device))
+            self.unfilled.append(torch.full_like(self.writers[-1], -1))
         self.synced_step: int | None = None
         self.problem: str | None = None
         self.content_changed = False
@@ -205,10 +217,11 @@ class KVMirror:
             return
         index = torch.tensor(pairs, dtype=torch.long, device=self.layout.device)
         src, dst = index.unbind(1)
-        for cache, writers in zip(self.caches, self.writers):
+        for cache, writers, unfilled in zip(self.caches, self.writers, self.unfilled):
             if cache is not None:
                 cache.copy_blocks(index)
                 writers[dst] = writers[src]
+                unfilled[dst] = unfilled[src]
 
     def write(self, fp: ForwardPass, after: Snapshot, ctx: CheckContext) -> str | None:
         view = after.requests[fp.request_id]
@@ -244,10 +257,17 @@ class KVMirror:
             if problem:
                 return problem
             key, value, _ = expected[g]
+            if fp.unfilled:
+                junk = torch.full_like(key[start:fp.end], _UNFILLED_VALUE)
+                slots = cache.write(table, start, junk, junk)
+                self.writers[g].view(-1)[slots] = -1
+                self.unfilled[g].view(-1)[slots] = ctx.step
+                continue
             slots = cache.write(table, start, key[start:fp.end], value[start:fp.end])
             self.writers[g].view(-1)[slots] = torch.arange(
                 base + start, base + fp.end, device=slots.device
             )
+            self.unfilled[g].view(-1)[slots] = -1
             checkpoint = None if fp.load else checkpoint_write(
                 self.config, self.config.groups[g], fp.start, fp.end)
             if checkpoint is not None and 0 <= checkpoint[1] < len(table) and table[checkpoint[1]]:
@@ -259,6 +279,7 @@ class KVMirror:
                 slots = cache.write(moved, position - 1, key[position - 1:position],
                                     value[position - 1:position])
                 self.writers[g].view(-1)[slots] = base + position - 1
+                self.unfilled[g].view(-1)[slots] = -1
         return None
 
     def _resume_problem(self, rid: str, g: int, table: tuple[int, ...], position: int,
@@ -323,13 +344,24 @@ class KVMirror:
                     lo = gap[1]
                 yield rid, g, table, lo, n, expected[g]
 
+    def unfilled_now(self, g: int, table: tuple[int, ...], lo: int, n: int,
+                     ctx: CheckContext) -> torch.Tensor:
+        """Per position lo..n-1: whether this op's failing KV load left its slot unfilled.
+        What a request counts computed there is the step's failure handling's to settle
+        (docs/spec.md §13.3, step 5): a pass that reads it in a later step is reported."""
+        slots = self.caches[g].slots(table, lo, n)
+        return self.unfilled[g].view(-1).index_select(0, slots) == ctx.step
+
     def describe(self, rid: str, g: int, table: tuple[int, ...], position: int,
                  ctx: CheckContext) -> str:
         """Which slot a mismatching read went through and who last wrote it."""
         bs = self.caches[g].block_size
         block = table[position // bs]
         code = int(self.writers[g][block, position % bs])
-        if code < 0:
+        step = int(self.unfilled[g][block, position % bs])
+        if step >= 0:
+            source = f"a failing KV load left unfilled at step {step}"
+        elif code < 0:
             source = "was never written"
         else:
             writer = list(self._index)[code // self.config.max_model_len]
@@ -412,6 +444,9 @@ def reads_match_tokens(before: Snapshot, after: Snapshot, ctx: CheckContext,
         if torch.equal(got_k, want_k) and torch.equal(got_v, want_v):
             continue
         wrong = ((got_k != want_k) | (got_v != want_v)).flatten(1).any(1)
+        wrong &= ~mirror.unfilled_now(g, table, lo, n, ctx)
+        if not wrong.any():
+            continue
         return mirror.describe(rid, g, table, lo + int(wrong.nonzero()[0]), ctx)
     return None
 
@@ -436,6 +471,8 @@ def paged_attention_matches_dense(before: Snapshot, after: Snapshot, ctx: CheckC
         problem = _table_problem(rid, "reads", g, table, lo, n, cache.block_size)
         if problem:
             return problem
+        if mirror.unfilled_now(g, table, lo, n, ctx).any():
+            continue  # D1 judges it at the request's next pass
         paged = cache.attention(queries[n - 1], table, lo, n)
         dense = dense_attention(queries[n - 1], key[lo:n], value[lo:n])
         if not torch.allclose(paged, dense, rtol=rtol, atol=atol):

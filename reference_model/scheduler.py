@@ -324,6 +324,14 @@ class Driver:
         valid = max(loaded // group.bs, nulls) * group.bs
         return 0 if valid and group.skipped(valid) < nulls * group.bs else valid
 
+    def _window_unloaded(self, r: Request) -> bool:
+        """docs/spec.md §13.3 step 5: whether the window of r's computed tokens reaches its
+        table's leading nulls on the lone group (then, under "recompute", r is preempted)."""
+        group, table = self.manager.layout.groups[0], self.manager.state.tables[0][r.request_id]
+        nulls = next((i for i, b in enumerate(table) if b != NULL), len(table))
+        n = r.num_computed_tokens
+        return bool(nulls and n and group.skipped(n) < nulls * group.bs)
+
     def _victim(self) -> Request:
         """FCFS: the last running request; priority: the first with the largest
         (priority, arrival_time)."""
@@ -547,6 +555,12 @@ class Driver:
                                f"({sorted(failing)}): its report is modeled only in the output "
                                "of a step not left in flight (docs/spec.md §13.3)")
         failed = self._fail_sync_loads(scheduled, failing) if failing else set()
+        if cfg.kv_load_failure_policy == "recompute":
+            for r, _, _ in scheduled:
+                if r.request_id in failed and self._window_unloaded(r):
+                    self.running.remove(r)
+                    self._preempt(r)
+                    preempted.append(r.request_id)
         for r, n, _ in scheduled:
             if r.request_id in failed:  # §13.3: no output; under "fail" it ends below
                 if cfg.kv_load_failure_policy == "fail":

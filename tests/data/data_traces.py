@@ -10,11 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.trace import Trace
 
 FULL = {"name": "full", "num_blocks": 16, "max_model_len": 64,
         "groups": [{"kind": "full", "block_size": 4}]}
 TINY = dict(FULL, num_blocks=4)
+CONNECTOR = dict(BUILTIN["connector"][1].to_dict(),
+                 scheduler={"kv_load_failure_policy": "recompute"})
+"""Full attention (block size 4) with a KV connector whose failing loads are recomputed."""
 PARTIAL = {"name": "partial_hits", "num_blocks": 24, "max_model_len": 64, "partial_hits": True,
            "groups": [{"kind": "full", "block_size": 8},
                       {"kind": "sliding_window", "block_size": 4, "sliding_window": 4}]}
@@ -141,6 +145,21 @@ PLANTS = [
     Plant("load-rollback-into-window", "scheduler",
           Trace.load(FINDINGS / "plant-016-short-load-window.json"),
           "r reads position 0 of group 0 through the null block", None, "DIFF-result"),
+    # The same on a failing synchronous load under "recompute" (docs/spec.md §13.3, step 5):
+    # 11 of r's 12 tokens loaded into a null block and blocks 1, 2; 4 filled. vLLM's rule
+    # resumes r at 4, whose window reads block 0; kvfuzz's driver preempts it.
+    Plant("sync-failure-resumes-over-window", "scheduler",
+          Trace.load(FINDINGS / "016-sync-load-window-unloaded.json"),
+          "r reads position 0 of group 0 through the null block", None, "DIFF-result"),
+    # A failing synchronous load (docs/spec.md §13.3, step 5) fills 6 of a's 16 tokens; the
+    # report rounded up to whole blocks leaves block 2 (positions 4..7) valid, so a keeps 8
+    # computed tokens and its next pass reads positions 6, 7, which nothing filled.
+    Plant("failed-load-report-rounds-up", "scheduler", trace("scheduler", CONNECTOR, [
+        add("a", list(range(20)), max_tokens=2),
+        {"op": "load_remote", "request_id": "a", "num_external_tokens": 16, "sync": True,
+         "num_loaded_tokens": 6}, STEP, STEP,
+    ]), "a (salt None) reads group 0 position 6 through block 2, which a failing KV load left "
+        "unfilled at step 2", None, "DIFF-state"),
 ]
 
 # docs/spec.md §10.7: under the priority policy B is scheduled (its allocate_slots hashes block 1,
@@ -161,3 +180,7 @@ SAME_STEP_COPY = trace("scheduler", PARTIAL, [add("P", P14), add("Q", P14), STEP
 
 COPY_OF_A_COPY = Trace.from_dict(json.loads((FINDINGS / "hazard-copy-of-a-copy.json").read_text()))
 """Two same-step sub-block hits on Mamba "align": the second copies the first's copy."""
+
+FAILED_BLOCK_SHARER = Trace.load(FINDINGS / "hazard-failed-block-sharer.json")
+"""r4's synchronous load fails on block 1, which r6 hits in the same step; r4 marks it for
+recomputation, r6 keeps it computed (docs/spec.md §13.3, step 5), r4 finishes first."""

@@ -24,6 +24,8 @@ from kvfuzz.fuzz.machines import machine_for
 #   no-eviction-on-pop        both       -                       DIFF-state
 #   salt-ignored              both       H2                      H2
 #   load-rollback-into-window scheduler  -                       DIFF-result
+#   failed-load-report-rounds-up scheduler -                    DIFF-state
+#   sync-failure-resumes-over-window scheduler -                DIFF-result
 #
 # The structural invariants alone miss every plant but hit-swaps-block at the API level and
 # salt-ignored; cow-redirect-late (the worker writes through a stale table) is missed even with

@@ -8,7 +8,8 @@ of conftest.py.
 
 import pytest
 
-from data_traces import COPY_OF_A_COPY, PREEMPTED_AFTER_SCHEDULED, SAME_STEP_COPY
+from data_traces import (COPY_OF_A_COPY, FAILED_BLOCK_SHARER, PREEMPTED_AFTER_SCHEDULED,
+                         SAME_STEP_COPY)
 from kvfuzz.harness.executor import run_trace
 from kvfuzz.properties import REGISTRY
 from kvfuzz.properties.data import data_checks
@@ -32,6 +33,11 @@ HAZARDS = [
                  marks=pytest.mark.xfail(strict=True, raises=KVHazard, reason=(
                      "Mamba align: a same-step copy takes another copy's destination as its "
                      "source; run as one gather-then-scatter, it copies never-written KV"))),
+    pytest.param(FAILED_BLOCK_SHARER, id="failed-block-sharer",
+                 marks=pytest.mark.xfail(strict=True, raises=KVHazard, reason=(
+                     "docs/spec.md §13.3: a request sharing a block a failing synchronous load "
+                     "left unfilled keeps it computed for the request that marked it to "
+                     "recompute; that one finishes first, and the sharer reads the block"))),
 ]
 
 
