@@ -152,6 +152,16 @@ def test_vllm_admits_more_encoder_inputs_than_the_cache_holds_strict():
     assert run_trace(_trace_030(), ("kvcache",)).passed
 
 
+def test_vllms_free_count_grows_past_the_cache_size_after_each_output():
+    ex = Execution(_trace_030().config, "scheduler", ("kvcache", "vllm-scheduler-strict"))
+    manager = ex.targets[1].side.vllm_scheduler.encoder_cache_manager
+    counts = []
+    for op in _trace_030().ops[:4]:
+        ex.apply(op)
+        counts.append(manager.num_free_slots)
+    assert counts == [12, 12, 20, 28] and manager.cache_size == 12
+
+
 def test_vllm_scheduler_tolerates_030_and_names_the_request_it_let_in():
     ex = Execution(_trace_030().config, "scheduler", ("kvcache", "vllm-scheduler"))
     for op in _trace_030().ops:
