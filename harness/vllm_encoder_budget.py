@@ -25,7 +25,8 @@ chunk from 0 computed tokens and gives `allocate_slots` its length as `num_encod
 sizes an encoder-decoder model's budget and cache as a multimodal model's (`MultiModalBudget`
 of its one modality, `scheduler.py:268-295`): the config's `encoder_budget` binds that input
 (one it does not fit waits, 0 tokens, `:2203-2223`; kvfuzz's driver and the model keep the
-same rule, docs/spec.md §7.2); an encoder cache bound is left out (`unsupported_reason`).
+same rule, docs/spec.md §7.2); so does the config's `encoder_cache_size`, where vLLM gives
+the input's room back after every output (finding 030, `harness/vllm_encoder_decoder_slots.py`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ from kvfuzz.harness.vllm_api import vllm_source
 
 def size_encoder(scheduler: Any, config: Config) -> None:
     """Give `scheduler` the config's encoder budget and encoder cache (unset: unbounded); with
-    cross attention, make it encoder-decoder (its cache unbounded: a cross config binds the
-    budget alone)."""
+    cross attention, make it encoder-decoder."""
     from vllm.v1.core import encoder_cache_manager as managers
 
     unbounded = MAX_SIZE * MAX_REQUESTS

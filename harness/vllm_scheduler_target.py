@@ -39,6 +39,7 @@ from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.scheduler_driver import SchedulerDriver
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm, vllm_source
 from kvfuzz.harness.vllm_encoder_budget import encoder_input, encoder_release_rule, size_encoder
+from kvfuzz.harness.vllm_encoder_decoder_slots import SLOTS_CREDITED_TWICE, credit_once
 from kvfuzz.harness.vllm_failed_blocks import RECOMPUTED_KEYED, evict_rewritten_blocks
 from kvfuzz.harness.vllm_scheduler_events import PublishedEvents, count_outputs, kv_events_config
 from kvfuzz.harness.vllm_target import (
@@ -184,6 +185,12 @@ SCHEDULER_DEVIATIONS = (
         _no_snapshot_change,
         applies=lambda api: api.has("kv_connector"),
     ),
+    # The encoder cache's count, not a snapshot: `harness/vllm_encoder_decoder_slots.py`.
+    KnownDeviation(
+        SLOTS_CREDITED_TWICE,
+        "docs/findings/030-encoder-decoder-slots-credited-twice.md",
+        _no_snapshot_change,
+    ),
 )
 """Deviations only vLLM's own Scheduler shows (kvfuzz's driver plays its part for `vllm`)."""
 
@@ -210,10 +217,6 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "cross attention beside a KV connector or multimodal inputs (vLLM schedules an "
          "encoder-decoder request's encoder input only at 0 computed tokens, from its one "
          "multimodal feature)"),
-        (config.has_cross_attention and s.encoder_cache_size is not None,
-         "an encoder cache bound with cross attention (vLLM's EncoderDecoderCacheManager gives "
-         "an input's room back after every output, vllm-project/vllm#55733: kvfuzz's driver "
-         "gives it back once)"),
         (config.has_cross_attention and _encoder_bound(config)
          and loop_rules()["blocked_waiting"] == "stop",
          "an encoder budget with cross attention where vLLM's waiting loop stops at a request "
@@ -722,6 +725,9 @@ class VllmSchedulerSide(VllmSide):
             if self.known_deviations:
                 driver.preempt_window_unloaded()
         driver.drain_in_group_order = "deferred-drain-group-order" in self.tolerated
+        if SLOTS_CREDITED_TWICE in self.tolerated and config.has_cross_attention:
+            credit_once(self.vllm_scheduler.encoder_cache_manager,
+                        self.tolerated[SLOTS_CREDITED_TWICE])
         driver.in_flight_sampling = config.scheduler.in_flight_sampling
         self.deviations = tuple(
             dataclasses.replace(d, tolerate=functools.partial(_trim_stopped_drafts,

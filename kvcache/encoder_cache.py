@@ -34,6 +34,8 @@ class EncoderCache:
         """Request id -> the indices of its inputs it holds an entry for."""
         self.uses: dict[str, dict[str, int]] = {}
         """Request id -> identifier -> how many of its held inputs name it."""
+        self.encoder_decoder: dict[str, int] = {}
+        """Request id -> the room its encoder-decoder input holds (given back once)."""
 
     def hit(self, request: Any, index: int) -> bool:
         """Whether input `index`'s output is cached; if so the request references it."""
@@ -108,13 +110,31 @@ class EncoderCache:
             if self.reclaimable is not None:
                 self.reclaimable += self.sizes[ident]
 
+    def store_encoder_decoder(self, request_id: str, size: int) -> None:
+        """An encoder-decoder request's input is encoded: it holds `size` slots until its
+        output (or its end) gives them back, once."""
+        self.encoder_decoder[request_id] = size
+        if self.free_slots is not None and self.reclaimable is not None:
+            self.free_slots -= size
+            self.reclaimable -= size
+
+    def _release_encoder_decoder(self, request_id: str) -> None:
+        size = self.encoder_decoder.pop(request_id, 0)
+        if self.free_slots is not None and self.reclaimable is not None:
+            self.free_slots += size
+            self.reclaimable += size
+
     def release_all(self, request: Any) -> None:
         """Every input the request holds (it finished, was preempted or failed admission)."""
+        self._release_encoder_decoder(request.request_id)
         for index in sorted(self.inputs.get(request.request_id, ())):
             self.release(request, index)
 
     def release_computed(self, request: Any, settled: int) -> None:
-        """After a step's output: the inputs that end by the request's `settled` tokens."""
+        """After a step's output: the inputs that end by the request's `settled` tokens (an
+        encoder-decoder input once the request has computed a token)."""
+        if request.num_computed_tokens > 0:
+            self._release_encoder_decoder(request.request_id)
         for index in sorted(self.inputs.get(request.request_id, ())):
             offset, length = _mm_span(request.mm_features[index])
             if offset + length <= settled:
@@ -157,13 +177,15 @@ def schedule_encoder_inputs(cache: EncoderCache, request: Any, start: int, num_n
 
 
 def schedule_encoder_decoder_input(num_encoder_tokens: int, start: int, num_new_tokens: int,
-                                   budget: int | None) -> tuple[int, int]:
+                                   budget: int | None, free: int | None = None
+                                   ) -> tuple[int, int]:
     """An encoder-decoder request's encoder input (its `num_encoder_tokens`, at offset 0):
-    computed with its chunk from 0 computed tokens against the step's `budget` only (vLLM's
-    `EncoderDecoderCacheManager` never hits), nothing once decoding started. Returns (the
-    chunk's tokens, 0 where the budget cannot take the input; the embeddings computed)."""
+    computed with its chunk from 0 computed tokens against the step's `budget` and the
+    cache's `free` slots (None: unbounded; vLLM's `EncoderDecoderCacheManager` never hits),
+    nothing once decoding started. Returns (the chunk's tokens, 0 where the budget or the
+    cache cannot take the input; the embeddings computed)."""
     if not num_encoder_tokens or start > 0 or num_new_tokens == 0:
         return num_new_tokens, 0
-    if budget is not None and num_encoder_tokens > budget:
+    if any(bound is not None and num_encoder_tokens > bound for bound in (budget, free)):
         return 0, 0
     return num_new_tokens, num_encoder_tokens

@@ -940,7 +940,7 @@ class Scheduler:
         if not request.mm_features:  # an encoder-decoder request's input, if any (§7.2)
             num_new_tokens, spent = schedule_encoder_decoder_input(
                 getattr(request, "num_encoder_tokens", 0), start, num_new_tokens,
-                self._encoder_left)
+                self._encoder_left, self.encoder_cache.free_slots)
             return num_new_tokens, ([], [], spent) if spent else None
         num_new_tokens, compute, repeats, spent = schedule_encoder_inputs(
             self.encoder_cache, request, start, num_new_tokens, self._encoder_left,
@@ -959,6 +959,8 @@ class Scheduler:
             self._encoded[request.request_id] = spent
         cache = self.encoder_cache
         assert cache is not None  # `encoder` comes from `_encoder_inputs`, which needs it
+        if spent and not request.mm_features:  # an encoder-decoder input (§7.2)
+            cache.store_encoder_decoder(request.request_id, spent)
         for index in compute:
             cache.store(request, index)
         for index in repeats:

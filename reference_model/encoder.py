@@ -27,10 +27,17 @@ class EncoderCache:
         """Unreferenced identifiers, in the order they became unreferenced."""
         self.held: dict[str, set[int]] = {}
         """request id -> indices of its inputs it holds."""
+        self.cross: dict[str, int] = {}
+        """request id -> embeddings its encoder-decoder input occupies until its first output."""
 
     def _room(self) -> int:
         assert self.size is not None
-        return self.size - sum(n for n, _ in self.entries.values())
+        return (self.size - sum(n for n, _ in self.entries.values())
+                - sum(self.cross.values()))
+
+    def cross_room(self) -> int | None:
+        """§7.2: the embeddings an encoder-decoder input may still take (None: no bound)."""
+        return None if self.size is None else self._room()
 
     def _ref(self, r: Request, k: int, ident: int) -> None:
         refs = self.entries[ident][1]
@@ -87,11 +94,15 @@ class EncoderCache:
             self.idle.append(ident)
 
     def drop_all(self, r: Request) -> None:
+        self.cross.pop(r.request_id, None)
         for k in sorted(self.held.get(r.request_id, ())):
             self.drop(r, k)
 
     def drop_done(self, r: Request, settled: int) -> None:
-        """After a step's output: the inputs r has computed past (by `settled` tokens)."""
+        """After a step's output: the inputs r has computed past (by `settled` tokens); an
+        encoder-decoder input once r has computed a token."""
+        if r.num_computed_tokens > 0:
+            self.cross.pop(r.request_id, None)
         for k in sorted(self.held.get(r.request_id, ())):
             _, offset, length = inputs_of(r)[k]
             if offset + length <= settled:
@@ -122,11 +133,13 @@ def encoder_chunk(cache: EncoderCache, r: Request, start: int, n: int, left: int
     return n, computed, riding, spent
 
 
-def cross_encoder_chunk(r: Request, start: int, n: int, left: int | None) -> tuple[int, int]:
+def cross_encoder_chunk(r: Request, start: int, n: int, left: int | None,
+                        room: int | None = None) -> tuple[int, int]:
     """§7.2: an encoder-decoder request's encoder input, its `num_encoder_tokens` at offset 0,
-    is encoded with its chunk from 0 against the step's `left` budget (never cached, so never
-    hit); from 1 computed token on it needs nothing: (the chunk's tokens, embeddings)."""
+    is encoded with its chunk from 0 against the step's `left` budget and the cache's `room`
+    (never cached, so never hit); from 1 computed token on it needs nothing: (the chunk's
+    tokens, embeddings)."""
     e = r.num_encoder_tokens
     if e == 0 or start != 0 or n == 0:
         return n, 0
-    return (0, 0) if left is not None and e > left else (n, e)
+    return (0, 0) if any(b is not None and e > b for b in (left, room)) else (n, e)

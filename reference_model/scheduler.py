@@ -648,7 +648,8 @@ class Driver:
         if self.encoder is None:
             return n, None
         if not inputs_of(r):  # an encoder-decoder request's input, if any
-            n, spent = cross_encoder_chunk(r, start, n, self.encoder_left)
+            n, spent = cross_encoder_chunk(r, start, n, self.encoder_left,
+                                           self.encoder.cross_room())
             return n, ([], [], spent) if spent else None
         n, computed, riding, spent = encoder_chunk(
             self.encoder, r, start, n, self.encoder_left, self.manager.layout.prefill_lookahead)
@@ -663,6 +664,8 @@ class Driver:
         if spent and self.encoder_left is not None:
             self.encoder_left -= spent
             self.encoded[r.request_id] = spent
+        if spent and not inputs_of(r):  # an encoder-decoder input holds its room (§7.2)
+            self.encoder.cross[r.request_id] = spent
         for k in computed:
             self.encoder.add(r, k)
         for k in riding:

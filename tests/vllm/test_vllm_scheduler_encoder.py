@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,11 +126,71 @@ def test_an_encoder_decoder_input_waits_for_the_budget_as_the_driver_does(target
     assert ex.targets[1].side.vllm_scheduler.max_num_encoder_input_tokens == 12
 
 
-def test_an_encoder_cache_bound_on_an_encoder_decoder_config_is_left_out():
+def test_an_encoder_cache_bound_on_an_encoder_decoder_config_runs():
     cross = BUILTIN["cross"][1]
     bound = cross.replace(scheduler=dataclasses.replace(cross.scheduler, encoder_cache_size=12))
-    assert "vllm-project/vllm#55733" in unsupported_reason(bound)
-    assert unsupported_reason(cross) is None
+    assert unsupported_reason(bound) is None
+
+
+# ----- finding 030: an encoder-decoder input's room is given back after every output -----
+
+ROOT = Path(__file__).resolve().parents[2]
+FINDING_030 = str(ROOT / "docs" / "findings" / "030-encoder-decoder-slots-credited-twice.json")
+
+
+def _trace_030() -> Trace:
+    return Trace.load(FINDING_030)
+
+
+def test_vllm_admits_more_encoder_inputs_than_the_cache_holds_strict():
+    """a's input (8 of a cache of 12) is credited back after each of its 3 outputs: vLLM's
+    count reaches 28, and b and c (9 + 9) are both admitted in one step, three-way only c
+    waits."""
+    finding = run_trace(_trace_030(), ("vllm-scheduler-strict",)).finding
+    assert finding is not None and finding.check == "DIFF-result", finding
+    assert "['c', 4, 0]" in finding.message
+    assert run_trace(_trace_030(), ("kvcache",)).passed
+
+
+def test_vllms_free_count_grows_past_the_cache_size_after_each_output():
+    ex = Execution(_trace_030().config, "scheduler", ("kvcache", "vllm-scheduler-strict"))
+    manager = ex.targets[1].side.vllm_scheduler.encoder_cache_manager
+    counts = []
+    for op in _trace_030().ops[:4]:
+        ex.apply(op)
+        counts.append(manager.num_free_slots)
+    assert counts == [12, 12, 20, 28] and manager.cache_size == 12
+
+
+def test_vllm_scheduler_tolerates_030_and_names_the_request_it_let_in():
+    ex = Execution(_trace_030().config, "scheduler", ("kvcache", "vllm-scheduler"))
+    for op in _trace_030().ops:
+        result = ex.apply(op)
+    assert result["scheduled"] == [["a", 1, 0], ["b", 4, 0]]
+    assert ex.targets[1].side.tolerated["encoder-decoder-slots-credited-twice"] == {"c"}
+
+
+def test_finding_030_replays_with_no_tolerate(capsys):
+    assert kvfuzz(["replay", FINDING_030]) == 1
+    assert "DIFF-result" in capsys.readouterr().out
+
+
+def test_the_tolerance_hides_no_other_slot_count_error():
+    """The plant that never gives an encoder-decoder input's room back is caught by the
+    tolerating target (the opposite error of 030)."""
+    trace = _trace_030()
+    assert run_trace(trace, ("vllm-scheduler",)).passed
+    finding = run_trace(trace, ("vllm-scheduler-bug:cross-encoder-room-kept",)).finding
+    assert finding is not None and finding.check == "DIFF-result", finding
+
+
+def test_a_campaign_on_a_cross_config_with_an_encoder_cache_bound_exits_0(tmp_path, capsys):
+    code = kvfuzz(["run", "--target", "vllm-scheduler", "--config-file",
+                   str(ROOT / "docs" / "configs" / "whisper-encoder-cache.json"), "--level",
+                   "scheduler", "--examples", "40", "--corpus", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "findings           0" in out and "030 encoder-decoder-slots-credited-twice" in out
 
 
 def test_the_plant_that_lets_an_encoder_decoder_input_past_the_budget_is_caught():
