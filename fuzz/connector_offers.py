@@ -1,6 +1,6 @@
 """Connector offers steered to a cached prompt: on a KV connector config, three scheduler-level
-arrivals in four (when an earlier request exists) copies an earlier request's prompt, whole or
-cut to whole attention blocks, and gets a connector offer at once (docs/mutation.md, "Connector
+arrivals in four (when an earlier request exists) copy an earlier request's prompt, whole or
+cut to whole attention blocks, and get a connector offer at once (docs/mutation.md, "Connector
 offers on a cached prompt").
 
 The per-group lookup of a hybrid model behind a connector (vLLM 0.34.0
@@ -29,8 +29,8 @@ def copy_block(config: Config) -> int:
 def copied_prompt(choices: Choices, block: int,
                   earlier: list[tuple[int, ...]]) -> list[int] | None:
     """Three times in four (with a `block` and an earlier prompt): one of `earlier`, whole or
-    cut to whole `block`s (at least one); else None, the draw as it was. Half the time found
-    #9 and #10 in fewer examples (docs/mutation.md)."""
+    cut to whole `block`s (at least one); else None, the draw as it was. Steering half the
+    time found survivors #9 and #10 in fewer examples (docs/mutation.md)."""
     if not block or not earlier or not (flip(choices) or flip(choices)):
         return None
     source = pick(choices, earlier)

@@ -17,7 +17,9 @@ whole example. A knob left out keeps its default value. The swarm's decisions ar
 swarm testing is on or not, so an example that keeps everything is the same in both.
 
 Boundaries (`kvfuzz.fuzz.boundaries`): on a config with a watermark or a chunked-local group,
-half the arrivals, admissions, growths and frees land at the edge that knob draws.
+half the arrivals, admissions, growths and frees land at the edge that knob draws. Connector
+offers (`kvfuzz.fuzz.connector_offers`): on a KV connector config, three scheduler arrivals in
+four copy an earlier prompt, whole or cut to whole blocks, and get a connector offer at once.
 """
 
 from __future__ import annotations
