@@ -180,7 +180,7 @@ class Rules:
         """`tokens_in`, or an arrival steered to the config's edges: that prompt repeated or
         cut to the steered length (`boundaries.prompt_length`: the pool's free blocks less the
         driver's reserve, or whole chunks)."""
-        free = self.execution.state.num_free_blocks - self.config.scheduler.reserved_blocks
+        free = self.arrival_room()
         length = boundaries.prompt_length(self.choices, self.edges, free, longest)
         if length is None:
             return tokens_in
@@ -189,6 +189,11 @@ class Rules:
     def steered_prompt(self) -> list[int] | None:
         """A prompt a level steers to a shape of its own, or None (the draw as it was)."""
         return None
+
+    def arrival_room(self) -> int:
+        """The blocks an arrival steered to an edge is sized to: the pool's free blocks less
+        the driver's reserve."""
+        return self.execution.state.num_free_blocks - self.config.scheduler.reserved_blocks
 
     def new_request(self, **extra: Any) -> str:
         c = self.choices
@@ -512,6 +517,15 @@ class SchedulerRules(Rules):
     def _loadable(self) -> Views:
         return [(rid, v) for rid, v in self.views("WAITING", "PREEMPTED")
                 if not v.num_computed_tokens and not any(v.tables)]
+
+    def arrival_room(self) -> int:
+        """As `Rules.arrival_room`, less the blocks of the prompts waiting ahead of the
+        arrival: the driver admits those first, so the arrival meets the edge at its own
+        admission."""
+        block = self.edges.block_size or 1
+        waiting = sum(-(-v.num_tokens // block) * self.edges.groups
+                      for _, v in self.views("WAITING", "PREEMPTED"))
+        return super().arrival_room() - waiting
 
     def steered_prompt(self) -> list[int] | None:
         """On a connector config, half the arrivals copy an earlier prompt, whole or cut to
