@@ -17,7 +17,9 @@ whole example. A knob left out keeps its default value. The swarm's decisions ar
 swarm testing is on or not, so an example that keeps everything is the same in both.
 
 Boundaries (`kvfuzz.fuzz.boundaries`): on a config with a watermark or a chunked-local group,
-half the arrivals, admissions, growths and frees land at the edge that knob draws.
+half the arrivals, admissions, growths and frees land at the edge that knob draws. Connector
+offers (`kvfuzz.fuzz.connector_offers`): on a KV connector config, three scheduler arrivals in
+four copy an earlier prompt, whole or cut to whole blocks, and get a connector offer at once.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from kvfuzz.core.config import Config
 from kvfuzz.core.sync_load_failures import fails_sync_loads
 from kvfuzz.core.snapshot import RequestView
-from kvfuzz.fuzz import boundaries
+from kvfuzz.fuzz import boundaries, connector_offers
 from kvfuzz.fuzz.strategies import (
     TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, extra_keys, flip, pick, prefixes,
     prompt, tokens, vary_config,
@@ -178,11 +180,20 @@ class Rules:
         """`tokens_in`, or an arrival steered to the config's edges: that prompt repeated or
         cut to the steered length (`boundaries.prompt_length`: the pool's free blocks less the
         driver's reserve, or whole chunks)."""
-        free = self.execution.state.num_free_blocks - self.config.scheduler.reserved_blocks
+        free = self.arrival_room()
         length = boundaries.prompt_length(self.choices, self.edges, free, longest)
         if length is None:
             return tokens_in
         return (tokens_in * (length // len(tokens_in) + 1))[:length]
+
+    def steered_prompt(self) -> list[int] | None:
+        """A prompt a level steers to a shape of its own, or None (the draw as it was)."""
+        return None
+
+    def arrival_room(self) -> int:
+        """The blocks an arrival steered to an edge is sized to: the pool's free blocks less
+        the driver's reserve."""
+        return self.execution.state.num_free_blocks - self.config.scheduler.reserved_blocks
 
     def new_request(self, **extra: Any) -> str:
         c = self.choices
@@ -195,7 +206,8 @@ class Rules:
             # vLLM 0.34's per-request limit on prefix hits (prompt scoring): mostly unbounded.
             extra.setdefault("prefix_cache_hit_limit", self.knob(
                 "hit_limit", lambda: pick(c, (None,) * 5 + (between(c, 0, max_len),)), None))
-        tokens_in = self.edge_prompt(prompt(c, self.shared, max_len), max_len)
+        tokens_in = self.steered_prompt() or self.edge_prompt(
+            prompt(c, self.shared, max_len), max_len)
         if self.config.extra_keys:
             sizes = {self.config.resolved_hash_block_size}
             sizes.update(g.block_size for g in self.config.groups)
@@ -455,6 +467,8 @@ class SchedulerRules(Rules):
     KNOBS = ("salt", "priority", "max_tokens", "hit_limit", "short_load", "sync_load", "burst",
              "skip_reading")
     max_requests = 10
+    copied: list[int] | None = None
+    """The last arrival's prompt when it copied an earlier one (`steered_prompt`)."""
 
     @classmethod
     def features(cls, config: Config | None = None) -> tuple[str, ...]:
@@ -504,11 +518,31 @@ class SchedulerRules(Rules):
         return [(rid, v) for rid, v in self.views("WAITING", "PREEMPTED")
                 if not v.num_computed_tokens and not any(v.tables)]
 
+    def arrival_room(self) -> int:
+        """As `Rules.arrival_room`, less the blocks of the prompts waiting ahead of the
+        arrival: the driver admits those first, so the arrival meets the edge at its own
+        admission."""
+        block = self.edges.block_size or 1
+        waiting = sum(-(-v.num_tokens // block) * self.edges.groups
+                      for _, v in self.views("WAITING", "PREEMPTED"))
+        return super().arrival_room() - waiting
+
+    def steered_prompt(self) -> list[int] | None:
+        """On a connector config, half the arrivals copy an earlier prompt, whole or cut to
+        whole blocks (`connector_offers`), and get a connector offer at once (`add_request`)."""
+        earlier = [meta.prompt for meta in self.execution.requests.values()]
+        self.copied = connector_offers.copied_prompt(
+            self.choices, connector_offers.copy_block(self.config), earlier)
+        return self.copied
+
     def load_remote(self) -> None:
-        """A connector offers some of a waiting request's tokens (docs/spec.md §13.2), one
-        offer in four loaded synchronously at its admission (§13.3)."""
+        """A connector offers some of a waiting request's tokens (docs/spec.md §13.2)."""
+        self._offer(*pick(self.choices, self._loadable()))
+
+    def _offer(self, rid: str, view: RequestView) -> None:
+        """A connector offer for `rid`, one in four loaded synchronously at its admission
+        (§13.3)."""
         c = self.choices
-        rid, view = pick(c, self._loadable())
         sync = self.knob("sync_load", lambda: c.below(4) == 0, False)
         external = between(c, 1, view.num_tokens)
         fails = {}
@@ -543,13 +577,15 @@ class SchedulerRules(Rules):
         for _ in range(self.knob("burst", lambda: between(c, 1, MAX_BURST), 1)):
             if not self.can_add():
                 break
-            self.new_request(
+            rid = self.new_request(
                 priority=self.knob("priority", lambda: between(c, 0, 2), 0),
                 max_tokens=self.knob("max_tokens", lambda: between(c, 1, MAX_OUTPUTS), 4),
                 # A request asking for prompt logprobs reads no cache (docs/spec.md §6.3).
                 skip_reading_prefix_cache=self.knob(
                     "skip_reading", lambda: pick(c, (False,) * 7 + (True,)), False),
             )
+            if self.copied is not None and self.swarm.on("load_remote"):
+                self._offer(rid, self.execution.state.requests[rid])
 
     def step(self) -> None:
         self.apply(op="step", sample=self.choices.below(TOKEN_VOCAB))

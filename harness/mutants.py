@@ -724,6 +724,51 @@ def _null_head_overshoot(side: KvcacheSide) -> None:
                                                     original=getattr(single, name)))
 
 
+def _per_group_lookup(coordinator: Any, *, margin_everywhere: bool = False,
+                      hashed_or: bool = False) -> Callable[..., Any]:
+    """kvcache's per-group lookup of a connector offer (`find_longest_cache_hit_per_group`) with
+    one of vLLM 0.34.0's survivors: EAGLE's margin added to every attention group
+    (kv_cache_coordinator.py:961 `and` -> `or`), or the margin capped at `len(hashes) | hash
+    block size` instead of `*` (:970)."""
+    def lookup(block_hashes: Any, max_cache_hit_length: int) -> Any:
+        hit_blocks: list[list[Any]] = [[] for _ in coordinator.single_type_managers]
+        hit_lengths = [0] * len(coordinator.single_type_managers)
+        hbs = coordinator.hash_block_size
+        hashed = len(block_hashes) | hbs if hashed_or else len(block_hashes) * hbs
+        for spec, group_ids, manager_cls, use_eagle, _ in coordinator.attention_groups:
+            max_length = max_cache_hit_length
+            if use_eagle or margin_everywhere:  # the margin is 0 on a state group
+                max_length = min(max_length + coordinator._eagle_margin(spec, manager_cls),
+                                 hashed)
+            blocks, hit_length = manager_cls.find_longest_cache_hit(
+                block_hashes, max_length, group_ids, coordinator.block_pool, spec, use_eagle,
+                coordinator._cache_hit_alignment_tokens)
+            for group_id, group_blocks in zip(group_ids, blocks):
+                hit_blocks[group_id] = group_blocks
+                hit_lengths[group_id] = hit_length
+        return tuple(hit_blocks), tuple(hit_lengths)
+
+    return lookup
+
+
+def _replace_per_group_lookup(**mutation: bool) -> Callable[[KvcacheSide], None]:
+    def patch(side: KvcacheSide) -> None:
+        coordinator = side.manager.coordinator
+        coordinator.find_longest_cache_hit_per_group = _per_group_lookup(coordinator, **mutation)
+
+    return patch
+
+
+mutant("offer-margin-everywhere", "a connector offer's per-group lookup adds EAGLE's margin to "
+       "every attention group, so a group without EAGLE hits past the lookup's bound",
+       bug="vLLM 0.34.0 kv_cache_coordinator.py:961, survivor #9 (docs/mutation.md)",
+       configs=("nemotron_h_connector",))(_replace_per_group_lookup(margin_everywhere=True))
+mutant("offer-margin-cap-or", "a connector offer's per-group EAGLE lookup caps its margin at "
+       "`len(hashes) | hash block size` tokens instead of `*`",
+       bug="vLLM 0.34.0 kv_cache_coordinator.py:970, survivor #10 (docs/mutation.md)",
+       configs=("qwen3_next_eagle_connector",))(_replace_per_group_lookup(hashed_or=True))
+
+
 @mutant("cow-unretained", "the copy-on-write block gets no extra reference for the pending copy",
         bug="docs/spec.md §4.5 / §10.12", configs=("partial_hits",))
 def _cow_unretained(side: KvcacheSide) -> None:

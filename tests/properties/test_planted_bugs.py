@@ -90,6 +90,8 @@ EXPECTED = {
     "sync-load-ignored": {"DIFF-result", "DIFF-state"},
     "watermark-subtracted": {"I8", "P4", "DIFF-result", "DIFF-probe"},
     "null-head-overshoot": {"I10", "DIFF-result"},
+    "offer-margin-everywhere": {"DIFF-result", "DIFF-state", "DIFF-probe"},
+    "offer-margin-cap-or": {"DIFF-result", "DIFF-state", "DIFF-probe"},
 }
 
 
