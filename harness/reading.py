@@ -222,7 +222,8 @@ def read_snapshot(
             partial = tuple([_partial(p.get(rid)) for p in partial_of])
         else:
             tables = cached = partial = untracked
-        drafts = 0 if name.startswith("FINISHED") else len(request.spec_token_ids)
+        drafts = 0 if name.startswith("FINISHED") else len(getattr(request, "spec_token_ids",
+                                                                   ()))
         fields = (name, request.num_computed_tokens, num_tokens, tables, cached, partial,
                   request.shared_prefix_boundary, drafts, tokens)
         known = known_views.get(rid)

@@ -118,7 +118,11 @@ def test_a_shrink_keeps_at_least_one_fixed_draft():
 
 # ----- drafts on configs with Mamba "align" groups (docs/traces.md) -----
 
-MAMBA = BUILTIN["qwen3_next_eagle"][1]
+MAMBA = BUILTIN["qwen3_next_eagle"][1].replace(groups=tuple(
+    dataclasses.replace(g, num_speculative_blocks=4) if g.kind == "mamba" else g
+    for g in BUILTIN["qwen3_next_eagle"][1].groups))
+"""With 4 speculative blocks per state group: a step drafts at most that many
+(`Config.max_drafts`)."""
 DRAFTED_MAMBA = [_add("r4", [1, 3, 1, 0], max_tokens=3), {"op": "step", "accept": 0},
                  {"op": "step", "accept": 1, "draft": 4}, {"op": "step", "accept": 0},
                  {"op": "step"}]
