@@ -418,7 +418,8 @@ def cannot_apply(name: str) -> str | None:
     reasons = []
     for config_name in PLANTS[name][2]:
         try:
-            info.build(info.engine_config(builtin_config(config_name)), "scheduler")
+            config = PLANT_CONFIGS.get(config_name) or builtin_config(config_name)
+            info.build(info.engine_config(config), "scheduler")
         except VllmUnsupported as exc:
             reasons.append(f"{config_name}: {exc}")
         except AttributeError as exc:
