@@ -7,6 +7,8 @@ step where vLLM returns normally, once the mutant is written into vLLM 0.34.0.
 
 from __future__ import annotations
 
+import pytest
+
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.configs import builtin_config
 from kvfuzz.harness.executor import Execution
@@ -39,6 +41,8 @@ def test_a_positive_hit_limit_still_looks_up(sides):
     a limit; when every request carries one, a positive limit turns the lookup off (DIFF-result:
     0 cached tokens, the reference 8) and a zero one on."""
     ex = Execution(builtin_config("full"), "api", sides)
+    if not ex.offers("prefix_cache_hit_limit"):
+        pytest.skip("this vLLM has no per-request prefix-cache hit limit")
     prompt = list(range(12))
     ex.apply(_add("a", prompt, prefix_cache_hit_limit=63))
     assert _lookup(ex, "a") == 0

@@ -38,3 +38,11 @@ def test_a_plant_reading_a_method_the_scheduler_lacks_says_why(monkeypatch):
     monkeypatch.delattr(Scheduler, "_get_local_prefix_cache_hit")
     assert cannot_apply("hit-not-adopted") == (
         "full: vLLM's Scheduler has no _get_local_prefix_cache_hit")
+
+
+def test_a_plant_on_a_config_no_built_in_is_applies():
+    """`sync-failure-window-nulls-skipped` runs on `mistral_connector_fail`, a config of
+    `PLANT_CONFIGS` (a campaign runs it as a config file): the probe builds it from there
+    rather than asking for a built-in of that name."""
+    assert PLANTS["sync-failure-window-nulls-skipped"][2] == ("mistral_connector_fail",)
+    assert cannot_apply("sync-failure-window-nulls-skipped") is None
