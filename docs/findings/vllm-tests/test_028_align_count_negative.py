@@ -30,7 +30,7 @@ except ImportError:  # older releases
 DTYPE = torch.float16
 BLOCK_SIZE = 8
 HASH_BLOCK_SIZE = 2
-NUM_BLOCKS = 13
+NUM_BLOCKS = 20
 MAX_MODEL_LEN = 64
 VOCAB_SIZE = 4
 MODEL = {'architectures': ['OPTForCausalLM'], 'model_type': 'opt', 'hidden_size': 8, 'num_attention_heads': 1, 'num_hidden_layers': 1, 'ffn_dim': 8, 'word_embed_proj_dim': 8, 'do_layer_norm_before': True, 'vocab_size': 4, 'max_position_embeddings': 64}
@@ -63,9 +63,9 @@ def create_scheduler(model_dir, monkeypatch) -> Scheduler:
         kv_cache_tensors=[],
         kv_cache_groups=[
             KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=8, num_kv_heads=1, head_size=8, dtype=DTYPE)),
-            KVCacheGroupSpec(["layer.1"], MambaSpec(block_size=8, shapes=((8,),), dtypes=(DTYPE,), mamba_cache_mode='align', num_speculative_blocks=1)),
-            KVCacheGroupSpec(["layer.2"], MambaSpec(block_size=8, shapes=((8,),), dtypes=(DTYPE,), mamba_cache_mode='align', num_speculative_blocks=1)),
-            KVCacheGroupSpec(["layer.3"], MambaSpec(block_size=8, shapes=((8,),), dtypes=(DTYPE,), mamba_cache_mode='align', num_speculative_blocks=1)),
+            KVCacheGroupSpec(["layer.1"], MambaSpec(block_size=8, shapes=((8,),), dtypes=(DTYPE,), mamba_cache_mode='align', num_speculative_blocks=3)),
+            KVCacheGroupSpec(["layer.2"], MambaSpec(block_size=8, shapes=((8,),), dtypes=(DTYPE,), mamba_cache_mode='align', num_speculative_blocks=3)),
+            KVCacheGroupSpec(["layer.3"], MambaSpec(block_size=8, shapes=((8,),), dtypes=(DTYPE,), mamba_cache_mode='align', num_speculative_blocks=3)),
         ],
     )
     # EAGLE: vLLM builds the manager with use_eagle from an EAGLE drafter's SpeculativeConfig,
