@@ -129,7 +129,7 @@ def test_a_strict_campaign_goes_past_a_tolerated_deviation_to_the_next_bug(tmp_p
     """`vllm-strict` stops at 013 (I16) on a Mamba align hybrid with prefill checkpoints; with
     --tolerate 001 013 it counts 013 as tolerated and reaches other findings, exit 1."""
     argv = ("run", "--target", "vllm-strict", "--config", "qwen3_5_checkpoint", "--level",
-            "scheduler", "--examples", "150")
+            "scheduler", "--examples", "600")
     plain = kvfuzz(tmp_path, *argv, "--corpus", "c1", "--json", "s1.json")
     assert plain.returncode == 1, plain.stdout + plain.stderr
     checks = {f["check"] for f in json.loads((tmp_path / "s1.json").read_text())["findings"]}

@@ -177,7 +177,7 @@ def test_the_plant_that_gives_back_an_align_surplus_is_caught_on_the_finding_tra
 @mamba_drafts_settle
 def test_the_align_surplus_plant_is_caught_by_a_campaign(tmp_path, capsys):
     assert kvfuzz(["run", "--target", "vllm-scheduler-bug:align-surplus-freed", "--level",
-                   "scheduler", "--config", "qwen3_next_eagle", "--examples", "60",
+                   "scheduler", "--config", "qwen3_next_eagle", "--examples", "150",
                    "--corpus", str(tmp_path)]) == 1, capsys.readouterr().out
     assert [p.name for p in tmp_path.glob("P1-qwen3_next_eagle-*.json")]
 
