@@ -345,9 +345,10 @@ class Scheduler:
         partial_tail = num_hit_tokens % manager.coordinator.scheduler_block_size
         external = min(offered, request.num_tokens - backoff - (num_hit_tokens - partial_tail))
         # A request whose hits are bounded (a hit limit, or no cache reads) reads no external
-        # KV: the bound does not limit a connector's hits (vLLM 0.34 `skip_reading_external_kv`).
-        if getattr(request, "prefix_cache_hit_limit", None) is not None or external <= (
-                partial_tail):
+        # KV: the bound does not limit a connector's hits (vLLM 0.34 `skip_reading_external_kv`;
+        # a 0.32-0.33 Request keeps the flag itself, with no hit limit).
+        if getattr(request, "prefix_cache_hit_limit", None) is not None or getattr(
+                request, "skip_reading_prefix_cache", False) or external <= partial_tail:
             return hit_blocks, num_hit_tokens, 0, diverged
         if partial_tail:
             num_hit_tokens -= partial_tail
