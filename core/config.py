@@ -180,6 +180,11 @@ class SchedulerConfig:
     """Placeholder drafts per step, as vLLM's async scheduling with a `SpeculativeConfig`:
     each request that samples gets this many, and a one-token admission is padded to them
     (docs/traces.md, "Fixed drafts"); 0: drafts come from the trace's `draft`."""
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+    """Dynamic speculative decoding (vLLM's `SpeculativeConfig` field of that name): ranges
+    `[first, last, k]` of a step's batch size (requests scheduled), each giving that many
+    placeholder drafts, at most `num_speculative_tokens`, and no admission padded; None: every
+    step `num_speculative_tokens` (docs/spec.md §7.3)."""
     encoder_budget: int | None = None
     """Encoder embeddings a step may compute for multimodal inputs (vLLM's
     `max_num_encoder_input_tokens`); None: unbounded (docs/spec.md §7.2)."""
@@ -190,6 +195,12 @@ class SchedulerConfig:
     """Every step that samples counts its sampled tokens as output placeholders until its
     output is taken, as vLLM's AsyncScheduler does, so the encoder inputs its output releases
     end by `computed − placeholders`, the step's own included (docs/spec.md §7.2)."""
+
+    def __post_init__(self) -> None:
+        ranges = self.num_speculative_tokens_per_batch_size
+        if isinstance(ranges, list) and all(isinstance(r, list | tuple) for r in ranges):
+            object.__setattr__(self, "num_speculative_tokens_per_batch_size",
+                               tuple(tuple(r) for r in ranges))
 
     def validate(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
@@ -203,6 +214,9 @@ class SchedulerConfig:
         _non_negative_int("scheduler.reserved_blocks", self.reserved_blocks)
         _positive_int("scheduler.vocab_size", self.vocab_size)
         _non_negative_int("scheduler.num_speculative_tokens", self.num_speculative_tokens)
+        if self.num_speculative_tokens_per_batch_size is not None:
+            _validate_drafts_per_batch_size(self.num_speculative_tokens_per_batch_size,
+                                            self.num_speculative_tokens)
         for name in ("encoder_budget", "encoder_cache_size"):
             if getattr(self, name) is not None:
                 _positive_int(f"scheduler.{name}", getattr(self, name))
@@ -217,6 +231,35 @@ class SchedulerConfig:
             if getattr(self, name) not in rules:
                 raise ConfigError(f"scheduler.{name} must be one of {rules}, got "
                                   f"{shown(getattr(self, name))}")
+
+
+def _validate_drafts_per_batch_size(ranges: Any, num_speculative_tokens: int) -> None:
+    """vLLM's rules for `num_speculative_tokens_per_batch_size` (`validate_and_normalize_
+    dynamic_sd_schedule`, vllm/v1/spec_decode/dynamic/utils.py in 0.32.0-0.34.0), and the
+    fixed drafts it needs (its lookup refuses `num_speculative_tokens` 0)."""
+    where = "scheduler.num_speculative_tokens_per_batch_size"
+    if not isinstance(ranges, tuple) or not ranges:
+        raise ConfigError(f"{where} must be a non-empty list of [first, last, k] batch-size "
+                          f"ranges, got {shown(list(ranges) if ranges == () else ranges)}")
+    for i, entry in enumerate(ranges):
+        if len(entry) != 3:
+            raise ConfigError(f"{where}[{i}] must be [first, last, k], got {shown(list(entry))}")
+        _positive_int(f"{where}[{i}][0]", entry[0])
+        _positive_int(f"{where}[{i}][1]", entry[1])
+        _non_negative_int(f"{where}[{i}][2]", entry[2])
+        if entry[0] > entry[1]:
+            raise ConfigError(f"{where}[{i}]: range start {entry[0]} is above its end "
+                              f"{entry[1]}")
+    ordered = sorted(ranges)
+    if ordered[0][0] != 1:
+        raise ConfigError(f"{where}: the first range must start at batch size 1, got "
+                          f"{ordered[0][0]}")
+    for before, after in zip(ordered, ordered[1:]):
+        if after[0] <= before[1]:
+            raise ConfigError(f"{where}: ranges {list(before)} and {list(after)} overlap")
+    if not num_speculative_tokens:
+        raise ConfigError(f"{where} needs scheduler.num_speculative_tokens > 0 (the most "
+                          f"drafts a step gets), got 0")
 
 
 # Kinds whose KV a connector may load (docs/spec.md §13.1).
@@ -568,7 +611,7 @@ def _non_defaults(obj: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(obj):
         value = getattr(obj, f.name)
-        if isinstance(value, tuple):
+        if isinstance(value, tuple) and all(dataclasses.is_dataclass(v) for v in value):
             out[f.name] = [_non_defaults(v) for v in value]
             continue
         if dataclasses.is_dataclass(value):

@@ -124,6 +124,15 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    scheduler=SchedulerConfig(num_speculative_tokens=2)),
         ),
         (
+            "dynamic drafts: EAGLE on full attention (bs 4), up to 3 placeholder drafts a step "
+            "by its batch size (1 request: 3, 2-3: 2, 4: none), no admission padded, a "
+            "budget of 8 tokens, as vLLM's num_speculative_tokens_per_batch_size",
+            Config(20, (_full(),), name="dynamic_drafts", max_model_len=64, use_eagle=True,
+                   scheduler=SchedulerConfig(
+                       token_budget=8, num_speculative_tokens=3,
+                       num_speculative_tokens_per_batch_size=((1, 1, 3), (2, 2, 2), (4, 4, 0)))),
+        ),
+        (
             "deferred frees (pop_blocks_for_free, released later): full (bs 8) + sliding window "
             "(bs 4), so the per-group release order shows",
             Config(20, (_full(8), _swa(4, 8)), name="deferred", max_model_len=64,

@@ -175,6 +175,7 @@ class ManagerSide:
             num_prefill_lookahead=config.num_prefill_lookahead,
             fail_short_loads=s.kv_load_failure_policy == "fail",
             num_speculative_tokens=s.num_speculative_tokens,
+            drafts_per_batch_size=s.num_speculative_tokens_per_batch_size,
             publish_after_output=publishes_after_output(config),
             output_placeholders=s.in_flight_sampling == "placeholders",
             encoder_budget=s.encoder_budget,

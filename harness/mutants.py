@@ -339,6 +339,18 @@ def _inflight_freed_at_once(side: KvcacheSide) -> None:
     _on_scheduler(side, patch)
 
 
+@mutant("dynamic-drafts-fixed", "the driver ignores the batch-size schedule of dynamic "
+        "speculative decoding: every step drafts num_speculative_tokens (still unpadded)",
+        bug="docs/spec.md §7.3", configs=("dynamic_drafts",))
+def _dynamic_drafts_fixed(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        table = scheduler._drafts_by_batch
+        if table is not None:
+            scheduler._drafts_by_batch = [scheduler.num_speculative_tokens] * len(table)
+
+    _on_scheduler(side, patch)
+
+
 @mutant("inflight-fence-one-late", "a deferred free waits for the step after the newest one "
         "launched, so its blocks outlive every step in flight (a leak once they drain)",
         bug="docs/spec.md §7.1", configs=("deferred",))

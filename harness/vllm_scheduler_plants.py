@@ -219,6 +219,18 @@ def _padding_unverified(scheduler: Any) -> None:
     scheduler.schedule = schedule_
 
 
+def _dynamic_drafts_zero_indexed(scheduler: Any) -> None:
+    """Dynamic speculative decoding reads its dense batch-size table 0-indexed: a step of
+    `b` requests drafts the count of `b - 1` (one request: slot 0, none)."""
+
+    class ZeroIndexed(list):  # type: ignore[type-arg]
+        def __getitem__(self, batch_size: Any) -> Any:
+            return super().__getitem__(batch_size - 1)
+
+    if scheduler.dynamic_sd_lookup is not None:  # a shrunk config may drop the schedule
+        scheduler.dynamic_sd_lookup = ZeroIndexed(scheduler.dynamic_sd_lookup)
+
+
 def _encoder_budget_per_request(scheduler: Any) -> None:
     """The encoder budget is not shared by a step's requests: `_try_schedule_encoder_inputs`
     gives each request's multimodal inputs the whole budget."""
@@ -356,6 +368,9 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                              _drafts_not_published, ("fixed_drafts",)),
     "padding-unverified": ("a padded admission's placeholder drafts are not verified",
                            _padding_unverified, ("fixed_drafts",)),
+    "dynamic-drafts-zero-indexed": ("dynamic speculative decoding reads its batch-size table "
+                                    "0-indexed: a step drafts the count of one request fewer",
+                                    _dynamic_drafts_zero_indexed, ("dynamic_drafts",)),
     "drafts-cut-to-first": ("each request keeps as many proposed drafts as the batch's first "
                             "request", _drafts_cut_to_first, ("eagle",)),
     "encoder-budget-per-request": ("each request's multimodal inputs get the whole encoder "
@@ -394,7 +409,7 @@ PLANT_CONFIGS: dict[str, Config] = {
 """Configs a plant needs that no built-in is (a campaign runs them as config files)."""
 
 _ASYNC = frozenset({"free-not-deferred", "drafts-not-published", "padding-unverified",
-                    "encoder-released-unsettled"})
+                    "encoder-released-unsettled", "dynamic-drafts-zero-indexed"})
 """Plants in vLLM's AsyncScheduler, where steps stay in flight (target vllm-async-scheduler)."""
 
 

@@ -200,6 +200,17 @@ class SchedulerCannotTake(VllmUnsupported):
     leaves that config out and says why; naming it (`--config`) is a usage error (exit 2)."""
 
 
+@functools.cache
+def _dynamic_drafts() -> bool:
+    """Whether this vLLM's SpeculativeConfig takes a batch-size schedule of drafts (its
+    Scheduler then looks the step's K up: `dynamic_sd_lookup`, 0.34.0 `scheduler.py:322-329`,
+    `:1765-1770`)."""
+    import dataclasses
+
+    return "num_speculative_tokens_per_batch_size" in {
+        f.name for f in dataclasses.fields(_vllm_scheduler_api().SpeculativeConfig)}
+
+
 def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | None:
     """Why vLLM's own Scheduler (`AsyncScheduler` with `async_scheduling`) cannot run `config`
     as kvfuzz's driver would, or None."""
@@ -229,6 +240,9 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "scheduler.num_speculative_tokens on the synchronous Scheduler (its placeholder "
          "drafts are async scheduling's; the synchronous one takes a drafter's through "
          "update_draft_token_ids: the trace's draft)"),
+        (s.num_speculative_tokens_per_batch_size is not None and not _dynamic_drafts(),
+         "scheduler.num_speculative_tokens_per_batch_size where vLLM's SpeculativeConfig has "
+         "no such field (no dynamic speculative decoding)"),
         (bool(config.scheduler.num_speculative_tokens) and async_scheduling
          and not _publishes_after_output(True, False),
          "scheduler.num_speculative_tokens where vLLM's update_from_output does not cache a "
@@ -381,8 +395,11 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
         # A drafter that needs no model (vLLM's own tests use n-gram lookup): vLLM then
         # schedules that many placeholder drafts per decoding request (`async_scheduler.py:20-41`
         # in 0.34.0).
+        dynamic = ({} if s.num_speculative_tokens_per_batch_size is None else
+                   {"num_speculative_tokens_per_batch_size":
+                    [list(r) for r in s.num_speculative_tokens_per_batch_size]})
         settings["speculative_config"] = api.SpeculativeConfig(
-            model="ngram", num_speculative_tokens=s.num_speculative_tokens)
+            model="ngram", num_speculative_tokens=s.num_speculative_tokens, **dynamic)
     if config.deferred_frees and not async_scheduling:
         # Two pipeline stages: the synchronous Scheduler has two batches in flight (and,
         # with a consumer connector, defers frees behind them).

@@ -11,7 +11,7 @@ only once the newest step launched by then completes.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +19,7 @@ from kvfuzz.kvcache.block_math import (
     get_mamba_prefill_checkpoint_position,
     is_mamba_prefill_checkpoint_valid,
 )
+from kvfuzz.kvcache.dynamic_drafts import dense_drafts
 from kvfuzz.kvcache.encoder_cache import (
     EncoderCache,
     schedule_encoder_decoder_input,
@@ -91,6 +92,7 @@ class Scheduler:
         publish_after_output: bool = False,
         output_placeholders: bool = True,
         num_speculative_tokens: int = 0,
+        drafts_per_batch_size: Sequence[tuple[int, int, int]] | None = None,
         encoder_budget: int | None = None,
         encoder_cache_size: int | None = None,
         async_scheduling: bool = False,
@@ -148,6 +150,12 @@ class Scheduler:
         # this many placeholder drafts, a one-token admission is padded to them, and each
         # output publishes the request's settled tokens (docs/traces.md, "Fixed drafts").
         self.num_speculative_tokens = num_speculative_tokens
+        # Dynamic speculative decoding (vLLM's `num_speculative_tokens_per_batch_size`): a
+        # step's placeholders are the K its batch size (requests scheduled) looks up, and no
+        # admission is padded (docs/spec.md §7.3).
+        self._drafts_by_batch = (None if drafts_per_batch_size is None else dense_drafts(
+            list(drafts_per_batch_size), max_running, num_speculative_tokens))
+        self._step_drafts = num_speculative_tokens
         # vLLM 0.32's loops: under priority a request that preempted itself ends the running
         # loop, and a waiting request cut to no token ends the waiting loop (0.33+ go on).
         self.stop_at_self_preemption = stop_at_self_preemption
@@ -700,6 +708,9 @@ class Scheduler:
         # One preemption cancels every admission of this step.
         if not out.preempted:
             self._admit_waiting(budget, scheduled, verified)
+        self._step_drafts = (self._drafts_by_batch[len(scheduled)]
+                             if self._drafts_by_batch is not None and scheduled
+                             else self.num_speculative_tokens)
 
         copies, retained = manager.take_kv_cache_block_copies()
         manager.take_new_block_ids()
@@ -835,7 +846,7 @@ class Scheduler:
     def _placeholder_drafts(self, request: Any, drafted: Mapping[str, int] | None) -> list[int]:
         """A request's fixed drafts for its next step: the placeholders the drafter fills (as
         many as `drafted` names for it, all when not named), then the unfilled rest."""
-        k = self.num_speculative_tokens
+        k = self._step_drafts
         filled = min(k, (drafted or {}).get(request.request_id, k))
         return [PLACEHOLDER] * filled + [UNFILLED] * (k - filled)
 
@@ -926,7 +937,8 @@ class Scheduler:
         from `start`, is scheduled with the step's placeholder drafts when `may` and there is
         room for them and the sampled token; the tokens then, else 0."""
         padded = 1 + self.num_speculative_tokens
-        if (self.num_speculative_tokens and num_new_tokens == 1 and may
+        if (self.num_speculative_tokens and self._drafts_by_batch is None
+                and num_new_tokens == 1 and may
                 and start + padded + 1 <= self.max_model_len):
             return padded
         return 0

@@ -78,6 +78,10 @@ class Driver:
         """docs/traces.md, "Fixed drafts": each request that samples gets this many placeholder
         drafts (None until kept), a one-token admission is padded to them, and every output
         caches the request's settled tokens."""
+        self.by_batch = self.cfg.num_speculative_tokens_per_batch_size
+        """§7.3, dynamic drafts: (first batch size, last, k) ranges, or None (fixed)."""
+        self.step_k = self.fixed
+        """The placeholder drafts this step's requests that sample get."""
         self.prefilling: set[str] = set()
         """Requests whose last scheduled chunk did not sample."""
 
@@ -462,7 +466,7 @@ class Driver:
                 start = r.num_computed_tokens + hit
                 # Fixed drafts: one token left, no running prefill chunk this step, a running
                 # request scheduled or tokens computed, room for the drafts and a sample.
-                pad = (self.fixed and n == 1 and no_prefill and (ran or start > 0)
+                pad = (self.fixed and self.by_batch is None and n == 1 and no_prefill and (ran or start > 0)
                        and start + self.fixed + 2 <= M)
                 if pad:
                     if 1 + self.fixed > budget:
@@ -519,6 +523,7 @@ class Driver:
                 budget -= n
 
         # 4. Step end.
+        self.step_k = self._drafts_for(len(scheduled))
         copies = mgr.take_kv_cache_block_copies()
         mgr.take_new_block_ids()
         if scheduled:
@@ -700,6 +705,14 @@ class Driver:
                 r.num_computed_tokens -= len(new) - j
                 return
 
+    def _drafts_for(self, batch: int) -> int:
+        """§7.3: the placeholder drafts of a step that schedules `batch` requests: the k of
+        the last range starting at or below it, at most the fixed count (the fixed count
+        without ranges or requests)."""
+        if self.by_batch is None or batch == 0:
+            return self.fixed
+        return min(self.fixed, [k for first, _, k in sorted(self.by_batch) if first <= batch][-1])
+
     def _ends(self, r: Request) -> bool:
         """max_tokens or max_model_len reached."""
         return r.num_output_tokens >= r.max_tokens or r.num_tokens >= self.max_model_len
@@ -709,8 +722,8 @@ class Driver:
         `drafted[r]` of them (fixed drafts: that many placeholders, of which the drafter fills
         the first `drafted[r]`; the rest stay unfilled)."""
         if self.fixed:
-            filled = min(self.fixed, drafted.get(r.request_id, self.fixed))
-            r.spec = [None] * filled + [_UNFILLED] * (self.fixed - filled)
+            filled = min(self.step_k, drafted.get(r.request_id, self.step_k))
+            r.spec = [None] * filled + [_UNFILLED] * (self.step_k - filled)
         else:
             r.spec = [(sample + 1 + r.num_tokens + j) % self.cfg.vocab_size
                       for j in range(min(draft, drafted.get(r.request_id, draft)))]

@@ -75,6 +75,7 @@ EXPECTED = {
     "external-state-block-uncounted": {"P1", "P4", "DIFF-probe", "DIFF-result"},
     "inflight-freed-at-once": {"IF1", "DIFF-state"},
     "inflight-fence-one-late": {"IF2", "DIFF-state"},
+    "dynamic-drafts-fixed": {"DIFF-state"},
     "inflight-drain-whole-list": {"DIFF-state"},
     "encoder-budget-per-request": {"DIFF-result", "DIFF-state"},
     "cross-encoder-unbudgeted": {"DIFF-result", "DIFF-state", "DIFF-probe"},
