@@ -55,6 +55,19 @@ def test_a_steps_batch_size_sets_its_requests_drafts():
     assert len(out["scheduled"]) == 4 and set(_drafts(ex).values()) == {0}  # a batch of 4
 
 
+def test_a_step_left_in_flight_places_the_drafts_of_its_own_batch():
+    """Placed when the step launches: a batch of 2 in flight gives 2 each, and the later step
+    of 1 request verifies them, then gives 3."""
+    ex = Execution(CONFIG.replace(deferred_frees=True), "scheduler", ("kvcache",))
+    ex.apply(_add("a", list(range(6)), max_tokens=20))
+    ex.apply(_add("b", [3], max_tokens=1))
+    ex.apply({"op": "step", "in_flight": True})
+    assert _drafts(ex) == {"a": 2, "b": 2}
+    ex.apply({"op": "complete_step"})
+    assert ex.apply({"op": "step", "accept": 2})["scheduled"] == [["a", 3, 0]]
+    assert _drafts(ex) == {"a": 3, "b": 0}
+
+
 def test_no_admission_is_padded_to_the_drafts():
     """Fixed drafts pad an admission with one token left (a full hit) to 1 + K; dynamic
     drafts never do (vLLM 0.34.0 `scheduler.py:1361-1363`). Without EAGLE's dropped block
