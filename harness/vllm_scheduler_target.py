@@ -205,8 +205,6 @@ def _dynamic_drafts() -> bool:
     """Whether this vLLM's SpeculativeConfig takes a batch-size schedule of drafts (its
     Scheduler then looks the step's K up: `dynamic_sd_lookup`, 0.34.0 `scheduler.py:322-329`,
     `:1765-1770`)."""
-    import dataclasses
-
     return "num_speculative_tokens_per_batch_size" in {
         f.name for f in dataclasses.fields(_vllm_scheduler_api().SpeculativeConfig)}
 

@@ -466,8 +466,8 @@ class Driver:
                 start = r.num_computed_tokens + hit
                 # Fixed drafts: one token left, no running prefill chunk this step, a running
                 # request scheduled or tokens computed, room for the drafts and a sample.
-                pad = (self.fixed and self.by_batch is None and n == 1 and no_prefill and (ran or start > 0)
-                       and start + self.fixed + 2 <= M)
+                pad = (self.fixed and self.by_batch is None and n == 1 and no_prefill
+                       and (ran or start > 0) and start + self.fixed + 2 <= M)
                 if pad:
                     if 1 + self.fixed > budget:
                         break
