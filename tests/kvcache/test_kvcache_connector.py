@@ -523,8 +523,7 @@ def test_a_request_sharing_a_failed_block_rewrites_its_own_blocks_unkeyed():
 
 @pytest.mark.parametrize("config, op, says", [
     ("connector", {"sync": False}, "num_loaded_tokens is for a synchronous load"),
-    ("gpt_oss_connector", {"sync": True}, "one KV cache group only"),
-    ("deferred_connector", {"sync": True}, "full attention, MLA or a sliding window"),
+    ("nemotron_h_connector", {"sync": True}, "all full attention, MLA or sliding windows"),
     ("connector", {"sync": True, "num_loaded_tokens": -1}, "must be >= 0 or null, got -1"),
 ])
 def test_a_failing_synchronous_load_where_it_is_not_valid_exits_2(config, op, says):
