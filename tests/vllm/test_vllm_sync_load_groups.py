@@ -17,6 +17,8 @@ from kvfuzz.core.configs import BUILTIN
 from kvfuzz.core.trace import Trace
 from kvfuzz.fuzz.cli import main as kvfuzz
 from kvfuzz.harness.executor import Counterexample, Execution, run_trace
+from kvfuzz.harness.targets import get_target
+from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.harness.vllm_api import VllmUnsupported
 from kvfuzz.harness.vllm_target import vllm_available
 
@@ -37,6 +39,10 @@ SHARED = [
 ]
 """On `gpt_oss_connector` (full + sliding window, block size 4): a's load fills 6 of its 16
 tokens; b, admitted in the same step, hits a's blocks, the unfilled ones among them."""
+
+UNTOLERATED = get_target("vllm-scheduler").spec(Tolerance(remove=("031",)))
+"""vLLM's Scheduler reporting 031 and tolerating the rest (on 0.32 the strict target fails
+these traces on finding 007 first, the null block's ref count)."""
 
 
 def _config(policy: str):
@@ -73,13 +79,13 @@ def test_vllm_passes_over_a_request_level_report(policy):
     driver rolls a back (under "recompute" its window then reaches nulls nothing loaded, so it
     is preempted; under "fail" both fail) and agrees with the model."""
     assert run_trace(_trace(policy), ("kvcache",)).passed
-    ex = Execution(_config(policy), "scheduler", ("vllm-scheduler-strict",), model=False)
+    ex = Execution(_config(policy), "scheduler", (UNTOLERATED,), model=False)
     outs = [ex.apply(op) for op in SHARED]
     assert outs[3] == {"scheduled": [["a", 4, 0], ["b", 1, 20]], "preempted": [],
                        "finished": [], "copies": []}
     assert {rid: v.status for rid, v in ex.state.requests.items()} == {
         "a": "FINISHED_LENGTH_CAPPED", "b": "FINISHED_LENGTH_CAPPED"}
-    found = run_trace(_trace(policy), ("kvcache", "vllm-scheduler-strict")).finding
+    found = run_trace(_trace(policy), ("kvcache", UNTOLERATED)).finding
     assert found is not None and (found.check, found.step) == ("DIFF-result", 3), found
 
 
@@ -89,11 +95,11 @@ def test_vllm_raises_on_a_block_level_report(policy):
     `_handle_invalid_blocks` raises `RuntimeError` on more than one group (0.34.0
     `scheduler.py:3863-3872`) after `schedule()` took the blocks: a finding (I10), not a crash
     of kvfuzz's."""
-    ex = Execution(_config(policy), "scheduler", ("vllm-scheduler-strict",), model=False)
+    ex = Execution(_config(policy), "scheduler", (UNTOLERATED,), model=False)
     for op in SHARED[:3]:
         ex.apply(op)
     ex.targets[0].side.scheduler._block_failures = True
-    with pytest.raises(Counterexample, match=r"\[I10\] step 3 .*RuntimeError"):
+    with pytest.raises(Counterexample, match=r"\[I10\] step 3 on vllm-scheduler: .*Runtime"):
         ex.apply(SHARED[3])
 
 
