@@ -17,7 +17,11 @@ from typing import Any
 from kvfuzz.core.config import Config
 
 FAILING_KINDS = ("full", "mla", "sliding_window")
-"""The lone group's kinds a failing synchronous load is valid on, under either policy."""
+"""The group kinds a failing synchronous load is valid on, under either policy."""
+
+SEVERAL_GROUP_FAILURES = "several_group_sync_failures"
+"""The optional trace shape (a target's `offers`) of a failing synchronous load on several
+groups, which vLLM's Scheduler cannot take (docs/findings/031)."""
 
 
 def sync_failure_refusal(config: Config, op: Any) -> str | None:
@@ -32,11 +36,17 @@ def sync_failure_refusal(config: Config, op: Any) -> str | None:
         return f"load_remote: num_loaded_tokens must be >= 0 or null, got {loaded}"
     if not fails_sync_loads(config):
         return ("load_remote: a synchronous load that fails (num_loaded_tokens) is valid on a "
-                "config with one KV cache group only: full attention, MLA or a sliding window "
+                "config whose KV cache groups are all full attention, MLA or sliding windows "
                 f"(docs/spec.md §13.3), not on {config.name!r}")
     return None
 
 
 def fails_sync_loads(config: Config) -> bool:
-    """Whether a synchronous load may fail on `config`: one group, of `FAILING_KINDS`."""
-    return len(config.groups) == 1 and config.groups[0].kind in FAILING_KINDS
+    """Whether a synchronous load may fail on `config`: every group of `FAILING_KINDS`."""
+    return all(g.kind in FAILING_KINDS for g in config.groups)
+
+
+def several_groups(config: Config) -> bool:
+    """Whether a failing synchronous load on `config` spans several KV cache groups, which
+    vLLM's Scheduler cannot take (docs/findings/031)."""
+    return fails_sync_loads(config) and len(config.groups) > 1

@@ -29,7 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfuzz.core.config import Config
-from kvfuzz.core.sync_load_failures import fails_sync_loads
+from kvfuzz.core.sync_load_failures import (
+    SEVERAL_GROUP_FAILURES,
+    fails_sync_loads,
+    several_groups,
+)
 from kvfuzz.core.snapshot import RequestView
 from kvfuzz.fuzz import boundaries, connector_offers
 from kvfuzz.fuzz.strategies import (
@@ -556,10 +560,11 @@ class SchedulerRules(Rules):
         """Whether a synchronous load may fail here (docs/spec.md §13.3): a config it is valid
         on, no step in flight; under "recompute" where every target recomputes one as the
         driver does (the vLLM targets keep the failed blocks keyed, a tolerated deviation:
-        docs/findings/029)."""
+        docs/findings/029); on several groups where every target takes it (finding 031)."""
         return fails_sync_loads(self.config) and not self.config.deferred_frees and (
             self.config.scheduler.kv_load_failure_policy == "fail"
-            or self.execution.offers("recomputed_sync_failures"))
+            or self.execution.offers("recomputed_sync_failures")) and (
+            not several_groups(self.config) or self.execution.offers(SEVERAL_GROUP_FAILURES))
 
     def finish_load(self) -> None:
         """A load ends: whole, short or failed (0 tokens), as the choice decides."""

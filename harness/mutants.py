@@ -1162,6 +1162,28 @@ def _failed_load_blocks_keyed(side: KvcacheSide) -> None:
     _on_scheduler(side, patch)
 
 
+@mutant("sync-failure-first-group-only", "a failing synchronous KV load on several KV cache "
+        "groups is rolled back on the first group alone: the blocks it did not fill in the "
+        "other groups keep their keys, and their rollback points are not counted",
+        configs=("gpt_oss_connector",))
+def _sync_failure_first_group_only(side: KvcacheSide) -> None:
+    def patch(scheduler: Any) -> None:
+        fail = scheduler._fail_sync_loads
+
+        def fail_sync_loads(scheduled: Any, failing: Any) -> Any:
+            coordinator = scheduler.manager.coordinator
+            singles = coordinator.single_type_managers
+            coordinator.single_type_managers = singles[:1]
+            try:
+                return fail(scheduled, failing)
+            finally:
+                coordinator.single_type_managers = singles
+
+        scheduler._fail_sync_loads = fail_sync_loads
+
+    _on_scheduler(side, patch)
+
+
 @mutant("failed-load-report-rounds-up", "the report of a failing synchronous KV load starts at "
         "the first block wholly past what it filled: the block it filled part of stays valid, "
         "and the request reads its unfilled tail", configs=("connector",), needs_data=True)

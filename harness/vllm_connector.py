@@ -17,7 +17,9 @@ own scheduler"):
   `KVConnectorOutput` of a model output with nothing scheduled: `finished_recving`, and for a
   short load the blocks it did not fill (`invalid_block_ids`, one KV cache group) or the
   request (`failed_recving`, several groups or recurrent state: vLLM refuses block ids
-  there). The Scheduler promotes the request back to waiting in the next `schedule()`, which
+  there; a failing synchronous load on several groups is reported the same way, and vLLM
+  passes over it: docs/findings/031).
+  The Scheduler promotes the request back to waiting in the next `schedule()`, which
   runs with the request alone, refusing its allocation, so the op schedules nothing either.
 
 This module imports vLLM; only target `vllm-scheduler` loads it, on a config with a connector.
@@ -387,23 +389,31 @@ class ConnectorLoads:
 
     def load_failures(self, scheduled: dict[str, int]) -> Any:
         """What the worker reports of the synchronous loads the step just scheduled admitted
-        (`scheduled`: request id -> tokens): for each that fails, the blocks from the one
-        holding the end of what it filled to the end of the load (`invalid_block_ids`, one
-        group); None when none fails."""
+        (`scheduled`: request id -> tokens): for each that fails, on one group the blocks
+        from the one holding the end of what it filled to the end of the load
+        (`invalid_block_ids`); on several the request (`failed_recving`, as vLLM's
+        `_handle_invalid_blocks` asks: docs/findings/031); None when none fails."""
         admitted, self.connector.sync_admitted = self.connector.sync_admitted, {}
         invalid: set[int] = set()
+        failed: set[str] = set()
+        manager = self.vllm.kv_cache_manager
         for request_id, external in admitted.items():
             valid = self.connector.sync_valid.pop(request_id, None)
             if valid is None or valid >= external:
                 continue
-            request = self._requests[request_id]
-            hit = request.num_computed_tokens - scheduled[request_id] - external
-            (blocks,) = self.vllm.kv_cache_manager.get_blocks(request_id).blocks
-            size = self.vllm.kv_cache_manager.coordinator.single_type_managers[0].block_size
-            invalid.update(b.block_id for b in blocks[(hit + valid) // size:
-                                                      -(-(hit + external) // size)]
-                           if not b.is_null)
-        return KVConnectorOutput(invalid_block_ids=invalid) if invalid else None
+            failed.add(request_id)
+            hit = self._requests[request_id].num_computed_tokens - scheduled[request_id] - external
+            for single, blocks in zip(manager.coordinator.single_type_managers,
+                                      manager.get_blocks(request_id).blocks):
+                size = single.block_size
+                invalid.update(b.block_id for b in blocks[(hit + valid) // size:
+                                                          -(-(hit + external) // size)]
+                               if not b.is_null)
+        if not failed:
+            return None
+        if self._block_failures:
+            return KVConnectorOutput(invalid_block_ids=invalid) if invalid else None
+        return KVConnectorOutput(failed_recving=failed)
 
     def _window_unloaded(self, request: Any, end: int) -> bool:
         """Finding 016, tolerated: whether vLLM's rollback point for a load ending at `end`

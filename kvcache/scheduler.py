@@ -562,15 +562,17 @@ class Scheduler:
         return valid
 
     def _window_unloaded(self, request: Any) -> bool:
-        """Whether the window of a request's computed tokens, on the lone group, reaches its
-        table's leading nulls, which nothing loaded (finding 016's shape): a failing
-        synchronous load under "recompute" then preempts it (docs/spec.md §13.3, step 5)."""
-        single = self.manager.coordinator.single_type_managers[0]
-        table = single.req_to_blocks.get(request.request_id, [])
-        nulls = len(table) - len(_without_leading_nulls(table))
+        """Whether the window of a request's computed tokens, on a group, reaches its table's
+        leading nulls, which nothing loaded (finding 016's shape): a failing synchronous
+        load under "recompute" then preempts it (docs/spec.md §13.3, step 5)."""
         computed = request.num_computed_tokens
-        return bool(nulls and computed
-                    and single.get_num_skipped_tokens(computed) < nulls * single.block_size)
+        for single in self.manager.coordinator.single_type_managers:
+            table = single.req_to_blocks.get(request.request_id, [])
+            nulls = len(table) - len(_without_leading_nulls(table))
+            if nulls and computed and (
+                    single.get_num_skipped_tokens(computed) < nulls * single.block_size):
+                return True
+        return False
 
     def _unfilled_start(self, request_id: str, num_loaded_tokens: int) -> int:
         """On the lone group: the start of the first block a load valid up to
@@ -787,39 +789,47 @@ class Scheduler:
 
     def _fail_sync_loads(self, scheduled: list[tuple[Any, int, int]],
                          failing: dict[str, tuple[int, int]]) -> list[Any]:
-        """The step's output reports the blocks of the lone group the failing synchronous
-        loads did not fill (vLLM's `_handle_invalid_blocks` over its running requests). Each
-        scheduled request whose blocks computed before the step hold one is affected: at the
-        first such block no earlier request marked, its computed tokens drop to the block's
-        start (if none, they stay as before the step), and its blocks from its computed
-        tokens on are evicted from the cache, under either policy: what it computed from
-        there read invalid KV, and under "recompute" it writes them again (vLLM keeps them
-        keyed under "recompute", and a sharer's under "fail": docs/findings/029). Returns
-        the affected requests, in order."""
-        single = self.manager.coordinator.single_type_managers[0]
-        size = single.block_size
-        invalid = {b.block_id for rid, (valid, end) in failing.items()
-                   for b in single.req_to_blocks[rid][valid // size:-(-end // size)]
+        """The step's output reports, in each group, the blocks the failing synchronous loads
+        did not fill (vLLM's `_handle_invalid_blocks` over its running requests, on one group;
+        on several vLLM takes no such report: docs/findings/031). Each scheduled request whose
+        blocks computed before the step hold one is affected: in each group, at the first such
+        block no earlier request marked, its computed tokens drop to the block's start (the
+        earliest over the groups; if none, they stay as before the step), and its blocks from
+        its computed tokens on are evicted from the cache, under either policy: what it
+        computed from there read invalid KV, and under "recompute" it writes them again (vLLM
+        keeps them keyed under "recompute", and a sharer's under "fail": docs/findings/029).
+        Returns the affected requests, in order."""
+        singles = self.manager.coordinator.single_type_managers
+        # Block ids are unique across groups in one pool: one set holds every group's.
+        invalid = {b.block_id for single in singles for rid, (valid, end) in failing.items()
+                   for b in single.req_to_blocks[rid][valid // single.block_size:
+                                                      -(-end // single.block_size)]
                    if not b.is_null}
         marked: set[int] = set()
         evict: set[int] = set()
         affected = []
         for request, _, _ in scheduled:
-            table = single.req_to_blocks.get(request.request_id, [])
-            own = False
-            for idx, block in enumerate(table[:-(-request.num_computed_tokens // size)]):
-                if block.block_id not in invalid:
-                    continue
-                if request not in affected:
-                    affected.append(request)
-                if block.block_id in marked:
-                    continue
-                marked.add(block.block_id)
-                if not own:
-                    own = True
-                    request.num_computed_tokens = idx * size
+            computed = request.num_computed_tokens
+            for single in singles:
+                size = single.block_size
+                own = False
+                table = single.req_to_blocks.get(request.request_id, [])
+                for idx, block in enumerate(table[:-(-computed // size)]):
+                    if block.block_id not in invalid:
+                        continue
+                    if request not in affected:
+                        affected.append(request)
+                    if block.block_id in marked:
+                        continue
+                    marked.add(block.block_id)
+                    if not own:
+                        own = True
+                        request.num_computed_tokens = min(request.num_computed_tokens,
+                                                          idx * size)
             if request in affected:
-                evict.update(b.block_id for b in table[request.num_computed_tokens // size:])
+                evict.update(b.block_id for single in singles
+                             for b in single.req_to_blocks.get(request.request_id, [])[
+                                 request.num_computed_tokens // single.block_size:])
         self.manager.evict_blocks(evict)
         return affected
 

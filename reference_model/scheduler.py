@@ -330,11 +330,14 @@ class Driver:
 
     def _window_unloaded(self, r: Request) -> bool:
         """docs/spec.md §13.3 step 5: whether the window of r's computed tokens reaches its
-        table's leading nulls on the lone group (then, under "recompute", r is preempted)."""
-        group, table = self.manager.layout.groups[0], self.manager.state.tables[0][r.request_id]
-        nulls = next((i for i, b in enumerate(table) if b != NULL), len(table))
+        table's leading nulls on a group (then, under "recompute", r is preempted)."""
         n = r.num_computed_tokens
-        return bool(nulls and n and group.skipped(n) < nulls * group.bs)
+        for group, by_rid in zip(self.manager.layout.groups, self.manager.state.tables):
+            table = by_rid.get(r.request_id, [])
+            nulls = next((i for i, b in enumerate(table) if b != NULL), len(table))
+            if nulls and n and group.skipped(n) < nulls * group.bs:
+                return True
+        return False
 
     def _victim(self) -> Request:
         """FCFS: the last running request; priority: the first with the largest
@@ -615,35 +618,38 @@ class Driver:
 
     def _fail_sync_loads(self, scheduled: list[tuple[Request, int, int]],
                          failing: dict[str, tuple[int, int]]) -> set[str]:
-        """docs/spec.md §13.3: the step's output reports the blocks the failing synchronous
-        loads did not fill (one group). Each scheduled request, in order, whose computed
-        blocks before the step hold one is affected: at the first such block no earlier
-        request marked, its computed tokens drop to that block's start (else they stay as
-        before the step), and its blocks from its computed tokens on lose their keys under
-        either policy (what it computed there read invalid KV; under "recompute" it writes
-        them again). Returns the affected request ids."""
-        g = self.manager.layout.groups[0]
-        tables = self.manager.state.tables[0]
-        invalid = {b for rid, (valid, end) in failing.items()
-                   for b in tables[rid][valid // g.bs:cdiv(end, g.bs)] if b != NULL}
+        """docs/spec.md §13.3: the step's output reports, in each group, the blocks the
+        failing synchronous loads did not fill. Each scheduled request, in order, whose
+        computed blocks before the step hold one is affected: in each group, at the first
+        such block no earlier request marked, its computed tokens drop to that block's start
+        (the earliest over the groups; else they stay as before the step), and its blocks from
+        its computed tokens on lose their keys under either policy (what it computed there
+        read invalid KV; under "recompute" it writes them again). Returns the affected
+        request ids."""
+        groups = self.manager.layout.groups
+        tables = self.manager.state.tables
+        invalid = {b for g, by_rid in zip(groups, tables) for rid, (valid, end) in failing.items()
+                   for b in by_rid[rid][valid // g.bs:cdiv(end, g.bs)] if b != NULL}
         marked: set[int] = set()
         evict: set[int] = set()
         affected: set[str] = set()
         for r, _, _ in scheduled:
-            table = tables.get(r.request_id, [])
-            own = False
-            for idx, b in enumerate(table[:cdiv(r.num_computed_tokens, g.bs)]):
-                if b not in invalid:
-                    continue
-                affected.add(r.request_id)
-                if b in marked:
-                    continue
-                marked.add(b)
-                if not own:
-                    own = True
-                    r.num_computed_tokens = idx * g.bs
+            computed = r.num_computed_tokens
+            for g, by_rid in zip(groups, tables):
+                own = False
+                for idx, b in enumerate(by_rid.get(r.request_id, [])[:cdiv(computed, g.bs)]):
+                    if b not in invalid:
+                        continue
+                    affected.add(r.request_id)
+                    if b in marked:
+                        continue
+                    marked.add(b)
+                    if not own:
+                        own = True
+                        r.num_computed_tokens = min(r.num_computed_tokens, idx * g.bs)
             if r.request_id in affected:
-                evict.update(table[r.num_computed_tokens // g.bs:])
+                for g, by_rid in zip(groups, tables):
+                    evict.update(by_rid.get(r.request_id, [])[r.num_computed_tokens // g.bs:])
         self.manager.evict_blocks(evict)
         return affected
 

@@ -523,8 +523,7 @@ def test_a_request_sharing_a_failed_block_rewrites_its_own_blocks_unkeyed():
 
 @pytest.mark.parametrize("config, op, says", [
     ("connector", {"sync": False}, "num_loaded_tokens is for a synchronous load"),
-    ("gpt_oss_connector", {"sync": True}, "one KV cache group only"),
-    ("deferred_connector", {"sync": True}, "full attention, MLA or a sliding window"),
+    ("nemotron_h_connector", {"sync": True}, "all full attention, MLA or sliding windows"),
     ("connector", {"sync": True, "num_loaded_tokens": -1}, "must be >= 0 or null, got -1"),
 ])
 def test_a_failing_synchronous_load_where_it_is_not_valid_exits_2(config, op, says):
@@ -590,4 +589,41 @@ def test_a_sharer_failed_with_the_load_leaves_no_block_it_computed_on_invalid_kv
     assert run_trace(trace, ["kvcache"], on_step=lambda i, op, out: steps.append(out)).passed
     assert steps[3]["finished"] == ["r2", "r3"] and steps[-1]["scheduled"] == [["r6", 5, 4]]
     finding = run_trace(trace, ["bug:failed-load-blocks-keyed"]).finding
+    assert finding is not None and finding.check == "DIFF-state", finding
+
+
+@pytest.mark.parametrize("policy, step, after", [
+    ("recompute", {"preempted": ["a"], "finished": []},
+     {"a": (0, "PREEMPTED"), "b": (20, "RUNNING")}),
+    ("fail", {"preempted": [], "finished": ["a", "b"]},
+     {"a": (4, "FINISHED_ERROR"), "b": (20, "FINISHED_ERROR")})])
+def test_a_failing_synchronous_load_rolls_back_every_group(policy, step, after):
+    """docs/spec.md §13.3 on full + sliding window (`gpt_oss_connector`, block size 4 in
+    both): a's load fills 6 of 16 tokens; each group reports its blocks from token 4 on, a
+    drops to 4 and every group's blocks from there lose their keys (b, which hit them, keeps
+    its hit). Under "recompute" the window of 4 tokens reaches a's leading window nulls, so a
+    is preempted. kvcache's driver and the model agree; the plant that rolls back the first
+    group alone leaves the window's blocks keyed (DIFF-state). vLLM's Scheduler cannot take
+    this report: docs/findings/031."""
+    import dataclasses
+
+    from kvfuzz.core.configs import BUILTIN
+    from kvfuzz.core.trace import Trace
+    from kvfuzz.harness.executor import Execution, run_trace
+
+    base = BUILTIN["gpt_oss_connector"][1]
+    config = base.replace(scheduler=dataclasses.replace(base.scheduler,
+                                                        kv_load_failure_policy=policy))
+    ex = Execution(config, "scheduler", ("kvcache",))
+    for op in SYNC_FAILURE[:-1]:
+        ex.apply(op)
+    out = ex.apply(SYNC_FAILURE[-1])
+    assert out["scheduled"] == [["a", 4, 0], ["b", 1, 20]]
+    assert {k: out[k] for k in step} == step
+    views = ex.state.requests
+    assert {rid: (v.num_computed_tokens, v.status) for rid, v in views.items()} == after
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "scheduler",
+                             "config": config.to_dict(), "ops": SYNC_FAILURE + [{"op": "step"}]})
+    assert run_trace(trace, ["kvcache"]).passed
+    finding = run_trace(trace, ["bug:sync-failure-first-group-only"]).finding
     assert finding is not None and finding.check == "DIFF-state", finding

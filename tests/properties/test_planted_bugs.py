@@ -82,6 +82,7 @@ EXPECTED = {
     "load-rollback-into-window": {"DIFF-result", "DIFF-state"},
     "failed-load-blocks-keyed": {"I11", "DIFF-state"},
     "failed-load-report-rounds-up": {"DIFF-state", "DIFF-result"},
+    "sync-failure-first-group-only": {"DIFF-state", "DIFF-result"},
     "sync-failure-resumes-over-window": {"DIFF-result", "DIFF-state"},
     "lookahead-unhashed": {"H1", "H2", "DIFF-result", "DIFF-state", "DIFF-probe"},
     "reprefillable-cached": {"DIFF-state", "DIFF-result", "DIFF-probe"},
