@@ -53,16 +53,20 @@ def with_encoder_decoder(text: str, config: Config) -> str:
              "from vllm.v1.core.encoder_cache_manager import EncoderDecoderCacheManager\n"),
             ("MODEL = ", f"ENCODER_BUDGET = {budget}\nENCODER_CACHE_SIZE = {cache}\nMODEL = "),
             ("    return scheduler\n",
-             "    # Made encoder-decoder as vLLM's own tests make one (tests/v1/core/test_scheduler.py,\n"
-             "    # _create_encoder_decoder_scheduler): the text model leaves it decoder-only.\n"
+             "    # Made encoder-decoder as vLLM's own tests make one (tests/v1/core/"
+             "test_scheduler.py,\n"
+             "    # _create_encoder_decoder_scheduler): the text model leaves it "
+             "decoder-only.\n"
              "    scheduler.is_encoder_decoder = True\n"
              "    scheduler.max_num_encoder_input_tokens = ENCODER_BUDGET\n"
              "    scheduler.encoder_cache_manager = EncoderDecoderCacheManager(\n"
              "        cache_size=ENCODER_CACHE_SIZE)\n"
              "    return scheduler\n"),
             ("                 max_tokens: int = 1, **kwargs) -> Request:\n",
-             "                 max_tokens: int = 1, num_encoder_tokens: int = 0, **kwargs) -> Request:\n"
-             "    \"\"\"A request; an encoder-decoder one has its encoder input of num_encoder_tokens\n"
+             "                 max_tokens: int = 1, num_encoder_tokens: int = 0, "
+             "**kwargs) -> Request:\n"
+             "    \"\"\"A request; an encoder-decoder one has its encoder input of "
+             "num_encoder_tokens\n"
              "    embeddings at offset 0 (what the encoder encodes with its first chunk).\"\"\"\n"),
             ("        **kwargs,\n    )\n",
              "        mm_features=[MultiModalFeatureSpec(\n"

@@ -5,9 +5,9 @@ A pytest plugin (`-p proposed_fixes`, this folder on the path) for the subproces
 tests/vllm/test_finding_vllm_tests.py that shows each test of `PROPOSED_FIXES`
 (kvfuzz.fuzz.finding_tests) passing once its bug is fixed. The tests drive vLLM's own Scheduler,
 which kvcache dropped in cannot stand under, so the fix is patched into vLLM's manager (022, the
-rule 0.33 added), its Scheduler (016, 023; 025, the rule 0.33 added), its coordinator (018), its encoder cache
-manager (030) or
-the test module's stand-in for vLLM's worker copy (024), never into the generated file's text.
+rule 0.33 added), its Scheduler (016, 023; 025, the rule 0.33 added), its coordinator (018), its
+encoder cache manager (030) or the test module's stand-in for vLLM's worker copy (024), never
+into the generated file's text.
 """
 
 from __future__ import annotations
