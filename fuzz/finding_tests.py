@@ -45,6 +45,7 @@ FINDING_TESTS: dict[str, str] = {
     "027": "027-hit-report-names-null-blocks.json",
     "028": "028-align-count-negative.json",
     "029": "029-recompute-failed-blocks-keyed.json",
+    "030": "030-encoder-decoder-slots-credited-twice.json",
 }
 """Finding number -> the trace its vLLM test comes from. 009's own trace forces sub-block
 hits inside vLLM, so its test comes from the same steps on full attention alone; 020's and 021's
@@ -57,8 +58,8 @@ cannot set, so its test comes from the same steps without them (on vLLM's own Sc
 its drafts); 016's keeps its steps with the in-flight tokens at the budget, as vLLM's Scheduler
 derives them (its test writes a KV connector on vLLM's base class); 018's with them at twice
 the budget, as vLLM's AsyncScheduler derives them (its test leaves a step in flight there).
-028 (P1) and 029 (a synchronous load) are scheduler level too, their tests from their own
-traces."""
+028 (P1), 029 (a synchronous load) and 030 (DIFF-result on an encoder-decoder Scheduler) are
+scheduler level too, their tests from their own traces."""
 
 TEST_STEMS: dict[str, str] = {
     "023": "023-preempted-after-scheduled",
@@ -66,7 +67,7 @@ TEST_STEMS: dict[str, str] = {
 }
 """The finding a test is named for, where its trace file is named otherwise."""
 
-PROPOSED_FIXES = frozenset({"016", "018", "022", "023", "024", "025", "028", "029"})
+PROPOSED_FIXES = frozenset({"016", "018", "022", "023", "024", "025", "028", "029", "030"})
 """Findings whose tests drive vLLM's own Scheduler, under which kvcache cannot be dropped in
 (and 023's and 024's bugs live in the scheduler and worker, which kvcache shares): their tests
 are shown to pass with the finding doc's fix applied to vLLM (tests/vllm/proposed_fixes.py),

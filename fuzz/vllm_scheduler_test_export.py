@@ -48,6 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from kvfuzz.core.trace import Trace, normalize_op
+from kvfuzz.fuzz.vllm_encoder_decoder_test_text import (
+    cross_group_specs,
+    cross_spec_imports,
+    with_encoder_decoder,
+)
 from kvfuzz.fuzz.vllm_test_text import (
     SHA256_IMPORT,
     SPEC_CLASSES,
@@ -67,6 +72,8 @@ CHECKS = {
           "block copies, applied as vLLM's worker applies them) and asserts that every position "
           "a scheduled request reads holds the KV of its own prefix.",
     "DIFF-state": "It asserts which blocks carry a cache key after the steps.",
+    "DIFF-result": "It asserts what each step schedules (tokens per request), as the reference "
+                   "model schedules it.",
     "P1": "It records every count of new blocks a KV cache group's manager returns "
           "(get_num_blocks_to_allocate) and asserts that none is below 0.",
 }
@@ -144,9 +151,17 @@ def _refuse_config(trace: Trace) -> None:
                 f"a windowed group with max_in_flight_tokens other than "
                 f"{'twice ' if batches == 2 else ''}the token budget (vLLM's Scheduler derives "
                 "it from the budget and the batches in flight: two with async scheduling)")
-        if group.kind not in SPEC_CLASSES:
+        if group.kind == "cross" and check != "DIFF-result":
+            raise VllmTestUnsupported("a cross-attention group is exported with check "
+                                      "DIFF-result (what each step schedules)")
+        if group.kind not in SPEC_CLASSES and group.kind != "cross":
             raise VllmTestUnsupported(f"group kind {group.kind!r}: a vLLM test builds "
                                       f"{', '.join(SPEC_CLASSES)} groups")
+    if check == "DIFF-result" and not _diff_in_scheduled(trace):
+        raise VllmTestUnsupported("check DIFF-result: a scheduler-level vLLM test asserts it "
+                                  "only where the difference is in what a step schedules")
+    if check == "DIFF-result" and in_flight:
+        raise VllmTestUnsupported("check DIFF-result beside steps in flight is not exported")
     if check not in CHECKS:
         raise VllmTestUnsupported(
             f"check {check or '(none)'!r}: a scheduler-level vLLM test asserts "
@@ -192,6 +207,12 @@ def _in_flight(trace: Trace) -> bool:
     return any(op.get("op") == "complete_step" or op.get("in_flight") for op in trace.ops)
 
 
+def _diff_in_scheduled(trace: Trace) -> bool:
+    """Whether a DIFF-result finding's difference is in what a step scheduled (`dedup_key`)."""
+    key = str(trace.meta.get("dedup_key") or "")
+    return trace.meta.get("check") == "DIFF-result" and key.endswith("/scheduled")
+
+
 def _diff_in_free_queue(trace: Trace) -> bool:
     """Whether a DIFF-state finding's difference is in the free queue (its `dedup_key`)."""
     key = str(trace.meta.get("dedup_key") or "")
@@ -214,6 +235,7 @@ class _SchedulerWriter:
         self.drafts = False
         self.held = 0
         self.keep_requests = _diff_in_requests(trace)
+        self.assert_scheduled = _diff_in_scheduled(trace)
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -250,7 +272,11 @@ class _SchedulerWriter:
                     self.drafts = True
                     args += [f"draft={op['draft']}"] if op["draft"] else []
                     args += [] if op["accept"] is None else [f"accept={op['accept']}"]
-                self.emit(f"step({', '.join(['scheduler', *args])})")
+                call = f"step({', '.join(['scheduler', *args])})"
+                if self.assert_scheduled:
+                    self._assert_scheduled(call, step, result)
+                else:
+                    self.emit(call)
             elif kind == "complete_step":
                 self.held -= 1
                 self.emit("complete(scheduler, in_flight)")
@@ -270,6 +296,16 @@ class _SchedulerWriter:
                     "step, complete_step, abort, finish, reset_prefix_cache, load_remote and "
                     "finish_load")
         return execution.state
+
+    def _assert_scheduled(self, call: str, step: int, result: Any) -> None:
+        """The step, asserting it schedules what the reference model scheduled (tokens per
+        request)."""
+        want = {rid: n for rid, n, _ in _scheduled(result)}
+        shown = repr(want).replace("{", "{{").replace("}", "}}")
+        self.emit(f"scheduled = {call}")
+        self.emit(f"assert scheduled == {want!r}, (")
+        self.emit(f"    f\"trace op {step + 1} scheduled {{scheduled}}; the reference model "
+                  f"schedules {shown}\")")
 
     def _load(self, op: dict[str, Any], step: int, execution: Execution, result: Any) -> None:
         """A KV load's start or end, played with the request alone: vLLM's Scheduler would
@@ -301,7 +337,8 @@ class _SchedulerWriter:
     def _add_request(self, op: dict[str, Any], step: int) -> None:
         for field in ("lora_name", "mm_inputs", "prompt_embeds", "skip_reading_prefix_cache",
                       "prefix_cache_hit_limit", "num_encoder_tokens"):
-            if op[field]:
+            if op[field] and not (field == "num_encoder_tokens"
+                                  and self.trace.config.has_cross_attention):
                 raise VllmTestUnsupported(f"step {step}: add_request with {field} is not exported")
         rid = op["request_id"]
         name = ident(rid, set(self.names.values()) | _RESERVED)
@@ -313,6 +350,8 @@ class _SchedulerWriter:
             args.append(f"priority={op['priority']}")
         if op["cache_salt"] is not None:
             args.append(f"cache_salt={op['cache_salt']!r}")
+        if op["num_encoder_tokens"]:
+            args.append(f"num_encoder_tokens={op['num_encoder_tokens']}")
         if self.keep_requests:
             self.emit(f"{name} = make_request({', '.join(args)})")
             self.emit(f"scheduler.add_request({name})")
@@ -331,6 +370,11 @@ class _SchedulerWriter:
                       f"{{{name}.num_computed_tokens}}: it counts tokens the request does not "
                       "have (a request resumed from it skips them)\")"]
         return lines
+
+
+def _scheduled(result: Any) -> list[Any]:
+    """The (request id, tokens, hit) a step's result lists (a model's dict or a StepOutput)."""
+    return list(result["scheduled"] if isinstance(result, dict) else result.scheduled)
 
 
 def _diff_in_requests(trace: Trace) -> bool:
@@ -783,6 +827,22 @@ def _with_sync_loads(text: str, policy: str) -> str:
     return text + _SYNC_LOADS
 
 
+def _returning_scheduled(text: str) -> str:
+    """The test's step() returning what it scheduled (tokens per request)."""
+    for old, new in (
+            ("def step(scheduler: Scheduler, sample: int = 0) -> None:",
+             "def step(scheduler: Scheduler, sample: int = 0) -> dict:"),
+            ("    computed all its tokens samples (sample + its token count) mod VOCAB_SIZE.",
+             "    computed all its tokens samples (sample + its token count) mod VOCAB_SIZE.\n"
+             "    Returns the tokens it scheduled per request."),
+            ("    scheduler.update_from_output(output, model_output(req_ids, sampled))\n",
+             "    scheduler.update_from_output(output, model_output(req_ids, sampled))\n"
+             "    return dict(output.num_scheduled_tokens)\n")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
 def render_scheduler_test(trace: Trace, source: Path) -> str:
     """The text of the vLLM regression test for scheduler-level `trace`, read from `source`."""
     _refuse_config(trace)
@@ -792,6 +852,7 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
     state = writer.play()
     s = config.scheduler
     align = any(g.mamba_cache_mode == "align" for g in config.groups)
+    cross = config.has_cross_attention
     after = ""
     if s.num_lookahead_tokens:
         after += ("\n    # The KV slots a drafter reserves past the scheduled tokens (vLLM sets "
@@ -812,7 +873,8 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
     prop = (_REQUESTS_PROPERTY if writer.keep_requests else _FREE_QUEUE_PROPERTY
             if _diff_in_free_queue(trace) else CHECKS[check])
     text = docstring(heading, finding, source.as_posix(), *_DRIVES, prop) + _HEADER.format(
-        sha256_import=SHA256_IMPORT, specs=spec_imports(config),
+        sha256_import=SHA256_IMPORT,
+        specs=(cross_spec_imports if cross else spec_imports)(config),
         block_size=config.scheduler_block_size, hash_block_size=config.resolved_hash_block_size,
         num_blocks=config.num_blocks, max_model_len=config.max_model_len,
         vocab_size=s.vocab_size, model=repr(model), max_num_seqs=s.max_running,
@@ -824,7 +886,8 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         cache_extra=(", mamba_cache_mode=\"align\"" if align else "") + (
             ", enable_mamba_shared_prefix_checkpoint=True"
             if config.enable_mamba_shared_prefix_checkpoint else ""),
-        config_extra=retention_arg(config), groups=group_specs(config), eagle=eagle,
+        config_extra=retention_arg(config),
+        groups=(cross_group_specs if cross else group_specs)(config), eagle=eagle,
         after=after)
     step_text = _STEP_DRAFTS if writer.drafts else _STEP
     if check == "D1":
@@ -852,6 +915,10 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
             text = _with_sync_loads(text, s.kv_load_failure_policy)
     if _in_flight(trace):
         text = _with_async_scheduler(text)
+    if cross:
+        text = with_encoder_decoder(text, config)
+    if writer.assert_scheduled:
+        text = _returning_scheduled(text)
     if writer.drafts:
         text = text.replace("from vllm.v1.outputs import ModelRunnerOutput\n",
                             "from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput\n")

@@ -287,6 +287,24 @@ def _cross_encoder_room_kept(scheduler: Any) -> None:
     scheduler.encoder_cache_manager.free_encoder_input = lambda request, input_id: None
 
 
+def _cross_encoder_freed_at_launch(scheduler: Any) -> None:
+    """An encoder-decoder request's encoder input gives its room in the encoder cache back
+    when its step is scheduled, not when the step's output is taken: the step's inputs no
+    longer hold room while it is in flight (on the synchronous path the output comes before
+    the next schedule, so only a step in flight shows it)."""
+    schedule = scheduler.schedule
+
+    def schedule_and_release(*args: Any, **kwargs: Any) -> Any:
+        output = schedule(*args, **kwargs)
+        for request_id, input_ids in output.scheduled_encoder_inputs.items():
+            for input_id in input_ids:
+                scheduler.encoder_cache_manager.free_encoder_input(
+                    scheduler.requests[request_id], input_id)
+        return output
+
+    scheduler.schedule = schedule_and_release
+
+
 def _align_surplus_freed(scheduler: Any) -> None:
     """Once rejected drafts leave a request's Mamba "align" table longer than its step needs,
     the allocation hands the blocks past that need back to the pool (the table shrinks, though
@@ -387,6 +405,11 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "cross-encoder-room-kept": ("an encoder-decoder request's encoder input never gives its "
                                 "room in the encoder cache back", _cross_encoder_room_kept,
                                 ("whisper_encoder_cache",)),
+    "cross-encoder-freed-at-launch": ("an encoder-decoder request's encoder input gives its "
+                                      "room in the encoder cache back when its step is "
+                                      "scheduled, though the step is in flight",
+                                      _cross_encoder_freed_at_launch,
+                                      ("whisper_encoder_cache_async",)),
     "align-surplus-freed": ("after rejected drafts a Mamba 'align' table gives back the blocks "
                             "past the step's need", _align_surplus_freed, ("qwen3_next_eagle",)),
     "scoring-reads-cache": ("a request scoring its whole prompt (skip_reading_prefix_cache) "
@@ -405,11 +428,17 @@ PLANT_CONFIGS: dict[str, Config] = {
     "whisper_encoder_cache": _CROSS.replace(
         name="whisper_encoder_cache", num_blocks=40, scheduler=dataclasses.replace(
             _CROSS.scheduler, encoder_budget=24, encoder_cache_size=12)),
+    # docs/configs/whisper-encoder-cache-async.json: the same with steps in flight.
+    "whisper_encoder_cache_async": _CROSS.replace(
+        name="whisper_encoder_cache_async", num_blocks=40, deferred_frees=True,
+        scheduler=dataclasses.replace(_CROSS.scheduler, encoder_budget=24,
+                                      encoder_cache_size=12, async_scheduling=True)),
 }
 """Configs a plant needs that no built-in is (a campaign runs them as config files)."""
 
 _ASYNC = frozenset({"free-not-deferred", "drafts-not-published", "padding-unverified",
-                    "encoder-released-unsettled", "dynamic-drafts-zero-indexed"})
+                    "encoder-released-unsettled", "dynamic-drafts-zero-indexed",
+                    "cross-encoder-freed-at-launch"})
 """Plants in vLLM's AsyncScheduler, where steps stay in flight (target vllm-async-scheduler)."""
 
 

@@ -40,6 +40,7 @@ from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.scheduler_driver import SchedulerDriver
 from kvfuzz.harness.vllm_api import VllmUnsupported, load_vllm, vllm_source
 from kvfuzz.harness.vllm_encoder_budget import encoder_input, encoder_release_rule, size_encoder
+from kvfuzz.harness.vllm_encoder_decoder_flight import defer_cross_frees
 from kvfuzz.harness.vllm_encoder_decoder_slots import SLOTS_CREDITED_TWICE, credit_once
 from kvfuzz.harness.vllm_failed_blocks import RECOMPUTED_KEYED, evict_rewritten_blocks
 from kvfuzz.harness.vllm_sync_failure_groups import SEVERAL_GROUPS
@@ -430,6 +431,7 @@ def build_vllm_scheduler(config: Config, async_scheduling: bool = False,
     # The Mamba chunk split steps its stops down by a block with EAGLE, as the manager does.
     scheduler.use_eagle_block_drop = config.use_eagle
     size_encoder(scheduler, config)  # multimodal inputs (harness/vllm_encoder_budget.py)
+    defer_cross_frees(scheduler, config)  # harness/vllm_encoder_decoder_flight.py
     if config.kv_events:  # what it publishes is kept (harness/vllm_scheduler_events.py)
         scheduler.kv_event_publisher = PublishedEvents()
     return scheduler
@@ -863,8 +865,8 @@ class VllmSchedulerSide(VllmSide):
             raise VllmUnsupported(
                 f"the trace uses {name}, which target {self.name} drives only where vLLM's "
                 "Scheduler defers frees: a KV-consumer connector with async scheduling, or with "
-                "two pipeline stages on a config with deferred_frees (docs/vllm.md, \"Steps in "
-                "flight\")")
+                "two pipeline stages on a config with deferred_frees; cross attention with "
+                "deferred_frees under async scheduling (docs/vllm.md, \"Steps in flight\")")
         if name == SEVERAL_GROUP_FAILURES and not self.offers(name):
             raise VllmUnsupported(
                 f"the trace has a synchronous KV load that fails on several KV cache groups, "

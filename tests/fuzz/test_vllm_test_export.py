@@ -193,6 +193,35 @@ def test_a_scheduler_test_plays_drafts_and_asserts_the_requests_the_diff_names()
     assert "DraftTokenIds" not in eagle and "def step(scheduler: Scheduler, sample" in eagle
 
 
+def test_an_encoder_decoder_trace_asserts_what_each_step_schedules():
+    """030 (DIFF-result on what a step schedules, a cross group): the Scheduler made
+    encoder-decoder with the trace's encoder budget and cache, each request's encoder input a
+    feature at offset 0, and every step's tokens per request asserted as the model has them."""
+    text = vllm_test_path("030").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "CrossAttentionSpec(block_size=4" in text
+    assert "scheduler.is_encoder_decoder = True" in text
+    assert "ENCODER_BUDGET = 24\nENCODER_CACHE_SIZE = 12\n" in text
+    assert "EncoderDecoderCacheManager(\n        cache_size=ENCODER_CACHE_SIZE)" in text
+    assert "num_encoder_tokens=9))" in body and body.count("scheduled = step(scheduler)") == 4
+    assert body.rstrip().endswith("the reference model schedules {{'a': 1, 'b': 4}}\")")
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"check": "D1"}, "a cross-attention group is exported with check DIFF-result"),
+    ({"dedup_key": "DIFF-result/step/preempted"}, "only where the difference is in what a step"),
+])
+def test_an_encoder_decoder_trace_a_vllm_test_cannot_express_is_exit_2(tmp_path, capsys, change,
+                                                                      says):
+    trace = json.loads((FINDINGS_DIR / FINDING_TESTS["030"]).read_text(encoding="utf-8"))
+    trace["meta"].update(change)
+    path, out = tmp_path / "t.json", tmp_path / "t.py"
+    path.write_text(json.dumps(trace), encoding="utf-8")
+    assert main(["export", str(path), "--vllm-test", str(out)]) == 2
+    assert says in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_connector_trace_writes_its_connector_into_the_test():
     """016 (D1, a KV connector, one window group): a connector class on vLLM's base class in
     the test's own code, the load's start and short end played, the window read."""

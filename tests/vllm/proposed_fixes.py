@@ -1,12 +1,13 @@
-"""The fixes that findings 016, 018, 022-025, 028 and 029 propose, applied while their vLLM
+"""The fixes that findings 016, 018, 022-025 and 028-030 propose, applied while their vLLM
 tests run.
 
 A pytest plugin (`-p proposed_fixes`, this folder on the path) for the subprocess of
 tests/vllm/test_finding_vllm_tests.py that shows each test of `PROPOSED_FIXES`
 (kvfuzz.fuzz.finding_tests) passing once its bug is fixed. The tests drive vLLM's own Scheduler,
 which kvcache dropped in cannot stand under, so the fix is patched into vLLM's manager (022, the
-rule 0.33 added), its Scheduler (016, 023; 025, the rule 0.33 added), its coordinator (018) or
-the test module's stand-in for vLLM's worker copy (024), never into the generated file's text.
+rule 0.33 added), its Scheduler (016, 023; 025, the rule 0.33 added), its coordinator (018), its
+encoder cache manager (030) or the test module's stand-in for vLLM's worker copy (024), never
+into the generated file's text.
 """
 
 from __future__ import annotations
@@ -203,8 +204,31 @@ def fix_029(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", update_and_evict)
 
 
+def fix_030(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """030's fix, vllm-project/vllm#51228's idea: `EncoderDecoderCacheManager` gives an input's
+    room back once per allocation (`free_encoder_input` credits only an input `allocate` took;
+    `encoder_cache_manager.py:415-420`, `:439-441` in 0.34.0)."""
+    from vllm.v1.core.encoder_cache_manager import EncoderDecoderCacheManager
+
+    allocate = EncoderDecoderCacheManager.allocate
+    credit = EncoderDecoderCacheManager.free_encoder_input
+
+    def allocate_and_hold(self: Any, request: Any, input_id: int) -> None:
+        allocate(self, request, input_id)
+        self.__dict__.setdefault("held", set()).add((request.request_id, input_id))
+
+    def credit_once(self: Any, request: Any, input_id: int) -> None:
+        held = self.__dict__.setdefault("held", set())
+        if (request.request_id, input_id) in held:
+            held.discard((request.request_id, input_id))
+            credit(self, request, input_id)
+
+    monkeypatch.setattr(EncoderDecoderCacheManager, "allocate", allocate_and_hold)
+    monkeypatch.setattr(EncoderDecoderCacheManager, "free_encoder_input", credit_once)
+
+
 FIXES = {"016": fix_016, "018": fix_018, "022": fix_022, "023": fix_023, "024": fix_024,
-         "025": fix_025, "028": fix_028, "029": fix_029}
+         "025": fix_025, "028": fix_028, "029": fix_029, "030": fix_030}
 """Finding number -> its proposed fix."""
 
 
