@@ -273,3 +273,17 @@ def test_e9_partial_hit_and_copy_on_write(sides):
     assert ex.state.ref_cnt[3] == 2 and ex.state.ref_cnt[10] == 2
     ex.apply({"op": "release_copies"})
     assert ex.state.ref_cnt[3] == 1 and ex.state.ref_cnt[10] == 1
+
+
+def test_multi_module_mtp_caches_no_re_prefillable_token_of_the_eagle_group(sides):
+    """Multi-module MTP (prefill lookahead 2) with EAGLE's block drop on a Mamba align hybrid
+    (hash blocks of 2): after 2 of a 4-token prompt, the drafter's KV at token 1 may be
+    re-prefilled, so the EAGLE group (full attention) keys nothing, while the state group keys
+    its 2-token state (docs/mutation.md, the 200-mutant measure: `cached > 0` → `<= 0` in the
+    hybrid coordinator's cacheable tokens keys the full group's block too)."""
+    ex = Execution(builtin_config("qwen3_next_mtp_eagle"), "api", sides)
+    ex.apply(_add("a", [5, 6, 7, 8], max_tokens=1))
+    _alloc(ex, "a", 2)
+    full, state = _table(ex, "a", 0)[0], _table(ex, "a", 1)[0]
+    assert ex.state.block_keys[full] is None
+    assert ex.state.block_key_tokens[state] == 2
