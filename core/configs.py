@@ -437,6 +437,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(40, (_full(16), _swa(4, 8)), name="full16_swa4", max_model_len=64),
         ),
         (
+            "full attention (bs 16) + a Mamba align group (bs 8), hash blocks of 8 (vLLM's "
+            "default, the gcd): the state block equals the hash block, so hits land on 16",
+            Config(60, (_full(16), GroupConfig("mamba", 8, mamba_cache_mode="align")),
+                   name="full16_mamba8_align", max_model_len=64, hash_block_size=8),
+        ),
+        (
             "full (bs 4), a circular buffer (bs 8), then a sliding window (bs 4, window 8) "
             "keeping 2 tokens more below it: the lookup skips the ring between cacheable "
             "groups, and the window's retained tokens (multi-module MTP's re-prefill) count",

@@ -287,3 +287,14 @@ def test_multi_module_mtp_caches_no_re_prefillable_token_of_the_eagle_group(side
     full, state = _table(ex, "a", 0)[0], _table(ex, "a", 1)[0]
     assert ex.state.block_keys[full] is None
     assert ex.state.block_key_tokens[state] == 2
+
+
+def test_a_state_block_as_small_as_the_hash_block_is_keyed_on_the_hit_alignment(sides):
+    """Full attention (bs 16) beside a Mamba align group (bs 8), hash blocks of 8: no
+    sub-block hits (the state block is not above the hash block), so hits land on 16 and an
+    8-token prompt's state is not keyed (docs/mutation.md, the 200-mutant measure:
+    `block_size > hash_block_size` → `>=` in `partial_hash_hits_enabled` keys it)."""
+    ex = Execution(builtin_config("full16_mamba8_align"), "api", sides)
+    ex.apply(_add("a", [2, 1, 3, 3, 2, 2, 0, 1], max_tokens=1))
+    _alloc(ex, "a", 8)
+    assert [ex.state.block_keys[_table(ex, "a", g)[0]] for g in (0, 1)] == [None, None]
