@@ -437,10 +437,13 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(40, (_full(16), _swa(4, 8)), name="full16_swa4", max_model_len=64),
         ),
         (
-            "full attention (bs 16) + a Mamba align group (bs 8), hash blocks of 8 (vLLM's "
-            "default, the gcd): the state block equals the hash block, so hits land on 16",
-            Config(60, (_full(16), GroupConfig("mamba", 8, mamba_cache_mode="align")),
-                   name="full16_mamba8_align", max_model_len=64, hash_block_size=8),
+            "EAGLE on full attention (bs 16) + a Mamba align group (bs 8, 1 speculative "
+            "block), hash blocks of 8 (vLLM's default, the gcd): the state block equals the "
+            "hash block and sits below the hit alignment, so hits land on 16",
+            Config(60, (_full(16), GroupConfig("mamba", 8, mamba_cache_mode="align",
+                                               num_speculative_blocks=1)),
+                   name="full16_mamba8_align", max_model_len=64, hash_block_size=8,
+                   use_eagle=True),
         ),
         (
             "full (bs 4), a circular buffer (bs 8), then a sliding window (bs 4, window 8) "

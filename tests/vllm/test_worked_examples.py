@@ -290,10 +290,11 @@ def test_multi_module_mtp_caches_no_re_prefillable_token_of_the_eagle_group(side
 
 
 def test_a_state_block_as_small_as_the_hash_block_is_keyed_on_the_hit_alignment(sides):
-    """Full attention (bs 16) beside a Mamba align group (bs 8), hash blocks of 8: no
-    sub-block hits (the state block is not above the hash block), so hits land on 16 and an
-    8-token prompt's state is not keyed (docs/mutation.md, the 200-mutant measure:
-    `block_size > hash_block_size` → `>=` in `partial_hash_hits_enabled` keys it)."""
+    """EAGLE on full attention (bs 16) beside a Mamba align group (bs 8), hash blocks of 8:
+    no sub-block hits (the state block is not above the hash block), so hits land on 16 and an
+    8-token prompt's state is not keyed (docs/mutation.md, the 200-mutant measure: `block_size
+    > hash_block_size` → `>=` in `partial_hash_hits_enabled`, and the hybrid coordinator's
+    EAGLE cap taken below the alignment, `cached > 0` → `> -1`, key it)."""
     ex = Execution(builtin_config("full16_mamba8_align"), "api", sides)
     ex.apply(_add("a", [2, 1, 3, 3, 2, 2, 0, 1], max_tokens=1))
     _alloc(ex, "a", 8)
