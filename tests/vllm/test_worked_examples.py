@@ -299,3 +299,19 @@ def test_a_state_block_as_small_as_the_hash_block_is_keyed_on_the_hit_alignment(
     ex.apply(_add("a", [2, 1, 3, 3, 2, 2, 0, 1], max_tokens=1))
     _alloc(ex, "a", 8)
     assert [ex.state.block_keys[_table(ex, "a", g)[0]] for g in (0, 1)] == [None, None]
+
+
+def test_a_resumed_request_keys_its_state_at_a_block_end_checkpoint(sides):
+    """Prefill checkpoints without retention: a 6-token prompt with 4 outputs, preempted,
+    comes back in one 9-token chunk; its checkpoint lies on the block end at token 8, not the
+    prompt's, and without retention every state is kept, so each state group keys it there
+    (docs/mutation.md, the 200-mutant measure: `position % block_size == 0` → `*` there leaves
+    it unkeyed)."""
+    ex = Execution(builtin_config("qwen3_5_checkpoint"), "api", sides)
+    ex.apply(_add("a", list(range(1, 7)), max_tokens=8))
+    _alloc(ex, "a", 6)
+    ex.apply({"op": "append_tokens", "request_id": "a", "tokens": [50, 51, 52, 53]})
+    ex.apply({"op": "free", "request_id": "a", "preempt": True})
+    _alloc(ex, "a", 9)
+    keyed = [b for g in (1, 2, 3) for b in _table(ex, "a", g) if ex.state.block_key_tokens[b] == 8]
+    assert len(keyed) == 3
