@@ -315,3 +315,16 @@ def test_a_resumed_request_keys_its_state_at_a_block_end_checkpoint(sides):
     _alloc(ex, "a", 9)
     keyed = [b for g in (1, 2, 3) for b in _table(ex, "a", g) if ex.state.block_key_tokens[b] == 8]
     assert len(keyed) == 3
+
+
+def test_a_one_token_state_is_keyed_with_hash_blocks_of_one(sides):
+    """Mamba align beside full attention (bs 4) with hash blocks of 1: a 2-token prompt's
+    first step stops at its last hash boundary, token 1, and the state group keys its 1-token
+    state there (docs/mutation.md, the 200-mutant measure: the partial tail's guard
+    `num_tokens <= 0` → `<= 1` leaves it unkeyed)."""
+    config = Config(40, (_full(4), GroupConfig("mamba", 4, mamba_cache_mode="align")),
+                    max_model_len=64, hash_block_size=1)
+    ex = Execution(config, "scheduler", sides)
+    ex.apply(_add("r", [3, 2], max_tokens=1))
+    ex.apply({"op": "step"})
+    assert ex.state.block_key_tokens[_table(ex, "r", 1)[0]] == 1
