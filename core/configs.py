@@ -69,6 +69,16 @@ def _attention_mamba_align(
                   use_eagle=use_eagle, prefix_cache_retention_interval=retention)
 
 
+def _qwen3_next_mtp(name: str, use_eagle: bool = False) -> Config:
+    """Qwen3-Next with 2-token MTP: full (bs 8, the MTP layer's EAGLE group) + 3 Gated DeltaNet
+    align groups (bs 8, 2 speculative blocks), hash blocks of 2 covering the next 2 tokens."""
+    return replace(_attention_mamba_align(name, 60, 3, 8, 2, speculative=2, use_eagle=use_eagle),
+                   groups=(GroupConfig("full", 8, eagle=True),) + tuple(
+                       GroupConfig("mamba", 8, mamba_cache_mode="align",
+                                   num_speculative_blocks=2) for _ in range(3)),
+                   num_hash_lookahead_tokens=2, num_prefill_lookahead=2)
+
+
 BUILTIN: dict[str, tuple[str, Config]] = {
     c.name: (description, c)
     for description, c in [
@@ -399,11 +409,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "Qwen3-Next-shaped with 2-token MTP, Mamba align mode: 1 gated attention (bs 8, "
             "the MTP layer's EAGLE group) : 3 Gated DeltaNet (bs 8, 2 speculative blocks), hash "
             "blocks of 2 covering the next 2 tokens; state checkpoints leave them to come",
-            replace(_attention_mamba_align("qwen3_next_mtp", 60, 3, 8, 2, speculative=2),
-                    groups=(GroupConfig("full", 8, eagle=True),) + tuple(
-                        GroupConfig("mamba", 8, mamba_cache_mode="align",
-                                    num_speculative_blocks=2) for _ in range(3)),
-                    num_hash_lookahead_tokens=2, num_prefill_lookahead=2),
+            _qwen3_next_mtp("qwen3_next_mtp"),
+        ),
+        (
+            "qwen3_next_mtp as the engine runs multi-module MTP, with EAGLE's block drop (vLLM "
+            "hashes ahead only with it): the EAGLE group caches no re-prefillable token",
+            _qwen3_next_mtp("qwen3_next_mtp_eagle", use_eagle=True),
         ),
         (
             "Qwen3-Next-shaped with its MTP drafter and shared-prefix junction checkpoints: "
@@ -433,6 +444,15 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             "full attention (bs 16) + sliding window (bs 4, window 8): a window block a quarter "
             "of the hit alignment, so a window run's end off by two blocks shows",
             Config(40, (_full(16), _swa(4, 8)), name="full16_swa4", max_model_len=64),
+        ),
+        (
+            "EAGLE on full attention (bs 16) + a Mamba align group (bs 8, 1 speculative "
+            "block), hash blocks of 8 (vLLM's default, the gcd): the state block equals the "
+            "hash block and sits below the hit alignment, so hits land on 16",
+            Config(60, (_full(16), GroupConfig("mamba", 8, mamba_cache_mode="align",
+                                               num_speculative_blocks=1)),
+                   name="full16_mamba8_align", max_model_len=64, hash_block_size=8,
+                   use_eagle=True),
         ),
         (
             "full (bs 4), a circular buffer (bs 8), then a sliding window (bs 4, window 8) "

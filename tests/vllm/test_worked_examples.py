@@ -273,3 +273,58 @@ def test_e9_partial_hit_and_copy_on_write(sides):
     assert ex.state.ref_cnt[3] == 2 and ex.state.ref_cnt[10] == 2
     ex.apply({"op": "release_copies"})
     assert ex.state.ref_cnt[3] == 1 and ex.state.ref_cnt[10] == 1
+
+
+def test_multi_module_mtp_caches_no_re_prefillable_token_of_the_eagle_group(sides):
+    """Multi-module MTP (prefill lookahead 2) with EAGLE's block drop on a Mamba align hybrid
+    (hash blocks of 2): after 2 of a 4-token prompt, the drafter's KV at token 1 may be
+    re-prefilled, so the EAGLE group (full attention) keys nothing, while the state group keys
+    its 2-token state (docs/mutation.md, the 200-mutant measure: `cached > 0` → `<= 0` in the
+    hybrid coordinator's cacheable tokens keys the full group's block too)."""
+    ex = Execution(builtin_config("qwen3_next_mtp_eagle"), "api", sides)
+    ex.apply(_add("a", [5, 6, 7, 8], max_tokens=1))
+    _alloc(ex, "a", 2)
+    full, state = _table(ex, "a", 0)[0], _table(ex, "a", 1)[0]
+    assert ex.state.block_keys[full] is None
+    assert ex.state.block_key_tokens[state] == 2
+
+
+def test_a_state_block_as_small_as_the_hash_block_is_keyed_on_the_hit_alignment(sides):
+    """EAGLE on full attention (bs 16) beside a Mamba align group (bs 8), hash blocks of 8:
+    no sub-block hits (the state block is not above the hash block), so hits land on 16 and an
+    8-token prompt's state is not keyed (docs/mutation.md, the 200-mutant measure: `block_size
+    > hash_block_size` → `>=` in `partial_hash_hits_enabled`, and the hybrid coordinator's
+    EAGLE cap taken below the alignment, `cached > 0` → `> -1`, key it)."""
+    ex = Execution(builtin_config("full16_mamba8_align"), "api", sides)
+    ex.apply(_add("a", [2, 1, 3, 3, 2, 2, 0, 1], max_tokens=1))
+    _alloc(ex, "a", 8)
+    assert [ex.state.block_keys[_table(ex, "a", g)[0]] for g in (0, 1)] == [None, None]
+
+
+def test_a_resumed_request_keys_its_state_at_a_block_end_checkpoint(sides):
+    """Prefill checkpoints without retention: a 6-token prompt with 4 outputs, preempted,
+    comes back in one 9-token chunk; its checkpoint lies on the block end at token 8, not the
+    prompt's, and without retention every state is kept, so each state group keys it there
+    (docs/mutation.md, the 200-mutant measure: `position % block_size == 0` → `*` there leaves
+    it unkeyed)."""
+    ex = Execution(builtin_config("qwen3_5_checkpoint"), "api", sides)
+    ex.apply(_add("a", list(range(1, 7)), max_tokens=8))
+    _alloc(ex, "a", 6)
+    ex.apply({"op": "append_tokens", "request_id": "a", "tokens": [50, 51, 52, 53]})
+    ex.apply({"op": "free", "request_id": "a", "preempt": True})
+    _alloc(ex, "a", 9)
+    keyed = [b for g in (1, 2, 3) for b in _table(ex, "a", g) if ex.state.block_key_tokens[b] == 8]
+    assert len(keyed) == 3
+
+
+def test_a_one_token_state_is_keyed_with_hash_blocks_of_one(sides):
+    """Mamba align beside full attention (bs 4) with hash blocks of 1: a 2-token prompt's
+    first step stops at its last hash boundary, token 1, and the state group keys its 1-token
+    state there (docs/mutation.md, the 200-mutant measure: the partial tail's guard
+    `num_tokens <= 0` → `<= 1` leaves it unkeyed)."""
+    config = Config(40, (_full(4), GroupConfig("mamba", 4, mamba_cache_mode="align")),
+                    max_model_len=64, hash_block_size=1)
+    ex = Execution(config, "scheduler", sides)
+    ex.apply(_add("r", [3, 2], max_tokens=1))
+    ex.apply({"op": "step"})
+    assert ex.state.block_key_tokens[_table(ex, "r", 1)[0]] == 1
