@@ -121,6 +121,12 @@ def settled_blocks_rule() -> str:
     return "at_output" if _publishes_after_output(False, True) else "next_step"
 
 
+def _settles_outputs(config: Config) -> bool:
+    """Whether `scheduler.settled_blocks` decides anything on `config`: a Mamba hybrid with
+    prefix caching."""
+    return config.enable_caching and any(g.kind == "mamba" for g in config.groups)
+
+
 @functools.cache
 def _passes_over_encoder_blocked() -> bool:
     """Whether this vLLM's waiting loop passes over a request whose encoder inputs its encoder
@@ -772,7 +778,8 @@ class VllmSchedulerSide(VllmSide):
         """`config` with the in-flight sampling rule this Scheduler follows, where steps stay
         in flight (`deferred_frees`), the loop rules it follows (`loop_rules`), the encoder
         release rule it follows with a bound encoder (`scheduler.async_scheduling`), when the
-        synchronous one caches an output's settled blocks (`settled_blocks_rule`), and its
+        synchronous one caches an output's settled blocks on a Mamba hybrid
+        (`settled_blocks_rule`), and its
         encoder unbound where a bound is not compared (cross attention on a release whose
         waiting loop stops at a blocked request): what a campaign runs its built-in and
         generated configs with
@@ -789,7 +796,8 @@ class VllmSchedulerSide(VllmSide):
             # Not compared there (`unsupported_reason`): run encoders unbound.
             config = config.replace(scheduler=dataclasses.replace(
                 config.scheduler, encoder_budget=None, encoder_cache_size=None))
-        if not cls.async_scheduling and config.scheduler.settled_blocks != settled_blocks_rule():
+        if (not cls.async_scheduling and _settles_outputs(config)
+                and config.scheduler.settled_blocks != settled_blocks_rule()):
             config = config.replace(scheduler=dataclasses.replace(
                 config.scheduler, settled_blocks=settled_blocks_rule()))
         release = encoder_release_rule(cls.async_scheduling)
@@ -807,9 +815,8 @@ class VllmSchedulerSide(VllmSide):
         Scheduler follows on a Mamba hybrid with prefix caching (`settled_blocks_rule`), so
         that kvfuzz's driver and vLLM would cache the blocks accepted drafts fill at
         different times."""
-        c = self.config
-        return (c.enable_caching and any(g.kind == "mamba" for g in c.groups)
-                and c.scheduler.settled_blocks != settled_blocks_rule())
+        return (_settles_outputs(self.config)
+                and self.config.scheduler.settled_blocks != settled_blocks_rule())
 
     def tolerated_labels(self) -> list[str]:
         """Target `vllm`'s, and finding 016 where kvfuzz's connector reported a short load
