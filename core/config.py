@@ -37,7 +37,9 @@ SELF_PREEMPTION_RULES: tuple[str, ...] = ("continue", "stop")
 """What the running loop does after a request preempted itself under priority (§7)."""
 BLOCKED_WAITING_RULES: tuple[str, ...] = ("skip", "stop")
 """What the waiting loop does at a request whose chunk comes to no token (§7.2)."""
-LOOP_RULES: tuple[str, ...] = ("self_preemption", "blocked_waiting")
+SETTLED_BLOCKS_RULES: tuple[str, ...] = ("at_output", "next_step")
+"""When a Mamba hybrid's blocks its output settles are cached (§7)."""
+LOOP_RULES: tuple[str, ...] = ("self_preemption", "blocked_waiting", "settled_blocks")
 """Scheduler fields an engine fixes (vLLM's release): a shrinker keeps them as they are."""
 # vLLM 0.34.0's reasons (ModelConfig.is_prefix_caching_supported / is_chunked_prefill_supported)
 # for a model with encoder-only (bidirectional) attention (docs/spec.md §12.4).
@@ -176,6 +178,11 @@ class SchedulerConfig:
     """A waiting request whose chunk its encoder inputs or the prefill lookahead cut to no
     token is passed over, keeping its place ("skip": vLLM 0.33+), or ends the waiting loop
     ("stop": vLLM 0.32's `break`; docs/spec.md §7.2)."""
+    settled_blocks: Literal["at_output", "next_step"] = "at_output"
+    """On a Mamba hybrid with prefix caching, the blocks a request's output settles (its
+    accepted drafts; under hash lookahead, the block its sampled token completes) are cached
+    right after the output ("at_output": vLLM 0.34's `update_from_output`) or by the
+    request's next step ("next_step": 0.32, 0.33; docs/spec.md §7)."""
     num_speculative_tokens: int = 0
     """Placeholder drafts per step, as vLLM's async scheduling with a `SpeculativeConfig`:
     each request that samples gets this many, and a one-token admission is padded to them
@@ -227,7 +234,8 @@ class SchedulerConfig:
             raise ConfigError(f"scheduler.in_flight_sampling must be one of "
                               f"{IN_FLIGHT_SAMPLING_RULES}, got {shown(self.in_flight_sampling)}")
         for name, rules in (("self_preemption", SELF_PREEMPTION_RULES),
-                            ("blocked_waiting", BLOCKED_WAITING_RULES)):
+                            ("blocked_waiting", BLOCKED_WAITING_RULES),
+                            ("settled_blocks", SETTLED_BLOCKS_RULES)):
             if getattr(self, name) not in rules:
                 raise ConfigError(f"scheduler.{name} must be one of {rules}, got "
                                   f"{shown(getattr(self, name))}")

@@ -30,7 +30,8 @@ it, and that step's output reports the blocks it failed to fill, under the trace
 
 A scheduler rule the test's Scheduler cannot be given (it runs the release's own) is refused:
 `scheduler.async_scheduling`, `in_flight_sampling` "wait" beside steps in flight, a
-`self_preemption` or `blocked_waiting` other than 0.33+'s.
+`self_preemption` or `blocked_waiting` other than 0.33+'s, a `settled_blocks` other than
+0.34's.
 
 A step with spec-decode drafts (`step {draft, accept}`) is played as the `vllm-scheduler`
 target plays it: the requests that sample return the first `accept` of the drafts vLLM
@@ -188,10 +189,12 @@ def _refuse_scheduler_rules(trace: Trace) -> None:
         raise VllmTestUnsupported(f"scheduler.in_flight_sampling {s.in_flight_sampling!r} "
                                   "beside steps in flight (a test's AsyncScheduler counts "
                                   "output placeholders) is not exported")
-    for name, default in (("self_preemption", "continue"), ("blocked_waiting", "skip")):
+    for name, default, since in (("self_preemption", "continue", "0.33"),
+                                 ("blocked_waiting", "skip", "0.33"),
+                                 ("settled_blocks", "at_output", "0.34")):
         if getattr(s, name) != default:
             raise VllmTestUnsupported(f"scheduler.{name} {getattr(s, name)!r} is not exported "
-                                      f"(a test runs the release's own loop rule; 0.33+: "
+                                      f"(a test runs the release's own rule; {since}+: "
                                       f"{default!r})")
 
 

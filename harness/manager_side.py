@@ -36,8 +36,10 @@ _KEEPS_LOOKUPS = frozenset({"get_computed_blocks", "add_request", "get_num_cache
 def publishes_after_output(config: Config) -> bool:
     """Whether the driver caches a request's blocks after each output it samples, as vLLM
     0.34's `update_from_output` does on a model with Mamba layers and prefix caching
-    (`sched/scheduler.py:2453-2470`; docs/spec.md §7)."""
-    return config.enable_caching and any(g.kind == "mamba" for g in config.groups)
+    (`sched/scheduler.py:2453-2470`): `scheduler.settled_blocks` "at_output" (docs/spec.md
+    §7)."""
+    return (config.enable_caching and any(g.kind == "mamba" for g in config.groups)
+            and config.scheduler.settled_blocks == "at_output")
 
 
 class ManagerSide:

@@ -115,6 +115,21 @@ def _publishes_after_output(async_scheduling: bool, mamba: bool) -> bool:
         async_scheduling or mamba and "has_mamba_layers" in source)
 
 
+def settled_blocks_rule() -> str:
+    """The `scheduler.settled_blocks` rule this vLLM's synchronous Scheduler follows on a
+    Mamba hybrid with prefix caching: "at_output" where `update_from_output` caches the
+    request's blocks (0.34, `scheduler.py:2453-2470` in 0.34.0), "next_step" where it leaves
+    them to the next step's allocation (0.33 caches there only with output placeholders or a
+    SpeculativeConfig, `scheduler.py:2403-2414` in 0.33.0; 0.32 not at all)."""
+    return "at_output" if _publishes_after_output(False, True) else "next_step"
+
+
+def _settles_outputs(config: Config) -> bool:
+    """Whether `scheduler.settled_blocks` decides anything on `config`: a Mamba hybrid with
+    prefix caching."""
+    return config.enable_caching and any(g.kind == "mamba" for g in config.groups)
+
+
 @functools.cache
 def _passes_over_encoder_blocked() -> bool:
     """Whether this vLLM's waiting loop passes over a request whose encoder inputs its encoder
@@ -263,7 +278,7 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "MTP hash lookahead where vLLM's Scheduler and kvfuzz's driver differ on publishing "
          "states after each output, which caches the hash block the sampled token completes "
          "(vLLM publishes under async scheduling, and on a Mamba hybrid from 0.34; the "
-         "driver on a Mamba hybrid, as 0.34)"),
+         "driver on a Mamba hybrid with scheduler.settled_blocks \"at_output\")"),
     )
     named = [why for on, why in reasons if on] + _loop_rules_differ(config)
     return "; ".join(named) if named else None
@@ -788,7 +803,9 @@ class VllmSchedulerSide(VllmSide):
     def engine_config(cls, config: Config) -> Config:
         """`config` with the in-flight sampling rule this Scheduler follows, where steps stay
         in flight (`deferred_frees`), the loop rules it follows (`loop_rules`), the encoder
-        release rule it follows with a bound encoder (`scheduler.async_scheduling`), and its
+        release rule it follows with a bound encoder (`scheduler.async_scheduling`), when the
+        synchronous one caches an output's settled blocks on a Mamba hybrid
+        (`settled_blocks_rule`), and its
         encoder unbound where a bound is not compared (cross attention on a release whose
         waiting loop stops at a blocked request): what a campaign runs its built-in and
         generated configs with
@@ -805,6 +822,10 @@ class VllmSchedulerSide(VllmSide):
             # Not compared there (`unsupported_reason`): run encoders unbound.
             config = config.replace(scheduler=dataclasses.replace(
                 config.scheduler, encoder_budget=None, encoder_cache_size=None))
+        if (not cls.async_scheduling and _settles_outputs(config)
+                and config.scheduler.settled_blocks != settled_blocks_rule()):
+            config = config.replace(scheduler=dataclasses.replace(
+                config.scheduler, settled_blocks=settled_blocks_rule()))
         release = encoder_release_rule(cls.async_scheduling)
         if _encoder_bound(config) and config.scheduler.async_scheduling != release:
             config = config.replace(scheduler=dataclasses.replace(
@@ -816,10 +837,12 @@ class VllmSchedulerSide(VllmSide):
                 and super().offers("draft") and not self._drafts_settle_later())
 
     def _drafts_settle_later(self) -> bool:
-        """Whether kvfuzz's driver caches the blocks a request's accepted drafts fill after its
-        output (a Mamba hybrid with prefix caching, 0.34's rule) where this vLLM's
-        `update_from_output` does not (0.32, 0.33: they wait for the request's next step)."""
-        return publishes_after_output(self.config) and not _publishes_after_output(False, True)
+        """Whether the config's `scheduler.settled_blocks` is not the rule this vLLM's
+        Scheduler follows on a Mamba hybrid with prefix caching (`settled_blocks_rule`), so
+        that kvfuzz's driver and vLLM would cache the blocks accepted drafts fill at
+        different times."""
+        return (_settles_outputs(self.config)
+                and self.config.scheduler.settled_blocks != settled_blocks_rule())
 
     def tolerated_labels(self) -> list[str]:
         """Target `vllm`'s, and finding 016 where kvfuzz's connector reported a short load
@@ -852,11 +875,10 @@ class VllmSchedulerSide(VllmSide):
     def require(self, name: str) -> None:
         if name == "draft" and self._drafts_settle_later():
             raise VllmUnsupported(
-                f"the trace uses spec-decode drafts (step draft/accept) on a Mamba hybrid, "
-                f"where vLLM's update_from_output caches no accepted draft's block after the "
-                f"output (0.32, 0.33) and kvfuzz's driver does (0.34's rule): target "
-                f"{self.name} does not drive them there (docs/vllm.md, \"Drafts on Mamba "
-                f"'align' configs\")")
+                f"the trace uses spec-decode drafts (step draft/accept) on a Mamba hybrid with "
+                f"scheduler.settled_blocks {self.config.scheduler.settled_blocks!r}, where "
+                f"vLLM's Scheduler follows {settled_blocks_rule()!r}: target {self.name} does "
+                f"not drive them there (docs/vllm.md, \"Drafts on Mamba 'align' configs\")")
         if name == "draft" and not self._takes_drafts():
             raise VllmUnsupported(
                 f"the trace uses spec-decode drafts (step draft/accept), which target "

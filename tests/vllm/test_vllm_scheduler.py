@@ -588,13 +588,15 @@ def test_mtp_runs_where_vllm_and_the_driver_publish_alike():
     kvfuzz's driver now does), and publishes states after each output under async scheduling
     (0.33+) and on a Mamba hybrid (0.34; `cache_blocks` in `update_from_output`), which with
     hash lookahead caches the hash block the sampled token completes; kvfuzz's driver
-    publishes on a Mamba hybrid only, so a config is refused where the two differ."""
+    publishes on a Mamba hybrid only, under `scheduler.settled_blocks` "at_output", so a
+    config is refused where the two differ, and runs under this release's rule."""
     assert unsupported_reason(engine(BUILTIN["deepseek_v3_mtp"][1])) is None
     assert unsupported_reason(engine(BUILTIN["deepseek_v3_mtp3"][1])) is None
     if load_vllm().has("hash_lookahead"):
         assert "publishing states" in unsupported_reason(BUILTIN["deepseek_v3_mtp"][1], True)
     mamba = unsupported_reason(BUILTIN["qwen3_next_mtp"][1]) or ""
     assert ("publishing states" in mamba) != _publishes_after_output(False, True)
+    assert unsupported_reason(engine(BUILTIN["qwen3_next_mtp"][1])) is None
 
 
 def _mtp_trace(config: str, ops: list[dict[str, Any]]) -> Trace:
@@ -623,16 +625,18 @@ def test_a_request_the_prefill_lookahead_leaves_no_tokens_is_passed_over_three_w
 def test_the_block_a_sampled_token_completes_is_published_three_way():
     """qwen3_next_mtp (hash blocks of 2 covering the next 2 tokens, Mamba align): a 3-token
     prompt sampled once completes hash block 0's lookahead; vLLM 0.34's `update_from_output`
-    caches it before the request finishes, and so do kvfuzz's driver and the model."""
+    caches it before the request finishes, and so do kvfuzz's driver and the model
+    (`settled_blocks` "at_output"); 0.32 and 0.33 cache nothing there ("next_step"), nor do
+    the driver and the model under that rule."""
     if not load_vllm().has("hash_lookahead"):
         pytest.skip("this vLLM does not hash ahead")
-    if not _publishes_after_output(False, True):
-        pytest.skip("this vLLM does not publish a Mamba hybrid's states after each output")
-    ex = Execution(_mtp_trace("qwen3_next_mtp", []).config, "scheduler",
-                   ("vllm-scheduler-strict",))
+    config = engine(_mtp_trace("qwen3_next_mtp", []).config)
+    ex = Execution(config, "scheduler", ("kvcache", "vllm-scheduler-strict"))
     ex.apply(_add("r5", [3, 2, 0], max_tokens=1))
     assert ex.apply({"op": "step"})["finished"] == ["r5"]
-    assert {tuple(tokens) for _, _, tokens in ex.state.cache} == {(3, 2)}
+    published = _publishes_after_output(False, True)
+    assert {tuple(tokens) for _, _, tokens in ex.state.cache} == ({(3, 2)} if published
+                                                                 else set())
 
 
 # ----- the state machines, three-way, over the shapes above -----
