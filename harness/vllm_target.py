@@ -299,6 +299,11 @@ capacity check, so a refused allocate_slots leaves a record no step allocated, w
 cache_blocks reads (docs/findings/019): `vllm` restores the record a refused allocation
 changed."""
 
+CHECKPOINT_AMONG_DRAFTS = "checkpoint-among-drafts"
+"""vLLM's align-mode count reserves a prefill checkpoint for a step that verifies drafts, at a
+position among them that the worker never writes, whose hash does not exist: cache_blocks
+asserts (docs/findings/035). `vllm` reserves none there, as kvcache does."""
+
 STORED_SPANS_NULLS = "stored-event-spans-null-blocks"
 """vLLM's BlockStored keys only its range's real, unmasked blocks but sends the token ids of
 the whole range, chained on the position before it (docs/findings/026: a Mamba "align" group's
@@ -411,6 +416,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         "docs/findings/019-checkpoint-record-kept.md",
         _no_snapshot_change,
         releases="0.32–0.34",
+        applies=lambda api: api.has("prefill_checkpoints"),
+    ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        CHECKPOINT_AMONG_DRAFTS,
+        "docs/findings/035-checkpoint-among-drafts.md",
+        _no_snapshot_change,
+        releases="0.34",
         applies=lambda api: api.has("prefill_checkpoints"),
     ),
     # An event, not a snapshot: `VllmSide._split_stored_at_unkeyed_blocks` undoes it (see there).
@@ -658,6 +671,8 @@ class VllmSide(ManagerSide):
                 self._floor_align_count(single)
         if CHECKPOINT_RECORD_KEPT in self.tolerated:
             self._keep_checkpoint_records(manager)
+        if CHECKPOINT_AMONG_DRAFTS in self.tolerated:
+            self._no_checkpoint_among_drafts(manager)
         if STORED_SPANS_NULLS in self.tolerated and config.kv_events:
             self._split_stored_at_unkeyed_blocks(manager)
         if (HIT_REPORT_NULLS in self.tolerated and config.kv_events
@@ -695,6 +710,39 @@ class VllmSide(ManagerSide):
                         single._checkpoints[rid] = record
             return result
 
+        manager.allocate_slots = allocate_slots
+
+    def _no_checkpoint_among_drafts(self, manager: Any) -> None:
+        """A step whose main-model tokens reach past the request's (it verifies drafts)
+        reserves no prefill checkpoint in any state manager."""
+        singles = [single for single in manager.coordinator.single_type_managers
+                   if getattr(single, "has_prefill_checkpoint_blocks", False)]
+        if not singles:
+            return
+        original = manager.allocate_slots
+        tolerated = self.tolerated[CHECKPOINT_AMONG_DRAFTS]
+        allocating: list[Any] = []
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            allocating.append(request)
+            try:
+                return original(request, *args, **kwargs)
+            finally:
+                allocating.pop()
+
+        def checkpoint_rule(needs: Callable[..., bool]) -> Callable[..., bool]:
+            def needs_internal_checkpoint(request_id: str, query_start: int, query_end: int,
+                                          *args: Any) -> bool:
+                if not needs(request_id, query_start, query_end, *args):
+                    return False
+                if allocating and query_end > allocating[-1].num_tokens:
+                    tolerated.add(request_id)
+                    return False
+                return True
+            return needs_internal_checkpoint
+
+        for single in singles:
+            single._needs_internal_checkpoint = checkpoint_rule(single._needs_internal_checkpoint)
         manager.allocate_slots = allocate_slots
 
     def _split_stored_at_unkeyed_blocks(self, manager: Any) -> None:
