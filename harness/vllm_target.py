@@ -515,6 +515,24 @@ def _stored_runs(event: Any, request: Any, span: range, listed: Sequence[int],
     return events
 
 
+def _checkpoint_managers(manager: Any) -> list[Any]:
+    """The state managers of `manager` with prefill checkpoint blocks."""
+    return [single for single in manager.coordinator.single_type_managers
+            if getattr(single, "has_prefill_checkpoint_blocks", False)]
+
+
+def _noting_request(allocate_slots: Callable[..., Any],
+                    allocating: list[Any]) -> Callable[..., Any]:
+    """`allocate_slots`, keeping the request it runs for on top of `allocating` meanwhile."""
+    def noted(request: Any, *args: Any, **kwargs: Any) -> Any:
+        allocating.append(request)
+        try:
+            return allocate_slots(request, *args, **kwargs)
+        finally:
+            allocating.pop()
+    return noted
+
+
 class VllmSide(ManagerSide):
     """The installed vLLM's KVCacheManager and Request, built from our config.
 
@@ -688,8 +706,7 @@ class VllmSide(ManagerSide):
     def _keep_checkpoint_records(self, manager: Any) -> None:
         """A refused allocate_slots leaves every state manager's checkpoint record of the
         request as it was before the call."""
-        singles = [single for single in manager.coordinator.single_type_managers
-                   if getattr(single, "has_prefill_checkpoint_blocks", False)]
+        singles = _checkpoint_managers(manager)
         if not singles:
             return
         original = manager.allocate_slots
@@ -715,20 +732,9 @@ class VllmSide(ManagerSide):
     def _no_checkpoint_among_drafts(self, manager: Any) -> None:
         """A step whose main-model tokens reach past the request's (it verifies drafts)
         reserves no prefill checkpoint in any state manager."""
-        singles = [single for single in manager.coordinator.single_type_managers
-                   if getattr(single, "has_prefill_checkpoint_blocks", False)]
-        if not singles:
-            return
-        original = manager.allocate_slots
         tolerated = self.tolerated[CHECKPOINT_AMONG_DRAFTS]
         allocating: list[Any] = []
-
-        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
-            allocating.append(request)
-            try:
-                return original(request, *args, **kwargs)
-            finally:
-                allocating.pop()
+        """The request whose allocate_slots is running (the count sees only its id)."""
 
         def checkpoint_rule(needs: Callable[..., bool]) -> Callable[..., bool]:
             def needs_internal_checkpoint(request_id: str, query_start: int, query_end: int,
@@ -741,9 +747,11 @@ class VllmSide(ManagerSide):
                 return True
             return needs_internal_checkpoint
 
+        singles = _checkpoint_managers(manager)
         for single in singles:
             single._needs_internal_checkpoint = checkpoint_rule(single._needs_internal_checkpoint)
-        manager.allocate_slots = allocate_slots
+        if singles:
+            manager.allocate_slots = _noting_request(manager.allocate_slots, allocating)
 
     def _split_stored_at_unkeyed_blocks(self, manager: Any) -> None:
         """A BlockStored whose range holds null or masked blocks (a Mamba "align" group's
