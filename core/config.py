@@ -412,9 +412,9 @@ class Config:
     def max_drafts(self) -> int | None:
         """The most drafts a request may verify in a step where state groups keep a block per
         draft (vLLM sizes `num_speculative_blocks` to `num_speculative_tokens`, the drafter's
-        most), or None: unbounded by the layout."""
-        return min((g.num_speculative_blocks for g in self.groups
-                    if g.kind == "mamba" and g.num_speculative_blocks), default=None)
+        most: a state group without any drafts none), or None: unbounded by the layout."""
+        return min((g.num_speculative_blocks for g in self.groups if g.kind == "mamba"),
+                   default=None)
 
     # ----- validation -----
 

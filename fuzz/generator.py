@@ -613,7 +613,8 @@ class SchedulerRules(Rules):
         c = self.choices
         fixed = self.config.scheduler.num_speculative_tokens  # placed every step: no draft
         sample = c.below(TOKEN_VOCAB)
-        most = min(MAX_DRAFTS, self.config.max_drafts or MAX_DRAFTS)
+        kept = self.config.max_drafts
+        most = MAX_DRAFTS if kept is None else min(MAX_DRAFTS, kept)
         draft = 0 if fixed else between(c, 0, most)
         accept = pick(c, (None, 0, between(c, 0, fixed or most)))
         drafted = {rid: between(c, 0, fixed or draft) for rid, _ in self.views("RUNNING")

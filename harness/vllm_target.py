@@ -299,6 +299,11 @@ capacity check, so a refused allocate_slots leaves a record no step allocated, w
 cache_blocks reads (docs/findings/019): `vllm` restores the record a refused allocation
 changed."""
 
+CHECKPOINT_AMONG_DRAFTS = "checkpoint-among-drafts"
+"""vLLM's align-mode count reserves a prefill checkpoint for a step that verifies drafts, at a
+position among them that the worker never writes, whose hash does not exist: cache_blocks
+asserts (docs/findings/035). `vllm` reserves none there, as kvcache does."""
+
 STORED_SPANS_NULLS = "stored-event-spans-null-blocks"
 """vLLM's BlockStored keys only its range's real, unmasked blocks but sends the token ids of
 the whole range, chained on the position before it (docs/findings/026: a Mamba "align" group's
@@ -413,6 +418,14 @@ KNOWN_DEVIATIONS: tuple[KnownDeviation, ...] = (
         releases="0.32–0.34",
         applies=lambda api: api.has("prefill_checkpoints"),
     ),
+    # A manager method, not a snapshot: `VllmSide.build_manager` undoes it (see there).
+    KnownDeviation(
+        CHECKPOINT_AMONG_DRAFTS,
+        "docs/findings/035-checkpoint-among-drafts.md",
+        _no_snapshot_change,
+        releases="0.34",
+        applies=lambda api: api.has("prefill_checkpoints"),
+    ),
     # An event, not a snapshot: `VllmSide._split_stored_at_unkeyed_blocks` undoes it (see there).
     KnownDeviation(
         STORED_SPANS_NULLS,
@@ -500,6 +513,24 @@ def _stored_runs(event: Any, request: Any, span: range, listed: Sequence[int],
                for field in ("extra_keys", "lookahead_token_ids")
                if getattr(event, field, None) is not None}))
     return events
+
+
+def _checkpoint_managers(manager: Any) -> list[Any]:
+    """The state managers of `manager` with prefill checkpoint blocks."""
+    return [single for single in manager.coordinator.single_type_managers
+            if getattr(single, "has_prefill_checkpoint_blocks", False)]
+
+
+def _noting_request(allocate_slots: Callable[..., Any],
+                    allocating: list[Any]) -> Callable[..., Any]:
+    """`allocate_slots`, keeping the request it runs for on top of `allocating` meanwhile."""
+    def noted(request: Any, *args: Any, **kwargs: Any) -> Any:
+        allocating.append(request)
+        try:
+            return allocate_slots(request, *args, **kwargs)
+        finally:
+            allocating.pop()
+    return noted
 
 
 class VllmSide(ManagerSide):
@@ -658,6 +689,8 @@ class VllmSide(ManagerSide):
                 self._floor_align_count(single)
         if CHECKPOINT_RECORD_KEPT in self.tolerated:
             self._keep_checkpoint_records(manager)
+        if CHECKPOINT_AMONG_DRAFTS in self.tolerated:
+            self._no_checkpoint_among_drafts(manager)
         if STORED_SPANS_NULLS in self.tolerated and config.kv_events:
             self._split_stored_at_unkeyed_blocks(manager)
         if (HIT_REPORT_NULLS in self.tolerated and config.kv_events
@@ -673,8 +706,7 @@ class VllmSide(ManagerSide):
     def _keep_checkpoint_records(self, manager: Any) -> None:
         """A refused allocate_slots leaves every state manager's checkpoint record of the
         request as it was before the call."""
-        singles = [single for single in manager.coordinator.single_type_managers
-                   if getattr(single, "has_prefill_checkpoint_blocks", False)]
+        singles = _checkpoint_managers(manager)
         if not singles:
             return
         original = manager.allocate_slots
@@ -696,6 +728,30 @@ class VllmSide(ManagerSide):
             return result
 
         manager.allocate_slots = allocate_slots
+
+    def _no_checkpoint_among_drafts(self, manager: Any) -> None:
+        """A step whose main-model tokens reach past the request's (it verifies drafts)
+        reserves no prefill checkpoint in any state manager."""
+        tolerated = self.tolerated[CHECKPOINT_AMONG_DRAFTS]
+        allocating: list[Any] = []
+        """The request whose allocate_slots is running (the count sees only its id)."""
+
+        def checkpoint_rule(needs: Callable[..., bool]) -> Callable[..., bool]:
+            def needs_internal_checkpoint(request_id: str, query_start: int, query_end: int,
+                                          *args: Any) -> bool:
+                if not needs(request_id, query_start, query_end, *args):
+                    return False
+                if allocating and query_end > allocating[-1].num_tokens:
+                    tolerated.add(request_id)
+                    return False
+                return True
+            return needs_internal_checkpoint
+
+        singles = _checkpoint_managers(manager)
+        for single in singles:
+            single._needs_internal_checkpoint = checkpoint_rule(single._needs_internal_checkpoint)
+        if singles:
+            manager.allocate_slots = _noting_request(manager.allocate_slots, allocating)
 
     def _split_stored_at_unkeyed_blocks(self, manager: Any) -> None:
         """A BlockStored whose range holds null or masked blocks (a Mamba "align" group's

@@ -498,6 +498,10 @@ class KVCacheManager:
         # 3. Sizes.
         num_tokens_main_model = total_computed_tokens + num_new_tokens
         num_tokens_need_slot = num_tokens_main_model + num_lookahead_tokens
+        if num_tokens_main_model > request.num_tokens:
+            # A step verifying drafts is a decode row, which the worker never checkpoints
+            # (§11.6): a prefill end past the step reserves no Mamba prefill checkpoint.
+            prefill_end = num_tokens_main_model + 1
         if num_tokens_need_slot > max_model_len:
             num_tokens_need_slot = max_model_len
 

@@ -139,8 +139,9 @@ def checkpoint_position(
     blocks, the chunk reaches the prefill's end (max(P, T − 1), or 0, that is any chunk,
     unless the retention interval is 0), the chunk can export it, and its slot
     `cdiv(end, bs) − 2` is >= 0 and free to hold it: past the table, a null, or, for a request
-    allocated before, one of its last s (draft) positions."""
-    if not g.checkpoints:
+    allocated before, one of its last s (draft) positions. A chunk that verifies drafts
+    (`end > T`) is a decode row, which the worker never checkpoints: none (docs/findings/035)."""
+    if not g.checkpoints or end > req.num_tokens:
         return 0
     prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1) if layout.retention == 0 else 0
     position = state_checkpoint(end, layout.alignment, layout.replay_eagle,

@@ -125,3 +125,22 @@ def test_a_step_drafts_no_more_than_the_state_groups_keep_blocks_for():
             drafts += [(op["draft"], most) for op in ex.trace.ops if op["op"] == "step"]
     assert all(draft <= most for draft, most in drafts)
     assert any(draft == most for draft, most in drafts if most < 4)
+
+
+def test_a_state_group_without_speculative_blocks_drafts_none():
+    """A Mamba group keeping no speculative blocks bounds drafts at 0 (vLLM sizes them to the
+    drafter's most drafts): `--generated-configs` drew such configs with EAGLE and drafted,
+    and S1 failed once the drafts were rejected (the state after the last kept token had no
+    block); such a step is invalid, and the generators draw none."""
+    group = GroupConfig("mamba", 1, mamba_cache_mode="align")
+    config = Config(num_blocks=3, groups=(group,), max_model_len=64, use_eagle=True,
+                    name="align_no_draft_blocks")
+    assert config.max_drafts == 0
+    ops = [{"op": "add_request", "request_id": "r", "prompt": [0], "max_tokens": 3},
+           {"op": "step", "draft": 1}, {"op": "step", "accept": 0}]
+    result = run_trace(Trace(config, "scheduler", ops))
+    assert "draft 1" in str(result.invalid) and "0 speculative blocks" in str(result.invalid)
+    for seed in range(10):
+        ex = run_example(random.Random(seed).randbytes(2048), config, "scheduler", steps=40,
+                         targets=("kvcache",), vary=False)
+        assert ex is None or all(op.get("draft", 0) == 0 for op in ex.trace.ops)

@@ -9,6 +9,8 @@ from typing import Any
 from rm_support import Runner, config, full
 
 from kvfuzz.core.config import GroupConfig
+from kvfuzz.core.trace import Trace
+from kvfuzz.harness.executor import run_trace
 
 PROMPT = list(range(23))
 
@@ -187,3 +189,27 @@ def test_a_chunk_cut_at_its_junction_leaves_the_block_it_resumed_inside_unkeyed(
     view = m.snap.requests["c"]
     assert view.shared_prefix_boundary == 16
     assert m.snap.block_keys[view.tables[1][0]] is None  # the state after 2, not after 8
+
+
+def test_a_step_verifying_drafts_reserves_no_checkpoint():
+    """docs/findings/035: the worker checkpoints prefill rows only. r (8 tokens; full
+    attention bs 4, a state group bs 2 with 4 draft blocks, hash blocks of 1) prefills, then
+    decodes one token and proposes 3 drafts. The step verifying them schedules [9, 13): the
+    checkpoint of 13 would be 12, among the drafts, whose hash does not exist. Neither the model
+    (which asserted `block re-hashed` once the drafts were accepted) nor kvcache (which raised,
+    as vLLM does) reserves one."""
+    cfg = config(16, full(4), GroupConfig("mamba", 2, mamba_cache_mode="align",
+                                          num_prefill_checkpoint_blocks=2,
+                                          prefill_checkpoint_alignment=1,
+                                          num_speculative_blocks=4),
+                 max_model_len=64, hash_block_size=1)
+    trace = Trace(cfg, "scheduler", [
+        {"op": "add_request", "request_id": "r1", "prompt": [0] * 8},
+        {"op": "step"},
+        {"op": "step", "draft": 4, "drafted": {"r1": 3}},
+        {"op": "step"},
+    ])
+    steps: list[Any] = []
+    result = run_trace(trace, ["kvcache"], on_step=lambda i, op, res: steps.append(res))
+    assert result.passed, result.finding or result.invalid
+    assert steps[3]["scheduled"] == [["r1", 4, 0]]
