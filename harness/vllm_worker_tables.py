@@ -41,7 +41,8 @@ class WorkerTables:
     def see(self, output: Any) -> list[str]:
         """Apply one SchedulerOutput as the worker does; the mismatches it leaves between the
         worker's tables and the manager's for the requests it schedules, one message each."""
-        for rid in set(output.finished_req_ids) | set(output.preempted_req_ids or ()):
+        preempted = getattr(output, "preempted_req_ids", None) or ()  # probed: 0.34 has it
+        for rid in set(output.finished_req_ids) | set(preempted):
             self.tables.pop(rid, None)
         for new in output.scheduled_new_reqs:
             self.tables[new.req_id] = [list(ids) for ids in new.block_ids]

@@ -76,3 +76,13 @@ def test_a_resumed_request_gets_its_whole_table_by_either_field():
         worker = WorkerTables(manager)
         worker.see(output(new={"a": ([1],)}))
         assert worker.see(output(cached={"a": ([7, 8],)}, **extra)) == []
+
+
+def test_an_output_without_preempted_req_ids_drops_only_the_finished():
+    """Releases whose SchedulerOutput has no `preempted_req_ids` keep a preempted request's
+    table until it is resumed."""
+    worker = WorkerTables(Manager({"a": [[1]]}))
+    worker.see(output(new={"a": ([1],)}))
+    bare = output(cached={"a": None})
+    del bare.preempted_req_ids
+    assert worker.see(bare) == []
