@@ -139,6 +139,10 @@ class Observations:
     """Requests whose block hashes differ from the target's documented hash function applied
     to their tokens and extra keys (a router's view, harness/router_hash.py; H2). The
     reference model, which never hashes, reports none."""
+    worker_mismatches: list[str] = field(default_factory=list)
+    """Where the block tables a scheduler's worker builds from its outputs alone leave the
+    manager's tables (a scheduler target's replay, harness/vllm_worker_tables.py; W1). The
+    reference model, which has no worker, reports none."""
 
 
 class Side(Protocol):

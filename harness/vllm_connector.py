@@ -288,7 +288,7 @@ class ConnectorLoads:
         nothing for other loads) and the `update_from_output` of a model output that computed
         nothing and carries `kv_output`."""
         with _alone(self.vllm, request, queue, unreserved):
-            scheduler_output = self.vllm.schedule()
+            scheduler_output = self.schedule()
         assert not scheduler_output.num_scheduled_tokens, scheduler_output.num_scheduled_tokens
         output = self._output(req_ids=[], sampled_token_ids=[])
         output.kv_connector_output = kv_output

@@ -348,6 +348,22 @@ def _scoring_reads_cache(scheduler: Any) -> None:
     scheduler.add_request = add_request
 
 
+def _one_new_block_unsent(scheduler: Any) -> None:
+    """A running request given exactly one new block in every group is told of none: its
+    `CachedRequestData.new_block_ids` entry reads None (the effect of the mutant `len == 0` ->
+    `len == 1` in `KVCacheBlocks.get_block_ids(allow_none=True)`, `kv_cache_manager.py:105` in
+    0.34.0, on its one caller, `scheduler.py:2011-2013`)."""
+    make = scheduler._make_cached_request_data
+
+    def make_cached_request_data(*args: Any, **kwargs: Any) -> Any:
+        cached = make(*args, **kwargs)
+        cached.new_block_ids = [None if ids is not None and all(len(g) == 1 for g in ids)
+                                else ids for ids in cached.new_block_ids]
+        return cached
+
+    scheduler._make_cached_request_data = make_cached_request_data
+
+
 PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
     "preempt-keeps-blocks": ("a preempted request's blocks are not freed",
                              _preempt_keeps_blocks, ("full",)),
@@ -414,6 +430,8 @@ PLANTS: dict[str, tuple[str, Callable[[Any], None], tuple[str, ...]]] = {
                             "past the step's need", _align_surplus_freed, ("qwen3_next_eagle",)),
     "scoring-reads-cache": ("a request scoring its whole prompt (skip_reading_prefix_cache) "
                             "reads the prefix cache", _scoring_reads_cache, ("full",)),
+    "one-new-block-unsent": ("a running request given one new block per group tells the "
+                             "worker of none", _one_new_block_unsent, ("full",)),
 }
 """name -> (what it breaks, the patch, the configs a campaign catches it on: built-ins, or
 `PLANT_CONFIGS`)."""

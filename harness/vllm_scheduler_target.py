@@ -33,6 +33,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config
 from kvfuzz.core.errors import InvalidTrace
+from kvfuzz.core.sides import Observations
 from kvfuzz.core.snapshot import Snapshot
 from kvfuzz.core.sync_load_failures import SEVERAL_GROUP_FAILURES, several_groups
 from kvfuzz.core.trace import Op
@@ -53,6 +54,7 @@ from kvfuzz.harness.vllm_target import (
     _partial_hits_forced,
     build_kv_cache_config,
 )
+from kvfuzz.harness.vllm_worker_tables import WorkerTables
 from kvfuzz.kvcache.scheduler import StepOutput, cut_per_group
 
 _DRAFT_PLACEHOLDER = -1
@@ -498,6 +500,10 @@ class VllmSchedulerDriver(SchedulerDriver):
         """The trace's rule for a request whose sampling step is in flight (its config's)."""
         self.outputs_taken = 0
         """`update_from_output` calls so far (each publishes the events queued before it)."""
+        self.worker = WorkerTables(scheduler.kv_cache_manager)
+        self.worker_mismatches: list[str] = []
+        """Where the worker's block tables left the manager's since the side last read them
+        (check W1, harness/vllm_worker_tables.py)."""
         count_outputs(self, scheduler)
         preempt = scheduler._preempt_request
 
@@ -535,6 +541,12 @@ class VllmSchedulerDriver(SchedulerDriver):
             return None
 
         scheduler._drain_deferred_frees = drain_deferred_frees
+
+    def schedule(self) -> Any:
+        """vLLM's `schedule()`, its SchedulerOutput replayed on the worker's tables."""
+        scheduler_output = self.vllm.schedule()
+        self.worker_mismatches.extend(self.worker.see(scheduler_output))
+        return scheduler_output
 
     def _runs(self, blocks: list[Any]) -> list[list[Any]]:
         """A deferred free's blocks, one run per group (a copy's retained blocks: one run)."""
@@ -661,7 +673,7 @@ class VllmSchedulerDriver(SchedulerDriver):
         # Waiting requests that hold nothing (a landed KV load holds its tokens: no lookup).
         fresh = {r.request_id for r in self.waiting if not r.num_computed_tokens}
         admitted = {r.request_id for r in self.waiting}  # padded placeholders are not drafted
-        scheduler_output = self.vllm.schedule()
+        scheduler_output = self.schedule()
         ids = list(scheduler_output.num_scheduled_tokens)
         kv_output = self.load_failures(scheduler_output.num_scheduled_tokens)
         if kv_output is not None and in_flight:
@@ -775,6 +787,15 @@ class VllmSchedulerSide(VllmSide):
                                                               sampled=driver.sampled))
             if d.name == "stopped-drafts-stay-computed" else d for d in self.deviations)
         return driver
+
+    def observations(self) -> Observations:
+        """The probes' and, at the scheduler level, where the worker's tables left the
+        manager's during the op (W1)."""
+        obs = super().observations()
+        if isinstance(self.scheduler, VllmSchedulerDriver):
+            obs.worker_mismatches = self.scheduler.worker_mismatches
+            self.scheduler.worker_mismatches = []
+        return obs
 
     def queued_events(self) -> list[Any]:
         """What vLLM's Scheduler published in the op (a batch per `update_from_output`). An

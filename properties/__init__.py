@@ -15,6 +15,7 @@ from kvfuzz.properties import events as _events  # noqa: F401  (registers EV1-EV
 from kvfuzz.properties import states as _states  # noqa: F401  (registers S2-S3)
 from kvfuzz.properties import retention as _retention  # noqa: F401  (registers RT1)
 from kvfuzz.properties import inflight as _inflight  # noqa: F401  (registers IF1-IF2)
+from kvfuzz.properties import worker as _worker  # noqa: F401  (registers W1)
 
 __all__ = [
     "REGISTRY",

@@ -147,6 +147,9 @@ def _cases(execution, snaps):
         "I19": (s, s, _ctx(execution, op={"op": "reset_prefix_cache"}, result=True)),
         "H2": (s, s, _ctx(execution, observations=Observations(
             hash_mismatches=["r0's hash 0 is 00…, the documented hash function gives 01…"]))),
+        "W1": (s, s, _ctx(execution, observations=Observations(
+            worker_mismatches=["r0's worker table in group 0 has 1 blocks [1], the manager's "
+                               "2 [1, 2]", "r1's worker table ..."]))),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
         **_event_cases(execution, s),

@@ -665,6 +665,7 @@ for _name in CONFIGS:
     ("failed-load-recomputed", "nemotron_h_connector", "DIFF-state"),
     ("encoder-never-fits", "tenants", "DIFF-result"),
     ("encoder-input-skipped", "cross", "DIFF-probe"),
+    ("one-new-block-unsent", "full", "W1"),
 ])
 def test_a_bug_planted_in_vllm_scheduler_is_caught(plant, config, check, tmp_path, capsys):
     code = kvfuzz(["run", "--target", f"vllm-scheduler-bug:{plant}", "--level", "scheduler",
