@@ -136,17 +136,31 @@ class ManagerProbes:
     def _around_lookup(self, original: Callable[..., Any], request: Any, *args: Any,
                        **kwargs: Any) -> Any:
         result = original(request, *args, **kwargs)
-        if getattr(request, "kv_cache_report_mode", "incremental") == "full" and result[1] > 0:
+        hit = result[1]
+        if getattr(request, "kv_cache_report_mode", "incremental") == "full" and hit > 0:
             tokens = request.all_token_ids
             for group, blocks in enumerate(result[0].blocks):
                 bs = self._block_sizes[group]
-                for first, end in real_runs(blocks):
+                full = min(len(blocks), hit // bs)
+                for first, end in real_runs(blocks[:full]):
                     hashes = tuple(b.block_hash for b in blocks[first:end])
                     self.observations.cached_reports.append(CachedReport(
                         request.request_id, group, end - first, bs,
                         tuple(tokens[first * bs:end * bs]), None if None in hashes else hashes,
                         first))
+                if full < len(blocks) and not blocks[full].is_null:
+                    self.observations.cached_reports.append(
+                        self._partial_report(request, group, hit))
         return result
+
+    def _partial_report(self, request: Any, group: int, hit: int) -> CachedReport:
+        """What a hit of `hit` tokens ending inside a block owes for it: the BlockStored its
+        partial entry was announced with (its last hash block, chained on the one before)."""
+        hbs = self._pool.hash_block_size
+        n = hit // hbs
+        key = bytes(request.block_hashes[n - 1]) + group.to_bytes(4, "big")
+        return CachedReport(request.request_id, group, 1, hbs,
+                            tuple(request.all_token_ids[(n - 1) * hbs:n * hbs]), (key,), n - 1)
 
     def _around_get_new_blocks(self, original: Callable[..., Any], *args: Any,
                                **kwargs: Any) -> Any:

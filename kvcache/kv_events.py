@@ -159,13 +159,19 @@ class EventfulBlockPool(BlockPool):
 
     def emit_hit_block_events(
         self, request: Request, blocks: Sequence[KVCacheBlock], block_size: int,
-        kv_cache_group_id: int,
+        kv_cache_group_id: int, num_hit_tokens: int | None = None,
     ) -> None:
         """Announce a prefix hit's `blocks` (the request's first), which it reused: one
-        BlockStored per run of its real blocks, null placeholders skipped (docs/spec.md §3.10,
-        finding 027); the cache is left as it is."""
-        self._queue_runs(request, [not b.is_null for b in blocks], 0, block_size,
+        BlockStored per run of its full real blocks, null placeholders skipped (docs/spec.md
+        §3.10, finding 027), and a block the hit ends inside (a partial hit of
+        `num_hit_tokens`) as its partial entry was announced, never as a full block no block
+        holds (finding 036); the cache is left as it is."""
+        full = len(blocks) if num_hit_tokens is None else min(
+            len(blocks), num_hit_tokens // block_size)
+        self._queue_runs(request, [not b.is_null for b in blocks[:full]], 0, block_size,
                          kv_cache_group_id)
+        if full < len(blocks) and not blocks[full].is_null:
+            self._queue_partial(request, num_hit_tokens, kv_cache_group_id)
 
     def _queue_runs(self, request: Request, keyed: Sequence[bool], first: int, block_size: int,
                     kv_cache_group_id: int) -> None:
@@ -220,18 +226,24 @@ class EventfulBlockPool(BlockPool):
         known = not replace_existing_hashes and self.carries_key(block, key)
         super().register_partial_block(request, block, num_tokens, key, replace_existing_hashes)
         if not known:
-            hbs = self.hash_block_size
-            n = num_tokens // hbs
-            self.kv_event_queue.append(self._stored(
-                request,
-                [request.block_hashes[n - 1]],
-                request.block_hashes[n - 2] if n > 1 else None,
-                list(request.all_token_ids[(n - 1) * hbs: n * hbs]),
-                hbs,
-                get_group_id(key),
-                n - 1,
-            ))
+            self._queue_partial(request, num_tokens, get_group_id(key))
         return key
+
+    def _queue_partial(self, request: Request, num_tokens: int, group_idx: int) -> None:
+        """The BlockStored of the partial entry at `num_tokens` (a multiple of the hash block
+        size): its last hash block, chained on the hash before it (vLLM's,
+        block_pool.py:533-579)."""
+        hbs = self.hash_block_size
+        n = num_tokens // hbs
+        self.kv_event_queue.append(self._stored(
+            request,
+            [request.block_hashes[n - 1]],
+            request.block_hashes[n - 2] if n > 1 else None,
+            list(request.all_token_ids[(n - 1) * hbs: n * hbs]),
+            hbs,
+            group_idx,
+            n - 1,
+        ))
 
     def _removed(self, keys: list[BlockHashWithGroupId]) -> None:
         """BlockRemoved for each key no block holds any more (another copy keeps it)."""

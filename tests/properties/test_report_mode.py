@@ -110,3 +110,23 @@ def test_reannouncing_a_windows_null_placeholders_is_caught():
     """vLLM's re-announcement planted in kvcache: the evicted first block's key is announced."""
     found = run_trace(Trace.load(WINDOW), ["bug:hit-report-names-null-blocks"]).finding
     assert found is not None and found.check == Trace.load(WINDOW).meta["check"], found
+
+
+FINDING_036 = Path(__file__).resolve().parents[2] / "docs/findings"
+PARTIAL_HITS = [FINDING_036 / "036-partial-hit-reported-as-full.json",
+                FINDING_036 / "036-partial-hit-reported-as-full-short.json"]
+
+
+@pytest.mark.parametrize("path", PARTIAL_HITS, ids=["api", "scheduler"])
+def test_a_partial_hit_is_reannounced_as_its_partial_entry(path):
+    """A full-mode hit that ends inside a block (partial_hits) re-announces that block as its
+    partial entry was announced (finding 036): EV4 and EV6 hold on kvcache."""
+    assert run_trace(Trace.load(path), ["kvcache"]).passed
+
+
+@pytest.mark.parametrize("path", PARTIAL_HITS, ids=["api", "scheduler"])
+def test_a_partial_hit_reannounced_as_a_full_block_is_caught(path):
+    """vLLM's re-announcement planted in kvcache: the block under a full key no block holds."""
+    found = run_trace(Trace.load(path), ["bug:hit-report-partial-as-full"]).finding
+    assert found is not None and found.check in {"EV3", "EV4", "EV6"}, found
+
