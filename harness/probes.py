@@ -51,6 +51,7 @@ class ManagerProbes:
         self._block_sizes = [single.block_size for single in managers]
         if getattr(manager, "enable_kv_cache_events", False):
             _wrap(manager, "get_computed_blocks", self._around_lookup)
+            _wrap(self._pool.cached_block_hash_to_block, "pop", self._around_pop)
         for group_id, single in enumerate(managers):
             _wrap(single, "get_num_blocks_to_allocate", self._group_prediction(group_id))
             for name in ("add_local_computed_blocks", "allocate_external_computed_blocks",
@@ -161,6 +162,12 @@ class ManagerProbes:
         key = bytes(request.block_hashes[n - 1]) + group.to_bytes(4, "big")
         return CachedReport(request.request_id, group, 1, hbs,
                             tuple(request.all_token_ids[(n - 1) * hbs:n * hbs]), (key,), n - 1)
+
+    def _around_pop(self, original: Callable[..., Any], key: Any, block_id: int) -> Any:
+        block = original(key, block_id)
+        if block is not None and self._pool.cached_block_hash_to_block.get_one_block(key):
+            self.observations.lost_copies.append(bytes(key))
+        return block
 
     def _around_get_new_blocks(self, original: Callable[..., Any], *args: Any,
                                **kwargs: Any) -> Any:
