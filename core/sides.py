@@ -132,6 +132,9 @@ class Observations:
     kv_events). The reference model reports none."""
     cached_reports: list[CachedReport] = field(default_factory=list)
     """The re-announcements the op's full-mode lookups with a hit owe (EV6), in call order."""
+    lost_copies: list[CacheKey] = field(default_factory=list)
+    """A key for each copy a block lost while another block still held the key (a target
+    announces no removal for it, EV4), in order; the reference model reports none."""
     events_reported: bool = False
     """Whether the side reports its KV cache events (a target on a config with kv_events; the
     reference model does not), so that an empty `kv_events` means no event (EV4)."""

@@ -253,6 +253,9 @@ class ManagerSide:
             self.keys.learn_all(self.requests.values())
             obs.cached_reports = [r if r.keys is None else r._replace(
                 keys=tuple(self.keys.key(h) for h in r.keys)) for r in obs.cached_reports]
+        if obs.lost_copies:
+            self.keys.learn_all(self.requests.values())
+            obs.lost_copies = [self.keys.key(k) for k in obs.lost_copies]
         if self.hash_audit is not None:
             obs.hash_mismatches = self._audit_hashes(self.hash_audit)
         return obs

@@ -538,11 +538,20 @@ def _cached_report_dropped(side: KvcacheSide) -> None:
 def _hit_report_names_null_blocks(side: KvcacheSide) -> None:
     pool = side.manager.block_pool
 
-    def around(original, request, blocks, block_size, kv_cache_group_id):
+    def around(original, request, blocks, block_size, kv_cache_group_id, *_):
         # vLLM's: the hit list's length only
         pool.emit_cached_block_events(request, len(blocks), block_size, kv_cache_group_id)
 
     _around(pool, "emit_hit_block_events", around)
+
+
+@mutant("hit-report-partial-as-full", "a lookup of a request in kv_cache_report_mode \"full\" "
+        "whose hit ends inside a block re-announces that block under its full key, as vLLM "
+        "does", bug="docs/findings/036")
+def _hit_report_partial_as_full(side: KvcacheSide) -> None:
+    # Without the hit's length, every block of the hit is announced as a full one.
+    _around(side.manager.block_pool, "emit_hit_block_events",
+            lambda original, *args: original(*args[:4]))
 
 
 @mutant("promoted-partial-unannounced", "promoting a partial entry to a full block's key emits "

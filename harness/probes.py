@@ -51,6 +51,7 @@ class ManagerProbes:
         self._block_sizes = [single.block_size for single in managers]
         if getattr(manager, "enable_kv_cache_events", False):
             _wrap(manager, "get_computed_blocks", self._around_lookup)
+            _wrap(self._pool.cached_block_hash_to_block, "pop", self._around_pop)
         for group_id, single in enumerate(managers):
             _wrap(single, "get_num_blocks_to_allocate", self._group_prediction(group_id))
             for name in ("add_local_computed_blocks", "allocate_external_computed_blocks",
@@ -136,17 +137,54 @@ class ManagerProbes:
     def _around_lookup(self, original: Callable[..., Any], request: Any, *args: Any,
                        **kwargs: Any) -> Any:
         result = original(request, *args, **kwargs)
-        if getattr(request, "kv_cache_report_mode", "incremental") == "full" and result[1] > 0:
+        hit = result[1]
+        if getattr(request, "kv_cache_report_mode", "incremental") == "full" and hit > 0:
             tokens = request.all_token_ids
             for group, blocks in enumerate(result[0].blocks):
                 bs = self._block_sizes[group]
-                for first, end in real_runs(blocks):
+                full = min(len(blocks), hit // bs)
+                tail = self._tail_report(request, blocks, group, full, hit)
+                if tail is not None and tail.block_size == bs:
+                    full, tail = full + 1, None
+                for first, end in real_runs(blocks[:full]):
                     hashes = tuple(b.block_hash for b in blocks[first:end])
                     self.observations.cached_reports.append(CachedReport(
                         request.request_id, group, end - first, bs,
                         tuple(tokens[first * bs:end * bs]), None if None in hashes else hashes,
                         first))
+                if tail is not None:
+                    self.observations.cached_reports.append(tail)
         return result
+
+    def _tail_report(self, request: Any, blocks: Sequence[Any], group: int, full: int,
+                     hit: int) -> CachedReport | None:
+        """What a hit of `hit` tokens owes for a block it ends inside (the one after its
+        `full` blocks): the BlockStored of the key the block holds for the request (finding
+        036), its full key (a report of the whole block) else the partial entry the hit ends
+        at (its last hash block, chained on the one before); nothing if it holds neither."""
+        if full >= len(blocks) or blocks[full].is_null:
+            return None
+        hbs, bs = self._pool.hash_block_size, self._block_sizes[group]
+        held = self._pool.cached_block_hash_to_block.contain
+        tokens, hashes = request.all_token_ids, request.block_hashes
+        last = (full + 1) * bs // hbs
+        suffix = group.to_bytes(4, "big")
+        if last <= len(hashes) and held(bytes(hashes[last - 1]) + suffix, blocks[full].block_id):
+            return CachedReport(request.request_id, group, 1, bs,
+                                tuple(tokens[full * bs:(full + 1) * bs]),
+                                (bytes(hashes[last - 1]) + suffix,), full)
+        n = hit // hbs
+        key = bytes(hashes[n - 1]) + suffix
+        if not held(key, blocks[full].block_id):
+            return None
+        return CachedReport(request.request_id, group, 1, hbs,
+                            tuple(tokens[(n - 1) * hbs:n * hbs]), (key,), n - 1)
+
+    def _around_pop(self, original: Callable[..., Any], key: Any, block_id: int) -> Any:
+        block = original(key, block_id)
+        if block is not None and self._pool.cached_block_hash_to_block.get_one_block(key):
+            self.observations.lost_copies.append(bytes(key))
+        return block
 
     def _around_get_new_blocks(self, original: Callable[..., Any], *args: Any,
                                **kwargs: Any) -> Any:

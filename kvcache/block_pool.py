@@ -838,9 +838,10 @@ class BlockPool:
 
     def emit_hit_block_events(
         self, request: Request, blocks: Sequence[KVCacheBlock], block_size: int,
-        kv_cache_group_id: int,
+        kv_cache_group_id: int, num_hit_tokens: int | None = None,
     ) -> None:
-        """Announce a prefix hit's `blocks` (its null placeholders skipped); a pool without
+        """Announce a prefix hit of `num_hit_tokens` over `blocks` (its null placeholders
+        skipped, a block it ends inside as its partial entry); a pool without
         events has none to queue (EventfulBlockPool's does)."""
 
     def is_block_writable(self, block: KVCacheBlock) -> bool:

@@ -327,16 +327,18 @@ class KVCacheCoordinator(ABC):
         return self.block_pool.reset_prefix_cache()
 
     def emit_cached_block_events(
-        self, request: Request, computed_blocks: tuple[list[KVCacheBlock], ...]
+        self, request: Request, computed_blocks: tuple[list[KVCacheBlock], ...],
+        num_hit_tokens: int | None = None,
     ) -> None:
-        """Announce the blocks a prefix hit reuses (kv_cache_report_mode "full", docs/spec.md
-        §3.10): per group, one BlockStored per run of its hit's real blocks, the null
-        placeholders before a window's or a state's hit skipped (finding 027)."""
+        """Announce the blocks a prefix hit of `num_hit_tokens` reuses (kv_cache_report_mode
+        "full", docs/spec.md §3.10): per group, one BlockStored per run of its hit's full real
+        blocks, the null placeholders before a window's or a state's hit skipped (finding
+        027), and a block the hit ends inside as its partial entry (finding 036)."""
         for group_id, blocks in enumerate(computed_blocks):
             if blocks:
                 manager = self.single_type_managers[group_id]
                 self.block_pool.emit_hit_block_events(
-                    request, blocks, manager.block_size, group_id)
+                    request, blocks, manager.block_size, group_id, num_hit_tokens)
 
     def new_step_starts(self) -> None:
         for manager in self.single_type_managers:

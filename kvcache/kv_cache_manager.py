@@ -282,7 +282,7 @@ class KVCacheManager:
         )
         if num_hit_tokens and self.enable_kv_cache_events and getattr(
                 request, "kv_cache_report_mode", "incremental") == "full":
-            self.coordinator.emit_cached_block_events(request, blocks)
+            self.coordinator.emit_cached_block_events(request, blocks, num_hit_tokens)
         shared_prefix_boundary = num_hit_tokens + num_uncached if num_uncached else 0
         return self._lookup_result(blocks), num_hit_tokens, shared_prefix_boundary
 

@@ -36,6 +36,7 @@ from kvfuzz.kvcache.kv_cache_utils import (
     generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
+    make_block_hash_with_group_id,
     maybe_convert_block_hash,
     resolve_block_hashes,
     untag_extra_keys,
@@ -159,13 +160,30 @@ class EventfulBlockPool(BlockPool):
 
     def emit_hit_block_events(
         self, request: Request, blocks: Sequence[KVCacheBlock], block_size: int,
-        kv_cache_group_id: int,
+        kv_cache_group_id: int, num_hit_tokens: int | None = None,
     ) -> None:
         """Announce a prefix hit's `blocks` (the request's first), which it reused: one
-        BlockStored per run of its real blocks, null placeholders skipped (docs/spec.md §3.10,
-        finding 027); the cache is left as it is."""
-        self._queue_runs(request, [not b.is_null for b in blocks], 0, block_size,
+        BlockStored per run of its real blocks, null placeholders skipped (docs/spec.md
+        §3.10, finding 027). A block the hit of `num_hit_tokens` ends inside is announced
+        under the key it holds for the request: its full key, else the partial entry the hit
+        ends at, else not at all, never under a key no block holds (finding 036); the cache
+        is left as it is."""
+        full = len(blocks) if num_hit_tokens is None else min(
+            len(blocks), num_hit_tokens // block_size)
+        tail = blocks[full] if full < len(blocks) and not blocks[full].is_null else None
+        if tail is not None:
+            hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size,
+                                          block_size)
+            if full < len(hashes) and self.carries_key(
+                    tail, make_block_hash_with_group_id(hashes[full], kv_cache_group_id)):
+                full, tail = full + 1, None
+        self._queue_runs(request, [not b.is_null for b in blocks[:full]], 0, block_size,
                          kv_cache_group_id)
+        if tail is not None and num_hit_tokens is not None:
+            n = num_hit_tokens // self.hash_block_size
+            if self.carries_key(tail, make_block_hash_with_group_id(
+                    request.block_hashes[n - 1], kv_cache_group_id)):
+                self._queue_partial(request, num_hit_tokens, kv_cache_group_id)
 
     def _queue_runs(self, request: Request, keyed: Sequence[bool], first: int, block_size: int,
                     kv_cache_group_id: int) -> None:
@@ -220,18 +238,24 @@ class EventfulBlockPool(BlockPool):
         known = not replace_existing_hashes and self.carries_key(block, key)
         super().register_partial_block(request, block, num_tokens, key, replace_existing_hashes)
         if not known:
-            hbs = self.hash_block_size
-            n = num_tokens // hbs
-            self.kv_event_queue.append(self._stored(
-                request,
-                [request.block_hashes[n - 1]],
-                request.block_hashes[n - 2] if n > 1 else None,
-                list(request.all_token_ids[(n - 1) * hbs: n * hbs]),
-                hbs,
-                get_group_id(key),
-                n - 1,
-            ))
+            self._queue_partial(request, num_tokens, get_group_id(key))
         return key
+
+    def _queue_partial(self, request: Request, num_tokens: int, group_idx: int) -> None:
+        """The BlockStored of the partial entry at `num_tokens` (a multiple of the hash block
+        size): its last hash block, chained on the hash before it (vLLM's,
+        block_pool.py:533-579)."""
+        hbs = self.hash_block_size
+        n = num_tokens // hbs
+        self.kv_event_queue.append(self._stored(
+            request,
+            [request.block_hashes[n - 1]],
+            request.block_hashes[n - 2] if n > 1 else None,
+            list(request.all_token_ids[(n - 1) * hbs: n * hbs]),
+            hbs,
+            group_idx,
+            n - 1,
+        ))
 
     def _removed(self, keys: list[BlockHashWithGroupId]) -> None:
         """BlockRemoved for each key no block holds any more (another copy keeps it)."""

@@ -117,12 +117,13 @@ def events_match_cache_changes(before: Snapshot, after: Snapshot,
             else:  # each evicted copy may announce it (vLLM, kvcache), never more often
                 count[key] = 0
                 copies[key] -= 1
+    lost = ctx.observations.lost_copies
     # In the events' order, then the maps': a set's order would vary from run to run.
     for key in dict.fromkeys([*count, *before.cache, *after.cache]):
         # A state block (Mamba) drops a key it stored in the op as its request writes on, an
         # unannounced loss whenever another block keeps the key: only the lower bounds hold.
         moved_on = None if _is_state_group(ctx, key[0]) else extended.get(key, 0)
-        problem = _holder_problem(key, holders(key), before, after, moved_on)
+        problem = _holder_problem(key, holders(key), before, after, moved_on, lost.count(key))
         if problem:
             return problem
     return None
@@ -134,14 +135,16 @@ def _is_state_group(ctx: CheckContext, group: int) -> bool:
 
 
 def _holder_problem(key: CacheKey, replayed: int, before: Snapshot, after: Snapshot,
-                    moved_on: int | None) -> str | None:
+                    moved_on: int | None, lost: int = 0) -> str | None:
     """Why `replayed` holders of `key` (the events replayed from the holders before the op)
     disagree with the cache map after it. A key's copy lost while another block holds it
     leaves without an event: each holder before or after may have lost it so, and so may each
     block that stored it in the op and moved on to a longer key chained on it (`moved_on`: a
-    Mamba state's key advancing, a partial entry promoted), so the replay may exceed the
-    holders after by as many. With one holder throughout and nothing chained on the key,
-    nothing is lost unannounced. `moved_on` None: any number may have been lost so."""
+    Mamba state's key advancing, a partial entry promoted), or that the target saw lose it
+    while another block held it (`lost`: a copy stored and evicted in one op, e.g. a failed
+    synchronous load), so the replay may exceed the holders after by as many. With one holder
+    throughout, nothing chained on the key and no copy seen lost, nothing is lost
+    unannounced. `moved_on` None: any number may have been lost so."""
     old, new = set(before.cache.get(key, ())), set(after.cache.get(key, ()))
     if replayed < len(new):
         return (f"block(s) {sorted(new - old) or sorted(new)} newly hold {format_key(key)}, "
@@ -153,7 +156,7 @@ def _holder_problem(key: CacheKey, replayed: int, before: Snapshot, after: Snaps
     if replayed <= len(new) or moved_on is None:
         return None
     unannounced = len(old | new) + moved_on if len(old | new) + moved_on > 1 else 0
-    if replayed > len(new) + unannounced:
+    if replayed > len(new) + unannounced + lost:
         return (f"{format_key(key)} is announced as stored {replayed - len(new)} time(s) more "
                 f"than blocks newly hold it, with no BlockRemoved between (held by "
                 f"{sorted(old)} before, {sorted(new)} after)")

@@ -110,3 +110,41 @@ def test_reannouncing_a_windows_null_placeholders_is_caught():
     """vLLM's re-announcement planted in kvcache: the evicted first block's key is announced."""
     found = run_trace(Trace.load(WINDOW), ["bug:hit-report-names-null-blocks"]).finding
     assert found is not None and found.check == Trace.load(WINDOW).meta["check"], found
+
+
+FINDING_036 = Path(__file__).resolve().parents[2] / "docs/findings"
+PARTIAL_HITS = [FINDING_036 / "036-partial-hit-reported-as-full.json",
+                FINDING_036 / "036-partial-hit-reported-as-full-short.json"]
+
+
+@pytest.mark.parametrize("path", PARTIAL_HITS, ids=["api", "scheduler"])
+def test_a_partial_hit_is_reannounced_as_its_partial_entry(path):
+    """A full-mode hit that ends inside a block (partial_hits) re-announces that block as its
+    partial entry was announced (finding 036): EV4 and EV6 hold on kvcache."""
+    assert run_trace(Trace.load(path), ["kvcache"]).passed
+
+
+@pytest.mark.parametrize("path", PARTIAL_HITS, ids=["api", "scheduler"])
+def test_a_partial_hit_reannounced_as_a_full_block_is_caught(path):
+    """vLLM's re-announcement planted in kvcache: the block under a full key no block holds."""
+    found = run_trace(Trace.load(path), ["bug:hit-report-partial-as-full"]).finding
+    assert found is not None and found.check in {"EV3", "EV4", "EV6"}, found
+
+
+
+def test_a_hit_cut_inside_a_full_block_reannounces_its_full_key():
+    """Groups of 2 and 4 tokens under EAGLE: r1's hit is cut to 2 tokens, inside the 4-token
+    block r0 cached under its full key, which the block holds: that key is re-announced, not a
+    2-token partial key no block holds (EV1 at the take_events)."""
+    config = {"num_blocks": 4, "groups": [{"kind": "full", "block_size": 2},
+                                          {"kind": "full", "block_size": 4}],
+              "max_model_len": 64, "use_eagle": True, "partial_hits": True, "kv_events": True,
+              "kv_cache_report_mode": "full"}
+    ops = [{"op": "add_request", "request_id": r, "prompt": [3, 2, 1, 3], "cache_salt": "a",
+            "max_tokens": 1} for r in ("r0", "r1")]
+    ops += [{"op": "allocate_slots", "request_id": "r0", "num_new_tokens": 4},
+            {"op": "get_num_cached_tokens", "request_id": "r1"}, {"op": "take_events"}]
+    trace = Trace.from_dict({"format": "kvfuzz-trace", "version": 1, "level": "api",
+                             "config": config, "ops": ops})
+    result = run_trace(trace, ["kvcache"])
+    assert result.passed, result.finding
