@@ -114,7 +114,7 @@ def test_reannouncing_a_windows_null_placeholders_is_caught():
 
 FINDING_036 = Path(__file__).resolve().parents[2] / "docs/findings"
 PARTIAL_HITS = [FINDING_036 / "036-partial-hit-reported-as-full.json",
-                FINDING_036 / "036-partial-hit-reported-as-full-short.json"]
+                Path(__file__).resolve().parents[1] / "traces/036-partial-hit-reported-as-full-short.json"]
 
 
 @pytest.mark.parametrize("path", PARTIAL_HITS, ids=["api", "scheduler"])

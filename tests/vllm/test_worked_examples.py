@@ -16,6 +16,7 @@ import pytest
 from kvfuzz.core.config import Config, GroupConfig
 from kvfuzz.core.configs import builtin_config
 from kvfuzz.harness.executor import Execution
+from kvfuzz.harness.vllm_api import VllmUnsupported
 from kvfuzz.harness.vllm_target import vllm_available
 
 
@@ -281,7 +282,10 @@ def test_multi_module_mtp_caches_no_re_prefillable_token_of_the_eagle_group(side
     re-prefilled, so the EAGLE group (full attention) keys nothing, while the state group keys
     its 2-token state (docs/mutation.md, the 200-mutant measure: `cached > 0` → `<= 0` in the
     hybrid coordinator's cacheable tokens keys the full group's block too)."""
-    ex = Execution(builtin_config("qwen3_next_mtp_eagle"), "api", sides)
+    try:
+        ex = Execution(builtin_config("qwen3_next_mtp_eagle"), "api", sides)
+    except VllmUnsupported as exc:  # 0.32's manager has no hash lookahead
+        pytest.skip(str(exc))
     ex.apply(_add("a", [5, 6, 7, 8], max_tokens=1))
     _alloc(ex, "a", 2)
     full, state = _table(ex, "a", 0)[0], _table(ex, "a", 1)[0]
