@@ -283,6 +283,12 @@ def _mutate_parser(sub: Any) -> None:
     m.add_argument("--lines", nargs="+", type=_line_range, default=[], metavar="FILE:A-B",
                    help="mutate only lines A to B of FILE (one of --paths, by its name or a "
                    "path ending), e.g. kv_cache_coordinator.py:722-775 (default: every line)")
+    m.add_argument("--rerun", nargs="+", type=Path, default=[], metavar="REPORT.json",
+                   help="run the mutants these earlier reports list (the slices of one measure "
+                   "together) instead of a new draw, e.g. after a change to the checks or the "
+                   "configs; --sample, --lines and --all-lines do not apply")
+    m.add_argument("--survivors", action="store_true",
+                   help="with --rerun: only the mutants that survived there")
     m.add_argument("--all-lines", action="store_true",
                    help="mutate every line (default: only statements the unmutated campaign "
                    "runs, measured with coverage.py, outside type annotations)")
@@ -301,6 +307,14 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         _positive(option, value)
     if args.resume and args.report is None:
         raise UsageError("--resume needs --report FILE.json, the report to resume")
+    if args.rerun and (args.sample is not None or args.lines or args.all_lines):
+        raise UsageError("--rerun runs the mutants its reports list: drop --sample, --lines "
+                         "and --all-lines")
+    if args.survivors and not args.rerun:
+        raise UsageError("--survivors needs --rerun REPORT.json, the report whose survivors "
+                         "to run")
+    for file in args.rerun:
+        mutate.report_rows(file)
     for option, path in (("--report", args.report), ("--baseline", args.baseline)):
         if path is not None:
             _writable(option, path)
@@ -351,6 +365,12 @@ def _cmd_mutate(args: argparse.Namespace) -> int:
         found = mutate.within(found, ranges)
         spans = " ".join(f"{Path(p).name}:{a}-{b}" for p, a, b in ranges)
         print(f"{len(found)} of them lie in --lines {spans}")
+    if args.rerun:
+        found = mutate.listed(args.target, everything, args.rerun, args.survivors)
+        runs = set(ran)
+        print(f"--rerun: {len(found)} mutants listed"
+              + (" as survivors" if args.survivors else "") + f", {sum(m in runs for m in found)}"
+              " of them on lines this campaign runs")
     chosen = mutate.sample(found, args.sample, args.seed)
     if args.slice != (1, 1):
         drawn, chosen = len(chosen), mutate.part(chosen, *args.slice)

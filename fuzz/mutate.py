@@ -139,13 +139,7 @@ def resumed(report: Report, file: Path) -> list[Result]:
 def resolve(target: str, names: list[str]) -> list[Path]:
     """The source files `names` of the target's package: absolute, or relative to the folder
     holding the package (`vllm/v1/core/block_pool.py`), or to the package (`block_pool.py`)."""
-    package = _PACKAGES.get(target)
-    if package is None:
-        raise MutateError(f"--target {target!r}: mutate knows {', '.join(sorted(_PACKAGES))}")
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise MutateError(f"--target {target}: package {package} is not installed")
-    root = Path(next(iter(spec.submodule_search_locations))).resolve()
+    package, root = _package_root(target)
     paths = []
     for name in names:
         given = Path(name)
@@ -158,6 +152,59 @@ def resolve(target: str, names: list[str]) -> list[Path]:
                               "copy in a venv of your own (docs/mutation.md)")
         paths.append(path)
     return paths
+
+
+def _package_root(target: str) -> tuple[str, Path]:
+    """The target's package and the folder it is installed in."""
+    package = _PACKAGES.get(target)
+    if package is None:
+        raise MutateError(f"--target {target!r}: mutate knows {', '.join(sorted(_PACKAGES))}")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise MutateError(f"--target {target}: package {package} is not installed")
+    return package, Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def report_rows(file: Path) -> list[dict[str, Any]]:
+    """The mutants (one row each) a `--report` file of an earlier run lists."""
+    try:
+        rows = json.loads(file.read_text())["results"]
+        for row in rows:
+            missing = {"path", "operator", "occurrence", "line", "outcome"} - set(row)
+            if missing:
+                raise KeyError(", ".join(sorted(missing)))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise MutateError(f"--rerun {file}: not a report of kvfuzz mutate ({exc!r})") from None
+    return rows
+
+
+def listed(target: str, found: list[Mutant], files: list[Path],
+           survivors: bool = False) -> list[Mutant]:
+    """The mutants of `found` that the earlier reports `files` list (with `survivors`, only
+    those that survived there), in file and line order: matched by the file's path inside the
+    package (`vllm/v1/core/block_pool.py`, wherever the report's copy was installed), operator
+    and occurrence. A listed mutant whose file is not in `found`'s is left out; one that `found`
+    lacks, or holds on another line, means the source changed since: MutateError."""
+    _, root = _package_root(target)
+    inside = {m.path: Path(m.path).relative_to(root.parent).as_posix() for m in found}
+    index = {(inside[m.path], m.operator, m.occurrence): m for m in found}
+    files_inside = set(inside.values())
+    chosen = []
+    for file in files:
+        for row in report_rows(file):
+            if survivors and row.get("outcome") != SURVIVED:
+                continue
+            path = Path(row["path"]).as_posix()
+            where = next((f for f in files_inside if path == f or path.endswith("/" + f)), None)
+            if where is None:
+                continue
+            mutant = index.get((where, row["operator"], row["occurrence"]))
+            if mutant is None or mutant.line != row["line"]:
+                raise MutateError(f"--rerun {file}: {where}:{row['line']} {row['operator']} "
+                                  f"#{row['occurrence']} is not a mutant of the installed "
+                                  "source (it changed since that report)")
+            chosen.append(mutant)
+    return sorted(set(chosen), key=lambda m: (m.path, m.line, m.operator, m.occurrence))
 
 
 LineRange = tuple[str, int, int]

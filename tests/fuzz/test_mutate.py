@@ -199,3 +199,37 @@ def test_lines_outside_the_paths_or_malformed_exit_two(capsys, monkeypatch, argv
     monkeypatch.setattr(mutate, "baseline", lambda *a, **k: pytest.fail("a campaign ran"))
     assert main(["mutate", *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_rerun_takes_the_mutants_an_earlier_report_lists_wherever_it_was_installed(tmp_path):
+    (path,) = mutate.resolve("kvcache", ["block_pool.py"])
+    found = mutate.mutants([path])
+    killed, survived = mutate.sample(found, 2, 3)
+    report = mutate.Report("kvcache", 300, 37, 2)
+    report.results = [mutate.Result(killed, mutate.KILLED, "I10"),
+                      mutate.Result(survived, mutate.SURVIVED)]
+    data = report.as_json()
+    for row in data["results"]:  # the measure ran in another copy of the package
+        row["path"] = "/elsewhere/site-packages/kvcache/" + path.name
+    file = tmp_path / "earlier.json"
+    file.write_text(json.dumps(data))
+    assert mutate.listed("kvcache", found, [file]) == sorted(
+        [killed, survived], key=lambda m: (m.path, m.line, m.operator, m.occurrence))
+    assert mutate.listed("kvcache", found, [file], survivors=True) == [survived]
+    data["results"][0]["line"] += 1  # the source changed since
+    file.write_text(json.dumps(data))
+    with pytest.raises(mutate.MutateError, match="changed since"):
+        mutate.listed("kvcache", found, [file])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--paths", "block_pool.py", "--survivors"], "--survivors"),
+    (["--paths", "block_pool.py", "--rerun", "no_such_report.json"], "no_such_report.json"),
+    (["--paths", "block_pool.py", "--rerun", "r.json", "--sample", "3"], "--sample"),
+])
+def test_bad_reruns_exit_two_before_any_campaign(tmp_path, capsys, monkeypatch, argv, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.json").write_text(json.dumps(mutate.Report("kvcache", 300, 1, 0).as_json()))
+    monkeypatch.setattr(mutate, "baseline", lambda *a, **k: pytest.fail("a campaign ran"))
+    assert main(["mutate", *argv]) == 2
+    assert needle in capsys.readouterr().err
