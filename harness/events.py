@@ -12,11 +12,11 @@ from typing import Any
 
 from kvfuzz.core.sides import KvEvent
 from kvfuzz.core.snapshot import CacheKey
-from kvfuzz.harness.reading import KeyTranslator
+from kvfuzz.harness.reading import KeyTranslator, packed_key
 
 
 def _key(keys: KeyTranslator, block_hash: Any, group: int) -> CacheKey:
-    return keys.key(bytes(block_hash) + group.to_bytes(4, "big"))
+    return keys.key(packed_key(block_hash, group))
 
 
 def _by_value(entry: Any) -> tuple[Any, ...]:

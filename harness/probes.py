@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvfuzz.core.sides import AllocationProbe, CachedReport, Observations
+from kvfuzz.harness.reading import packed_key
 
 
 class _Call:
@@ -168,13 +169,13 @@ class ManagerProbes:
         held = self._pool.cached_block_hash_to_block.contain
         tokens, hashes = request.all_token_ids, request.block_hashes
         last = (full + 1) * bs // hbs
-        suffix = group.to_bytes(4, "big")
-        if last <= len(hashes) and held(bytes(hashes[last - 1]) + suffix, blocks[full].block_id):
+        if last <= len(hashes) and held(packed_key(hashes[last - 1], group),
+                                        blocks[full].block_id):
             return CachedReport(request.request_id, group, 1, bs,
                                 tuple(tokens[full * bs:(full + 1) * bs]),
-                                (bytes(hashes[last - 1]) + suffix,), full)
+                                (packed_key(hashes[last - 1], group),), full)
         n = hit // hbs
-        key = bytes(hashes[n - 1]) + suffix
+        key = packed_key(hashes[n - 1], group)
         if not held(key, blocks[full].block_id):
             return None
         return CachedReport(request.request_id, group, 1, hbs,

@@ -19,6 +19,12 @@ from kvfuzz.core.extra_keys import Extras, key_identity
 from kvfuzz.core.snapshot import CacheKey, RequestView, Snapshot
 
 
+def packed_key(block_hash: Any, group: int) -> bytes:
+    """The key a block is filed under in vLLM's and kvcache's hash map: its hash, then its KV
+    cache group as 4 big-endian bytes (`KeyTranslator` reads it back)."""
+    return bytes(block_hash) + group.to_bytes(4, "big")
+
+
 class KeyTranslator:
     """Maps packed keys (hash bytes + 4-byte big-endian group id, as vLLM and kvcache key
     blocks) back to prefix content, and keeps each request's tokens as a tuple

@@ -22,6 +22,7 @@ from kvfuzz.core.extra_keys import Extras, lora_path
 from kvfuzz.core.trace import Op
 from kvfuzz.kvcache.single_type_kv_cache_manager import MambaManager
 from kvfuzz.harness.manager_side import ManagerSide
+from kvfuzz.harness.reading import packed_key
 from kvfuzz.harness.router_hash import BlockChain, vllm_chain
 from kvfuzz.harness.tolerance import Tolerance
 from kvfuzz.harness.vllm_api import (
@@ -1040,7 +1041,7 @@ class VllmSide(ManagerSide):
             kind = type(event).__name__
             if kind == "AllBlocksCleared":
                 held.clear()
-            packed = [bytes(h) + (getattr(event, "group_idx", 0) or 0).to_bytes(4, "big")
+            packed = [packed_key(h, getattr(event, "group_idx", 0) or 0)
                       for h in getattr(event, "block_hashes", ())]
             if kind == "BlockStored":
                 for key in packed:
