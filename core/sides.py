@@ -38,6 +38,12 @@ class AllocationProbe:
     admission: bool = False
     """The call was made for a WAITING or PREEMPTED request with has_scheduled_reqs set, so
     the watermark applies (docs/spec.md §6.4 step 1)."""
+    new_block_ids: tuple[tuple[int, ...], ...] | None = None
+    """When the call returned blocks on a target: per group of the manager, the ids of the
+    blocks its layer-3 allocate_new_blocks returned (W2); None where not probed."""
+    reported_new_block_ids: tuple[tuple[int, ...], ...] | None = None
+    """With `new_block_ids`: what the returned KVCacheBlocks' `get_block_ids(allow_none=True)`
+    answered, the scheduler's word to the worker (None: no new block in any group)."""
 
     def compared(self) -> tuple[str, str, int | None]:
         """The part two correct sides agree on."""

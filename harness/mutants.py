@@ -1310,3 +1310,26 @@ class _Forgetful(dict):  # type: ignore[type-arg]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         pass
+
+
+@mutant("one-new-block-reads-none", "the KVCacheBlocks allocate_slots returns answers "
+        "get_block_ids(allow_none=True) with None when every group got exactly one new block, "
+        "so a scheduler would tell the worker of none (the vLLM 0.34.0 mutant len == 0 -> "
+        "len == 1 at kv_cache_manager.py:105)", bug="docs/mutation.md S3")
+def _one_new_block_reads_none(side: KvcacheSide) -> None:
+    from kvfuzz.kvcache.kv_cache_manager import KVCacheBlocks
+
+    class OneReadsNone(KVCacheBlocks):
+        __slots__ = ()
+
+        def get_block_ids(self, allow_none: bool = False, *,
+                          group_ids: Any = None) -> tuple[list[int], ...] | None:
+            if allow_none and all(len(group) == 1 for group in self.blocks):
+                return None
+            return super().get_block_ids(allow_none, group_ids=group_ids)
+
+    def around(original, *args, **kwargs):
+        out = original(*args, **kwargs)
+        return OneReadsNone(out.blocks) if out is not None and any(out.blocks) else out
+
+    _around(side.manager, "allocate_slots", around)

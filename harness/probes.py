@@ -3,7 +3,8 @@
 They wrap instance methods (so the same code probes kvcache and every vLLM release): layer 1's
 allocate_slots, layer 2's and every layer-3 manager's get_num_blocks_to_allocate, layer 3's
 add_local_computed_blocks, allocate_external_computed_blocks and allocate_new_blocks, and
-layer 4's get_new_blocks. Both
+layer 4's get_new_blocks. What the returned KVCacheBlocks tells a scheduler's worker
+(`get_block_ids(allow_none=True)`) is read beside the blocks layer 3 allocated (W2). Both
 implementations pass `apply_admission_cap` by keyword, which is how the gate's call is told from
 the per-step one.
 """
@@ -22,7 +23,7 @@ class _Call:
     """What one allocate_slots call did, filled in by the inner wrappers."""
 
     __slots__ = ("request_id", "prediction", "free_before", "group_predictions", "group_taken",
-                 "reserved_blocks", "admission")
+                 "reserved_blocks", "admission", "new_blocks")
 
     def __init__(self, request_id: str, num_groups: int, reserved_blocks: int,
                  admission: bool) -> None:
@@ -33,6 +34,7 @@ class _Call:
         self.free_before: int | None = None
         self.group_predictions: list[int] = [0] * num_groups
         self.group_taken: list[int] = [0] * num_groups
+        self.new_blocks: list[list[int]] = [[] for _ in range(num_groups)]
 
 
 class ManagerProbes:
@@ -59,6 +61,7 @@ class ManagerProbes:
                          "allocate_new_blocks"):
                 if hasattr(single, name):
                     _wrap(single, name, self._group_taking(group_id))
+            _wrap(single, "allocate_new_blocks", self._group_new_blocks(group_id))
 
     def take(self) -> Observations:
         """The observations since the last take."""
@@ -86,11 +89,17 @@ class ManagerProbes:
         if result is None:
             self._record(call, "gate" if call.prediction is None else "capacity")
         else:
-            self._record(call, "blocks", free_after=self._pool.get_num_free_blocks())
+            self._record(call, "blocks", free_after=self._pool.get_num_free_blocks(),
+                         result=result)
         return result
 
-    def _record(self, call: _Call, outcome: str, free_after: int | None = None) -> None:
+    def _record(self, call: _Call, outcome: str, free_after: int | None = None,
+                result: Any = None) -> None:
         step_five = call.prediction is not None and outcome != "error"
+        # What vLLM's Scheduler tells the worker of a running request's new blocks
+        # (`new_block_ids`, 0.34.0 sched/scheduler.py:2011-2013); probed, not assumed.
+        probed = hasattr(result, "get_block_ids")
+        reported = result.get_block_ids(allow_none=True) if probed else None
         self.observations.allocations.append(
             AllocationProbe(
                 request_id=call.request_id,
@@ -102,6 +111,8 @@ class ManagerProbes:
                 group_taken=tuple(call.group_taken) if outcome == "blocks" else None,
                 reserved_blocks=call.reserved_blocks,
                 admission=call.admission,
+                new_block_ids=tuple(map(tuple, call.new_blocks)) if probed else None,
+                reported_new_block_ids=None if reported is None else tuple(map(tuple, reported)),
             )
         )
 
@@ -132,6 +143,15 @@ class ManagerProbes:
                 call = self._call
                 if call is not None:
                     call.group_taken[group_id] += before - self._pool.get_num_free_blocks()
+
+        return around
+
+    def _group_new_blocks(self, group_id: int) -> Callable[..., Any]:
+        def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            blocks = original(*args, **kwargs)
+            if self._call is not None:
+                self._call.new_blocks[group_id].extend(b.block_id for b in blocks)
+            return blocks
 
         return around
 

@@ -150,6 +150,9 @@ def _cases(execution, snaps):
         "W1": (s, s, _ctx(execution, observations=Observations(
             worker_mismatches=["r0's worker table in group 0 has 1 blocks [1], the manager's "
                                "2 [1, 2]", "r1's worker table ..."]))),
+        # One new block allocated, but the result tells the worker of none (the S3 mutant).
+        "W2": (prev, s, _ctx(execution, observations=_probe(
+            new_block_ids=((7,),), reported_new_block_ids=None))),
         "I20": (s, s, _ctx(execution, op=lookup,
                            observations=Observations(lookups=[("r0", 4, 3)]))),
         **_event_cases(execution, s),
@@ -350,6 +353,26 @@ def test_check_passes_on_the_real_state(base, name):
     execution, snaps = base
     ctx = _ctx(execution, op=execution.trace.ops[-1], result=execution.results[-1])
     assert _call(REGISTRY.get(name), snaps[-2], snaps[-1], ctx) is None
+
+
+def test_w2_wants_none_exactly_when_no_group_got_a_block(base):
+    """W2 per group: the allocated ids in order, None only for an allocation of nothing, and
+    nothing judged where no probe read the result (the reference model)."""
+    execution, snaps = base
+    check = REGISTRY.get("W2")
+
+    def told(allocated, reported):
+        ctx = _ctx(execution, observations=_probe(
+            new_block_ids=allocated, reported_new_block_ids=reported))
+        return check.fn(snaps[-2], snaps[-1], ctx)
+
+    assert told(((7,), ()), ((7,), ())) is None
+    assert told(((), ()), None) is None
+    assert told(None, None) is None
+    assert "no new block" in told(((7,), (9,)), None)
+    assert "other blocks" in told(((), ()), ((), ()))
+    assert "other blocks" in told(((7, 8),), ((8, 7),))
+    assert "other blocks" in told(((7,), (9,)), ((7,), ()))
 
 
 def test_c1_wants_a_load_in_flight_for_a_request_waiting_for_remote_kv(base):

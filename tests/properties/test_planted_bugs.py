@@ -94,6 +94,7 @@ EXPECTED = {
     "null-head-overshoot": {"I10", "DIFF-result"},
     "offer-margin-everywhere": {"DIFF-result", "DIFF-state", "DIFF-probe"},
     "offer-margin-cap-or": {"DIFF-result", "DIFF-state", "DIFF-probe"},
+    "one-new-block-reads-none": {"W2"},
 }
 
 
@@ -148,7 +149,8 @@ def test_planted_bug_is_found_shrunk_and_replays(tmp_path, name):
      ("EV4", "stored-on-every-hit", "api"), ("H2", "plain-extras-empty", "api"),
      ("H1", "weak-hash", "api"), ("EV4", "promoted-partial-unannounced", "scheduler"),
      ("H2", "lookahead-unhashed", "api"), ("EV5", "stored-extra-keys-at-start", "api"),
-     ("EV6", "cached-report-dropped", "api")],
+     ("EV6", "cached-report-dropped", "api"), ("W2", "one-new-block-reads-none", "api"),
+     ("W2", "one-new-block-reads-none", "scheduler")],
 )
 def test_check_alone_catches_its_plant(tmp_path, monkeypatch, check, plant, level):
     """Without the model and with every other check removed, the check still fails."""
