@@ -9,6 +9,11 @@ own boundaries").
   a growth whose lookahead cannot fit, so the chunk's blocks are nulled before the allocation
   fails (kv_cache_manager.py:578-589) and a later free walks a table of nulls alone
   (kv_cache_utils.py:223-240); at the scheduler level, prompts a whole number of chunks long.
+- A hash lookahead beside a full-attention block larger than the hash block: a prompt whose
+  last hash boundary inside a block waits on the lookahead, so its prefill keys the block on a
+  shorter partial prefix and its first outputs promote it to the longer one
+  (`cache_partial_block`'s promotion, block_pool.py:521-528; full_attention's prompt tail,
+  single_type_kv_cache_manager.py:864-902).
 
 Uniform draws reach these edges in 1/10 to 1/50 of the examples of the configs that have them,
 too few for the two examples each pair's first batch gets. A config without such a knob draws
@@ -20,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kvfuzz.core.config import Config
+from kvfuzz.core.config import FULL_ATTENTION_KINDS, Config
 from kvfuzz.core.snapshot import RequestView
 from kvfuzz.fuzz.strategies import Choices, between, flip
 
@@ -42,6 +47,14 @@ class Edges:
     """Attention groups: each takes its own blocks for the same tokens."""
     max_model_len: int = 0
     """The longest sequence: a growth's lookahead reaches it at a chunk end."""
+    tail_block_size: int = 0
+    """The block size of a full-attention group whose prompt-tail partial entry waits on the
+    hash lookahead (0: no such group, or no lookahead)."""
+    tail_eagle: bool = False
+    """That group drops EAGLE's unit, so its prompt tail reaches the prompt's last token."""
+    hash_block_size: int = 0
+    hash_lookahead: int = 0
+    """num_hash_lookahead_tokens: a block's hash waits on this many tokens after it."""
 
     def __bool__(self) -> bool:
         return bool(self.watermark_blocks or self.chunk)
@@ -52,13 +65,21 @@ class Edges:
 
 
 def edges(config: Config) -> Edges:
-    """The boundaries of `config` (falsy when it has none)."""
+    """The boundaries of `config` (falsy when it has no watermark or chunk edge)."""
     local = [g for g in config.groups if g.kind == "chunked_local" and g.attention_chunk_size]
     group = local[0] if local else config.groups[0]
+    hbs = config.resolved_hash_block_size
+    tails = [g for g in config.groups if g.kind in FULL_ATTENTION_KINDS and g.block_size != hbs]
+    ahead = config.enable_caching and config.num_hash_lookahead_tokens
+    tail = tails[0] if tails and ahead else None
+    flagged = any(g.eagle for g in config.groups)
     return Edges(watermark_blocks=int(config.watermark * config.num_blocks),
                  chunk=local[0].attention_chunk_size if local else 0,
                  block_size=group.block_size, groups=len(config.groups),
-                 max_model_len=config.max_model_len)
+                 max_model_len=config.max_model_len,
+                 tail_block_size=tail.block_size if tail else 0,
+                 tail_eagle=bool(tail and config.use_eagle and (tail.eagle or not flagged)),
+                 hash_block_size=hbs, hash_lookahead=config.num_hash_lookahead_tokens)
 
 
 def near_edge(choices: Choices, edges: Edges, free: int) -> int:
@@ -112,6 +133,28 @@ def prompt_length(choices: Choices, edges: Edges, free: int, longest: int) -> in
     if edges.chunk:
         length = max(edges.chunk, length // edges.chunk * edges.chunk)
     return min(max(length, 1), longest)
+
+
+def promotes_tail(length: int, edges: Edges) -> bool:
+    """A prompt of `length` tokens keys its tail block on a partial prefix at prefill that its
+    first outputs lengthen within the same block: the prompt's last hash boundary (its last
+    token with EAGLE, else the one before, single_type_kv_cache_manager.py:876-885) lies past
+    the hashes its prefill has, and neither boundary is a block end."""
+    bs, hbs = edges.tail_block_size, edges.hash_block_size
+    limit = length if edges.tail_eagle else length - 1
+    final = limit // hbs * hbs
+    first = min(final, max(length - edges.hash_lookahead, 0) // hbs * hbs)
+    return 0 < first < final and first % bs != 0 and final % bs != 0 and first // bs == final // bs
+
+
+def promoted_tail_length(choices: Choices, edges: Edges, length: int, longest: int) -> int | None:
+    """A prompt length steered to a promoted tail (`promotes_tail`), or None: half the time on
+    a config with a hash lookahead and a full-attention block larger than the hash block, the
+    longest such length up to `length`, else the shortest above it (up to `longest`)."""
+    if not edges.tail_block_size or not flip(choices):
+        return None
+    lengths = [*range(min(length, longest), 0, -1), *range(length + 1, longest + 1)]
+    return next((n for n in lengths if promotes_tail(n, edges)), None)
 
 
 def at_chunk_end(choices: Choices, edges: Edges,

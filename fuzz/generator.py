@@ -17,7 +17,8 @@ whole example. A knob left out keeps its default value. The swarm's decisions ar
 swarm testing is on or not, so an example that keeps everything is the same in both.
 
 Boundaries (`kvfuzz.fuzz.boundaries`): on a config with a watermark or a chunked-local group,
-half the arrivals, admissions, growths and frees land at the edge that knob draws. Connector
+half the arrivals, admissions, growths and frees land at the edge that knob draws; with a hash
+lookahead, half the prompts end where their tail block's partial key is promoted. Connector
 offers (`kvfuzz.fuzz.connector_offers`): on a KV connector config, three scheduler arrivals in
 four copy an earlier prompt, whole or cut to whole blocks, and get a connector offer at once.
 """
@@ -183,9 +184,12 @@ class Rules:
     def edge_prompt(self, tokens_in: list[int], longest: int) -> list[int]:
         """`tokens_in`, or an arrival steered to the config's edges: that prompt repeated or
         cut to the steered length (`boundaries.prompt_length`: the pool's free blocks less the
-        driver's reserve, or whole chunks)."""
+        driver's reserve, or whole chunks; else `boundaries.promoted_tail_length`)."""
         free = self.arrival_room()
         length = boundaries.prompt_length(self.choices, self.edges, free, longest)
+        if length is None:
+            length = boundaries.promoted_tail_length(self.choices, self.edges, len(tokens_in),
+                                                     longest)
         if length is None:
             return tokens_in
         return (tokens_in * (length // len(tokens_in) + 1))[:length]

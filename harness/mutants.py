@@ -570,6 +570,22 @@ def _promoted_partial_unannounced(side: KvcacheSide) -> None:
     _around(pool, "register_full_blocks", around)
 
 
+@mutant("partial-promotion-keeps-key", "a block keyed on a partial prefix keeps that key when "
+        "a longer partial entry promotes it, and files the longer one beside it",
+        bug="vLLM 0.34.0 block_pool.py:525 `n * hbs` -> `n - hbs` (docs/mutation.md, S32)",
+        configs=("qwen3_next_mtp", "qwen3_next_mtp_eagle"))
+def _partial_promotion_keeps_key(side: KvcacheSide) -> None:
+    pool = side.manager.block_pool
+
+    def around(original, request, block, num_tokens, key, replace_existing_hashes=False):
+        if replace_existing_hashes:
+            return original(request, block, num_tokens, key, replace_existing_hashes)
+        pool._insert_block_hash(key, block, num_tokens)  # no removal of the shorter key first
+        return key
+
+    _around(pool, "register_partial_block", around)
+
+
 def _release(ordered_blocks: Any) -> list[Any]:
     """Drop one reference per non-null block; the blocks that reach zero, in order."""
     released = []

@@ -293,6 +293,28 @@ def test_multi_module_mtp_caches_no_re_prefillable_token_of_the_eagle_group(side
     assert ex.state.block_key_tokens[state] == 2
 
 
+def test_a_partial_key_promoted_by_the_hash_lookahead_replaces_the_shorter_one(sides):
+    """Hash blocks of 2 covering the next 2 tokens (qwen3_next_mtp, full bs 8): a 7-token
+    prompt's tail entry wants 6 tokens, but its prefill hashes only 4, so the block is keyed
+    at 4; the first output hashes 6, and the block is promoted: the 6-token key replaces the
+    4-token one (vLLM 0.34.0 block_pool.py:521-528; docs/mutation.md, S32: `n * hbs` → `n -
+    hbs` keeps the 4-token key as the primary and files the 6-token one beside it)."""
+    try:
+        ex = Execution(builtin_config("qwen3_next_mtp"), "api", sides)
+    except VllmUnsupported as exc:  # 0.32's manager has no hash lookahead
+        pytest.skip(str(exc))
+    ex.apply(_add("a", list(range(1, 8)), max_tokens=4))
+    _alloc(ex, "a", 7)
+    block = _table(ex, "a", 0)[0]
+    assert ex.state.block_key_tokens[block] == 4
+    ex.apply({"op": "append_tokens", "request_id": "a", "tokens": [50]})
+    _alloc(ex, "a", 1)
+    assert ex.state.block_key_tokens[block] == 6
+    assert block not in ex.state.extra_keys
+    assert ex.state.block_keys[block] is not None
+    assert [ids for key, ids in ex.state.cache.items() if key[0] == 0] == [(block,)]
+
+
 def test_a_state_block_as_small_as_the_hash_block_is_keyed_on_the_hit_alignment(sides):
     """EAGLE on full attention (bs 16) beside a Mamba align group (bs 8), hash blocks of 8:
     no sub-block hits (the state block is not above the hash block), so hits land on 16 and an
