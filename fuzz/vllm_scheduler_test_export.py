@@ -16,6 +16,7 @@ trace's check:
   (its `dedup_key` ends in `/requests`), each request's `num_computed_tokens` instead;
 - `P1`, where the prediction is below 0 (its message says so): every count of new blocks a KV
   cache group's manager returns (`get_num_blocks_to_allocate`) is at least 0.
+- `I10` (a step raised): that no step raises, each being one the reference model takes.
 
 A trace with a KV connector (`load_remote`, `finish_load`; check `D1`) gets a small connector
 class written into the test on vLLM's `KVConnectorBase_V1`, set up through `KVTransferConfig`
@@ -36,7 +37,8 @@ A scheduler rule the test's Scheduler cannot be given (it runs the release's own
 A step with spec-decode drafts (`step {draft, accept}`) is played as the `vllm-scheduler`
 target plays it: the requests that sample return the first `accept` of the drafts vLLM
 scheduled for them (`scheduled_spec_decode_tokens`) and one sampled token, and then every
-request of the batch is handed `draft` proposals (`update_draft_token_ids`).
+request of the batch is handed `draft` proposals (`update_draft_token_ids`), a request the
+step's `drafted` names only the first `drafted[request]` of them.
 
 The test runs on vLLM's own scheduler, so a finding whose bug lives in the scheduler (or in the
 worker's copies) fails on every release that has it and passes where it is fixed.
@@ -77,6 +79,7 @@ CHECKS = {
                    "model schedules it.",
     "P1": "It records every count of new blocks a KV cache group's manager returns "
           "(get_num_blocks_to_allocate) and asserts that none is below 0.",
+    "I10": "It asserts that no step raises: each is a valid step the reference model takes.",
 }
 """The checks a scheduler-level vLLM test asserts, and what it asserts for each."""
 
@@ -236,6 +239,7 @@ class _SchedulerWriter:
         self.lines: list[str] = []
         self.finishes = False
         self.drafts = False
+        self.drafted = False
         self.held = 0
         self.keep_requests = _diff_in_requests(trace)
         self.assert_scheduled = _diff_in_scheduled(trace)
@@ -259,9 +263,9 @@ class _SchedulerWriter:
                 self._add_request(op, step)
             elif kind == "step":
                 args = [f"sample={op['sample']}"] if op["sample"] else []
-                if op["drafted"] is not None:
+                if op["drafted"] is not None and not op["draft"]:
                     raise VllmTestUnsupported(f"step {step}: a drafter's count per request "
-                                              "(drafted) is not exported")
+                                              "(drafted) is exported with the step's draft")
                 if op["in_flight"] and (op["draft"] or op["accept"] is not None):
                     raise VllmTestUnsupported(f"step {step}: a step in flight with drafts is "
                                               "not exported")
@@ -274,6 +278,9 @@ class _SchedulerWriter:
                 if op["draft"] or op["accept"] is not None:
                     self.drafts = True
                     args += [f"draft={op['draft']}"] if op["draft"] else []
+                    if op["drafted"] is not None:
+                        self.drafted = True
+                        args.append(f"drafted={dict(op['drafted'])!r}")
                     args += [] if op["accept"] is None else [f"accept={op['accept']}"]
                 call = f"step({', '.join(['scheduler', *args])})"
                 if self.assert_scheduled:
@@ -830,6 +837,24 @@ def _with_sync_loads(text: str, policy: str) -> str:
     return text + _SYNC_LOADS
 
 
+def _with_drafted(text: str) -> str:
+    """The test's step() taking a drafter's count per request (`drafted`): a request it names
+    proposes only the first of its drafts (an n-gram drafter may find fewer)."""
+    for old, new in (
+            ("         accept: int | None = None) -> None:",
+             "         accept: int | None = None, drafted: dict | None = None) -> None:"),
+            ("    the batch, the i-th (sample + 1 + its token count + i) mod VOCAB_SIZE.",
+             "    the batch, the i-th (sample + 1 + its token count + i) mod VOCAB_SIZE; a request\n"
+             "    `drafted` names proposes only the first drafted[request id] of them."),
+            ("                     for request in requests]",
+             "                     for request in requests]\n"
+             "        proposals = [p[:(drafted or {}).get(request.request_id, draft)]\n"
+             "                     for p, request in zip(proposals, requests)]")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
 def _returning_scheduled(text: str) -> str:
     """The test's step() returning what it scheduled (tokens per request)."""
     for old, new in (
@@ -922,6 +947,8 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         text = with_encoder_decoder(text, config)
     if writer.assert_scheduled:
         text = _returning_scheduled(text)
+    if writer.drafted:
+        text = _with_drafted(text)
     if writer.drafts:
         text = text.replace("from vllm.v1.outputs import ModelRunnerOutput\n",
                             "from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput\n")
