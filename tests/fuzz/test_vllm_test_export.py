@@ -322,6 +322,29 @@ def test_a_failing_synchronous_load_reports_its_unfilled_blocks_and_asserts_the_
     assert "assert keyed == [1, 2, 3], (" in body
 
 
+def test_a_failing_synchronous_load_on_several_groups_names_its_request():
+    """031 (DIFF-result in the finished requests, two groups, policy "fail"): the step reports
+    the request whose load failed (`failed_recving`, never block ids, which vLLM refuses on
+    several groups) and asserts each step's finished requests."""
+    text = vllm_test_path("031").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert 'kv_load_failure_policy="fail"' in text
+    assert "KVConnectorOutput(failed_recving=failed)" in text
+    assert "invalid_block_ids" not in text
+    assert "    return sorted(before - set(scheduler.requests))\n" in text
+    assert ("sync_load(scheduler, 'r1', 8, 2)\n    finished = step(scheduler)\n"
+            "    assert finished == ['r1'], (") in body
+
+
+def test_a_step_that_raised_is_asserted_by_playing_it():
+    """035 (I10): the test plays the steps, the drafter filling the trace's `drafted`; a step
+    that raises fails it."""
+    text = vllm_test_path("035").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "It asserts that no step raises" in text
+    assert body.rstrip().endswith("step(scheduler, draft=4, drafted={'r1': 3})\n    step(scheduler)")
+
+
 def test_a_synchronous_load_beside_steps_in_flight_is_exit_2(tmp_path, capsys):
     trace = json.loads((FINDINGS_DIR / FINDING_TESTS["029"]).read_text(encoding="utf-8"))
     del trace["ops"][1]["num_loaded_tokens"]  # a load that fills all: the model takes it
