@@ -47,6 +47,7 @@ FINDING_TESTS: dict[str, str] = {
     "029": "029-recompute-failed-blocks-keyed.json",
     "030": "030-encoder-decoder-slots-credited-twice.json",
     "031": "vllm-tests/031-sync-failure-several-groups-budget.json",
+    "036": "036-partial-hit-reported-as-full.json",
     "035": "035-checkpoint-among-drafts.json",
 }
 """Finding number -> the trace its vLLM test comes from. 009's own trace forces sub-block
@@ -64,7 +65,8 @@ the budget, as vLLM's AsyncScheduler derives them (its test leaves a step in fli
 test's connector naming the request) likewise with them at the budget.
 028 (P1), 029 (a synchronous load), 030 (DIFF-result on an encoder-decoder Scheduler) and 035
 (I10: a step with a drafter's count per request raises) are scheduler level too, their tests
-from their own traces."""
+from their own traces. 036's (EV4, api level) forces vLLM's partial hits on, as the `vllm`
+target does."""
 
 TEST_STEMS: dict[str, str] = {
     "023": "023-preempted-after-scheduled",
@@ -92,6 +94,7 @@ SKIPS: dict[str, str] = {
     "026": "kv_events",
     "027": "report_mode",
     "035": "prefill_checkpoints",
+    "036": "request_hit_limit",
 }
 """The adapter feature (harness/vllm_api.FEATURES) a test needs; where the install lacks it the
 test skips itself (its skipif names what is missing)."""

@@ -59,7 +59,7 @@ def test_cli_writes_the_test(tmp_path, capsys):
 
 @pytest.mark.parametrize("trace_file, says", [
     ("016-short-load-window-unloaded.json", "max_in_flight_tokens other than the token budget"),
-    ("009-lookup-bound-raises-ceiling.json", "partial_hits"),
+    ("025-stopped-drafts-stay-computed.json", "partial_hits"),
 ])
 def test_what_a_vllm_test_cannot_express_is_exit_2_and_nothing_written(tmp_path, capsys,
                                                                          trace_file, says):
@@ -334,6 +334,21 @@ def test_a_failing_synchronous_load_on_several_groups_names_its_request():
     assert "    return sorted(before - set(scheduler.requests))\n" in text
     assert ("sync_load(scheduler, 'r1', 8, 2)\n    finished = step(scheduler)\n"
             "    assert finished == ['r1'], (") in body
+
+
+def test_partial_hits_are_forced_on_as_the_vllm_target_forces_them():
+    """036 (api level, partial hits on two attention groups): vLLM turns partial hits on only
+    beside a Mamba "align" group, so the test tells its coordinator they are on, and skips
+    where vLLM has no partial hits."""
+    text = vllm_test_path("036").read_text(encoding="utf-8")
+    body = text[text.index("@pytest.mark.skipif"):]
+    assert "from vllm.v1.core import kv_cache_coordinator\n" in text
+    assert "reason='this vLLM has no partial (sub-block) prefix hits'" in body
+    assert ("def test_partial_hit_reported_as_full(monkeypatch):\n"
+            "    # Partial (sub-block) prefix hits:") in body
+    assert ("    monkeypatch.setattr(kv_cache_coordinator, \"partial_hash_hits_enabled\",\n"
+            "                        lambda *args, **kwargs: True)\n"
+            "    manager = make_manager()\n") in body
 
 
 def test_a_step_that_raised_is_asserted_by_playing_it():
