@@ -46,6 +46,9 @@ FINDING_TESTS: dict[str, str] = {
     "028": "028-align-count-negative.json",
     "029": "029-recompute-failed-blocks-keyed.json",
     "030": "030-encoder-decoder-slots-credited-twice.json",
+    "031": "vllm-tests/031-sync-failure-several-groups-budget.json",
+    "036": "036-partial-hit-reported-as-full.json",
+    "035": "035-checkpoint-among-drafts.json",
 }
 """Finding number -> the trace its vLLM test comes from. 009's own trace forces sub-block
 hits inside vLLM, so its test comes from the same steps on full attention alone; 020's and 021's
@@ -57,9 +60,13 @@ scheduler level: their tests drive vLLM's own Scheduler (fuzz/vllm_scheduler_tes
 cannot set, so its test comes from the same steps without them (on vLLM's own Scheduler, with
 its drafts); 016's keeps its steps with the in-flight tokens at the budget, as vLLM's Scheduler
 derives them (its test writes a KV connector on vLLM's base class); 018's with them at twice
-the budget, as vLLM's AsyncScheduler derives them (its test leaves a step in flight there).
-028 (P1), 029 (a synchronous load) and 030 (DIFF-result on an encoder-decoder Scheduler) are
-scheduler level too, their tests from their own traces."""
+the budget, as vLLM's AsyncScheduler derives them (its test leaves a step in flight there);
+031's (DIFF-result in the finished requests: a failing synchronous load on two groups, its
+test's connector naming the request) likewise with them at the budget.
+028 (P1), 029 (a synchronous load), 030 (DIFF-result on an encoder-decoder Scheduler) and 035
+(I10: a step with a drafter's count per request raises) are scheduler level too, their tests
+from their own traces. 036's (EV4, api level) forces vLLM's partial hits on, as the `vllm`
+target does."""
 
 TEST_STEMS: dict[str, str] = {
     "023": "023-preempted-after-scheduled",
@@ -67,7 +74,8 @@ TEST_STEMS: dict[str, str] = {
 }
 """The finding a test is named for, where its trace file is named otherwise."""
 
-PROPOSED_FIXES = frozenset({"016", "018", "022", "023", "024", "025", "028", "029", "030"})
+PROPOSED_FIXES = frozenset({"016", "018", "022", "023", "024", "025", "028", "029", "030",
+                            "031", "035"})
 """Findings whose tests drive vLLM's own Scheduler, under which kvcache cannot be dropped in
 (and 023's and 024's bugs live in the scheduler and worker, which kvcache shares): their tests
 are shown to pass with the finding doc's fix applied to vLLM (tests/vllm/proposed_fixes.py),
@@ -85,6 +93,8 @@ SKIPS: dict[str, str] = {
     "021": "prefill_checkpoints",
     "026": "kv_events",
     "027": "report_mode",
+    "035": "prefill_checkpoints",
+    "036": "request_hit_limit",
 }
 """The adapter feature (harness/vllm_api.FEATURES) a test needs; where the install lacks it the
 test skips itself (its skipif names what is missing)."""

@@ -16,6 +16,10 @@ trace's check:
   (its `dedup_key` ends in `/requests`), each request's `num_computed_tokens` instead;
 - `P1`, where the prediction is below 0 (its message says so): every count of new blocks a KV
   cache group's manager returns (`get_num_blocks_to_allocate`) is at least 0.
+- `I10` (a step raised): that no step raises, each being one the reference model takes;
+- `DIFF-result`, where the difference is in what a step schedules: each step's tokens per
+  request; where it is in the requests a step finishes: each step's finished requests (those
+  that left the Scheduler).
 
 A trace with a KV connector (`load_remote`, `finish_load`; check `D1`) gets a small connector
 class written into the test on vLLM's `KVConnectorBase_V1`, set up through `KVTransferConfig`
@@ -26,7 +30,8 @@ worker does (`finished_recving`; a short load names the blocks it did not fill,
 group's reads are the window behind each position. A synchronous load (`load_remote {sync:
 true}`; check `DIFF-state`, one group) is offered at the request's lookups until a step admits
 it, and that step's output reports the blocks it failed to fill, under the trace's
-`kv_load_failure_policy`.
+`kv_load_failure_policy`; on several groups (check `DIFF-result` in the finished requests) it
+reports the request instead (`failed_recving`: vLLM's block ids are unique only per group).
 
 A scheduler rule the test's Scheduler cannot be given (it runs the release's own) is refused:
 `scheduler.async_scheduling`, `in_flight_sampling` "wait" beside steps in flight, a
@@ -36,7 +41,8 @@ A scheduler rule the test's Scheduler cannot be given (it runs the release's own
 A step with spec-decode drafts (`step {draft, accept}`) is played as the `vllm-scheduler`
 target plays it: the requests that sample return the first `accept` of the drafts vLLM
 scheduled for them (`scheduled_spec_decode_tokens`) and one sampled token, and then every
-request of the batch is handed `draft` proposals (`update_draft_token_ids`).
+request of the batch is handed `draft` proposals (`update_draft_token_ids`), a request the
+step's `drafted` names only the first `drafted[request]` of them.
 
 The test runs on vLLM's own scheduler, so a finding whose bug lives in the scheduler (or in the
 worker's copies) fails on every release that has it and passes where it is fixed.
@@ -77,6 +83,7 @@ CHECKS = {
                    "model schedules it.",
     "P1": "It records every count of new blocks a KV cache group's manager returns "
           "(get_num_blocks_to_allocate) and asserts that none is below 0.",
+    "I10": "It asserts that no step raises: each is a valid step the reference model takes.",
 }
 """The checks a scheduler-level vLLM test asserts, and what it asserts for each."""
 
@@ -89,6 +96,10 @@ _DRIVES = ("It drives vLLM's own Scheduler as an engine does: add_request, then 
 _REQUESTS_PROPERTY = ("It asserts each request's num_computed_tokens after the steps: every "
                       "token whose KV the steps computed, no more.")
 """What a DIFF-state test whose difference is in the requests asserts."""
+
+_FINISHED_PROPERTY = ("It asserts which requests each step finishes (those that leave the "
+                      "Scheduler), as the reference model finishes them.")
+"""What a DIFF-result test whose difference is in the finished requests asserts."""
 
 _FREE_QUEUE_PROPERTY = ("It asserts the order of the free queue after the steps: the order in "
                         "which the freed blocks reached it, which is the order they are evicted.")
@@ -125,10 +136,12 @@ def _refuse_config(trace: Trace) -> None:
     if config.kv_connector and loads and (check != "D1" or len(config.groups) != 1):
         raise VllmTestUnsupported("a trace with KV loads is exported with check D1 on one KV "
                                   "cache group (a short load names its blocks there)")
-    if _sync_loads(trace) and (check != "DIFF-state" or len(config.groups) != 1):
+    if _sync_loads(trace) and not (check == "DIFF-state" and len(config.groups) == 1
+                                   or _diff_in_finished(trace) and len(config.groups) > 1):
         raise VllmTestUnsupported("a trace with synchronous KV loads is exported with check "
                                   "DIFF-state on one KV cache group (a failing one names its "
-                                  "blocks there)")
+                                  "blocks there) or DIFF-result in the finished requests on "
+                                  "several (a failing one names its request there)")
     if _sync_loads(trace) and _in_flight(trace):
         raise VllmTestUnsupported("synchronous KV loads beside steps in flight are not exported "
                                   "(a step's report of its failed loads is taken at once)")
@@ -158,9 +171,14 @@ def _refuse_config(trace: Trace) -> None:
         if group.kind not in SPEC_CLASSES and group.kind != "cross":
             raise VllmTestUnsupported(f"group kind {group.kind!r}: a vLLM test builds "
                                       f"{', '.join(SPEC_CLASSES)} groups")
-    if check == "DIFF-result" and not _diff_in_scheduled(trace):
+    if check == "DIFF-result" and not (_diff_in_scheduled(trace) or _diff_in_finished(trace)):
         raise VllmTestUnsupported("check DIFF-result: a scheduler-level vLLM test asserts it "
-                                  "only where the difference is in what a step schedules")
+                                  "only where the difference is in what a step schedules or "
+                                  "which requests it finishes")
+    if _diff_in_finished(trace) and any(op.get("op") == "step" and (
+            op.get("draft") or op.get("accept") is not None) for op in trace.ops):
+        raise VllmTestUnsupported("check DIFF-result in the finished requests beside drafts "
+                                  "is not exported")
     if check == "DIFF-result" and in_flight:
         raise VllmTestUnsupported("check DIFF-result beside steps in flight is not exported")
     if check not in CHECKS:
@@ -216,6 +234,12 @@ def _diff_in_scheduled(trace: Trace) -> bool:
     return trace.meta.get("check") == "DIFF-result" and key.endswith("/scheduled")
 
 
+def _diff_in_finished(trace: Trace) -> bool:
+    """Whether a DIFF-result finding's difference is in which requests a step finished."""
+    key = str(trace.meta.get("dedup_key") or "")
+    return trace.meta.get("check") == "DIFF-result" and key.endswith("/finished")
+
+
 def _diff_in_free_queue(trace: Trace) -> bool:
     """Whether a DIFF-state finding's difference is in the free queue (its `dedup_key`)."""
     key = str(trace.meta.get("dedup_key") or "")
@@ -236,9 +260,11 @@ class _SchedulerWriter:
         self.lines: list[str] = []
         self.finishes = False
         self.drafts = False
+        self.drafted = False
         self.held = 0
         self.keep_requests = _diff_in_requests(trace)
         self.assert_scheduled = _diff_in_scheduled(trace)
+        self.assert_finished = _diff_in_finished(trace)
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -259,9 +285,9 @@ class _SchedulerWriter:
                 self._add_request(op, step)
             elif kind == "step":
                 args = [f"sample={op['sample']}"] if op["sample"] else []
-                if op["drafted"] is not None:
+                if op["drafted"] is not None and not op["draft"]:
                     raise VllmTestUnsupported(f"step {step}: a drafter's count per request "
-                                              "(drafted) is not exported")
+                                              "(drafted) is exported with the step's draft")
                 if op["in_flight"] and (op["draft"] or op["accept"] is not None):
                     raise VllmTestUnsupported(f"step {step}: a step in flight with drafts is "
                                               "not exported")
@@ -274,10 +300,15 @@ class _SchedulerWriter:
                 if op["draft"] or op["accept"] is not None:
                     self.drafts = True
                     args += [f"draft={op['draft']}"] if op["draft"] else []
+                    if op["drafted"] is not None:
+                        self.drafted = True
+                        args.append(f"drafted={dict(op['drafted'])!r}")
                     args += [] if op["accept"] is None else [f"accept={op['accept']}"]
                 call = f"step({', '.join(['scheduler', *args])})"
                 if self.assert_scheduled:
                     self._assert_scheduled(call, step, result)
+                elif self.assert_finished:
+                    self._assert_finished(call, step, result)
                 else:
                     self.emit(call)
             elif kind == "complete_step":
@@ -309,6 +340,14 @@ class _SchedulerWriter:
         self.emit(f"assert scheduled == {want!r}, (")
         self.emit(f"    f\"trace op {step + 1} scheduled {{scheduled}}; the reference model "
                   f"schedules {shown}\")")
+
+    def _assert_finished(self, call: str, step: int, result: Any) -> None:
+        """The step, asserting it finishes the requests the reference model finished."""
+        want = sorted(result["finished"] if isinstance(result, dict) else result.finished)
+        self.emit(f"finished = {call}")
+        self.emit(f"assert finished == {want!r}, (")
+        self.emit(f"    f\"trace op {step + 1} finished {{finished}}; the reference model "
+                  f"finishes {want}\")")
 
     def _load(self, op: dict[str, Any], step: int, execution: Execution, result: Any) -> None:
         """A KV load's start or end, played with the request alone: vLLM's Scheduler would
@@ -677,6 +716,22 @@ def load_failures(scheduler: Scheduler, output, runner_output: ModelRunnerOutput
 """What a test with synchronous KV loads adds: the connector offering them, the op, and the
 worker's report of the blocks a failing one did not fill."""
 
+_GROUP_FAILURES = '''
+
+def load_failures(scheduler: Scheduler, output, runner_output: ModelRunnerOutput):
+    """The worker's report of the synchronous loads the step admitted, on a model with several
+    KV cache groups: each that failed to fill its blocks by its request (failed_recving), as
+    vLLM's Scheduler asks of a connector there (block ids are unique only within a group);
+    returns runner_output with it."""
+    admitted, scheduler.connector.admitted = scheduler.connector.admitted, {}
+    failed = {request_id for request_id, external in admitted.items()
+              if scheduler.connector.sync_valid.pop(request_id, external) < external}
+    if failed:
+        runner_output.kv_connector_output = KVConnectorOutput(failed_recving=failed)
+    return runner_output
+'''
+"""What a test with synchronous KV loads on several KV cache groups reports instead."""
+
 _COUNTS = '''
 
 def record_counts(scheduler: Scheduler) -> list:
@@ -814,9 +869,10 @@ def _with_connector_imports(text: str, loads: bool) -> str:
     return text
 
 
-def _with_sync_loads(text: str, policy: str) -> str:
+def _with_sync_loads(text: str, policy: str, groups: int) -> str:
     """The test's connector offering synchronous loads, under the trace's failure policy, and
-    each step reporting the blocks its admitted loads failed to fill."""
+    each step reporting the blocks its admitted loads failed to fill (on several KV cache
+    groups, the requests)."""
     report = ("scheduler.update_from_output(output, load_failures(\n"
               "        scheduler, output, model_output(req_ids, sampled)))\n")
     for old, new in (
@@ -827,7 +883,47 @@ def _with_sync_loads(text: str, policy: str) -> str:
             ("scheduler.update_from_output(output, model_output(req_ids, sampled))\n", report)):
         assert old in text, old
         text = text.replace(old, new)
-    return text + _SYNC_LOADS
+    if groups == 1:
+        return text + _SYNC_LOADS
+    return text + _SYNC_LOADS[:_SYNC_LOADS.index("\n\ndef load_failures(")] + _GROUP_FAILURES
+
+
+def _with_drafted(text: str) -> str:
+    """The test's step() taking a drafter's count per request (`drafted`): a request it names
+    proposes only the first of its drafts (an n-gram drafter may find fewer)."""
+    for old, new in (
+            ("         accept: int | None = None) -> None:",
+             "         accept: int | None = None, drafted: dict | None = None) -> None:"),
+            ("    the batch, the i-th (sample + 1 + its token count + i) mod VOCAB_SIZE.",
+             "    the batch, the i-th (sample + 1 + its token count + i) mod VOCAB_SIZE; a request\n"
+             "    `drafted` names proposes only the first drafted[request id] of them."),
+            ("                     for request in requests]",
+             "                     for request in requests]\n"
+             "        proposals = [p[:(drafted or {}).get(request.request_id, draft)]\n"
+             "                     for p, request in zip(proposals, requests)]")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+def _returning_finished(text: str) -> str:
+    """The test's step() returning the requests it finished (those that left the Scheduler)."""
+    for old, new in (
+            ("def step(scheduler: Scheduler, sample: int = 0) -> None:",
+             "def step(scheduler: Scheduler, sample: int = 0) -> list:"),
+            ("    computed all its tokens samples (sample + its token count) mod VOCAB_SIZE.",
+             "    computed all its tokens samples (sample + its token count) mod VOCAB_SIZE.\n"
+             "    Returns the ids of the requests it finished (that left the Scheduler), sorted."),
+            ("    output = scheduler.schedule()\n    req_ids",
+             "    before = set(scheduler.requests)\n"
+             "    output = scheduler.schedule()\n    req_ids")):
+        assert old in text, old
+        text = text.replace(old, new)
+    for end in ("model_output(req_ids, sampled)))\n", "model_output(req_ids, sampled))\n"):
+        if end in text:
+            returned = "    return sorted(before - set(scheduler.requests))\n"
+            return text.replace(end, end + returned, 1)
+    raise AssertionError("step() has no update_from_output")
 
 
 def _returning_scheduled(text: str) -> str:
@@ -874,7 +970,8 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
     model = dict(TINY_MODEL, vocab_size=s.vocab_size, max_position_embeddings=config.max_model_len)
     heading, finding = title(trace, source)
     prop = (_REQUESTS_PROPERTY if writer.keep_requests else _FREE_QUEUE_PROPERTY
-            if _diff_in_free_queue(trace) else CHECKS[check])
+            if _diff_in_free_queue(trace) else _FINISHED_PROPERTY if writer.assert_finished
+            else CHECKS[check])
     text = docstring(heading, finding, source.as_posix(), *_DRIVES, prop) + _HEADER.format(
         sha256_import=SHA256_IMPORT,
         specs=(cross_spec_imports if cross else spec_imports)(config),
@@ -915,13 +1012,17 @@ def render_scheduler_test(trace: Trace, source: Path) -> str:
         if config.kv_connector:
             text = _with_connector_imports(text + _CONNECTOR, loads=False)
         if _sync_loads(trace):
-            text = _with_sync_loads(text, s.kv_load_failure_policy)
+            text = _with_sync_loads(text, s.kv_load_failure_policy, len(config.groups))
     if _in_flight(trace):
         text = _with_async_scheduler(text)
     if cross:
         text = with_encoder_decoder(text, config)
     if writer.assert_scheduled:
         text = _returning_scheduled(text)
+    if writer.assert_finished:
+        text = _returning_finished(text)
+    if writer.drafted:
+        text = _with_drafted(text)
     if writer.drafts:
         text = text.replace("from vllm.v1.outputs import ModelRunnerOutput\n",
                             "from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput\n")

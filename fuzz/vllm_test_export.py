@@ -373,6 +373,8 @@ _GUARDS = {
                     "this vLLM's Mamba spec has no prefill checkpoint blocks"),
     "report_mode": ("not hasattr(BlockPool, \"emit_cached_block_events\")",
                     "this vLLM has no kv_cache_report_mode \"full\""),
+    "partial_hits": ("not hasattr(kv_cache_coordinator, \"partial_hash_hits_enabled\")",
+                     "this vLLM has no partial (sub-block) prefix hits"),
     "external": ("\"num_external_computed_tokens\" not in inspect.signature("
                  "KVCacheManager.allocate_slots).parameters",
                  "this vLLM's allocate_slots takes no external (KV connector) tokens"),
@@ -388,8 +390,6 @@ def render_vllm_test(trace: Trace, source: Path) -> str:
 
         return render_scheduler_test(trace, source)
     config = trace.config
-    if config.partial_hits:
-        raise VllmTestUnsupported("config option partial_hits forces vLLM internals; not exported")
     for group in config.groups:
         spec(group)
     writer = _Writer(trace)
@@ -401,6 +401,8 @@ def render_vllm_test(trace: Trace, source: Path) -> str:
         needs.add("checkpoints")
     if any(op.get("num_external_computed_tokens") for op in trace.ops):
         needs.add("external")
+    if config.partial_hits:
+        needs.add("partial_hits")
     sampling_extra = ""
     if config.kv_cache_report_mode != "incremental":
         needs.add("report_mode")
@@ -423,6 +425,9 @@ def render_vllm_test(trace: Trace, source: Path) -> str:
     if "report_mode" in needs:
         text = text.replace("from vllm.v1.core.kv_cache_manager", "from vllm.v1.core.block_pool "
                             "import BlockPool\nfrom vllm.v1.core.kv_cache_manager", 1)
+    if config.partial_hits:
+        text = text.replace("from vllm.v1.core.kv_cache_manager", "from vllm.v1.core import "
+                            "kv_cache_coordinator\nfrom vllm.v1.core.kv_cache_manager", 1)
     if writer.check == "EV4":
         text = text.replace("get_request_block_hasher, init_none_hash", "(\n    "
                             "get_block_hash,\n    get_group_id,\n    get_request_block_hasher,"
@@ -431,7 +436,9 @@ def render_vllm_test(trace: Trace, source: Path) -> str:
     if needs:
         body += [f"@pytest.mark.skipif({_GUARDS[n][0]}, reason={_GUARDS[n][1]!r})"
                  for n in sorted(needs)]
-    body.append(f"def {function_name(finding)}():")
+    body.append(f"def {function_name(finding)}({'monkeypatch' if config.partial_hits else ''}):")
+    if config.partial_hits:
+        body += _FORCED_PARTIAL_HITS
     body.append("    manager = make_manager()")
     if writer.check == "P1":
         body += ["    counted = []  # what the admission check counts, call by call",
@@ -442,6 +449,14 @@ def render_vllm_test(trace: Trace, source: Path) -> str:
     body += writer.lines
     return text + "\n\n" + "\n".join(body) + "\n"
 
+
+_FORCED_PARTIAL_HITS = [
+    "    # Partial (sub-block) prefix hits: vLLM turns them on only beside a Mamba \"align\" group",
+    "    # (kv_cache_utils.partial_hash_hits_enabled); the trace's groups are attention alone,",
+    "    # so the coordinator is told they are on.",
+    "    monkeypatch.setattr(kv_cache_coordinator, \"partial_hash_hits_enabled\",",
+    "                        lambda *args, **kwargs: True)"]
+"""What a test of a config with `partial_hits` does before it builds the manager."""
 
 _PROPERTY = {
     "DIFF-result": "It asserts that the call the spec refuses raises ValueError and that every "

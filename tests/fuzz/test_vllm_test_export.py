@@ -59,7 +59,7 @@ def test_cli_writes_the_test(tmp_path, capsys):
 
 @pytest.mark.parametrize("trace_file, says", [
     ("016-short-load-window-unloaded.json", "max_in_flight_tokens other than the token budget"),
-    ("009-lookup-bound-raises-ceiling.json", "partial_hits"),
+    ("025-stopped-drafts-stay-computed.json", "partial_hits"),
 ])
 def test_what_a_vllm_test_cannot_express_is_exit_2_and_nothing_written(tmp_path, capsys,
                                                                          trace_file, says):
@@ -320,6 +320,44 @@ def test_a_failing_synchronous_load_reports_its_unfilled_blocks_and_asserts_the_
     assert "scheduler.update_from_output(output, load_failures(" in text
     assert "sync_load(scheduler, 'r6', 15, 12)\n    step(scheduler)\n" in body
     assert "assert keyed == [1, 2, 3], (" in body
+
+
+def test_a_failing_synchronous_load_on_several_groups_names_its_request():
+    """031 (DIFF-result in the finished requests, two groups, policy "fail"): the step reports
+    the request whose load failed (`failed_recving`, never block ids, which vLLM refuses on
+    several groups) and asserts each step's finished requests."""
+    text = vllm_test_path("031").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert 'kv_load_failure_policy="fail"' in text
+    assert "KVConnectorOutput(failed_recving=failed)" in text
+    assert "invalid_block_ids" not in text
+    assert "    return sorted(before - set(scheduler.requests))\n" in text
+    assert ("sync_load(scheduler, 'r1', 8, 2)\n    finished = step(scheduler)\n"
+            "    assert finished == ['r1'], (") in body
+
+
+def test_partial_hits_are_forced_on_as_the_vllm_target_forces_them():
+    """036 (api level, partial hits on two attention groups): vLLM turns partial hits on only
+    beside a Mamba "align" group, so the test tells its coordinator they are on, and skips
+    where vLLM has no partial hits."""
+    text = vllm_test_path("036").read_text(encoding="utf-8")
+    body = text[text.index("@pytest.mark.skipif"):]
+    assert "from vllm.v1.core import kv_cache_coordinator\n" in text
+    assert "reason='this vLLM has no partial (sub-block) prefix hits'" in body
+    assert ("def test_partial_hit_reported_as_full(monkeypatch):\n"
+            "    # Partial (sub-block) prefix hits:") in body
+    assert ("    monkeypatch.setattr(kv_cache_coordinator, \"partial_hash_hits_enabled\",\n"
+            "                        lambda *args, **kwargs: True)\n"
+            "    manager = make_manager()\n") in body
+
+
+def test_a_step_that_raised_is_asserted_by_playing_it():
+    """035 (I10): the test plays the steps, the drafter filling the trace's `drafted`; a step
+    that raises fails it."""
+    text = vllm_test_path("035").read_text(encoding="utf-8")
+    body = text[text.index("def test_"):]
+    assert "It asserts that no step raises" in text
+    assert body.rstrip().endswith("step(scheduler, draft=4, drafted={'r1': 3})\n    step(scheduler)")
 
 
 def test_a_synchronous_load_beside_steps_in_flight_is_exit_2(tmp_path, capsys):

@@ -89,18 +89,24 @@ def test_the_generators_draw_counts_on_configs_with_drafts(config):
     assert drafted and any(0 in counts.values() for counts in drafted)
 
 
-def test_a_vllm_test_export_refuses_a_drafters_count(tmp_path, capsys):
+def test_a_vllm_test_export_takes_a_drafters_count_with_the_steps_draft(tmp_path, capsys):
+    """The test's drafter proposes a named request only the first `drafted` of its drafts
+    (finding 035's test); a count without the step's `draft` is refused (exit 2)."""
     from kvfuzz.core.trace import Trace
     from kvfuzz.fuzz.cli import main as kvfuzz
 
-    trace = Trace(EAGLE, "scheduler", [_add("a", list(range(6))),
-                                       {"op": "step", "draft": 2, "drafted": {"a": 1}}],
-                  {"check": "DIFF-state"})
-    path = tmp_path / "t.json"
-    trace.save(path)
-    assert kvfuzz(["export", str(path), "--vllm-test", str(tmp_path / "t.py")]) == 2
+    for step, code in (({"op": "step", "draft": 2, "drafted": {"a": 1}}, 0),
+                       ({"op": "step", "drafted": {"a": 1}}, 2)):
+        trace = Trace(EAGLE, "scheduler", [_add("a", list(range(6))), {"op": "step"}, step],
+                      {"check": "DIFF-state"})
+        path, out = tmp_path / "t.json", tmp_path / f"t{code}.py"
+        trace.save(path)
+        assert kvfuzz(["export", str(path), "--vllm-test", str(out)]) == code
+        assert out.exists() is (code == 0)
     assert "drafted" in capsys.readouterr().err
-    assert not (tmp_path / "t.py").exists()
+    text = (tmp_path / "t0.py").read_text(encoding="utf-8")
+    assert "step(scheduler, draft=2, drafted={'a': 1})" in text
+    assert "proposals = [p[:(drafted or {}).get(request.request_id, draft)]" in text
 
 
 def test_a_step_drafts_no_more_than_the_state_groups_keep_blocks_for():

@@ -1,13 +1,13 @@
-"""The fixes that findings 016, 018, 022-025 and 028-030 propose, applied while their vLLM
+"""The fixes that findings 016, 018, 022-025, 028-031 and 035 propose, applied while their vLLM
 tests run.
 
 A pytest plugin (`-p proposed_fixes`, this folder on the path) for the subprocess of
 tests/vllm/test_finding_vllm_tests.py that shows each test of `PROPOSED_FIXES`
 (kvfuzz.fuzz.finding_tests) passing once its bug is fixed. The tests drive vLLM's own Scheduler,
 which kvcache dropped in cannot stand under, so the fix is patched into vLLM's manager (022, the
-rule 0.33 added), its Scheduler (016, 023; 025, the rule 0.33 added), its coordinator (018), its
-encoder cache manager (030) or the test module's stand-in for vLLM's worker copy (024), never
-into the generated file's text.
+rule 0.33 added), its Scheduler (016, 023, 031; 025, the rule 0.33 added), its coordinator (018),
+its Mamba manager (035), its encoder cache manager (030) or the test module's stand-in for
+vLLM's worker copy (024), never into the generated file's text.
 """
 
 from __future__ import annotations
@@ -227,8 +227,46 @@ def fix_030(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(EncoderDecoderCacheManager, "free_encoder_input", credit_once)
 
 
+def fix_031(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """031's fix under "fail": `_handle_failed_recving` takes a running request the connector
+    names (its synchronous load failed) as it takes one waiting for remote KV, so the step
+    fails it (`scheduler.py:3839-3852` in 0.34.0 takes only `WAITING_FOR_REMOTE_KVS`)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import RequestStatus
+
+    handle = Scheduler._handle_failed_recving
+
+    def handle_running_too(self: Any, failed_req_ids: set[str]) -> set[str]:
+        affected = handle(self, failed_req_ids)
+        if self.recompute_kv_load_failures:
+            return affected
+        return affected | {req_id for req_id in failed_req_ids
+                           if (request := self.requests.get(req_id)) is not None
+                           and request.status == RequestStatus.RUNNING}
+
+    monkeypatch.setattr(Scheduler, "_handle_failed_recving", handle_running_too)
+
+
+def fix_035(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """035's fix: the Mamba manager reserves no prefill checkpoint for a step whose main-model
+    tokens reach past the request's (its drafts). The manager is passed the prefill end
+    `max(P, T - 1)` (`kv_cache_manager.py:550` in 0.34.0), so such a step is one past
+    `prefill_end + 1`."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    needs = MambaManager._needs_internal_checkpoint
+
+    def needs_outside_drafts(self: Any, request_id: str, query_start: int, query_end: int,
+                             checkpoint_position: int, prefill_end: int) -> bool:
+        return query_end <= prefill_end + 1 and needs(
+            self, request_id, query_start, query_end, checkpoint_position, prefill_end)
+
+    monkeypatch.setattr(MambaManager, "_needs_internal_checkpoint", needs_outside_drafts)
+
+
 FIXES = {"016": fix_016, "018": fix_018, "022": fix_022, "023": fix_023, "024": fix_024,
-         "025": fix_025, "028": fix_028, "029": fix_029, "030": fix_030}
+         "025": fix_025, "028": fix_028, "029": fix_029, "030": fix_030, "031": fix_031,
+         "035": fix_035}
 """Finding number -> its proposed fix."""
 
 

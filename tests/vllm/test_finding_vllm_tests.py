@@ -10,7 +10,7 @@ vLLM signatures they call (`init_none_hash`, `get_request_block_hasher(size, sha
 embeddings as a tensor, `MambaSpec(shapes=, dtypes=)`). Each side runs all tests in one pytest
 subprocess, so each module imports a fresh vLLM.
 
-A scheduler-level finding's test (016, 018, 022-025, 028-030) drives vLLM's own Scheduler,
+A scheduler-level finding's test (016, 018, 022-025, 028-031, 035) drives vLLM's own Scheduler,
 which imports names of `vllm.v1.core` that kvcache does not offer, so it does not run through
 the drop-in: it must pass with the finding doc's fix applied to vLLM
 (tests/vllm/proposed_fixes.py; 022's is the rule 0.33 added, and its test also passes unpatched
@@ -110,7 +110,7 @@ def test_each_finding_test_passes_on_kvcache_through_the_drop_in(tmp_path):
 
 
 def test_each_scheduler_bug_test_passes_with_its_proposed_fix(tmp_path):
-    """016, 018, 022-025 and 028-030 on vLLM with the fix their doc proposes
+    """016, 018, 022-025, 028-031 and 035 on vLLM with the fix their doc proposes
     (tests/vllm/proposed_fixes.py)."""
     outcomes = _outcomes(tmp_path, numbers=sorted(PROPOSED_FIXES),
                          options=("-p", "proposed_fixes"))
