@@ -1,5 +1,5 @@
 """Drafts steered across a Mamba "align" table's block end, then rejected (docs/vllm.md,
-"Drafts on Mamba 'align' configs: why campaigns missed the surplus").
+"Why campaigns missed two plants on 0.32 and 0.33").
 
 A state group in "align" mode keeps `cdiv(tokens, block_size) + num_speculative_blocks`
 blocks; a step over drafts that cross a block end grows its table by one, and when the drafts
