@@ -20,6 +20,9 @@ Boundaries (`kvfuzz.fuzz.boundaries`): on a config with a watermark or a chunked
 half the arrivals, admissions, growths and frees land at the edge that knob draws. Connector
 offers (`kvfuzz.fuzz.connector_offers`): on a KV connector config, three scheduler arrivals in
 four copy an earlier prompt, whole or cut to whole blocks, and get a connector offer at once.
+Align drafts (`kvfuzz.fuzz.align_drafts`): on a Mamba "align" config with a drafter, half the
+spec steps taken while a decoding request sits short of a block end cross it with the most
+drafts and reject them at the next step.
 """
 
 from __future__ import annotations
