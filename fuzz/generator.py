@@ -21,6 +21,9 @@ half the arrivals, admissions, growths and frees land at the edge that knob draw
 lookahead, half the prompts end where their tail block's partial key is promoted. Connector
 offers (`kvfuzz.fuzz.connector_offers`): on a KV connector config, three scheduler arrivals in
 four copy an earlier prompt, whole or cut to whole blocks, and get a connector offer at once.
+Align drafts (`kvfuzz.fuzz.align_drafts`): on a Mamba "align" config with a drafter, half the
+spec steps taken while a decoding request sits short of a block end cross it with the most
+drafts and reject them at the next step.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from kvfuzz.core.sync_load_failures import (
     several_groups,
 )
 from kvfuzz.core.snapshot import RequestView
-from kvfuzz.fuzz import boundaries, connector_offers
+from kvfuzz.fuzz import align_drafts, boundaries, connector_offers
 from kvfuzz.fuzz.strategies import (
     TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, extra_keys, flip, pick, prefixes,
     prompt, tokens, vary_config,
@@ -613,12 +616,20 @@ class SchedulerRules(Rules):
         first few kept; each request that sampled proposes up to MAX_DRAFTS new ones (no more
         than the state groups keep blocks for, `Config.max_drafts`; fixed
         drafts: fills its placeholders), half the time some running requests fewer, as a
-        drafter that finds fewer (n-gram) does (`drafted`)."""
+        drafter that finds fewer (n-gram) does (`drafted`). On a Mamba "align" config, half
+        the time a decoding request sits short of a block end, the most drafts cross it and
+        the next step rejects them and proposes none (`kvfuzz.fuzz.align_drafts`)."""
         c = self.choices
         fixed = self.config.scheduler.num_speculative_tokens  # placed every step: no draft
         sample = c.below(TOKEN_VOCAB)
         kept = self.config.max_drafts
         most = MAX_DRAFTS if kept is None else min(MAX_DRAFTS, kept)
+        if not fixed and align_drafts.crosses_block_end(
+                align_drafts.align_block_size(self.config), self.views("RUNNING"), most
+        ) and flip(c):
+            self.apply(op="step", sample=sample, draft=most, accept=0)
+            self.apply(op="step", sample=c.below(TOKEN_VOCAB), accept=0)
+            return
         draft = 0 if fixed else between(c, 0, most)
         accept = pick(c, (None, 0, between(c, 0, fixed or most)))
         drafted = {rid: between(c, 0, fixed or draft) for rid, _ in self.views("RUNNING")

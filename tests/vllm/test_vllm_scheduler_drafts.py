@@ -178,13 +178,12 @@ def test_the_plant_that_gives_back_an_align_surplus_is_caught_on_the_finding_tra
     assert "predicted 0 blocks but the free count fell by -3" in result.finding.message
 
 
-@pytest.mark.skipif(
-    settled_blocks_rule() != "at_output",
-    reason="under settled_blocks 'next_step' (0.32, 0.33) a 150-example campaign does not "
-           "catch the plant (bench: not found in 3 x 30 s on 0.33); the finding's trace does")
 def test_the_align_surplus_plant_is_caught_by_a_campaign(tmp_path, capsys):
+    """On every release, under its `settled_blocks` rule: the generators steer drafts across
+    an align block end, then reject them (`kvfuzz.fuzz.align_drafts`; seed 0 finds it
+    between examples 12 and 22 on 0.32.0 and 0.33.0)."""
     assert kvfuzz(["run", "--target", "vllm-scheduler-bug:align-surplus-freed", "--level",
-                   "scheduler", "--config", "qwen3_next_eagle", "--examples", "150",
+                   "scheduler", "--config", "qwen3_next_eagle", "--examples", "40",
                    "--corpus", str(tmp_path)]) == 1, capsys.readouterr().out
     assert [p.name for p in tmp_path.glob("P1-qwen3_next_eagle-*.json")]
 
