@@ -34,12 +34,14 @@ _KEEPS_LOOKUPS = frozenset({"get_computed_blocks", "add_request", "get_num_cache
 
 
 def publishes_after_output(config: Config) -> bool:
-    """Whether the driver caches a request's blocks after each output it samples, as vLLM
-    0.34's `update_from_output` does on a model with Mamba layers and prefix caching
-    (`sched/scheduler.py:2453-2470`): `scheduler.settled_blocks` "at_output" (docs/spec.md
-    §7)."""
-    return (config.enable_caching and any(g.kind == "mamba" for g in config.groups)
-            and config.scheduler.settled_blocks == "at_output")
+    """Whether the driver caches a request's blocks after each output it samples, as vLLM's
+    `update_from_output` does with prefix caching (`sched/scheduler.py:2449-2471` in 0.34.0,
+    `:2402-2415` in 0.33.0) for a request that had output placeholders, which under async
+    scheduling is every request that samples (`scheduler.async_scheduling`), and, in 0.34, on
+    a model with Mamba layers (`scheduler.settled_blocks` "at_output"; docs/spec.md §7)."""
+    s = config.scheduler
+    return config.enable_caching and (s.async_scheduling or (
+        any(g.kind == "mamba" for g in config.groups) and s.settled_blocks == "at_output"))
 
 
 class ManagerSide:

@@ -17,6 +17,7 @@ from typing import Any
 
 from kvfuzz.core.config import Config
 from kvfuzz.harness.kvcache_target import KvcacheSide
+from kvfuzz.harness.manager_side import publishes_after_output
 from kvfuzz.harness.targets import register_target
 
 
@@ -1271,6 +1272,18 @@ def _reprefillable_cached(side: KvcacheSide) -> None:
         "finishes", bug="docs/spec.md §5.7", configs=("qwen3_next_mtp",))
 def _output_unpublished(side: KvcacheSide) -> None:
     _on_scheduler(side, lambda scheduler: setattr(scheduler, "publish_after_output", False))
+
+
+@mutant("async-output-unpublished", "under async scheduling the driver caches nothing after a "
+        "request's output (vLLM 0.33+'s `update_from_output` publishes for a request with "
+        "output placeholders): under hash lookahead the block a sampled token completes is "
+        "never cached when its request finishes", bug="docs/spec.md §5.7")
+def _async_output_unpublished(side: KvcacheSide) -> None:
+    config = side.config
+    synchronous = config.replace(scheduler=dataclasses.replace(config.scheduler,
+                                                               async_scheduling=False))
+    _on_scheduler(side, lambda scheduler: setattr(
+        scheduler, "publish_after_output", publishes_after_output(synchronous)))
 
 
 @mutant("landed-load-first", "a landed KV load goes first in line, ahead of the loads that "

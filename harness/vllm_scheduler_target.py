@@ -117,6 +117,23 @@ def _publishes_after_output(async_scheduling: bool, mamba: bool) -> bool:
         async_scheduling or mamba and "has_mamba_layers" in source)
 
 
+def publishing_rule(async_scheduling: bool) -> bool:
+    """The `scheduler.async_scheduling` by which this vLLM's scheduler (AsyncScheduler with
+    `async_scheduling`) publishes a request's settled tokens after each output, which under
+    hash lookahead caches the hash block the sampled token completes: true where its
+    `update_from_output` caches the blocks of a request that had output placeholders, every
+    request that sampled under async scheduling (`scheduler.py:2449-2471` in 0.34.0,
+    `:2402-2415` in 0.33.0; `async_scheduler.py:36-38` in 0.34.0, `:44-46` in 0.33.0); false
+    on the synchronous Scheduler, and on 0.32's AsyncScheduler (no `cache_blocks` there)."""
+    return async_scheduling and _publishes_after_output(True, False)
+
+
+def _hashes_ahead(config: Config) -> bool:
+    """Whether publishing after an output can cache anything on `config` that the step's
+    allocation did not: MTP hash lookahead with prefix caching (docs/spec.md §5.7)."""
+    return bool(config.num_hash_lookahead_tokens) and config.enable_caching
+
+
 def settled_blocks_rule() -> str:
     """The `scheduler.settled_blocks` rule this vLLM's synchronous Scheduler follows on a
     Mamba hybrid with prefix caching: "at_output" where `update_from_output` caches the
@@ -273,14 +290,15 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "scheduler.num_speculative_tokens where vLLM's update_from_output does not cache a "
          "request's settled tokens after its output (0.32: the blocks its kept drafts fill "
          "wait for its next step; kvfuzz's driver publishes them, as 0.33+)"),
-        (bool(config.num_hash_lookahead_tokens) and config.enable_caching
+        (_hashes_ahead(config)
          and _publishes_after_output(async_scheduling,
                                      any(g.kind == "mamba" for g in config.groups))
          != publishes_after_output(config),
          "MTP hash lookahead where vLLM's Scheduler and kvfuzz's driver differ on publishing "
          "states after each output, which caches the hash block the sampled token completes "
-         "(vLLM publishes under async scheduling, and on a Mamba hybrid from 0.34; the "
-         "driver on a Mamba hybrid with scheduler.settled_blocks \"at_output\")"),
+         "(vLLM publishes under async scheduling from 0.33, and on a Mamba hybrid from 0.34; "
+         "the driver under scheduler.async_scheduling true, and on a Mamba hybrid with "
+         "scheduler.settled_blocks \"at_output\")"),
     )
     named = [why for on, why in reasons if on] + _loop_rules_differ(config)
     return "; ".join(named) if named else None
@@ -826,7 +844,9 @@ class VllmSchedulerSide(VllmSide):
         in flight (`deferred_frees`), the loop rules it follows (`loop_rules`), the encoder
         release rule it follows with a bound encoder (`scheduler.async_scheduling`), when the
         synchronous one caches an output's settled blocks on a Mamba hybrid
-        (`settled_blocks_rule`), and its
+        (`settled_blocks_rule`), whether it publishes after each output under hash lookahead
+        (`scheduler.async_scheduling`, `publishing_rule`; a bound encoder's release rule
+        decides it there), and its
         encoder unbound where a bound is not compared (cross attention on a release whose
         waiting loop stops at a blocked request): what a campaign runs its built-in and
         generated configs with
@@ -851,6 +871,11 @@ class VllmSchedulerSide(VllmSide):
         if _encoder_bound(config) and config.scheduler.async_scheduling != release:
             config = config.replace(scheduler=dataclasses.replace(
                 config.scheduler, async_scheduling=release))
+        publish = publishing_rule(cls.async_scheduling)
+        if (_hashes_ahead(config) and not _encoder_bound(config)
+                and config.scheduler.async_scheduling != publish):
+            config = config.replace(scheduler=dataclasses.replace(
+                config.scheduler, async_scheduling=publish))
         return config
 
     def _takes_drafts(self) -> bool:

@@ -138,9 +138,9 @@ class Scheduler:
         self.num_prefill_lookahead = num_prefill_lookahead
         # vLLM's "fail" kv_load_failure_policy: a short load fails its request (§13.2).
         self.fail_short_loads = fail_short_loads
-        # vLLM 0.34's `update_from_output` caches what a request's output finalized (on a
-        # Mamba hybrid with prefix caching): under hash lookahead, the block whose lookahead
-        # the sampled token completes (docs/spec.md §5.7).
+        # vLLM's `update_from_output` caches what a request's output finalized (under async
+        # scheduling, 0.33+; on a Mamba hybrid with prefix caching, 0.34): under hash
+        # lookahead, the block whose lookahead the sampled token completes (docs/spec.md §5.7).
         self.publish_after_output = publish_after_output
         # vLLM's AsyncScheduler schedules a request whose sampling step is in flight past the
         # token still to come (output placeholders); its Scheduler under pipeline parallelism

@@ -62,11 +62,12 @@ class Driver:
         """Mamba "align": prefill chunks end where a state can be cached (docs/spec.md §11.3)."""
         self.states = any(g.kind == "mamba" for g in manager.layout.groups)
         """State groups: loads leave the last token and fail whole when short (§13.2)."""
-        self.publishes = (self.states and manager.layout.caching
-                          and self.cfg.settled_blocks == "at_output")
-        """§7: with state groups and caching on, a request that samples caches its settled
-        tokens after the output (under hash lookahead, the block its new token completes),
-        unless `settled_blocks` leaves them to its next step."""
+        self.publishes = manager.layout.caching and (
+            self.cfg.async_scheduling or self.states and self.cfg.settled_blocks == "at_output")
+        """§7: with caching on, a request that samples caches its settled tokens after the
+        output (under hash lookahead, the block its new token completes) under async
+        scheduling, and with state groups unless `settled_blocks` leaves them to its next
+        step."""
         bounded = self.cfg.encoder_budget is not None or self.cfg.encoder_cache_size is not None
         self.encoder = EncoderCache(self.cfg.encoder_cache_size) if bounded else None
         """§7.2: multimodal inputs against an encoder budget and cache (None: neither bound)."""

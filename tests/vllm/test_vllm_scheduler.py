@@ -588,8 +588,9 @@ def test_mtp_runs_where_vllm_and_the_driver_publish_alike():
     kvfuzz's driver now does), and publishes states after each output under async scheduling
     (0.33+) and on a Mamba hybrid (0.34; `cache_blocks` in `update_from_output`), which with
     hash lookahead caches the hash block the sampled token completes; kvfuzz's driver
-    publishes on a Mamba hybrid only, under `scheduler.settled_blocks` "at_output", so a
-    config is refused where the two differ, and runs under this release's rule."""
+    publishes under `scheduler.async_scheduling` and on a Mamba hybrid under
+    `scheduler.settled_blocks` "at_output", so a config is refused where the two differ, and
+    runs under this release's rule (tests/vllm/test_vllm_scheduler_async_mtp.py)."""
     assert unsupported_reason(engine(BUILTIN["deepseek_v3_mtp"][1])) is None
     assert unsupported_reason(engine(BUILTIN["deepseek_v3_mtp3"][1])) is None
     if load_vllm().has("hash_lookahead"):
