@@ -201,7 +201,8 @@ class SchedulerConfig:
     async_scheduling: bool = False
     """Every step that samples counts its sampled tokens as output placeholders until its
     output is taken, as vLLM's AsyncScheduler does, so the encoder inputs its output releases
-    end by `computed − placeholders`, the step's own included (docs/spec.md §7.2)."""
+    end by `computed − placeholders`, the step's own included (docs/spec.md §7.2), and, with
+    caching on, each output publishes the request's settled tokens (§7)."""
 
     def __post_init__(self) -> None:
         ranges = self.num_speculative_tokens_per_batch_size

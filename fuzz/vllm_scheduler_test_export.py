@@ -201,8 +201,9 @@ def _refuse_scheduler_rules(trace: Trace) -> None:
     model's outcome under another."""
     s = trace.config.scheduler
     if s.async_scheduling:
-        raise VllmTestUnsupported("scheduler.async_scheduling true (the encoder release rule of "
-                                  "vLLM's AsyncScheduler) is not exported")
+        raise VllmTestUnsupported("scheduler.async_scheduling true (the encoder release and "
+                                  "output publishing rules of vLLM's AsyncScheduler) is not "
+                                  "exported")
     if _in_flight(trace) and s.in_flight_sampling != "placeholders":
         raise VllmTestUnsupported(f"scheduler.in_flight_sampling {s.in_flight_sampling!r} "
                                   "beside steps in flight (a test's AsyncScheduler counts "
