@@ -55,10 +55,12 @@ def checked_steps_per_second(traces: list[Trace], repeats: int) -> float:
 
 
 def hunt(name: str, seed: int, budget: float) -> tuple[float | None, int | None, str]:
-    names = PLANTS[name][2]
-    return first_counterexample(target=f"vllm-scheduler-bug:{name}", seconds=budget, seed=seed,
+    names, target = PLANTS[name][2], f"vllm-scheduler-bug:{name}"
+    # A plant's config file under the loop rules this vLLM follows, as `cannot_apply` probes it.
+    engine = get_target(target).engine_config
+    return first_counterexample(target=target, seconds=budget, seed=seed,
                                 configs=names, levels=("scheduler",),
-                                config_files=tuple(PLANT_CONFIGS[n] for n in names
+                                config_files=tuple(engine(PLANT_CONFIGS[n]) for n in names
                                                    if n in PLANT_CONFIGS))
 
 

@@ -488,35 +488,16 @@ def planted(name: str) -> Callable[[Config, str], Side]:
     return build
 
 
-_BINDING_ENCODER = frozenset({"cross-encoder-unbudgeted"})
-"""Plants that show only where the encoder budget binds."""
-
-
-def _encoder_bound(config: Config) -> bool:
-    return (config.scheduler.encoder_budget is not None
-            or config.scheduler.encoder_cache_size is not None)
-
-
 def cannot_apply(name: str) -> str | None:
     """Why plant NAME cannot apply on the installed vLLM, or None: probed by building its
     side on each of its configs (under the engine's rules, as a campaign runs them), where the
-    target cannot take the config or the Scheduler lacks a method the patch reads, or where a
-    plant of `_BINDING_ENCODER` runs with its config's encoder bound dropped (`cross` on 0.32,
-    `VllmSchedulerSide.engine_config`)."""
+    target cannot take the config or the Scheduler lacks a method the patch reads."""
     info = get_target(f"vllm-scheduler-bug:{name}")
     reasons = []
     for config_name in PLANTS[name][2]:
         try:
             config = PLANT_CONFIGS.get(config_name) or builtin_config(config_name)
-            engine = info.engine_config(config)
-            if name in _BINDING_ENCODER and not _encoder_bound(engine):
-                from kvfuzz.harness.vllm_scheduler_target import unsupported_reason
-
-                reasons.append(f"{config_name}: a campaign runs it with its encoder budget "
-                               f"dropped on this vLLM, and the plant shows only against a "
-                               f"binding one ({unsupported_reason(config)})")
-                continue
-            info.build(engine, "scheduler")
+            info.build(info.engine_config(config), "scheduler")
         except VllmUnsupported as exc:
             reasons.append(f"{config_name}: {exc}")
         except AttributeError as exc:

@@ -188,11 +188,11 @@ def _loop_rules_differ(config: Config) -> list[str]:
     can decide a step: the self-preemption rule under priority, the blocked-waiting rule with
     an encoder bound or a prefill lookahead (docs/spec.md §7, §7.2)."""
     s, rules = config.scheduler, loop_rules()
-    bound = _encoder_bound(config) and not config.has_cross_attention
     return [f"scheduler.{name} {getattr(s, name)!r} (this vLLM's Scheduler follows "
             f"{rules[name]!r})"
             for name, matters in (("self_preemption", s.policy == "priority"),
-                                  ("blocked_waiting", bound or config.num_prefill_lookahead > 0))
+                                  ("blocked_waiting",
+                                   _encoder_bound(config) or config.num_prefill_lookahead > 0))
             if matters and getattr(s, name) != rules[name]]
 
 
@@ -270,10 +270,6 @@ def unsupported_reason(config: Config, async_scheduling: bool = False) -> str | 
          "cross attention beside a KV connector or multimodal inputs (vLLM schedules an "
          "encoder-decoder request's encoder input only at 0 computed tokens, from its one "
          "multimodal feature)"),
-        (config.has_cross_attention and _encoder_bound(config)
-         and loop_rules()["blocked_waiting"] == "stop",
-         "an encoder budget with cross attention where vLLM's waiting loop stops at a request "
-         "whose encoder input it cannot take (0.32: `break`; not compared)"),
         (s.async_scheduling != release,
          f"scheduler.async_scheduling {str(s.async_scheduling).lower()} beside an encoder "
          f"budget or cache (this vLLM's {type_name} releases encoder inputs by the rule "
@@ -844,12 +840,9 @@ class VllmSchedulerSide(VllmSide):
         in flight (`deferred_frees`), the loop rules it follows (`loop_rules`), the encoder
         release rule it follows with a bound encoder (`scheduler.async_scheduling`), when the
         synchronous one caches an output's settled blocks on a Mamba hybrid
-        (`settled_blocks_rule`), whether it publishes after each output under hash lookahead
-        (`scheduler.async_scheduling`, `publishing_rule`; a bound encoder's release rule
-        decides it there), and its
-        encoder unbound where a bound is not compared (cross attention on a release whose
-        waiting loop stops at a blocked request): what a campaign runs its built-in and
-        generated configs with
+        (`settled_blocks_rule`), and whether it publishes after each output under hash
+        lookahead (`scheduler.async_scheduling`, `publishing_rule`; a bound encoder's release
+        rule decides it there): what a campaign runs its built-in and generated configs with
         (`harness.targets.TargetInfo.engine_config`)."""
         rule = in_flight_sampling_rule(cls.async_scheduling)
         if config.deferred_frees and config.scheduler.in_flight_sampling != rule:
@@ -858,11 +851,6 @@ class VllmSchedulerSide(VllmSide):
         rules = loop_rules()
         if any(getattr(config.scheduler, name) != rule for name, rule in rules.items()):
             config = config.replace(scheduler=dataclasses.replace(config.scheduler, **rules))
-        if (config.has_cross_attention and _encoder_bound(config)
-                and rules["blocked_waiting"] == "stop"):
-            # Not compared there (`unsupported_reason`): run encoders unbound.
-            config = config.replace(scheduler=dataclasses.replace(
-                config.scheduler, encoder_budget=None, encoder_cache_size=None))
         if (not cls.async_scheduling and _settles_outputs(config)
                 and config.scheduler.settled_blocks != settled_blocks_rule()):
             config = config.replace(scheduler=dataclasses.replace(

@@ -64,6 +64,20 @@ def test_a_waiting_request_its_encoder_cannot_take_ends_the_waiting_loop_only_un
     assert ex.apply({"op": "step"})["scheduled"] == second
 
 
+@pytest.mark.parametrize("rule, first", [("skip", [["a", 6, 0], ["c", 6, 0]]),
+                                         ("stop", [["a", 6, 0]])])
+def test_an_encoder_decoder_input_the_budget_cannot_take_ends_the_loop_only_under_stop(
+        rule, first):
+    """`cross` binds the encoder budget (12): a's encoder input (10) leaves 2, so b's (5)
+    cuts b to no token. Under "skip" c's (2), behind b, is admitted; under "stop" (vLLM
+    0.32's `break`, which vLLM compares on cross too) the waiting loop ends at b."""
+    ex = Execution(_with("cross", blocked_waiting=rule), "scheduler", ("kvcache",))
+    for i, (rid, tokens) in enumerate((("a", 10), ("b", 5), ("c", 2))):
+        ex.apply(_add(rid, list(range(10 * i, 10 * i + 6)), num_encoder_tokens=tokens,
+                      max_tokens=3))
+    assert ex.apply({"op": "step"})["scheduled"] == first
+
+
 @pytest.mark.parametrize("field, value", [("self_preemption", "break"),
                                           ("blocked_waiting", "continue")])
 def test_a_bad_loop_rule_is_refused_naming_it(field, value):

@@ -29,8 +29,9 @@ from kvfuzz.harness.vllm_target import vllm_available
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(
     not (vllm_available() and _passes_over_encoder_blocked()),
-    reason="needs a vLLM this adapter drives that binds encoders (0.33+: 0.32's waiting loop "
-           "stops at a request whose encoder inputs it cannot take)")]
+    reason="needs a vLLM whose waiting loop passes a blocked request over (0.33+): these "
+           "configs and finding 030's file run under the default rule 'skip' (0.32's `break` on cross: "
+           "test_vllm_scheduler_cross_loop_rule.py)")]
 
 
 def _config(async_scheduling: bool):

@@ -24,8 +24,9 @@ from kvfuzz.harness.vllm_target import vllm_available
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(
     not (vllm_available() and _passes_over_encoder_blocked()),
-    reason="needs a vLLM this adapter drives that binds encoders on cross (0.33+: 0.32's "
-           "waiting loop stops at a request whose encoder input it cannot take)")]
+    reason="needs a vLLM whose waiting loop passes a blocked request over (0.33+): the "
+           "config file runs under the default rule 'skip' (0.32's `break` on cross: "
+           "test_vllm_scheduler_cross_loop_rule.py)")]
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "docs" / "configs" / (
     "whisper-encoder-cache-async.json")

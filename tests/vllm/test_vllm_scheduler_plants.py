@@ -46,21 +46,3 @@ def test_a_plant_on_a_config_no_built_in_is_applies():
     rather than asking for a built-in of that name."""
     assert PLANTS["sync-failure-window-nulls-skipped"][2] == ("mistral_connector_fail",)
     assert cannot_apply("sync-failure-window-nulls-skipped") is None
-
-
-def test_the_cross_budget_plant_cannot_apply_where_cross_runs_unbound(monkeypatch):
-    """`cross-encoder-unbudgeted` shows only against a binding encoder budget; where vLLM's
-    waiting loop stops at a blocked request (0.32) a campaign runs `cross` with its budget
-    dropped (not compared there), so the plant cannot apply, saying why. `encoder-input-skipped`
-    on the same config needs no budget and still applies."""
-    from kvfuzz.harness import vllm_scheduler_target as target
-
-    rules = target.loop_rules()
-    if rules["blocked_waiting"] == "skip":
-        assert cannot_apply("cross-encoder-unbudgeted") is None
-    monkeypatch.setattr(target, "loop_rules", lambda: {**rules, "blocked_waiting": "stop"})
-    why = cannot_apply("cross-encoder-unbudgeted")
-    assert why is not None and why.startswith(
-        "cross: a campaign runs it with its encoder budget dropped on this vLLM"), why
-    assert "waiting loop stops at a request whose encoder input it cannot take" in why
-    assert cannot_apply("encoder-input-skipped") is None
