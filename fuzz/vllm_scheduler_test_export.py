@@ -804,10 +804,18 @@ def step(scheduler: Scheduler{forward_arg}, sample: int = 0, draft: int = 0,
 '''
 
 
+def _substituted(text: str, pairs: tuple[tuple[str, str], ...]) -> str:
+    """`text` with each (old, new) of `pairs` replaced in turn; each old must be there."""
+    for old, new in pairs:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
 def _with_async_scheduler(text: str) -> str:
     """The test's Scheduler made vLLM's AsyncScheduler (async scheduling on), whose step() can
     leave its output in flight (held in a list until complete() takes it)."""
-    for old, new in (
+    text = _substituted(text, (
             ("from vllm.v1.core.sched.scheduler import Scheduler\n",
              "from vllm.v1.core.sched.async_scheduler import AsyncScheduler\n"
              "from vllm.v1.core.sched.scheduler import Scheduler\n"),
@@ -839,16 +847,14 @@ def _with_async_scheduler(text: str) -> str:
              "    if in_flight is None:\n"
              "        scheduler.update_from_output(output, take_output())\n"
              "    else:\n"
-             "        in_flight.append((output, take_output))\n")):
-        assert old in text, old
-        text = text.replace(old, new)
+             "        in_flight.append((output, take_output))\n")))
     return text + _COMPLETE
 
 
 def _with_connector_imports(text: str, loads: bool) -> str:
     """The test's imports and VllmConfig with the connector set up (policy "recompute");
     with `loads`, what reporting a load's end takes too."""
-    for old, new in (
+    return _substituted(text, (
             ("from vllm.config import CacheConfig, DeviceConfig, ModelConfig,",
              "from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,"),
             ("from vllm.sampling_params import SamplingParams\n",
@@ -864,10 +870,7 @@ def _with_connector_imports(text: str, loads: bool) -> str:
              "                                 kv_connector=\"TraceConnector\", "
              "kv_connector_module_path=__name__,\n"
              "                                 kv_role=\"kv_consumer\", "
-             "kv_load_failure_policy=\"recompute\"))")):
-        assert old in text, old
-        text = text.replace(old, new)
-    return text
+             "kv_load_failure_policy=\"recompute\"))")))
 
 
 def _with_sync_loads(text: str, policy: str, groups: int) -> str:
@@ -876,14 +879,12 @@ def _with_sync_loads(text: str, policy: str, groups: int) -> str:
     groups, the requests)."""
     report = ("scheduler.update_from_output(output, load_failures(\n"
               "        scheduler, output, model_output(req_ids, sampled)))\n")
-    for old, new in (
+    text = _substituted(text, (
             ("from vllm.v1.outputs import ModelRunnerOutput\n",
              "from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput\n"),
             ('kv_connector="TraceConnector"', 'kv_connector="SyncLoadConnector"'),
             ('kv_load_failure_policy="recompute"', f'kv_load_failure_policy="{policy}"'),
-            ("scheduler.update_from_output(output, model_output(req_ids, sampled))\n", report)):
-        assert old in text, old
-        text = text.replace(old, new)
+            ("scheduler.update_from_output(output, model_output(req_ids, sampled))\n", report)))
     if groups == 1:
         return text + _SYNC_LOADS
     return text + _SYNC_LOADS[:_SYNC_LOADS.index("\n\ndef load_failures(")] + _GROUP_FAILURES
@@ -892,7 +893,7 @@ def _with_sync_loads(text: str, policy: str, groups: int) -> str:
 def _with_drafted(text: str) -> str:
     """The test's step() taking a drafter's count per request (`drafted`): a request it names
     proposes only the first of its drafts (an n-gram drafter may find fewer)."""
-    for old, new in (
+    return _substituted(text, (
             ("         accept: int | None = None) -> None:",
              "         accept: int | None = None, drafted: dict | None = None) -> None:"),
             ("    the batch, the i-th (sample + 1 + its token count + i) mod VOCAB_SIZE.",
@@ -901,15 +902,12 @@ def _with_drafted(text: str) -> str:
             ("                     for request in requests]",
              "                     for request in requests]\n"
              "        proposals = [p[:(drafted or {}).get(request.request_id, draft)]\n"
-             "                     for p, request in zip(proposals, requests)]")):
-        assert old in text, old
-        text = text.replace(old, new)
-    return text
+             "                     for p, request in zip(proposals, requests)]")))
 
 
 def _returning_finished(text: str) -> str:
     """The test's step() returning the requests it finished (those that left the Scheduler)."""
-    for old, new in (
+    text = _substituted(text, (
             ("def step(scheduler: Scheduler, sample: int = 0) -> None:",
              "def step(scheduler: Scheduler, sample: int = 0) -> list:"),
             ("    computed all its tokens samples (sample + its token count) mod VOCAB_SIZE.",
@@ -917,9 +915,7 @@ def _returning_finished(text: str) -> str:
              "    Returns the ids of the requests it finished (that left the Scheduler), sorted."),
             ("    output = scheduler.schedule()\n    req_ids",
              "    before = set(scheduler.requests)\n"
-             "    output = scheduler.schedule()\n    req_ids")):
-        assert old in text, old
-        text = text.replace(old, new)
+             "    output = scheduler.schedule()\n    req_ids")))
     for end in ("model_output(req_ids, sampled)))\n", "model_output(req_ids, sampled))\n"):
         if end in text:
             returned = "    return sorted(before - set(scheduler.requests))\n"
@@ -929,7 +925,7 @@ def _returning_finished(text: str) -> str:
 
 def _returning_scheduled(text: str) -> str:
     """The test's step() returning what it scheduled (tokens per request)."""
-    for old, new in (
+    return _substituted(text, (
             ("def step(scheduler: Scheduler, sample: int = 0) -> None:",
              "def step(scheduler: Scheduler, sample: int = 0) -> dict:"),
             ("    computed all its tokens samples (sample + its token count) mod VOCAB_SIZE.",
@@ -937,10 +933,7 @@ def _returning_scheduled(text: str) -> str:
              "    Returns the tokens it scheduled per request."),
             ("    scheduler.update_from_output(output, model_output(req_ids, sampled))\n",
              "    scheduler.update_from_output(output, model_output(req_ids, sampled))\n"
-             "    return dict(output.num_scheduled_tokens)\n")):
-        assert old in text, old
-        text = text.replace(old, new)
-    return text
+             "    return dict(output.num_scheduled_tokens)\n")))
 
 
 def render_scheduler_test(trace: Trace, source: Path) -> str:
