@@ -31,7 +31,7 @@ pytestmark = [
 
 MTP = ("deepseek_v3_mtp", "deepseek_v3_mtp3", "qwen3_next_mtp", "qwen3_next_mtp_eagle")
 engine = get_target("vllm-async-scheduler").engine_config
-hashing_ahead = pytest.mark.skipif(not load_vllm().has("hash_lookahead"),
+hashing_ahead = pytest.mark.skipif(not (vllm_available() and load_vllm().has("hash_lookahead")),
                                    reason="this vLLM does not hash ahead (0.32)")
 
 
