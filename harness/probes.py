@@ -60,8 +60,7 @@ class ManagerProbes:
             for name in ("add_local_computed_blocks", "allocate_external_computed_blocks",
                          "allocate_new_blocks"):
                 if hasattr(single, name):
-                    _wrap(single, name, self._group_taking(group_id))
-            _wrap(single, "allocate_new_blocks", self._group_new_blocks(group_id))
+                    _wrap(single, name, self._group_taking(group_id, name == "allocate_new_blocks"))
 
     def take(self) -> Observations:
         """The observations since the last take."""
@@ -134,24 +133,21 @@ class ManagerProbes:
 
         return around
 
-    def _group_taking(self, group_id: int) -> Callable[..., Any]:
+    def _group_taking(self, group_id: int, returns_new: bool) -> Callable[..., Any]:
+        """Counts the free blocks a group's call takes; with `returns_new` (allocate_new_blocks)
+        the call's result is the group's new blocks, whose ids W2 reads."""
         def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             before = self._pool.get_num_free_blocks()
+            blocks = None
             try:
-                return original(*args, **kwargs)
+                blocks = original(*args, **kwargs)
+                return blocks
             finally:
                 call = self._call
                 if call is not None:
                     call.group_taken[group_id] += before - self._pool.get_num_free_blocks()
-
-        return around
-
-    def _group_new_blocks(self, group_id: int) -> Callable[..., Any]:
-        def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            blocks = original(*args, **kwargs)
-            if self._call is not None:
-                self._call.new_blocks[group_id].extend(b.block_id for b in blocks)
-            return blocks
+                    if returns_new and blocks is not None:
+                        call.new_blocks[group_id].extend(b.block_id for b in blocks)
 
         return around
 
