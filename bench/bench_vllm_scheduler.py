@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--plants", nargs="+", default=list(PLANTS), choices=list(PLANTS),
                         help="planted bugs to hunt (default: all)")
     args = parser.parse_args()
-    logging.disable(logging.WARNING)
+    logging.disable(logging.ERROR)  # vLLM logs each request a failing load fails as an error
     from vllm import __version__
 
     print(f"vLLM {__version__}: scheduler steps per second (median of {args.repeats})")
