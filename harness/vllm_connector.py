@@ -383,7 +383,11 @@ class ConnectorLoads:
         # The admission that follows a promotion in the same `schedule()` was refused; its
         # lookup's junction is redone when the request is admitted.
         request.shared_prefix_boundary = boundary
-        if request.num_computed_tokens:
+        if any(self.vllm.kv_cache_manager.get_block_ids(request_id)):
+            # It kept the load's blocks: the connector offers it no other load, as NIXL
+            # triggers one transfer a request (`do_remote_prefill`). Its count may be 0 here (a
+            # 1-token prompt loaded whole computes its token again), where vLLM, whose WAITING
+            # requests have computed tokens after a load, asks the connector again.
             self._landed.add(request_id)
         return request.num_computed_tokens
 
