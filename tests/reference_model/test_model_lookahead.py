@@ -57,7 +57,7 @@ def test_a_hash_lookahead_with_the_eagle_drop_is_refused():
 @pytest.mark.parametrize("name", [n for n, (_, c) in BUILTIN.items() if c.num_prefill_lookahead])
 def test_the_mtp_built_ins_are_the_engines_shapes(name):
     """As vLLM 0.34.0 builds an MTP manager with prefix caching: an EAGLE group (the drafter's
-    layers, kv_cache_planning.py:1754-1761), and either hashes covering the prefill lookahead
+    layers, kv_cache_planning.py:1755-1761), and either hashes covering the prefill lookahead
     in place of the drop (config/vllm.py:633-654, sched/scheduler.py:342-345) or the drop with
     lookahead hashes off."""
     c = builtin_config(name)
