@@ -520,6 +520,13 @@ class Config:
                 f"scheduler_block_size (={self.scheduler_block_size}) >= "
                 f"num_speculative_tokens (={self.num_prefill_lookahead})."
             )
+        if self.use_eagle and self.num_hash_lookahead_tokens:
+            raise ConfigError(
+                f"use_eagle with num_hash_lookahead_tokens {self.num_hash_lookahead_tokens}: "
+                "vLLM never builds a manager that hashes ahead and drops EAGLE's block "
+                "(lookahead hashes prove the boundary token, so its Scheduler clears the drop; "
+                "docs/spec.md §5.7): set use_eagle false, or num_hash_lookahead_tokens 0 for "
+                "the drop instead (vLLM's disable_lookahead_block_hashes)")
         if self.scheduler.num_speculative_tokens and (self.kv_connector or "mamba" in kinds):
             raise ConfigError(
                 "scheduler.num_speculative_tokens with kv_connector or a mamba group: the "

@@ -69,14 +69,19 @@ def _attention_mamba_align(
                   use_eagle=use_eagle, prefix_cache_retention_interval=retention)
 
 
-def _qwen3_next_mtp(name: str, use_eagle: bool = False) -> Config:
-    """Qwen3-Next with 2-token MTP: full (bs 8, the MTP layer's EAGLE group) + 3 Gated DeltaNet
-    align groups (bs 8, 2 speculative blocks), hash blocks of 2 covering the next 2 tokens."""
-    return replace(_attention_mamba_align(name, 60, 3, 8, 2, speculative=2, use_eagle=use_eagle),
+def _qwen3_next_mtp(name: str, lookahead_hashes: bool = True) -> Config:
+    """Qwen3-Next-shaped with 2 MTP modules (prefill lookahead 2): full (bs 8, the MTP layer's
+    EAGLE group) + 3 Gated DeltaNet align groups (bs 8, 2 speculative blocks), hash blocks of 2.
+    As vLLM's Scheduler builds its manager (vllm/v1/core/sched/scheduler.py:342-345 in 0.34.0):
+    with lookahead hashes (its default) each hash covers the next 2 tokens and no block is
+    dropped; without (`disable_lookahead_block_hashes`) EAGLE's block is dropped instead."""
+    return replace(_attention_mamba_align(name, 60, 3, 8, 2, speculative=2,
+                                          use_eagle=not lookahead_hashes),
                    groups=(GroupConfig("full", 8, eagle=True),) + tuple(
                        GroupConfig("mamba", 8, mamba_cache_mode="align",
                                    num_speculative_blocks=2) for _ in range(3)),
-                   num_hash_lookahead_tokens=2, num_prefill_lookahead=2)
+                   num_hash_lookahead_tokens=2 if lookahead_hashes else 0,
+                   num_prefill_lookahead=2)
 
 
 BUILTIN: dict[str, tuple[str, Config]] = {
@@ -392,29 +397,32 @@ BUILTIN: dict[str, tuple[str, Config]] = {
                    max_model_len=64, use_eagle=True, partial_hits=True),
         ),
         (
-            "DeepSeek-V3-shaped with its MTP module: one MLA group (bs 4) holding the drafter's "
-            "layer too (an EAGLE group), block hashes covering the next token "
-            "(num_hash_lookahead_tokens 1, num_prefill_lookahead 1, docs/spec.md §5.7)",
+            "DeepSeek-V3-shaped with its MTP module, as vLLM's engine builds it: one MLA group "
+            "(bs 4) holding the drafter's layer too (an EAGLE group), block hashes covering the "
+            "next token in place of EAGLE's block drop (num_hash_lookahead_tokens 1, "
+            "num_prefill_lookahead 1, use_eagle off; docs/spec.md §5.7)",
             Config(16, (GroupConfig("mla", 4, eagle=True),), name="deepseek_v3_mtp",
                    max_model_len=64, num_hash_lookahead_tokens=1, num_prefill_lookahead=1),
         ),
         (
-            "DeepSeek-V3-shaped with 3 chained MTP modules (multi-module MTP): one MLA group "
-            "(bs 4, an EAGLE group), hashes covering the next 3 tokens, the last 2 computed "
-            "tokens re-prefillable and never cached",
+            "DeepSeek-V3-shaped with 3 chained MTP modules (multi-module MTP), as vLLM's engine "
+            "builds it: one MLA group (bs 4, an EAGLE group), hashes covering the next 3 tokens "
+            "in place of EAGLE's block drop, the last 2 computed tokens re-prefillable and "
+            "never cached",
             Config(16, (GroupConfig("mla", 4, eagle=True),), name="deepseek_v3_mtp3",
                    max_model_len=64, num_hash_lookahead_tokens=3, num_prefill_lookahead=3),
         ),
         (
-            "Qwen3-Next-shaped with 2-token MTP, Mamba align mode: 1 gated attention (bs 8, "
-            "the MTP layer's EAGLE group) : 3 Gated DeltaNet (bs 8, 2 speculative blocks), hash "
-            "blocks of 2 covering the next 2 tokens; state checkpoints leave them to come",
+            "Qwen3-Next-shaped with 2 MTP modules, Mamba align mode, as vLLM's engine builds it: "
+            "1 gated attention (bs 8, the MTP layer's EAGLE group) : 3 Gated DeltaNet (bs 8, 2 "
+            "speculative blocks), hash blocks of 2 covering the next 2 tokens in place of "
+            "EAGLE's block drop; state checkpoints leave them to come",
             _qwen3_next_mtp("qwen3_next_mtp"),
         ),
         (
-            "qwen3_next_mtp as the engine runs multi-module MTP, with EAGLE's block drop (vLLM "
-            "hashes ahead only with it): the EAGLE group caches no re-prefillable token",
-            _qwen3_next_mtp("qwen3_next_mtp_eagle", use_eagle=True),
+            "qwen3_next_mtp with lookahead hashes off (vLLM's disable_lookahead_block_hashes): "
+            "EAGLE's block drop instead, so the EAGLE group caches no re-prefillable token",
+            _qwen3_next_mtp("qwen3_next_mtp_eagle", lookahead_hashes=False),
         ),
         (
             "Qwen3-Next-shaped with its MTP drafter and shared-prefix junction checkpoints: "

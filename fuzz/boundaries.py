@@ -50,8 +50,6 @@ class Edges:
     tail_block_size: int = 0
     """The block size of a full-attention group whose prompt-tail partial entry waits on the
     hash lookahead (0: no such group, or no lookahead)."""
-    tail_eagle: bool = False
-    """That group drops EAGLE's unit, so its prompt tail reaches the prompt's last token."""
     hash_block_size: int = 0
     hash_lookahead: int = 0
     """num_hash_lookahead_tokens: a block's hash waits on this many tokens after it."""
@@ -72,13 +70,11 @@ def edges(config: Config) -> Edges:
     tails = [g for g in config.groups if g.kind in FULL_ATTENTION_KINDS and g.block_size != hbs]
     ahead = config.enable_caching and config.num_hash_lookahead_tokens
     tail = tails[0] if tails and ahead else None
-    flagged = any(g.eagle for g in config.groups)
     return Edges(watermark_blocks=int(config.watermark * config.num_blocks),
                  chunk=local[0].attention_chunk_size if local else 0,
                  block_size=group.block_size, groups=len(config.groups),
                  max_model_len=config.max_model_len,
                  tail_block_size=tail.block_size if tail else 0,
-                 tail_eagle=bool(tail and config.use_eagle and (tail.eagle or not flagged)),
                  hash_block_size=hbs, hash_lookahead=config.num_hash_lookahead_tokens)
 
 
@@ -137,12 +133,12 @@ def prompt_length(choices: Choices, edges: Edges, free: int, longest: int) -> in
 
 def promotes_tail(length: int, edges: Edges) -> bool:
     """A prompt of `length` tokens keys its tail block on a partial prefix at prefill that its
-    first outputs lengthen within the same block: the prompt's last hash boundary (its last
-    token with EAGLE, else the one before, single_type_kv_cache_manager.py:876-885) lies past
-    the hashes its prefill has, and neither boundary is a block end."""
+    first outputs lengthen within the same block: the prompt's last hash boundary (the one
+    before its last token: a config with a hash lookahead drops no EAGLE block,
+    single_type_kv_cache_manager.py:876-885) lies past the hashes its prefill has, and neither
+    boundary is a block end."""
     bs, hbs = edges.tail_block_size, edges.hash_block_size
-    limit = length if edges.tail_eagle else length - 1
-    final = limit // hbs * hbs
+    final = (length - 1) // hbs * hbs
     first = min(final, max(length - edges.hash_lookahead, 0) // hbs * hbs)
     return 0 < first < final and first % bs != 0 and final % bs != 0 and first // bs == final // bs
 

@@ -574,7 +574,7 @@ def _promoted_partial_unannounced(side: KvcacheSide) -> None:
 @mutant("partial-promotion-keeps-key", "a block keyed on a partial prefix keeps that key when "
         "a longer partial entry promotes it, and files the longer one beside it",
         bug="vLLM 0.34.0 block_pool.py:525 `n * hbs` -> `n - hbs` (docs/mutation.md, S32)",
-        configs=("qwen3_next_mtp", "qwen3_next_mtp_eagle"))
+        configs=("qwen3_next_mtp",))
 def _partial_promotion_keeps_key(side: KvcacheSide) -> None:
     pool = side.manager.block_pool
 

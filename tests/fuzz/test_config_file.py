@@ -105,6 +105,20 @@ def test_a_bad_scheduler_rule_exits_2_naming_it(knob, bad, good, allowed, tmp_pa
     assert getattr(load_config_file(tmp_path / "p.toml").scheduler, knob) == good
 
 
+def test_a_hash_lookahead_with_the_eagle_drop_exits_2_naming_both(tmp_path, capsys):
+    """A pairing vLLM's Scheduler never builds (it clears the drop when it hashes ahead,
+    sched/scheduler.py:342-345 in 0.34.0) is bad input; without the drop the file runs."""
+    mtp = (Path(__file__).parents[2] / "docs" / "configs" / "deepseek-v3-mtp.toml").read_text()
+    path = tmp_path / "mtp.toml"
+    path.write_text("use_eagle = true\n" + mtp)
+    assert main(["run", "--config-file", str(path), "--corpus", str(tmp_path / "c")]) == 2
+    assert ("use_eagle with num_hash_lookahead_tokens 2: vLLM never builds"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "c").exists()
+    path.write_text(mtp)
+    assert not load_config_file(path).use_eagle
+
+
 def test_a_state_machine_runs_a_config_file_as_given(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text(SHAPE)

@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="no vLLM this adapter drives is importable"),
 ]
 
-MTP = ("deepseek_v3_mtp", "deepseek_v3_mtp3", "qwen3_next_mtp", "qwen3_next_mtp_eagle")
+MTP = ("deepseek_v3_mtp", "deepseek_v3_mtp3", "qwen3_next_mtp")  # the hash lookahead's
 engine = get_target("vllm-async-scheduler").engine_config
 hashing_ahead = pytest.mark.skipif(not (vllm_available() and load_vllm().has("hash_lookahead")),
                                    reason="this vLLM does not hash ahead (0.32)")

@@ -277,20 +277,21 @@ def test_e9_partial_hit_and_copy_on_write(sides):
 
 
 def test_multi_module_mtp_caches_no_re_prefillable_token_of_the_eagle_group(sides):
-    """Multi-module MTP (prefill lookahead 2) with EAGLE's block drop on a Mamba align hybrid
-    (hash blocks of 2): after 2 of a 4-token prompt, the drafter's KV at token 1 may be
-    re-prefilled, so the EAGLE group (full attention) keys nothing, while the state group keys
-    its 2-token state (docs/mutation.md, the 200-mutant measure: `cached > 0` → `<= 0` in the
-    hybrid coordinator's cacheable tokens keys the full group's block too)."""
+    """Multi-module MTP (prefill lookahead 2) with EAGLE's block drop (lookahead hashes off) on
+    a Mamba align hybrid (hash blocks of 2, blocks of 8): after a whole 8-token prompt, the
+    drafter's KV at token 7 may be re-prefilled, so the EAGLE group (full attention) caches 7
+    tokens and keys nothing, while the state group keys its 8-token state (docs/mutation.md,
+    the 200-mutant measure: `cached > 0` → `<= 0` in the hybrid coordinator's cacheable
+    tokens keys the full group's block too)."""
     try:
         ex = Execution(builtin_config("qwen3_next_mtp_eagle"), "api", sides)
-    except VllmUnsupported as exc:  # 0.32's manager has no hash lookahead
+    except VllmUnsupported as exc:  # a release without what the config needs
         pytest.skip(str(exc))
-    ex.apply(_add("a", [5, 6, 7, 8], max_tokens=1))
-    _alloc(ex, "a", 2)
+    ex.apply(_add("a", [5, 6, 7, 8, 1, 2, 3, 4], max_tokens=1))
+    _alloc(ex, "a", 8)
     full, state = _table(ex, "a", 0)[0], _table(ex, "a", 1)[0]
     assert ex.state.block_keys[full] is None
-    assert ex.state.block_key_tokens[state] == 2
+    assert ex.state.block_key_tokens[state] == 8
 
 
 def test_a_partial_key_promoted_by_the_hash_lookahead_replaces_the_shorter_one(sides):
