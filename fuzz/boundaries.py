@@ -14,14 +14,25 @@ own boundaries").
   shorter partial prefix and its first outputs promote it to the longer one
   (`cache_partial_block`'s promotion, block_pool.py:521-528; full_attention's prompt tail,
   single_type_kv_cache_manager.py:864-902).
+- Mamba prefill checkpoints (every state group "align" with checkpoint blocks): a prompt whose
+  checkpoint lies on a block end, where dense caching keys the same block as a full one and
+  the checkpoint's re-key test (`block_hash_num_tokens == checkpoint_position`,
+  single_type_kv_cache_manager.py:2080) decides, at least `CHECKPOINT_BLOCKS` blocks in and,
+  where max_model_len allows, past token `SMALL_INTS`; and an admission that stops where the
+  prompt's last chunk starts from the state one column below the checkpoint's, the closest a
+  valid checkpoint lies (`checkpoint_col > initial_state_col`, kv_cache_interface.py:1236-1240;
+  the column test of `_needs_internal_checkpoint`, single_type_kv_cache_manager.py:1664-1695),
+  or from the checkpoint's own column, where it is just refused.
 
 Uniform draws reach these edges in 1/10 to 1/50 of the examples of the configs that have them,
-too few for the two examples each pair's first batch gets. A config without such a knob draws
-exactly as before: not one decision more.
+too few for the two examples each pair's first batch gets; a prompt is at most half of
+max_model_len and 8 tokens more (`strategies.prompt`), so a checkpoint rarely lies past 4
+blocks. A config without such a knob draws exactly as before: not one decision more.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,6 +41,15 @@ from kvfuzz.core.snapshot import RequestView
 from kvfuzz.fuzz.strategies import Choices, between, flip
 
 V = TypeVar("V", bound=RequestView)
+
+CHECKPOINT_BLOCKS = 4
+"""Blocks a steered checkpoint lies past: from 5 blocks of prompt on, a column counted from the
+prompt's end (`cdiv(P, bs) - 2`, the checkpoint's) and one counted from its middle
+(`cdiv(P, bs) // 2`) part; below, such column arithmetic mostly coincides."""
+
+SMALL_INTS = 256
+"""CPython's cached small ints end here: past it two equal positions computed apart are two
+objects, so a position compared by identity and one compared by value part."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,12 @@ class Edges:
     hash_block_size: int = 0
     hash_lookahead: int = 0
     """num_hash_lookahead_tokens: a block's hash waits on this many tokens after it."""
+    checkpoint_block_size: int = 0
+    """The block size of the Mamba groups that export prefill checkpoints (0: none)."""
+    checkpoint_unit: int = 0
+    """The grid checkpoints lie on: the hit alignment (the hash block with sub-block hits)."""
+    checkpoint_eagle: bool = False
+    """Checkpoints step down a unit for EAGLE's dropped block."""
 
     def __bool__(self) -> bool:
         return bool(self.watermark_blocks or self.chunk)
@@ -70,12 +96,17 @@ def edges(config: Config) -> Edges:
     tails = [g for g in config.groups if g.kind in FULL_ATTENTION_KINDS and g.block_size != hbs]
     ahead = config.enable_caching and config.num_hash_lookahead_tokens
     tail = tails[0] if tails and ahead else None
+    checkpoints = config.enable_caching and config.prefill_checkpoint_alignment is not None
+    state = next(g for g in config.groups if g.kind == "mamba") if checkpoints else None
     return Edges(watermark_blocks=int(config.watermark * config.num_blocks),
                  chunk=local[0].attention_chunk_size if local else 0,
                  block_size=group.block_size, groups=len(config.groups),
                  max_model_len=config.max_model_len,
                  tail_block_size=tail.block_size if tail else 0,
-                 hash_block_size=hbs, hash_lookahead=config.num_hash_lookahead_tokens)
+                 hash_block_size=hbs, hash_lookahead=config.num_hash_lookahead_tokens,
+                 checkpoint_block_size=state.block_size if state else 0,
+                 checkpoint_unit=config.alignment_tokens if state else 0,
+                 checkpoint_eagle=bool(state and config.use_eagle))
 
 
 def near_edge(choices: Choices, edges: Edges, free: int) -> int:
@@ -151,6 +182,52 @@ def promoted_tail_length(choices: Choices, edges: Edges, length: int, longest: i
         return None
     lengths = [*range(min(length, longest), 0, -1), *range(length + 1, longest + 1)]
     return next((n for n in lengths if promotes_tail(n, edges)), None)
+
+
+def checkpoint_position(length: int, edges: Edges) -> int:
+    """Where the prefill of a `length`-token prompt exports its checkpoint (vLLM's
+    `get_mamba_prefill_checkpoint_position`, kv_cache_interface.py:1203-1220)."""
+    # Imported here: the atheris engine instruments kvcache, which must not be imported before
+    # it is (the generator, which imports this module, is loaded first).
+    from kvfuzz.kvcache.block_math import get_mamba_prefill_checkpoint_position
+
+    return get_mamba_prefill_checkpoint_position(length, edges.checkpoint_unit,
+                                                 edges.checkpoint_eagle, edges.hash_lookahead)
+
+
+@functools.cache
+def _checkpoint_lengths(edges: Edges, longest: int) -> tuple[int, ...]:
+    """The prompt lengths up to `longest` whose checkpoint lies on a block end at least
+    `CHECKPOINT_BLOCKS` blocks in; those past token `SMALL_INTS` alone where there are any."""
+    bs = edges.checkpoint_block_size
+    ends = [(n, checkpoint_position(n, edges)) for n in range(1, longest + 1)]
+    ends = [(n, at) for n, at in ends if at % bs == 0 and at >= CHECKPOINT_BLOCKS * bs]
+    past = [n for n, at in ends if at > SMALL_INTS]
+    return tuple(past or (n for n, _ in ends))
+
+
+def checkpoint_length(choices: Choices, edges: Edges, length: int, longest: int) -> int | None:
+    """A prompt length steered to a prefill checkpoint on a block end (`_checkpoint_lengths`),
+    or None: half the time on a config with prefill checkpoints, the shortest such length from
+    `length` on, else the longest. Equal prompts stay equal, so two requests may compute the
+    same checkpoint."""
+    if not edges.checkpoint_block_size or not flip(choices):
+        return None
+    lengths = _checkpoint_lengths(edges, longest)
+    return next((n for n in lengths if n >= length), lengths[-1] if lengths else None)
+
+
+def checkpoint_split(choices: Choices, edges: Edges, computed: int, length: int) -> int | None:
+    """The tokens an admission computes so that the prompt's last chunk starts next to its
+    checkpoint's column (`cdiv(length, bs) - 2`), or None: half the time on a config with
+    prefill checkpoints, up to the end of the column below it (the closest state a valid
+    checkpoint starts from) or of the checkpoint's own column (just refused), when that lies
+    past the `computed` tokens."""
+    bs = edges.checkpoint_block_size
+    if not bs or not flip(choices):
+        return None
+    start = (-(-length // bs) - 2 + choices.below(2)) * bs
+    return start - computed if start > computed else None
 
 
 def at_chunk_end(choices: Choices, edges: Edges,

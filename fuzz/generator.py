@@ -18,7 +18,9 @@ swarm testing is on or not, so an example that keeps everything is the same in b
 
 Boundaries (`kvfuzz.fuzz.boundaries`): on a config with a watermark or a chunked-local group,
 half the arrivals, admissions, growths and frees land at the edge that knob draws; with a hash
-lookahead, half the prompts end where their tail block's partial key is promoted. Connector
+lookahead, half the prompts end where their tail block's partial key is promoted; with Mamba
+prefill checkpoints, half the prompts put theirs on a block end far in, and half the
+admissions stop where the last chunk starts next to the checkpoint's column. Connector
 offers (`kvfuzz.fuzz.connector_offers`): on a KV connector config, three scheduler arrivals in
 four copy an earlier prompt, whole or cut to whole blocks, and get a connector offer at once.
 Align drafts (`kvfuzz.fuzz.align_drafts`): on a Mamba "align" config with a drafter, half the
@@ -187,12 +189,16 @@ class Rules:
     def edge_prompt(self, tokens_in: list[int], longest: int) -> list[int]:
         """`tokens_in`, or an arrival steered to the config's edges: that prompt repeated or
         cut to the steered length (`boundaries.prompt_length`: the pool's free blocks less the
-        driver's reserve, or whole chunks; else `boundaries.promoted_tail_length`)."""
+        driver's reserve, or whole chunks; else `boundaries.promoted_tail_length`, else
+        `boundaries.checkpoint_length`)."""
         free = self.arrival_room()
         length = boundaries.prompt_length(self.choices, self.edges, free, longest)
         if length is None:
             length = boundaries.promoted_tail_length(self.choices, self.edges, len(tokens_in),
                                                      longest)
+        if length is None:
+            length = boundaries.checkpoint_length(self.choices, self.edges, len(tokens_in),
+                                                  longest)
         if length is None:
             return tokens_in
         return (tokens_in * (length // len(tokens_in) + 1))[:length]
@@ -294,6 +300,9 @@ class ApiRules(Rules):
         num_new_tokens = self._chunk(
             rid, view, computed, between(c, least, view.num_tokens - computed)
         )
+        split = boundaries.checkpoint_split(c, self.edges, computed, view.num_tokens)
+        if split is not None:
+            num_new_tokens = self._chunk(rid, view, computed, split)
         knobs = {
             "num_new_tokens": num_new_tokens,
             "num_lookahead_tokens": self.knob("lookahead", lambda: between(c, 0, 2), 0),

@@ -110,12 +110,118 @@ def test_steering_finds_the_promoted_partial_key_plant_in_more_examples(monkeypa
     assert found() < 40
 
 
+def test_a_checkpoint_prompt_puts_its_checkpoint_on_a_block_end_far_in():
+    """Hash blocks of 2 (bs 8): without EAGLE the checkpoint is `(P - 1) // 2 * 2`, a block end
+    for P = 8k + 1, 8k + 2; with EAGLE `P // 2 * 2 - 2`, for P = 8k + 2, 8k + 3. long_checkpoint
+    (bs 64, hash blocks of 16, max_model_len 1024) puts it past token 256."""
+    qwen = boundaries.edges(builtin_config("qwen3_5_checkpoint"))
+    assert (qwen.checkpoint_block_size, qwen.checkpoint_unit) == (8, 2)
+    assert not qwen  # watermark and chunk steering stay off
+    assert boundaries._checkpoint_lengths(qwen, 63) == (33, 34, 41, 42, 49, 50, 57, 58)
+    eagle = boundaries.edges(builtin_config("qwen3_next_checkpoint"))
+    assert boundaries._checkpoint_lengths(eagle, 63)[:4] == (34, 35, 42, 43)
+    assert boundaries.checkpoint_length(BytesChoices(bytes([1])), qwen, 12, 63) == 33
+    assert boundaries.checkpoint_length(BytesChoices(bytes([1])), qwen, 35, 63) == 41
+    assert boundaries.checkpoint_length(BytesChoices(bytes([1])), qwen, 63, 63) == 58
+    assert boundaries.checkpoint_length(BytesChoices(bytes([0])), qwen, 12, 63) is None
+    long = boundaries.edges(builtin_config("long_checkpoint"))
+    assert boundaries.checkpoint_length(BytesChoices(bytes([1])), long, 12, 1023) == 321
+    assert min(boundaries.checkpoint_position(n, long)
+               for n in boundaries._checkpoint_lengths(long, 1023)) == 320
+    for config in ("full", "qwen3_next_mtp", "qwen3_5_align"):  # no checkpoint blocks
+        assert boundaries.checkpoint_length(NoDecisions(), boundaries.edges(
+            builtin_config(config)), 12, 63) is None
+
+
+def test_an_admission_stops_where_the_last_chunk_starts_next_to_the_checkpoint_column():
+    """A 41-token prompt (bs 8) exports its checkpoint in column 4: its last chunk starts from
+    the state in column 3 (token 32, valid) or in column 4 (token 40, just refused)."""
+    qwen = boundaries.edges(builtin_config("qwen3_5_checkpoint"))
+    assert boundaries.checkpoint_split(BytesChoices(bytes([1, 0])), qwen, 0, 41) == 32
+    assert boundaries.checkpoint_split(BytesChoices(bytes([1, 1])), qwen, 8, 41) == 32
+    assert boundaries.checkpoint_split(BytesChoices(bytes([1, 0])), qwen, 32, 41) is None
+    assert boundaries.checkpoint_split(BytesChoices(bytes([0])), qwen, 0, 41) is None
+    assert boundaries.checkpoint_split(NoDecisions(), boundaries.edges(
+        builtin_config("qwen3_5_align")), 0, 41) is None
+
+
+CHECKPOINT_CONFIGS = ("nemotron_h_checkpoint", "qwen3_5_checkpoint", "qwen3_5_checkpoint_replay",
+                      "qwen3_next_checkpoint", "long_checkpoint")
+
+
+def _last_chunks(config: str, seeds: range) -> list[list[tuple[int, int, int]]]:
+    """Per example (api), the (start, end, checkpoint) of each chunk that ends a prefill and
+    exports its checkpoint mid-chunk (vLLM's test, kvcache/block_math.py)."""
+    from kvfuzz.kvcache.block_math import (
+        get_mamba_prefill_checkpoint_position,
+        is_mamba_prefill_checkpoint_valid,
+    )
+
+    base = builtin_config(config)
+    bs, align = base.groups[1].block_size, base.prefill_checkpoint_alignment
+    unit, eagle = base.alignment_tokens, base.use_eagle
+    examples = []
+    for seed in seeds:
+        chunks: list[tuple[int, int, int]] = []
+
+        def seen(execution: Execution, _before: object) -> None:
+            op = execution.trace.ops[-1]
+            view = execution.state.requests.get(op.get("request_id"))
+            if op["op"] != "allocate_slots" or view is None:
+                return
+            end = view.num_computed_tokens
+            start = end - op["num_new_tokens"]
+            at = get_mamba_prefill_checkpoint_position(end, unit, eagle)
+            if end == view.num_tokens and is_mamba_prefill_checkpoint_valid(
+                    start, end, at, unit, bs, align):
+                chunks.append((start, end, at))
+
+        run_example(_bytes(seed), base, "api", steps=40, targets=("kvcache",),
+                    allow_misuse=False, swarm=False, on_op=seen)
+        examples.append(chunks)
+    return examples
+
+
+def _tight_far_checkpoints(config: str, seeds: range) -> int:
+    """Examples with a last chunk at least 5 blocks long whose checkpoint column
+    (`cdiv(end, bs) - 2`) lies right above the state it starts from."""
+    bs = builtin_config(config).groups[1].block_size
+    return sum(any(-(-end // bs) >= 5 and (start - 1) // bs == -(-end // bs) - 3
+                   for start, end, _ in chunks) for chunks in _last_chunks(config, seeds))
+
+
+def test_steering_exports_checkpoints_far_in_from_the_closest_state(monkeypatch):
+    """vLLM 0.34.0's survivor S19 (`_needs_internal_checkpoint`'s column `cdiv(end, bs) - 2`
+    → `// 2`) differs only for such a last chunk of 5 or 6 blocks: 35 of 100 api examples of
+    the five checkpoint configs have one with steering, 3 without (seeds 0-19)."""
+    def found() -> int:
+        return sum(_tight_far_checkpoints(c, range(20)) for c in CHECKPOINT_CONFIGS)
+
+    assert found() >= 25
+    monkeypatch.setattr(generator.boundaries, "edges", lambda config: boundaries.Edges(0, 0, 1, 1))
+    assert found() < 10
+
+
+def test_steering_exports_checkpoints_on_block_ends_past_token_256(monkeypatch):
+    """vLLM 0.34.0's survivor S39 (the checkpoint's re-key test `==` → `is`) differs only for
+    a checkpoint on a block end (keyed already as a full block) past token 256: 20 of 40 api
+    examples of long_checkpoint export one with steering, 3 without (seeds 0-39)."""
+    def found() -> int:
+        return sum(any(at > 256 and at % 64 == 0 for _, _, at in chunks)
+                   for chunks in _last_chunks("long_checkpoint", range(40)))
+
+    assert found() >= 12
+    monkeypatch.setattr(generator.boundaries, "edges", lambda config: boundaries.Edges(0, 0, 1, 1))
+    assert found() < 8
+
+
 class _View:
     def __init__(self, computed: int) -> None:
         self.num_computed_tokens = computed
 
 
-@pytest.mark.parametrize("config", ["watermark", "chunked_local", "hybrid3", "qwen3_next_mtp"])
+@pytest.mark.parametrize("config", ["watermark", "chunked_local", "hybrid3", "qwen3_next_mtp",
+                                    "qwen3_5_checkpoint", "long_checkpoint"])
 @pytest.mark.parametrize("level", ["api", "scheduler"])
 def test_steered_examples_replay_and_pass_on_kvcache(config, level):
     for seed in range(8):
