@@ -23,13 +23,16 @@ offers (`kvfuzz.fuzz.connector_offers`): on a KV connector config, three schedul
 four copy an earlier prompt, whole or cut to whole blocks, and get a connector offer at once.
 Align drafts (`kvfuzz.fuzz.align_drafts`): on a Mamba "align" config with a drafter, half the
 spec steps taken while a decoding request sits short of a block end cross it with the most
-drafts and reject them at the next step.
+drafts and reject them at the next step. Resumed checkpoints (`kvfuzz.fuzz.resumed_checkpoints`):
+on a config with prefill checkpoint blocks, half the API level's samples, frees and admissions
+make a request with outputs come back in one chunk whose checkpoint is a block end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from kvfuzz.core.config import Config
@@ -39,7 +42,7 @@ from kvfuzz.core.sync_load_failures import (
     several_groups,
 )
 from kvfuzz.core.snapshot import RequestView
-from kvfuzz.fuzz import align_drafts, boundaries, connector_offers
+from kvfuzz.fuzz import align_drafts, boundaries, connector_offers, resumed_checkpoints
 from kvfuzz.fuzz.strategies import (
     TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, extra_keys, flip, pick, prefixes,
     prompt, tokens, vary_config,
@@ -247,6 +250,12 @@ class ApiRules(Rules):
              "idle", "preempt", "evict_blocks", "reset_prefix_cache", "take_copies",
              "cache_blocks", "release_copies", "misuse", "hit_limit", "lookup_bound", "external")
 
+    @cached_property
+    def checkpoints(self) -> resumed_checkpoints.Checkpoints | None:
+        """The config's prefill checkpoints, where resumed requests are steered
+        (`kvfuzz.fuzz.resumed_checkpoints`)."""
+        return resumed_checkpoints.checkpoints(self.config)
+
     @property
     def _align(self) -> bool:
         """The config caches Mamba states (align mode)."""
@@ -276,8 +285,13 @@ class ApiRules(Rules):
 
     def admit(self) -> None:
         c = self.choices
-        rid, view = pick(c, self.views("WAITING", "PREEMPTED"))
-        use_lookup = self.knob("no_lookup", lambda: pick(c, (True, True, True, False)), True)
+        waiting = self.views("WAITING", "PREEMPTED")
+        resuming = resumed_checkpoints.to_resume(c, self.checkpoints, waiting, self._prompts())
+        rid, view = pick(c, resuming or waiting)
+        # A resumed request steered onto a block-end checkpoint skips the lookup: the state its
+        # prompt left would start the chunk past every checkpoint it can export.
+        use_lookup = not resuming and self.knob(
+            "no_lookup", lambda: pick(c, (True, True, True, False)), True)
         hit = 0
         if use_lookup:
             bound = None
@@ -291,8 +305,11 @@ class ApiRules(Rules):
         # External tokens first: on a Mamba "align" config the chunk starts after them.
         external = self._external(remaining - least)
         computed = hit + external.get("num_external_computed_tokens", 0)
+        resumed = self.checkpoints.resumed_chunk(
+            computed, len(self.execution.requests[rid].prompt), view.num_tokens
+        ) if resuming else None
         num_new_tokens = self._chunk(
-            rid, view, computed, between(c, least, view.num_tokens - computed)
+            rid, view, computed, resumed or between(c, least, view.num_tokens - computed)
         )
         knobs = {
             "num_new_tokens": num_new_tokens,
@@ -314,6 +331,9 @@ class ApiRules(Rules):
             use_lookup=use_lookup,
             num_encoder_tokens=self.execution.requests[rid].num_encoder_tokens,
         )
+
+    def _prompts(self) -> dict[str, int]:
+        return {rid: len(meta.prompt) for rid, meta in self.execution.requests.items()}
 
     def _external(self, room: int) -> dict[str, Any]:
         """On a connector config, some admissions take up to `room` external (KV connector)
@@ -382,11 +402,18 @@ class ApiRules(Rules):
         c = self.choices
         rid, view = pick(c, self._running(False))
         room = self.config.max_model_len - view.num_tokens
+        steered = resumed_checkpoints.outputs(c, self.checkpoints, view,
+                                              len(self.execution.requests[rid].prompt), room)
         self.apply(op="append_tokens", request_id=rid,
-                   tokens=tokens(c, between(c, 1, min(3, room))))
+                   tokens=tokens(c, steered or between(c, 1, min(3, room))))
 
     def free(self) -> None:
         c = self.choices
+        resumable = resumed_checkpoints.to_preempt(c, self.checkpoints, self.views("RUNNING"),
+                                                   self._prompts())
+        if resumable:
+            self.apply(op="free", request_id=pick(c, resumable)[0], preempt=True)
+            return
         rid, _ = pick(c, boundaries.at_chunk_end(c, self.edges, self.views("RUNNING")))
         if self.config.deferred_frees and flip(c):
             self.apply(op="free_deferred", request_id=rid)

@@ -587,6 +587,17 @@ def _partial_promotion_keeps_key(side: KvcacheSide) -> None:
     _around(pool, "register_partial_block", around)
 
 
+@mutant("resumed-checkpoint-dropped", "a Mamba prefill checkpoint on a block end that is not "
+        "the prompt's is never retained, so a resumed request's re-prefill drops its state there",
+        bug="vLLM 0.34.0 single_type_kv_cache_manager.py:2060 `% bs` -> `* bs` "
+        "(docs/mutation.md, S31)",
+        configs=("qwen3_5_checkpoint", "nemotron_h_checkpoint", "qwen3_next_checkpoint"))
+def _resumed_checkpoint_dropped(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if hasattr(single, "_is_retained_block_end"):
+            single._is_retained_block_end = lambda num_tokens: False
+
+
 def _release(ordered_blocks: Any) -> list[Any]:
     """Drop one reference per non-null block; the blocks that reach zero, in order."""
     released = []
