@@ -25,7 +25,9 @@ Align drafts (`kvfuzz.fuzz.align_drafts`): on a Mamba "align" config with a draf
 spec steps taken while a decoding request sits short of a block end cross it with the most
 drafts and reject them at the next step. Resumed checkpoints (`kvfuzz.fuzz.resumed_checkpoints`):
 on a config with prefill checkpoint blocks, half the API level's samples, frees and admissions
-make a request with outputs come back in one chunk whose checkpoint is a block end.
+make a request with outputs come back in one chunk whose checkpoint is a block end. State tails
+(`kvfuzz.fuzz.state_tails`): with hash blocks of 1 and a Mamba "align" group, half the prompts
+are 2 tokens long, so their state is keyed at token 1.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from kvfuzz.core.sync_load_failures import (
     several_groups,
 )
 from kvfuzz.core.snapshot import RequestView
-from kvfuzz.fuzz import align_drafts, boundaries, connector_offers, resumed_checkpoints
+from kvfuzz.fuzz import (
+    align_drafts, boundaries, connector_offers, resumed_checkpoints, state_tails,
+)
 from kvfuzz.fuzz.strategies import (
     TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, extra_keys, flip, pick, prefixes,
     prompt, tokens, vary_config,
@@ -190,12 +194,15 @@ class Rules:
     def edge_prompt(self, tokens_in: list[int], longest: int) -> list[int]:
         """`tokens_in`, or an arrival steered to the config's edges: that prompt repeated or
         cut to the steered length (`boundaries.prompt_length`: the pool's free blocks less the
-        driver's reserve, or whole chunks; else `boundaries.promoted_tail_length`)."""
+        driver's reserve, or whole chunks; else `boundaries.promoted_tail_length`; else
+        `state_tails.prompt_length`)."""
         free = self.arrival_room()
         length = boundaries.prompt_length(self.choices, self.edges, free, longest)
         if length is None:
             length = boundaries.promoted_tail_length(self.choices, self.edges, len(tokens_in),
                                                      longest)
+        if length is None:
+            length = state_tails.prompt_length(self.choices, self.config)
         if length is None:
             return tokens_in
         return (tokens_in * (length // len(tokens_in) + 1))[:length]
