@@ -494,6 +494,12 @@ BUILTIN: dict[str, tuple[str, Config]] = {
             Config(16, (_full(),), name="priority", max_model_len=64,
                    scheduler=SchedulerConfig(policy="priority", chunked_prefill=False)),
         ),
+        (
+            "full attention (bs 4) + a Mamba align group (bs 4), hash blocks of 1: a state is "
+            "keyable at every token, so a 2-token prompt keys its state at token 1",
+            Config(40, (_full(4), GroupConfig("mamba", 4, mamba_cache_mode="align")),
+                   name="mamba_hbs1", max_model_len=64, hash_block_size=1),
+        ),
     ]
 }
 

@@ -25,13 +25,18 @@ offers (`kvfuzz.fuzz.connector_offers`): on a KV connector config, three schedul
 four copy an earlier prompt, whole or cut to whole blocks, and get a connector offer at once.
 Align drafts (`kvfuzz.fuzz.align_drafts`): on a Mamba "align" config with a drafter, half the
 spec steps taken while a decoding request sits short of a block end cross it with the most
-drafts and reject them at the next step.
+drafts and reject them at the next step. Resumed checkpoints (`kvfuzz.fuzz.resumed_checkpoints`):
+on a config with prefill checkpoint blocks, half the API level's samples, frees and admissions
+make a request with outputs come back in one chunk whose checkpoint is a block end. State tails
+(`kvfuzz.fuzz.state_tails`): with hash blocks of 1 and a Mamba "align" group, half the prompts
+are 2 tokens long, so their state is keyed at token 1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from kvfuzz.core.config import Config
@@ -41,7 +46,9 @@ from kvfuzz.core.sync_load_failures import (
     several_groups,
 )
 from kvfuzz.core.snapshot import RequestView
-from kvfuzz.fuzz import align_drafts, boundaries, connector_offers
+from kvfuzz.fuzz import (
+    align_drafts, boundaries, connector_offers, resumed_checkpoints, state_tails,
+)
 from kvfuzz.fuzz.strategies import (
     TOKEN_VOCAB, BytesChoices, Choices, Exhausted, between, extra_keys, flip, pick, prefixes,
     prompt, tokens, vary_config,
@@ -190,7 +197,7 @@ class Rules:
         """`tokens_in`, or an arrival steered to the config's edges: that prompt repeated or
         cut to the steered length (`boundaries.prompt_length`: the pool's free blocks less the
         driver's reserve, or whole chunks; else `boundaries.promoted_tail_length`, else
-        `boundaries.checkpoint_length`)."""
+        `boundaries.checkpoint_length`, else `state_tails.prompt_length`)."""
         free = self.arrival_room()
         length = boundaries.prompt_length(self.choices, self.edges, free, longest)
         if length is None:
@@ -199,6 +206,8 @@ class Rules:
         if length is None:
             length = boundaries.checkpoint_length(self.choices, self.edges, len(tokens_in),
                                                   longest)
+        if length is None:
+            length = state_tails.prompt_length(self.choices, self.config)
         if length is None:
             return tokens_in
         return (tokens_in * (length // len(tokens_in) + 1))[:length]
@@ -253,6 +262,12 @@ class ApiRules(Rules):
              "idle", "preempt", "evict_blocks", "reset_prefix_cache", "take_copies",
              "cache_blocks", "release_copies", "misuse", "hit_limit", "lookup_bound", "external")
 
+    @cached_property
+    def checkpoints(self) -> resumed_checkpoints.Checkpoints | None:
+        """The config's prefill checkpoints, where resumed requests are steered
+        (`kvfuzz.fuzz.resumed_checkpoints`)."""
+        return resumed_checkpoints.checkpoints(self.config)
+
     @property
     def _align(self) -> bool:
         """The config caches Mamba states (align mode)."""
@@ -282,8 +297,13 @@ class ApiRules(Rules):
 
     def admit(self) -> None:
         c = self.choices
-        rid, view = pick(c, self.views("WAITING", "PREEMPTED"))
-        use_lookup = self.knob("no_lookup", lambda: pick(c, (True, True, True, False)), True)
+        waiting = self.views("WAITING", "PREEMPTED")
+        resuming = resumed_checkpoints.to_resume(c, self.checkpoints, waiting, self._prompts())
+        rid, view = pick(c, resuming or waiting)
+        # A resumed request steered onto a block-end checkpoint skips the lookup: the state its
+        # prompt left would start the chunk past every checkpoint it can export.
+        use_lookup = not resuming and self.knob(
+            "no_lookup", lambda: pick(c, (True, True, True, False)), True)
         hit = 0
         if use_lookup:
             bound = None
@@ -297,10 +317,14 @@ class ApiRules(Rules):
         # External tokens first: on a Mamba "align" config the chunk starts after them.
         external = self._external(remaining - least)
         computed = hit + external.get("num_external_computed_tokens", 0)
+        resumed = self.checkpoints.resumed_chunk(
+            computed, len(self.execution.requests[rid].prompt), view.num_tokens
+        ) if resuming else None
         num_new_tokens = self._chunk(
-            rid, view, computed, between(c, least, view.num_tokens - computed)
+            rid, view, computed, resumed or between(c, least, view.num_tokens - computed)
         )
-        split = boundaries.checkpoint_split(c, self.edges, computed, view.num_tokens)
+        split = None if resumed else boundaries.checkpoint_split(c, self.edges, computed,
+                                                                 view.num_tokens)
         if split is not None:
             num_new_tokens = self._chunk(rid, view, computed, split)
         knobs = {
@@ -323,6 +347,9 @@ class ApiRules(Rules):
             use_lookup=use_lookup,
             num_encoder_tokens=self.execution.requests[rid].num_encoder_tokens,
         )
+
+    def _prompts(self) -> dict[str, int]:
+        return {rid: len(meta.prompt) for rid, meta in self.execution.requests.items()}
 
     def _external(self, room: int) -> dict[str, Any]:
         """On a connector config, some admissions take up to `room` external (KV connector)
@@ -391,11 +418,18 @@ class ApiRules(Rules):
         c = self.choices
         rid, view = pick(c, self._running(False))
         room = self.config.max_model_len - view.num_tokens
+        steered = resumed_checkpoints.outputs(c, self.checkpoints, view,
+                                              len(self.execution.requests[rid].prompt), room)
         self.apply(op="append_tokens", request_id=rid,
-                   tokens=tokens(c, between(c, 1, min(3, room))))
+                   tokens=tokens(c, steered or between(c, 1, min(3, room))))
 
     def free(self) -> None:
         c = self.choices
+        resumable = resumed_checkpoints.to_preempt(c, self.checkpoints, self.views("RUNNING"),
+                                                   self._prompts())
+        if resumable:
+            self.apply(op="free", request_id=pick(c, resumable)[0], preempt=True)
+            return
         rid, _ = pick(c, boundaries.at_chunk_end(c, self.edges, self.views("RUNNING")))
         if self.config.deferred_frees and flip(c):
             self.apply(op="free_deferred", request_id=rid)

@@ -587,6 +587,32 @@ def _partial_promotion_keeps_key(side: KvcacheSide) -> None:
     _around(pool, "register_partial_block", around)
 
 
+@mutant("resumed-checkpoint-dropped", "a Mamba prefill checkpoint on a block end that is not "
+        "the prompt's is never retained, so a resumed request's re-prefill drops its state there",
+        bug="vLLM 0.34.0 single_type_kv_cache_manager.py:2060 `% bs` -> `* bs` "
+        "(docs/mutation.md, S31)",
+        configs=("qwen3_5_checkpoint", "nemotron_h_checkpoint", "qwen3_next_checkpoint"))
+def _resumed_checkpoint_dropped(side: KvcacheSide) -> None:
+    for single in _singles(side):
+        if hasattr(single, "_is_retained_block_end"):
+            single._is_retained_block_end = lambda num_tokens: False
+
+
+@mutant("one-token-state-unkeyed", "a Mamba align group keys no 1-token state: the partial "
+        "tail's guard stops at 1 token, so with hash blocks of 1 a 2-token prompt's state at "
+        "token 1 is left unkeyed",
+        bug="vLLM 0.34.0 single_type_kv_cache_manager.py:2090 `<= 0` -> `<= 1` "
+        "(docs/mutation.md, S6)",
+        configs=("mamba_hbs1",))
+def _one_token_state_unkeyed(side: KvcacheSide) -> None:
+    def around(original, request, num_tokens):
+        return None if num_tokens <= 1 else original(request, num_tokens)
+
+    for single in _singles(side):
+        if hasattr(single, "_cache_state_tail_block"):
+            _around(single, "_cache_state_tail_block", around)
+
+
 def _release(ordered_blocks: Any) -> list[Any]:
     """Drop one reference per non-null block; the blocks that reach zero, in order."""
     released = []

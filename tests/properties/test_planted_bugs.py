@@ -57,6 +57,8 @@ EXPECTED = {
     "mm-later-input-unkeyed": {"H1", "H2"},
     "promoted-partial-unannounced": {"EV4"},
     "partial-promotion-keeps-key": {"DIFF-state"},
+    "resumed-checkpoint-dropped": {"DIFF-state"},
+    "one-token-state-unkeyed": {"DIFF-state"},
     "state-predictor-under-count": {"P1"},
     "state-released-early": {"S1", "DIFF-result", "DIFF-state"},
     "state-allocation-asserts-growth": {"DIFF-result", "I10"},
